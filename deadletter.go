@@ -1,0 +1,279 @@
+package pipeline
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+)
+
+// DeadLetter is the record of an item set aside after its last attempt. It keeps the
+// item and the errors' text, not the error values: an error can hold on to large values
+// (a request body, a buffer) that should not outlive the attempt.
+type DeadLetter[T any] struct {
+	Stage      string    `json:"stage"`
+	Item       T         `json:"item"`
+	Attempts   int       `json:"attempts"`
+	Class      Class     `json:"class"`
+	ErrType    string    `json:"err_type"`    // Go type of the last error ("timeout" for a timeout)
+	FirstError string    `json:"first_error"` // text of the first attempt's error
+	LastError  string    `json:"last_error"`  // text of the last attempt's error
+	Time       time.Time `json:"time"`        // when the item was set aside
+}
+
+// MarshalText encodes the class as its name, so that dead-letter files read well.
+func (c Class) MarshalText() ([]byte, error) { return []byte(c.String()), nil }
+
+// UnmarshalText decodes a class name written by MarshalText.
+func (c *Class) UnmarshalText(b []byte) error {
+	for _, k := range []Class{ClassFatal, ClassItem, ClassTransient} {
+		if string(b) == k.String() {
+			*c = k
+			return nil
+		}
+	}
+	return fmt.Errorf("pipeline: unknown error class %q", b)
+}
+
+// WithDeadLetter sends each item that a stage sets aside (an item error, or a transient
+// error out of attempts) to fn, from the worker that handled it; fn may be called from
+// several workers at once. If fn returns an error, the item cannot be kept, so the run
+// stops with that error. T must be the stage's input type: the stage's constructor
+// panics otherwise. Without WithDeadLetter, set-aside items are still counted, by cause,
+// in the run's [Report].
+//
+// Ready-made destinations: [DeadLetterBuffer.Add] (in memory) and [DeadLetterFile.Add]
+// (a JSON Lines file).
+func WithDeadLetter[T any](fn func(ctx context.Context, dl DeadLetter[T]) error) Option {
+	if fn == nil {
+		panic("pipeline: WithDeadLetter(nil)")
+	}
+	return optionFunc(func(c *config) {
+		c.deadLetter = fn
+		c.stageOnly = firstOf(c.stageOnly, "WithDeadLetter")
+	})
+}
+
+// DeadLetterBuffer keeps dead letters in memory, up to a fixed number; the ones past it
+// are counted and dropped. It is safe for concurrent use.
+type DeadLetterBuffer[T any] struct {
+	mu       sync.Mutex
+	max      int
+	items    []DeadLetter[T]
+	overflow int64
+}
+
+// NewDeadLetterBuffer returns a buffer that keeps at most max dead letters. It panics
+// if max < 0.
+func NewDeadLetterBuffer[T any](max int) *DeadLetterBuffer[T] {
+	if max < 0 {
+		panic(fmt.Sprintf("pipeline: NewDeadLetterBuffer(%d): negative size", max))
+	}
+	return &DeadLetterBuffer[T]{max: max}
+}
+
+// Add keeps dl, or counts it as overflow when the buffer is full. It never fails; its
+// signature fits [WithDeadLetter].
+func (b *DeadLetterBuffer[T]) Add(_ context.Context, dl DeadLetter[T]) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.items) < b.max {
+		b.items = append(b.items, dl)
+	} else {
+		b.overflow++
+	}
+	return nil
+}
+
+// Items returns a copy of the kept dead letters, in the order they were added.
+func (b *DeadLetterBuffer[T]) Items() []DeadLetter[T] {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]DeadLetter[T](nil), b.items...)
+}
+
+// Overflow returns how many dead letters arrived when the buffer was full.
+func (b *DeadLetterBuffer[T]) Overflow() int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.overflow
+}
+
+// Codec encodes items for a dead-letter file. [JSONCodec] is the default. Marshal must
+// return one JSON value (for binary formats, a JSON string of base64, say), which is
+// stored inline in the record's "item" field.
+type Codec[T any] interface {
+	Marshal(v T) ([]byte, error)
+	Unmarshal(data []byte, v *T) error
+}
+
+// JSONCodec encodes items with encoding/json.
+type JSONCodec[T any] struct{}
+
+// Marshal implements [Codec].
+func (JSONCodec[T]) Marshal(v T) ([]byte, error) { return json.Marshal(v) }
+
+// Unmarshal implements [Codec].
+func (JSONCodec[T]) Unmarshal(data []byte, v *T) error { return json.Unmarshal(data, v) }
+
+// DeadLetterFile appends dead letters to a JSON Lines file, one record per line.
+//
+// Durability: each record is written to the file with one write call as it arrives, so
+// a crash of the process loses nothing that Add returned for; [DeadLetterFile.Sync]
+// (called by Close, and every syncEvery records when syncEvery > 0) asks the operating
+// system to put it on disk, so a crash of the machine loses at most the records since
+// the last sync. It is safe for concurrent use.
+type DeadLetterFile[T any] struct {
+	mu        sync.Mutex
+	f         *os.File
+	codec     Codec[T]
+	syncEvery int
+	unsynced  int
+	buf       []byte
+}
+
+// OpenDeadLetterFile opens (creating it if needed) the file at path for appending.
+// codec nil means [JSONCodec]. syncEvery is the number of records between fsyncs; 0
+// syncs only on Sync and Close.
+func OpenDeadLetterFile[T any](path string, codec Codec[T], syncEvery int) (*DeadLetterFile[T], error) {
+	if codec == nil {
+		codec = JSONCodec[T]{}
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	return &DeadLetterFile[T]{f: f, codec: codec, syncEvery: syncEvery}, nil
+}
+
+// fileRecord is the line format: the DeadLetter with the item encoded by the codec.
+type fileRecord struct {
+	Stage      string          `json:"stage"`
+	Item       json.RawMessage `json:"item"`
+	Attempts   int             `json:"attempts"`
+	Class      Class           `json:"class"`
+	ErrType    string          `json:"err_type"`
+	FirstError string          `json:"first_error"`
+	LastError  string          `json:"last_error"`
+	Time       time.Time       `json:"time"`
+}
+
+// Add appends dl as one line. Its signature fits [WithDeadLetter].
+func (d *DeadLetterFile[T]) Add(_ context.Context, dl DeadLetter[T]) error {
+	item, err := d.codec.Marshal(dl.Item)
+	if err != nil {
+		return fmt.Errorf("pipeline: encode dead letter: %w", err)
+	}
+	if !json.Valid(item) {
+		return fmt.Errorf("pipeline: encode dead letter: the codec did not produce one JSON value")
+	}
+	line, err := json.Marshal(fileRecord{
+		Stage: dl.Stage, Item: item, Attempts: dl.Attempts, Class: dl.Class, ErrType: dl.ErrType,
+		FirstError: dl.FirstError, LastError: dl.LastError, Time: dl.Time,
+	})
+	if err != nil {
+		return fmt.Errorf("pipeline: encode dead letter: %w", err)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.f == nil {
+		return errors.New("pipeline: DeadLetterFile is closed")
+	}
+	d.buf = append(append(d.buf[:0], line...), '\n')
+	if _, err := d.f.Write(d.buf); err != nil {
+		return err
+	}
+	d.unsynced++
+	if d.syncEvery > 0 && d.unsynced >= d.syncEvery {
+		d.unsynced = 0
+		return d.f.Sync()
+	}
+	return nil
+}
+
+// Sync flushes the file to stable storage.
+func (d *DeadLetterFile[T]) Sync() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.f == nil {
+		return nil
+	}
+	d.unsynced = 0
+	return d.f.Sync()
+}
+
+// Close syncs and closes the file. Add after Close returns an error.
+func (d *DeadLetterFile[T]) Close() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.f == nil {
+		return nil
+	}
+	err := errors.Join(d.f.Sync(), d.f.Close())
+	d.f = nil
+	return err
+}
+
+// ReadDeadLetters returns the records of a dead-letter file, decoding items with codec
+// (nil means [JSONCodec]). A truncated last line (a crash mid-write) is ignored; any
+// other malformed line is an error naming its line number.
+func ReadDeadLetters[T any](path string, codec Codec[T]) ([]DeadLetter[T], error) {
+	if codec == nil {
+		codec = JSONCodec[T]{}
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []DeadLetter[T]
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 64<<20)
+	line := 0
+	var pending error
+	for sc.Scan() {
+		line++
+		if pending != nil {
+			return out, pending // a bad line that was not the last one
+		}
+		var rec fileRecord
+		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
+			pending = fmt.Errorf("pipeline: %s line %d: %w", path, line, err)
+			continue
+		}
+		dl := DeadLetter[T]{
+			Stage: rec.Stage, Attempts: rec.Attempts, Class: rec.Class, ErrType: rec.ErrType,
+			FirstError: rec.FirstError, LastError: rec.LastError, Time: rec.Time,
+		}
+		if err := codec.Unmarshal(rec.Item, &dl.Item); err != nil {
+			return out, fmt.Errorf("pipeline: %s line %d: item: %w", path, line, err)
+		}
+		out = append(out, dl)
+	}
+	return out, sc.Err()
+}
+
+// Replay returns a source of the items in a dead-letter file whose stage is stage (all
+// items when stage is ""), in file order, so that they can be fed through the same stage
+// again after a fix. The file is read when the run starts; a read error fails the run.
+func Replay[T any](p *Pipeline, path, stage string, codec Codec[T]) *Stream[T] {
+	return newSource(p, "replay", nil, func(ctx context.Context, emit func(T) error) error {
+		dls, err := ReadDeadLetters(path, codec)
+		if err != nil {
+			return err
+		}
+		for _, dl := range dls {
+			if stage != "" && dl.Stage != stage {
+				continue
+			}
+			if err := emit(dl.Item); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}

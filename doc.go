@@ -1,0 +1,89 @@
+// Package pipeline runs typed, concurrent data pipelines that do not lose items, leak
+// goroutines or grow without bound.
+//
+// A pipeline is a chain (or tree) of sources, stages and sinks. Each stage has a name,
+// its own number of workers and its own bounded input queue; stages of different item
+// types are joined with generic functions, so the compiler checks every connection:
+//
+//	p := pipeline.New()
+//	ids := pipeline.FromSlice(p, []int{1, 2, 3})
+//	users := pipeline.Then(ids, pipeline.NewStage("fetch", 16, fetchUser))
+//	pipeline.To(users, pipeline.NewSink("save", 2, saveUser))
+//	err := p.Run(ctx)
+//
+// # Stages
+//
+// [NewStage] makes a one-to-one stage, [NewFlatStage] one that emits zero or more
+// outputs per input (a filter or a flat-map), [NewSink] a terminal one. [Then] attaches a
+// stage to a stream, [To] ends a stream in a sink; [Collect] and [All] end it in the
+// caller (a slice, or a range-over-func loop) and run the pipeline. Cheap per-item
+// transformations that need no goroutine of their own are inline operators ([Map],
+// [Filter]): they run in the producing goroutines, with no queue. Sources are
+// [FromSlice], [FromSeq], [FromSeq2], [FromChan], [Generate] and [Replay].
+//
+// A Stage is an immutable definition and may be used in several pipelines; within one
+// pipeline stage names are unique. Every stream has exactly one consumer.
+//
+// # Backpressure
+//
+// Every queue is a bounded channel ([WithBuffer], default [DefaultBuffer]). A producer
+// that finds its next queue full blocks until there is room, so a slow stage slows the
+// stages before it, back to the source. Memory is therefore a function of the
+// configuration (queue sizes, workers, item size), never of the input size. The
+// [Report] gives each queue's peak length.
+//
+// # Cancellation and errors
+//
+// One run shares one errgroup. These rules hold for every run:
+//
+//   - Every goroutine a run starts has exited before [Pipeline.Run] (or the loop over
+//     [All], or [Collect]) returns, whatever happened.
+//   - The first fatal error cancels the run's context, with that error as its
+//     [context.Cause]; every stage and source stops, and Run returns that error, once,
+//     as a [*StageError] naming the stage or source. Use [errors.Is] and [errors.As] (or
+//     errors.AsType) to match it and its cause.
+//   - A canceled parent context stops the run promptly, and Run returns
+//     [context.Cause] of the parent.
+//   - A panic in user code (a stage function, a source, a sink, an inline operator, a
+//     dead-letter destination) is recovered as a [*PanicError] carrying the stack, and
+//     fails the run like any fatal error. It never crashes the process, and it is never
+//     retried, dead-lettered or counted by a budget.
+//   - On success, queues are closed in stage order, so every item that entered has
+//     reached its sink (or was filtered or dead-lettered) before Run returns nil.
+//   - Only the sender closes a channel, and every send and receive also waits on the
+//     run's context, so no goroutine stays blocked once the run stops.
+//
+// Stage functions must honour their context: a function that ignores cancellation
+// keeps its run from returning until it does.
+//
+// # Error classes
+//
+// Each error a stage function returns has a class that decides what happens to the
+// item: [ClassFatal] stops the run, [ClassItem] sets the item aside (dead-letters it) and
+// carries on, [ClassTransient] retries it when the stage has [WithRetry] and attempts
+// are left, and otherwise sets it aside. The class is decided, in order, by:
+//
+//	who                                   class
+//	the run's context is done             none: the item counts as failed, Run returns the cause
+//	a panic                               fatal, always
+//	a marker: Transient, Permanent, Fatal the marker's class (the outermost wins)
+//	the attempt ran past WithTimeout      item (mark it Transient to retry timeouts)
+//	the stage's WithClassifier            what it returns
+//	nothing of the above                  fatal: with no policy, a pipeline fails fast
+//
+// # Middleware
+//
+// Per-item policies are stage options, applied around each call of the stage
+// function: [WithTimeout] bounds each attempt (waiting for room downstream is not part
+// of it), [WithRetry] retries transient errors with a [Backoff], [WithDeadLetter] sends
+// set-aside items to a destination ([DeadLetterBuffer], [DeadLetterFile], or any
+// function), and [WithErrorBudget] stops a run whose failure ratio is too high, either
+// aborting it or draining it. A stage with none of them adds no allocation per item.
+//
+// # Accounting
+//
+// After each run, [Pipeline.Report] says where every item went. For each stage, In =
+// Succeeded + DeadLettered + Failed + NotStarted: an item that entered a stage was
+// finished, set aside, failed (its error was fatal, or it was in flight when the run
+// stopped), or never started (still queued, or skipped after a drained budget).
+package pipeline

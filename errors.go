@@ -1,0 +1,163 @@
+package pipeline
+
+import (
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"time"
+)
+
+// ErrBudgetExceeded is matched (with [errors.Is]) by the error a run returns when an
+// error budget trips. The concrete error is a [*BudgetError] carrying the counts.
+var ErrBudgetExceeded = errors.New("pipeline: error budget exceeded")
+
+// ErrTimeout is matched (with [errors.Is]) by the error of an attempt that ran past the
+// stage's per-attempt timeout (see [WithTimeout]). The same error also matches
+// [context.DeadlineExceeded].
+var ErrTimeout = errors.New("pipeline: attempt timed out")
+
+// StageError is the error a run returns when a stage (or a source, or a sink) fails the
+// run. Stage is the name of the stage; Err is the cause: the stage function's error, a
+// [*PanicError], or a [*BudgetError].
+type StageError struct {
+	Stage string
+	Err   error
+}
+
+// Error implements error.
+func (e *StageError) Error() string {
+	return fmt.Sprintf("pipeline: stage %q: %v", e.Stage, e.Err)
+}
+
+// Unwrap returns the cause.
+func (e *StageError) Unwrap() error { return e.Err }
+
+// PanicError is a panic recovered from user code (a stage function, a source, a sink or a
+// dead-letter destination). It always fails the run: it is never retried, dead-lettered
+// or counted by a budget. Value is what was passed to panic; Stack is the stack of the
+// panicking goroutine, captured where the panic was recovered.
+type PanicError struct {
+	Value any
+	Stack []byte
+}
+
+func newPanicError(v any) *PanicError {
+	return &PanicError{Value: v, Stack: debug.Stack()}
+}
+
+// Error implements error. It includes the value but not the stack; print Stack for that.
+func (e *PanicError) Error() string {
+	return fmt.Sprintf("panic: %v", e.Value)
+}
+
+// Unwrap returns Value when it is an error, so that [errors.Is] sees through a panic
+// with an error value.
+func (e *PanicError) Unwrap() error {
+	if err, ok := e.Value.(error); ok {
+		return err
+	}
+	return nil
+}
+
+// BudgetError reports an error budget that tripped (see [WithErrorBudget]). Failed and
+// Seen are the counts at the moment it tripped (over the window, when the budget has
+// one). Drained tells whether the run drained (finished in-flight items) rather than
+// aborting. It matches [ErrBudgetExceeded].
+type BudgetError struct {
+	Failed, Seen int64
+	MaxRatio     float64
+	Window       int
+	Drained      bool
+}
+
+// Error implements error.
+func (e *BudgetError) Error() string {
+	over := "items"
+	if e.Window > 0 {
+		over = fmt.Sprintf("of the last %d items", e.Window)
+	}
+	mode := "aborted"
+	if e.Drained {
+		mode = "drained"
+	}
+	return fmt.Sprintf("pipeline: error budget exceeded: %d/%d %s failed (max %.4g), %s",
+		e.Failed, e.Seen, over, e.MaxRatio, mode)
+}
+
+// Is reports whether target is [ErrBudgetExceeded].
+func (e *BudgetError) Is(target error) bool { return target == ErrBudgetExceeded }
+
+// timeoutError is an attempt that ran past its deadline.
+type timeoutError struct {
+	after time.Duration
+	err   error
+}
+
+func (e *timeoutError) Error() string {
+	return fmt.Sprintf("timed out after %v: %v", e.after, e.err)
+}
+
+func (e *timeoutError) Unwrap() []error { return []error{ErrTimeout, e.err} }
+
+// Class is what an item's error does to the run. See the package documentation,
+// section "Error classes", for who decides the class.
+type Class uint8
+
+const (
+	// ClassFatal stops the whole run: the error becomes the run's error.
+	ClassFatal Class = iota
+	// ClassItem sets the item aside (dead-letters it) and carries on.
+	ClassItem
+	// ClassTransient retries the item, when the stage has [WithRetry] and attempts are
+	// left; otherwise it is treated as [ClassItem].
+	ClassTransient
+)
+
+// String returns "fatal", "item" or "transient".
+func (c Class) String() string {
+	switch c {
+	case ClassFatal:
+		return "fatal"
+	case ClassItem:
+		return "item"
+	case ClassTransient:
+		return "transient"
+	}
+	return fmt.Sprintf("Class(%d)", uint8(c))
+}
+
+// classified marks an error with its class.
+type classified struct {
+	err   error
+	class Class
+}
+
+func (e *classified) Error() string { return e.err.Error() }
+func (e *classified) Unwrap() error { return e.err }
+
+// Transient marks err as transient: worth retrying. It returns nil for a nil err.
+func Transient(err error) error { return mark(err, ClassTransient) }
+
+// Permanent marks err as an item error that retrying cannot fix: the item is
+// dead-lettered at once. It returns nil for a nil err.
+func Permanent(err error) error { return mark(err, ClassItem) }
+
+// Fatal marks err as fatal: it stops the run even when the stage's classifier would
+// treat it as an item error. It returns nil for a nil err.
+func Fatal(err error) error { return mark(err, ClassFatal) }
+
+func mark(err error, c Class) error {
+	if err == nil {
+		return nil
+	}
+	return &classified{err: err, class: c}
+}
+
+// ClassOf returns the class a marker ([Transient], [Permanent], [Fatal]) gave err, and
+// whether err carries one. The outermost marker wins.
+func ClassOf(err error) (Class, bool) {
+	if c, ok := errors.AsType[*classified](err); ok {
+		return c.class, true
+	}
+	return ClassFatal, false
+}

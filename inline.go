@@ -1,0 +1,47 @@
+package pipeline
+
+import "sync/atomic"
+
+// Map returns a stream of fn applied to each item of s. It is an inline operator: fn
+// runs in the goroutines that produce s (a source's, or the upstream stage's workers),
+// with no queue and no goroutine of its own, so it costs one function call per item.
+// Use it for cheap, non-failing transformations; fn must be safe for concurrent use
+// when s comes from a stage with several workers. A panic in fn fails the run under
+// the upstream's name. For work that can fail, block or retry, use a [Stage].
+func Map[In, Out any](s *Stream[In], fn func(In) Out) *Stream[Out] {
+	if fn == nil {
+		panic("pipeline: Map(nil)")
+	}
+	s.consume("Map")
+	out := newStream[Out](s.p, s.desc+" | Map")
+	out.open = func(r *run, push func(Out) error, done func()) {
+		s.open(r, func(v In) error { return push(fn(v)) }, done)
+	}
+	return out
+}
+
+// Filter returns a stream of the items of s for which keep returns true. Like [Map], it
+// runs inline. Dropped items are counted in the [Report], in a row of kind "filter"
+// named after the upstream; counting costs an atomic add per dropped item.
+func Filter[T any](s *Stream[T], keep func(T) bool) *Stream[T] {
+	if keep == nil {
+		panic("pipeline: Filter(nil)")
+	}
+	s.consume("Filter")
+	name := s.p.claim("filter", false)
+	out := newStream[T](s.p, s.desc+" | Filter")
+	out.open = func(r *run, push func(T) error, done func()) {
+		var dropped atomic.Int64
+		s.open(r, func(v T) error {
+			if keep(v) {
+				return push(v)
+			}
+			dropped.Add(1)
+			return nil
+		}, done)
+		rw := r.newRow(name, kindFilter, 0, 0, nil)
+		rw.filtered = &dropped
+		r.addRow(rw)
+	}
+	return out
+}

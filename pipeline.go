@@ -1,0 +1,258 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+)
+
+// Pipeline is a graph of sources, stages and sinks, built with the package's top-level
+// functions ([FromSlice], [Then], [To], ...) and executed by [Pipeline.Run], [Collect]
+// or [All]. Building is not safe for concurrent use; a built pipeline may be run any
+// number of times, one run at a time, as long as its sources can be read again (a
+// slice or an [iter.Seq] can, a channel cannot). Each run has its own queues, workers
+// and counters. The zero value is not usable: call [New].
+type Pipeline struct {
+	cfg       config
+	names     map[string]struct{}
+	streams   []consumable
+	terminals []func(r *run)
+	running   atomic.Bool
+
+	mu     sync.Mutex
+	report Report
+}
+
+// New returns an empty pipeline. Options given here apply to the run as a whole:
+// [WithBuffer] sets the default queue size of every stage, [WithErrorBudget] sets a
+// budget shared by all stages. An option that only makes sense on one stage panics.
+func New(opts ...Option) *Pipeline {
+	p := &Pipeline{names: make(map[string]struct{})}
+	for _, o := range opts {
+		o.apply(&p.cfg)
+	}
+	if p.cfg.stageOnly != "" {
+		panic(fmt.Sprintf("pipeline: %s is a stage option, not a pipeline option", p.cfg.stageOnly))
+	}
+	return p
+}
+
+type consumable interface {
+	isConsumed() bool
+	describe() string
+}
+
+// claim reserves a unique name in this pipeline. Stage names must be unique because the
+// report and the errors identify stages by name; sources get a numbered suffix.
+func (p *Pipeline) claim(name string, unique bool) string {
+	if _, dup := p.names[name]; !dup {
+		p.names[name] = struct{}{}
+		return name
+	}
+	if unique {
+		panic(fmt.Sprintf("pipeline: stage name %q is used twice in one pipeline", name))
+	}
+	for i := 2; ; i++ {
+		n := fmt.Sprintf("%s#%d", name, i)
+		if _, dup := p.names[n]; !dup {
+			p.names[n] = struct{}{}
+			return n
+		}
+	}
+}
+
+// Run executes the pipeline and blocks until every goroutine it started has exited.
+//
+// It returns nil when every item reached its sink (or was filtered, or dead-lettered by
+// a stage's policy); the first fatal error, as a [*StageError] naming the stage, after
+// cancelling every other stage and source; a [*StageError] wrapping a [*BudgetError]
+// when an error budget tripped; or [context.Cause] of ctx when ctx was canceled first.
+// The [Pipeline.Report] of the run is ready when Run returns.
+//
+// Run panics when some stream has no consumer, when no sink was attached, or when the
+// pipeline is already running.
+func (p *Pipeline) Run(ctx context.Context) error {
+	p.begin(false)
+	r, err := p.exec(ctx, nil)
+	p.finish(r, err)
+	return err
+}
+
+// Report returns the report of the last finished run (the zero Report before any).
+// It is safe to call at any time, also from another goroutine during a run.
+func (p *Pipeline) Report() Report {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.report
+}
+
+// begin checks the graph and marks the pipeline as running; misuse panics here, in the
+// caller's goroutine. extra tells whether a terminal outside p.terminals will be added.
+func (p *Pipeline) begin(extra bool) {
+	for _, s := range p.streams {
+		if !s.isConsumed() {
+			panic(fmt.Sprintf("pipeline: the output of %s is never consumed; end it with To, Collect or All", s.describe()))
+		}
+	}
+	if len(p.terminals) == 0 && !extra {
+		panic("pipeline: Run on a pipeline without a sink; end it with To, Collect or All")
+	}
+	if !p.running.CompareAndSwap(false, true) {
+		panic("pipeline: Run called while the pipeline is already running")
+	}
+}
+
+// exec wires and runs the graph, then waits for every goroutine. extra, when not nil,
+// attaches a terminal that is not part of the pipeline (the consumer of [All]).
+func (p *Pipeline) exec(ctx context.Context, extra func(r *run)) (*run, error) {
+	g, gctx := errgroup.WithContext(ctx)
+	r := &run{ctx: gctx, g: g, p: p}
+	if p.cfg.budget != nil {
+		r.shared = newBudgetState(*p.cfg.budget)
+	}
+	for _, t := range p.terminals {
+		t(r)
+	}
+	if extra != nil {
+		extra(r)
+	}
+	err := g.Wait()
+	if err == nil {
+		if d := r.drained.Load(); d != nil {
+			err = d
+		}
+	}
+	return r, err
+}
+
+// finish builds the report of a finished run and publishes it.
+func (p *Pipeline) finish(r *run, err error) {
+	rep := r.report(err)
+	p.mu.Lock()
+	p.report = rep
+	p.mu.Unlock()
+	p.running.Store(false)
+}
+
+// run is the state of one execution: its context, its goroutines and its counters.
+type run struct {
+	p       *Pipeline
+	ctx     context.Context
+	g       *errgroup.Group
+	rows    []*row
+	shared  *budgetState
+	drain   atomic.Bool                // a budget in drain mode tripped: take no new items
+	drained atomic.Pointer[StageError] // the error Run returns after a drain
+}
+
+// goSafe starts fn in the run's group; a panic in fn becomes a [*PanicError] that fails
+// the run under the given name.
+func (r *run) goSafe(name string, fn func() error) {
+	r.g.Go(func() (err error) {
+		defer func() {
+			if v := recover(); v != nil {
+				err = &StageError{Stage: name, Err: newPanicError(v)}
+			}
+		}()
+		return fn()
+	})
+}
+
+// errStopped is the cause with which [All] stops a run when the loop body breaks out.
+var errStopped = errors.New("pipeline: iteration stopped")
+
+// Collect runs the pipeline that s belongs to, with s as its last stream, and returns
+// the items that reached the end, in arrival order. On failure it returns the items
+// collected so far with the run's error (see [Pipeline.Run]). Memory grows with the
+// output: for large outputs, use [All] or [To].
+func Collect[T any](ctx context.Context, s *Stream[T]) ([]T, error) {
+	var out []T
+	for v, err := range All(ctx, s) {
+		if err != nil {
+			return out, err
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+// All runs the pipeline that s belongs to, with s as its last stream, and yields each
+// item that reaches the end, in arrival order, with a nil error. If the run fails, the
+// last pair yielded is a zero value with the run's error (see [Pipeline.Run]).
+//
+// The loop body runs in the caller's goroutine while the stages run in their own; a
+// slow body applies backpressure through the whole pipeline. Breaking out of the loop
+// cancels the run, and the loop statement returns only after every goroutine of the run
+// has exited. Each range over the sequence is a new run.
+func All[T any](ctx context.Context, s *Stream[T]) iter.Seq2[T, error] {
+	p := s.p
+	s.consume("All")
+	buf := p.cfg.bufferOr(DefaultBuffer)
+	return func(yield func(T, error) bool) {
+		ctx, cancel := context.WithCancelCause(ctx)
+		defer cancel(nil)
+		q := newQueue[T](buf)
+		var rw *row
+		type result struct {
+			r   *run
+			err error
+		}
+		done := make(chan result, 1)
+		p.begin(true)
+		go func() {
+			r, err := p.exec(ctx, func(r *run) {
+				rw = r.newRow("All", kindSink, 1, buf, q)
+				s.open(r, q.pusher(r.ctx), func() { close(q.ch) })
+				r.addRow(rw)
+			})
+			done <- result{r, err}
+		}()
+		var stopped bool
+		for v := range q.ch {
+			w := &rw.workers[0]
+			w.peak.max(int64(len(q.ch)) + 1)
+			w.received.inc()
+			w.succeeded.inc()
+			if !yield(v, nil) {
+				stopped = true
+				cancel(errStopped)
+				break
+			}
+		}
+		res := <-done
+		err := res.err
+		if stopped && errors.Is(err, errStopped) {
+			err = nil
+		}
+		p.finish(res.r, err)
+		if err != nil && !stopped {
+			var zero T
+			yield(zero, err)
+		}
+	}
+}
+
+// WorkersNeeded returns how many workers a stage needs to sustain targetPerSecond items
+// per second when one item takes latency, with headroom (1.25 means 25 % spare): by
+// Little's law, the items in service at once are rate × latency. The result is at least
+// 1. It panics if targetPerSecond or latency is negative, or headroom is less than 1.
+//
+//	WorkersNeeded(750, 20*time.Millisecond, 1.25) // 19
+func WorkersNeeded(targetPerSecond float64, latency time.Duration, headroom float64) int {
+	if !(targetPerSecond >= 0) || latency < 0 || !(headroom >= 1) || math.IsInf(targetPerSecond, 0) || math.IsInf(headroom, 0) {
+		panic(fmt.Sprintf("pipeline: WorkersNeeded(%v, %v, %v): need a finite rate >= 0, latency >= 0, headroom >= 1",
+			targetPerSecond, latency, headroom))
+	}
+	n := math.Ceil(targetPerSecond * latency.Seconds() * headroom)
+	if n > math.MaxInt32 {
+		return math.MaxInt32
+	}
+	return max(1, int(n))
+}

@@ -1,0 +1,270 @@
+package pipeline
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+)
+
+type rowKind uint8
+
+const (
+	kindSource rowKind = iota
+	kindStage
+	kindSink
+	kindFilter
+)
+
+func (k rowKind) String() string {
+	return [...]string{"source", "stage", "sink", "filter"}[k]
+}
+
+// workerStats are one worker's counters. Each worker writes only its own, so counting
+// costs no lock and no contended atomic; the padding keeps two workers' counters off
+// one cache line.
+type workerStats struct {
+	received     counter // items taken from the queue
+	succeeded    counter // items whose attempt succeeded
+	emitted      counter // outputs sent downstream
+	retried      counter // retries (attempts after the first)
+	deadLettered counter // items set aside
+	failed       counter // items in flight when the run stopped, or whose error was fatal
+	discarded    counter // items taken but not started (drained budget)
+	peak         counter // largest queue length seen when taking an item
+	_            [64]byte
+}
+
+type queueLen interface {
+	length() int
+	unsentCount() int64
+}
+
+func (q *queue[T]) length() int         { return len(q.ch) }
+func (q *queue[T]) unsentCount() int64 { return q.unsent.Load() }
+
+// row is one source, stage, sink or filter of a run.
+type row struct {
+	name     string
+	kind     rowKind
+	capacity int
+	q        queueLen
+	given    int64 // items a source holds, -1 when unknown
+	workers  []workerStats
+	filtered *atomic.Int64 // filters: items dropped
+
+	mu     sync.Mutex
+	causes map[causeKey]int64
+}
+
+type causeKey struct{ typ, msg string }
+
+func (r *run) newRow(name string, kind rowKind, workers, capacity int, q queueLen) *row {
+	return &row{name: name, kind: kind, capacity: capacity, q: q, given: -1, workers: make([]workerStats, workers)}
+}
+
+func (r *run) addRow(rw *row) { r.rows = append(r.rows, rw) }
+
+// addCause counts a dead letter by its type and the prefix of its message.
+func (rw *row) addCause(typ, msg string) {
+	rw.mu.Lock()
+	defer rw.mu.Unlock()
+	if rw.causes == nil {
+		rw.causes = make(map[causeKey]int64)
+	}
+	rw.causes[causeKey{typ, messagePrefix(msg)}]++
+}
+
+// messagePrefix is the part of an error message that names its cause: the text before
+// the first colon, at most 80 bytes, so that "fetch 42: connection reset" and
+// "fetch 43: connection reset" ... group by what the error says first.
+func messagePrefix(msg string) string {
+	if i := strings.IndexByte(msg, ':'); i >= 0 {
+		msg = msg[:i]
+	}
+	if len(msg) > 80 {
+		msg = msg[:80]
+	}
+	return msg
+}
+
+// errTypeName returns the Go type of err's cause, looking through the package's markers
+// and fmt's wrappers; a timeout is "timeout".
+func errTypeName(err error) string {
+	if errors.Is(err, ErrTimeout) {
+		return "timeout"
+	}
+	for {
+		if c, ok := err.(*classified); ok {
+			err = c.err
+			continue
+		}
+		t := fmt.Sprintf("%T", err)
+		if t == "*fmt.wrapError" || t == "*fmt.wrapErrors" {
+			if u := errors.Unwrap(err); u != nil {
+				err = u
+				continue
+			}
+		}
+		return t
+	}
+}
+
+// Report is the account of one run: where every item went, per stage. For every stage,
+// In = Succeeded + DeadLettered + Failed + NotStarted; a stage's In is what its upstream
+// sent (Out of a stage or source, less what a filter dropped).
+type Report struct {
+	Stages []StageReport // in the order items flow (sources first)
+	Err    error         // the error Run returned, nil on success
+}
+
+// StageReport is the account of one source, stage, sink or filter in a run.
+type StageReport struct {
+	Name    string
+	Kind    string // "source", "stage", "sink" or "filter"
+	Workers int
+
+	In           int64 // items that reached the stage (for a source: items it holds, when known, else items it produced)
+	Succeeded    int64 // items the stage finished without error
+	Out          int64 // items sent on (Succeeded for a one-to-one stage)
+	Retried      int64 // extra attempts made
+	DeadLettered int64 // items set aside by the stage's error policy
+	Failed       int64 // items whose error stopped the run, or in flight when it stopped
+	NotStarted   int64 // items that reached the stage but were never started
+	Filtered     int64 // items a filter dropped
+
+	QueueCap  int // the capacity of the stage's input queue
+	PeakQueue int // the longest the queue was when a worker took an item
+
+	Causes []Cause // dead letters grouped by cause, most common first
+}
+
+// Cause is a group of dead letters with the same error type and message prefix.
+type Cause struct {
+	Type    string
+	Message string
+	Count   int64
+}
+
+// Processed returns the items the stage started: Succeeded + DeadLettered + Failed.
+func (s StageReport) Processed() int64 { return s.Succeeded + s.DeadLettered + s.Failed }
+
+// Stage returns the report of the stage with the given name.
+func (r Report) Stage(name string) (StageReport, bool) {
+	for _, s := range r.Stages {
+		if s.Name == name {
+			return s, true
+		}
+	}
+	return StageReport{}, false
+}
+
+// NotStarted returns the items that no stage started, over the whole run.
+func (r Report) NotStarted() int64 {
+	var n int64
+	for _, s := range r.Stages {
+		n += s.NotStarted
+	}
+	return n
+}
+
+// DeadLettered returns the items set aside, over the whole run.
+func (r Report) DeadLettered() int64 {
+	var n int64
+	for _, s := range r.Stages {
+		n += s.DeadLettered
+	}
+	return n
+}
+
+// Causes returns the dead letters of all stages grouped by cause, most common first.
+func (r Report) Causes() []Cause {
+	m := map[causeKey]int64{}
+	for _, s := range r.Stages {
+		for _, c := range s.Causes {
+			m[causeKey{c.Type, c.Message}] += c.Count
+		}
+	}
+	return sortCauses(m)
+}
+
+func sortCauses(m map[causeKey]int64) []Cause {
+	out := make([]Cause, 0, len(m))
+	for k, n := range m {
+		out = append(out, Cause{Type: k.typ, Message: k.msg, Count: n})
+	}
+	slices.SortFunc(out, func(a, b Cause) int {
+		return cmp.Or(cmp.Compare(b.Count, a.Count), cmp.Compare(a.Type, b.Type), cmp.Compare(a.Message, b.Message))
+	})
+	return out
+}
+
+// String formats the report as a compact table, one line per stage, then the run's
+// error and the main causes of dead letters.
+func (r Report) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%-16s %-6s %4s %9s %9s %8s %8s %8s %8s %11s\n",
+		"stage", "kind", "wrk", "in", "ok", "retried", "dead", "failed", "notstart", "queue")
+	for _, s := range r.Stages {
+		q := "-"
+		if s.Kind != "source" && s.Kind != "filter" {
+			q = fmt.Sprintf("%d/%d", s.PeakQueue, s.QueueCap)
+		}
+		fmt.Fprintf(&b, "%-16s %-6s %4d %9d %9d %8d %8d %8d %8d %11s\n",
+			s.Name, s.Kind, s.Workers, s.In, s.Succeeded, s.Retried, s.DeadLettered, s.Failed, s.NotStarted, q)
+	}
+	if r.Err != nil {
+		fmt.Fprintf(&b, "error: %v\n", r.Err)
+	}
+	for i, c := range r.Causes() {
+		if i == 5 {
+			break
+		}
+		fmt.Fprintf(&b, "dead letters: %d × %s %q\n", c.Count, c.Type, c.Message)
+	}
+	return b.String()
+}
+
+// report sums the counters of a finished run.
+func (r *run) report(err error) Report {
+	rep := Report{Err: err}
+	for _, rw := range r.rows {
+		s := StageReport{Name: rw.name, Kind: rw.kind.String(), Workers: len(rw.workers), QueueCap: rw.capacity}
+		var received, discarded int64
+		for i := range rw.workers {
+			w := &rw.workers[i]
+			received += w.received.load()
+			discarded += w.discarded.load()
+			s.Succeeded += w.succeeded.load()
+			s.Out += w.emitted.load()
+			s.Retried += w.retried.load()
+			s.DeadLettered += w.deadLettered.load()
+			s.Failed += w.failed.load()
+			s.PeakQueue = max(s.PeakQueue, int(w.peak.load()))
+		}
+		switch rw.kind {
+		case kindSource:
+			s.Workers = 0
+			s.In = received
+			if rw.given >= 0 {
+				s.In = rw.given
+				s.NotStarted = rw.given - received
+			}
+		case kindFilter:
+			s.Workers = 0
+			s.Filtered = rw.filtered.Load()
+		default:
+			left := int64(rw.q.length()) + rw.q.unsentCount()
+			s.In = received + left
+			s.NotStarted = discarded + left
+		}
+		rw.mu.Lock()
+		s.Causes = sortCauses(rw.causes)
+		rw.mu.Unlock()
+		rep.Stages = append(rep.Stages, s)
+	}
+	return rep
+}

@@ -1,0 +1,122 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"iter"
+)
+
+// errDraining is what a source's emit returns once a drained budget has tripped.
+var errDraining = errors.New("pipeline: draining after the error budget tripped")
+
+// FromSlice returns a source of the items of a slice, in order. The slice is read
+// during each run and must not change meanwhile. Items not sent when a run stops are
+// counted as not started in the [Report].
+func FromSlice[T any](p *Pipeline, items []T) *Stream[T] {
+	n := int64(len(items))
+	return newSource(p, "slice", &n, func(_ context.Context, emit func(T) error) error {
+		for _, v := range items {
+			if err := emit(v); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// FromSeq returns a source of the values of seq. When the run stops early, the loop
+// over seq is broken, so seq's cleanup runs. seq must not block without end: it is not
+// given the run's context (use [Generate] for a source that waits on something).
+func FromSeq[T any](p *Pipeline, seq iter.Seq[T]) *Stream[T] {
+	return newSource(p, "seq", nil, func(_ context.Context, emit func(T) error) error {
+		for v := range seq {
+			if err := emit(v); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// FromSeq2 returns a source of the values of seq; the first non-nil error seq yields
+// stops the run as a [*StageError] of the source (the value paired with it is not sent).
+func FromSeq2[T any](p *Pipeline, seq iter.Seq2[T, error]) *Stream[T] {
+	return newSource(p, "seq", nil, func(_ context.Context, emit func(T) error) error {
+		for v, err := range seq {
+			if err != nil {
+				return err
+			}
+			if err := emit(v); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// FromChan returns a source of the values received from ch until it is closed. The
+// caller owns ch and closes it; when the run stops early, values still in ch stay there.
+func FromChan[T any](p *Pipeline, ch <-chan T) *Stream[T] {
+	if ch == nil {
+		panic("pipeline: FromChan(nil)")
+	}
+	return newSource(p, "chan", nil, func(ctx context.Context, emit func(T) error) error {
+		for {
+			v, ok, err := recv(ctx, ch)
+			if !ok {
+				return err
+			}
+			if err := emit(v); err != nil {
+				return err
+			}
+		}
+	})
+}
+
+// Generate returns a source that runs fn once per run, in its own goroutine. fn sends
+// items with emit, which blocks while the next queue is full and returns an error once
+// the run is stopping; fn should then return that error (or nil). An error fn returns
+// otherwise stops the run as a [*StageError] of the source. ctx is canceled when the run
+// stops.
+func Generate[T any](p *Pipeline, fn func(ctx context.Context, emit func(T) error) error) *Stream[T] {
+	if fn == nil {
+		panic("pipeline: Generate(nil)")
+	}
+	return newSource(p, "generate", nil, fn)
+}
+
+// newSource makes a source stream named after name (numbered when the name is taken).
+// given, when known, is how many items the source holds, for the not-started count.
+func newSource[T any](p *Pipeline, name string, given *int64, body func(ctx context.Context, emit func(T) error) error) *Stream[T] {
+	name = p.claim(name, false)
+	s := newStream[T](p, "source "+name)
+	s.open = func(r *run, push func(T) error, done func()) {
+		rw := r.newRow(name, kindSource, 1, 0, nil)
+		if given != nil {
+			rw.given = *given
+		}
+		r.addRow(rw)
+		st := &rw.workers[0]
+		emit := func(v T) error {
+			if r.drain.Load() {
+				return errDraining
+			}
+			st.received.inc()
+			st.succeeded.inc()
+			st.emitted.inc()
+			return push(v)
+		}
+		r.goSafe(name, func() error {
+			defer done()
+			err := body(r.ctx, emit)
+			switch {
+			case err == nil, errors.Is(err, errDraining):
+				return nil
+			case r.ctx.Err() != nil:
+				return context.Cause(r.ctx)
+			}
+			return &StageError{Stage: name, Err: err}
+		})
+	}
+	return s
+}

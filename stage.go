@@ -1,0 +1,418 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+)
+
+// Option configures a stage ([NewStage], [NewFlatStage], [NewSink]) or, where its doc
+// says so, a whole pipeline ([New]). Options are values: the same Option may be passed
+// to several stages.
+type Option interface {
+	apply(*config)
+}
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+// config is the resolved set of options of a stage or a pipeline.
+type config struct {
+	buffer     int // -1: not set
+	bufferSet  bool
+	timeout    time.Duration
+	attempts   int
+	backoff    Backoff
+	classify   func(error) Class
+	deadLetter any // func(context.Context, DeadLetter[In]) error, checked by the stage
+	budget     *Budget
+	stageOnly  string // the first stage-only option applied, for New's check
+}
+
+func (c *config) bufferOr(d int) int {
+	if c.bufferSet {
+		return c.buffer
+	}
+	return d
+}
+
+// WithBuffer sets the capacity of a stage's input queue: at most n items wait for the
+// stage's workers, and a producer that finds the queue full blocks (backpressure). Zero
+// makes the queue unbuffered. Given to [New], it sets the default for every stage. It
+// panics if n is negative. The default is [DefaultBuffer].
+func WithBuffer(n int) Option {
+	if n < 0 {
+		panic(fmt.Sprintf("pipeline: WithBuffer(%d): the buffer must not be negative", n))
+	}
+	return optionFunc(func(c *config) { c.buffer, c.bufferSet = n, true })
+}
+
+// Stage is a named, typed unit of per-item work run by a fixed number of goroutines
+// (workers) that read from a bounded input queue. Create one with [NewStage],
+// [NewFlatStage] or [NewSink] and attach it with [Then] or [To]. A Stage is an immutable
+// definition: it may be used in several pipelines, and in each run it gets fresh
+// workers, queue and counters; within one pipeline its name must be unique.
+type Stage[In, Out any] struct {
+	name    string
+	workers int
+	fn      func(context.Context, In) (Out, error)
+	flat    func(context.Context, In, func(Out)) error
+	sink    bool
+	cfg     config
+	dl      func(context.Context, DeadLetter[In]) error
+}
+
+// Name returns the stage's name.
+func (st *Stage[In, Out]) Name() string { return st.name }
+
+// NewStage returns a stage that calls fn once per item on up to workers goroutines and
+// passes fn's result downstream. fn must honour ctx: it is canceled when the run stops
+// and, with [WithTimeout], when an attempt's deadline passes. The error fn returns is
+// handled according to its class (see the package documentation, "Error classes"); with
+// no option, any error stops the run.
+//
+// It panics with a "pipeline:" message if name is empty, workers < 1, fn is nil, or an
+// option does not fit the stage (a [WithDeadLetter] for another item type, a
+// pipeline-only option).
+//
+// A stage without middleware options adds no allocation per item.
+func NewStage[In, Out any](name string, workers int, fn func(ctx context.Context, item In) (Out, error), opts ...Option) *Stage[In, Out] {
+	if fn == nil {
+		panic(fmt.Sprintf("pipeline: NewStage(%q): nil function", name))
+	}
+	st := &Stage[In, Out]{fn: fn}
+	st.init("NewStage", name, workers, opts)
+	return st
+}
+
+// NewFlatStage returns a stage whose function may emit any number of outputs per input
+// (none filters the item out; several flat-map it). emit only records an output: the
+// outputs of an attempt are sent downstream after fn returns nil, in emit order, so a
+// failed or retried attempt sends nothing and waiting on a full queue never counts
+// against [WithTimeout]. emit must not be used after fn returns. The outputs of one item
+// are held in memory until sent.
+//
+// It panics like [NewStage].
+func NewFlatStage[In, Out any](name string, workers int, fn func(ctx context.Context, item In, emit func(Out)) error, opts ...Option) *Stage[In, Out] {
+	if fn == nil {
+		panic(fmt.Sprintf("pipeline: NewFlatStage(%q): nil function", name))
+	}
+	st := &Stage[In, Out]{flat: fn}
+	st.init("NewFlatStage", name, workers, opts)
+	return st
+}
+
+// NewSink returns a terminal stage: fn consumes each item and produces nothing. Attach
+// it with [To]. It takes the same options as [NewStage] (a sink can retry and
+// dead-letter too) and panics like it.
+func NewSink[In any](name string, workers int, fn func(ctx context.Context, item In) error, opts ...Option) *Stage[In, struct{}] {
+	if fn == nil {
+		panic(fmt.Sprintf("pipeline: NewSink(%q): nil function", name))
+	}
+	st := &Stage[In, struct{}]{
+		fn:   func(ctx context.Context, v In) (struct{}, error) { return struct{}{}, fn(ctx, v) },
+		sink: true,
+	}
+	st.init("NewSink", name, workers, opts)
+	return st
+}
+
+func (st *Stage[In, Out]) init(ctor, name string, workers int, opts []Option) {
+	if name == "" {
+		panic(fmt.Sprintf("pipeline: %s: empty stage name", ctor))
+	}
+	if workers < 1 {
+		panic(fmt.Sprintf("pipeline: %s(%q): workers must be at least 1, got %d", ctor, name, workers))
+	}
+	st.name, st.workers = name, workers
+	for _, o := range opts {
+		if o == nil {
+			panic(fmt.Sprintf("pipeline: %s(%q): nil Option", ctor, name))
+		}
+		o.apply(&st.cfg)
+	}
+	if st.cfg.deadLetter != nil {
+		dl, ok := st.cfg.deadLetter.(func(context.Context, DeadLetter[In]) error)
+		if !ok {
+			var zero In
+			panic(fmt.Sprintf("pipeline: %s(%q): WithDeadLetter for another item type (%T) on a stage of %T",
+				ctor, name, st.cfg.deadLetter, zero))
+		}
+		st.dl = dl
+	}
+	if st.cfg.attempts == 0 {
+		st.cfg.attempts = 1
+	}
+}
+
+// Stream is the typed output of a source, a stage or an inline operator, not yet
+// connected to its consumer. Each Stream must be consumed exactly once: by [Then], [To],
+// an inline operator ([Map], [Filter]), [Collect] or [All]. Consuming it twice panics.
+type Stream[T any] struct {
+	p        *Pipeline
+	desc     string
+	consumed bool
+	// open wires the stream into run r: from then on the producer calls push for every
+	// item, from any number of goroutines, and calls done exactly once after its last
+	// push (also when it fails).
+	open func(r *run, push func(T) error, done func())
+}
+
+func newStream[T any](p *Pipeline, desc string) *Stream[T] {
+	s := &Stream[T]{p: p, desc: desc}
+	p.streams = append(p.streams, s)
+	return s
+}
+
+func (s *Stream[T]) isConsumed() bool { return s.consumed }
+func (s *Stream[T]) describe() string { return s.desc }
+
+func (s *Stream[T]) consume(by string) {
+	if s.consumed {
+		panic(fmt.Sprintf("pipeline: %s consumes the output of %s, which is already consumed; a stream has one consumer", by, s.desc))
+	}
+	s.consumed = true
+}
+
+// Then connects stage st to stream s: the stage's workers take items from a queue that
+// s fills, and the returned stream carries the stage's outputs. It panics if s is
+// already consumed or st's name is already used in the pipeline.
+func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
+	p := s.p
+	name := p.claim(st.name, true)
+	desc := fmt.Sprintf("stage %q", name)
+	s.consume(desc)
+	out := newStream[Out](p, desc)
+	buf := st.cfg.bufferOr(p.cfg.bufferOr(DefaultBuffer))
+	classify := st.cfg.classify
+	if classify == nil {
+		classify = p.cfg.classify
+	}
+	kind := kindStage
+	if st.sink {
+		kind = kindSink
+	}
+	out.open = func(r *run, push func(Out) error, done func()) {
+		q := newQueue[In](buf)
+		rw := r.newRow(name, kind, st.workers, buf, q)
+		s.open(r, q.pusher(r.ctx), func() { close(q.ch) })
+		r.addRow(rw)
+		b := r.shared
+		if st.cfg.budget != nil {
+			b = newBudgetState(*st.cfg.budget)
+		}
+		var left atomic.Int32
+		left.Store(int32(st.workers))
+		for i := range st.workers {
+			w := &worker[In, Out]{st: st, r: r, row: rw, stats: &rw.workers[i], push: push, budget: b, classify: classify}
+			if st.flat != nil {
+				w.emit = func(o Out) { w.buf = append(w.buf, o) }
+			}
+			r.g.Go(func() error {
+				defer func() {
+					if left.Add(-1) == 0 {
+						done()
+					}
+				}()
+				return w.loop(q)
+			})
+		}
+	}
+	return out
+}
+
+// To ends stream s in sink: every item of s is passed to the sink's function. Use
+// [NewSink] to make one. It panics like [Then].
+func To[T any](s *Stream[T], sink *Stage[T, struct{}]) {
+	out := Then(s, sink)
+	out.consumed = true
+	s.p.terminals = append(s.p.terminals, func(r *run) {
+		out.open(r, discard, func() {})
+	})
+}
+
+func discard(struct{}) error { return nil }
+
+// worker is one goroutine of a stage in one run.
+type worker[In, Out any] struct {
+	st       *Stage[In, Out]
+	r        *run
+	row      *row
+	stats    *workerStats
+	push     func(Out) error
+	budget   *budgetState
+	classify func(error) Class
+	buf      []Out     // outputs of the current attempt (flat stages)
+	emit     func(Out) // appends to buf (flat stages)
+}
+
+// loop takes items until the queue is closed and drained (nil) or the run stops (its
+// cause). A panic in user code fails the run as a *PanicError; the item in flight is
+// counted as failed.
+func (w *worker[In, Out]) loop(q *queue[In]) (err error) {
+	ctx := w.r.ctx
+	busy := false
+	defer func() {
+		if v := recover(); v != nil {
+			if busy {
+				w.stats.failed.inc()
+			}
+			err = &StageError{Stage: w.st.name, Err: newPanicError(v)}
+		}
+	}()
+	for {
+		v, ok, err := recv(ctx, q.ch)
+		if !ok {
+			return err
+		}
+		w.stats.received.inc()
+		w.stats.peak.max(int64(len(q.ch)) + 1)
+		if w.r.drain.Load() {
+			w.stats.discarded.inc() // a drained budget: take no new item
+			continue
+		}
+		busy = true
+		err = w.process(ctx, v)
+		busy = false
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// process runs every attempt of one item and settles its outcome: delivered, dead-
+// lettered, or failed (returning the error that stops the worker).
+func (w *worker[In, Out]) process(ctx context.Context, v In) error {
+	var first error
+	for attempt := 1; ; attempt++ {
+		out, err := w.attempt(ctx, v)
+		if err == nil {
+			w.stats.succeeded.inc()
+			if err := w.deliver(out); err != nil {
+				return err
+			}
+			return w.record(false)
+		}
+		if ctx.Err() != nil {
+			w.stats.failed.inc() // interrupted: the run is stopping
+			return context.Cause(ctx)
+		}
+		class := w.classOf(err)
+		if class == ClassFatal {
+			w.stats.failed.inc()
+			return &StageError{Stage: w.st.name, Err: err}
+		}
+		if first == nil {
+			first = err
+		}
+		if class == ClassTransient && attempt < w.st.cfg.attempts {
+			w.stats.retried.inc()
+			if err := sleep(ctx, w.st.cfg.backoff, attempt); err != nil {
+				w.stats.failed.inc()
+				return err
+			}
+			continue
+		}
+		return w.deadLetter(ctx, v, attempt, class, first, err)
+	}
+}
+
+// attempt makes one call of the stage function, under the per-attempt timeout if any.
+// Only the call is timed: delivering the result happens after, outside the deadline.
+func (w *worker[In, Out]) attempt(ctx context.Context, v In) (Out, error) {
+	d := w.st.cfg.timeout
+	if d <= 0 {
+		return w.call(ctx, v)
+	}
+	actx, cancel := context.WithTimeout(ctx, d)
+	out, err := w.call(actx, v)
+	if err != nil && ctx.Err() == nil && errors.Is(actx.Err(), context.DeadlineExceeded) {
+		err = &timeoutError{after: d, err: err}
+	}
+	cancel()
+	return out, err
+}
+
+func (w *worker[In, Out]) call(ctx context.Context, v In) (Out, error) {
+	if w.st.flat == nil {
+		return w.st.fn(ctx, v)
+	}
+	clear(w.buf)
+	w.buf = w.buf[:0]
+	var zero Out
+	return zero, w.st.flat(ctx, v, w.emit)
+}
+
+// deliver sends an item's outputs downstream. If the run stops midway, every remaining
+// output is still offered, so that each is counted (sent, or unsent) and none is lost
+// from the accounting.
+func (w *worker[In, Out]) deliver(out Out) error {
+	if w.st.flat == nil {
+		w.stats.emitted.inc()
+		return w.push(out)
+	}
+	var first error
+	for _, o := range w.buf {
+		if err := w.push(o); err != nil && first == nil {
+			first = err
+		}
+	}
+	w.stats.emitted.add(int64(len(w.buf)))
+	clear(w.buf)
+	w.buf = w.buf[:0]
+	return first
+}
+
+// classOf decides an error's class: a marker first, then a timeout (an item error),
+// then the stage's classifier, else fatal.
+func (w *worker[In, Out]) classOf(err error) Class {
+	if c, ok := ClassOf(err); ok {
+		return c
+	}
+	if errors.Is(err, ErrTimeout) {
+		return ClassItem
+	}
+	if w.classify != nil {
+		return w.classify(err)
+	}
+	return ClassFatal
+}
+
+// deadLetter sets an item aside after its last attempt.
+func (w *worker[In, Out]) deadLetter(ctx context.Context, v In, attempts int, class Class, first, last error) error {
+	typ, msg := errTypeName(last), last.Error()
+	if w.st.dl != nil {
+		rec := DeadLetter[In]{
+			Stage: w.st.name, Item: v, Attempts: attempts, Class: class, ErrType: typ,
+			FirstError: first.Error(), LastError: msg, Time: time.Now(),
+		}
+		if err := w.st.dl(ctx, rec); err != nil {
+			w.stats.failed.inc()
+			return &StageError{Stage: w.st.name, Err: fmt.Errorf("dead-letter destination: %w", err)}
+		}
+	}
+	w.stats.deadLettered.inc()
+	w.row.addCause(typ, msg)
+	return w.record(true)
+}
+
+// record tells the budget, if any, about one settled item.
+func (w *worker[In, Out]) record(failed bool) error {
+	if w.budget == nil {
+		return nil
+	}
+	be := w.budget.record(failed)
+	if be == nil {
+		return nil
+	}
+	serr := &StageError{Stage: w.st.name, Err: be}
+	if be.Drained {
+		w.r.drained.CompareAndSwap(nil, serr)
+		w.r.drain.Store(true)
+		return nil
+	}
+	return serr
+}
