@@ -15,9 +15,9 @@ const DefaultBuffer = 64
 // platform Go supports costs no locked instruction; readers see a recent value.
 type counter struct{ v atomic.Int64 }
 
-func (c *counter) inc()         { c.v.Store(c.v.Load() + 1) }
-func (c *counter) add(n int64)  { c.v.Store(c.v.Load() + n) }
-func (c *counter) load() int64  { return c.v.Load() }
+func (c *counter) inc()        { c.v.Store(c.v.Load() + 1) }
+func (c *counter) add(n int64) { c.v.Store(c.v.Load() + n) }
+func (c *counter) load() int64 { return c.v.Load() }
 func (c *counter) max(n int64) { // single writer, so no CAS loop is needed
 	if n > c.v.Load() {
 		c.v.Store(n)

@@ -43,7 +43,7 @@ type queueLen interface {
 	unsentCount() int64
 }
 
-func (q *queue[T]) length() int         { return len(q.ch) }
+func (q *queue[T]) length() int        { return len(q.ch) }
 func (q *queue[T]) unsentCount() int64 { return q.unsent.Load() }
 
 // row is one source, stage, sink or filter of a run.
