@@ -217,7 +217,7 @@ func All[T any](ctx context.Context, s *Stream[T]) iter.Seq2[T, error] {
 		var stopped bool
 		for v := range q.ch {
 			w := &rw.workers[0]
-			w.peak.max(int64(len(q.ch)) + 1)
+			w.peak.max(int64(min(len(q.ch)+1, cap(q.ch))))
 			w.received.inc()
 			w.succeeded.inc()
 			if !yield(v, nil) {

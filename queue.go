@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 )
 
@@ -57,12 +58,111 @@ func recv[T any](ctx context.Context, ch <-chan T) (v T, ok bool, err error) {
 	}
 }
 
-// queue is a stage's bounded input: a channel with one logical sender (the upstream,
-// which closes it) and the stage's workers as receivers.
+// inbox is a stage's bounded input: the upstream sends through pusher and calls close
+// after its last send; each worker receives from the channel bind gives it.
+type inbox[T any] interface {
+	queueLen
+	pusher(ctx context.Context) func(T) error
+	close()
+	// bind returns worker i's channel: a plain one, or (ordered stages) one of items
+	// tagged with their sequence number.
+	bind(i int) (chan T, chan seqItem[T])
+}
+
+// queue is the plain inbox: one channel shared by all the stage's workers.
 type queue[T any] struct {
 	ch     chan T
 	unsent atomic.Int64 // items the upstream had for this stage but could not send (run stopped)
 }
+
+func (q *queue[T]) close()                             { close(q.ch) }
+func (q *queue[T]) bind(int) (chan T, chan seqItem[T]) { return q.ch, nil }
+func (q *queue[T]) length() int                        { return len(q.ch) }
+func (q *queue[T]) unsentCount() int64                 { return q.unsent.Load() }
+
+// keyedQueue gives each worker its own channel and routes every item by the hash of its
+// key, so that items with one key are handled by one worker, one at a time, in order.
+type keyedQueue[T any] struct {
+	chs    []chan T
+	hash   func(T) uint64
+	unsent atomic.Int64
+}
+
+func newKeyedQueue[T any](workers, capacity int, hash func(T) uint64) *keyedQueue[T] {
+	per := (capacity + workers - 1) / workers
+	q := &keyedQueue[T]{chs: make([]chan T, workers), hash: hash}
+	for i := range q.chs {
+		q.chs[i] = make(chan T, per)
+	}
+	return q
+}
+
+func (q *keyedQueue[T]) pusher(ctx context.Context) func(T) error {
+	n := uint64(len(q.chs))
+	return func(v T) error {
+		if err := send(ctx, q.chs[q.hash(v)%n], v); err != nil {
+			q.unsent.Add(1)
+			return err
+		}
+		return nil
+	}
+}
+
+func (q *keyedQueue[T]) close() {
+	for _, ch := range q.chs {
+		close(ch)
+	}
+}
+
+func (q *keyedQueue[T]) bind(i int) (chan T, chan seqItem[T]) { return q.chs[i], nil }
+func (q *keyedQueue[T]) unsentCount() int64                   { return q.unsent.Load() }
+
+func (q *keyedQueue[T]) length() int {
+	n := 0
+	for _, ch := range q.chs {
+		n += len(ch)
+	}
+	return n
+}
+
+// seqItem is an item of an ordered stage, tagged with its place in the input order.
+type seqItem[T any] struct {
+	seq uint64
+	v   T
+}
+
+// orderedQueue numbers items in the order they enter the channel. The number and the
+// send happen under one mutex, so that the channel's order is the numbers' order even
+// with several producers; a reorder window could otherwise wait for a number stuck
+// behind it in a full channel.
+type orderedQueue[T any] struct {
+	mu     sync.Mutex
+	next   uint64
+	ch     chan seqItem[T]
+	unsent atomic.Int64
+}
+
+func newOrderedQueue[T any](capacity int) *orderedQueue[T] {
+	return &orderedQueue[T]{ch: make(chan seqItem[T], capacity)}
+}
+
+func (q *orderedQueue[T]) pusher(ctx context.Context) func(T) error {
+	return func(v T) error {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		if err := send(ctx, q.ch, seqItem[T]{seq: q.next, v: v}); err != nil {
+			q.unsent.Add(1)
+			return err
+		}
+		q.next++
+		return nil
+	}
+}
+
+func (q *orderedQueue[T]) close()                             { close(q.ch) }
+func (q *orderedQueue[T]) bind(int) (chan T, chan seqItem[T]) { return nil, q.ch }
+func (q *orderedQueue[T]) length() int                        { return len(q.ch) }
+func (q *orderedQueue[T]) unsentCount() int64                 { return q.unsent.Load() }
 
 func newQueue[T any](capacity int) *queue[T] {
 	return &queue[T]{ch: make(chan T, capacity)}

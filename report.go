@@ -17,10 +17,11 @@ const (
 	kindStage
 	kindSink
 	kindFilter
+	kindBatch
 )
 
 func (k rowKind) String() string {
-	return [...]string{"source", "stage", "sink", "filter"}[k]
+	return [...]string{"source", "stage", "sink", "filter", "batch"}[k]
 }
 
 // workerStats are one worker's counters. Each worker writes only its own, so counting
@@ -43,9 +44,6 @@ type queueLen interface {
 	unsentCount() int64
 }
 
-func (q *queue[T]) length() int        { return len(q.ch) }
-func (q *queue[T]) unsentCount() int64 { return q.unsent.Load() }
-
 // row is one source, stage, sink or filter of a run.
 type row struct {
 	name     string
@@ -54,6 +52,8 @@ type row struct {
 	q        queueLen
 	given    int64 // items a source holds, -1 when unknown
 	workers  []workerStats
+	held     func() int64  // ordered stages: items finished but still in the window
+	flushes  *Flushes      // batches: flush reasons
 	filtered *atomic.Int64 // filters: items dropped
 
 	mu     sync.Mutex
@@ -117,14 +117,14 @@ func errTypeName(err error) string {
 // In = Succeeded + DeadLettered + Failed + NotStarted; a stage's In is what its upstream
 // sent (Out of a stage or source, less what a filter dropped).
 type Report struct {
-	Stages []StageReport // in the order items flow (sources first)
+	Stages []StageReport // in the order the run wired them: along each path, upstream first
 	Err    error         // the error Run returned, nil on success
 }
 
 // StageReport is the account of one source, stage, sink or filter in a run.
 type StageReport struct {
 	Name    string
-	Kind    string // "source", "stage", "sink" or "filter"
+	Kind    string // "source", "stage", "sink", "filter" or "batch"
 	Workers int
 
 	In           int64 // items that reached the stage (for a source: items it holds, when known, else items it produced)
@@ -137,7 +137,9 @@ type StageReport struct {
 	Filtered     int64 // items a filter dropped
 
 	QueueCap  int // the capacity of the stage's input queue
-	PeakQueue int // the longest the queue was when a worker took an item
+	PeakQueue int // the longest the queue was when a worker took an item (at most QueueCap)
+
+	Flushes Flushes // batches: flushes by reason
 
 	Causes []Cause // dead letters grouped by cause, most common first
 }
@@ -257,9 +259,17 @@ func (r *run) report(err error) Report {
 			s.Workers = 0
 			s.Filtered = rw.filtered.Load()
 		default:
+			if rw.held != nil { // finished, but never sent on: in flight when the run stopped
+				h := rw.held()
+				s.Succeeded -= h
+				s.Failed += h
+			}
 			left := int64(rw.q.length()) + rw.q.unsentCount()
 			s.In = received + left
 			s.NotStarted = discarded + left
+		}
+		if rw.flushes != nil {
+			s.Flushes = *rw.flushes
 		}
 		rw.mu.Lock()
 		s.Causes = sortCauses(rw.causes)

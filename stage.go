@@ -29,6 +29,12 @@ type config struct {
 	classify   func(error) Class
 	deadLetter any // func(context.Context, DeadLetter[In]) error, checked by the stage
 	budget     *Budget
+	ordered    bool
+	window     int
+	key        any // func(In) uint64, checked by the stage
+	linger     time.Duration
+	maxBytes   int
+	sizer      any    // func(T) int, checked by Batch
 	stageOnly  string // the first stage-only option applied, for New's check
 }
 
@@ -63,6 +69,7 @@ type Stage[In, Out any] struct {
 	sink    bool
 	cfg     config
 	dl      func(context.Context, DeadLetter[In]) error
+	hash    func(In) uint64 // WithKey
 }
 
 // Name returns the stage's name.
@@ -143,6 +150,20 @@ func (st *Stage[In, Out]) init(ctor, name string, workers int, opts []Option) {
 		}
 		st.dl = dl
 	}
+	if st.cfg.key != nil {
+		hash, ok := st.cfg.key.(func(In) uint64)
+		if !ok {
+			var zero In
+			panic(fmt.Sprintf("pipeline: %s(%q): WithKey for another item type on a stage of %T", ctor, name, zero))
+		}
+		if st.cfg.ordered {
+			panic(fmt.Sprintf("pipeline: %s(%q): WithKey and WithOrdered together; WithKey already keeps order per key", ctor, name))
+		}
+		st.hash = hash
+	}
+	if st.cfg.ordered && st.cfg.window == 0 {
+		st.cfg.window = 4 * workers
+	}
 	if st.cfg.attempts == 0 {
 		st.cfg.attempts = 1
 	}
@@ -196,18 +217,32 @@ func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
 		kind = kindSink
 	}
 	out.open = func(r *run, push func(Out) error, done func()) {
-		q := newQueue[In](buf)
+		var q inbox[In]
+		switch {
+		case st.hash != nil:
+			q = newKeyedQueue(st.workers, buf, st.hash)
+		case st.cfg.ordered:
+			q = newOrderedQueue[In](buf)
+		default:
+			q = newQueue[In](buf)
+		}
 		rw := r.newRow(name, kind, st.workers, buf, q)
-		s.open(r, q.pusher(r.ctx), func() { close(q.ch) })
+		s.open(r, q.pusher(r.ctx), q.close)
 		r.addRow(rw)
 		b := r.shared
 		if st.cfg.budget != nil {
 			b = newBudgetState(*st.cfg.budget)
 		}
+		var ord *reorder[Out]
+		if st.cfg.ordered {
+			ord = newReorder(st.cfg.window, push)
+			rw.held = ord.heldCount
+		}
 		var left atomic.Int32
 		left.Store(int32(st.workers))
 		for i := range st.workers {
-			w := &worker[In, Out]{st: st, r: r, row: rw, stats: &rw.workers[i], push: push, budget: b, classify: classify}
+			w := &worker[In, Out]{st: st, r: r, row: rw, stats: &rw.workers[i], push: push, budget: b, classify: classify, ord: ord}
+			w.ch, w.och = q.bind(i)
 			if st.flat != nil {
 				w.emit = func(o Out) { w.buf = append(w.buf, o) }
 			}
@@ -217,7 +252,7 @@ func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
 						done()
 					}
 				}()
-				return w.loop(q)
+				return w.loop()
 			})
 		}
 	}
@@ -245,14 +280,19 @@ type worker[In, Out any] struct {
 	push     func(Out) error
 	budget   *budgetState
 	classify func(error) Class
-	buf      []Out     // outputs of the current attempt (flat stages)
-	emit     func(Out) // appends to buf (flat stages)
+	buf      []Out            // outputs of the current attempt (flat stages)
+	emit     func(Out)        // appends to buf (flat stages)
+	ch       chan In          // the worker's input: plain and keyed stages
+	och      chan seqItem[In] // the worker's input: ordered stages
+	seq      uint64           // the current item's sequence number (ordered stages)
+	ord      *reorder[Out]    // the reorder window (ordered stages)
+	one      [1]Out           // a one-to-one output handed to the window
 }
 
 // loop takes items until the queue is closed and drained (nil) or the run stops (its
 // cause). A panic in user code fails the run as a *PanicError; the item in flight is
 // counted as failed.
-func (w *worker[In, Out]) loop(q *queue[In]) (err error) {
+func (w *worker[In, Out]) loop() (err error) {
 	ctx := w.r.ctx
 	busy := false
 	defer func() {
@@ -264,14 +304,30 @@ func (w *worker[In, Out]) loop(q *queue[In]) (err error) {
 		}
 	}()
 	for {
-		v, ok, err := recv(ctx, q.ch)
+		var (
+			v      In
+			ok     bool
+			err    error
+			queued int
+		)
+		if w.och == nil {
+			v, ok, err = recv(ctx, w.ch)
+			queued = min(len(w.ch)+1, cap(w.ch))
+		} else {
+			var e seqItem[In]
+			e, ok, err = recv(ctx, w.och)
+			v, w.seq, queued = e.v, e.seq, min(len(w.och)+1, cap(w.och))
+		}
 		if !ok {
 			return err
 		}
 		w.stats.received.inc()
-		w.stats.peak.max(int64(len(q.ch)) + 1)
+		w.stats.peak.max(int64(queued))
 		if w.r.drain.Load() {
 			w.stats.discarded.inc() // a drained budget: take no new item
+			if err := w.skip(ctx); err != nil {
+				return err
+			}
 			continue
 		}
 		busy = true
@@ -291,7 +347,7 @@ func (w *worker[In, Out]) process(ctx context.Context, v In) error {
 		out, err := w.attempt(ctx, v)
 		if err == nil {
 			w.stats.succeeded.inc()
-			if err := w.deliver(out); err != nil {
+			if err := w.deliver(ctx, out); err != nil {
 				return err
 			}
 			return w.record(false)
@@ -349,7 +405,18 @@ func (w *worker[In, Out]) call(ctx context.Context, v In) (Out, error) {
 // deliver sends an item's outputs downstream. If the run stops midway, every remaining
 // output is still offered, so that each is counted (sent, or unsent) and none is lost
 // from the accounting.
-func (w *worker[In, Out]) deliver(out Out) error {
+func (w *worker[In, Out]) deliver(ctx context.Context, out Out) error {
+	if w.ord != nil {
+		outs := w.buf
+		if w.st.flat == nil {
+			w.one[0] = out
+			outs = w.one[:]
+		}
+		err := w.ord.settle(ctx, w.stats, w.seq, outs, false)
+		clear(outs)
+		w.buf = w.buf[:0]
+		return err
+	}
 	if w.st.flat == nil {
 		w.stats.emitted.inc()
 		return w.push(out)
@@ -396,7 +463,19 @@ func (w *worker[In, Out]) deadLetter(ctx context.Context, v In, attempts int, cl
 	}
 	w.stats.deadLettered.inc()
 	w.row.addCause(typ, msg)
+	if err := w.skip(ctx); err != nil {
+		return err
+	}
 	return w.record(true)
+}
+
+// skip tells the reorder window, if any, that the current item has no output, so that
+// it does not stall the items behind it.
+func (w *worker[In, Out]) skip(ctx context.Context) error {
+	if w.ord == nil {
+		return nil
+	}
+	return w.ord.settle(ctx, w.stats, w.seq, nil, true)
 }
 
 // record tells the budget, if any, about one settled item.

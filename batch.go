@@ -1,0 +1,200 @@
+package pipeline
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// WithLinger makes a [Batch] flush a partial batch d after the batch's first item
+// arrived, so that a slow trickle of items is not held back indefinitely. It panics if
+// d <= 0.
+func WithLinger(d time.Duration) Option {
+	if d <= 0 {
+		panic(fmt.Sprintf("pipeline: WithLinger(%v): the linger must be positive", d))
+	}
+	return optionFunc(func(c *config) { c.linger = d; c.stageOnly = firstOf(c.stageOnly, "WithLinger") })
+}
+
+// WithMaxBytes bounds a [Batch] by size as well as by count: size(item) is an item's
+// size in bytes, and a batch is flushed before an item would take it past max. An item
+// larger than max alone makes a batch of its own. T must be the batch's item type;
+// [Batch] panics otherwise. It panics if max < 1 or size is nil.
+func WithMaxBytes[T any](max int, size func(T) int) Option {
+	if max < 1 || size == nil {
+		panic(fmt.Sprintf("pipeline: WithMaxBytes(%d, %p): need max >= 1 and a size function", max, size))
+	}
+	return optionFunc(func(c *config) {
+		c.maxBytes, c.sizer = max, size
+		c.stageOnly = firstOf(c.stageOnly, "WithMaxBytes")
+	})
+}
+
+// Flush reasons, counted per batch stage in [StageReport.Flushes].
+type Flushes struct {
+	Size   int64 // the batch reached its item count
+	Bytes  int64 // the next item would have passed WithMaxBytes
+	Linger int64 // WithLinger expired
+	End    int64 // the input ended
+}
+
+// Batch groups the items of s into slices of at most size items, in arrival order, on
+// one goroutine with its own input queue ([WithBuffer]). A batch is flushed when it is
+// full, before it would pass [WithMaxBytes], when [WithLinger] expires, and when the
+// input ends. Each batch is a new slice that the consumer owns. The report counts the
+// flushes by reason. When the run stops, the items of a partial batch count as failed.
+// It panics if size < 1.
+//
+// Batching costs one allocation per batch and no lock; use it in front of sinks with a
+// cost per call (databases, object stores, bulk APIs). See [ToBatches].
+func Batch[T any](s *Stream[T], size int, opts ...Option) *Stream[[]T] {
+	if size < 1 {
+		panic(fmt.Sprintf("pipeline: Batch(%d): the size must be at least 1", size))
+	}
+	var cfg config
+	for _, o := range opts {
+		o.apply(&cfg)
+	}
+	var sizer func(T) int
+	if cfg.sizer != nil {
+		var ok bool
+		if sizer, ok = cfg.sizer.(func(T) int); !ok {
+			var zero T
+			panic(fmt.Sprintf("pipeline: Batch: WithMaxBytes for another item type on a batch of %T", zero))
+		}
+	}
+	if cfg.timeout != 0 || cfg.attempts != 0 || cfg.deadLetter != nil || cfg.budget != nil || cfg.ordered || cfg.key != nil || cfg.classify != nil {
+		panic("pipeline: Batch takes only WithBuffer, WithLinger and WithMaxBytes")
+	}
+	p := s.p
+	name := p.claim("batch", false)
+	desc := fmt.Sprintf("batch %q", name)
+	s.consume(desc)
+	buf := cfg.bufferOr(p.cfg.bufferOr(DefaultBuffer))
+	out := newStream[[]T](p, desc)
+	out.open = func(r *run, push func([]T) error, done func()) {
+		q := newQueue[T](buf)
+		rw := r.newRow(name, kindBatch, 1, buf, q)
+		rw.flushes = new(Flushes)
+		s.open(r, q.pusher(r.ctx), q.close)
+		r.addRow(rw)
+		b := &batcher[T]{ctx: r.ctx, ch: q.ch, size: size, maxBytes: cfg.maxBytes, sizer: sizer,
+			linger: cfg.linger, push: push, stats: &rw.workers[0], flushes: rw.flushes}
+		r.goSafe(name, func() error {
+			defer done()
+			return b.loop()
+		})
+	}
+	return out
+}
+
+type batcher[T any] struct {
+	ctx      context.Context
+	ch       chan T
+	size     int
+	maxBytes int
+	sizer    func(T) int
+	linger   time.Duration
+	push     func([]T) error
+	stats    *workerStats
+	flushes  *Flushes // written by this goroutine only, read after the run
+	batch    []T
+	bytes    int
+}
+
+func (b *batcher[T]) loop() error {
+	var timer *time.Timer
+	var expired <-chan time.Time
+	if b.linger > 0 {
+		timer = time.NewTimer(time.Hour)
+		timer.Stop()
+		defer timer.Stop()
+		expired = timer.C
+	}
+	for {
+		var v T
+		var ok bool
+		select {
+		case v, ok = <-b.ch:
+		default:
+			select {
+			case v, ok = <-b.ch:
+			case <-expired:
+				if err := b.flush(&b.flushes.Linger); err != nil {
+					return err
+				}
+				continue
+			case <-b.ctx.Done():
+				b.stats.received.add(int64(len(b.batch)))
+				b.stats.failed.add(int64(len(b.batch)))
+				return context.Cause(b.ctx)
+			}
+		}
+		if !ok {
+			if len(b.batch) > 0 {
+				return b.flush(&b.flushes.End)
+			}
+			return nil
+		}
+		b.stats.peak.max(int64(min(len(b.ch)+1, cap(b.ch))))
+		if b.sizer != nil {
+			n := b.sizer(v)
+			if len(b.batch) > 0 && b.bytes+n > b.maxBytes {
+				if err := b.flush(&b.flushes.Bytes); err != nil {
+					return err
+				}
+			}
+			b.bytes += n
+		}
+		if len(b.batch) == 0 {
+			b.batch = make([]T, 0, b.size)
+			if timer != nil {
+				timer.Reset(b.linger)
+			}
+		}
+		b.batch = append(b.batch, v)
+		if len(b.batch) == b.size {
+			if err := b.flush(&b.flushes.Size); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// flush sends the current batch on. The items count as received and succeeded here, a
+// batch at a time, rather than one by one.
+func (b *batcher[T]) flush(reason *int64) error {
+	n := int64(len(b.batch))
+	b.stats.received.add(n)
+	b.stats.succeeded.add(n)
+	b.stats.emitted.inc()
+	*reason++
+	batch := b.batch
+	b.batch, b.bytes = nil, 0
+	return b.push(batch)
+}
+
+// Flatten returns a stream of the items of the slices of s, in order (the reverse of
+// [Batch]). Like [Map], it runs inline, in the goroutines that produce s.
+func Flatten[T any](s *Stream[[]T]) *Stream[T] {
+	s.consume("Flatten")
+	out := newStream[T](s.p, s.desc+" | Flatten")
+	out.open = func(r *run, push func(T) error, done func()) {
+		s.open(r, func(vs []T) error {
+			var first error
+			for _, v := range vs {
+				if err := push(v); err != nil && first == nil {
+					first = err // offer the rest too, so that each is counted
+				}
+			}
+			return first
+		}, done)
+	}
+	return out
+}
+
+// ToBatches ends s in a sink that takes batches: Batch(s, size, opts...) then [To]. Give
+// the sink [WithRetry] and [WithDeadLetter] to retry or set aside whole batches.
+func ToBatches[T any](s *Stream[T], size int, sink *Stage[[]T, struct{}], opts ...Option) {
+	To(Batch(s, size, opts...), sink)
+}

@@ -1,0 +1,97 @@
+package pipeline
+
+import (
+	"fmt"
+	"strings"
+	"sync/atomic"
+)
+
+// Merge returns one stream of the items of all the given streams, in arrival order
+// (fan-in). It has no queue of its own: every input sends straight into the queue of
+// the merged stream's consumer, which bounds them all. The merged stream ends when every
+// input has ended. An input that fails fails the run with its error, and a run that
+// stops for any reason (an error, a canceled context, a loop over [All] broken early)
+// stops every input. All streams must belong to one pipeline; Merge panics otherwise,
+// or if given none.
+//
+// To merge the output of another pipeline, make it a source of this one:
+// FromSeq2(p, All(ctx, other)).
+func Merge[T any](streams ...*Stream[T]) *Stream[T] {
+	if len(streams) == 0 {
+		panic("pipeline: Merge of no streams")
+	}
+	p := streams[0].p
+	descs := make([]string, len(streams))
+	for i, s := range streams {
+		if s.p != p {
+			panic(fmt.Sprintf("pipeline: Merge of streams from different pipelines (%s)", s.desc))
+		}
+		descs[i] = s.desc
+	}
+	desc := "Merge(" + strings.Join(descs, ", ") + ")"
+	for _, s := range streams {
+		s.consume(desc)
+	}
+	out := newStream[T](p, desc)
+	out.open = func(r *run, push func(T) error, done func()) {
+		var left atomic.Int32
+		left.Store(int32(len(streams)))
+		for _, s := range streams {
+			s.open(r, push, func() {
+				if left.Add(-1) == 0 {
+					done()
+				}
+			})
+		}
+	}
+	return out
+}
+
+// Tee returns n streams that each carry every item of s (broadcast). Each item is
+// offered to the branches one after the other, so the slowest branch sets the pace of
+// all (backpressure), and memory stays bounded by the branches' queues. The branches
+// share the items: for pointer or slice items, they must not modify them. It panics if
+// n < 1.
+func Tee[T any](s *Stream[T], n int) []*Stream[T] {
+	if n < 1 {
+		panic(fmt.Sprintf("pipeline: Tee(%d): need at least one branch", n))
+	}
+	s.consume("Tee")
+	// Each branch is opened by its own consumer; the upstream is opened once all n
+	// have given their push function, within one run.
+	var (
+		cur    *run
+		pushes []func(T) error
+		dones  []func()
+	)
+	outs := make([]*Stream[T], n)
+	for i := range outs {
+		out := newStream[T](s.p, fmt.Sprintf("%s | Tee[%d]", s.desc, i))
+		out.open = func(r *run, push func(T) error, done func()) {
+			if cur != r {
+				cur, pushes, dones = r, nil, nil
+			}
+			pushes = append(pushes, push)
+			dones = append(dones, done)
+			if len(pushes) < n {
+				return
+			}
+			ps, ds := pushes, dones
+			s.open(r, func(v T) error {
+				var first error
+				for _, push := range ps {
+					if err := push(v); err != nil && first == nil {
+						first = err // offer it to every branch, so that each counts it
+					}
+				}
+				return first
+			}, func() {
+				for _, d := range ds {
+					d()
+				}
+			})
+		}
+		outs[i] = out
+	}
+	return outs
+}

@@ -1,0 +1,166 @@
+package pipeline
+
+import (
+	"context"
+	"fmt"
+	"hash/maphash"
+	"sync"
+)
+
+// WithOrdered makes a concurrent stage emit its outputs in input order. Workers still
+// process items concurrently; a reorder window holds finished items until every earlier
+// item has finished (or was dead-lettered, filtered out or skipped, which never stalls
+// the window). window is how many items, counted from the oldest unfinished one, may be
+// finished or in flight; a worker that finishes an item beyond it waits. 0 means 4 ×
+// workers. Memory is therefore bounded by window items, whatever the input.
+//
+// A slow item at the head stalls the stage's output until it finishes (head-of-line
+// blocking), and with it, once the window is full, the stage itself: choose the window
+// from the spread of the stage's latency, and pair ordering with [WithTimeout]. It
+// panics if window < 0.
+//
+// Ordering costs a mutex per item at the queue and one in the window.
+func WithOrdered(window int) Option {
+	if window < 0 {
+		panic(fmt.Sprintf("pipeline: WithOrdered(%d): negative window", window))
+	}
+	return optionFunc(func(c *config) {
+		c.ordered, c.window = true, window
+		c.stageOnly = firstOf(c.stageOnly, "WithOrdered")
+	})
+}
+
+// WithKey routes each item to a worker chosen by the hash of key(item): items with the
+// same key are processed one at a time and in input order, items with different keys
+// concurrently (unless their keys hash to the same worker: like a broker's partitions,
+// a slow key delays the keys that share its worker). Each worker has its own input
+// queue of the stage's buffer divided by the workers. In must be the stage's input
+// type; the stage's constructor panics otherwise, and also when the stage has
+// [WithOrdered] (per-key order is already kept).
+func WithKey[In any, K comparable](key func(In) K) Option {
+	if key == nil {
+		panic("pipeline: WithKey(nil)")
+	}
+	seed := maphash.MakeSeed()
+	hash := func(v In) uint64 { return maphash.Comparable(seed, key(v)) }
+	return optionFunc(func(c *config) {
+		c.key = hash
+		c.stageOnly = firstOf(c.stageOnly, "WithKey")
+	})
+}
+
+// slotState is the state of one place in the reorder window.
+type slotState uint8
+
+const (
+	slotEmpty slotState = iota
+	slotReady           // finished, with outputs
+	slotSkip            // finished, no output (dead-lettered, filtered, skipped)
+)
+
+type slot[Out any] struct {
+	state slotState
+	outs  []Out // flat stages: every output; one-to-one stages: one
+}
+
+// reorder is the window of an ordered stage. Workers settle each item with its
+// sequence number; whichever worker settles the head item flushes every consecutive
+// finished item downstream, in order, while the others go on.
+type reorder[Out any] struct {
+	mu       sync.Mutex
+	next     uint64 // sequence number of the oldest unsettled item
+	slots    []slot[Out]
+	flushing bool          // a worker is pushing outputs downstream
+	wake     chan struct{} // closed when next advances, made only when someone waits
+	held     int64         // items settled with outputs but not yet pushed
+	scratch  []Out         // the flusher's batch (only the flusher touches it)
+	push     func(Out) error
+}
+
+func newReorder[Out any](window int, push func(Out) error) *reorder[Out] {
+	return &reorder[Out]{slots: make([]slot[Out], window), push: push}
+}
+
+// settle records the outcome of item seq (outs nil and skip true for no output) and,
+// if it is the head, pushes what is now in order. It blocks while seq is beyond the
+// window, and returns the run's cause if the run stops meanwhile, or the first push
+// error. stats counts the outputs this worker pushes.
+func (o *reorder[Out]) settle(ctx context.Context, stats *workerStats, seq uint64, outs []Out, skip bool) error {
+	w := uint64(len(o.slots))
+	o.mu.Lock()
+	for seq >= o.next+w {
+		if o.wake == nil {
+			o.wake = make(chan struct{})
+		}
+		wake := o.wake
+		o.mu.Unlock()
+		select {
+		case <-wake:
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+		o.mu.Lock()
+	}
+	s := &o.slots[seq%w]
+	if skip {
+		s.state = slotSkip
+	} else {
+		s.state = slotReady
+		s.outs = append(s.outs[:0], outs...)
+		o.held++
+	}
+	if o.flushing || seq != o.next {
+		o.mu.Unlock()
+		return nil
+	}
+	o.flushing = true
+	var first error
+	for {
+		start := o.next
+		batch := o.scratch[:0]
+		var items int64
+		for {
+			h := &o.slots[o.next%w]
+			if h.state == slotEmpty {
+				break
+			}
+			if h.state == slotReady {
+				items++
+				batch = append(batch, h.outs...)
+				clear(h.outs)
+				h.outs = h.outs[:0]
+			}
+			h.state = slotEmpty
+			o.next++
+		}
+		if o.next == start { // nothing settled in order since the last pass
+			o.flushing = false
+			o.scratch = batch
+			o.mu.Unlock()
+			return first
+		}
+		if o.wake != nil {
+			close(o.wake)
+			o.wake = nil
+		}
+		o.mu.Unlock()
+		for _, v := range batch {
+			if err := o.push(v); err != nil && first == nil {
+				first = err // offer the rest too, so that each is counted as sent or unsent
+			}
+		}
+		stats.emitted.add(int64(len(batch)))
+		clear(batch)
+		o.mu.Lock()
+		o.held -= items
+		o.scratch = batch
+	}
+}
+
+// heldCount returns the outputs finished but not pushed: after a run, these were in the
+// window when it stopped.
+func (o *reorder[Out]) heldCount() int64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.held
+}
