@@ -72,14 +72,14 @@ func Batch[T any](s *Stream[T], size int, opts ...Option) *Stream[[]T] {
 	s.consume(desc)
 	buf := cfg.bufferOr(p.cfg.bufferOr(DefaultBuffer))
 	out := newStream[[]T](p, desc)
-	out.open = func(r *run, push func([]T) error, done func()) {
+	out.open = func(r *run, push pushFunc[[]T], done func()) {
 		q := newQueue[T](buf)
 		rw := r.newRow(name, kindBatch, 1, buf, q)
-		rw.flushes = new(Flushes)
+		rw.flushes, rw.extra = new(Flushes), size
 		s.open(r, q.pusher(r.ctx), q.close)
 		r.addRow(rw)
 		b := &batcher[T]{ctx: r.ctx, ch: q.ch, size: size, maxBytes: cfg.maxBytes, sizer: sizer,
-			linger: cfg.linger, push: push, stats: &rw.workers[0], flushes: rw.flushes}
+			linger: cfg.linger, push: push, stats: &rw.workers[0], flushes: rw.flushes, track: r.track}
 		r.goSafe(name, func() error {
 			defer done()
 			return b.loop()
@@ -90,15 +90,17 @@ func Batch[T any](s *Stream[T], size int, opts ...Option) *Stream[[]T] {
 
 type batcher[T any] struct {
 	ctx      context.Context
-	ch       chan T
+	ch       chan item[T]
 	size     int
 	maxBytes int
 	sizer    func(T) int
 	linger   time.Duration
-	push     func([]T) error
+	push     pushFunc[[]T]
 	stats    *workerStats
 	flushes  *Flushes // written by this goroutine only, read after the run
+	track    *tracker
 	batch    []T
+	poss     []uint64 // positions of the batch's items (checkpointed runs)
 	bytes    int
 }
 
@@ -112,13 +114,13 @@ func (b *batcher[T]) loop() error {
 		expired = timer.C
 	}
 	for {
-		var v T
+		var e item[T]
 		var ok bool
 		select {
-		case v, ok = <-b.ch:
+		case e, ok = <-b.ch:
 		default:
 			select {
-			case v, ok = <-b.ch:
+			case e, ok = <-b.ch:
 			case <-expired:
 				if err := b.flush(&b.flushes.Linger); err != nil {
 					return err
@@ -137,6 +139,7 @@ func (b *batcher[T]) loop() error {
 			return nil
 		}
 		b.stats.peak.max(int64(min(len(b.ch)+1, cap(b.ch))))
+		v := e.v
 		if b.sizer != nil {
 			n := b.sizer(v)
 			if len(b.batch) > 0 && b.bytes+n > b.maxBytes {
@@ -153,6 +156,9 @@ func (b *batcher[T]) loop() error {
 			}
 		}
 		b.batch = append(b.batch, v)
+		if b.track != nil {
+			b.poss = append(b.poss, e.pos)
+		}
 		if len(b.batch) == b.size {
 			if err := b.flush(&b.flushes.Size); err != nil {
 				return err
@@ -169,9 +175,13 @@ func (b *batcher[T]) flush(reason *int64) error {
 	b.stats.succeeded.add(n)
 	b.stats.emitted.inc()
 	*reason++
-	batch := b.batch
+	batch, pos := b.batch, noPos
+	if b.track != nil {
+		pos = b.track.group(b.poss)
+		b.poss = nil
+	}
 	b.batch, b.bytes = nil, 0
-	return b.push(batch)
+	return b.push(batch, pos)
 }
 
 // Flatten returns a stream of the items of the slices of s, in order (the reverse of
@@ -179,11 +189,15 @@ func (b *batcher[T]) flush(reason *int64) error {
 func Flatten[T any](s *Stream[[]T]) *Stream[T] {
 	s.consume("Flatten")
 	out := newStream[T](s.p, s.desc+" | Flatten")
-	out.open = func(r *run, push func(T) error, done func()) {
-		s.open(r, func(vs []T) error {
+	out.open = func(r *run, push pushFunc[T], done func()) {
+		s.open(r, func(vs []T, pos uint64) error {
+			poss := r.track.ungroup(pos, len(vs))
 			var first error
-			for _, v := range vs {
-				if err := push(v); err != nil && first == nil {
+			for i, v := range vs {
+				if poss != nil {
+					pos = poss[i]
+				}
+				if err := push(v, pos); err != nil && first == nil {
 					first = err // offer the rest too, so that each is counted
 				}
 			}

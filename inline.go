@@ -14,8 +14,8 @@ func Map[In, Out any](s *Stream[In], fn func(In) Out) *Stream[Out] {
 	}
 	s.consume("Map")
 	out := newStream[Out](s.p, s.desc+" | Map")
-	out.open = func(r *run, push func(Out) error, done func()) {
-		s.open(r, func(v In) error { return push(fn(v)) }, done)
+	out.open = func(r *run, push pushFunc[Out], done func()) {
+		s.open(r, func(v In, pos uint64) error { return push(fn(v), pos) }, done)
 	}
 	return out
 }
@@ -30,13 +30,14 @@ func Filter[T any](s *Stream[T], keep func(T) bool) *Stream[T] {
 	s.consume("Filter")
 	name := s.p.claim("filter", false)
 	out := newStream[T](s.p, s.desc+" | Filter")
-	out.open = func(r *run, push func(T) error, done func()) {
+	out.open = func(r *run, push pushFunc[T], done func()) {
 		var dropped atomic.Int64
-		s.open(r, func(v T) error {
+		s.open(r, func(v T, pos uint64) error {
 			if keep(v) {
-				return push(v)
+				return push(v, pos)
 			}
 			dropped.Add(1)
+			r.track.done(pos)
 			return nil
 		}, done)
 		rw := r.newRow(name, kindFilter, 0, 0, nil)

@@ -33,7 +33,7 @@ func Merge[T any](streams ...*Stream[T]) *Stream[T] {
 		s.consume(desc)
 	}
 	out := newStream[T](p, desc)
-	out.open = func(r *run, push func(T) error, done func()) {
+	out.open = func(r *run, push pushFunc[T], done func()) {
 		var left atomic.Int32
 		left.Store(int32(len(streams)))
 		for _, s := range streams {
@@ -61,13 +61,13 @@ func Tee[T any](s *Stream[T], n int) []*Stream[T] {
 	// have given their push function, within one run.
 	var (
 		cur    *run
-		pushes []func(T) error
+		pushes []pushFunc[T]
 		dones  []func()
 	)
 	outs := make([]*Stream[T], n)
 	for i := range outs {
 		out := newStream[T](s.p, fmt.Sprintf("%s | Tee[%d]", s.desc, i))
-		out.open = func(r *run, push func(T) error, done func()) {
+		out.open = func(r *run, push pushFunc[T], done func()) {
 			if cur != r {
 				cur, pushes, dones = r, nil, nil
 			}
@@ -77,10 +77,11 @@ func Tee[T any](s *Stream[T], n int) []*Stream[T] {
 				return
 			}
 			ps, ds := pushes, dones
-			s.open(r, func(v T) error {
+			s.open(r, func(v T, pos uint64) error {
+				r.track.split(pos, len(ps))
 				var first error
 				for _, push := range ps {
-					if err := push(v); err != nil && first == nil {
+					if err := push(v, pos); err != nil && first == nil {
 						first = err // offer it to every branch, so that each counts it
 					}
 				}

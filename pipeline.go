@@ -25,6 +25,7 @@ type Pipeline struct {
 	streams   []consumable
 	terminals []func(r *run)
 	running   atomic.Bool
+	ck        *checkpointCfg
 
 	mu     sync.Mutex
 	report Report
@@ -81,8 +82,7 @@ func (p *Pipeline) claim(name string, unique bool) string {
 func (p *Pipeline) Run(ctx context.Context) error {
 	p.begin(false)
 	r, err := p.exec(ctx, nil)
-	p.finish(r, err)
-	return err
+	return p.finish(r, err)
 }
 
 // Report returns the report of the last finished run (the zero Report before any).
@@ -112,8 +112,20 @@ func (p *Pipeline) begin(extra bool) {
 // exec wires and runs the graph, then waits for every goroutine. extra, when not nil,
 // attaches a terminal that is not part of the pipeline (the consumer of [All]).
 func (p *Pipeline) exec(ctx context.Context, extra func(r *run)) (*run, error) {
+	r := &run{p: p, parent: ctx}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	if ck := p.ck; ck != nil {
+		pos, err := ck.store.Load(ctx)
+		if err != nil {
+			return r, &StageError{Stage: "checkpoint", Err: fmt.Errorf("load: %w", err)}
+		}
+		ck.loaded = pos
+		r.track = newTracker(ck.source, uint64(pos), ck.every)
+		r.saved = pos
+	}
 	g, gctx := errgroup.WithContext(ctx)
-	r := &run{ctx: gctx, g: g, p: p}
+	r.ctx, r.g = gctx, g
 	if p.cfg.budget != nil {
 		r.shared = newBudgetState(*p.cfg.budget)
 	}
@@ -123,7 +135,35 @@ func (p *Pipeline) exec(ctx context.Context, extra func(r *run)) (*run, error) {
 	if extra != nil {
 		extra(r)
 	}
+	if r.track != nil {
+		r.track.limit = uint64(p.ck.maxRedo)
+		if p.ck.maxRedo == 0 {
+			r.track.limit = uint64(p.ck.every + r.inflight())
+		}
+	}
+	for _, fn := range r.pending {
+		g.Go(fn)
+	}
+	r.pending = nil
+	var saverDone chan error
+	stop := make(chan struct{})
+	if r.track != nil {
+		saverDone = make(chan error, 1)
+		go func() {
+			err := r.track.saver(gctx, p.ck.store, p.ck.interval, stop, &r.saved)
+			if err != nil {
+				cancel(err) // fails the run: every stage sees it as the cause
+			}
+			saverDone <- err
+		}()
+	}
 	err := g.Wait()
+	close(stop)
+	if saverDone != nil {
+		if serr := <-saverDone; serr != nil && err == nil {
+			err = serr
+		}
+	}
 	if err == nil {
 		if d := r.drained.Load(); d != nil {
 			err = d
@@ -132,30 +172,50 @@ func (p *Pipeline) exec(ctx context.Context, extra func(r *run)) (*run, error) {
 	return r, err
 }
 
-// finish builds the report of a finished run and publishes it.
-func (p *Pipeline) finish(r *run, err error) {
+// finish saves a checkpointed run's final position, builds the report of the run and
+// publishes it. It returns the run's error, or the final save's.
+func (p *Pipeline) finish(r *run, err error) error {
+	if r.track != nil {
+		if w := r.track.watermark(); w != r.saved {
+			if serr := p.ck.store.Save(context.WithoutCancel(r.parent), w); serr != nil {
+				if err == nil {
+					err = &StageError{Stage: "checkpoint", Err: serr}
+				}
+			} else {
+				r.saved = w
+			}
+		}
+	}
 	rep := r.report(err)
 	p.mu.Lock()
 	p.report = rep
 	p.mu.Unlock()
 	p.running.Store(false)
+	return err
 }
 
 // run is the state of one execution: its context, its goroutines and its counters.
 type run struct {
 	p       *Pipeline
+	parent  context.Context // the caller's context, for the final checkpoint save
+	saved   int64           // the last position saved (checkpointed runs)
 	ctx     context.Context
 	g       *errgroup.Group
 	rows    []*row
 	shared  *budgetState
 	drain   atomic.Bool                // a budget in drain mode tripped: take no new items
 	drained atomic.Pointer[StageError] // the error Run returns after a drain
+	track   *tracker                   // the checkpoint's watermark, nil when none
+	pending []func() error             // goroutines to start once the graph is wired
 }
 
-// goSafe starts fn in the run's group; a panic in fn becomes a [*PanicError] that fails
-// the run under the given name.
+// spawn registers fn to run in the run's group once the whole graph is wired.
+func (r *run) spawn(fn func() error) { r.pending = append(r.pending, fn) }
+
+// goSafe spawns fn; a panic in fn becomes a [*PanicError] that fails the run under the
+// given name.
 func (r *run) goSafe(name string, fn func() error) {
-	r.g.Go(func() (err error) {
+	r.spawn(func() (err error) {
 		defer func() {
 			if v := recover(); v != nil {
 				err = &StageError{Stage: name, Err: newPanicError(v)}
@@ -199,7 +259,10 @@ func All[T any](ctx context.Context, s *Stream[T]) iter.Seq2[T, error] {
 		ctx, cancel := context.WithCancelCause(ctx)
 		defer cancel(nil)
 		q := newQueue[T](buf)
-		var rw *row
+		var (
+			rw *row
+			tr *tracker
+		)
 		type result struct {
 			r   *run
 			err error
@@ -208,30 +271,31 @@ func All[T any](ctx context.Context, s *Stream[T]) iter.Seq2[T, error] {
 		p.begin(true)
 		go func() {
 			r, err := p.exec(ctx, func(r *run) {
-				rw = r.newRow("All", kindSink, 1, buf, q)
+				rw, tr = r.newRow("All", kindSink, 1, buf, q), r.track
 				s.open(r, q.pusher(r.ctx), func() { close(q.ch) })
 				r.addRow(rw)
 			})
 			done <- result{r, err}
 		}()
 		var stopped bool
-		for v := range q.ch {
+		for e := range q.ch {
 			w := &rw.workers[0]
 			w.peak.max(int64(min(len(q.ch)+1, cap(q.ch))))
 			w.received.inc()
 			w.succeeded.inc()
-			if !yield(v, nil) {
+			if !yield(e.v, nil) {
 				stopped = true
 				cancel(errStopped)
 				break
 			}
+			tr.done(e.pos) // the loop body is done with it: committed
 		}
 		res := <-done
 		err := res.err
 		if stopped && errors.Is(err, errStopped) {
 			err = nil
 		}
-		p.finish(res.r, err)
+		err = p.finish(res.r, err)
 		if err != nil && !stopped {
 			var zero T
 			yield(zero, err)

@@ -58,49 +58,78 @@ func recv[T any](ctx context.Context, ch <-chan T) (v T, ok bool, err error) {
 	}
 }
 
+// noPos is the position of an item that no checkpoint tracks.
+const noPos = ^uint64(0)
+
+// item is what a queue carries: the value and, in a checkpointed run, the position in
+// the source of the item it derives from (noPos otherwise). Carrying it always keeps one
+// code path; it costs 8 bytes per queued item.
+type item[T any] struct {
+	v   T
+	pos uint64
+}
+
+// push is how a producer hands an item to its consumer. It blocks while the consumer's
+// queue is full and returns the run's cause once the run is stopping.
+type pushFunc[T any] = func(v T, pos uint64) error
+
 // inbox is a stage's bounded input: the upstream sends through pusher and calls close
 // after its last send; each worker receives from the channel bind gives it.
 type inbox[T any] interface {
 	queueLen
-	pusher(ctx context.Context) func(T) error
+	pusher(ctx context.Context) pushFunc[T]
 	close()
 	// bind returns worker i's channel: a plain one, or (ordered stages) one of items
 	// tagged with their sequence number.
-	bind(i int) (chan T, chan seqItem[T])
+	bind(i int) (chan item[T], chan seqItem[T])
 }
 
 // queue is the plain inbox: one channel shared by all the stage's workers.
 type queue[T any] struct {
-	ch     chan T
+	ch     chan item[T]
 	unsent atomic.Int64 // items the upstream had for this stage but could not send (run stopped)
 }
 
-func (q *queue[T]) close()                             { close(q.ch) }
-func (q *queue[T]) bind(int) (chan T, chan seqItem[T]) { return q.ch, nil }
-func (q *queue[T]) length() int                        { return len(q.ch) }
-func (q *queue[T]) unsentCount() int64                 { return q.unsent.Load() }
+func newQueue[T any](capacity int) *queue[T] {
+	return &queue[T]{ch: make(chan item[T], capacity)}
+}
+
+func (q *queue[T]) pusher(ctx context.Context) pushFunc[T] {
+	return func(v T, pos uint64) error {
+		if err := send(ctx, q.ch, item[T]{v, pos}); err != nil {
+			q.unsent.Add(1) // rare: only when the run is stopping
+			return err
+		}
+		return nil
+	}
+}
+
+func (q *queue[T]) close()                                   { close(q.ch) }
+func (q *queue[T]) bind(int) (chan item[T], chan seqItem[T]) { return q.ch, nil }
+func (q *queue[T]) length() int                              { return len(q.ch) }
+func (q *queue[T]) unsentCount() int64                       { return q.unsent.Load() }
 
 // keyedQueue gives each worker its own channel and routes every item by the hash of its
 // key, so that items with one key are handled by one worker, one at a time, in order.
 type keyedQueue[T any] struct {
-	chs    []chan T
+	chs    []chan item[T]
 	hash   func(T) uint64
 	unsent atomic.Int64
 }
 
 func newKeyedQueue[T any](workers, capacity int, hash func(T) uint64) *keyedQueue[T] {
 	per := (capacity + workers - 1) / workers
-	q := &keyedQueue[T]{chs: make([]chan T, workers), hash: hash}
+	q := &keyedQueue[T]{chs: make([]chan item[T], workers), hash: hash}
 	for i := range q.chs {
-		q.chs[i] = make(chan T, per)
+		q.chs[i] = make(chan item[T], per)
 	}
 	return q
 }
 
-func (q *keyedQueue[T]) pusher(ctx context.Context) func(T) error {
+func (q *keyedQueue[T]) pusher(ctx context.Context) pushFunc[T] {
 	n := uint64(len(q.chs))
-	return func(v T) error {
-		if err := send(ctx, q.chs[q.hash(v)%n], v); err != nil {
+	return func(v T, pos uint64) error {
+		if err := send(ctx, q.chs[q.hash(v)%n], item[T]{v, pos}); err != nil {
 			q.unsent.Add(1)
 			return err
 		}
@@ -114,8 +143,8 @@ func (q *keyedQueue[T]) close() {
 	}
 }
 
-func (q *keyedQueue[T]) bind(i int) (chan T, chan seqItem[T]) { return q.chs[i], nil }
-func (q *keyedQueue[T]) unsentCount() int64                   { return q.unsent.Load() }
+func (q *keyedQueue[T]) bind(i int) (chan item[T], chan seqItem[T]) { return q.chs[i], nil }
+func (q *keyedQueue[T]) unsentCount() int64                         { return q.unsent.Load() }
 
 func (q *keyedQueue[T]) length() int {
 	n := 0
@@ -127,8 +156,8 @@ func (q *keyedQueue[T]) length() int {
 
 // seqItem is an item of an ordered stage, tagged with its place in the input order.
 type seqItem[T any] struct {
+	item[T]
 	seq uint64
-	v   T
 }
 
 // orderedQueue numbers items in the order they enter the channel. The number and the
@@ -146,11 +175,11 @@ func newOrderedQueue[T any](capacity int) *orderedQueue[T] {
 	return &orderedQueue[T]{ch: make(chan seqItem[T], capacity)}
 }
 
-func (q *orderedQueue[T]) pusher(ctx context.Context) func(T) error {
-	return func(v T) error {
+func (q *orderedQueue[T]) pusher(ctx context.Context) pushFunc[T] {
+	return func(v T, pos uint64) error {
 		q.mu.Lock()
 		defer q.mu.Unlock()
-		if err := send(ctx, q.ch, seqItem[T]{seq: q.next, v: v}); err != nil {
+		if err := send(ctx, q.ch, seqItem[T]{item[T]{v, pos}, q.next}); err != nil {
 			q.unsent.Add(1)
 			return err
 		}
@@ -159,22 +188,7 @@ func (q *orderedQueue[T]) pusher(ctx context.Context) func(T) error {
 	}
 }
 
-func (q *orderedQueue[T]) close()                             { close(q.ch) }
-func (q *orderedQueue[T]) bind(int) (chan T, chan seqItem[T]) { return nil, q.ch }
-func (q *orderedQueue[T]) length() int                        { return len(q.ch) }
-func (q *orderedQueue[T]) unsentCount() int64                 { return q.unsent.Load() }
-
-func newQueue[T any](capacity int) *queue[T] {
-	return &queue[T]{ch: make(chan T, capacity)}
-}
-
-// pusher returns the function upstream producers call for each item.
-func (q *queue[T]) pusher(ctx context.Context) func(T) error {
-	return func(v T) error {
-		if err := send(ctx, q.ch, v); err != nil {
-			q.unsent.Add(1) // rare: only when the run is stopping
-			return err
-		}
-		return nil
-	}
-}
+func (q *orderedQueue[T]) close()                                   { close(q.ch) }
+func (q *orderedQueue[T]) bind(int) (chan item[T], chan seqItem[T]) { return nil, q.ch }
+func (q *orderedQueue[T]) length() int                              { return len(q.ch) }
+func (q *orderedQueue[T]) unsentCount() int64                       { return q.unsent.Load() }

@@ -60,6 +60,7 @@ const (
 
 type slot[Out any] struct {
 	state slotState
+	pos   uint64
 	outs  []Out // flat stages: every output; one-to-one stages: one
 }
 
@@ -73,11 +74,11 @@ type reorder[Out any] struct {
 	flushing bool          // a worker is pushing outputs downstream
 	wake     chan struct{} // closed when next advances, made only when someone waits
 	held     int64         // items settled with outputs but not yet pushed
-	scratch  []Out         // the flusher's batch (only the flusher touches it)
-	push     func(Out) error
+	scratch  []item[Out]   // the flusher's batch (only the flusher touches it)
+	push     pushFunc[Out]
 }
 
-func newReorder[Out any](window int, push func(Out) error) *reorder[Out] {
+func newReorder[Out any](window int, push pushFunc[Out]) *reorder[Out] {
 	return &reorder[Out]{slots: make([]slot[Out], window), push: push}
 }
 
@@ -85,7 +86,7 @@ func newReorder[Out any](window int, push func(Out) error) *reorder[Out] {
 // if it is the head, pushes what is now in order. It blocks while seq is beyond the
 // window, and returns the run's cause if the run stops meanwhile, or the first push
 // error. stats counts the outputs this worker pushes.
-func (o *reorder[Out]) settle(ctx context.Context, stats *workerStats, seq uint64, outs []Out, skip bool) error {
+func (o *reorder[Out]) settle(ctx context.Context, stats *workerStats, seq, pos uint64, outs []Out, skip bool) error {
 	w := uint64(len(o.slots))
 	o.mu.Lock()
 	for seq >= o.next+w {
@@ -106,6 +107,7 @@ func (o *reorder[Out]) settle(ctx context.Context, stats *workerStats, seq uint6
 		s.state = slotSkip
 	} else {
 		s.state = slotReady
+		s.pos = pos
 		s.outs = append(s.outs[:0], outs...)
 		o.held++
 	}
@@ -126,7 +128,9 @@ func (o *reorder[Out]) settle(ctx context.Context, stats *workerStats, seq uint6
 			}
 			if h.state == slotReady {
 				items++
-				batch = append(batch, h.outs...)
+				for _, v := range h.outs {
+					batch = append(batch, item[Out]{v, h.pos})
+				}
 				clear(h.outs)
 				h.outs = h.outs[:0]
 			}
@@ -144,8 +148,8 @@ func (o *reorder[Out]) settle(ctx context.Context, stats *workerStats, seq uint6
 			o.wake = nil
 		}
 		o.mu.Unlock()
-		for _, v := range batch {
-			if err := o.push(v); err != nil && first == nil {
+		for _, it := range batch {
+			if err := o.push(it.v, it.pos); err != nil && first == nil {
 				first = err // offer the rest too, so that each is counted as sent or unsent
 			}
 		}

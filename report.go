@@ -54,6 +54,7 @@ type row struct {
 	workers  []workerStats
 	held     func() int64  // ordered stages: items finished but still in the window
 	flushes  *Flushes      // batches: flush reasons
+	extra    int           // items held beyond queue and workers: a reorder window, a partial batch
 	filtered *atomic.Int64 // filters: items dropped
 
 	mu     sync.Mutex
@@ -67,6 +68,16 @@ func (r *run) newRow(name string, kind rowKind, workers, capacity int, q queueLe
 }
 
 func (r *run) addRow(rw *row) { r.rows = append(r.rows, rw) }
+
+// inflight is the most items the run's stages can hold at once, counting each queued
+// element (a batch too) as one item: queues, workers, reorder windows, partial batches.
+func (r *run) inflight() int {
+	n := 0
+	for _, rw := range r.rows {
+		n += rw.capacity + len(rw.workers) + rw.extra
+	}
+	return n
+}
 
 // addCause counts a dead letter by its type and the prefix of its message.
 func (rw *row) addCause(typ, msg string) {
@@ -117,8 +128,9 @@ func errTypeName(err error) string {
 // In = Succeeded + DeadLettered + Failed + NotStarted; a stage's In is what its upstream
 // sent (Out of a stage or source, less what a filter dropped).
 type Report struct {
-	Stages []StageReport // in the order the run wired them: along each path, upstream first
-	Err    error         // the error Run returned, nil on success
+	Stages     []StageReport // in the order the run wired them: along each path, upstream first
+	Err        error         // the error Run returned, nil on success
+	Checkpoint int64         // checkpointed runs: the position saved last (-1 otherwise)
 }
 
 // StageReport is the account of one source, stage, sink or filter in a run.
@@ -232,7 +244,10 @@ func (r Report) String() string {
 
 // report sums the counters of a finished run.
 func (r *run) report(err error) Report {
-	rep := Report{Err: err}
+	rep := Report{Err: err, Checkpoint: -1}
+	if r.track != nil {
+		rep.Checkpoint = r.saved
+	}
 	for _, rw := range r.rows {
 		s := StageReport{Name: rw.name, Kind: rw.kind.String(), Workers: len(rw.workers), QueueCap: rw.capacity}
 		var received, discarded int64

@@ -90,21 +90,36 @@ func Generate[T any](p *Pipeline, fn func(ctx context.Context, emit func(T) erro
 func newSource[T any](p *Pipeline, name string, given *int64, body func(ctx context.Context, emit func(T) error) error) *Stream[T] {
 	name = p.claim(name, false)
 	s := newStream[T](p, "source "+name)
-	s.open = func(r *run, push func(T) error, done func()) {
+	s.open = func(r *run, push pushFunc[T], done func()) {
 		rw := r.newRow(name, kindSource, 1, 0, nil)
 		if given != nil {
 			rw.given = *given
 		}
 		r.addRow(rw)
 		st := &rw.workers[0]
+		pos, bound := noPos, noPos // untracked, unless this is the checkpointed source
+		var track *tracker
+		if r.track != nil && r.track.source == s {
+			track, pos, bound = r.track, r.track.start, 0
+		}
 		emit := func(v T) error {
 			if r.drain.Load() {
 				return errDraining
 			}
+			if pos >= bound && track != nil { // WithMaxRedo: wait for a save
+				var err error
+				if bound, err = track.admit(r.ctx, pos); err != nil {
+					return err
+				}
+			}
 			st.received.inc()
 			st.succeeded.inc()
 			st.emitted.inc()
-			return push(v)
+			err := push(v, pos)
+			if pos != noPos {
+				pos++
+			}
+			return err
 		}
 		r.goSafe(name, func() error {
 			defer done()

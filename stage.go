@@ -21,21 +21,24 @@ func (f optionFunc) apply(c *config) { f(c) }
 
 // config is the resolved set of options of a stage or a pipeline.
 type config struct {
-	buffer     int // -1: not set
-	bufferSet  bool
-	timeout    time.Duration
-	attempts   int
-	backoff    Backoff
-	classify   func(error) Class
-	deadLetter any // func(context.Context, DeadLetter[In]) error, checked by the stage
-	budget     *Budget
-	ordered    bool
-	window     int
-	key        any // func(In) uint64, checked by the stage
-	linger     time.Duration
-	maxBytes   int
-	sizer      any    // func(T) int, checked by Batch
-	stageOnly  string // the first stage-only option applied, for New's check
+	buffer       int // -1: not set
+	bufferSet    bool
+	timeout      time.Duration
+	attempts     int
+	backoff      Backoff
+	classify     func(error) Class
+	deadLetter   any // func(context.Context, DeadLetter[In]) error, checked by the stage
+	budget       *Budget
+	ordered      bool
+	window       int
+	key          any // func(In) uint64, checked by the stage
+	linger       time.Duration
+	maxBytes     int
+	sizer        any // func(T) int, checked by Batch
+	saveEvery    int
+	maxRedo      int
+	saveInterval time.Duration
+	stageOnly    string // the first stage-only option applied, for New's check
 }
 
 func (c *config) bufferOr(d int) int {
@@ -179,7 +182,7 @@ type Stream[T any] struct {
 	// open wires the stream into run r: from then on the producer calls push for every
 	// item, from any number of goroutines, and calls done exactly once after its last
 	// push (also when it fails).
-	open func(r *run, push func(T) error, done func())
+	open func(r *run, push pushFunc[T], done func())
 }
 
 func newStream[T any](p *Pipeline, desc string) *Stream[T] {
@@ -216,7 +219,7 @@ func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
 	if st.sink {
 		kind = kindSink
 	}
-	out.open = func(r *run, push func(Out) error, done func()) {
+	out.open = func(r *run, push pushFunc[Out], done func()) {
 		var q inbox[In]
 		switch {
 		case st.hash != nil:
@@ -236,7 +239,7 @@ func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
 		var ord *reorder[Out]
 		if st.cfg.ordered {
 			ord = newReorder(st.cfg.window, push)
-			rw.held = ord.heldCount
+			rw.held, rw.extra = ord.heldCount, st.cfg.window
 		}
 		var left atomic.Int32
 		left.Store(int32(st.workers))
@@ -246,7 +249,7 @@ func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
 			if st.flat != nil {
 				w.emit = func(o Out) { w.buf = append(w.buf, o) }
 			}
-			r.g.Go(func() error {
+			r.spawn(func() error {
 				defer func() {
 					if left.Add(-1) == 0 {
 						done()
@@ -265,11 +268,13 @@ func To[T any](s *Stream[T], sink *Stage[T, struct{}]) {
 	out := Then(s, sink)
 	out.consumed = true
 	s.p.terminals = append(s.p.terminals, func(r *run) {
-		out.open(r, discard, func() {})
+		// The sink's function returned nil: the item's effect is committed.
+		out.open(r, func(_ struct{}, pos uint64) error {
+			r.track.done(pos)
+			return nil
+		}, func() {})
 	})
 }
-
-func discard(struct{}) error { return nil }
 
 // worker is one goroutine of a stage in one run.
 type worker[In, Out any] struct {
@@ -277,13 +282,14 @@ type worker[In, Out any] struct {
 	r        *run
 	row      *row
 	stats    *workerStats
-	push     func(Out) error
+	push     pushFunc[Out]
 	budget   *budgetState
 	classify func(error) Class
 	buf      []Out            // outputs of the current attempt (flat stages)
 	emit     func(Out)        // appends to buf (flat stages)
-	ch       chan In          // the worker's input: plain and keyed stages
+	ch       chan item[In]    // the worker's input: plain and keyed stages
 	och      chan seqItem[In] // the worker's input: ordered stages
+	pos      uint64           // the current item's source position (checkpointed runs)
 	seq      uint64           // the current item's sequence number (ordered stages)
 	ord      *reorder[Out]    // the reorder window (ordered stages)
 	one      [1]Out           // a one-to-one output handed to the window
@@ -311,12 +317,13 @@ func (w *worker[In, Out]) loop() (err error) {
 			queued int
 		)
 		if w.och == nil {
-			v, ok, err = recv(ctx, w.ch)
-			queued = min(len(w.ch)+1, cap(w.ch))
+			var e item[In]
+			e, ok, err = recv(ctx, w.ch)
+			v, w.pos, queued = e.v, e.pos, min(len(w.ch)+1, cap(w.ch))
 		} else {
 			var e seqItem[In]
 			e, ok, err = recv(ctx, w.och)
-			v, w.seq, queued = e.v, e.seq, min(len(w.och)+1, cap(w.och))
+			v, w.pos, w.seq, queued = e.v, e.pos, e.seq, min(len(w.och)+1, cap(w.och))
 		}
 		if !ok {
 			return err
@@ -412,18 +419,20 @@ func (w *worker[In, Out]) deliver(ctx context.Context, out Out) error {
 			w.one[0] = out
 			outs = w.one[:]
 		}
-		err := w.ord.settle(ctx, w.stats, w.seq, outs, false)
+		w.r.track.split(w.pos, len(outs))
+		err := w.ord.settle(ctx, w.stats, w.seq, w.pos, outs, false)
 		clear(outs)
 		w.buf = w.buf[:0]
 		return err
 	}
 	if w.st.flat == nil {
 		w.stats.emitted.inc()
-		return w.push(out)
+		return w.push(out, w.pos)
 	}
+	w.r.track.split(w.pos, len(w.buf))
 	var first error
 	for _, o := range w.buf {
-		if err := w.push(o); err != nil && first == nil {
+		if err := w.push(o, w.pos); err != nil && first == nil {
 			first = err
 		}
 	}
@@ -463,6 +472,7 @@ func (w *worker[In, Out]) deadLetter(ctx context.Context, v In, attempts int, cl
 	}
 	w.stats.deadLettered.inc()
 	w.row.addCause(typ, msg)
+	w.r.track.done(w.pos) // set aside for good: the watermark may pass it
 	if err := w.skip(ctx); err != nil {
 		return err
 	}
@@ -475,7 +485,7 @@ func (w *worker[In, Out]) skip(ctx context.Context) error {
 	if w.ord == nil {
 		return nil
 	}
-	return w.ord.settle(ctx, w.stats, w.seq, nil, true)
+	return w.ord.settle(ctx, w.stats, w.seq, w.pos, nil, true)
 }
 
 // record tells the budget, if any, about one settled item.

@@ -1,0 +1,365 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"iter"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// CheckpointStore keeps a pipeline's progress: the position of the first source item
+// whose effects are not all committed. Load returns 0 when nothing was saved yet. Save
+// must be atomic: after a crash, Load returns either the previous or the new position.
+type CheckpointStore interface {
+	Load(ctx context.Context) (int64, error)
+	Save(ctx context.Context, pos int64) error
+}
+
+// FileCheckpoint is a [CheckpointStore] in a file holding the position in decimal.
+// Save writes a temporary file in the same directory, syncs it, renames it over the
+// file and syncs the directory, so that the file always holds a whole position. It is
+// safe for concurrent use.
+type FileCheckpoint struct {
+	mu   sync.Mutex
+	path string
+}
+
+// NewFileCheckpoint returns a store at path; the file need not exist yet.
+func NewFileCheckpoint(path string) *FileCheckpoint { return &FileCheckpoint{path: path} }
+
+// Load implements [CheckpointStore].
+func (f *FileCheckpoint) Load(context.Context) (int64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	b, err := os.ReadFile(f.path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	pos, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil || pos < 0 {
+		return 0, fmt.Errorf("pipeline: checkpoint %s holds %q, not a position", f.path, b)
+	}
+	return pos, nil
+}
+
+// Save implements [CheckpointStore].
+func (f *FileCheckpoint) Save(_ context.Context, pos int64) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	dir := filepath.Dir(f.path)
+	tmp, err := os.CreateTemp(dir, filepath.Base(f.path)+".tmp*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name()) // after a successful rename, there is nothing to remove
+	_, err = tmp.WriteString(strconv.FormatInt(pos, 10) + "\n")
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), f.path)
+	}
+	if err != nil {
+		return err
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// WithSaveEvery makes a checkpointed run ([Resume]) save its position each time it has
+// advanced by n items. It panics if n < 1. The default is 1000.
+func WithSaveEvery(n int) Option {
+	if n < 1 {
+		panic(fmt.Sprintf("pipeline: WithSaveEvery(%d): need at least 1", n))
+	}
+	return optionFunc(func(c *config) { c.saveEvery = n })
+}
+
+// WithMaxRedo bounds the work a crash can cost: the checkpointed source ([Resume])
+// waits whenever it is n items past the last saved position, so that a resume redoes at
+// most n items. n must be more than [WithSaveEvery]'s count, or Resume panics. The
+// default is the save count plus the pipeline's capacity in flight (the sum, over its
+// stages, of queue size, workers, reorder window and partial batch), which never slows
+// a run whose items all settle in time; a smaller n trades throughput for less redo
+// when a straggler holds the watermark back.
+func WithMaxRedo(n int) Option {
+	if n < 1 {
+		panic(fmt.Sprintf("pipeline: WithMaxRedo(%d): need at least 1", n))
+	}
+	return optionFunc(func(c *config) { c.maxRedo = n })
+}
+
+// WithSaveInterval makes a checkpointed run ([Resume]) also save its position every d,
+// when it has advanced. It panics if d <= 0. The default is 1 s.
+func WithSaveInterval(d time.Duration) Option {
+	if d <= 0 {
+		panic(fmt.Sprintf("pipeline: WithSaveInterval(%v): need a positive interval", d))
+	}
+	return optionFunc(func(c *config) { c.saveInterval = d })
+}
+
+// Resume returns a checkpointed source. At the start of each run, the run loads the
+// position from store and calls from(ctx, pos), which must yield the source's items
+// from position pos on: the item at position k is the k-th item of the input (0-based)
+// in a fixed order, such as a line of a file or a row in key order. An error from
+// from's sequence fails the run.
+//
+// The run tracks every item derived from each position through the stages (flat-map
+// outputs, batches, tees) and saves the watermark: the end of the longest prefix of
+// positions whose items all settled. An item settles when a sink's function returns nil
+// for it (its effect is committed), when it is dead-lettered, or when it is filtered
+// out; an item that failed, or was never started, holds the watermark back. The
+// position is saved every [WithSaveEvery] items and [WithSaveInterval], and once more
+// when the run ends, however it ends; a failing Save fails the run.
+//
+// After a crash, the next run redoes the items after the saved position: at most
+// [WithMaxRedo] items, by default the save interval plus the items in flight (in queues,
+// workers, reorder windows and batches). Sinks must therefore be idempotent: write with a key derived from the item
+// (an upsert, a file named by the item's id) rather than appending. The watermark takes
+// a mutex per settled item.
+//
+// A pipeline has at most one checkpointed source; Resume panics on a second one.
+func Resume[T any](p *Pipeline, store CheckpointStore, from func(ctx context.Context, pos int64) iter.Seq2[T, error], opts ...Option) *Stream[T] {
+	if store == nil || from == nil {
+		panic("pipeline: Resume needs a store and a function")
+	}
+	if p.ck != nil {
+		panic("pipeline: Resume: the pipeline already has a checkpointed source")
+	}
+	cfg := config{saveEvery: 1000, saveInterval: time.Second}
+	for _, o := range opts {
+		o.apply(&cfg)
+	}
+	var start func() int64
+	s := newSource(p, "resume", nil, func(ctx context.Context, emit func(T) error) error {
+		for v, err := range from(ctx, start()) {
+			if err != nil {
+				return err
+			}
+			if err := emit(v); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if cfg.maxRedo != 0 && cfg.maxRedo <= cfg.saveEvery {
+		panic(fmt.Sprintf("pipeline: Resume: WithMaxRedo(%d) must be more than the save count %d", cfg.maxRedo, cfg.saveEvery))
+	}
+	p.ck = &checkpointCfg{store: store, every: cfg.saveEvery, interval: cfg.saveInterval, maxRedo: cfg.maxRedo, source: s}
+	start = func() int64 { return p.ck.loaded }
+	return s
+}
+
+type checkpointCfg struct {
+	store    CheckpointStore
+	every    int
+	interval time.Duration
+	maxRedo  int
+	source   any   // the *Stream of the checkpointed source
+	loaded   int64 // the position loaded for the current run
+}
+
+// groupBit marks a tracker position that stands for a group (a batch) of positions.
+const groupBit = uint64(1) << 63
+
+// tracker is a checkpointed run's watermark. A nil *tracker tracks nothing, so call
+// sites need no check.
+type tracker struct {
+	source any    // the checkpointed source's stream
+	start  uint64 // the first position of the run
+
+	mu      sync.Mutex
+	next    uint64              // every position below is settled
+	settled map[uint64]struct{} // settled positions above next
+	refs    map[uint64]int      // extra derived items still to settle, per position
+	groups  map[uint64][]uint64 // batch id -> member positions
+	gid     uint64
+	since   int           // positions settled since the last poke
+	every   int           // poke the saver after this many
+	poke    chan struct{} // the saver's wake-up, capacity 1
+	saved   uint64        // the position saved last
+	limit   uint64        // the source stays below saved+limit (WithMaxRedo)
+	wake    chan struct{} // closed when saved advances, made only when the source waits
+}
+
+func newTracker(source any, start uint64, every int) *tracker {
+	return &tracker{
+		source: source, start: start, next: start, every: every, saved: start, limit: ^uint64(0) >> 1,
+		settled: map[uint64]struct{}{}, refs: map[uint64]int{}, groups: map[uint64][]uint64{},
+		poke: make(chan struct{}, 1),
+	}
+}
+
+// done settles one item derived from pos.
+func (t *tracker) done(pos uint64) {
+	if t == nil || pos == noPos {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.settle(pos)
+}
+
+func (t *tracker) settle(pos uint64) {
+	if n := t.refs[pos]; n > 0 {
+		if n == 1 {
+			delete(t.refs, pos)
+		} else {
+			t.refs[pos] = n - 1
+		}
+		return
+	}
+	if pos&groupBit != 0 {
+		members := t.groups[pos]
+		delete(t.groups, pos)
+		for _, m := range members {
+			t.settle(m)
+		}
+		return
+	}
+	if pos != t.next {
+		t.settled[pos] = struct{}{}
+		return
+	}
+	n := 1
+	t.next++
+	for {
+		if _, ok := t.settled[t.next]; !ok {
+			break
+		}
+		delete(t.settled, t.next)
+		t.next++
+		n++
+	}
+	t.since += n
+	if t.since >= t.every {
+		t.since = 0
+		select {
+		case t.poke <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// split records that the item at pos became k items, each of which will settle.
+func (t *tracker) split(pos uint64, k int) {
+	if t == nil || pos == noPos || k == 1 {
+		return
+	}
+	if k == 0 {
+		t.done(pos)
+		return
+	}
+	t.mu.Lock()
+	t.refs[pos] += k - 1
+	t.mu.Unlock()
+}
+
+// group returns an id that settles all of positions when it settles.
+func (t *tracker) group(positions []uint64) uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.gid++
+	id := groupBit | t.gid
+	t.groups[id] = positions
+	return id
+}
+
+// ungroup returns the member positions of a batch of n items, one per item, when pos is
+// a batch made by [Batch]; otherwise it records that pos became n items and returns nil.
+func (t *tracker) ungroup(pos uint64, n int) []uint64 {
+	if t == nil || pos == noPos {
+		return nil
+	}
+	t.mu.Lock()
+	if m, ok := t.groups[pos]; ok && len(m) == n && t.refs[pos] == 0 {
+		delete(t.groups, pos)
+		t.mu.Unlock()
+		return m
+	}
+	t.mu.Unlock()
+	t.split(pos, n)
+	return nil
+}
+
+// admit blocks until the source may emit position pos (pos < saved+limit) and returns
+// the bound up to which it may go on without asking again.
+func (t *tracker) admit(ctx context.Context, pos uint64) (uint64, error) {
+	t.mu.Lock()
+	for pos >= t.saved+t.limit {
+		if t.wake == nil {
+			t.wake = make(chan struct{})
+		}
+		wake := t.wake
+		t.mu.Unlock()
+		select {
+		case <-wake:
+		case <-ctx.Done():
+			return 0, context.Cause(ctx)
+		}
+		t.mu.Lock()
+	}
+	bound := t.saved + t.limit
+	t.mu.Unlock()
+	return bound, nil
+}
+
+// markSaved records a saved position and wakes a waiting source.
+func (t *tracker) markSaved(pos int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.saved = uint64(pos)
+	if t.wake != nil {
+		close(t.wake)
+		t.wake = nil
+	}
+}
+
+func (t *tracker) watermark() int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return int64(t.next)
+}
+
+// saver saves the watermark when poked or at each interval, until stop is closed.
+func (t *tracker) saver(ctx context.Context, store CheckpointStore, interval time.Duration, stop <-chan struct{}, saved *int64) error {
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return nil
+		case <-ctx.Done():
+			return nil
+		case <-t.poke:
+		case <-tick.C:
+		}
+		if w := t.watermark(); w != *saved {
+			if err := store.Save(ctx, w); err != nil {
+				if ctx.Err() != nil {
+					return context.Cause(ctx)
+				}
+				return &StageError{Stage: "checkpoint", Err: err}
+			}
+			*saved = w
+			t.markSaved(w)
+		}
+	}
+}

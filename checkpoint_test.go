@@ -1,0 +1,376 @@
+package pipeline_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"iter"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gopipeline/pipeline"
+)
+
+// from returns a Resume function over the positions pos..n-1, yielding each position.
+func from(n int) func(context.Context, int64) iter.Seq2[int, error] {
+	return func(_ context.Context, pos int64) iter.Seq2[int, error] {
+		return func(yield func(int, error) bool) {
+			for i := int(pos); i < n; i++ {
+				if !yield(i, nil) {
+					return
+				}
+			}
+		}
+	}
+}
+
+// memStore is a CheckpointStore in memory that records every save.
+type memStore struct {
+	mu    sync.Mutex
+	pos   int64
+	saves []int64
+	fail  error
+}
+
+func (m *memStore) Load(context.Context) (int64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.pos, nil
+}
+
+func (m *memStore) Save(_ context.Context, pos int64) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.fail != nil {
+		return m.fail
+	}
+	m.pos = pos
+	m.saves = append(m.saves, pos)
+	return nil
+}
+
+func TestFileCheckpointRoundTrip(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "ck")
+	fc := pipeline.NewFileCheckpoint(path)
+	pos, err := fc.Load(t.Context())
+	require.NoError(t, err)
+	assert.Zero(t, pos)
+	for _, want := range []int64{1, 42, 1 << 40} {
+		require.NoError(t, fc.Save(t.Context(), want))
+		got, err := fc.Load(t.Context())
+		require.NoError(t, err)
+		assert.Equal(t, want, got)
+	}
+	entries, err := os.ReadDir(filepath.Dir(path))
+	require.NoError(t, err)
+	assert.Len(t, entries, 1, "no temporary file is left behind")
+
+	require.NoError(t, os.WriteFile(path, []byte("not a number"), 0o644))
+	_, err = fc.Load(t.Context())
+	require.Error(t, err)
+}
+
+// TestCheckpointCompleteRun checks that a run through every kind of derivation (flat
+// outputs, filters, dead letters, batches, Flatten, unordered and ordered stages) saves
+// the end of the input as its final position, and that each effect happened once.
+func TestCheckpointCompleteRun(t *testing.T) {
+	t.Parallel()
+	for _, ordered := range []bool{false, true} {
+		const n = 3000
+		store := &memStore{}
+		p := pipeline.New(pipeline.WithBuffer(8))
+		var opts []pipeline.Option
+		if ordered {
+			opts = append(opts, pipeline.WithOrdered(0))
+		}
+		src := pipeline.Resume(p, store, from(n), pipeline.WithSaveEvery(100))
+		flat := pipeline.Then(src, pipeline.NewFlatStage("flat", 4, func(_ context.Context, v int, emit func(int)) error {
+			switch {
+			case v%11 == 0:
+				return pipeline.Permanent(errors.New("eleven"))
+			case v%7 == 0: // two outputs
+				emit(v)
+				emit(-v)
+			case v%5 == 0: // none
+			default:
+				emit(v)
+			}
+			return nil
+		}, append(opts, pipeline.WithDeadLetter(pipeline.NewDeadLetterBuffer[int](n).Add))...))
+		kept := pipeline.Filter(flat, func(v int) bool { return v%3 != 0 })
+		var mu sync.Mutex
+		seen := map[int]int{}
+		out := pipeline.Flatten(pipeline.Batch(kept, 16))
+		pipeline.ToBatches(out, 10, pipeline.NewSink("sink", 2, func(_ context.Context, b []int) error {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, v := range b {
+				seen[v]++
+			}
+			return nil
+		}))
+		require.NoError(t, p.Run(t.Context()))
+		assert.Equal(t, int64(n), store.pos)
+		assert.Equal(t, int64(n), p.Report().Checkpoint)
+		for i := range n {
+			switch {
+			case i%11 == 0, i%5 == 0 && i%7 != 0:
+				assert.Zero(t, seen[i], i)
+			case i%7 == 0:
+				if i%3 != 0 {
+					assert.Equal(t, 1, seen[i], i)
+					assert.Equal(t, 1, seen[-i], i)
+				}
+			case i%3 != 0:
+				assert.Equal(t, 1, seen[i], i)
+			}
+		}
+		for i := 1; i < len(store.saves); i++ {
+			assert.Less(t, store.saves[i-1], store.saves[i], "positions only grow")
+		}
+	}
+}
+
+// TestCheckpointStopsAtFailure checks that the watermark never passes an item whose
+// effect was not committed, and that resuming finishes the input.
+func TestCheckpointStopsAtFailure(t *testing.T) {
+	t.Parallel()
+	const n, bad = 2000, 1234
+	store := &memStore{}
+	committed := map[int]bool{}
+	var mu sync.Mutex
+	build := func(failAt int) *pipeline.Pipeline {
+		p := pipeline.New(pipeline.WithBuffer(4))
+		src := pipeline.Resume(p, store, from(n), pipeline.WithSaveEvery(50))
+		work := pipeline.Then(src, pipeline.NewStage("work", 4, func(_ context.Context, v int) (int, error) { return v, nil }))
+		pipeline.To(work, pipeline.NewSink("sink", 3, func(_ context.Context, v int) error {
+			if v == failAt {
+				return errors.New("sink down")
+			}
+			mu.Lock()
+			committed[v] = true
+			mu.Unlock()
+			return nil
+		}))
+		return p
+	}
+	err := build(bad).Run(t.Context())
+	require.ErrorContains(t, err, "sink down")
+	assert.LessOrEqual(t, store.pos, int64(bad), "the watermark passed the failed item")
+	for i := range int(store.pos) {
+		assert.True(t, committed[i], "position %d is below the watermark but was not committed", i)
+	}
+	require.NoError(t, build(-1).Run(t.Context()))
+	assert.Equal(t, int64(n), store.pos)
+	for i := range n {
+		assert.True(t, committed[i], i)
+	}
+}
+
+func TestCheckpointSaveFailureFailsRun(t *testing.T) {
+	t.Parallel()
+	errDisk := errors.New("disk full")
+	store := &memStore{fail: errDisk}
+	p := pipeline.New()
+	pipeline.To(pipeline.Resume(p, store, from(500), pipeline.WithSaveEvery(10)),
+		pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+	err := p.Run(t.Context())
+	require.ErrorIs(t, err, errDisk)
+	se, ok := errors.AsType[*pipeline.StageError](err)
+	require.True(t, ok)
+	assert.Equal(t, "checkpoint", se.Stage)
+}
+
+// TestCheckpointInterval checks, in virtual time, that a slow trickle of items is saved
+// every interval even when fewer than WithSaveEvery items settled.
+func TestCheckpointInterval(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := &memStore{}
+		p := pipeline.New()
+		src := pipeline.Resume(p, store, from(10), pipeline.WithSaveEvery(1000), pipeline.WithSaveInterval(time.Second))
+		slow := pipeline.Then(src, pipeline.NewStage("slow", 1, func(ctx context.Context, v int) (int, error) {
+			time.Sleep(350 * time.Millisecond)
+			return v, nil
+		}))
+		pipeline.To(slow, pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+		require.NoError(t, p.Run(t.Context()))
+		// 10 items at 350 ms (never on a tick): saves at 1 s (2 done), 2 s (5), 3 s (8), then 10 at the end.
+		assert.Equal(t, []int64{2, 5, 8, 10}, store.saves)
+	})
+}
+
+func TestResumeMisuse(t *testing.T) {
+	t.Parallel()
+	p := pipeline.New()
+	pipeline.Resume(p, &memStore{}, from(1))
+	assertPanicsPipeline(t, func() { pipeline.Resume(p, &memStore{}, from(1)) })
+	assertPanicsPipeline(t, func() { pipeline.Resume[int](pipeline.New(), nil, from(1)) })
+	assertPanicsPipeline(t, func() { pipeline.WithSaveEvery(0) })
+	assertPanicsPipeline(t, func() { pipeline.WithSaveInterval(0) })
+}
+
+// The crash test: a child process (this test binary, re-run) checkpoints a pipeline into
+// an idempotent sink (one file per id) and is killed with SIGKILL at random points, then
+// resumed. In the end every effect is there exactly once, and each resume redid no more
+// than the bound the docs promise.
+
+const (
+	crashItems  = 4000
+	crashEvery  = 100 // WithSaveEvery
+	crashBuf    = 4   // WithBuffer of every queue
+	crashWork   = 4   // workers of the work stage
+	crashBatch  = 25  // batch size into the sink
+	crashSinkWk = 2   // sink workers
+)
+
+// crashMaxRedo is the most items a resume may redo (WithMaxRedo).
+const crashMaxRedo = 2 * crashEvery
+
+func TestCheckpointCrashChild(t *testing.T) {
+	dir := os.Getenv("PIPELINE_CRASH_DIR")
+	if dir == "" {
+		t.Skip("run by TestCheckpointCrash as a child process")
+	}
+	log, err := os.OpenFile(filepath.Join(dir, "log"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	require.NoError(t, err)
+	defer log.Close()
+	dl, err := pipeline.OpenDeadLetterFile[int](filepath.Join(dir, "dead.jsonl"), nil, 1)
+	require.NoError(t, err)
+	defer dl.Close()
+	out := bufio.NewWriter(os.Stdout)
+	var outMu sync.Mutex
+
+	p := pipeline.New(pipeline.WithBuffer(crashBuf))
+	src := pipeline.Resume(p, pipeline.NewFileCheckpoint(filepath.Join(dir, "checkpoint")), from(crashItems),
+		pipeline.WithSaveEvery(crashEvery), pipeline.WithMaxRedo(crashMaxRedo))
+	work := pipeline.Then(src, pipeline.NewStage("work", crashWork, func(_ context.Context, v int) (int, error) {
+		if v%97 == 0 {
+			return 0, pipeline.Permanent(fmt.Errorf("item %d is bad", v))
+		}
+		return v, nil
+	}, pipeline.WithDeadLetter(dl.Add)))
+	kept := pipeline.Filter(work, func(v int) bool { return v%13 != 0 })
+	pipeline.ToBatches(kept, crashBatch, pipeline.NewSink("sink", crashSinkWk, func(_ context.Context, b []int) error {
+		for _, v := range b {
+			// The idempotent effect: a file named by the id.
+			if err := os.WriteFile(filepath.Join(dir, "effects", strconv.Itoa(v)), nil, 0o644); err != nil {
+				return err
+			}
+			if _, err := fmt.Fprintf(log, "%d\n", v); err != nil {
+				return err
+			}
+		}
+		outMu.Lock()
+		defer outMu.Unlock()
+		fmt.Fprintf(out, "commit %d\n", len(b))
+		return out.Flush()
+	}))
+	require.NoError(t, p.Run(context.Background()))
+	fmt.Fprintln(out, "finished")
+	require.NoError(t, out.Flush())
+}
+
+func TestCheckpointCrash(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts child processes")
+	}
+	dir := t.TempDir()
+	require.NoError(t, os.Mkdir(filepath.Join(dir, "effects"), 0o755))
+	rng := rand.New(rand.NewPCG(1, 2)) // deterministic kill points
+	seen := map[int]bool{}
+	logOffset := 0
+	for attempt := 0; ; attempt++ {
+		require.Less(t, attempt, 20, "the job never finished")
+		killAfter := -1 // commits to wait for before the kill; -1: let it finish
+		if attempt < 6 {
+			killAfter = 1 + rng.IntN(40)
+		}
+		cmd := exec.Command(os.Args[0], "-test.run=^TestCheckpointCrashChild$", "-test.count=1")
+		cmd.Env = append(os.Environ(), "PIPELINE_CRASH_DIR="+dir)
+		stdout, err := cmd.StdoutPipe()
+		require.NoError(t, err)
+		cmd.Stderr = os.Stderr
+		require.NoError(t, cmd.Start())
+		sc := bufio.NewScanner(stdout)
+		commits, finished, killed := 0, false, false
+		for sc.Scan() {
+			line := sc.Text()
+			if strings.HasPrefix(line, "commit ") {
+				commits++
+				if commits == killAfter {
+					require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+					killed = true
+					break
+				}
+			}
+			if line == "finished" {
+				finished = true
+			}
+		}
+		_, _ = io.Copy(io.Discard, stdout)
+		werr := cmd.Wait()
+		if !killed {
+			require.NoError(t, werr)
+		}
+
+		// What this run appended to the log: the redo is what earlier runs had done.
+		data, err := os.ReadFile(filepath.Join(dir, "log"))
+		require.NoError(t, err)
+		redo := 0
+		for _, f := range strings.Fields(string(data[logOffset:])) {
+			id, err := strconv.Atoi(f)
+			require.NoError(t, err)
+			if seen[id] {
+				redo++
+			}
+			seen[id] = true
+		}
+		logOffset = len(data)
+		assert.LessOrEqual(t, redo, crashMaxRedo, "run %d redid %d items", attempt, redo)
+		t.Logf("run %d: killed=%v commits=%d redo=%d (bound %d)", attempt, killed, commits, redo, crashMaxRedo)
+		if finished {
+			break
+		}
+	}
+	// Every item's effect is present exactly once (one file per id), and nothing else.
+	entries, err := os.ReadDir(filepath.Join(dir, "effects"))
+	require.NoError(t, err)
+	got := map[int]bool{}
+	for _, e := range entries {
+		id, err := strconv.Atoi(e.Name())
+		require.NoError(t, err)
+		got[id] = true
+	}
+	dead, err := pipeline.ReadDeadLetters[int](filepath.Join(dir, "dead.jsonl"), nil)
+	require.NoError(t, err)
+	deadIDs := map[int]bool{}
+	for _, d := range dead {
+		deadIDs[d.Item] = true
+	}
+	for i := range crashItems {
+		switch {
+		case i%97 == 0:
+			assert.True(t, deadIDs[i], "item %d is dead-lettered", i)
+			assert.False(t, got[i], i)
+		case i%13 == 0:
+			assert.False(t, got[i], "item %d is filtered out", i)
+		default:
+			assert.True(t, got[i], "item %d has its effect", i)
+		}
+	}
+}
