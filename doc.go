@@ -81,30 +81,30 @@
 // aborting it or draining it. A stage with none of them adds no allocation per item.
 //
 // # Ordering
-
-Concurrent stages emit in completion order by default. [WithOrdered] restores input
-order through a bounded reorder window (a slow head item stalls the output, never
-memory); dead-lettered and filtered items do not stall it. [WithKey] keeps order per key
-instead: items with one key go to one worker, in order, while other keys run
-concurrently. [Merge] joins streams in arrival order (fan-in); [Tee] copies a stream to
-several branches, the slowest setting the pace.
-
-# Batching
-
-[Batch] groups items by count, by bytes ([WithMaxBytes]) and by time ([WithLinger]),
-counting why each batch was flushed; [Flatten] undoes it; [ToBatches] feeds a sink that
-takes batches, such as a database's bulk insert.
-
-# Checkpointing
-
-[Resume] makes a source restartable: a [CheckpointStore] ([FileCheckpoint], or one of
-your own) keeps the position of the first source item whose effects are not all
-committed, a watermark over every item derived from it, whatever the stages reorder,
-split, batch, filter or dead-letter. The position is saved every [WithSaveEvery] items
-and [WithSaveInterval], only after the sink committed, and a crash redoes at most
-[WithMaxRedo] items, so sinks must be idempotent.
-
-# Accounting
+//
+// Concurrent stages emit in completion order by default. [WithOrdered] restores input
+// order through a bounded reorder window (a slow head item stalls the output, never
+// memory); dead-lettered and filtered items do not stall it. [WithKey] keeps order per key
+// instead: items with one key go to one worker, in order, while other keys run
+// concurrently. [Merge] joins streams in arrival order (fan-in); [Tee] copies a stream to
+// several branches, the slowest setting the pace.
+//
+// # Batching
+//
+// [Batch] groups items by count, by bytes ([WithMaxBytes]) and by time ([WithLinger]),
+// counting why each batch was flushed; [Flatten] undoes it; [ToBatches] feeds a sink that
+// takes batches, such as a database's bulk insert.
+//
+// # Checkpointing
+//
+// [Resume] makes a source restartable: a [CheckpointStore] ([FileCheckpoint], or one of
+// your own) keeps the position of the first source item whose effects are not all
+// committed, a watermark over every item derived from it, whatever the stages reorder,
+// split, batch, filter or dead-letter. The position is saved every [WithSaveEvery] items
+// and [WithSaveInterval], only after the sink committed, and a crash redoes at most
+// [WithMaxRedo] items, so sinks must be idempotent.
+//
+//# Accounting
 //
 // After each run, [Pipeline.Report] says where every item went. For each stage, In =
 // Succeeded + DeadLettered + Failed + NotStarted: an item that entered a stage was
