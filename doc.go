@@ -104,7 +104,7 @@
 // and [WithSaveInterval], only after the sink committed, and a crash redoes at most
 // [WithMaxRedo] items, so sinks must be idempotent.
 //
-//# Accounting
+// # Accounting
 //
 // After each run, [Pipeline.Report] says where every item went. For each stage, In =
 // Succeeded + DeadLettered + Failed + NotStarted: an item that entered a stage was
