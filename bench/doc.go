@@ -1,0 +1,53 @@
+// Package bench holds the end-to-end benchmarks of github.com/gopipeline/pipeline: the
+// scenarios of shared/scenarios.md (S1 to S5), written through the library's public API
+// exactly as a user would write them, beside hand-written baselines (goroutines, bounded
+// channels and errgroup) and the peer library github.com/sourcegraph/conc. It is a
+// nested module, so that the core module never depends on conc; the go.work at the
+// repository root ties the two together, and the replace directive in go.mod makes the
+// module work with GOWORK=off too. The package has no code of its own: everything is in
+// its _test.go files.
+//
+// # Running
+//
+// A smoke run (one iteration of everything, as CI does; counts are asserted, so it
+// fails when the library drops, double-counts or misfiles an item):
+//
+//	cd bench
+//	go test -run='^$' -bench=. -benchtime=1x
+//	go test -run='^$' -bench=. -benchtime=1x -race
+//
+// A comparison between two versions of the library (check out the old one, then the
+// new one; benchstat prints the medians and whether the change is significant):
+//
+//	go test -run='^$' -bench=. -count=10 | tee old.txt
+//	go test -run='^$' -bench=. -count=10 | tee new.txt
+//	benchstat old.txt new.txt
+//
+// The scenarios S1 to S4 last seconds per iteration (their stages sleep); run them with
+// -benchtime=1x and a -count of 3 to 10. S5 measures the library's own cost per item
+// and wants the default -benchtime. Slice the output with benchstat's options, for
+// example the S5 overhead of each implementation side by side:
+//
+//	go test -run='^$' -bench=S5 -count=10 | tee s5.txt
+//	benchstat -col /impl s5.txt
+//
+// Vary the number of CPUs with -cpu=1,2,4; the benchmarks never set GOMAXPROCS.
+//
+// # Figures
+//
+// Each scenario reports its figures with b.ReportMetric, in the units that
+// shared/scenarios.md fixes (processed, deadlettered, lost, wall-s, items/s,
+// peak-heap-KiB, ns/item, allocs/item, ...); when an iteration runs more than once,
+// a figure is the mean over the iterations. Counts are checked on every iteration with
+// b.Fatalf, wall times never are. "lost" is the number of items given to a pipeline
+// that no part of its Report accounts for; it must be 0.
+//
+// The failing items come from testdata/items.json (a copy of shared/fixtures/items.json),
+// generated with SplitMix64; TestFixtures checks the file against a Go port of the
+// generator.
+//
+// Peak heap figures sample the runtime/metrics value /memory/classes/heap/objects:bytes
+// every millisecond during a run and subtract its value after a runtime.GC() before the
+// run. It counts objects that are dead but not yet swept, so a figure is an upper bound
+// on the live memory of the run, not the live memory itself.
+package bench

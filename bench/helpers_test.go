@@ -1,0 +1,147 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"runtime/metrics"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gopipeline/pipeline"
+)
+
+// pause stands for an item's I/O: it waits d, or until ctx is done, as a stage function
+// that honours its context does.
+func pause(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// figures accumulates a benchmark's custom metrics over its iterations; report divides
+// each by b.N, so that a figure is the mean of one run.
+type figures struct {
+	units []string
+	sums  map[string]float64
+}
+
+func (f *figures) add(unit string, v float64) {
+	if f.sums == nil {
+		f.sums = make(map[string]float64)
+	}
+	if _, ok := f.sums[unit]; !ok {
+		f.units = append(f.units, unit)
+	}
+	f.sums[unit] += v
+}
+
+func (f *figures) report(b *testing.B) {
+	b.Helper()
+	for _, u := range f.units {
+		b.ReportMetric(f.sums[u]/float64(b.N), u)
+	}
+}
+
+// outcome is where the items of one run went, summed from its Report.
+type outcome struct {
+	given        int64 // items the sources held
+	deadLettered int64 // set aside by a stage's policy
+	failed       int64 // failed: a fatal error, or in flight when the run stopped
+	notStarted   int64 // queued, unsent or skipped when the run stopped
+}
+
+// settle sums rep, which must be the report of a linear pipeline (one source, then each
+// stage feeding the next), and checks the library's own accounting: every stage's In is
+// Succeeded + DeadLettered + Failed + NotStarted, and every stage's In is what the stage
+// before it sent (its Out). A mismatch is an item the library lost or invented, so it
+// is returned as an error quoting the report.
+func settle(rep pipeline.Report) (outcome, error) {
+	var o outcome
+	var problems []string
+	for i, s := range rep.Stages {
+		switch s.Kind {
+		case "source":
+			o.given += s.In
+			o.notStarted += s.NotStarted
+			if s.In != s.Out+s.NotStarted {
+				problems = append(problems, fmt.Sprintf("source %s: in %d != out %d + not started %d", s.Name, s.In, s.Out, s.NotStarted))
+			}
+		default:
+			o.deadLettered += s.DeadLettered
+			o.failed += s.Failed
+			o.notStarted += s.NotStarted
+			if sum := s.Succeeded + s.DeadLettered + s.Failed + s.NotStarted; s.In != sum {
+				problems = append(problems, fmt.Sprintf("stage %s: in %d != succeeded + dead-lettered + failed + not started = %d", s.Name, s.In, sum))
+			}
+		}
+		if i > 0 {
+			if up := rep.Stages[i-1]; up.Out != s.In {
+				problems = append(problems, fmt.Sprintf("%s sent %d items, %s received %d", up.Name, up.Out, s.Name, s.In))
+			}
+		}
+	}
+	if len(problems) > 0 {
+		return o, fmt.Errorf("inconsistent report (%s):\n%v", strings.Join(problems, "; "), rep)
+	}
+	return o, nil
+}
+
+// heapObjects is the metric the heap samplers read: the bytes of heap objects, live or
+// not yet swept.
+const heapObjects = "/memory/classes/heap/objects:bytes"
+
+func readHeapObjects() uint64 {
+	s := []metrics.Sample{{Name: heapObjects}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
+}
+
+// heapBaseline collects garbage and returns the bytes of heap objects left: the
+// baseline that a run's peak is measured against.
+func heapBaseline() uint64 {
+	runtime.GC()
+	return readHeapObjects()
+}
+
+// sampleHeap starts a goroutine that reads the heap size every millisecond (reading
+// runtime/metrics does not stop the world, unlike runtime.ReadMemStats). The returned
+// stop function ends the goroutine and returns the largest value seen.
+func sampleHeap() (stop func() uint64) {
+	quit, done := make(chan struct{}), make(chan struct{})
+	var peak uint64
+	go func() {
+		defer close(done)
+		s := []metrics.Sample{{Name: heapObjects}}
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		for {
+			metrics.Read(s)
+			peak = max(peak, s[0].Value.Uint64())
+			select {
+			case <-tick.C:
+			case <-quit:
+				return
+			}
+		}
+	}()
+	return func() uint64 {
+		close(quit)
+		<-done
+		return peak
+	}
+}
+
+// kib returns the growth from base to peak in KiB (0 when the heap shrank).
+func kib(peak, base uint64) float64 {
+	if peak < base {
+		return 0
+	}
+	return float64(peak-base) / 1024
+}

@@ -1,0 +1,85 @@
+package bench
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gopipeline/pipeline"
+)
+
+// S4: a slow consumer (seed 004). The source makes 1,000 records of 10,000 bytes as
+// fast as it can; one consumer takes 2 ms each. The buffer in between decides how many
+// records wait in memory; the consumer alone decides the run's duration.
+
+const (
+	s4Records    = 1_000
+	s4RecordSize = 10_000
+	s4Latency    = 2 * time.Millisecond
+)
+
+type record struct {
+	ID   int
+	Data []byte
+}
+
+func BenchmarkS4SlowConsumer(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		buf  int
+	}{
+		{"50", 50},
+		{"unbounded", s4Records},
+	} {
+		b.Run("buf="+c.name, func(b *testing.B) {
+			var f figures
+			for b.Loop() {
+				var consumed atomic.Int64
+				p := pipeline.New(pipeline.WithBuffer(c.buf))
+				records := pipeline.Generate(p, func(ctx context.Context, emit func(record) error) error {
+					for i := range s4Records {
+						data := make([]byte, s4RecordSize)
+						data[0], data[len(data)-1] = byte(i), byte(i)
+						if err := emit(record{ID: i, Data: data}); err != nil {
+							return err
+						}
+					}
+					return nil
+				})
+				pipeline.To(records, pipeline.NewSink("consume", 1, func(ctx context.Context, r record) error {
+					if err := pause(ctx, s4Latency); err != nil {
+						return err
+					}
+					consumed.Add(1)
+					return nil
+				}))
+
+				b.StopTimer()
+				base := heapBaseline()
+				b.StartTimer()
+				stop := sampleHeap()
+				start := time.Now()
+				err := p.Run(b.Context())
+				wall := time.Since(start)
+				peak := stop()
+
+				rep := p.Report()
+				o, serr := settle(rep)
+				switch {
+				case err != nil:
+					b.Fatalf("Run = %v\n%v", err, rep)
+				case serr != nil:
+					b.Fatal(serr)
+				case consumed.Load() != s4Records || o.given != s4Records || o.deadLettered+o.failed+o.notStarted != 0:
+					b.Fatalf("consumed %d of %d\n%v", consumed.Load(), s4Records, rep)
+				}
+				consume, _ := rep.Stage("consume")
+				f.add("peak-queued", float64(consume.PeakQueue))
+				f.add("peak-heap-KiB", kib(peak, base))
+				f.add("wall-s", wall.Seconds())
+			}
+			f.report(b)
+		})
+	}
+}
