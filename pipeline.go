@@ -203,7 +203,6 @@ type run struct {
 	g       *errgroup.Group
 	rows    []*row
 	shared  *budgetState
-	drain   atomic.Bool                // a budget in drain mode tripped: take no new items
 	drained atomic.Pointer[StageError] // the error Run returns after a drain
 	track   *tracker                   // the checkpoint's watermark, nil when none
 	pending []func() error             // goroutines to start once the graph is wired

@@ -55,6 +55,8 @@ type row struct {
 	held     func() int64  // ordered stages: items finished but still in the window
 	flushes  *Flushes      // batches: flush reasons
 	extra    int           // items held beyond queue and workers: a reorder window, a partial batch
+	ups      []*row        // every row upstream of this one (the rows its input was wired from)
+	drain    atomic.Bool   // a drained budget tripped here or downstream: start no new item
 	filtered *atomic.Int64 // filters: items dropped
 
 	mu     sync.Mutex
@@ -79,49 +81,82 @@ func (r *run) inflight() int {
 	return n
 }
 
-// addCause counts a dead letter by its type and the prefix of its message.
+// addCause counts a dead letter by its type and cause message (see causeMessage).
 func (rw *row) addCause(typ, msg string) {
 	rw.mu.Lock()
 	defer rw.mu.Unlock()
 	if rw.causes == nil {
 		rw.causes = make(map[causeKey]int64)
 	}
-	rw.causes[causeKey{typ, messagePrefix(msg)}]++
+	rw.causes[causeKey{typ, msg}]++
 }
 
-// messagePrefix is the part of an error message that names its cause: the text before
-// the first colon, at most 80 bytes, so that "fetch 42: connection reset" and
-// "fetch 43: connection reset" ... group by what the error says first.
-func messagePrefix(msg string) string {
-	if i := strings.IndexByte(msg, ':'); i >= 0 {
-		msg = msg[:i]
+// causeMessage names an error's cause for grouping: the message of the innermost error
+// of its chain (fmt.Errorf("fetch %d: %w", id, errReset) groups as errReset's message),
+// with every run of digits replaced by "#" (so that ids and counts in messages do not
+// split a group) and cut at 80 bytes.
+func causeMessage(err error) string {
+	if t, ok := errors.AsType[*timeoutError](err); ok {
+		err = t.err // what the function returned when its deadline passed
 	}
-	if len(msg) > 80 {
-		msg = msg[:80]
+	for {
+		u := errors.Unwrap(err)
+		if u == nil {
+			if m, ok := err.(interface{ Unwrap() []error }); ok {
+				if us := m.Unwrap(); len(us) > 0 && us[0] != nil {
+					u = us[0]
+				}
+			}
+		}
+		if u == nil {
+			break
+		}
+		err = u
 	}
-	return msg
+	var b strings.Builder
+	digits := false
+	for _, c := range err.Error() {
+		if c >= '0' && c <= '9' {
+			if !digits {
+				b.WriteByte('#')
+			}
+			digits = true
+			continue
+		}
+		digits = false
+		b.WriteRune(c)
+		if b.Len() >= 80 {
+			break
+		}
+	}
+	return b.String()
 }
 
-// errTypeName returns the Go type of err's cause, looking through the package's markers
-// and fmt's wrappers; a timeout is "timeout".
+// errTypeName returns the Go type that best names err: the outermost error in its chain
+// whose type says something, looking through the package's markers, fmt's and errors'
+// wrappers and plain errors.New values; "timeout" for a timeout, "error" when nothing
+// more is known.
 func errTypeName(err error) string {
 	if errors.Is(err, ErrTimeout) {
 		return "timeout"
 	}
-	for {
-		if c, ok := err.(*classified); ok {
-			err = c.err
-			continue
+	for err != nil {
+		switch t := fmt.Sprintf("%T", err); t {
+		case "*pipeline.classified", "*fmt.wrapError", "*fmt.wrapErrors", "*errors.errorString", "*errors.joinError":
+		default:
+			return t
 		}
-		t := fmt.Sprintf("%T", err)
-		if t == "*fmt.wrapError" || t == "*fmt.wrapErrors" {
-			if u := errors.Unwrap(err); u != nil {
-				err = u
-				continue
+		u := errors.Unwrap(err)
+		if u == nil {
+			if m, ok := err.(interface{ Unwrap() []error }); ok {
+				if us := m.Unwrap(); len(us) > 0 {
+					u = us[0]
+				}
 			}
 		}
-		return t
+		err = u
 	}
+	return "error"
 }
 
 // Report is the account of one run: where every item went, per stage. For every stage,
@@ -156,7 +191,8 @@ type StageReport struct {
 	Causes []Cause // dead letters grouped by cause, most common first
 }
 
-// Cause is a group of dead letters with the same error type and message prefix.
+// Cause is a group of dead letters with the same error type and cause: the message of
+// the innermost error of the chain, with digits replaced by "#".
 type Cause struct {
 	Type    string
 	Message string

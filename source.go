@@ -103,7 +103,7 @@ func newSource[T any](p *Pipeline, name string, given *int64, body func(ctx cont
 			track, pos, bound = r.track, r.track.start, 0
 		}
 		emit := func(v T) error {
-			if r.drain.Load() {
+			if rw.drain.Load() {
 				return errDraining
 			}
 			if pos >= bound && track != nil { // WithMaxRedo: wait for a save

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"time"
 )
@@ -230,7 +231,9 @@ func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
 			q = newQueue[In](buf)
 		}
 		rw := r.newRow(name, kind, st.workers, buf, q)
+		before := len(r.rows)
 		s.open(r, q.pusher(r.ctx), q.close)
+		rw.ups = slices.Clone(r.rows[before:])
 		r.addRow(rw)
 		b := r.shared
 		if st.cfg.budget != nil {
@@ -330,8 +333,8 @@ func (w *worker[In, Out]) loop() (err error) {
 		}
 		w.stats.received.inc()
 		w.stats.peak.max(int64(queued))
-		if w.r.drain.Load() {
-			w.stats.discarded.inc() // a drained budget: take no new item
+		if w.row.drain.Load() {
+			w.stats.discarded.inc() // a drained budget: start no new item
 			if err := w.skip(ctx); err != nil {
 				return err
 			}
@@ -459,19 +462,25 @@ func (w *worker[In, Out]) classOf(err error) Class {
 
 // deadLetter sets an item aside after its last attempt.
 func (w *worker[In, Out]) deadLetter(ctx context.Context, v In, attempts int, class Class, first, last error) error {
+	if w.st.dl == nil { // nowhere to set it aside: an item error stops the run too
+		w.stats.failed.inc()
+		return &StageError{Stage: w.st.name, Err: last}
+	}
 	typ, msg := errTypeName(last), last.Error()
-	if w.st.dl != nil {
-		rec := DeadLetter[In]{
-			Stage: w.st.name, Item: v, Attempts: attempts, Class: class, ErrType: typ,
-			FirstError: first.Error(), LastError: msg, Time: time.Now(),
-		}
-		if err := w.st.dl(ctx, rec); err != nil {
-			w.stats.failed.inc()
-			return &StageError{Stage: w.st.name, Err: fmt.Errorf("dead-letter destination: %w", err)}
-		}
+	firstMsg := msg
+	if first != last {
+		firstMsg = first.Error()
+	}
+	rec := DeadLetter[In]{
+		Stage: w.st.name, Item: v, Attempts: attempts, Class: class, ErrType: typ,
+		FirstError: firstMsg, LastError: msg, Time: time.Now(),
+	}
+	if err := w.st.dl(ctx, rec); err != nil {
+		w.stats.failed.inc()
+		return &StageError{Stage: w.st.name, Err: fmt.Errorf("dead-letter destination: %w", err)}
 	}
 	w.stats.deadLettered.inc()
-	w.row.addCause(typ, msg)
+	w.row.addCause(typ, causeMessage(last))
 	w.r.track.done(w.pos) // set aside for good: the watermark may pass it
 	if err := w.skip(ctx); err != nil {
 		return err
@@ -499,8 +508,13 @@ func (w *worker[In, Out]) record(failed bool) error {
 	}
 	serr := &StageError{Stage: w.st.name, Err: be}
 	if be.Drained {
+		// Stop taking new items here and upstream; what already passed this stage
+		// finishes downstream.
 		w.r.drained.CompareAndSwap(nil, serr)
-		w.r.drain.Store(true)
+		w.row.drain.Store(true)
+		for _, up := range w.row.ups {
+			up.drain.Store(true)
+		}
 		return nil
 	}
 	return serr
