@@ -43,8 +43,9 @@ func (c *Class) UnmarshalText(b []byte) error {
 // error out of attempts) to fn, from the worker that handled it; fn may be called from
 // several workers at once. If fn returns an error, the item cannot be kept, so the run
 // stops with that error. T must be the stage's input type: the stage's constructor
-// panics otherwise. Without WithDeadLetter, set-aside items are still counted, by cause,
-// in the run's [Report].
+// panics otherwise. A stage without WithDeadLetter has nowhere to set an item
+// aside, so there an item error (or a transient one out of attempts) stops the run:
+// failing fast stays the default until a destination is given.
 //
 // Ready-made destinations: [DeadLetterBuffer.Add] (in memory) and [DeadLetterFile.Add]
 // (a JSON Lines file).

@@ -61,7 +61,10 @@
 // Each error a stage function returns has a class that decides what happens to the
 // item: [ClassFatal] stops the run, [ClassItem] sets the item aside (dead-letters it) and
 // carries on, [ClassTransient] retries it when the stage has [WithRetry] and attempts
-// are left, and otherwise sets it aside. The class is decided, in order, by:
+// are left, and otherwise sets it aside. Setting aside needs a destination: on a stage
+// without [WithDeadLetter], an item error stops the run like a fatal one, so that no
+// item ever disappears unless a policy says where it goes. The class is decided, in
+// order, by:
 //
 //	who                                   class
 //	the run's context is done             none: the item counts as failed, Run returns the cause
