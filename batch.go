@@ -38,6 +38,13 @@ type Flushes struct {
 	End    int64 // the input ended
 }
 
+// flushCounters are a batch stage's flushes by reason, written by its goroutine.
+type flushCounters struct{ size, bytes, linger, end counter }
+
+func (f *flushCounters) load() Flushes {
+	return Flushes{Size: f.size.load(), Bytes: f.bytes.load(), Linger: f.linger.load(), End: f.end.load()}
+}
+
 // Batch groups the items of s into slices of at most size items, in arrival order, on
 // one goroutine with its own input queue ([WithBuffer]). A batch is flushed when it is
 // full, before it would pass [WithMaxBytes], when [WithLinger] expires, and when the
@@ -75,7 +82,7 @@ func Batch[T any](s *Stream[T], size int, opts ...Option) *Stream[[]T] {
 	out.open = func(r *run, push pushFunc[[]T], done func()) {
 		q := newQueue[T](buf)
 		rw := r.newRow(name, kindBatch, 1, buf, q)
-		rw.flushes, rw.extra = new(Flushes), size
+		rw.flushes, rw.extra = new(flushCounters), size
 		s.open(r, q.pusher(r.ctx), q.close)
 		r.addRow(rw)
 		b := &batcher[T]{ctx: r.ctx, ch: q.ch, size: size, maxBytes: cfg.maxBytes, sizer: sizer,
@@ -97,7 +104,7 @@ type batcher[T any] struct {
 	linger   time.Duration
 	push     pushFunc[[]T]
 	stats    *workerStats
-	flushes  *Flushes // written by this goroutine only, read after the run
+	flushes  *flushCounters
 	track    *tracker
 	batch    []T
 	poss     []uint64 // positions of the batch's items (checkpointed runs)
@@ -122,7 +129,7 @@ func (b *batcher[T]) loop() error {
 			select {
 			case e, ok = <-b.ch:
 			case <-expired:
-				if err := b.flush(&b.flushes.Linger); err != nil {
+				if err := b.flush(&b.flushes.linger); err != nil {
 					return err
 				}
 				continue
@@ -134,7 +141,7 @@ func (b *batcher[T]) loop() error {
 		}
 		if !ok {
 			if len(b.batch) > 0 {
-				return b.flush(&b.flushes.End)
+				return b.flush(&b.flushes.end)
 			}
 			return nil
 		}
@@ -143,7 +150,7 @@ func (b *batcher[T]) loop() error {
 		if b.sizer != nil {
 			n := b.sizer(v)
 			if len(b.batch) > 0 && b.bytes+n > b.maxBytes {
-				if err := b.flush(&b.flushes.Bytes); err != nil {
+				if err := b.flush(&b.flushes.bytes); err != nil {
 					return err
 				}
 			}
@@ -160,7 +167,7 @@ func (b *batcher[T]) loop() error {
 			b.poss = append(b.poss, e.pos)
 		}
 		if len(b.batch) == b.size {
-			if err := b.flush(&b.flushes.Size); err != nil {
+			if err := b.flush(&b.flushes.size); err != nil {
 				return err
 			}
 		}
@@ -169,12 +176,12 @@ func (b *batcher[T]) loop() error {
 
 // flush sends the current batch on. The items count as received and succeeded here, a
 // batch at a time, rather than one by one.
-func (b *batcher[T]) flush(reason *int64) error {
+func (b *batcher[T]) flush(reason *counter) error {
 	n := int64(len(b.batch))
 	b.stats.received.add(n)
 	b.stats.succeeded.add(n)
 	b.stats.emitted.inc()
-	*reason++
+	reason.inc()
 	batch, pos := b.batch, noPos
 	if b.track != nil {
 		pos = b.track.group(b.poss)

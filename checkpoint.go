@@ -339,7 +339,7 @@ func (t *tracker) watermark() int64 {
 }
 
 // saver saves the watermark when poked or at each interval, until stop is closed.
-func (t *tracker) saver(ctx context.Context, store CheckpointStore, interval time.Duration, stop <-chan struct{}, saved *int64) error {
+func (t *tracker) saver(ctx context.Context, store CheckpointStore, interval time.Duration, stop <-chan struct{}, r *run) error {
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for {
@@ -351,15 +351,17 @@ func (t *tracker) saver(ctx context.Context, store CheckpointStore, interval tim
 		case <-t.poke:
 		case <-tick.C:
 		}
-		if w := t.watermark(); w != *saved {
+		if w := t.watermark(); w != r.saved.Load() {
 			if err := store.Save(ctx, w); err != nil {
 				if ctx.Err() != nil {
 					return context.Cause(ctx)
 				}
 				return &StageError{Stage: "checkpoint", Err: err}
 			}
-			*saved = w
+			r.saved.Store(w)
+			r.savedAt.Store(time.Now().UnixNano())
 			t.markSaved(w)
+			r.p.emit(Event{Kind: EventCheckpoint, Stage: "checkpoint", Position: w})
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"iter"
 	"math"
+	"runtime/trace"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,9 +27,13 @@ type Pipeline struct {
 	terminals []func(r *run)
 	running   atomic.Bool
 	ck        *checkpointCfg
+	cur       atomic.Pointer[run] // the run in progress, for Snapshot
 
-	mu     sync.Mutex
-	report Report
+	mu      sync.Mutex
+	report  Report
+	prevRun *run // Snapshot's previous call, for rates
+	prevAt  time.Time
+	prevOut map[string]int64
 }
 
 // New returns an empty pipeline. Options given here apply to the run as a whole:
@@ -112,7 +117,12 @@ func (p *Pipeline) begin(extra bool) {
 // exec wires and runs the graph, then waits for every goroutine. extra, when not nil,
 // attaches a terminal that is not part of the pipeline (the consumer of [All]).
 func (p *Pipeline) exec(ctx context.Context, extra func(r *run)) (*run, error) {
-	r := &run{p: p, parent: ctx}
+	r := &run{p: p, parent: ctx, started: time.Now()}
+	if trace.IsEnabled() { // go tool trace shows each run as a task, each attempt as a region
+		var task *trace.Task
+		ctx, task = trace.NewTask(ctx, "pipeline.Run")
+		defer task.End()
+	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	if ck := p.ck; ck != nil {
@@ -122,7 +132,7 @@ func (p *Pipeline) exec(ctx context.Context, extra func(r *run)) (*run, error) {
 		}
 		ck.loaded = pos
 		r.track = newTracker(ck.source, uint64(pos), ck.every)
-		r.saved = pos
+		r.saved.Store(pos)
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	r.ctx, r.g = gctx, g
@@ -141,6 +151,7 @@ func (p *Pipeline) exec(ctx context.Context, extra func(r *run)) (*run, error) {
 			r.track.limit = uint64(p.ck.every + r.inflight())
 		}
 	}
+	p.cur.Store(r)
 	for _, fn := range r.pending {
 		g.Go(fn)
 	}
@@ -150,7 +161,7 @@ func (p *Pipeline) exec(ctx context.Context, extra func(r *run)) (*run, error) {
 	if r.track != nil {
 		saverDone = make(chan error, 1)
 		go func() {
-			err := r.track.saver(gctx, p.ck.store, p.ck.interval, stop, &r.saved)
+			err := r.track.saver(gctx, p.ck.store, p.ck.interval, stop, r)
 			if err != nil {
 				cancel(err) // fails the run: every stage sees it as the cause
 			}
@@ -176,16 +187,19 @@ func (p *Pipeline) exec(ctx context.Context, extra func(r *run)) (*run, error) {
 // publishes it. It returns the run's error, or the final save's.
 func (p *Pipeline) finish(r *run, err error) error {
 	if r.track != nil {
-		if w := r.track.watermark(); w != r.saved {
+		if w := r.track.watermark(); w != r.saved.Load() {
 			if serr := p.ck.store.Save(context.WithoutCancel(r.parent), w); serr != nil {
 				if err == nil {
 					err = &StageError{Stage: "checkpoint", Err: serr}
 				}
 			} else {
-				r.saved = w
+				r.saved.Store(w)
+				r.savedAt.Store(time.Now().UnixNano())
+				p.emit(Event{Kind: EventCheckpoint, Stage: "checkpoint", Position: w})
 			}
 		}
 	}
+	p.cur.Store(nil)
 	rep := r.report(err)
 	p.mu.Lock()
 	p.report = rep
@@ -198,7 +212,9 @@ func (p *Pipeline) finish(r *run, err error) error {
 type run struct {
 	p       *Pipeline
 	parent  context.Context // the caller's context, for the final checkpoint save
-	saved   int64           // the last position saved (checkpointed runs)
+	saved   atomic.Int64    // the last position saved (checkpointed runs)
+	savedAt atomic.Int64    // when, in Unix nanoseconds
+	started time.Time
 	ctx     context.Context
 	g       *errgroup.Group
 	rows    []*row

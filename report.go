@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 type rowKind uint8
@@ -36,6 +37,9 @@ type workerStats struct {
 	failed       counter // items in flight when the run stopped, or whose error was fatal
 	discarded    counter // items taken but not started (drained budget)
 	peak         counter // largest queue length seen when taking an item
+	busy         counter // 1 while the worker handles an item
+	_            [64]byte
+	lat          histogram // attempt durations
 	_            [64]byte
 }
 
@@ -52,15 +56,18 @@ type row struct {
 	q        queueLen
 	given    int64 // items a source holds, -1 when unknown
 	workers  []workerStats
-	held     func() int64  // ordered stages: items finished but still in the window
-	flushes  *Flushes      // batches: flush reasons
-	extra    int           // items held beyond queue and workers: a reorder window, a partial batch
-	ups      []*row        // every row upstream of this one (the rows its input was wired from)
-	drain    atomic.Bool   // a drained budget tripped here or downstream: start no new item
-	filtered *atomic.Int64 // filters: items dropped
+	held     func() int64   // ordered stages: items finished but still in the window
+	flushes  *flushCounters // batches: flush reasons
+	timeout  time.Duration  // the stage's WithTimeout
+	next     string         // the stage this one feeds, when known
+	extra    int            // items held beyond queue and workers: a reorder window, a partial batch
+	ups      []*row         // every row upstream of this one (the rows its input was wired from)
+	drain    atomic.Bool    // a drained budget tripped here or downstream: start no new item
+	filtered *atomic.Int64  // filters: items dropped
 
 	mu     sync.Mutex
 	causes map[causeKey]int64
+	errs   map[string]*ErrorCount
 }
 
 type causeKey struct{ typ, msg string }
@@ -166,6 +173,10 @@ type Report struct {
 	Stages     []StageReport // in the order the run wired them: along each path, upstream first
 	Err        error         // the error Run returned, nil on success
 	Checkpoint int64         // checkpointed runs: the position saved last (-1 otherwise)
+
+	CheckpointSaved time.Time     // when Checkpoint was saved (zero if never in this run)
+	Running         bool          // a Snapshot of a run in progress
+	Elapsed         time.Duration // since the run started
 }
 
 // StageReport is the account of one source, stage, sink or filter in a run.
@@ -187,6 +198,20 @@ type StageReport struct {
 	PeakQueue int // the longest the queue was when a worker took an item (at most QueueCap)
 
 	Flushes Flushes // batches: flushes by reason
+
+	// Live figures (see [Pipeline.Snapshot]). In a final report, QueueLen, Busy,
+	// InFlight and Window describe the moment the run ended (all 0 after a success),
+	// and Rate is Out over the whole run.
+	QueueLen int           // items waiting in the input queue
+	Busy     int           // workers handling an item
+	InFlight int64         // items started and not yet settled
+	Window   int64         // ordered stages: finished items held for earlier ones
+	Rate     float64       // items sent on per second, recently
+	Latency  Latency       // the stage function's attempt durations
+	Timeout  time.Duration // the stage's WithTimeout, 0 if none
+	Next     string        // the stage this one feeds, when known
+
+	Errors []ErrorCount // errors by type and outcome
 
 	Causes []Cause // dead letters grouped by cause, most common first
 }
@@ -280,9 +305,12 @@ func (r Report) String() string {
 
 // report sums the counters of a finished run.
 func (r *run) report(err error) Report {
-	rep := Report{Err: err, Checkpoint: -1}
+	rep := Report{Err: err, Checkpoint: -1, Elapsed: time.Since(r.started)}
 	if r.track != nil {
-		rep.Checkpoint = r.saved
+		rep.Checkpoint = r.saved.Load()
+		if at := r.savedAt.Load(); at != 0 {
+			rep.CheckpointSaved = time.Unix(0, at)
+		}
 	}
 	for _, rw := range r.rows {
 		s := StageReport{Name: rw.name, Kind: rw.kind.String(), Workers: len(rw.workers), QueueCap: rw.capacity}
@@ -297,6 +325,7 @@ func (r *run) report(err error) Report {
 			s.DeadLettered += w.deadLettered.load()
 			s.Failed += w.failed.load()
 			s.PeakQueue = max(s.PeakQueue, int(w.peak.load()))
+			s.Busy += int(w.busy.load())
 		}
 		switch rw.kind {
 		case kindSource:
@@ -320,11 +349,27 @@ func (r *run) report(err error) Report {
 			s.NotStarted = discarded + left
 		}
 		if rw.flushes != nil {
-			s.Flushes = *rw.flushes
+			s.Flushes = rw.flushes.load()
+		}
+		if rw.q != nil {
+			s.QueueLen = rw.q.length()
+		}
+		s.InFlight = received - discarded - s.Succeeded - s.DeadLettered - s.Failed
+		if rw.held != nil {
+			s.Window = rw.held()
+		}
+		s.Latency = latencyOf(rw.workers)
+		s.Timeout, s.Next = rw.timeout, rw.next
+		if secs := rep.Elapsed.Seconds(); secs > 0 {
+			s.Rate = float64(s.Out) / secs
 		}
 		rw.mu.Lock()
 		s.Causes = sortCauses(rw.causes)
+		for _, e := range rw.errs {
+			s.Errors = append(s.Errors, *e)
+		}
 		rw.mu.Unlock()
+		slices.SortFunc(s.Errors, func(a, b ErrorCount) int { return cmp.Compare(a.Type, b.Type) })
 		rep.Stages = append(rep.Stages, s)
 	}
 	return rep

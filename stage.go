@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/trace"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -37,6 +38,7 @@ type config struct {
 	maxBytes     int
 	sizer        any // func(T) int, checked by Batch
 	saveEvery    int
+	observers    []func(Event)
 	maxRedo      int
 	saveInterval time.Duration
 	stageOnly    string // the first stage-only option applied, for New's check
@@ -145,6 +147,9 @@ func (st *Stage[In, Out]) init(ctor, name string, workers int, opts []Option) {
 		}
 		o.apply(&st.cfg)
 	}
+	if st.cfg.observers != nil {
+		panic(fmt.Sprintf("pipeline: %s(%q): WithObserver and WithLogger are pipeline options; give them to New", ctor, name))
+	}
 	if st.cfg.deadLetter != nil {
 		dl, ok := st.cfg.deadLetter.(func(context.Context, DeadLetter[In]) error)
 		if !ok {
@@ -231,9 +236,13 @@ func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
 			q = newQueue[In](buf)
 		}
 		rw := r.newRow(name, kind, st.workers, buf, q)
+		rw.timeout = st.cfg.timeout
 		before := len(r.rows)
 		s.open(r, q.pusher(r.ctx), q.close)
 		rw.ups = slices.Clone(r.rows[before:])
+		if len(rw.ups) > 0 { // the row wired last upstream is the one that feeds this stage
+			rw.ups[len(rw.ups)-1].next = name
+		}
 		r.addRow(rw)
 		b := r.shared
 		if st.cfg.budget != nil {
@@ -256,6 +265,7 @@ func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
 				defer func() {
 					if left.Add(-1) == 0 {
 						done()
+						r.p.emit(Event{Kind: EventStageDone, Stage: name})
 					}
 				}()
 				return w.loop()
@@ -296,6 +306,7 @@ type worker[In, Out any] struct {
 	seq      uint64           // the current item's sequence number (ordered stages)
 	ord      *reorder[Out]    // the reorder window (ordered stages)
 	one      [1]Out           // a one-to-one output handed to the window
+	slow     bool             // the last timed attempt took long: time every attempt
 }
 
 // loop takes items until the queue is closed and drained (nil) or the run stops (its
@@ -309,6 +320,7 @@ func (w *worker[In, Out]) loop() (err error) {
 			if busy {
 				w.stats.failed.inc()
 			}
+			w.row.addError("panic", func(e *ErrorCount) { e.Failed++ })
 			err = &StageError{Stage: w.st.name, Err: newPanicError(v)}
 		}
 	}()
@@ -341,7 +353,9 @@ func (w *worker[In, Out]) loop() (err error) {
 			continue
 		}
 		busy = true
+		w.stats.busy.v.Store(1)
 		err = w.process(ctx, v)
+		w.stats.busy.v.Store(0)
 		busy = false
 		if err != nil {
 			return err
@@ -368,14 +382,15 @@ func (w *worker[In, Out]) process(ctx context.Context, v In) error {
 		}
 		class := w.classOf(err)
 		if class == ClassFatal {
-			w.stats.failed.inc()
-			return &StageError{Stage: w.st.name, Err: err}
+			return w.fail(err)
 		}
 		if first == nil {
 			first = err
 		}
 		if class == ClassTransient && attempt < w.st.cfg.attempts {
 			w.stats.retried.inc()
+			w.row.addError(errTypeName(err), func(e *ErrorCount) { e.Retried++ })
+			w.r.p.emit(Event{Kind: EventRetry, Stage: w.st.name, Attempt: attempt, Err: err})
 			if err := sleep(ctx, w.st.cfg.backoff, attempt); err != nil {
 				w.stats.failed.inc()
 				return err
@@ -388,17 +403,32 @@ func (w *worker[In, Out]) process(ctx context.Context, v In) error {
 
 // attempt makes one call of the stage function, under the per-attempt timeout if any.
 // Only the call is timed: delivering the result happens after, outside the deadline.
-func (w *worker[In, Out]) attempt(ctx context.Context, v In) (Out, error) {
-	d := w.st.cfg.timeout
-	if d <= 0 {
-		return w.call(ctx, v)
+func (w *worker[In, Out]) attempt(ctx context.Context, v In) (out Out, err error) {
+	if trace.IsEnabled() {
+		defer trace.StartRegion(ctx, w.st.name).End()
 	}
-	actx, cancel := context.WithTimeout(ctx, d)
-	out, err := w.call(actx, v)
-	if err != nil && ctx.Err() == nil && errors.Is(actx.Err(), context.DeadlineExceeded) {
-		err = &timeoutError{after: d, err: err}
+	// Time one attempt in 16, or every one while they are slow enough for the clock's
+	// cost not to matter.
+	var t0 time.Time
+	timed := w.slow || w.stats.received.load()&15 == 0
+	if timed {
+		t0 = time.Now()
 	}
-	cancel()
+	if d := w.st.cfg.timeout; d <= 0 {
+		out, err = w.call(ctx, v)
+	} else {
+		actx, cancel := context.WithTimeout(ctx, d)
+		out, err = w.call(actx, v)
+		if err != nil && ctx.Err() == nil && errors.Is(actx.Err(), context.DeadlineExceeded) {
+			err = &timeoutError{after: d, err: err}
+		}
+		cancel()
+	}
+	if timed {
+		d := time.Since(t0)
+		w.stats.lat.record(d)
+		w.slow = d > 20*time.Microsecond
+	}
 	return out, err
 }
 
@@ -463,8 +493,7 @@ func (w *worker[In, Out]) classOf(err error) Class {
 // deadLetter sets an item aside after its last attempt.
 func (w *worker[In, Out]) deadLetter(ctx context.Context, v In, attempts int, class Class, first, last error) error {
 	if w.st.dl == nil { // nowhere to set it aside: an item error stops the run too
-		w.stats.failed.inc()
-		return &StageError{Stage: w.st.name, Err: last}
+		return w.fail(last)
 	}
 	typ, msg := errTypeName(last), last.Error()
 	firstMsg := msg
@@ -481,11 +510,20 @@ func (w *worker[In, Out]) deadLetter(ctx context.Context, v In, attempts int, cl
 	}
 	w.stats.deadLettered.inc()
 	w.row.addCause(typ, causeMessage(last))
+	w.row.addError(typ, func(e *ErrorCount) { e.DeadLettered++ })
+	w.r.p.emit(Event{Kind: EventDeadLetter, Stage: w.st.name, Attempt: attempts, Err: last})
 	w.r.track.done(w.pos) // set aside for good: the watermark may pass it
 	if err := w.skip(ctx); err != nil {
 		return err
 	}
 	return w.record(true)
+}
+
+// fail counts the current item as failed by err, which stops the run.
+func (w *worker[In, Out]) fail(err error) error {
+	w.stats.failed.inc()
+	w.row.addError(errTypeName(err), func(e *ErrorCount) { e.Failed++ })
+	return &StageError{Stage: w.st.name, Err: err}
 }
 
 // skip tells the reorder window, if any, that the current item has no output, so that
@@ -507,6 +545,7 @@ func (w *worker[In, Out]) record(failed bool) error {
 		return nil
 	}
 	serr := &StageError{Stage: w.st.name, Err: be}
+	w.r.p.emit(Event{Kind: EventBudget, Stage: w.st.name, Err: serr})
 	if be.Drained {
 		// Stop taking new items here and upstream; what already passed this stage
 		// finishes downstream.

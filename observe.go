@@ -1,0 +1,97 @@
+package pipeline
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+)
+
+// EventKind says what an [Event] reports.
+type EventKind uint8
+
+const (
+	// EventRetry: an attempt failed with a transient error and will be retried.
+	EventRetry EventKind = iota + 1
+	// EventDeadLetter: an item was set aside.
+	EventDeadLetter
+	// EventBudget: an error budget tripped.
+	EventBudget
+	// EventCheckpoint: a checkpointed run saved its position.
+	EventCheckpoint
+	// EventStageDone: every worker of a stage has exited.
+	EventStageDone
+)
+
+// String returns the kind's name: "retry", "dead-letter", "budget", "checkpoint" or
+// "stage-done".
+func (k EventKind) String() string {
+	switch k {
+	case EventRetry:
+		return "retry"
+	case EventDeadLetter:
+		return "dead-letter"
+	case EventBudget:
+		return "budget"
+	case EventCheckpoint:
+		return "checkpoint"
+	case EventStageDone:
+		return "stage-done"
+	}
+	return fmt.Sprintf("EventKind(%d)", uint8(k))
+}
+
+// Event is something worth knowing that happened in a run. Only rare things are events
+// (no event is sent per successful item), so an observer costs nothing on the hot path.
+type Event struct {
+	Kind     EventKind
+	Stage    string // the stage, or "checkpoint"
+	Attempt  int    // EventRetry: the attempt that failed; EventDeadLetter: attempts made
+	Err      error  // EventRetry, EventDeadLetter: the error; EventBudget: the budget error
+	Position int64  // EventCheckpoint: the position saved
+}
+
+// WithObserver makes a pipeline call fn for every [Event] of its runs, from the
+// goroutine where the event happened: fn must be quick and safe for concurrent use, and
+// must not keep Err beyond the call if memory matters. A panic in fn fails the run like
+// a panic in a stage. It is a pipeline option ([New]); several observers are all called,
+// in order.
+func WithObserver(fn func(Event)) Option {
+	if fn == nil {
+		panic("pipeline: WithObserver(nil)")
+	}
+	return optionFunc(func(c *config) { c.observers = append(c.observers, fn) })
+}
+
+// WithLogger logs every [Event] of a pipeline's runs to l: retries at Debug, dead
+// letters at Warn, a tripped budget at Error, checkpoints and finished stages at Info.
+// It is a pipeline option ([New]), built on [WithObserver].
+func WithLogger(l *slog.Logger) Option {
+	if l == nil {
+		panic("pipeline: WithLogger(nil)")
+	}
+	return WithObserver(func(e Event) {
+		ctx := context.Background()
+		switch e.Kind {
+		case EventRetry:
+			l.LogAttrs(ctx, slog.LevelDebug, "pipeline: retrying item", slog.String("stage", e.Stage),
+				slog.Int("attempt", e.Attempt), slog.String("error", e.Err.Error()))
+		case EventDeadLetter:
+			l.LogAttrs(ctx, slog.LevelWarn, "pipeline: item dead-lettered", slog.String("stage", e.Stage),
+				slog.Int("attempts", e.Attempt), slog.String("error", e.Err.Error()))
+		case EventBudget:
+			l.LogAttrs(ctx, slog.LevelError, "pipeline: error budget tripped", slog.String("stage", e.Stage),
+				slog.String("error", e.Err.Error()))
+		case EventCheckpoint:
+			l.LogAttrs(ctx, slog.LevelInfo, "pipeline: checkpoint saved", slog.Int64("position", e.Position))
+		case EventStageDone:
+			l.LogAttrs(ctx, slog.LevelInfo, "pipeline: stage done", slog.String("stage", e.Stage))
+		}
+	})
+}
+
+// emit sends e to the pipeline's observers, if any.
+func (p *Pipeline) emit(e Event) {
+	for _, fn := range p.cfg.observers {
+		fn(e)
+	}
+}

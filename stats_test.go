@@ -1,0 +1,208 @@
+package pipeline_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gopipeline/pipeline"
+)
+
+// TestSnapshotNamesBottleneck builds the seed's staged pipeline (a slow fetch stage
+// feeding a fast write stage) in virtual time, takes a snapshot mid-run, and checks that
+// the bottleneck report names the fetch stage, with a worker suggestion from Little's
+// law.
+func TestSnapshotNamesBottleneck(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := pipeline.New(pipeline.WithBuffer(100))
+		fetch := pipeline.Then(pipeline.FromSlice(p, ints(2000)), pipeline.NewStage("fetch", 16,
+			func(ctx context.Context, v int) (int, error) {
+				time.Sleep(20 * time.Millisecond)
+				return v, nil
+			}, pipeline.WithTimeout(22*time.Millisecond)))
+		pipeline.To(fetch, pipeline.NewSink("write", 4, func(ctx context.Context, v int) error {
+			time.Sleep(2 * time.Millisecond)
+			return nil
+		}))
+		done := make(chan error)
+		go func() { done <- p.Run(context.Background()) }()
+		time.Sleep(time.Second + time.Millisecond) // virtual: 50 rounds of fetches
+		synctest.Wait()
+		snap := p.Snapshot()
+		require.True(t, snap.Running)
+		f := row(t, snap, "fetch")
+		assert.Equal(t, 100, f.QueueLen, "the fetch stage's queue is full")
+		assert.Equal(t, 16, f.Busy)
+		assert.InDelta(t, 800, f.Rate, 20, "16 workers at 20 ms")
+		assert.Equal(t, 20*time.Millisecond, f.Latency.P50.Truncate(time.Millisecond)/time.Millisecond*time.Millisecond)
+		b := snap.Bottleneck(1500)
+		assert.Equal(t, "fetch", b.Stage, b.String())
+		assert.Equal(t, pipeline.WorkersNeeded(1500, f.Latency.P50, 1.25), b.Suggested)
+		require.Len(t, b.Warnings, 1, "p99 20 ms is within 80 %% of the 22 ms timeout")
+		assert.Contains(t, b.Warnings[0], `"fetch"`)
+		assert.Contains(t, b.String(), `bottleneck: stage "fetch"`)
+		require.NoError(t, <-done)
+		final := p.Snapshot()
+		assert.False(t, final.Running)
+		assert.Equal(t, "fetch", final.Bottleneck(0).Stage, "the final report uses peak queue lengths")
+	})
+}
+
+// fixture is the seed scenarios' failing ids (bench/testdata/items.json).
+type fixture struct {
+	Scenario1 struct {
+		N         int   `json:"n_items"`
+		Permanent []int `json:"permanent"`
+		Transient []int `json:"transient"`
+		Hang      []int `json:"hang"`
+	} `json:"scenario1"`
+}
+
+// TestS1RetryCounts runs scenario S1 with the retry policy in virtual time (instant and
+// exact) and checks that the seed's counts, 9,895 processed, 105 dead-lettered and 200
+// retried, appear in the snapshot, in the report, in the errors by type and in the
+// events.
+func TestS1RetryCounts(t *testing.T) {
+	data, err := os.ReadFile("bench/testdata/items.json")
+	require.NoError(t, err)
+	var fx fixture
+	require.NoError(t, json.Unmarshal(data, &fx))
+	role := make([]byte, fx.Scenario1.N)
+	for _, id := range fx.Scenario1.Permanent {
+		role[id] = 'p'
+	}
+	for _, id := range fx.Scenario1.Transient {
+		role[id] = 't'
+	}
+	for _, id := range fx.Scenario1.Hang {
+		role[id] = 'h'
+	}
+	errBad, errReset := errors.New("bad record"), errors.New("connection reset")
+	synctest.Test(t, func(t *testing.T) {
+		var events sync.Map // kind -> *atomic.Int64
+		count := func(e pipeline.Event) {
+			n, _ := events.LoadOrStore(e.Kind, new(atomic.Int64))
+			n.(*atomic.Int64).Add(1)
+		}
+		p := pipeline.New(pipeline.WithBuffer(100), pipeline.WithObserver(count))
+		tries := make([]atomic.Int32, fx.Scenario1.N)
+		dead := pipeline.NewDeadLetterBuffer[int](1000)
+		enrich := pipeline.Then(pipeline.FromSlice(p, ints(fx.Scenario1.N)), pipeline.NewStage("enrich", 20,
+			func(ctx context.Context, id int) (int, error) {
+				time.Sleep(time.Millisecond)
+				switch role[id] {
+				case 'p':
+					return 0, pipeline.Permanent(errBad)
+				case 't':
+					if tries[id].Add(1) == 1 {
+						return 0, pipeline.Transient(errReset)
+					}
+				case 'h':
+					<-ctx.Done()
+					return 0, ctx.Err()
+				}
+				return id, nil
+			},
+			pipeline.WithTimeout(time.Second), pipeline.WithRetry(3, pipeline.ConstantBackoff(10*time.Millisecond)),
+			pipeline.WithDeadLetter(dead.Add)))
+		var sunk atomic.Int64
+		pipeline.To(enrich, pipeline.NewSink("sink", 1, func(context.Context, int) error { sunk.Add(1); return nil }))
+		done := make(chan error)
+		go func() { done <- p.Run(context.Background()) }()
+		time.Sleep(900 * time.Millisecond) // everything but the hanging items is done; none timed out yet
+		synctest.Wait()
+		live := p.Snapshot()
+		e := row(t, live, "enrich")
+		assert.Equal(t, int64(9895), e.Succeeded)
+		assert.Equal(t, int64(100), e.DeadLettered, "only the permanent ones so far")
+		assert.Equal(t, int64(200), e.Retried)
+		assert.Equal(t, int64(5), e.InFlight, "the hanging items")
+		require.NoError(t, <-done)
+
+		rep := p.Report()
+		e = row(t, rep, "enrich")
+		assert.Equal(t, int64(9895), e.Succeeded)
+		assert.Equal(t, int64(105), e.DeadLettered)
+		assert.Equal(t, int64(200), e.Retried)
+		assert.Equal(t, int64(9895), sunk.Load())
+		assert.Equal(t, []pipeline.ErrorCount{
+			{Type: "error", Retried: 200, DeadLettered: 100},
+			{Type: "timeout", DeadLettered: 5},
+		}, e.Errors)
+		assert.Equal(t, []pipeline.Cause{
+			{Type: "error", Message: "bad record", Count: 100},
+			{Type: "timeout", Message: "context deadline exceeded", Count: 5},
+		}, e.Causes)
+		for kind, want := range map[pipeline.EventKind]int64{pipeline.EventRetry: 200, pipeline.EventDeadLetter: 105, pipeline.EventStageDone: 2} {
+			n, ok := events.Load(kind)
+			require.True(t, ok, kind.String())
+			assert.Equal(t, want, n.(*atomic.Int64).Load(), kind.String())
+		}
+		checkReport(t, rep)
+	})
+}
+
+func TestWithLogger(t *testing.T) {
+	t.Parallel()
+	var buf bytes.Buffer
+	var mu sync.Mutex
+	l := slog.New(slog.NewTextHandler(lockedWriter{&mu, &buf}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	p := pipeline.New(pipeline.WithLogger(l), pipeline.WithErrorBudget(pipeline.Budget{MaxRatio: 0.5, MinSample: 4}))
+	tries := map[int]int{}
+	st := pipeline.NewStage("st", 1, func(_ context.Context, v int) (int, error) {
+		tries[v]++
+		if v == 1 && tries[v] == 1 {
+			return 0, pipeline.Transient(errBoom)
+		}
+		if v >= 2 {
+			return 0, pipeline.Permanent(errBoom)
+		}
+		return v, nil
+	}, pipeline.WithRetry(2, nil), pipeline.WithDeadLetter(pipeline.NewDeadLetterBuffer[int](10).Add))
+	_, err := pipeline.Collect(t.Context(), pipeline.Then(pipeline.FromSlice(p, ints(10)), st))
+	require.ErrorIs(t, err, pipeline.ErrBudgetExceeded)
+	mu.Lock()
+	out := buf.String()
+	mu.Unlock()
+	for _, want := range []string{
+		`level=DEBUG msg="pipeline: retrying item" stage=st attempt=1 error=boom`,
+		`level=WARN msg="pipeline: item dead-lettered" stage=st attempts=1 error=boom`,
+		`level=ERROR msg="pipeline: error budget tripped" stage=st`,
+		`level=INFO msg="pipeline: stage done" stage=st`,
+	} {
+		assert.Contains(t, out, want)
+	}
+	assert.Equal(t, 3, strings.Count(out, "dead-lettered"), "items 2, 3 and 4 fail; the budget trips at 3/5 > 0.5")
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (l lockedWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(b)
+}
+
+func TestObserverMisuse(t *testing.T) {
+	t.Parallel()
+	assertPanicsPipeline(t, func() { pipeline.WithObserver(nil) })
+	assertPanicsPipeline(t, func() { pipeline.WithLogger(nil) })
+	assertPanicsPipeline(t, func() {
+		pipeline.NewStage("s", 1, func(_ context.Context, v int) (int, error) { return v, nil }, pipeline.WithObserver(func(pipeline.Event) {}))
+	})
+}
