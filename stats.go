@@ -226,3 +226,27 @@ func (b Bottleneck) String() string {
 	}
 	return sb.String()
 }
+
+// Line formats the report on one line, for progress output: per stage, its recent rate,
+// queue length and busy workers, then the number of items set aside or failed so far:
+//
+//	fetch 781/s q=100/100 busy=16/16 | write 781/s q=2/100 busy=1/4
+func (r Report) Line() string {
+	var b strings.Builder
+	for _, s := range r.Stages {
+		if s.Kind == "source" || s.Kind == "filter" {
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteString(" | ")
+		}
+		fmt.Fprintf(&b, "%s %.0f/s q=%d/%d busy=%d/%d", s.Name, s.Rate, s.QueueLen, s.QueueCap, s.Busy, s.Workers)
+		if s.DeadLettered > 0 {
+			fmt.Fprintf(&b, " dead=%d", s.DeadLettered)
+		}
+		if s.Failed > 0 {
+			fmt.Fprintf(&b, " failed=%d", s.Failed)
+		}
+	}
+	return b.String()
+}
