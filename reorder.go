@@ -11,8 +11,9 @@ import (
 // process items concurrently; a reorder window holds finished items until every earlier
 // item has finished (or was dead-lettered, filtered out or skipped, which never stalls
 // the window). window is how many items, counted from the oldest unfinished one, may be
-// finished or in flight; a worker that finishes an item beyond it waits. 0 means 4 ×
-// workers. Memory is therefore bounded by window items, whatever the input.
+// finished or in flight; a worker that finishes an item beyond it waits. 0 means the
+// stage's buffer plus 4 × workers, which lets every queued item run ahead of a slow one
+// before anything waits. Memory is therefore bounded by window items, whatever the input.
 //
 // A slow item at the head stalls the stage's output until it finishes (head-of-line
 // blocking), and with it, once the window is full, the stage itself: choose the window

@@ -170,9 +170,6 @@ func (st *Stage[In, Out]) init(ctor, name string, workers int, opts []Option) {
 		}
 		st.hash = hash
 	}
-	if st.cfg.ordered && st.cfg.window == 0 {
-		st.cfg.window = 4 * workers
-	}
 	if st.cfg.attempts == 0 {
 		st.cfg.attempts = 1
 	}
@@ -250,8 +247,12 @@ func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
 		}
 		var ord *reorder[Out]
 		if st.cfg.ordered {
-			ord = newReorder(st.cfg.window, push)
-			rw.held, rw.extra = ord.heldCount, st.cfg.window
+			window := st.cfg.window
+			if window == 0 {
+				window = buf + 4*st.workers
+			}
+			ord = newReorder(window, push)
+			rw.held, rw.extra = ord.heldCount, window
 		}
 		var left atomic.Int32
 		left.Store(int32(st.workers))
