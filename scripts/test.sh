@@ -94,7 +94,7 @@ check_fix() {
 	out=$(go fix -diff ./...) || rc=$? # the diff is on stdout; errors go to stderr
 	if [[ -n $out ]]; then
 		printf '%s\n' "$out"
-		echo "go fix would change the code above: run 'go fix ./...' in ${PWD#"$root"/}"
+		echo "go fix would change the code above: run 'go fix ./...' in the module's folder ($m)"
 		return 1
 	fi
 	return "$rc"
@@ -108,7 +108,7 @@ check_gofmt() {
 	out=$(gofmt -l -- "${files[@]}") || return 1
 	if [[ -n $out ]]; then
 		printf '%s\n' "$out"
-		echo "these files are not gofmt-ed: run 'gofmt -w' on them"
+		echo "these files (in $m) are not gofmt-ed: run 'gofmt -w' on them"
 		return 1
 	fi
 }
@@ -116,7 +116,7 @@ check_gofmt() {
 # check_workspace fails when go.work does not load, or leaves out a module.
 check_workspace() {
 	local used missing=0 m
-	used=$(GOWORK="$root/go.work" go list -m -f '{{.Dir}}') || return 1
+	used=$(GOWORK="$root/go.work" go list -m -f '{{.Dir}}' | while read -r d; do (cd "$d" && pwd -P); done) || return 1
 	for m in "${mods[@]}"; do
 		if ! grep -qxF "$(cd "$m" && pwd -P)" <<<"$used"; then
 			echo "go.work does not use the module in $m: run 'go work use $m'"
