@@ -73,7 +73,7 @@ modules() {
 	fi
 	printf '%s\n' "$list" |
 		grep -Ev '(^|/)(testdata|vendor)/' |
-		while read -r f; do [[ -f $f ]] && dirname "$f"; done |
+		while read -r f; do if [[ -f $f ]]; then dirname "$f"; fi; done |
 		sort -u |
 		awk '$0 == "." { print; next } { rest[n++] = $0 } END { for (i = 0; i < n; i++) print rest[i] }'
 }
