@@ -1,0 +1,98 @@
+package pipeline_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gopipeline/pipeline"
+)
+
+// TestBackpressure blocks the sink of source → s1 → sink and lets a fast source run
+// until everything is blocked (synctest.Wait: every goroutine of the bubble is durably
+// blocked, with no time passing and no sleep). The source must then have given up at
+// most one item per queue slot, one per busy worker and one for itself, whatever the
+// input size; after the sink is released, every item arrives and no queue's peak
+// exceeds its capacity.
+func TestBackpressure(t *testing.T) {
+	t.Parallel()
+	const n = 1000 // far more than the pipeline can hold
+	for _, buf := range []int{0, 1, 4, 16} {
+		for _, workers := range []int{1, 3} {
+			t.Run(fmt.Sprintf("buf=%d/workers=%d", buf, workers), func(t *testing.T) {
+				t.Parallel()
+				synctest.Test(t, func(t *testing.T) {
+					var taken atomic.Int64
+					src := func(yield func(int) bool) {
+						for i := range n {
+							taken.Add(1)
+							if !yield(i) {
+								return
+							}
+						}
+					}
+					release := make(chan struct{})
+					var delivered atomic.Int64
+					p := pipeline.New(pipeline.WithBuffer(buf))
+					s := pipeline.Then(pipeline.FromSeq(p, src), pipeline.NewStage("s1", workers, identity))
+					pipeline.To(s, pipeline.NewSink("sink", workers, func(ctx context.Context, _ int) error {
+						select {
+						case <-release:
+						case <-ctx.Done():
+							return ctx.Err()
+						}
+						delivered.Add(1)
+						return nil
+					}))
+					errc := make(chan error, 1)
+					go func() { errc <- p.Run(t.Context()) }()
+
+					synctest.Wait() // everything is blocked on the sink
+					// Two queues of buf, s1's workers each holding one item (blocked
+					// sending it), the sink's workers each holding one, and the source
+					// holding the one it could not send.
+					bound := int64(2*buf + 2*workers + 1)
+					assert.LessOrEqual(t, taken.Load(), bound, "items taken while the sink is blocked")
+					assert.Equal(t, bound, taken.Load(), "the pipeline should fill up to its bound")
+					assert.Zero(t, delivered.Load())
+
+					close(release)
+					require.NoError(t, <-errc)
+					assert.Equal(t, int64(n), delivered.Load())
+					rep := p.Report()
+					checkReport(t, rep)
+					for _, name := range []string{"s1", "sink"} {
+						r := row(t, rep, name)
+						assert.Equal(t, buf, r.QueueCap)
+						assert.LessOrEqual(t, r.PeakQueue, buf, "peak of %s's queue", name)
+					}
+					assert.Equal(t, buf, row(t, rep, "sink").PeakQueue, "the sink's queue was full")
+				})
+			})
+		}
+	}
+}
+
+// TestBufferPerStage checks that a stage's WithBuffer overrides the pipeline's, and
+// that the default is DefaultBuffer.
+func TestBufferPerStage(t *testing.T) {
+	t.Parallel()
+	p := pipeline.New(pipeline.WithBuffer(7))
+	s := pipeline.Then(pipeline.FromSlice(p, ints(10)), pipeline.NewStage("a", 1, identity))
+	s = pipeline.Then(s, pipeline.NewStage("b", 1, identity, pipeline.WithBuffer(3)))
+	_, err := pipeline.Collect(t.Context(), s)
+	require.NoError(t, err)
+	rep := p.Report()
+	assert.Equal(t, 7, row(t, rep, "a").QueueCap)
+	assert.Equal(t, 3, row(t, rep, "b").QueueCap)
+
+	p = pipeline.New()
+	_, err = pipeline.Collect(t.Context(), pipeline.Then(pipeline.FromSlice(p, ints(10)), pipeline.NewStage("a", 1, identity)))
+	require.NoError(t, err)
+	assert.Equal(t, pipeline.DefaultBuffer, row(t, p.Report(), "a").QueueCap)
+}

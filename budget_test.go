@@ -1,0 +1,212 @@
+package pipeline_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gopipeline/pipeline"
+)
+
+// failIf is a stage function that dead-letters (Permanent) the items bad reports.
+func failIf(bad func(int) bool) func(context.Context, int) (int, error) {
+	return func(_ context.Context, v int) (int, error) {
+		if bad(v) {
+			return 0, pipeline.Permanent(errBoom)
+		}
+		return v, nil
+	}
+}
+
+func nopSink() *pipeline.Stage[int, struct{}] {
+	return pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil })
+}
+
+// TestBudgetAbort checks that a budget in abort mode stops a run whose items all fail
+// soon after MinSample items, with a *BudgetError carrying the counts.
+func TestBudgetAbort(t *testing.T) {
+	t.Parallel()
+	const n = 20000
+	p := pipeline.New()
+	st := pipeline.NewStage("work", 4, failIf(func(int) bool { return true }), discardDead[int](),
+		pipeline.WithErrorBudget(pipeline.Budget{MaxRatio: 0.2, MinSample: 200}))
+	pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(n)), st), nopSink())
+
+	err := p.Run(t.Context())
+
+	require.ErrorIs(t, err, pipeline.ErrBudgetExceeded)
+	be, ok := errors.AsType[*pipeline.BudgetError](err)
+	require.True(t, ok)
+	assert.Equal(t, int64(200), be.Failed)
+	assert.Equal(t, int64(200), be.Seen)
+	assert.InDelta(t, 0.2, be.MaxRatio, 0)
+	assert.False(t, be.Drained)
+	se, ok := errors.AsType[*pipeline.StageError](err)
+	require.True(t, ok)
+	assert.Equal(t, "work", se.Stage)
+	rep := p.Report()
+	checkReport(t, rep)
+	assert.Less(t, row(t, rep, "work").Processed(), int64(n/4), "far fewer than all items were processed\n%v", rep)
+}
+
+// TestBudgetDrain checks drain mode in virtual time: when the budget trips, the items
+// in flight finish and reach the sink (Run waits for them), the tripping stage starts
+// no new item, Run returns the budget error, and every source item is accounted for.
+func TestBudgetDrain(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		const n, slow = 1000, time.Second
+		start := time.Now()
+		p := pipeline.New(pipeline.WithBuffer(8))
+		// Items 0..2 take a second each and succeed; they hold 3 of the 4 workers
+		// while the fourth fails items 3, 4, ... until the budget trips at t=0. The
+		// failures wait until the three slow items have started, so that those are in
+		// flight when it trips.
+		var slowStarted atomic.Int64
+		inFlight := make(chan struct{})
+		st := pipeline.NewStage("work", 4, func(_ context.Context, v int) (int, error) {
+			if v < 3 {
+				if slowStarted.Add(1) == 3 {
+					close(inFlight)
+				}
+				time.Sleep(slow) // virtual time
+				return v, nil
+			}
+			<-inFlight
+			return 0, pipeline.Permanent(errBoom)
+		}, discardDead[int](), pipeline.WithErrorBudget(pipeline.Budget{MaxRatio: 0.5, MinSample: 10, Drain: true}))
+		pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(n)), st), nopSink())
+
+		err := p.Run(t.Context())
+
+		require.ErrorIs(t, err, pipeline.ErrBudgetExceeded)
+		be, ok := errors.AsType[*pipeline.BudgetError](err)
+		require.True(t, ok)
+		assert.True(t, be.Drained)
+		assert.Equal(t, int64(10), be.Failed)
+		assert.Equal(t, int64(10), be.Seen)
+		se, ok := errors.AsType[*pipeline.StageError](err)
+		require.True(t, ok)
+		assert.Equal(t, "work", se.Stage)
+		assert.Equal(t, slow, time.Since(start), "Run waited for the items in flight")
+
+		rep := p.Report()
+		assert.Equal(t, err, rep.Err)
+		checkReport(t, rep)
+		w := row(t, rep, "work")
+		assert.Equal(t, int64(3), w.Succeeded, "the items in flight finished\n%v", rep)
+		assert.Equal(t, int64(10), w.DeadLettered, "no item started after the trip\n%v", rep)
+		assert.Equal(t, int64(3), row(t, rep, "sink").Succeeded, "the items in flight reached the sink\n%v", rep)
+		assert.Positive(t, rep.NotStarted())
+	})
+}
+
+// TestBudgetWindow checks that a windowed budget judges the last Window items only: a
+// burst of failures trips it, exactly when the window holds more than MaxRatio
+// failures, while a budget over all items tolerates the same input.
+func TestBudgetWindow(t *testing.T) {
+	t.Parallel()
+	// Items below 2000 fail one in 20; 2000..2029 all fail; the rest succeed.
+	bad := func(v int) bool { return v < 2000 && v%20 == 0 || v >= 2000 && v < 2030 }
+	run := func(t *testing.T, b pipeline.Budget) (*pipeline.Pipeline, error) {
+		t.Helper()
+		p := pipeline.New()
+		st := pipeline.NewStage("work", 1, failIf(bad), discardDead[int](), pipeline.WithErrorBudget(b))
+		pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(3000)), st), nopSink())
+		return p, p.Run(t.Context())
+	}
+	t.Run("window", func(t *testing.T) {
+		t.Parallel()
+		p, err := run(t, pipeline.Budget{MaxRatio: 0.1, MinSample: 100, Window: 100})
+		be, ok := errors.AsType[*pipeline.BudgetError](err)
+		require.True(t, ok, "the burst trips a windowed budget: %v", err)
+		// At item 2006 the window (items 1907..2006) holds 1920, 1940, 1960, 1980 and
+		// the seven items of the burst.
+		assert.Equal(t, pipeline.BudgetError{Failed: 11, Seen: 100, MaxRatio: 0.1, Window: 100}, *be)
+		assert.Equal(t, int64(2007), row(t, p.Report(), "work").Processed())
+		checkReport(t, p.Report())
+	})
+	t.Run("all items", func(t *testing.T) {
+		t.Parallel()
+		p, err := run(t, pipeline.Budget{MaxRatio: 0.1, MinSample: 100})
+		require.NoError(t, err)
+		assert.Equal(t, int64(130), p.Report().DeadLettered())
+	})
+}
+
+// TestBudgetShared checks that a budget given to New is shared by all stages (the
+// successes of one stage offset the failures of another), and that a stage with its
+// own budget uses its own.
+func TestBudgetShared(t *testing.T) {
+	t.Parallel()
+	budget := pipeline.Budget{MaxRatio: 0.6, MinSample: 100}
+	build := func(bOpts ...pipeline.Option) *pipeline.Pipeline {
+		p := pipeline.New(pipeline.WithErrorBudget(budget), pipeline.WithBuffer(1))
+		s := pipeline.Then(pipeline.FromSlice(p, ints(1000)), pipeline.NewStage("a", 1, identity))
+		s = pipeline.Then(s, pipeline.NewStage("b", 1, failIf(func(int) bool { return true }), append(bOpts, discardDead[int]())...))
+		pipeline.To(s, nopSink())
+		return p
+	}
+	t.Run("shared", func(t *testing.T) {
+		t.Parallel()
+		p := build()
+		// b fails every item, but with a's successes about half of the outcomes fail.
+		require.NoError(t, p.Run(t.Context()))
+		assert.Equal(t, int64(1000), p.Report().DeadLettered())
+		checkReport(t, p.Report())
+	})
+	t.Run("own", func(t *testing.T) {
+		t.Parallel()
+		p := build(pipeline.WithErrorBudget(budget))
+		err := p.Run(t.Context())
+		require.ErrorIs(t, err, pipeline.ErrBudgetExceeded)
+		se, ok := errors.AsType[*pipeline.StageError](err)
+		require.True(t, ok)
+		assert.Equal(t, "b", se.Stage)
+		be, ok := errors.AsType[*pipeline.BudgetError](err)
+		require.True(t, ok)
+		assert.Equal(t, int64(100), be.Seen, "b's own budget counts b's items only")
+		checkReport(t, p.Report())
+	})
+}
+
+// TestBudgetNotTripped checks that a budget does not trip below its ratio: 2 % failures
+// under a 5 % budget, and the dead letters are counted.
+func TestBudgetNotTripped(t *testing.T) {
+	t.Parallel()
+	for _, workers := range []int{1, 4} {
+		p := pipeline.New()
+		st := pipeline.NewStage("work", workers, failIf(func(v int) bool { return v%50 == 0 }), discardDead[int](),
+			pipeline.WithErrorBudget(pipeline.Budget{MaxRatio: 0.05, MinSample: 50}))
+		pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(1000)), st), nopSink())
+		require.NoError(t, p.Run(t.Context()))
+		rep := p.Report()
+		checkReport(t, rep)
+		assert.Equal(t, int64(20), rep.DeadLettered())
+		assert.Equal(t, int64(980), row(t, rep, "sink").Succeeded)
+	}
+}
+
+// TestBudgetIgnoresSuccessfulRetries checks that an item that fails and then succeeds
+// on retry does not count as a failure.
+func TestBudgetIgnoresSuccessfulRetries(t *testing.T) {
+	t.Parallel()
+	p := pipeline.New()
+	tried := map[int]bool{}
+	st := pipeline.NewStage("work", 1, func(_ context.Context, v int) (int, error) {
+		if !tried[v] {
+			tried[v] = true
+			return 0, pipeline.Transient(errBoom)
+		}
+		return v, nil
+	}, pipeline.WithRetry(2, nil), pipeline.WithErrorBudget(pipeline.Budget{MaxRatio: 0.01, MinSample: 1}))
+	pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(100)), st), nopSink())
+	require.NoError(t, p.Run(t.Context()))
+	assert.Equal(t, int64(100), row(t, p.Report(), "work").Retried)
+}

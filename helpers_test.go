@@ -1,0 +1,121 @@
+package pipeline_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gopipeline/pipeline"
+)
+
+// errBoom is the error the tests inject.
+var errBoom = errors.New("boom")
+
+// ints returns 0, 1, ..., n-1.
+func ints(n int) []int {
+	s := make([]int, n)
+	for i := range s {
+		s[i] = i
+	}
+	return s
+}
+
+// assertPanicsPipeline checks that f panics with a string that starts with "pipeline:"
+// and returns that string.
+func assertPanicsPipeline(t *testing.T, f func()) string {
+	t.Helper()
+	var v any
+	func() {
+		defer func() { v = recover() }()
+		f()
+	}()
+	msg, ok := v.(string)
+	if !assert.Truef(t, ok, "want a panic with a string value, got %#v", v) {
+		return ""
+	}
+	assert.Truef(t, strings.HasPrefix(msg, "pipeline:"), "panic %q does not start with \"pipeline:\"", msg)
+	return msg
+}
+
+// checkAccounting checks the per-row identities of a report: for a stage or a sink,
+// In = Succeeded + DeadLettered + Failed + NotStarted; for a source, In = Succeeded +
+// NotStarted; no count is negative.
+func checkAccounting(t *testing.T, rep pipeline.Report) {
+	t.Helper()
+	for _, s := range rep.Stages {
+		for _, c := range []int64{s.In, s.Succeeded, s.Out, s.Retried, s.DeadLettered, s.Failed, s.NotStarted, s.Filtered} {
+			assert.GreaterOrEqualf(t, c, int64(0), "row %q has a negative count\n%v", s.Name, rep)
+		}
+		switch s.Kind {
+		case "stage", "sink":
+			assert.Equalf(t, s.In, s.Succeeded+s.DeadLettered+s.Failed+s.NotStarted,
+				"row %q: In != Succeeded+DeadLettered+Failed+NotStarted\n%v", s.Name, rep)
+		case "source":
+			assert.Equalf(t, s.In, s.Succeeded+s.NotStarted, "source %q: In != Succeeded+NotStarted\n%v", s.Name, rep)
+			assert.Equalf(t, s.Succeeded, s.Out, "source %q: Out != Succeeded\n%v", s.Name, rep)
+		}
+	}
+}
+
+// checkChain checks the report of a linear chain (one source first, then stages,
+// filters and a sink in flow order): each stage's In is what the row before it sent,
+// less what a filter in between dropped.
+func checkChain(t *testing.T, rep pipeline.Report) {
+	t.Helper()
+	require.NotEmpty(t, rep.Stages)
+	require.Equal(t, "source", rep.Stages[0].Kind, "the first row of a chain is its source")
+	flow := rep.Stages[0].Succeeded
+	for _, s := range rep.Stages[1:] {
+		switch s.Kind {
+		case "filter":
+			flow -= s.Filtered
+		case "stage", "sink":
+			assert.Equalf(t, flow, s.In, "row %q: In != what its upstream sent\n%v", s.Name, rep)
+			flow = s.Out
+		default:
+			t.Fatalf("unexpected row kind %q in a chain", s.Kind)
+		}
+	}
+}
+
+// checkConservation checks, for a linear chain of one-to-one stages, that every item
+// of the source has exactly one outcome: delivered by the last row, dead-lettered,
+// failed, not started or filtered, summed over the chain.
+func checkConservation(t *testing.T, rep pipeline.Report) {
+	t.Helper()
+	require.NotEmpty(t, rep.Stages)
+	var sum int64
+	for _, s := range rep.Stages {
+		sum += s.DeadLettered + s.Failed + s.NotStarted + s.Filtered
+	}
+	sum += rep.Stages[len(rep.Stages)-1].Succeeded
+	assert.Equalf(t, rep.Stages[0].In, sum,
+		"source items != delivered + dead-lettered + failed + not started + filtered\n%v", rep)
+}
+
+// checkReport runs every check that holds for a linear chain of one-to-one stages.
+func checkReport(t *testing.T, rep pipeline.Report) {
+	t.Helper()
+	checkAccounting(t, rep)
+	checkChain(t, rep)
+	checkConservation(t, rep)
+}
+
+// row returns the report row with the given name, failing the test if there is none.
+func row(t *testing.T, rep pipeline.Report, name string) pipeline.StageReport {
+	t.Helper()
+	s, ok := rep.Stage(name)
+	require.Truef(t, ok, "no row %q in the report\n%v", name, rep)
+	return s
+}
+
+// discardDead is a dead-letter destination that keeps nothing: the items are still
+// counted as dead-lettered in the report. A stage needs a destination to dead-letter
+// at all (without one, an item error stops the run).
+func discardDead[T any]() pipeline.Option {
+	return pipeline.WithDeadLetter(func(context.Context, pipeline.DeadLetter[T]) error { return nil })
+}
