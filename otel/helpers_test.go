@@ -1,0 +1,118 @@
+package pipelineotel_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+)
+
+// s1Fixture is the scenario1 object of bench/testdata/items.json: the ids that fail.
+type s1Fixture struct {
+	NItems    int   `json:"n_items"`
+	Permanent []int `json:"permanent"`
+	Transient []int `json:"transient"`
+	Hang      []int `json:"hang"`
+}
+
+func loadS1(t *testing.T) s1Fixture {
+	t.Helper()
+	data, err := os.ReadFile("../bench/testdata/items.json")
+	require.NoError(t, err)
+	var fx struct {
+		Scenario1 s1Fixture `json:"scenario1"`
+	}
+	require.NoError(t, json.Unmarshal(data, &fx))
+	require.Equal(t, 10_000, fx.Scenario1.NItems)
+	return fx.Scenario1
+}
+
+// newReader returns a manual reader and a meter of a provider that uses it, shut down at
+// the end of the test.
+func newReader(t *testing.T) (*sdkmetric.ManualReader, *sdkmetric.MeterProvider) {
+	t.Helper()
+	reader := sdkmetric.NewManualReader()
+	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { require.NoError(t, provider.Shutdown(t.Context())) })
+	return reader, provider
+}
+
+// point is one collected data point.
+type point struct {
+	value       float64
+	kind        string // "sum" (non-monotonic), "monotonic sum" or "gauge"
+	unit        string
+	temporality metricdata.Temporality
+}
+
+// collect collects reader and returns its data points keyed by instrument name and
+// sorted attributes: `pipeline.stage.items{pipeline.outcome=succeeded,pipeline.stage=enrich}`.
+func collect(t *testing.T, reader *sdkmetric.ManualReader) map[string]point {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(t.Context(), &rm))
+	points := map[string]point{}
+	add := func(m metricdata.Metrics, attrs attribute.Set, p point) {
+		var kvs []string
+		for _, kv := range attrs.ToSlice() {
+			kvs = append(kvs, fmt.Sprintf("%s=%s", kv.Key, kv.Value.String()))
+		}
+		slices.Sort(kvs)
+		key := m.Name
+		if len(kvs) > 0 {
+			key += "{" + strings.Join(kvs, ",") + "}"
+		}
+		_, dup := points[key]
+		require.False(t, dup, "duplicate data point %s", key)
+		p.unit = m.Unit
+		points[key] = p
+	}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			switch d := m.Data.(type) {
+			case metricdata.Sum[int64]:
+				kind := "sum"
+				if d.IsMonotonic {
+					kind = "monotonic sum"
+				}
+				for _, dp := range d.DataPoints {
+					add(m, dp.Attributes, point{value: float64(dp.Value), kind: kind, temporality: d.Temporality})
+				}
+			case metricdata.Gauge[int64]:
+				for _, dp := range d.DataPoints {
+					add(m, dp.Attributes, point{value: float64(dp.Value), kind: "gauge"})
+				}
+			case metricdata.Gauge[float64]:
+				for _, dp := range d.DataPoints {
+					add(m, dp.Attributes, point{value: dp.Value, kind: "gauge"})
+				}
+			default:
+				t.Fatalf("unexpected data %T of %s", m.Data, m.Name)
+			}
+		}
+	}
+	return points
+}
+
+// checkValues asserts that got holds each data point of want with its value.
+func checkValues(t *testing.T, got map[string]point, want map[string]float64) {
+	t.Helper()
+	for k, v := range want {
+		p, ok := got[k]
+		if !ok {
+			t.Errorf("no data point %s; have:\n%s", k, strings.Join(slices.Sorted(maps.Keys(got)), "\n"))
+			continue
+		}
+		if p.value != v {
+			t.Errorf("%s = %v, want %v", k, p.value, v)
+		}
+	}
+}

@@ -1,0 +1,11 @@
+package pipelineotel_test
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+// TestMain fails the test binary if any goroutine outlives the tests: the callback starts
+// none, and every run the tests start must have ended.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

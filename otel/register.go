@@ -1,0 +1,219 @@
+package pipelineotel
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/gopipeline/pipeline"
+)
+
+// Option configures [Register].
+type Option interface {
+	apply(*config)
+}
+
+type config struct {
+	attrs []attribute.KeyValue
+}
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+// WithAttributes adds attributes to every observation, such as
+// attribute.String("pipeline.name", "ingest") to tell the pipelines of one process
+// apart. Several WithAttributes add up; an attribute the package sets itself
+// (pipeline.stage, pipeline.outcome, ...) overrides one given here.
+func WithAttributes(attrs ...attribute.KeyValue) Option {
+	return optionFunc(func(c *config) { c.attrs = append(c.attrs, attrs...) })
+}
+
+// Attribute keys set by the package.
+const (
+	keyStage       = attribute.Key("pipeline.stage")
+	keyOutcome     = attribute.Key("pipeline.outcome")
+	keyErrorType   = attribute.Key("error.type")
+	keyWorkerState = attribute.Key("pipeline.worker.state")
+	keyQuantile    = attribute.Key("pipeline.quantile")
+	keyReason      = attribute.Key("pipeline.flush.reason")
+)
+
+// instruments are the observable instruments of one registration.
+type instruments struct {
+	active                            metric.Int64ObservableUpDownCounter
+	elapsed                           metric.Float64ObservableGauge
+	items, input, output, inFlight    metric.Int64ObservableUpDownCounter
+	retries, errs, flushes            metric.Int64ObservableUpDownCounter
+	queueLen, queueCap, workers, held metric.Int64ObservableUpDownCounter
+	queuePeak                         metric.Int64ObservableGauge
+	duration, timeout                 metric.Float64ObservableGauge
+	timed                             metric.Int64ObservableUpDownCounter
+	checkpointPosition                metric.Int64ObservableGauge
+	checkpointAge                     metric.Float64ObservableGauge
+}
+
+// Register creates the package's instruments (see the package documentation) on meter
+// and registers one callback that observes them from a [pipeline.Pipeline.Snapshot] of
+// p at each collection. Unregister the returned registration to stop observing p; the
+// instruments stay in the meter. Register returns an error if meter refuses an
+// instrument or the callback; it panics if p or meter is nil. It starts no goroutine,
+// and the callback is safe to run while p runs.
+func Register(p *pipeline.Pipeline, meter metric.Meter, opts ...Option) (metric.Registration, error) {
+	if p == nil || meter == nil {
+		panic("pipelineotel: Register with a nil pipeline or meter")
+	}
+	var cfg config
+	for _, o := range opts {
+		o.apply(&cfg)
+	}
+
+	var in instruments
+	var errs []error
+	upDown := func(name, unit, desc string) metric.Int64ObservableUpDownCounter {
+		c, err := meter.Int64ObservableUpDownCounter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		errs = append(errs, err)
+		return c
+	}
+	gauge := func(name, unit, desc string) metric.Int64ObservableGauge {
+		g, err := meter.Int64ObservableGauge(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		errs = append(errs, err)
+		return g
+	}
+	fgauge := func(name, unit, desc string) metric.Float64ObservableGauge {
+		g, err := meter.Float64ObservableGauge(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		errs = append(errs, err)
+		return g
+	}
+	in.active = upDown("pipeline.run.active", "{run}", "1 while a run of the pipeline is in progress, else 0.")
+	in.elapsed = fgauge("pipeline.run.elapsed", "s", "Time since the current run started; between runs, the duration of the last run.")
+	in.items = upDown("pipeline.stage.items", "{item}",
+		"Items of the current or last run, by outcome: succeeded, dead_lettered, failed, not_started or filtered.")
+	in.input = upDown("pipeline.stage.input", "{item}", "Items that reached the stage in the current or last run (a source: the items it holds, when known).")
+	in.output = upDown("pipeline.stage.output", "{item}", "Items the stage sent on in the current or last run.")
+	in.inFlight = upDown("pipeline.stage.in_flight", "{item}", "Items the stage started and has not settled yet.")
+	in.retries = upDown("pipeline.stage.retries", "{retry}", "Extra attempts the stage made in the current or last run.")
+	in.errs = upDown("pipeline.stage.errors", "{error}",
+		"Errors of the stage function in the current or last run, by type and by what they did: retried, dead_lettered or failed.")
+	in.flushes = upDown("pipeline.batch.flushes", "{batch}", "Batches flushed in the current or last run, by reason: size, bytes, linger or end.")
+	in.queueLen = upDown("pipeline.stage.queue.length", "{item}", "Items waiting in the stage's input queue.")
+	in.queueCap = upDown("pipeline.stage.queue.capacity", "{item}", "Capacity of the stage's input queue.")
+	in.queuePeak = gauge("pipeline.stage.queue.peak", "{item}", "The longest the stage's input queue was in the current or last run.")
+	in.workers = upDown("pipeline.stage.workers", "{worker}", "Workers of the stage, by state: busy (handling an item) or idle.")
+	in.held = upDown("pipeline.stage.reorder.held", "{item}", "Finished items an ordered stage holds until earlier ones finish.")
+	in.duration = fgauge("pipeline.stage.attempt.duration", "s",
+		"Duration of the stage function's attempts in the current or last run, at quantiles 0.5, 0.9, 0.99 (within 12.5 %) and 1 (the max).")
+	in.timed = upDown("pipeline.stage.attempt.timed", "{attempt}", "Attempts behind pipeline.stage.attempt.duration (fast stages time one in 16).")
+	in.timeout = fgauge("pipeline.stage.attempt.timeout", "s", "The stage's per-attempt timeout (WithTimeout).")
+	in.checkpointPosition = gauge("pipeline.checkpoint.position", "{item}", "The position a checkpointed run saved last.")
+	in.checkpointAge = fgauge("pipeline.checkpoint.age", "s", "Time since a checkpointed run last saved its position.")
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+
+	return meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		observe(o, &in, p.Snapshot(), cfg.attrs)
+		return nil
+	}, in.active, in.elapsed, in.items, in.input, in.output, in.inFlight, in.retries, in.errs, in.flushes,
+		in.queueLen, in.queueCap, in.queuePeak, in.workers, in.held, in.duration, in.timed, in.timeout,
+		in.checkpointPosition, in.checkpointAge)
+}
+
+// observe records the figures of one snapshot.
+func observe(o metric.Observer, in *instruments, r pipeline.Report, base []attribute.KeyValue) {
+	// attrs returns the options for one data point: base, then kvs.
+	attrs := func(kvs ...attribute.KeyValue) metric.MeasurementOption {
+		all := make([]attribute.KeyValue, 0, len(base)+len(kvs))
+		return metric.WithAttributes(append(append(all, base...), kvs...)...)
+	}
+	count := func(inst metric.Int64Observable, v int64, kvs ...attribute.KeyValue) {
+		o.ObserveInt64(inst, v, attrs(kvs...))
+	}
+	seconds := func(inst metric.Float64Observable, d time.Duration, kvs ...attribute.KeyValue) {
+		o.ObserveFloat64(inst, d.Seconds(), attrs(kvs...))
+	}
+
+	active := int64(0)
+	if r.Running {
+		active = 1
+	}
+	count(in.active, active)
+	if len(r.Stages) == 0 { // no run yet: the zero Report
+		return
+	}
+	seconds(in.elapsed, r.Elapsed)
+	if r.Checkpoint >= 0 {
+		count(in.checkpointPosition, r.Checkpoint)
+		if !r.CheckpointSaved.IsZero() {
+			seconds(in.checkpointAge, max(time.Since(r.CheckpointSaved), 0))
+		}
+	}
+
+	for i := range r.Stages {
+		s := &r.Stages[i]
+		stage := keyStage.String(s.Name)
+		if s.Kind == "filter" {
+			count(in.items, s.Filtered, stage, keyOutcome.String("filtered"))
+			continue
+		}
+		succeeded, failed := settled(r, s)
+		count(in.items, succeeded, stage, keyOutcome.String("succeeded"))
+		count(in.items, s.DeadLettered, stage, keyOutcome.String("dead_lettered"))
+		count(in.items, failed, stage, keyOutcome.String("failed"))
+		count(in.items, s.NotStarted, stage, keyOutcome.String("not_started"))
+		count(in.input, s.In, stage)
+		count(in.output, s.Out, stage)
+		if s.Kind == "source" {
+			continue
+		}
+
+		count(in.inFlight, s.InFlight, stage)
+		count(in.retries, s.Retried, stage)
+		for _, e := range s.Errors {
+			typ := keyErrorType.String(e.Type)
+			count(in.errs, e.Retried, stage, typ, keyOutcome.String("retried"))
+			count(in.errs, e.DeadLettered, stage, typ, keyOutcome.String("dead_lettered"))
+			count(in.errs, e.Failed, stage, typ, keyOutcome.String("failed"))
+		}
+		count(in.queueLen, int64(s.QueueLen), stage)
+		count(in.queueCap, int64(s.QueueCap), stage)
+		count(in.queuePeak, int64(s.PeakQueue), stage)
+		count(in.workers, int64(s.Busy), stage, keyWorkerState.String("busy"))
+		count(in.workers, int64(s.Workers-s.Busy), stage, keyWorkerState.String("idle"))
+		if s.Kind == "batch" {
+			count(in.flushes, s.Flushes.Size, stage, keyReason.String("size"))
+			count(in.flushes, s.Flushes.Bytes, stage, keyReason.String("bytes"))
+			count(in.flushes, s.Flushes.Linger, stage, keyReason.String("linger"))
+			count(in.flushes, s.Flushes.End, stage, keyReason.String("end"))
+			continue
+		}
+
+		count(in.held, s.Window, stage)
+		count(in.timed, s.Latency.Count, stage)
+		if s.Latency.Count > 0 {
+			seconds(in.duration, s.Latency.P50, stage, keyQuantile.String("0.5"))
+			seconds(in.duration, s.Latency.P90, stage, keyQuantile.String("0.9"))
+			seconds(in.duration, s.Latency.P99, stage, keyQuantile.String("0.99"))
+			seconds(in.duration, s.Latency.Max, stage, keyQuantile.String("1"))
+		}
+		if s.Timeout > 0 {
+			seconds(in.timeout, s.Timeout, stage)
+		}
+	}
+}
+
+// settled returns a stage's succeeded and failed counts. A report counts the finished
+// items an ordered stage holds in its reorder window as failed, which is what they are
+// when the run has stopped; during a run they are still to be sent, so they are
+// counted as succeeded, which keeps both counts from going down as the window drains.
+func settled(r pipeline.Report, s *pipeline.StageReport) (succeeded, failed int64) {
+	succeeded, failed = s.Succeeded, s.Failed
+	if r.Running && s.Window > 0 {
+		h := min(s.Window, failed)
+		succeeded, failed = succeeded+h, failed-h
+	}
+	return succeeded, failed
+}

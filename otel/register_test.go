@@ -1,0 +1,370 @@
+package pipelineotel_test
+
+import (
+	"context"
+	"errors"
+	"iter"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	"go.uber.org/goleak"
+
+	"github.com/gopipeline/pipeline"
+	pipelineotel "github.com/gopipeline/pipeline/otel"
+)
+
+// newS1 builds scenario S1 under the retry policy: ids 0..9999 → enrich (20 workers,
+// 1 ms per item; the fixture's permanent ids fail for good, its transient ids fail their
+// first attempt, its hang ids block until their 1 s timeout) → sink.
+func newS1(fx s1Fixture) *pipeline.Pipeline {
+	role := make([]byte, fx.NItems)
+	for _, id := range fx.Permanent {
+		role[id] = 'p'
+	}
+	for _, id := range fx.Transient {
+		role[id] = 't'
+	}
+	for _, id := range fx.Hang {
+		role[id] = 'h'
+	}
+	attempts := make([]atomic.Int32, fx.NItems)
+	enrich := func(ctx context.Context, id int) (int, error) {
+		time.Sleep(time.Millisecond)
+		switch role[id] {
+		case 'p':
+			return 0, pipeline.Permanent(errors.New("bad record"))
+		case 't':
+			if attempts[id].Add(1) == 1 {
+				return 0, pipeline.Transient(errors.New("connection reset"))
+			}
+		case 'h':
+			<-ctx.Done()
+			return 0, ctx.Err()
+		}
+		return id, nil
+	}
+	ids := make([]int, fx.NItems)
+	for i := range ids {
+		ids[i] = i
+	}
+	p := pipeline.New(pipeline.WithBuffer(100))
+	enriched := pipeline.Then(pipeline.FromSlice(p, ids), pipeline.NewStage("enrich", 20, enrich,
+		pipeline.WithTimeout(time.Second),
+		pipeline.WithRetry(3, pipeline.ConstantBackoff(10*time.Millisecond)),
+		pipeline.WithDeadLetter(pipeline.NewDeadLetterBuffer[int](1000).Add)))
+	pipeline.To(enriched, pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+	return p
+}
+
+// TestS1Retry runs scenario S1 with the retry policy (in virtual time) and collects its
+// figures through the SDK.
+func TestS1Retry(t *testing.T) {
+	fx := loadS1(t)
+	synctest.Test(t, func(t *testing.T) {
+		p := newS1(fx)
+		reader, provider := newReader(t)
+		reg, err := pipelineotel.Register(p, provider.Meter("test"))
+		require.NoError(t, err)
+		defer func() { require.NoError(t, reg.Unregister()) }()
+		require.NoError(t, p.Run(t.Context()))
+
+		got := collect(t, reader)
+		checkValues(t, got, map[string]float64{
+			`pipeline.run.active`: 0,
+			`pipeline.stage.items{pipeline.outcome=succeeded,pipeline.stage=enrich}`:                         9_895,
+			`pipeline.stage.items{pipeline.outcome=dead_lettered,pipeline.stage=enrich}`:                     105,
+			`pipeline.stage.items{pipeline.outcome=failed,pipeline.stage=enrich}`:                            0,
+			`pipeline.stage.items{pipeline.outcome=not_started,pipeline.stage=enrich}`:                       0,
+			`pipeline.stage.retries{pipeline.stage=enrich}`:                                                  200,
+			`pipeline.stage.input{pipeline.stage=enrich}`:                                                    10_000,
+			`pipeline.stage.output{pipeline.stage=enrich}`:                                                   9_895,
+			`pipeline.stage.in_flight{pipeline.stage=enrich}`:                                                0,
+			`pipeline.stage.errors{error.type=error,pipeline.outcome=retried,pipeline.stage=enrich}`:         200,
+			`pipeline.stage.errors{error.type=error,pipeline.outcome=dead_lettered,pipeline.stage=enrich}`:   100,
+			`pipeline.stage.errors{error.type=timeout,pipeline.outcome=dead_lettered,pipeline.stage=enrich}`: 5,
+			`pipeline.stage.workers{pipeline.stage=enrich,pipeline.worker.state=busy}`:                       0,
+			`pipeline.stage.workers{pipeline.stage=enrich,pipeline.worker.state=idle}`:                       20,
+			`pipeline.stage.queue.length{pipeline.stage=enrich}`:                                             0,
+			`pipeline.stage.queue.capacity{pipeline.stage=enrich}`:                                           100,
+			`pipeline.stage.attempt.timeout{pipeline.stage=enrich}`:                                          1,
+			`pipeline.stage.input{pipeline.stage=slice}`:                                                     10_000,
+			`pipeline.stage.output{pipeline.stage=slice}`:                                                    10_000,
+			`pipeline.stage.items{pipeline.outcome=succeeded,pipeline.stage=sink}`:                           9_895,
+		})
+		assert.NotContains(t, got, "pipeline.checkpoint.position", "not a checkpointed run")
+
+		items := got[`pipeline.stage.items{pipeline.outcome=succeeded,pipeline.stage=enrich}`]
+		assert.Equal(t, "sum", items.kind, "a count that resets at each run is not monotonic")
+		assert.Equal(t, metricdata.CumulativeTemporality, items.temporality)
+		assert.Equal(t, "{item}", items.unit)
+		duration := got[`pipeline.stage.attempt.duration{pipeline.quantile=0.5,pipeline.stage=enrich}`]
+		assert.Equal(t, "gauge", duration.kind)
+		assert.Equal(t, "s", duration.unit)
+		assert.InEpsilon(t, 0.001, duration.value, 0.125)
+		assert.InEpsilon(t, 1, got[`pipeline.stage.attempt.duration{pipeline.quantile=1,pipeline.stage=enrich}`].value, 0.125)
+		timed := got[`pipeline.stage.attempt.timed{pipeline.stage=enrich}`].value
+		assert.True(t, timed > 9_000 && timed <= 10_200, "timed %v of 10,200 attempts", timed)
+	})
+}
+
+// TestCollectDuringRun collects a run whose sink is blocked: the queues in front of it
+// are full and its worker is busy.
+func TestCollectDuringRun(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		p := pipeline.New(pipeline.WithBuffer(4))
+		doubled := pipeline.Then(pipeline.FromSlice(p, make([]int, 100)), pipeline.NewStage("double", 2,
+			func(_ context.Context, i int) (int, error) { return 2 * i, nil }))
+		pipeline.To(doubled, pipeline.NewSink("store", 1, func(ctx context.Context, _ int) error {
+			select {
+			case <-release:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}))
+		reader, provider := newReader(t)
+		_, err := pipelineotel.Register(p, provider.Meter("test"))
+		require.NoError(t, err)
+
+		done := make(chan error, 1)
+		go func() { done <- p.Run(t.Context()) }()
+		synctest.Wait() // every goroutine of the run is blocked: the sink on release, the rest on full queues
+
+		got := collect(t, reader)
+		checkValues(t, got, map[string]float64{
+			`pipeline.run.active`:                                                     1,
+			`pipeline.stage.queue.length{pipeline.stage=store}`:                       4,
+			`pipeline.stage.queue.capacity{pipeline.stage=store}`:                     4,
+			`pipeline.stage.queue.length{pipeline.stage=double}`:                      4,
+			`pipeline.stage.workers{pipeline.stage=store,pipeline.worker.state=busy}`: 1,
+			`pipeline.stage.workers{pipeline.stage=store,pipeline.worker.state=idle}`: 0,
+			`pipeline.stage.in_flight{pipeline.stage=store}`:                          1,
+			`pipeline.stage.items{pipeline.outcome=not_started,pipeline.stage=store}`: 4,
+			`pipeline.stage.items{pipeline.outcome=succeeded,pipeline.stage=store}`:   0,
+			`pipeline.stage.output{pipeline.stage=store}`:                             0,
+			`pipeline.stage.input{pipeline.stage=slice}`:                              100,
+		})
+		// in = the sum of the outcomes + in flight.
+		for _, stage := range []string{"double", "store"} {
+			sum := got[`pipeline.stage.in_flight{pipeline.stage=`+stage+`}`].value
+			for _, o := range []string{"succeeded", "dead_lettered", "failed", "not_started"} {
+				sum += got[`pipeline.stage.items{pipeline.outcome=`+o+`,pipeline.stage=`+stage+`}`].value
+			}
+			assert.Equal(t, got[`pipeline.stage.input{pipeline.stage=`+stage+`}`].value, sum, stage)
+		}
+
+		close(release)
+		require.NoError(t, <-done)
+		got = collect(t, reader)
+		checkValues(t, got, map[string]float64{
+			`pipeline.run.active`: 0,
+			`pipeline.stage.items{pipeline.outcome=succeeded,pipeline.stage=store}`: 100,
+			`pipeline.stage.queue.length{pipeline.stage=store}`:                     0,
+		})
+	})
+}
+
+// TestCollectOrderedDuringRun: the finished items an ordered stage holds for an earlier
+// one count as succeeded during a run.
+func TestCollectOrderedDuringRun(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		p := pipeline.New()
+		ordered := pipeline.Then(pipeline.FromSlice(p, []int{0, 1, 2, 3}), pipeline.NewStage("ordered", 4,
+			func(ctx context.Context, i int) (int, error) {
+				if i == 0 { // the head item is slow: the others wait in the window
+					select {
+					case <-release:
+					case <-ctx.Done():
+						return 0, ctx.Err()
+					}
+				}
+				return i, nil
+			}, pipeline.WithOrdered(0)))
+		pipeline.To(ordered, pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+		reader, provider := newReader(t)
+		_, err := pipelineotel.Register(p, provider.Meter("test"))
+		require.NoError(t, err)
+
+		done := make(chan error, 1)
+		go func() { done <- p.Run(t.Context()) }()
+		synctest.Wait()
+		checkValues(t, collect(t, reader), map[string]float64{
+			`pipeline.stage.reorder.held{pipeline.stage=ordered}`:                     3,
+			`pipeline.stage.items{pipeline.outcome=succeeded,pipeline.stage=ordered}`: 3,
+			`pipeline.stage.items{pipeline.outcome=failed,pipeline.stage=ordered}`:    0,
+			`pipeline.stage.in_flight{pipeline.stage=ordered}`:                        1,
+		})
+		close(release)
+		require.NoError(t, <-done)
+		checkValues(t, collect(t, reader), map[string]float64{
+			`pipeline.stage.items{pipeline.outcome=succeeded,pipeline.stage=ordered}`: 4,
+			`pipeline.stage.output{pipeline.stage=ordered}`:                           4,
+		})
+	})
+}
+
+// TestFilterAndBatch: a filter's dropped items and a batch's flushes by reason.
+func TestFilterAndBatch(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	p := pipeline.New()
+	odd := pipeline.Filter(pipeline.FromSlice(p, []int{1, 2, 3, 4, 5, 6}), func(i int) bool { return i%2 == 1 })
+	squares := pipeline.Then(odd, pipeline.NewStage("square", 2, func(_ context.Context, i int) (int, error) { return i * i, nil }))
+	pipeline.ToBatches(squares, 2, pipeline.NewSink("save", 1, func(context.Context, []int) error { return nil }))
+	require.NoError(t, p.Run(t.Context()))
+
+	reader, provider := newReader(t)
+	_, err := pipelineotel.Register(p, provider.Meter("test"))
+	require.NoError(t, err)
+	got := collect(t, reader)
+	checkValues(t, got, map[string]float64{
+		`pipeline.stage.items{pipeline.outcome=filtered,pipeline.stage=filter}`:     3,
+		`pipeline.batch.flushes{pipeline.flush.reason=size,pipeline.stage=batch}`:   1,
+		`pipeline.batch.flushes{pipeline.flush.reason=end,pipeline.stage=batch}`:    1,
+		`pipeline.batch.flushes{pipeline.flush.reason=bytes,pipeline.stage=batch}`:  0,
+		`pipeline.batch.flushes{pipeline.flush.reason=linger,pipeline.stage=batch}`: 0,
+		`pipeline.stage.input{pipeline.stage=batch}`:                                3,
+		`pipeline.stage.output{pipeline.stage=batch}`:                               2,
+		`pipeline.stage.items{pipeline.outcome=succeeded,pipeline.stage=save}`:      2,
+	})
+	assert.NotContains(t, got, `pipeline.stage.attempt.timed{pipeline.stage=batch}`, "a batch calls no function")
+	assert.NotContains(t, got, `pipeline.stage.input{pipeline.stage=filter}`, "a filter counts what it drops only")
+}
+
+// TestBeforeFirstRun: a pipeline that never ran is observed as not running, and nothing
+// else.
+func TestBeforeFirstRun(t *testing.T) {
+	t.Parallel()
+	p := pipeline.New()
+	pipeline.To(pipeline.FromSlice(p, []int{1}), pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+	reader, provider := newReader(t)
+	_, err := pipelineotel.Register(p, provider.Meter("test"))
+	require.NoError(t, err)
+	got := collect(t, reader)
+	assert.Len(t, got, 1)
+	checkValues(t, got, map[string]float64{`pipeline.run.active`: 0})
+}
+
+// TestCheckpoint: a checkpointed run observes the position it saved and its age.
+func TestCheckpoint(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := &memStore{}
+		p := pipeline.New()
+		src := pipeline.Resume(p, store, func(_ context.Context, pos int64) iter.Seq2[int, error] {
+			return func(yield func(int, error) bool) {
+				for i := int(pos); i < 250; i++ {
+					if !yield(i, nil) {
+						return
+					}
+				}
+			}
+		}, pipeline.WithSaveEvery(100))
+		pipeline.To(src, pipeline.NewSink("sink", 2, func(context.Context, int) error { return nil }))
+		reader, provider := newReader(t)
+		_, err := pipelineotel.Register(p, provider.Meter("test"))
+		require.NoError(t, err)
+		require.NoError(t, p.Run(t.Context()))
+
+		time.Sleep(90 * time.Second) // virtual time
+		checkValues(t, collect(t, reader), map[string]float64{
+			`pipeline.checkpoint.position`: 250,
+			`pipeline.checkpoint.age`:      90,
+		})
+	})
+}
+
+// memStore is a [pipeline.CheckpointStore] in memory.
+type memStore struct{ pos atomic.Int64 }
+
+func (s *memStore) Load(context.Context) (int64, error)     { return s.pos.Load(), nil }
+func (s *memStore) Save(_ context.Context, pos int64) error { s.pos.Store(pos); return nil }
+
+// TestCountsPerRun: each run counts from zero, which a non-monotonic sum may do.
+func TestCountsPerRun(t *testing.T) {
+	t.Parallel()
+	n := 0 // items of the next run
+	p := pipeline.New()
+	pipeline.To(pipeline.FromSeq(p, func(yield func(int) bool) {
+		for i := range n {
+			if !yield(i) {
+				return
+			}
+		}
+	}), pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+	reader, provider := newReader(t)
+	_, err := pipelineotel.Register(p, provider.Meter("test"))
+	require.NoError(t, err)
+	for _, n = range []int{5, 3} {
+		require.NoError(t, p.Run(t.Context()))
+		checkValues(t, collect(t, reader), map[string]float64{
+			`pipeline.stage.items{pipeline.outcome=succeeded,pipeline.stage=sink}`: float64(n),
+		})
+	}
+}
+
+// TestAttributesAndUnregister: WithAttributes tells two pipelines apart in one meter,
+// and Unregister stops observing a pipeline.
+func TestAttributesAndUnregister(t *testing.T) {
+	t.Parallel()
+	reader, provider := newReader(t)
+	meter := provider.Meter("test")
+	var regs []func() error
+	for _, name := range []string{"orders", "refunds"} {
+		p := pipeline.New()
+		pipeline.To(pipeline.FromSlice(p, make([]int, len(name))), pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+		require.NoError(t, p.Run(t.Context()))
+		reg, err := pipelineotel.Register(p, meter, pipelineotel.WithAttributes(attribute.String("pipeline.name", name)),
+			pipelineotel.WithAttributes(attribute.String("pipeline.stage", "overridden")))
+		require.NoError(t, err)
+		regs = append(regs, reg.Unregister)
+	}
+	checkValues(t, collect(t, reader), map[string]float64{
+		`pipeline.stage.items{pipeline.name=orders,pipeline.outcome=succeeded,pipeline.stage=sink}`:  6,
+		`pipeline.stage.items{pipeline.name=refunds,pipeline.outcome=succeeded,pipeline.stage=sink}`: 7,
+		`pipeline.run.active{pipeline.name=orders,pipeline.stage=overridden}`:                        0,
+	})
+
+	require.NoError(t, regs[0]())
+	got := collect(t, reader)
+	assert.NotContains(t, got, `pipeline.stage.items{pipeline.name=orders,pipeline.outcome=succeeded,pipeline.stage=sink}`)
+	assert.Contains(t, got, `pipeline.stage.items{pipeline.name=refunds,pipeline.outcome=succeeded,pipeline.stage=sink}`)
+	require.NoError(t, regs[1]())
+
+	assert.PanicsWithValue(t, "pipelineotel: Register with a nil pipeline or meter", func() { _, _ = pipelineotel.Register(nil, meter) })
+}
+
+// BenchmarkCollect measures one collection through the SDK's manual reader of a
+// finished three-stage pipeline (source → parse → enrich → store): one Snapshot and
+// every data point.
+func BenchmarkCollect(b *testing.B) {
+	p := pipeline.New()
+	parsed := pipeline.Then(pipeline.FromSlice(p, make([]int, 1000)), pipeline.NewStage("parse", 4,
+		func(_ context.Context, i int) (int, error) { return i, nil }))
+	enriched := pipeline.Then(parsed, pipeline.NewStage("enrich", 16, func(_ context.Context, i int) (int, error) { return i, nil },
+		pipeline.WithTimeout(time.Second)))
+	pipeline.To(enriched, pipeline.NewSink("store", 2, func(context.Context, int) error { return nil }))
+	if err := p.Run(b.Context()); err != nil {
+		b.Fatal(err)
+	}
+	reader := sdkmetric.NewManualReader()
+	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer func() { _ = provider.Shutdown(b.Context()) }()
+	if _, err := pipelineotel.Register(p, provider.Meter("bench")); err != nil {
+		b.Fatal(err)
+	}
+	var rm metricdata.ResourceMetrics
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := reader.Collect(b.Context(), &rm); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,246 @@
+package pipelineprom
+
+import (
+	"fmt"
+	"maps"
+	"math"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gopipeline/pipeline"
+)
+
+// Option configures a [Collector] (see [NewCollector]).
+type Option interface {
+	apply(*config)
+}
+
+type config struct {
+	namespace string
+	labels    prometheus.Labels
+}
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+// WithNamespace prefixes every metric name with ns and an underscore
+// ("ns_pipeline_running"). The default is no prefix.
+func WithNamespace(ns string) Option {
+	return optionFunc(func(c *config) { c.namespace = ns })
+}
+
+// WithConstLabels adds labels with fixed values to every metric, such as
+// {"pipeline": "ingest"} to tell the pipelines of one process apart: two collectors
+// registered in one registry need different values. The labels must not be named
+// "stage", "kind", "outcome", "type", "reason" or "quantile", nor start with "__":
+// registering the collector fails if they do. Several WithConstLabels add up.
+func WithConstLabels(labels prometheus.Labels) Option {
+	return optionFunc(func(c *config) {
+		if c.labels == nil {
+			c.labels = prometheus.Labels{}
+		}
+		maps.Copy(c.labels, labels)
+	})
+}
+
+// Collector is a [prometheus.Collector] of one pipeline's metrics. It reads
+// [pipeline.Pipeline.Snapshot] once per Collect and starts no goroutine. It is safe for
+// concurrent use, also while the pipeline runs. Create one with [NewCollector].
+type Collector struct {
+	p   *pipeline.Pipeline
+	err error // an invalid option: every descriptor is invalid, Collect sends the error
+
+	running, elapsed                  *prometheus.Desc
+	info, in, out, items, notStarted  *prometheus.Desc
+	retries, errs, flushes            *prometheus.Desc
+	queueLen, queueCap, queuePeak     *prometheus.Desc
+	workers, busy, inFlight, held     *prometheus.Desc
+	latency, timeout                  *prometheus.Desc
+	checkpointPosition, checkpointAge *prometheus.Desc
+}
+
+// NewCollector returns a collector of the metrics of p, which it reads on each scrape;
+// the package documentation lists them. Register it in a [prometheus.Registry]: the
+// registry's Register returns an error for invalid options. NewCollector panics if p is
+// nil.
+func NewCollector(p *pipeline.Pipeline, opts ...Option) *Collector {
+	if p == nil {
+		panic("pipelineprom: NewCollector with a nil pipeline")
+	}
+	var cfg config
+	for _, o := range opts {
+		o.apply(&cfg)
+	}
+	var err error
+	for _, l := range ownLabels {
+		if _, ok := cfg.labels[l]; ok {
+			err = fmt.Errorf("pipelineprom: the constant label %q is a label of the collector's own metrics", l)
+		}
+	}
+	desc := func(name, help string, labels ...string) *prometheus.Desc {
+		if err != nil {
+			return prometheus.NewInvalidDesc(err)
+		}
+		return prometheus.NewDesc(prometheus.BuildFQName(cfg.namespace, "", name), help, labels, cfg.labels)
+	}
+	return &Collector{
+		p:       p,
+		err:     err,
+		running: desc("pipeline_running", "1 while a run of the pipeline is in progress, else 0."),
+		elapsed: desc("pipeline_run_elapsed_seconds", "Time since the current run started; between runs, the duration of the last run."),
+		info:    desc("pipeline_stage_info", "Always 1: the kind of each stage (source, stage, sink, filter or batch).", "stage", "kind"),
+		items: desc("pipeline_stage_items_total",
+			"Items the stage settled in the current or last run, by outcome: succeeded, dead_lettered, failed or filtered.",
+			"stage", "outcome"),
+		out:     desc("pipeline_stage_out_total", "Items the stage sent on in the current or last run.", "stage"),
+		retries: desc("pipeline_stage_retries_total", "Extra attempts the stage made in the current or last run.", "stage"),
+		errs: desc("pipeline_stage_errors_total",
+			"Errors of the stage function in the current or last run, by Go type and by what they did: retried, dead_lettered or failed.",
+			"stage", "type", "outcome"),
+		flushes: desc("pipeline_batch_flushes_total",
+			"Batches flushed in the current or last run, by reason: size, bytes, linger or end.", "stage", "reason"),
+		latency: desc("pipeline_stage_attempt_duration_seconds",
+			"Duration of the stage function's attempts in the current or last run, at quantiles 0.5, 0.9, 0.99 (within 12.5 %) and 1 (the max); _sum is unknown (NaN).",
+			"stage"),
+		in: desc("pipeline_stage_in_items",
+			"Items that reached the stage in the current or last run (a source: the items it holds, when known).", "stage"),
+		notStarted: desc("pipeline_stage_not_started_items",
+			"Items that reached the stage and were not started: during a run, mostly those still queued.", "stage"),
+		queueLen:           desc("pipeline_stage_queue_length", "Items waiting in the stage's input queue.", "stage"),
+		queueCap:           desc("pipeline_stage_queue_capacity", "Capacity of the stage's input queue.", "stage"),
+		queuePeak:          desc("pipeline_stage_queue_peak_length", "The longest the stage's input queue was in the current or last run.", "stage"),
+		workers:            desc("pipeline_stage_workers", "Workers of the stage.", "stage"),
+		busy:               desc("pipeline_stage_busy_workers", "Workers of the stage handling an item.", "stage"),
+		inFlight:           desc("pipeline_stage_in_flight", "Items the stage started and has not settled yet.", "stage"),
+		held:               desc("pipeline_stage_reorder_held", "Finished items an ordered stage holds until earlier ones finish.", "stage"),
+		timeout:            desc("pipeline_stage_attempt_timeout_seconds", "The stage's per-attempt timeout (WithTimeout).", "stage"),
+		checkpointPosition: desc("pipeline_checkpoint_position", "The position a checkpointed run saved last."),
+		checkpointAge:      desc("pipeline_checkpoint_age_seconds", "Time since a checkpointed run last saved its position."),
+	}
+}
+
+// ownLabels are the labels of the collector's metrics, which constant labels must not use.
+var ownLabels = []string{"stage", "kind", "outcome", "type", "reason", "quantile"}
+
+func (c *Collector) descs() []*prometheus.Desc {
+	return []*prometheus.Desc{
+		c.running, c.elapsed, c.info, c.in, c.out, c.items, c.notStarted, c.retries, c.errs, c.flushes,
+		c.queueLen, c.queueCap, c.queuePeak, c.workers, c.busy, c.inFlight, c.held,
+		c.latency, c.timeout, c.checkpointPosition, c.checkpointAge,
+	}
+}
+
+// Describe implements [prometheus.Collector]: it sends the descriptor of every metric the
+// collector may send. A scrape sends only those that apply (no checkpoint metrics for a
+// run without one, no queue metrics for a source, ...).
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.descs() {
+		ch <- d
+	}
+}
+
+// Collect implements [prometheus.Collector]: it takes one [pipeline.Pipeline.Snapshot]
+// and sends its figures.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	if c.err != nil {
+		ch <- prometheus.NewInvalidMetric(c.running, c.err)
+		return
+	}
+	r := c.p.Snapshot()
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	counter := func(d *prometheus.Desc, v int64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+
+	gauge(c.running, b2f(r.Running))
+	if len(r.Stages) == 0 { // no run yet: the zero Report
+		return
+	}
+	gauge(c.elapsed, r.Elapsed.Seconds())
+	if r.Checkpoint >= 0 {
+		gauge(c.checkpointPosition, float64(r.Checkpoint))
+		if !r.CheckpointSaved.IsZero() {
+			gauge(c.checkpointAge, max(time.Since(r.CheckpointSaved), 0).Seconds())
+		}
+	}
+
+	for i := range r.Stages {
+		s := &r.Stages[i]
+		name := s.Name
+		gauge(c.info, 1, name, s.Kind)
+		if s.Kind == "filter" {
+			counter(c.items, s.Filtered, name, "filtered")
+			continue
+		}
+		succeeded, failed := settled(r, s)
+		counter(c.items, succeeded, name, "succeeded")
+		counter(c.items, s.DeadLettered, name, "dead_lettered")
+		counter(c.items, failed, name, "failed")
+		counter(c.out, s.Out, name)
+		gauge(c.in, float64(s.In), name)
+		gauge(c.notStarted, float64(s.NotStarted), name)
+		if s.Kind == "source" {
+			continue
+		}
+
+		counter(c.retries, s.Retried, name)
+		for _, e := range s.Errors {
+			counter(c.errs, e.Retried, name, e.Type, "retried")
+			counter(c.errs, e.DeadLettered, name, e.Type, "dead_lettered")
+			counter(c.errs, e.Failed, name, e.Type, "failed")
+		}
+		gauge(c.queueLen, float64(s.QueueLen), name)
+		gauge(c.queueCap, float64(s.QueueCap), name)
+		gauge(c.queuePeak, float64(s.PeakQueue), name)
+		gauge(c.workers, float64(s.Workers), name)
+		gauge(c.busy, float64(s.Busy), name)
+		gauge(c.inFlight, float64(s.InFlight), name)
+		if s.Kind == "batch" {
+			counter(c.flushes, s.Flushes.Size, name, "size")
+			counter(c.flushes, s.Flushes.Bytes, name, "bytes")
+			counter(c.flushes, s.Flushes.Linger, name, "linger")
+			counter(c.flushes, s.Flushes.End, name, "end")
+			continue
+		}
+
+		gauge(c.held, float64(s.Window), name)
+		ch <- prometheus.MustNewConstSummary(c.latency, uint64(s.Latency.Count), math.NaN(), quantiles(s.Latency), name)
+		if s.Timeout > 0 {
+			gauge(c.timeout, s.Timeout.Seconds(), name)
+		}
+	}
+}
+
+// settled returns a stage's succeeded and failed counts. A report counts the finished
+// items an ordered stage holds in its reorder window as failed, which is what they are
+// when the run has stopped; during a run they are still to be sent, so they are
+// counted as succeeded, which keeps both counts from going down as the window drains.
+func settled(r pipeline.Report, s *pipeline.StageReport) (succeeded, failed int64) {
+	succeeded, failed = s.Succeeded, s.Failed
+	if r.Running && s.Window > 0 {
+		h := min(s.Window, failed)
+		succeeded, failed = succeeded+h, failed-h
+	}
+	return succeeded, failed
+}
+
+// quantiles returns the quantiles of a latency for a summary: NaN before any attempt was
+// timed, as a Prometheus summary without observations has.
+func quantiles(l pipeline.Latency) map[float64]float64 {
+	q := map[float64]float64{0.5: math.NaN(), 0.9: math.NaN(), 0.99: math.NaN(), 1: math.NaN()}
+	if l.Count > 0 {
+		q[0.5], q[0.9], q[0.99], q[1] = l.P50.Seconds(), l.P90.Seconds(), l.P99.Seconds(), l.Max.Seconds()
+	}
+	return q
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,522 @@
+package pipelineprom_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"iter"
+	"math"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/gopipeline/pipeline"
+	pipelineprom "github.com/gopipeline/pipeline/prometheus"
+)
+
+// newS1 builds scenario S1 under the retry policy: ids 0..9999 → enrich (20 workers,
+// 1 ms per item; the fixture's permanent ids fail for good, its transient ids fail their
+// first attempt, its hang ids block until their 1 s timeout) → sink.
+func newS1(fx s1Fixture) *pipeline.Pipeline {
+	role := make([]byte, fx.NItems)
+	for _, id := range fx.Permanent {
+		role[id] = 'p'
+	}
+	for _, id := range fx.Transient {
+		role[id] = 't'
+	}
+	for _, id := range fx.Hang {
+		role[id] = 'h'
+	}
+	attempts := make([]atomic.Int32, fx.NItems)
+	enrich := func(ctx context.Context, id int) (int, error) {
+		time.Sleep(time.Millisecond)
+		switch role[id] {
+		case 'p':
+			return 0, pipeline.Permanent(errors.New("bad record"))
+		case 't':
+			if attempts[id].Add(1) == 1 {
+				return 0, pipeline.Transient(errors.New("connection reset"))
+			}
+		case 'h':
+			<-ctx.Done()
+			return 0, ctx.Err()
+		}
+		return id, nil
+	}
+	ids := make([]int, fx.NItems)
+	for i := range ids {
+		ids[i] = i
+	}
+	p := pipeline.New(pipeline.WithBuffer(100))
+	enriched := pipeline.Then(pipeline.FromSlice(p, ids), pipeline.NewStage("enrich", 20, enrich,
+		pipeline.WithTimeout(time.Second),
+		pipeline.WithRetry(3, pipeline.ConstantBackoff(10*time.Millisecond)),
+		pipeline.WithDeadLetter(pipeline.NewDeadLetterBuffer[int](1000).Add)))
+	pipeline.To(enriched, pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+	return p
+}
+
+// checkSamples asserts that got holds each sample of want with its value.
+func checkSamples(t *testing.T, got, want map[string]float64, text string) {
+	t.Helper()
+	for k, v := range want {
+		if assert.Contains(t, got, k, "%s", text) {
+			assert.Equal(t, v, got[k], k)
+		}
+	}
+}
+
+// TestS1Retry runs scenario S1 with the retry policy (in virtual time) and reads its
+// figures from a real scrape over HTTP.
+func TestS1Retry(t *testing.T) {
+	fx := loadS1(t)
+	synctest.Test(t, func(t *testing.T) {
+		p := newS1(fx)
+		reg := prometheus.NewPedanticRegistry() // also checks Collect against Describe
+		reg.MustRegister(pipelineprom.NewCollector(p))
+		require.NoError(t, p.Run(t.Context()))
+
+		// The server starts after the run: goroutines blocked on the network are not
+		// durably blocked, so they would keep the bubble's clock from advancing.
+		text := scrape(t, serve(t, reg))
+		got, types := samples(t, text)
+		checkSamples(t, got, map[string]float64{
+			`pipeline_running`: 0,
+			`pipeline_stage_items_total{outcome="succeeded",stage="enrich"}`:                     9_895,
+			`pipeline_stage_items_total{outcome="dead_lettered",stage="enrich"}`:                 105,
+			`pipeline_stage_items_total{outcome="failed",stage="enrich"}`:                        0,
+			`pipeline_stage_retries_total{stage="enrich"}`:                                       200,
+			`pipeline_stage_out_total{stage="enrich"}`:                                           9_895,
+			`pipeline_stage_in_items{stage="enrich"}`:                                            10_000,
+			`pipeline_stage_not_started_items{stage="enrich"}`:                                   0,
+			`pipeline_stage_errors_total{outcome="retried",stage="enrich",type="error"}`:         200,
+			`pipeline_stage_errors_total{outcome="dead_lettered",stage="enrich",type="error"}`:   100,
+			`pipeline_stage_errors_total{outcome="failed",stage="enrich",type="error"}`:          0,
+			`pipeline_stage_errors_total{outcome="dead_lettered",stage="enrich",type="timeout"}`: 5,
+			`pipeline_stage_workers{stage="enrich"}`:                                             20,
+			`pipeline_stage_busy_workers{stage="enrich"}`:                                        0,
+			`pipeline_stage_in_flight{stage="enrich"}`:                                           0,
+			`pipeline_stage_queue_length{stage="enrich"}`:                                        0,
+			`pipeline_stage_queue_capacity{stage="enrich"}`:                                      100,
+			`pipeline_stage_attempt_timeout_seconds{stage="enrich"}`:                             1,
+			`pipeline_stage_in_items{stage="slice"}`:                                             10_000,
+			`pipeline_stage_out_total{stage="slice"}`:                                            10_000,
+			`pipeline_stage_items_total{outcome="succeeded",stage="sink"}`:                       9_895,
+			`pipeline_stage_info{kind="source",stage="slice"}`:                                   1,
+			`pipeline_stage_info{kind="stage",stage="enrich"}`:                                   1,
+			`pipeline_stage_info{kind="sink",stage="sink"}`:                                      1,
+		}, text)
+		assert.NotContains(t, got, "pipeline_checkpoint_position", "not a checkpointed run")
+		assert.Equal(t, dto.MetricType_COUNTER, types["pipeline_stage_items_total"])
+		assert.Equal(t, dto.MetricType_GAUGE, types["pipeline_stage_in_items"])
+		assert.Equal(t, dto.MetricType_SUMMARY, types["pipeline_stage_attempt_duration_seconds"])
+
+		// Attempts sleep 1 ms, the five hanging ones until their 1 s timeout: the quantiles
+		// are within 12.5 % of that. Once one attempt took more than 20 µs, a worker times
+		// every attempt, so nearly all of the 10,200 attempts are timed.
+		timed := got[`pipeline_stage_attempt_duration_seconds_count{stage="enrich"}`]
+		assert.True(t, timed > 9_000 && timed <= 10_200, "timed %v of 10,200 attempts", timed)
+		assert.InEpsilon(t, 0.001, got[`pipeline_stage_attempt_duration_seconds{quantile="0.5",stage="enrich"}`], 0.125)
+		assert.InEpsilon(t, 0.001, got[`pipeline_stage_attempt_duration_seconds{quantile="0.99",stage="enrich"}`], 0.125)
+		assert.InEpsilon(t, 1, got[`pipeline_stage_attempt_duration_seconds{quantile="1",stage="enrich"}`], 0.125)
+		assert.True(t, math.IsNaN(got[`pipeline_stage_attempt_duration_seconds_sum{stage="enrich"}`]), "the sum is unknown")
+
+		problems, err := testutil.GatherAndLint(reg)
+		require.NoError(t, err)
+		assert.Empty(t, problems, "promlint")
+	})
+}
+
+// TestScrapeDuringRun scrapes a run whose sink is blocked: the queues in front of it are
+// full and its worker is busy.
+func TestScrapeDuringRun(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		p := pipeline.New(pipeline.WithBuffer(4))
+		doubled := pipeline.Then(pipeline.FromSlice(p, make([]int, 100)), pipeline.NewStage("double", 2,
+			func(_ context.Context, i int) (int, error) { return 2 * i, nil }))
+		pipeline.To(doubled, pipeline.NewSink("store", 1, func(ctx context.Context, _ int) error {
+			select {
+			case <-release:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}))
+		reg := prometheus.NewPedanticRegistry()
+		reg.MustRegister(pipelineprom.NewCollector(p))
+
+		done := make(chan error, 1)
+		go func() { done <- p.Run(t.Context()) }()
+		synctest.Wait() // every goroutine of the run is blocked: the sink on release, the rest on full queues
+
+		// A real scrape: the run needs no timer from here on, so the server's goroutines
+		// (not durably blocked) cannot hold up the bubble's clock.
+		text := scrape(t, serve(t, reg))
+		got, _ := samples(t, text)
+		checkSamples(t, got, map[string]float64{
+			`pipeline_running`:                                              1,
+			`pipeline_stage_queue_length{stage="store"}`:                    4,
+			`pipeline_stage_queue_capacity{stage="store"}`:                  4,
+			`pipeline_stage_queue_length{stage="double"}`:                   4,
+			`pipeline_stage_busy_workers{stage="store"}`:                    1,
+			`pipeline_stage_in_flight{stage="store"}`:                       1,
+			`pipeline_stage_workers{stage="double"}`:                        2,
+			`pipeline_stage_in_items{stage="slice"}`:                        100,
+			`pipeline_stage_not_started_items{stage="store"}`:               4,
+			`pipeline_stage_out_total{stage="store"}`:                       0,
+			`pipeline_stage_items_total{outcome="succeeded",stage="store"}`: 0,
+		}, text)
+		// The queued items are not started yet: in = settled + in flight + not started.
+		for _, stage := range []string{"double", "store"} {
+			sum := got[`pipeline_stage_in_flight{stage="`+stage+`"}`] + got[`pipeline_stage_not_started_items{stage="`+stage+`"}`]
+			for _, o := range []string{"succeeded", "dead_lettered", "failed"} {
+				sum += got[`pipeline_stage_items_total{outcome="`+o+`",stage="`+stage+`"}`]
+			}
+			assert.Equal(t, got[`pipeline_stage_in_items{stage="`+stage+`"}`], sum, stage)
+		}
+
+		close(release)
+		require.NoError(t, <-done)
+		got, _ = samples(t, gather(t, reg))
+		assert.Equal(t, 0.0, got[`pipeline_running`])
+		assert.Equal(t, 100.0, got[`pipeline_stage_items_total{outcome="succeeded",stage="store"}`])
+		assert.Equal(t, 0.0, got[`pipeline_stage_queue_length{stage="store"}`])
+	})
+}
+
+// TestScrapeOrderedDuringRun: the finished items an ordered stage holds for an earlier
+// one count as succeeded during a run (the report counts them as failed, which they only
+// are once the run has stopped).
+func TestScrapeOrderedDuringRun(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		p := pipeline.New()
+		ordered := pipeline.Then(pipeline.FromSlice(p, []int{0, 1, 2, 3}), pipeline.NewStage("ordered", 4,
+			func(ctx context.Context, i int) (int, error) {
+				if i == 0 { // the head item is slow: the others wait in the window
+					select {
+					case <-release:
+					case <-ctx.Done():
+						return 0, ctx.Err()
+					}
+				}
+				return i, nil
+			}, pipeline.WithOrdered(0)))
+		pipeline.To(ordered, pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+		reg := prometheus.NewPedanticRegistry()
+		reg.MustRegister(pipelineprom.NewCollector(p))
+
+		done := make(chan error, 1)
+		go func() { done <- p.Run(t.Context()) }()
+		synctest.Wait()
+
+		text := gather(t, reg)
+		got, _ := samples(t, text)
+		checkSamples(t, got, map[string]float64{
+			`pipeline_stage_reorder_held{stage="ordered"}`:                    3,
+			`pipeline_stage_items_total{outcome="succeeded",stage="ordered"}`: 3,
+			`pipeline_stage_items_total{outcome="failed",stage="ordered"}`:    0,
+			`pipeline_stage_in_flight{stage="ordered"}`:                       1,
+			`pipeline_stage_out_total{stage="ordered"}`:                       0,
+		}, text)
+
+		close(release)
+		require.NoError(t, <-done)
+		got, _ = samples(t, gather(t, reg))
+		assert.Equal(t, 4.0, got[`pipeline_stage_items_total{outcome="succeeded",stage="ordered"}`])
+		assert.Equal(t, 4.0, got[`pipeline_stage_out_total{stage="ordered"}`])
+	})
+}
+
+// TestScrapeHTTP scrapes a small pipeline with a filter and a batch over HTTP, outside
+// any bubble, and compares the exposition text with the expected one.
+func TestScrapeHTTP(t *testing.T) {
+	t.Cleanup(func() { goleak.VerifyNone(t) }) // after the server's Cleanup, which runs first
+	p := pipeline.New(pipeline.WithBuffer(8))
+	odd := pipeline.Filter(pipeline.FromSlice(p, []int{1, 2, 3, 4, 5, 6}), func(i int) bool { return i%2 == 1 })
+	squares := pipeline.Then(odd, pipeline.NewStage("square", 2, func(_ context.Context, i int) (int, error) { return i * i, nil }))
+	pipeline.ToBatches(squares, 2, pipeline.NewSink("save", 1, func(context.Context, []int) error { return nil }))
+	require.NoError(t, p.Run(t.Context()))
+
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(pipelineprom.NewCollector(p, pipelineprom.WithConstLabels(prometheus.Labels{"pipeline": "squares"})))
+	const want = `
+# HELP pipeline_batch_flushes_total Batches flushed in the current or last run, by reason: size, bytes, linger or end.
+# TYPE pipeline_batch_flushes_total counter
+pipeline_batch_flushes_total{pipeline="squares",reason="bytes",stage="batch"} 0
+pipeline_batch_flushes_total{pipeline="squares",reason="end",stage="batch"} 1
+pipeline_batch_flushes_total{pipeline="squares",reason="linger",stage="batch"} 0
+pipeline_batch_flushes_total{pipeline="squares",reason="size",stage="batch"} 1
+# HELP pipeline_running 1 while a run of the pipeline is in progress, else 0.
+# TYPE pipeline_running gauge
+pipeline_running{pipeline="squares"} 0
+# HELP pipeline_stage_in_items Items that reached the stage in the current or last run (a source: the items it holds, when known).
+# TYPE pipeline_stage_in_items gauge
+pipeline_stage_in_items{pipeline="squares",stage="batch"} 3
+pipeline_stage_in_items{pipeline="squares",stage="save"} 2
+pipeline_stage_in_items{pipeline="squares",stage="slice"} 6
+pipeline_stage_in_items{pipeline="squares",stage="square"} 3
+# HELP pipeline_stage_info Always 1: the kind of each stage (source, stage, sink, filter or batch).
+# TYPE pipeline_stage_info gauge
+pipeline_stage_info{kind="batch",pipeline="squares",stage="batch"} 1
+pipeline_stage_info{kind="filter",pipeline="squares",stage="filter"} 1
+pipeline_stage_info{kind="sink",pipeline="squares",stage="save"} 1
+pipeline_stage_info{kind="source",pipeline="squares",stage="slice"} 1
+pipeline_stage_info{kind="stage",pipeline="squares",stage="square"} 1
+# HELP pipeline_stage_items_total Items the stage settled in the current or last run, by outcome: succeeded, dead_lettered, failed or filtered.
+# TYPE pipeline_stage_items_total counter
+pipeline_stage_items_total{outcome="dead_lettered",pipeline="squares",stage="batch"} 0
+pipeline_stage_items_total{outcome="dead_lettered",pipeline="squares",stage="save"} 0
+pipeline_stage_items_total{outcome="dead_lettered",pipeline="squares",stage="slice"} 0
+pipeline_stage_items_total{outcome="dead_lettered",pipeline="squares",stage="square"} 0
+pipeline_stage_items_total{outcome="failed",pipeline="squares",stage="batch"} 0
+pipeline_stage_items_total{outcome="failed",pipeline="squares",stage="save"} 0
+pipeline_stage_items_total{outcome="failed",pipeline="squares",stage="slice"} 0
+pipeline_stage_items_total{outcome="failed",pipeline="squares",stage="square"} 0
+pipeline_stage_items_total{outcome="filtered",pipeline="squares",stage="filter"} 3
+pipeline_stage_items_total{outcome="succeeded",pipeline="squares",stage="batch"} 3
+pipeline_stage_items_total{outcome="succeeded",pipeline="squares",stage="save"} 2
+pipeline_stage_items_total{outcome="succeeded",pipeline="squares",stage="slice"} 6
+pipeline_stage_items_total{outcome="succeeded",pipeline="squares",stage="square"} 3
+# HELP pipeline_stage_not_started_items Items that reached the stage and were not started: during a run, mostly those still queued.
+# TYPE pipeline_stage_not_started_items gauge
+pipeline_stage_not_started_items{pipeline="squares",stage="batch"} 0
+pipeline_stage_not_started_items{pipeline="squares",stage="save"} 0
+pipeline_stage_not_started_items{pipeline="squares",stage="slice"} 0
+pipeline_stage_not_started_items{pipeline="squares",stage="square"} 0
+# HELP pipeline_stage_out_total Items the stage sent on in the current or last run.
+# TYPE pipeline_stage_out_total counter
+pipeline_stage_out_total{pipeline="squares",stage="batch"} 2
+pipeline_stage_out_total{pipeline="squares",stage="save"} 2
+pipeline_stage_out_total{pipeline="squares",stage="slice"} 6
+pipeline_stage_out_total{pipeline="squares",stage="square"} 3
+# HELP pipeline_stage_queue_capacity Capacity of the stage's input queue.
+# TYPE pipeline_stage_queue_capacity gauge
+pipeline_stage_queue_capacity{pipeline="squares",stage="batch"} 8
+pipeline_stage_queue_capacity{pipeline="squares",stage="save"} 8
+pipeline_stage_queue_capacity{pipeline="squares",stage="square"} 8
+# HELP pipeline_stage_workers Workers of the stage.
+# TYPE pipeline_stage_workers gauge
+pipeline_stage_workers{pipeline="squares",stage="batch"} 1
+pipeline_stage_workers{pipeline="squares",stage="save"} 1
+pipeline_stage_workers{pipeline="squares",stage="square"} 2
+`
+	err := testutil.ScrapeAndCompare(serve(t, reg), strings.NewReader(want),
+		"pipeline_running", "pipeline_stage_info", "pipeline_stage_in_items", "pipeline_stage_not_started_items", "pipeline_stage_out_total",
+		"pipeline_stage_items_total", "pipeline_batch_flushes_total", "pipeline_stage_queue_capacity",
+		"pipeline_stage_workers", "pipeline_checkpoint_position")
+	require.NoError(t, err)
+}
+
+// TestBeforeFirstRun: a pipeline that never ran exposes pipeline_running only.
+func TestBeforeFirstRun(t *testing.T) {
+	t.Parallel()
+	p := pipeline.New()
+	pipeline.To(pipeline.FromSlice(p, []int{1}), pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(pipelineprom.NewCollector(p))
+	got, _ := samples(t, gather(t, reg))
+	assert.Equal(t, map[string]float64{"pipeline_running": 0}, got)
+}
+
+// TestCountsPerRun: each run counts from zero, and a scrape between runs shows the last
+// run's counts.
+func TestCountsPerRun(t *testing.T) {
+	t.Parallel()
+	n := 0 // items of the next run
+	p := pipeline.New()
+	pipeline.To(pipeline.FromSeq(p, func(yield func(int) bool) {
+		for i := range n {
+			if !yield(i) {
+				return
+			}
+		}
+	}), pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(pipelineprom.NewCollector(p))
+	for _, n = range []int{5, 3} {
+		require.NoError(t, p.Run(t.Context()))
+		got, _ := samples(t, gather(t, reg))
+		assert.Equal(t, float64(n), got[`pipeline_stage_items_total{outcome="succeeded",stage="sink"}`])
+	}
+}
+
+// TestCheckpoint: a checkpointed run exposes the position it saved and its age.
+func TestCheckpoint(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := &memStore{}
+		p := pipeline.New()
+		src := pipeline.Resume(p, store, func(_ context.Context, pos int64) iter.Seq2[int, error] {
+			return func(yield func(int, error) bool) {
+				for i := int(pos); i < 250; i++ {
+					if !yield(i, nil) {
+						return
+					}
+				}
+			}
+		}, pipeline.WithSaveEvery(100))
+		pipeline.To(src, pipeline.NewSink("sink", 2, func(context.Context, int) error { return nil }))
+		reg := prometheus.NewPedanticRegistry()
+		reg.MustRegister(pipelineprom.NewCollector(p))
+		require.NoError(t, p.Run(t.Context()))
+
+		time.Sleep(90 * time.Second) // virtual time
+		got, _ := samples(t, gather(t, reg))
+		assert.Equal(t, 250.0, got["pipeline_checkpoint_position"])
+		assert.Equal(t, 90.0, got["pipeline_checkpoint_age_seconds"])
+		assert.Equal(t, int64(250), store.pos.Load())
+	})
+}
+
+// memStore is a [pipeline.CheckpointStore] in memory.
+type memStore struct{ pos atomic.Int64 }
+
+func (s *memStore) Load(context.Context) (int64, error)     { return s.pos.Load(), nil }
+func (s *memStore) Save(_ context.Context, pos int64) error { s.pos.Store(pos); return nil }
+
+// TestOptions: a namespace prefixes every name; const labels tell the collectors of two
+// pipelines apart in one registry; labels the collector uses itself are refused.
+func TestOptions(t *testing.T) {
+	t.Parallel()
+	newPipeline := func(n int) *pipeline.Pipeline {
+		p := pipeline.New()
+		pipeline.To(pipeline.FromSlice(p, make([]int, n)), pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+		return p
+	}
+	a, b := newPipeline(2), newPipeline(5)
+	for _, p := range []*pipeline.Pipeline{a, b} {
+		require.NoError(t, p.Run(t.Context()))
+	}
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(pipelineprom.NewCollector(a, pipelineprom.WithNamespace("app"),
+		pipelineprom.WithConstLabels(prometheus.Labels{"pipeline": "a"}), pipelineprom.WithConstLabels(prometheus.Labels{"env": "test"}))))
+	require.NoError(t, reg.Register(pipelineprom.NewCollector(b, pipelineprom.WithNamespace("app"),
+		pipelineprom.WithConstLabels(prometheus.Labels{"pipeline": "b", "env": "test"}))))
+	got, _ := samples(t, gather(t, reg))
+	assert.Equal(t, 2.0, got[`app_pipeline_stage_items_total{env="test",outcome="succeeded",pipeline="a",stage="sink"}`])
+	assert.Equal(t, 5.0, got[`app_pipeline_stage_items_total{env="test",outcome="succeeded",pipeline="b",stage="sink"}`])
+
+	// The same labels twice, a label of the collector's own, an invalid name.
+	err := reg.Register(pipelineprom.NewCollector(b, pipelineprom.WithNamespace("app"),
+		pipelineprom.WithConstLabels(prometheus.Labels{"pipeline": "b", "env": "test"})))
+	require.Error(t, err)
+	for _, labels := range []prometheus.Labels{{"stage": "x"}, {"outcome": "x"}, {"quantile": "x"}, {"__reserved": "x"}} {
+		err := prometheus.NewRegistry().Register(pipelineprom.NewCollector(b, pipelineprom.WithConstLabels(labels)))
+		require.Error(t, err, "%v", labels)
+	}
+	ch := make(chan prometheus.Metric, 1) // unregistered, an invalid collector sends its error
+	pipelineprom.NewCollector(b, pipelineprom.WithConstLabels(prometheus.Labels{"stage": "x"})).Collect(ch)
+	require.ErrorContains(t, (<-ch).Write(&dto.Metric{}), `the constant label "stage"`)
+	assert.PanicsWithValue(t, "pipelineprom: NewCollector with a nil pipeline", func() { pipelineprom.NewCollector(nil) })
+}
+
+// BenchmarkScrape measures one scrape of a three-stage pipeline (source → parse (4
+// workers) → enrich (16 workers, with a timeout and a dead-letter destination) → store (2
+// workers)), while it runs (its sink blocked: Snapshot sums the live counters and
+// latency histograms) and once it has finished (Snapshot returns the final report):
+// Snapshot alone, the collector's Collect (Snapshot and the constant metrics), the
+// registry's Gather (what promhttp calls), and Gather plus the text encoding.
+func BenchmarkScrape(b *testing.B) {
+	release := make(chan struct{})
+	ids := make([]int, 10_000)
+	for i := range ids {
+		ids[i] = i
+	}
+	p := pipeline.New()
+	parsed := pipeline.Then(pipeline.FromSlice(p, ids), pipeline.NewStage("parse", 4,
+		func(_ context.Context, i int) (int, error) { return i, nil }))
+	enriched := pipeline.Then(parsed, pipeline.NewStage("enrich", 16, func(_ context.Context, i int) (int, error) {
+		if i%100 == 0 {
+			return 0, pipeline.Permanent(errors.New("bad record"))
+		}
+		return i, nil
+	}, pipeline.WithTimeout(time.Second), pipeline.WithDeadLetter(pipeline.NewDeadLetterBuffer[int](100).Add)))
+	var stored atomic.Int64
+	pipeline.To(enriched, pipeline.NewSink("store", 2, func(ctx context.Context, _ int) error {
+		if stored.Add(1) < 5_000 {
+			return nil
+		}
+		select { // from the 5,000th item on, wait for the benchmark
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}))
+	c := pipelineprom.NewCollector(p)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(c)
+
+	done := make(chan error, 1)
+	go func() { done <- p.Run(b.Context()) }()
+	for stored.Load() < 5_000 { // setup: wait until the run holds items everywhere
+		select {
+		case err := <-done:
+			b.Fatalf("the run ended early: %v", err)
+		default:
+			runtime.Gosched()
+		}
+	}
+	for _, phase := range []string{"running", "finished"} {
+		if phase == "finished" {
+			close(release)
+			if err := <-done; err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.Run(phase, func(b *testing.B) {
+			b.Run("snapshot", func(b *testing.B) {
+				b.ReportAllocs()
+				for b.Loop() {
+					p.Snapshot()
+				}
+			})
+			b.Run("collect", func(b *testing.B) {
+				ch := make(chan prometheus.Metric, 1000)
+				b.ReportAllocs()
+				for b.Loop() {
+					c.Collect(ch)
+					for len(ch) > 0 {
+						<-ch
+					}
+				}
+			})
+			b.Run("gather", func(b *testing.B) {
+				b.ReportAllocs()
+				for b.Loop() {
+					if _, err := reg.Gather(); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+			b.Run("gather+encode", func(b *testing.B) {
+				b.ReportAllocs()
+				for b.Loop() {
+					fams, err := reg.Gather()
+					if err != nil {
+						b.Fatal(err)
+					}
+					enc := expfmt.NewEncoder(io.Discard, expfmt.NewFormat(expfmt.TypeTextPlain))
+					for _, f := range fams {
+						if err := enc.Encode(f); err != nil {
+							b.Fatal(err)
+						}
+					}
+				}
+			})
+		})
+	}
+}
