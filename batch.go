@@ -30,19 +30,22 @@ func WithMaxBytes[T any](max int, size func(T) int) Option {
 	})
 }
 
-// Flush reasons, counted per batch stage in [StageReport.Flushes].
+// Flushes counts a batch stage's flushes by reason (see [StageReport]).
 type Flushes struct {
 	Size   int64 // the batch reached its item count
 	Bytes  int64 // the next item would have passed WithMaxBytes
 	Linger int64 // WithLinger expired
 	End    int64 // the input ended
+	// Checkpoint counts partial batches flushed because a checkpointed source was
+	// waiting for a save that needed their items committed (see [WithMaxRedo]).
+	Checkpoint int64
 }
 
 // flushCounters are a batch stage's flushes by reason, written by its goroutine.
-type flushCounters struct{ size, bytes, linger, end counter }
+type flushCounters struct{ size, bytes, linger, end, checkpoint counter }
 
 func (f *flushCounters) load() Flushes {
-	return Flushes{Size: f.size.load(), Bytes: f.bytes.load(), Linger: f.linger.load(), End: f.end.load()}
+	return Flushes{Size: f.size.load(), Bytes: f.bytes.load(), Linger: f.linger.load(), End: f.end.load(), Checkpoint: f.checkpoint.load()}
 }
 
 // Batch groups the items of s into slices of at most size items, in arrival order, on
@@ -126,8 +129,17 @@ func (b *batcher[T]) loop() error {
 		select {
 		case e, ok = <-b.ch:
 		default:
+			var hungry <-chan struct{} // a checkpointed source waits for what this batch holds
+			if b.track != nil && len(b.batch) > 0 {
+				hungry = b.track.hungryChan()
+			}
 			select {
 			case e, ok = <-b.ch:
+			case <-hungry:
+				if err := b.flush(&b.flushes.checkpoint); err != nil {
+					return err
+				}
+				continue
 			case <-expired:
 				if err := b.flush(&b.flushes.linger); err != nil {
 					return err

@@ -197,6 +197,11 @@ type tracker struct {
 	saved   uint64        // the position saved last
 	limit   uint64        // the source stays below saved+limit (WithMaxRedo)
 	wake    chan struct{} // closed when saved advances, made only when the source waits
+	// While the source waits for a save, batches flush what they hold (they would
+	// otherwise wait for more input, which the source cannot send) and every advance
+	// pokes the saver: hungry is closed while the source waits.
+	hungry   chan struct{}
+	starving bool
 }
 
 func newTracker(source any, start uint64, every int) *tracker {
@@ -249,12 +254,9 @@ func (t *tracker) settle(pos uint64) {
 		n++
 	}
 	t.since += n
-	if t.since >= t.every {
+	if t.since >= t.every || t.starving {
 		t.since = 0
-		select {
-		case t.poke <- struct{}{}:
-		default:
-		}
+		t.pokeSaver()
 	}
 }
 
@@ -307,6 +309,14 @@ func (t *tracker) admit(ctx context.Context, pos uint64) (uint64, error) {
 		if t.wake == nil {
 			t.wake = make(chan struct{})
 		}
+		if !t.starving {
+			t.starving = true
+			if t.hungry == nil {
+				t.hungry = make(chan struct{})
+			}
+			close(t.hungry)
+			t.pokeSaver()
+		}
 		wake := t.wake
 		t.mu.Unlock()
 		select {
@@ -329,6 +339,27 @@ func (t *tracker) markSaved(pos int64) {
 	if t.wake != nil {
 		close(t.wake)
 		t.wake = nil
+	}
+	if t.starving {
+		t.starving, t.hungry = false, nil
+	}
+}
+
+// hungryChan returns a channel that is closed while the source waits for a save: a
+// batch holding items flushes them when it is.
+func (t *tracker) hungryChan() <-chan struct{} {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.hungry == nil {
+		t.hungry = make(chan struct{})
+	}
+	return t.hungry
+}
+
+func (t *tracker) pokeSaver() {
+	select {
+	case t.poke <- struct{}{}:
+	default:
 	}
 }
 
