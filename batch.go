@@ -77,7 +77,7 @@ func Batch[T any](s *Stream[T], size int, opts ...Option) *Stream[[]T] {
 		panic("pipeline: Batch takes only WithBuffer, WithLinger and WithMaxBytes")
 	}
 	p := s.p
-	name := p.claim("batch", false)
+	name := p.claim("Batch", false)
 	desc := fmt.Sprintf("batch %q", name)
 	s.consume(desc)
 	buf := cfg.bufferOr(p.cfg.bufferOr(DefaultBuffer))
@@ -88,8 +88,10 @@ func Batch[T any](s *Stream[T], size int, opts ...Option) *Stream[[]T] {
 		rw.flushes, rw.extra = new(flushCounters), size
 		s.open(r, q.pusher(r.ctx), q.close)
 		r.addRow(rw)
-		b := &batcher[T]{ctx: r.ctx, ch: q.ch, size: size, maxBytes: cfg.maxBytes, sizer: sizer,
-			linger: cfg.linger, push: push, stats: &rw.workers[0], flushes: rw.flushes, track: r.track}
+		b := &batcher[T]{
+			ctx: r.ctx, ch: q.ch, size: size, maxBytes: cfg.maxBytes, sizer: sizer,
+			linger: cfg.linger, push: push, stats: &rw.workers[0], flushes: rw.flushes, track: r.track,
+		}
 		r.goSafe(name, func() error {
 			defer done()
 			return b.loop()

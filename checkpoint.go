@@ -61,7 +61,8 @@ func (f *FileCheckpoint) Save(_ context.Context, pos int64) error {
 	if err != nil {
 		return err
 	}
-	defer os.Remove(tmp.Name()) // after a successful rename, there is nothing to remove
+	// After a successful rename there is nothing left to remove: the error is expected.
+	defer func() { _ = os.Remove(tmp.Name()) }()
 	_, err = tmp.WriteString(strconv.FormatInt(pos, 10) + "\n")
 	if err == nil {
 		err = tmp.Sync()
@@ -79,8 +80,7 @@ func (f *FileCheckpoint) Save(_ context.Context, pos int64) error {
 	if err != nil {
 		return err
 	}
-	defer d.Close()
-	return d.Sync()
+	return errors.Join(d.Sync(), d.Close())
 }
 
 // WithSaveEvery makes a checkpointed run ([Resume]) save its position each time it has
@@ -148,7 +148,7 @@ func Resume[T any](p *Pipeline, store CheckpointStore, from func(ctx context.Con
 		o.apply(&cfg)
 	}
 	var start func() int64
-	s := newSource(p, "resume", nil, func(ctx context.Context, emit func(T) error) error {
+	s := newSource(p, "Resume", nil, func(ctx context.Context, emit func(T) error) error {
 		for v, err := range from(ctx, start()) {
 			if err != nil {
 				return err

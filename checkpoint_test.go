@@ -248,10 +248,10 @@ func TestCheckpointCrashChild(t *testing.T) {
 	}
 	log, err := os.OpenFile(filepath.Join(dir, "log"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
 	require.NoError(t, err)
-	defer log.Close()
+	defer func() { require.NoError(t, log.Close()) }()
 	dl, err := pipeline.OpenDeadLetterFile[int](filepath.Join(dir, "dead.jsonl"), nil, 1)
 	require.NoError(t, err)
-	defer dl.Close()
+	defer func() { require.NoError(t, dl.Close()) }()
 	out := bufio.NewWriter(os.Stdout)
 	var outMu sync.Mutex
 
@@ -277,11 +277,14 @@ func TestCheckpointCrashChild(t *testing.T) {
 		}
 		outMu.Lock()
 		defer outMu.Unlock()
-		fmt.Fprintf(out, "commit %d\n", len(b))
+		if _, err := fmt.Fprintf(out, "commit %d\n", len(b)); err != nil {
+			return err
+		}
 		return out.Flush()
 	}))
 	require.NoError(t, p.Run(context.Background()))
-	fmt.Fprintln(out, "finished")
+	_, err = fmt.Fprintln(out, "finished")
+	require.NoError(t, err)
 	require.NoError(t, out.Flush())
 }
 
@@ -332,7 +335,7 @@ func TestCheckpointCrash(t *testing.T) {
 		data, err := os.ReadFile(filepath.Join(dir, "log"))
 		require.NoError(t, err)
 		redo := 0
-		for _, f := range strings.Fields(string(data[logOffset:])) {
+		for f := range strings.FieldsSeq(string(data[logOffset:])) {
 			id, err := strconv.Atoi(f)
 			require.NoError(t, err)
 			if seen[id] {

@@ -2,10 +2,12 @@ package pipeline
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"sync"
 	"time"
@@ -19,7 +21,7 @@ type DeadLetter[T any] struct {
 	Item       T         `json:"item"`
 	Attempts   int       `json:"attempts"`
 	Class      Class     `json:"class"`
-	ErrType    string    `json:"err_type"`    // Go type of the last error ("timeout" for a timeout)
+	ErrType    string    `json:"err_type"`    // Go type naming the last error ("timeout", or "error" for errors.New and fmt.Errorf values)
 	FirstError string    `json:"first_error"` // text of the first attempt's error
 	LastError  string    `json:"last_error"`  // text of the last attempt's error
 	Time       time.Time `json:"time"`        // when the item was set aside
@@ -139,17 +141,52 @@ type DeadLetterFile[T any] struct {
 
 // OpenDeadLetterFile opens (creating it if needed) the file at path for appending.
 // codec nil means [JSONCodec]. syncEvery is the number of records between fsyncs; 0
-// syncs only on Sync and Close.
+// syncs only on Sync and Close. A torn last line left by a crash is cut off first, so
+// that new records start on a line of their own.
 func OpenDeadLetterFile[T any](path string, codec Codec[T], syncEvery int) (*DeadLetterFile[T], error) {
 	if codec == nil {
 		codec = JSONCodec[T]{}
 	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_APPEND|os.O_CREATE, 0o644)
 	if err != nil {
 		return nil, err
 	}
+	if err := cutTornLine(f); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("pipeline: open dead-letter file: %w", err)
+	}
 	return &DeadLetterFile[T]{f: f, codec: codec, syncEvery: syncEvery}, nil
 }
+
+// cutTornLine truncates f after its last newline, if it does not end with one.
+func cutTornLine(f *os.File) error {
+	st, err := f.Stat()
+	if err != nil || st.Size() == 0 {
+		return err
+	}
+	size := st.Size()
+	buf := make([]byte, 4096)
+	for end := size; end > 0; {
+		start := max(end-int64(len(buf)), 0)
+		n, err := f.ReadAt(buf[:end-start], start)
+		if err != nil && !errors.Is(err, io.EOF) {
+			return err
+		}
+		if i := bytes.LastIndexByte(buf[:n], '\n'); i >= 0 {
+			if keep := start + int64(i) + 1; keep != size {
+				return f.Truncate(keep)
+			}
+			return nil
+		}
+		end = start
+	}
+	return f.Truncate(0) // not one whole line
+}
+
+// DiscardDeadLetter is a dead-letter destination that keeps nothing: give it to
+// [WithDeadLetter] to let a stage set items aside (counted, by cause, in the run's
+// [Report]) without storing them.
+func DiscardDeadLetter[T any](context.Context, DeadLetter[T]) error { return nil }
 
 // fileRecord is the line format: the DeadLetter with the item encoded by the codec.
 type fileRecord struct {
@@ -220,8 +257,8 @@ func (d *DeadLetterFile[T]) Close() error {
 }
 
 // ReadDeadLetters returns the records of a dead-letter file, decoding items with codec
-// (nil means [JSONCodec]). A truncated last line (a crash mid-write) is ignored; any
-// other malformed line is an error naming its line number.
+// (nil means [JSONCodec]). A last line without its newline (a crash mid-write) is
+// ignored; any other malformed line is an error naming its line number.
 func ReadDeadLetters[T any](path string, codec Codec[T]) ([]DeadLetter[T], error) {
 	if codec == nil {
 		codec = JSONCodec[T]{}
@@ -230,21 +267,20 @@ func ReadDeadLetters[T any](path string, codec Codec[T]) ([]DeadLetter[T], error
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
+	defer f.Close() //nolint:errcheck // read-only: Close cannot lose data
 	var out []DeadLetter[T]
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 64<<20)
-	line := 0
-	var pending error
-	for sc.Scan() {
-		line++
-		if pending != nil {
-			return out, pending // a bad line that was not the last one
+	rd := bufio.NewReader(f)
+	for line := 1; ; line++ {
+		b, err := rd.ReadBytes('\n')
+		if errors.Is(err, io.EOF) {
+			return out, nil // b, if any, is a torn last line
+		}
+		if err != nil {
+			return out, err
 		}
 		var rec fileRecord
-		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
-			pending = fmt.Errorf("pipeline: %s line %d: %w", path, line, err)
-			continue
+		if err := json.Unmarshal(b, &rec); err != nil {
+			return out, fmt.Errorf("pipeline: %s line %d: %w", path, line, err)
 		}
 		dl := DeadLetter[T]{
 			Stage: rec.Stage, Attempts: rec.Attempts, Class: rec.Class, ErrType: rec.ErrType,
@@ -255,14 +291,13 @@ func ReadDeadLetters[T any](path string, codec Codec[T]) ([]DeadLetter[T], error
 		}
 		out = append(out, dl)
 	}
-	return out, sc.Err()
 }
 
 // Replay returns a source of the items in a dead-letter file whose stage is stage (all
 // items when stage is ""), in file order, so that they can be fed through the same stage
 // again after a fix. The file is read when the run starts; a read error fails the run.
 func Replay[T any](p *Pipeline, path, stage string, codec Codec[T]) *Stream[T] {
-	return newSource(p, "replay", nil, func(ctx context.Context, emit func(T) error) error {
+	return newSource(p, "Replay", nil, func(ctx context.Context, emit func(T) error) error {
 		dls, err := ReadDeadLetters(path, codec)
 		if err != nil {
 			return err

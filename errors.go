@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"runtime/debug"
@@ -97,7 +98,9 @@ func (e *timeoutError) Error() string {
 	return fmt.Sprintf("timed out after %v: %v", e.after, e.err)
 }
 
-func (e *timeoutError) Unwrap() []error { return []error{ErrTimeout, e.err} }
+func (e *timeoutError) Unwrap() []error {
+	return []error{ErrTimeout, context.DeadlineExceeded, e.err}
+}
 
 // Class is what an item's error does to the run. See the package documentation,
 // section "Error classes", for who decides the class.

@@ -261,7 +261,7 @@ func ExampleFromSeq2() {
 	fmt.Println(err)
 	// Output:
 	// [x y z] <nil>
-	// pipeline: stage "seq": read: connection reset
+	// pipeline: stage "FromSeq2": read: connection reset
 }
 
 // This example shows FromChan: the caller owns the channel, sends to it and closes it;
@@ -522,15 +522,15 @@ func ExamplePipeline_Report() {
 	}
 	rep := p.Report()
 	for _, s := range rep.Stages {
-		fmt.Printf("%-5s %-6s in=%d ok=%d dead=%d\n", s.Name, s.Kind, s.In, s.Succeeded, s.DeadLettered)
+		fmt.Printf("%-9s %-6s in=%d ok=%d dead=%d\n", s.Name, s.Kind, s.In, s.Succeeded, s.DeadLettered)
 	}
 	for _, c := range rep.Causes() {
 		fmt.Printf("%d × %s %q\n", c.Count, c.Type, c.Message)
 	}
 	// Output:
-	// slice source in=5 ok=5 dead=0
-	// parse stage  in=5 ok=3 dead=2
-	// save  sink   in=3 ok=3 dead=0
+	// FromSlice source in=5 ok=5 dead=0
+	// parse     stage  in=5 ok=3 dead=2
+	// save      sink   in=3 ok=3 dead=0
 	// 2 × *strconv.NumError "invalid syntax"
 }
 

@@ -22,13 +22,14 @@ func Map[In, Out any](s *Stream[In], fn func(In) Out) *Stream[Out] {
 
 // Filter returns a stream of the items of s for which keep returns true. Like [Map], it
 // runs inline. Dropped items are counted in the [Report], in a row of kind "filter"
-// named after the upstream; counting costs an atomic add per dropped item.
+// named "Filter" ("Filter#2", ... when there are several); counting costs an atomic add
+// per dropped item.
 func Filter[T any](s *Stream[T], keep func(T) bool) *Stream[T] {
 	if keep == nil {
 		panic("pipeline: Filter(nil)")
 	}
 	s.consume("Filter")
-	name := s.p.claim("filter", false)
+	name := s.p.claim("Filter", false)
 	out := newStream[T](s.p, s.desc+" | Filter")
 	out.open = func(r *run, push pushFunc[T], done func()) {
 		var dropped atomic.Int64

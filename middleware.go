@@ -34,10 +34,8 @@ func ExponentialBackoff(base, limit time.Duration) Backoff {
 	}
 	return func(attempt int) time.Duration {
 		d := limit
-		if attempt < 62 {
-			if m := base << (attempt - 1); m > 0 && m < limit {
-				d = m
-			}
+		if s := max(attempt, 1) - 1; s < 63 && base <= limit>>s {
+			d = base << s
 		}
 		half := d / 2
 		return half + rand.N(d-half+1)

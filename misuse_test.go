@@ -178,7 +178,6 @@ func TestWorkersNeeded(t *testing.T) {
 // at 70 ms is exactly 7 items in service, so 7 workers, not 8.
 func TestWorkersNeededExactProducts(t *testing.T) {
 	t.Parallel()
-	t.Skip("BUG: WorkersNeeded rounds up float noise: 100/s × 70ms computes 7.000000000000001 and returns 8")
 	assert.Equal(t, 7, pipeline.WorkersNeeded(100, 70*time.Millisecond, 1))
 	assert.Equal(t, 14, pipeline.WorkersNeeded(200, 70*time.Millisecond, 1))
 	assert.Equal(t, 7, pipeline.WorkersNeeded(1000, 7*time.Millisecond, 1))

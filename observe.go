@@ -10,15 +10,15 @@ import (
 type EventKind uint8
 
 const (
-	// EventRetry: an attempt failed with a transient error and will be retried.
+	// EventRetry is sent when an attempt failed with a transient error and will be retried.
 	EventRetry EventKind = iota + 1
-	// EventDeadLetter: an item was set aside.
+	// EventDeadLetter is sent when an item was set aside.
 	EventDeadLetter
-	// EventBudget: an error budget tripped.
+	// EventBudget is sent when an error budget tripped.
 	EventBudget
-	// EventCheckpoint: a checkpointed run saved its position.
+	// EventCheckpoint is sent when a checkpointed run saved its position.
 	EventCheckpoint
-	// EventStageDone: every worker of a stage has exited.
+	// EventStageDone is sent when every worker of a stage has exited.
 	EventStageDone
 )
 

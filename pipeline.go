@@ -56,14 +56,15 @@ type consumable interface {
 }
 
 // claim reserves a unique name in this pipeline. Stage names must be unique because the
-// report and the errors identify stages by name; sources get a numbered suffix.
+// report and the errors identify stages by name. Rows the package names itself (sources,
+// filters, batches, All) take their constructor's name, numbered when it is taken.
 func (p *Pipeline) claim(name string, unique bool) string {
 	if _, dup := p.names[name]; !dup {
 		p.names[name] = struct{}{}
 		return name
 	}
 	if unique {
-		panic(fmt.Sprintf("pipeline: stage name %q is used twice in one pipeline", name))
+		panic(fmt.Sprintf("pipeline: stage name %q is already used in this pipeline (by a stage, or a source, filter or batch named after its constructor)", name))
 	}
 	for i := 2; ; i++ {
 		n := fmt.Sprintf("%s#%d", name, i)
@@ -178,6 +179,10 @@ func (p *Pipeline) exec(ctx context.Context, extra func(r *run)) (*run, error) {
 	if err == nil {
 		if d := r.drained.Load(); d != nil {
 			err = d
+		} else if r.parent.Err() != nil {
+			// Canceled before anything failed, even before the run started (sources and
+			// workers then start no item): the run did not do all its work.
+			err = context.Cause(r.parent)
 		}
 	}
 	return r, err
@@ -269,6 +274,7 @@ func Collect[T any](ctx context.Context, s *Stream[T]) ([]T, error) {
 func All[T any](ctx context.Context, s *Stream[T]) iter.Seq2[T, error] {
 	p := s.p
 	s.consume("All")
+	name := p.claim("All", false)
 	buf := p.cfg.bufferOr(DefaultBuffer)
 	return func(yield func(T, error) bool) {
 		ctx, cancel := context.WithCancelCause(ctx)
@@ -286,25 +292,34 @@ func All[T any](ctx context.Context, s *Stream[T]) iter.Seq2[T, error] {
 		p.begin(true)
 		go func() {
 			r, err := p.exec(ctx, func(r *run) {
-				rw, tr = r.newRow("All", kindSink, 1, buf, q), r.track
+				rw, tr = r.newRow(name, kindSink, 1, buf, q), r.track
 				s.open(r, q.pusher(r.ctx), func() { close(q.ch) })
 				r.addRow(rw)
 			})
 			done <- result{r, err}
 		}()
-		var stopped bool
+		var stopped, finished bool
+		defer func() {
+			if !finished { // the loop body panicked: stop the run and wait for it
+				cancel(errStopped)
+				res := <-done
+				_ = p.finish(res.r, nil)
+			}
+		}()
 		for e := range q.ch {
 			w := &rw.workers[0]
 			w.peak.max(int64(min(len(q.ch)+1, cap(q.ch))))
 			w.received.inc()
+			more := yield(e.v, nil)
 			w.succeeded.inc()
-			if !yield(e.v, nil) {
+			if !more {
 				stopped = true
 				cancel(errStopped)
 				break
 			}
 			tr.done(e.pos) // the loop body is done with it: committed
 		}
+		finished = true
 		res := <-done
 		err := res.err
 		if stopped && errors.Is(err, errStopped) {
@@ -329,7 +344,7 @@ func WorkersNeeded(targetPerSecond float64, latency time.Duration, headroom floa
 		panic(fmt.Sprintf("pipeline: WorkersNeeded(%v, %v, %v): need a finite rate >= 0, latency >= 0, headroom >= 1",
 			targetPerSecond, latency, headroom))
 	}
-	n := math.Ceil(targetPerSecond * latency.Seconds() * headroom)
+	n := math.Ceil(targetPerSecond * float64(latency) * headroom / 1e9) // 100/s × 70 ms is 7, not 7.000000000000001
 	if n > math.MaxInt32 {
 		return math.MaxInt32
 	}

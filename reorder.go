@@ -153,8 +153,8 @@ func (o *reorder[Out]) settle(ctx context.Context, stats *workerStats, seq, pos 
 			if err := o.push(it.v, it.pos); err != nil && first == nil {
 				first = err // offer the rest too, so that each is counted as sent or unsent
 			}
+			stats.emitted.inc()
 		}
-		stats.emitted.add(int64(len(batch)))
 		clear(batch)
 		o.mu.Lock()
 		o.held -= items

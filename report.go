@@ -331,10 +331,12 @@ func (r *run) report(err error) Report {
 		case kindSource:
 			s.Workers = 0
 			s.In = received
+			s.NotStarted = discarded
 			if rw.given >= 0 {
 				s.In = rw.given
-				s.NotStarted = rw.given - received
+				s.NotStarted += rw.given - received
 			}
+			s.Failed = received - discarded - s.Succeeded // an inline operator after it panicked
 		case kindFilter:
 			s.Workers = 0
 			s.Filtered = rw.filtered.Load()

@@ -14,7 +14,7 @@ var errDraining = errors.New("pipeline: draining after the error budget tripped"
 // counted as not started in the [Report].
 func FromSlice[T any](p *Pipeline, items []T) *Stream[T] {
 	n := int64(len(items))
-	return newSource(p, "slice", &n, func(_ context.Context, emit func(T) error) error {
+	return newSource(p, "FromSlice", &n, func(_ context.Context, emit func(T) error) error {
 		for _, v := range items {
 			if err := emit(v); err != nil {
 				return err
@@ -28,7 +28,7 @@ func FromSlice[T any](p *Pipeline, items []T) *Stream[T] {
 // over seq is broken, so seq's cleanup runs. seq must not block without end: it is not
 // given the run's context (use [Generate] for a source that waits on something).
 func FromSeq[T any](p *Pipeline, seq iter.Seq[T]) *Stream[T] {
-	return newSource(p, "seq", nil, func(_ context.Context, emit func(T) error) error {
+	return newSource(p, "FromSeq", nil, func(_ context.Context, emit func(T) error) error {
 		for v := range seq {
 			if err := emit(v); err != nil {
 				return err
@@ -41,7 +41,7 @@ func FromSeq[T any](p *Pipeline, seq iter.Seq[T]) *Stream[T] {
 // FromSeq2 returns a source of the values of seq; the first non-nil error seq yields
 // stops the run as a [*StageError] of the source (the value paired with it is not sent).
 func FromSeq2[T any](p *Pipeline, seq iter.Seq2[T, error]) *Stream[T] {
-	return newSource(p, "seq", nil, func(_ context.Context, emit func(T) error) error {
+	return newSource(p, "FromSeq2", nil, func(_ context.Context, emit func(T) error) error {
 		for v, err := range seq {
 			if err != nil {
 				return err
@@ -60,7 +60,7 @@ func FromChan[T any](p *Pipeline, ch <-chan T) *Stream[T] {
 	if ch == nil {
 		panic("pipeline: FromChan(nil)")
 	}
-	return newSource(p, "chan", nil, func(ctx context.Context, emit func(T) error) error {
+	return newSource(p, "FromChan", nil, func(ctx context.Context, emit func(T) error) error {
 		for {
 			v, ok, err := recv(ctx, ch)
 			if !ok {
@@ -82,10 +82,11 @@ func Generate[T any](p *Pipeline, fn func(ctx context.Context, emit func(T) erro
 	if fn == nil {
 		panic("pipeline: Generate(nil)")
 	}
-	return newSource(p, "generate", nil, fn)
+	return newSource(p, "Generate", nil, fn)
 }
 
-// newSource makes a source stream named after name (numbered when the name is taken).
+// newSource makes a source stream named after name, its constructor's name (numbered
+// when the name is taken: FromSlice, FromSlice#2, ...).
 // given, when known, is how many items the source holds, for the not-started count.
 func newSource[T any](p *Pipeline, name string, given *int64, body func(ctx context.Context, emit func(T) error) error) *Stream[T] {
 	name = p.claim(name, false)
@@ -106,6 +107,11 @@ func newSource[T any](p *Pipeline, name string, given *int64, body func(ctx cont
 			if rw.drain.Load() {
 				return errDraining
 			}
+			if r.ctx.Err() != nil { // the run is stopping: send nothing more
+				st.received.inc()
+				st.discarded.inc() // taken from the input, never sent: not started
+				return context.Cause(r.ctx)
+			}
 			if pos >= bound && track != nil { // WithMaxRedo: wait for a save
 				var err error
 				if bound, err = track.admit(r.ctx, pos); err != nil {
@@ -113,9 +119,9 @@ func newSource[T any](p *Pipeline, name string, given *int64, body func(ctx cont
 				}
 			}
 			st.received.inc()
-			st.succeeded.inc()
-			st.emitted.inc()
 			err := push(v, pos)
+			st.succeeded.inc() // after push: a panic in an inline operator leaves it failed
+			st.emitted.inc()
 			if pos != noPos {
 				pos++
 			}

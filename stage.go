@@ -345,6 +345,10 @@ func (w *worker[In, Out]) loop() (err error) {
 			return err
 		}
 		w.stats.received.inc()
+		if ctx.Err() != nil { // the run is stopping: start nothing new
+			w.stats.discarded.inc()
+			return context.Cause(ctx)
+		}
 		w.stats.peak.max(int64(queued))
 		if w.row.drain.Load() {
 			w.stats.discarded.inc() // a drained budget: start no new item
@@ -371,9 +375,12 @@ func (w *worker[In, Out]) process(ctx context.Context, v In) error {
 	for attempt := 1; ; attempt++ {
 		out, err := w.attempt(ctx, v)
 		if err == nil {
+			// Counted after delivery: a panic downstream (in an inline operator) leaves
+			// the item failed, not both succeeded and failed.
+			derr := w.deliver(ctx, out)
 			w.stats.succeeded.inc()
-			if err := w.deliver(ctx, out); err != nil {
-				return err
+			if derr != nil {
+				return derr
 			}
 			return w.record(false)
 		}
@@ -460,8 +467,9 @@ func (w *worker[In, Out]) deliver(ctx context.Context, out Out) error {
 		return err
 	}
 	if w.st.flat == nil {
+		err := w.push(out, w.pos)
 		w.stats.emitted.inc()
-		return w.push(out, w.pos)
+		return err
 	}
 	w.r.track.split(w.pos, len(w.buf))
 	var first error
@@ -469,8 +477,8 @@ func (w *worker[In, Out]) deliver(ctx context.Context, out Out) error {
 		if err := w.push(o, w.pos); err != nil && first == nil {
 			first = err
 		}
+		w.stats.emitted.inc()
 	}
-	w.stats.emitted.add(int64(len(w.buf)))
 	clear(w.buf)
 	w.buf = w.buf[:0]
 	return first
@@ -498,7 +506,7 @@ func (w *worker[In, Out]) deadLetter(ctx context.Context, v In, attempts int, cl
 	}
 	typ, msg := errTypeName(last), last.Error()
 	firstMsg := msg
-	if first != last {
+	if first != last { //nolint:errorlint // identity, not equivalence: the same error value
 		firstMsg = first.Error()
 	}
 	rec := DeadLetter[In]{
