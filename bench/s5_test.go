@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/sourcegraph/conc/pool"
 	"github.com/sourcegraph/conc/stream"
@@ -58,6 +59,41 @@ func s5Pipeline(ctx context.Context, sh s5Shape, items []int) (int, error) {
 		return nil
 	}))
 	err := p.Run(ctx)
+	return n, err
+}
+
+// s5Observed is s5Pipeline watched the way a metrics adapter watches it, only far more
+// often: a goroutine takes a Snapshot every millisecond during the run (a Prometheus
+// scrape or an OpenTelemetry collection reads one Snapshot, typically every 15 s). It
+// measures what observation costs the stages, which write their counters either way.
+func s5Observed(ctx context.Context, sh s5Shape, items []int) (int, error) {
+	p := pipeline.New(pipeline.WithBuffer(s5Buffer))
+	s := pipeline.FromSlice(p, items)
+	for i := range sh.stages {
+		s = pipeline.Then(s, pipeline.NewStage(fmt.Sprintf("stage%d", i+1), sh.workers, identity))
+	}
+	n := 0
+	pipeline.To(s, pipeline.NewSink("count", 1, func(context.Context, int) error {
+		n++
+		return nil
+	}))
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				_ = p.Snapshot()
+			}
+		}
+	})
+	err := p.Run(ctx)
+	close(stop)
+	wg.Wait()
 	return n, err
 }
 
@@ -487,6 +523,7 @@ func BenchmarkS5Overhead(b *testing.B) {
 	}{
 		{sh3x4.name, sh3x4.items, s5Count{items: sh3x4.items}, []s5Impl{
 			linear("pipeline", sh3x4, s5Pipeline),
+			linear("pipeline+snapshots", sh3x4, s5Observed),
 			linear("handwritten", sh3x4, s5Handwritten),
 			linear("conc", sh3x4, s5Conc),
 		}},
