@@ -61,10 +61,11 @@
 // which is what they are across runs. Within one run, the counts of items by outcome
 // (except not_started, which includes the queued items), output, retries, errors,
 // flushes and attempts timed only grow; input can dip by the items being handed to a
-// worker, as the pipeline derives it from a queue length. (A report counts the finished
-// items an ordered stage holds in its reorder window as failed, as they are once the run
-// has stopped; during a run this package counts them as succeeded, so that neither count
-// goes down.)
+// worker, as the pipeline derives it from a queue length. (A report counts as failed
+// the items still in flight when it is taken, as they are once the run has stopped;
+// during a run this package counts the finished items an ordered stage holds in its
+// reorder window as succeeded, and the item a source is handing on as in flight, so
+// that no count of settled items goes down when they move on.)
 //
 // # Latency
 //

@@ -13,6 +13,8 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/gopipeline/pipeline"
 )
 
 // s1Fixture is the scenario1 object of bench/testdata/items.json: the ids that fail.
@@ -115,4 +117,18 @@ func checkValues(t *testing.T, got map[string]point, want map[string]float64) {
 			t.Errorf("%s = %v, want %v", k, p.value, v)
 		}
 	}
+}
+
+// rowName returns the name of the first row of the given kind in p's report: the
+// pipeline names the rows it adds itself (sources, filters, batches).
+func rowName(t *testing.T, p *pipeline.Pipeline, kind string) string {
+	t.Helper()
+	r := p.Snapshot()
+	for _, s := range r.Stages {
+		if s.Kind == kind {
+			return s.Name
+		}
+	}
+	t.Fatalf("no row of kind %s in\n%v", kind, r)
+	return ""
 }

@@ -159,18 +159,18 @@ func observe(o metric.Observer, in *instruments, r pipeline.Report, base []attri
 			count(in.items, s.Filtered, stage, keyOutcome.String("filtered"))
 			continue
 		}
-		succeeded, failed := settled(r, s)
+		succeeded, failed, inFlight := settled(r, s)
 		count(in.items, succeeded, stage, keyOutcome.String("succeeded"))
 		count(in.items, s.DeadLettered, stage, keyOutcome.String("dead_lettered"))
 		count(in.items, failed, stage, keyOutcome.String("failed"))
 		count(in.items, s.NotStarted, stage, keyOutcome.String("not_started"))
 		count(in.input, s.In, stage)
 		count(in.output, s.Out, stage)
+		count(in.inFlight, inFlight, stage)
 		if s.Kind == "source" {
 			continue
 		}
 
-		count(in.inFlight, s.InFlight, stage)
 		count(in.retries, s.Retried, stage)
 		for _, e := range s.Errors {
 			typ := keyErrorType.String(e.Type)
@@ -205,15 +205,23 @@ func observe(o metric.Observer, in *instruments, r pipeline.Report, base []attri
 	}
 }
 
-// settled returns a stage's succeeded and failed counts. A report counts the finished
-// items an ordered stage holds in its reorder window as failed, which is what they are
-// when the run has stopped; during a run they are still to be sent, so they are
-// counted as succeeded, which keeps both counts from going down as the window drains.
-func settled(r pipeline.Report, s *pipeline.StageReport) (succeeded, failed int64) {
-	succeeded, failed = s.Succeeded, s.Failed
-	if r.Running && s.Window > 0 {
+// settled returns a stage's succeeded, failed and in-flight counts. A report counts an
+// item as failed when it was in flight as the run stopped; taken during a run, it also
+// counts that way the items still in flight there: the finished items an ordered stage
+// holds in its reorder window, and the item a source is handing on. During a run they
+// are counted as succeeded (a window's) and in flight (a source's), so that no count
+// that only grows goes down when they move on.
+func settled(r pipeline.Report, s *pipeline.StageReport) (succeeded, failed, inFlight int64) {
+	succeeded, failed, inFlight = s.Succeeded, s.Failed, s.InFlight
+	if !r.Running {
+		return succeeded, failed, inFlight
+	}
+	if s.Window > 0 {
 		h := min(s.Window, failed)
 		succeeded, failed = succeeded+h, failed-h
 	}
-	return succeeded, failed
+	if s.Kind == "source" {
+		inFlight, failed = inFlight+failed, 0
+	}
+	return succeeded, failed, inFlight
 }

@@ -176,13 +176,14 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			counter(c.items, s.Filtered, name, "filtered")
 			continue
 		}
-		succeeded, failed := settled(r, s)
+		succeeded, failed, inFlight := settled(r, s)
 		counter(c.items, succeeded, name, "succeeded")
 		counter(c.items, s.DeadLettered, name, "dead_lettered")
 		counter(c.items, failed, name, "failed")
 		counter(c.out, s.Out, name)
 		gauge(c.in, float64(s.In), name)
 		gauge(c.notStarted, float64(s.NotStarted), name)
+		gauge(c.inFlight, float64(inFlight), name)
 		if s.Kind == "source" {
 			continue
 		}
@@ -198,7 +199,6 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.queuePeak, float64(s.PeakQueue), name)
 		gauge(c.workers, float64(s.Workers), name)
 		gauge(c.busy, float64(s.Busy), name)
-		gauge(c.inFlight, float64(s.InFlight), name)
 		if s.Kind == "batch" {
 			counter(c.flushes, s.Flushes.Size, name, "size")
 			counter(c.flushes, s.Flushes.Bytes, name, "bytes")
@@ -215,17 +215,25 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// settled returns a stage's succeeded and failed counts. A report counts the finished
-// items an ordered stage holds in its reorder window as failed, which is what they are
-// when the run has stopped; during a run they are still to be sent, so they are
-// counted as succeeded, which keeps both counts from going down as the window drains.
-func settled(r pipeline.Report, s *pipeline.StageReport) (succeeded, failed int64) {
-	succeeded, failed = s.Succeeded, s.Failed
-	if r.Running && s.Window > 0 {
+// settled returns a stage's succeeded, failed and in-flight counts. A report counts an
+// item as failed when it was in flight as the run stopped; taken during a run, it also
+// counts that way the items still in flight there: the finished items an ordered stage
+// holds in its reorder window, and the item a source is handing on. During a run they
+// are counted as succeeded (a window's) and in flight (a source's), so that no count
+// that only grows goes down when they move on.
+func settled(r pipeline.Report, s *pipeline.StageReport) (succeeded, failed, inFlight int64) {
+	succeeded, failed, inFlight = s.Succeeded, s.Failed, s.InFlight
+	if !r.Running {
+		return succeeded, failed, inFlight
+	}
+	if s.Window > 0 {
 		h := min(s.Window, failed)
 		succeeded, failed = succeeded+h, failed-h
 	}
-	return succeeded, failed
+	if s.Kind == "source" {
+		inFlight, failed = inFlight+failed, 0
+	}
+	return succeeded, failed, inFlight
 }
 
 // quantiles returns the quantiles of a latency for a summary: NaN before any attempt was

@@ -92,7 +92,11 @@ func TestS1Retry(t *testing.T) {
 		// durably blocked, so they would keep the bubble's clock from advancing.
 		text := scrape(t, serve(t, reg))
 		got, types := samples(t, text)
+		src := rowName(t, p, "source")
 		checkSamples(t, got, map[string]float64{
+			`pipeline_stage_info{kind="source",stage="` + src + `"}`: 1,
+			`pipeline_stage_in_items{stage="` + src + `"}`:           10_000,
+			`pipeline_stage_out_total{stage="` + src + `"}`:          10_000,
 			`pipeline_running`: 0,
 			`pipeline_stage_items_total{outcome="succeeded",stage="enrich"}`:                     9_895,
 			`pipeline_stage_items_total{outcome="dead_lettered",stage="enrich"}`:                 105,
@@ -111,10 +115,7 @@ func TestS1Retry(t *testing.T) {
 			`pipeline_stage_queue_length{stage="enrich"}`:                                        0,
 			`pipeline_stage_queue_capacity{stage="enrich"}`:                                      100,
 			`pipeline_stage_attempt_timeout_seconds{stage="enrich"}`:                             1,
-			`pipeline_stage_in_items{stage="slice"}`:                                             10_000,
-			`pipeline_stage_out_total{stage="slice"}`:                                            10_000,
 			`pipeline_stage_items_total{outcome="succeeded",stage="sink"}`:                       9_895,
-			`pipeline_stage_info{kind="source",stage="slice"}`:                                   1,
 			`pipeline_stage_info{kind="stage",stage="enrich"}`:                                   1,
 			`pipeline_stage_info{kind="sink",stage="sink"}`:                                      1,
 		}, text)
@@ -166,7 +167,12 @@ func TestScrapeDuringRun(t *testing.T) {
 		// (not durably blocked) cannot hold up the bubble's clock.
 		text := scrape(t, serve(t, reg))
 		got, _ := samples(t, text)
+		src := rowName(t, p, "source")
 		checkSamples(t, got, map[string]float64{
+			`pipeline_stage_in_items{stage="` + src + `"}`: 100,
+			// The item the source is handing on is in flight, not failed as in the report.
+			`pipeline_stage_in_flight{stage="` + src + `"}`:                    1,
+			`pipeline_stage_items_total{outcome="failed",stage="` + src + `"}`: 0,
 			`pipeline_running`:                                              1,
 			`pipeline_stage_queue_length{stage="store"}`:                    4,
 			`pipeline_stage_queue_capacity{stage="store"}`:                  4,
@@ -174,7 +180,6 @@ func TestScrapeDuringRun(t *testing.T) {
 			`pipeline_stage_busy_workers{stage="store"}`:                    1,
 			`pipeline_stage_in_flight{stage="store"}`:                       1,
 			`pipeline_stage_workers{stage="double"}`:                        2,
-			`pipeline_stage_in_items{stage="slice"}`:                        100,
 			`pipeline_stage_not_started_items{stage="store"}`:               4,
 			`pipeline_stage_out_total{stage="store"}`:                       0,
 			`pipeline_stage_items_total{outcome="succeeded",stage="store"}`: 0,
@@ -256,65 +261,67 @@ func TestScrapeHTTP(t *testing.T) {
 	const want = `
 # HELP pipeline_batch_flushes_total Batches flushed in the current or last run, by reason: size, bytes, linger or end.
 # TYPE pipeline_batch_flushes_total counter
-pipeline_batch_flushes_total{pipeline="squares",reason="bytes",stage="batch"} 0
-pipeline_batch_flushes_total{pipeline="squares",reason="end",stage="batch"} 1
-pipeline_batch_flushes_total{pipeline="squares",reason="linger",stage="batch"} 0
-pipeline_batch_flushes_total{pipeline="squares",reason="size",stage="batch"} 1
+pipeline_batch_flushes_total{pipeline="squares",reason="bytes",stage="$batch"} 0
+pipeline_batch_flushes_total{pipeline="squares",reason="end",stage="$batch"} 1
+pipeline_batch_flushes_total{pipeline="squares",reason="linger",stage="$batch"} 0
+pipeline_batch_flushes_total{pipeline="squares",reason="size",stage="$batch"} 1
 # HELP pipeline_running 1 while a run of the pipeline is in progress, else 0.
 # TYPE pipeline_running gauge
 pipeline_running{pipeline="squares"} 0
 # HELP pipeline_stage_in_items Items that reached the stage in the current or last run (a source: the items it holds, when known).
 # TYPE pipeline_stage_in_items gauge
-pipeline_stage_in_items{pipeline="squares",stage="batch"} 3
+pipeline_stage_in_items{pipeline="squares",stage="$batch"} 3
 pipeline_stage_in_items{pipeline="squares",stage="save"} 2
-pipeline_stage_in_items{pipeline="squares",stage="slice"} 6
+pipeline_stage_in_items{pipeline="squares",stage="$source"} 6
 pipeline_stage_in_items{pipeline="squares",stage="square"} 3
 # HELP pipeline_stage_info Always 1: the kind of each stage (source, stage, sink, filter or batch).
 # TYPE pipeline_stage_info gauge
-pipeline_stage_info{kind="batch",pipeline="squares",stage="batch"} 1
-pipeline_stage_info{kind="filter",pipeline="squares",stage="filter"} 1
+pipeline_stage_info{kind="batch",pipeline="squares",stage="$batch"} 1
+pipeline_stage_info{kind="filter",pipeline="squares",stage="$filter"} 1
 pipeline_stage_info{kind="sink",pipeline="squares",stage="save"} 1
-pipeline_stage_info{kind="source",pipeline="squares",stage="slice"} 1
+pipeline_stage_info{kind="source",pipeline="squares",stage="$source"} 1
 pipeline_stage_info{kind="stage",pipeline="squares",stage="square"} 1
 # HELP pipeline_stage_items_total Items the stage settled in the current or last run, by outcome: succeeded, dead_lettered, failed or filtered.
 # TYPE pipeline_stage_items_total counter
-pipeline_stage_items_total{outcome="dead_lettered",pipeline="squares",stage="batch"} 0
+pipeline_stage_items_total{outcome="dead_lettered",pipeline="squares",stage="$batch"} 0
 pipeline_stage_items_total{outcome="dead_lettered",pipeline="squares",stage="save"} 0
-pipeline_stage_items_total{outcome="dead_lettered",pipeline="squares",stage="slice"} 0
+pipeline_stage_items_total{outcome="dead_lettered",pipeline="squares",stage="$source"} 0
 pipeline_stage_items_total{outcome="dead_lettered",pipeline="squares",stage="square"} 0
-pipeline_stage_items_total{outcome="failed",pipeline="squares",stage="batch"} 0
+pipeline_stage_items_total{outcome="failed",pipeline="squares",stage="$batch"} 0
 pipeline_stage_items_total{outcome="failed",pipeline="squares",stage="save"} 0
-pipeline_stage_items_total{outcome="failed",pipeline="squares",stage="slice"} 0
+pipeline_stage_items_total{outcome="failed",pipeline="squares",stage="$source"} 0
 pipeline_stage_items_total{outcome="failed",pipeline="squares",stage="square"} 0
-pipeline_stage_items_total{outcome="filtered",pipeline="squares",stage="filter"} 3
-pipeline_stage_items_total{outcome="succeeded",pipeline="squares",stage="batch"} 3
+pipeline_stage_items_total{outcome="filtered",pipeline="squares",stage="$filter"} 3
+pipeline_stage_items_total{outcome="succeeded",pipeline="squares",stage="$batch"} 3
 pipeline_stage_items_total{outcome="succeeded",pipeline="squares",stage="save"} 2
-pipeline_stage_items_total{outcome="succeeded",pipeline="squares",stage="slice"} 6
+pipeline_stage_items_total{outcome="succeeded",pipeline="squares",stage="$source"} 6
 pipeline_stage_items_total{outcome="succeeded",pipeline="squares",stage="square"} 3
 # HELP pipeline_stage_not_started_items Items that reached the stage and were not started: during a run, mostly those still queued.
 # TYPE pipeline_stage_not_started_items gauge
-pipeline_stage_not_started_items{pipeline="squares",stage="batch"} 0
+pipeline_stage_not_started_items{pipeline="squares",stage="$batch"} 0
 pipeline_stage_not_started_items{pipeline="squares",stage="save"} 0
-pipeline_stage_not_started_items{pipeline="squares",stage="slice"} 0
+pipeline_stage_not_started_items{pipeline="squares",stage="$source"} 0
 pipeline_stage_not_started_items{pipeline="squares",stage="square"} 0
 # HELP pipeline_stage_out_total Items the stage sent on in the current or last run.
 # TYPE pipeline_stage_out_total counter
-pipeline_stage_out_total{pipeline="squares",stage="batch"} 2
+pipeline_stage_out_total{pipeline="squares",stage="$batch"} 2
 pipeline_stage_out_total{pipeline="squares",stage="save"} 2
-pipeline_stage_out_total{pipeline="squares",stage="slice"} 6
+pipeline_stage_out_total{pipeline="squares",stage="$source"} 6
 pipeline_stage_out_total{pipeline="squares",stage="square"} 3
 # HELP pipeline_stage_queue_capacity Capacity of the stage's input queue.
 # TYPE pipeline_stage_queue_capacity gauge
-pipeline_stage_queue_capacity{pipeline="squares",stage="batch"} 8
+pipeline_stage_queue_capacity{pipeline="squares",stage="$batch"} 8
 pipeline_stage_queue_capacity{pipeline="squares",stage="save"} 8
 pipeline_stage_queue_capacity{pipeline="squares",stage="square"} 8
 # HELP pipeline_stage_workers Workers of the stage.
 # TYPE pipeline_stage_workers gauge
-pipeline_stage_workers{pipeline="squares",stage="batch"} 1
+pipeline_stage_workers{pipeline="squares",stage="$batch"} 1
 pipeline_stage_workers{pipeline="squares",stage="save"} 1
 pipeline_stage_workers{pipeline="squares",stage="square"} 2
 `
-	err := testutil.ScrapeAndCompare(serve(t, reg), strings.NewReader(want),
+	names := strings.NewReplacer(`"$source"`, `"`+rowName(t, p, "source")+`"`,
+		`"$filter"`, `"`+rowName(t, p, "filter")+`"`, `"$batch"`, `"`+rowName(t, p, "batch")+`"`)
+	err := testutil.ScrapeAndCompare(serve(t, reg), strings.NewReader(names.Replace(want)),
 		"pipeline_running", "pipeline_stage_info", "pipeline_stage_in_items", "pipeline_stage_not_started_items", "pipeline_stage_out_total",
 		"pipeline_stage_items_total", "pipeline_batch_flushes_total", "pipeline_stage_queue_capacity",
 		"pipeline_stage_workers", "pipeline_checkpoint_position")

@@ -50,9 +50,11 @@
 // queues' lengths, so during a run they can dip (not-started items drain from the queue;
 // an item being handed to a worker is briefly in neither), and Prometheus would take any
 // dip of a counter for a reset and count the whole value again. Everything exposed as a
-// counter only grows during a run. (A report counts the finished items an ordered stage
-// holds in its reorder window as failed, as they are once the run has stopped; during a
-// run the collector counts them as succeeded, so that neither count goes down.)
+// counter only grows during a run. (A report counts as failed the items still in flight
+// when it is taken, as they are once the run has stopped; during a run the collector
+// counts the finished items an ordered stage holds in its reorder window as succeeded,
+// and the item a source is handing on as in flight, so that no counter goes down when
+// they move on.)
 //
 // # Counts are per run
 //

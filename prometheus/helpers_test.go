@@ -18,6 +18,8 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/require"
+
+	"github.com/gopipeline/pipeline"
 )
 
 // s1Fixture is the scenario1 object of bench/testdata/items.json: the ids that fail.
@@ -124,4 +126,18 @@ func samples(t *testing.T, text string) (map[string]float64, map[string]dto.Metr
 		}
 	}
 	return values, types
+}
+
+// rowName returns the name of the first row of the given kind in p's report: the
+// pipeline names the rows it adds itself (sources, filters, batches).
+func rowName(t *testing.T, p *pipeline.Pipeline, kind string) string {
+	t.Helper()
+	r := p.Snapshot()
+	for _, s := range r.Stages {
+		if s.Kind == kind {
+			return s.Name
+		}
+	}
+	t.Fatalf("no row of kind %s in\n%v", kind, r)
+	return ""
 }
