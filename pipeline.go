@@ -31,16 +31,15 @@ type Pipeline struct {
 
 	mu      sync.Mutex
 	report  Report
-	prevRun *run // Snapshot's previous call, for rates
-	prevAt  time.Time
-	prevOut map[string]int64
+	runs    uint64       // runs started
+	samples []rateSample // recent Snapshots of the current run, for rates
 }
 
 // New returns an empty pipeline. Options given here apply to the run as a whole:
 // [WithBuffer] sets the default queue size of every stage, [WithErrorBudget] sets a
 // budget shared by all stages. An option that only makes sense on one stage panics.
 func New(opts ...Option) *Pipeline {
-	p := &Pipeline{names: make(map[string]struct{})}
+	p := &Pipeline{names: make(map[string]struct{}), report: Report{Checkpoint: -1}}
 	for _, o := range opts {
 		o.apply(&p.cfg)
 	}
@@ -119,6 +118,10 @@ func (p *Pipeline) begin(extra bool) {
 // attaches a terminal that is not part of the pipeline (the consumer of [All]).
 func (p *Pipeline) exec(ctx context.Context, extra func(r *run)) (*run, error) {
 	r := &run{p: p, parent: ctx, started: time.Now()}
+	p.mu.Lock()
+	p.runs++
+	r.number = p.runs
+	p.mu.Unlock()
 	if trace.IsEnabled() { // go tool trace shows each run as a task, each attempt as a region
 		var task *trace.Task
 		ctx, task = trace.NewTask(ctx, "pipeline.Run")
@@ -204,11 +207,11 @@ func (p *Pipeline) finish(r *run, err error) error {
 			}
 		}
 	}
-	p.cur.Store(nil)
-	rep := r.report(err)
+	rep := r.report(err, true)
 	p.mu.Lock()
 	p.report = rep
 	p.mu.Unlock()
+	p.cur.Store(nil) // after the report is published: a Snapshot never sees an older one
 	p.running.Store(false)
 	return err
 }
@@ -220,6 +223,7 @@ type run struct {
 	saved   atomic.Int64    // the last position saved (checkpointed runs)
 	savedAt atomic.Int64    // when, in Unix nanoseconds
 	started time.Time
+	number  uint64 // 1 for the pipeline's first run
 	ctx     context.Context
 	g       *errgroup.Group
 	rows    []*row

@@ -176,6 +176,8 @@ type Report struct {
 
 	CheckpointSaved time.Time     // when Checkpoint was saved (zero if never in this run)
 	Running         bool          // a Snapshot of a run in progress
+	Run             uint64        // which run of the pipeline: 1, 2, ... (0 before the first)
+	Started         time.Time     // when the run started
 	Elapsed         time.Duration // since the run started
 }
 
@@ -304,8 +306,11 @@ func (r Report) String() string {
 }
 
 // report sums the counters of a finished run.
-func (r *run) report(err error) Report {
-	rep := Report{Err: err, Checkpoint: -1, Elapsed: time.Since(r.started)}
+// report sums the counters of the run. final applies the end-of-run rules (items still
+// held in a reorder window, or in a source's hand, failed); a live report counts them
+// as in flight, so that its counts only grow.
+func (r *run) report(err error, final bool) Report {
+	rep := Report{Err: err, Checkpoint: -1, Elapsed: time.Since(r.started), Run: r.number, Started: r.started}
 	if r.track != nil {
 		rep.Checkpoint = r.saved.Load()
 		if at := r.savedAt.Load(); at != 0 {
@@ -336,15 +341,19 @@ func (r *run) report(err error) Report {
 				s.In = rw.given
 				s.NotStarted += rw.given - received
 			}
-			s.Failed = received - discarded - s.Succeeded // an inline operator after it panicked
+			if final {
+				s.Failed = received - discarded - s.Succeeded // an inline operator after it panicked
+			}
 		case kindFilter:
 			s.Workers = 0
 			s.Filtered = rw.filtered.Load()
 		default:
-			if rw.held != nil { // finished, but never sent on: in flight when the run stopped
-				h := rw.held()
-				s.Succeeded -= h
-				s.Failed += h
+			if rw.held != nil {
+				s.Window = rw.held()
+				if final { // finished, but never sent on: in flight when the run stopped
+					s.Succeeded -= s.Window
+					s.Failed += s.Window
+				}
 			}
 			left := int64(rw.q.length()) + rw.q.unsentCount()
 			s.In = received + left
@@ -357,9 +366,6 @@ func (r *run) report(err error) Report {
 			s.QueueLen = rw.q.length()
 		}
 		s.InFlight = received - discarded - s.Succeeded - s.DeadLettered - s.Failed
-		if rw.held != nil {
-			s.Window = rw.held()
-		}
 		s.Latency = latencyOf(rw.workers)
 		s.Timeout, s.Next = rw.timeout, rw.next
 		if secs := rep.Elapsed.Seconds(); secs > 0 {

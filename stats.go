@@ -20,6 +20,7 @@ const (
 type histogram struct {
 	b   [histBuckets]counter
 	max counter
+	sum counter // nanoseconds
 }
 
 func bucketOf(ns int64) int {
@@ -49,6 +50,7 @@ func (h *histogram) record(d time.Duration) {
 	ns := int64(d)
 	h.b[bucketOf(ns)].inc()
 	h.max.max(ns)
+	h.sum.add(ns)
 }
 
 // Latency is the distribution of one stage's attempt durations (the stage function's
@@ -56,7 +58,8 @@ func (h *histogram) record(d time.Duration) {
 // are within 12.5 %. Workers time one attempt in 16, and every attempt once one took
 // more than 20 µs, so timing costs almost nothing on fast stages.
 type Latency struct {
-	Count              int64 // attempts timed
+	Count              int64         // attempts timed
+	Sum                time.Duration // their total duration
 	P50, P90, P99, Max time.Duration
 }
 
@@ -71,6 +74,7 @@ func latencyOf(ws []workerStats) Latency {
 			l.Count += n
 		}
 		l.Max = max(l.Max, time.Duration(h.max.load()))
+		l.Sum += time.Duration(h.sum.load())
 	}
 	if l.Count == 0 {
 		return l
@@ -115,32 +119,58 @@ func (rw *row) addError(typ string, f func(*ErrorCount)) {
 
 // Snapshot returns the state of the run in progress, as a [Report] whose Running is
 // true: counts so far, queue lengths, busy workers, latency percentiles, and each stage's
-// rate since the previous Snapshot (or since the run started). Between runs it returns
-// the last run's report. It is safe to call from any goroutine at any time, and costs
-// the run nothing: the counters it reads are written anyway.
+// rate over the last second or so (measured between snapshots: from the most recent
+// earlier Snapshot at least a second old, or from the start of the run). Between runs it
+// returns the last run's report. It is safe to call from any goroutine at any time, and
+// costs the stages nothing: the counters it reads are written anyway.
+//
+// A snapshot is not atomic across counters: an item moving between two stages may show
+// in neither for an instant. Counts only grow during a run.
 func (p *Pipeline) Snapshot() Report {
 	r := p.cur.Load()
 	if r == nil {
 		return p.Report()
 	}
-	rep := r.report(nil)
+	rep := r.report(nil, false)
 	rep.Running = true
 	now := time.Now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.prevRun != r {
-		p.prevRun, p.prevAt, p.prevOut = r, r.started, map[string]int64{}
+	if len(p.samples) > 0 && p.samples[0].run != r {
+		p.samples = p.samples[:0]
 	}
-	dt := now.Sub(p.prevAt).Seconds()
-	for i := range rep.Stages {
-		s := &rep.Stages[i]
-		if dt > 0 {
-			s.Rate = float64(s.Out-p.prevOut[s.Name]) / dt
+	base := rateSample{run: r, at: r.started}
+	for _, smp := range p.samples {
+		if now.Sub(smp.at) >= time.Second {
+			base = smp // samples are in time order: the last one old enough wins
 		}
-		p.prevOut[s.Name] = s.Out
 	}
-	p.prevAt = now
+	if dt := now.Sub(base.at).Seconds(); dt > 0 {
+		for i := range rep.Stages {
+			s := &rep.Stages[i]
+			s.Rate = float64(s.Out-base.out[s.Name]) / dt
+		}
+	}
+	out := make(map[string]int64, len(rep.Stages))
+	for _, s := range rep.Stages {
+		out[s.Name] = s.Out
+	}
+	// Keep the samples of the last few seconds (and at most 64).
+	keep := p.samples[:0]
+	for _, smp := range p.samples {
+		if now.Sub(smp.at) < 5*time.Second {
+			keep = append(keep, smp)
+		}
+	}
+	p.samples = append(keep[max(0, len(keep)-63):], rateSample{run: r, at: now, out: out})
 	return rep
+}
+
+// rateSample is one Snapshot's output counts, for the rates of later ones.
+type rateSample struct {
+	run *run
+	at  time.Time
+	out map[string]int64
 }
 
 // Bottleneck names the stage that limits the run and says what to do about it.

@@ -215,25 +215,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// settled returns a stage's succeeded, failed and in-flight counts. A report counts an
-// item as failed when it was in flight as the run stopped; taken during a run, it also
-// counts that way the items still in flight there: the finished items an ordered stage
-// holds in its reorder window, and the item a source is handing on. During a run they
-// are counted as succeeded (a window's) and in flight (a source's), so that no count
-// that only grows goes down when they move on.
-func settled(r pipeline.Report, s *pipeline.StageReport) (succeeded, failed, inFlight int64) {
-	succeeded, failed, inFlight = s.Succeeded, s.Failed, s.InFlight
-	if !r.Running {
-		return succeeded, failed, inFlight
-	}
-	if s.Window > 0 {
-		h := min(s.Window, failed)
-		succeeded, failed = succeeded+h, failed-h
-	}
-	if s.Kind == "source" {
-		inFlight, failed = inFlight+failed, 0
-	}
-	return succeeded, failed, inFlight
+// settled returns a stage's succeeded, failed and in-flight counts. A live snapshot
+// counts the items still moving (an ordered stage's reorder window, a source's item in
+// hand) as succeeded or in flight, so these only grow during a run.
+func settled(_ pipeline.Report, s *pipeline.StageReport) (succeeded, failed, inFlight int64) {
+	return s.Succeeded, s.Failed, s.InFlight
 }
 
 // quantiles returns the quantiles of a latency for a summary: NaN before any attempt was
