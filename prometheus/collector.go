@@ -102,7 +102,7 @@ func NewCollector(p *pipeline.Pipeline, opts ...Option) *Collector {
 		flushes: desc("pipeline_batch_flushes_total",
 			"Batches flushed in the current or last run, by reason: size, bytes, linger or end.", "stage", "reason"),
 		latency: desc("pipeline_stage_attempt_duration_seconds",
-			"Duration of the stage function's attempts in the current or last run, at quantiles 0.5, 0.9, 0.99 (within 12.5 %) and 1 (the max); _sum is unknown (NaN).",
+			"Duration of the stage function's attempts in the current or last run, at quantiles 0.5, 0.9, 0.99 (within 12.5 %) and 1 (the max); _count and _sum cover the timed attempts.",
 			"stage"),
 		in: desc("pipeline_stage_in_items",
 			"Items that reached the stage in the current or last run (a source: the items it holds, when known).", "stage"),
@@ -208,7 +208,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		}
 
 		gauge(c.held, float64(s.Window), name)
-		ch <- prometheus.MustNewConstSummary(c.latency, uint64(s.Latency.Count), math.NaN(), quantiles(s.Latency), name)
+		ch <- prometheus.MustNewConstSummary(c.latency, uint64(s.Latency.Count), s.Latency.Sum.Seconds(), quantiles(s.Latency), name)
 		if s.Timeout > 0 {
 			gauge(c.timeout, s.Timeout.Seconds(), name)
 		}

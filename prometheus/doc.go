@@ -27,7 +27,7 @@
 //	                                                                       what they did: retried, dead_lettered or failed
 //	pipeline_batch_flushes_total             counter  stage, reason        batches flushed by reason: size, bytes, linger, end
 //	pipeline_stage_attempt_duration_seconds  summary  stage, quantile      attempt durations: quantiles 0.5, 0.9, 0.99 and 1
-//	                                                                       (the max); _count attempts timed; _sum NaN
+//	                                                                       (the max); _count, _sum: attempts timed
 //	pipeline_stage_in_items                  gauge    stage                items that reached the stage (a source: items it holds)
 //	pipeline_stage_not_started_items         gauge    stage                items that reached it and were not started
 //	pipeline_stage_in_flight                 gauge    stage                items started and not yet settled
@@ -77,10 +77,9 @@
 // # Latency
 //
 // A stage's attempt durations come from the pipeline's own fixed-memory histogram, as
-// quantiles within 12.5 % (see [pipeline.Latency]); the report has neither the
-// histogram's buckets nor the sum of the durations. That rules out a Prometheus
-// histogram, so they are a summary whose _sum is NaN (unknown) and whose _count is the
-// attempts timed. The pipeline times one attempt in 16 on fast stages, so that count is
+// quantiles within 12.5 % (see [pipeline.Latency]); the report does not give the
+// histogram's buckets, which rules out a Prometheus histogram, so they are a summary
+// whose _count and _sum cover the attempts timed. The pipeline times one attempt in 16 on fast stages, so that count is
 // not the number of attempts: count attempts with pipeline_stage_items_total and
 // pipeline_stage_retries_total. The quantiles are NaN until the stage has timed an
 // attempt. Aggregate quantiles across pipelines with max(), never avg() or sum().
