@@ -10,8 +10,11 @@
 //	         budget stops the run if more than 5 % of the items fail
 //	store    2 workers append the enriched events to a JSON Lines file
 //
-// At the end it prints the run's report and where the output and the dead letters
-// went, and exits with status 1 if the run failed. Nothing goes to the network.
+// While it runs, it shows the pipeline's live state every 200 ms (Snapshot().Line()):
+// on a terminal as one line refreshed in place, otherwise as plain lines on standard
+// error. At the end it prints the run's report, its bottleneck and where the output and
+// the dead letters went, and exits with status 1 if the run failed. Nothing goes to the
+// network.
 //
 //	go run ./examples/enrich -n 10000 -workers 16 -seed 1
 package main
@@ -93,7 +96,9 @@ func run() error {
 	pipeline.To(enriched, pipeline.NewSink("store", 2, st.write))
 
 	start := time.Now()
+	stopProgress := showProgress(p, 200*time.Millisecond)
 	runErr := p.Run(ctx)
+	stopProgress()
 	elapsed := time.Since(start)
 
 	// The output and the dead letters are only complete once flushed and closed.
@@ -101,6 +106,7 @@ func run() error {
 
 	rep := p.Report()
 	fmt.Print(rep)
+	fmt.Println(rep.Bottleneck(0))
 	fmt.Printf("\n%d records in %v\n", *n, elapsed.Round(time.Millisecond))
 	fmt.Printf("output:       %d lines in %s\n", st.lines, f.Name())
 	fmt.Printf("dead letters: %d records in %s\n", rep.DeadLettered(), *dlPath)
@@ -108,6 +114,48 @@ func run() error {
 		return fmt.Errorf("run failed: %w", runErr)
 	}
 	return closeErr
+}
+
+// showProgress prints p's live state (a Snapshot, on one line) every interval, from its
+// own goroutine, until the returned function is called; that function waits for the
+// goroutine to exit, so nothing is printed after it returns. On a terminal the line is
+// rewritten in place (carriage return, then clear to the end of the line); otherwise
+// (a file, a pipe) each snapshot is a plain line on standard error, so that standard
+// output holds only the final report.
+func showProgress(p *pipeline.Pipeline, interval time.Duration) (stop func()) {
+	tty := isTerminal(os.Stdout)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		tick := time.NewTicker(interval)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				if tty {
+					fmt.Print("\r\x1b[K") // leave a clean line for the report
+				}
+				return
+			case <-tick.C:
+				line := p.Snapshot().Line()
+				if tty {
+					fmt.Print("\r" + line + "\x1b[K")
+				} else {
+					fmt.Fprintln(os.Stderr, line)
+				}
+			}
+		}
+	})
+	return func() {
+		close(done)
+		wg.Wait()
+	}
+}
+
+// isTerminal reports whether f is a terminal (a character device).
+func isTerminal(f *os.File) bool {
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }
 
 // generate yields n lines "id,user,amount_cents", from a PCG seeded with seed.

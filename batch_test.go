@@ -1,0 +1,493 @@
+package pipeline_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gopipeline/pipeline"
+)
+
+// flushTotal returns the number of flushes over every reason.
+func flushTotal(f pipeline.Flushes) int64 {
+	return f.Size + f.Bytes + f.Linger + f.End + f.Checkpoint
+}
+
+// checkBatchRow checks the row of a batch stage: In = Succeeded + Failed + NotStarted,
+// no count is negative, and its flushes by reason add up to the batches it sent.
+func checkBatchRow(t *testing.T, rep pipeline.Report, name string) pipeline.StageReport {
+	t.Helper()
+	b := row(t, rep, name)
+	assert.Equal(t, "batch", b.Kind)
+	for _, c := range []int64{b.In, b.Succeeded, b.Out, b.Failed, b.NotStarted, b.DeadLettered, b.Retried} {
+		assert.GreaterOrEqualf(t, c, int64(0), "batch row %q has a negative count\n%v", name, rep)
+	}
+	assert.Equalf(t, b.In, b.Succeeded+b.Failed+b.NotStarted, "batch row %q: In != Succeeded+Failed+NotStarted\n%v", name, rep)
+	assert.Equalf(t, b.Out, flushTotal(b.Flushes), "batch row %q: batches sent != flushes by reason (%+v)", name, b.Flushes)
+	return b
+}
+
+// TestBatchBySize checks batching by count alone over inputs around the batch size:
+// every batch but the last is full, the batches in order are the input, and the flush
+// reasons add up to the number of batches (Size for full ones, End for a partial last).
+func TestBatchBySize(t *testing.T) {
+	t.Parallel()
+	for _, size := range []int{1, 7, 1000} {
+		for _, n := range []int{0, 1, 999, 1000, 1001} {
+			t.Run(fmt.Sprintf("size=%d/n=%d", size, n), func(t *testing.T) {
+				t.Parallel()
+				p := pipeline.New()
+				batches, err := pipeline.Collect(t.Context(), pipeline.Batch(pipeline.FromSlice(p, ints(n)), size))
+				require.NoError(t, err)
+				require.Len(t, batches, (n+size-1)/size)
+				for i, b := range batches {
+					if i < len(batches)-1 {
+						assert.Len(t, b, size, "batch %d is not full", i)
+					} else {
+						assert.Len(t, b, n-size*i, "last batch")
+					}
+				}
+				assert.Equal(t, ints(n), append([]int{}, slices.Concat(batches...)...))
+				rep := p.Report()
+				checkAccounting(t, rep)
+				b := checkBatchRow(t, rep, "Batch")
+				assert.Equal(t, int64(n), b.In)
+				assert.Equal(t, int64(n), b.Succeeded)
+				end := int64(0)
+				if n%size != 0 {
+					end = 1
+				}
+				assert.Equal(t, pipeline.Flushes{Size: int64(n / size), End: end}, b.Flushes)
+				assert.Equal(t, int64(len(batches)), row(t, rep, "All").In)
+			})
+		}
+	}
+}
+
+// TestBatchByBytes checks WithMaxBytes: no batch passes the byte limit unless it is one
+// oversized item, the count limit still holds, and the batches are exactly the greedy
+// grouping the documentation describes (flush before an item would pass the limit, and
+// when the count is reached), with the flushes counted by reason.
+func TestBatchByBytes(t *testing.T) {
+	t.Parallel()
+	const n, size, maxBytes = 500, 10, 100
+	items := make([]string, n)
+	for i := range items {
+		l := (i * 37) % 23 // 0..22 bytes: batches end by count or by bytes
+		if i%53 == 7 {
+			l = 150 // larger than maxBytes: a batch of its own
+		}
+		items[i] = strings.Repeat("x", l)
+	}
+	// The expected grouping, by the documented rule.
+	var (
+		want      [][]string
+		cur       []string
+		curBytes  int
+		wantFlush pipeline.Flushes
+	)
+	for _, it := range items {
+		if len(cur) > 0 && curBytes+len(it) > maxBytes {
+			want, cur, curBytes = append(want, cur), nil, 0
+			wantFlush.Bytes++
+		}
+		cur, curBytes = append(cur, it), curBytes+len(it)
+		if len(cur) == size {
+			want, cur, curBytes = append(want, cur), nil, 0
+			wantFlush.Size++
+		}
+	}
+	if len(cur) > 0 {
+		want = append(want, cur)
+		wantFlush.End++
+	}
+
+	p := pipeline.New()
+	s := pipeline.Batch(pipeline.FromSlice(p, items), size,
+		pipeline.WithMaxBytes(maxBytes, func(s string) int { return len(s) }))
+	got, err := pipeline.Collect(t.Context(), s)
+	require.NoError(t, err)
+	for i, b := range got {
+		bytes := 0
+		for _, it := range b {
+			bytes += len(it)
+		}
+		assert.LessOrEqualf(t, len(b), size, "batch %d has too many items", i)
+		if len(b) > 1 {
+			assert.LessOrEqualf(t, bytes, maxBytes, "batch %d of %d items has too many bytes", i, len(b))
+		}
+	}
+	assert.Equal(t, want, got)
+	assert.Equal(t, items, slices.Concat(got...))
+	rep := p.Report()
+	b := checkBatchRow(t, rep, "Batch")
+	assert.Equal(t, wantFlush, b.Flushes)
+	assert.Positive(t, b.Flushes.Bytes)
+	assert.Positive(t, b.Flushes.Size)
+}
+
+// batchArrival is a batch and when (in virtual time since the test began) a sink got it.
+type batchArrival struct {
+	at    time.Duration
+	batch []int
+}
+
+// TestBatchLinger checks WithLinger in virtual time. A partial batch is flushed exactly
+// the linger after its first item arrived (not its last), and counted as a Linger flush;
+// the end of the input flushes the rest at once.
+func TestBatchLinger(t *testing.T) {
+	t.Parallel()
+	const linger = 50 * time.Millisecond
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		var got []batchArrival // the sink has one worker
+		firstSeen := make(chan struct{})
+		p := pipeline.New()
+		src := pipeline.Generate(p, func(ctx context.Context, emit func(int) error) error {
+			for i := range 3 {
+				if err := emit(i); err != nil {
+					return err
+				}
+			}
+			<-firstSeen // the first batch waits for its linger
+			if err := emit(3); err != nil {
+				return err
+			}
+			time.Sleep(20 * time.Millisecond)
+			if err := emit(4); err != nil { // the batch's second item: its linger still runs from item 3
+				return err
+			}
+			time.Sleep(100 * time.Millisecond)
+			return emit(5) // then the input ends
+		})
+		pipeline.ToBatches(src, 10, pipeline.NewSink("sink", 1, func(_ context.Context, b []int) error {
+			got = append(got, batchArrival{time.Since(start), b})
+			if len(got) == 1 {
+				close(firstSeen)
+			}
+			return nil
+		}), pipeline.WithLinger(linger))
+		require.NoError(t, p.Run(t.Context()))
+		assert.Equal(t, []batchArrival{
+			{linger, []int{0, 1, 2}},
+			{2 * linger, []int{3, 4}},
+			{linger + 20*time.Millisecond + 100*time.Millisecond, []int{5}},
+		}, got)
+		rep := p.Report()
+		checkAccounting(t, rep)
+		b := checkBatchRow(t, rep, "Batch")
+		assert.Equal(t, pipeline.Flushes{Linger: 2, End: 1}, b.Flushes)
+	})
+}
+
+// TestBatchLingerAfterFullBatch fills a batch (flushed by size) and then sends nothing
+// for longer than the linger: the linger timer of the flushed batch must not flush an
+// empty batch.
+func TestBatchLingerAfterFullBatch(t *testing.T) {
+	t.Skip("BUG: Batch with WithLinger flushes an empty batch when the linger expires after a full batch was " +
+		"flushed by size (the timer is not stopped on a size flush, and the <-expired case flushes " +
+		"unconditionally): the consumer gets a nil batch and Flushes.Linger counts it")
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		var got []batchArrival
+		p := pipeline.New()
+		src := pipeline.Generate(p, func(_ context.Context, emit func(int) error) error {
+			for i := range 2 {
+				if err := emit(i); err != nil {
+					return err
+				}
+			}
+			time.Sleep(200 * time.Millisecond)
+			return emit(2)
+		})
+		pipeline.ToBatches(src, 2, pipeline.NewSink("sink", 1, func(_ context.Context, b []int) error {
+			got = append(got, batchArrival{time.Since(start), b})
+			return nil
+		}), pipeline.WithLinger(50*time.Millisecond))
+		require.NoError(t, p.Run(t.Context()))
+		assert.Equal(t, []batchArrival{{0, []int{0, 1}}, {200 * time.Millisecond, []int{2}}}, got)
+		b := checkBatchRow(t, p.Report(), "Batch")
+		assert.Equal(t, pipeline.Flushes{Size: 1, End: 1}, b.Flushes)
+	})
+}
+
+// TestFlattenUndoesBatch checks that Flatten(Batch(x)) is x, in order, with one
+// producer, for batching by count, by bytes and with a linger.
+func TestFlattenUndoesBatch(t *testing.T) {
+	t.Parallel()
+	const n = 1000
+	cases := []struct {
+		name string
+		opts []pipeline.Option
+	}{
+		{"count", nil},
+		{"bytes", []pipeline.Option{pipeline.WithMaxBytes(20, func(i int) int { return i % 9 })}},
+		{"linger", []pipeline.Option{pipeline.WithLinger(time.Millisecond), pipeline.WithBuffer(1)}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			p := pipeline.New()
+			s := pipeline.Flatten(pipeline.Batch(pipeline.FromSlice(p, ints(n)), 7, c.opts...))
+			s = pipeline.Then(s, pipeline.NewStage("after", 1, identity))
+			got, err := pipeline.Collect(t.Context(), s)
+			require.NoError(t, err)
+			assert.Equal(t, ints(n), got)
+			rep := p.Report()
+			checkAccounting(t, rep)
+			checkBatchRow(t, rep, "Batch")
+			assert.Equal(t, int64(n), row(t, rep, "after").In)
+		})
+	}
+}
+
+// TestToBatchesRetryAndDeadLetter feeds batches into a sink with WithRetry and
+// WithDeadLetter: the first attempt of every batch fails transiently and is retried, and
+// one batch fails permanently on its retry and is dead-lettered whole. Every item is
+// then either committed once or in the dead-lettered batch.
+func TestToBatchesRetryAndDeadLetter(t *testing.T) {
+	t.Parallel()
+	const n, size, poison = 1000, 50, 123
+	var (
+		mu        sync.Mutex
+		attempts  = map[int]int{} // by the batch's first item
+		committed []int
+	)
+	dead := pipeline.NewDeadLetterBuffer[[]int](10)
+	sink := pipeline.NewSink("sink", 3, func(_ context.Context, b []int) error {
+		mu.Lock()
+		defer mu.Unlock()
+		attempts[b[0]]++
+		if attempts[b[0]] == 1 {
+			return pipeline.Transient(fmt.Errorf("batch %d: first attempt: %w", b[0], errBoom))
+		}
+		if slices.Contains(b, poison) {
+			return pipeline.Permanent(fmt.Errorf("batch %d: poison: %w", b[0], errBoom))
+		}
+		committed = append(committed, b...)
+		return nil
+	}, pipeline.WithRetry(3, nil), pipeline.WithDeadLetter(dead.Add))
+	p := pipeline.New()
+	pipeline.ToBatches(pipeline.FromSlice(p, ints(n)), size, sink)
+	require.NoError(t, p.Run(t.Context()))
+
+	dls := dead.Items()
+	require.Len(t, dls, 1)
+	assert.Equal(t, ints(n)[100:150], dls[0].Item, "the whole batch is dead-lettered")
+	assert.Equal(t, 2, dls[0].Attempts)
+	assert.Contains(t, dls[0].FirstError, "first attempt")
+	assert.Contains(t, dls[0].LastError, "poison")
+	mu.Lock()
+	all := append(slices.Clone(committed), dls[0].Item...)
+	mu.Unlock()
+	slices.Sort(all)
+	assert.Equal(t, ints(n), all, "every item committed once or dead-lettered")
+
+	rep := p.Report()
+	checkAccounting(t, rep)
+	b := checkBatchRow(t, rep, "Batch")
+	assert.Equal(t, pipeline.Flushes{Size: n / size}, b.Flushes)
+	sr := row(t, rep, "sink")
+	assert.Equal(t, int64(n/size), sr.In)
+	assert.Equal(t, int64(n/size-1), sr.Succeeded)
+	assert.Equal(t, int64(1), sr.DeadLettered)
+	assert.Equal(t, int64(n/size), sr.Retried)
+}
+
+// TestBatchRunFailsMidBatch stops a run while a batch is partial, by a failing sink or
+// a canceled parent: the items of the partial batch count as failed in the batch row,
+// and every row's accounting holds. The source holds back its end until the batch stage
+// has stopped (synctest.Wait), so the counts are exact.
+func TestBatchRunFailsMidBatch(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"sink fails", "parent canceled"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				const emitted, size = 15, 10 // one full batch, then 5 items in a partial one
+				ctx, cancel := context.WithCancelCause(t.Context())
+				defer cancel(nil)
+				fail, srcEnd := make(chan struct{}), make(chan struct{})
+				p := pipeline.New()
+				src := pipeline.Generate(p, func(ctx context.Context, emit func(int) error) error {
+					for i := range emitted {
+						if err := emit(i); err != nil {
+							return err
+						}
+					}
+					<-srcEnd // not ctx: the test lets the source end once the batch stage stopped
+					return ctx.Err()
+				})
+				pipeline.ToBatches(src, size, pipeline.NewSink("sink", 1, func(ctx context.Context, _ []int) error {
+					if how != "sink fails" {
+						return nil
+					}
+					select {
+					case <-fail:
+						return errBoom
+					case <-ctx.Done():
+						return ctx.Err()
+					}
+				}))
+				errc := make(chan error, 1)
+				go func() { errc <- p.Run(ctx) }()
+				synctest.Wait() // the sink has the full batch, the batch stage holds 5 items
+				if how == "sink fails" {
+					close(fail)
+				} else {
+					cancel(errOrderStop)
+				}
+				synctest.Wait() // the batch stage has stopped
+				close(srcEnd)
+				err := <-errc
+
+				rep := p.Report()
+				checkAccounting(t, rep)
+				b := checkBatchRow(t, rep, "Batch")
+				assert.Equal(t, int64(emitted), b.In)
+				assert.Equal(t, int64(size), b.Succeeded, "items of the flushed batch")
+				assert.Equal(t, int64(emitted-size), b.Failed, "items of the partial batch")
+				assert.Zero(t, b.NotStarted)
+				assert.Equal(t, pipeline.Flushes{Size: 1}, b.Flushes)
+				sr := row(t, rep, "sink")
+				assert.Equal(t, int64(1), sr.In)
+				assert.Equal(t, int64(emitted), row(t, rep, "Generate").Out)
+				if how == "sink fails" {
+					require.ErrorIs(t, err, errBoom)
+					serr, ok := errors.AsType[*pipeline.StageError](err)
+					require.True(t, ok, "want a *StageError, got %T", err)
+					assert.Equal(t, "sink", serr.Stage)
+					assert.Equal(t, int64(1), sr.Failed)
+				} else {
+					require.ErrorIs(t, err, errOrderStop)
+					assert.Equal(t, int64(1), sr.Succeeded)
+				}
+			})
+		})
+	}
+}
+
+// TestBatchUpstreamFailureFailsPartialBatch makes the source itself fail while the
+// batch stage holds a partial batch. The documentation says the items of a partial batch
+// count as failed when the run stops; the partial batch must not be flushed downstream
+// (where a sink could still commit it) as if the input had ended.
+func TestBatchUpstreamFailureFailsPartialBatch(t *testing.T) {
+	t.Skip("BUG: a source (or one-worker stage) that fails closes its output queue (done) before the errgroup " +
+		"cancels the run, so a Batch after it sees its input end, flushes the partial batch as Flushes.End and " +
+		"counts its items as succeeded; the sink may even commit it (about 1 run in 300) after the run failed")
+	t.Parallel()
+	for _, c := range []struct{ emitted, size int }{{5, 10}, {5, 3}} {
+		t.Run(fmt.Sprintf("emitted=%d/size=%d", c.emitted, c.size), func(t *testing.T) {
+			t.Parallel()
+			p := pipeline.New()
+			src := pipeline.Generate(p, func(_ context.Context, emit func(int) error) error {
+				for i := range c.emitted {
+					if err := emit(i); err != nil {
+						return err
+					}
+				}
+				return errBoom
+			})
+			pipeline.ToBatches(src, c.size, pipeline.NewSink("sink", 1, func(context.Context, []int) error { return nil }))
+			err := p.Run(t.Context())
+			require.ErrorIs(t, err, errBoom)
+			rep := p.Report()
+			checkAccounting(t, rep)
+			b := checkBatchRow(t, rep, "Batch")
+			full := c.emitted / c.size * c.size
+			assert.Equal(t, int64(full), b.Succeeded, "items of full batches")
+			assert.Equal(t, int64(c.emitted-full), b.Failed, "items of the partial batch")
+			assert.Zero(t, b.Flushes.End, "the input did not end: the run failed")
+		})
+	}
+}
+
+// batchCkStore is a CheckpointStore in memory, for one run at a time.
+type batchCkStore struct {
+	mu  sync.Mutex
+	pos int64
+}
+
+func (s *batchCkStore) Load(context.Context) (int64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.pos, nil
+}
+
+func (s *batchCkStore) Save(_ context.Context, pos int64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pos = pos
+	return nil
+}
+
+// TestBatchCheckpointKeepsBatchesFull runs a checkpointed source into a concurrent stage
+// and a batch sink that is the bottleneck (10 ms per batch, in virtual time), with the
+// default WithMaxRedo. The items all settle in time, so the documentation promises the
+// default limit never slows the run: every batch should be full, and the run should
+// take about n/size sink calls of 10 ms.
+func TestBatchCheckpointKeepsBatchesFull(t *testing.T) {
+	t.Skip("BUG: the default WithMaxRedo counts a queued batch as one item (run.inflight), so with a batch sink " +
+		"the source soon waits for a save, and while it waits Batch flushes its partial batch (Flushes.Checkpoint) " +
+		"even when the watermark is held downstream, not by the batch: 20,000 items in batches of 500 make about 630 " +
+		"small batches instead of 40, and the run takes 15 times longer")
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		const n, size, perBatch = 20_000, 500, 10 * time.Millisecond
+		start := time.Now()
+		p := pipeline.New()
+		src := pipeline.Resume(p, &batchCkStore{}, func(_ context.Context, pos int64) iter.Seq2[int, error] {
+			return func(yield func(int, error) bool) {
+				for i := int(pos); i < n && yield(i, nil); i++ {
+				}
+			}
+		})
+		s := pipeline.Then(src, pipeline.NewStage("work", 8, identity))
+		pipeline.ToBatches(s, size, pipeline.NewSink("sink", 1, func(context.Context, []int) error {
+			time.Sleep(perBatch) // a bulk insert
+			return nil
+		}))
+		require.NoError(t, p.Run(t.Context()))
+		rep := p.Report()
+		assert.Equal(t, int64(n), rep.Checkpoint)
+		b := checkBatchRow(t, rep, "Batch")
+		assert.Equal(t, pipeline.Flushes{Size: n / size}, b.Flushes)
+		assert.LessOrEqual(t, time.Since(start), (n/size+1)*perBatch, "virtual time of the run")
+	})
+}
+
+// TestBatchMisuse checks the programmer errors of Batch and its options.
+func TestBatchMisuse(t *testing.T) {
+	t.Parallel()
+	p := pipeline.New()
+	src := func() *pipeline.Stream[int] { return pipeline.FromSlice(p, ints(3)) }
+	size := func(s string) int { return len(s) }
+	assertPanicsPipeline(t, func() { pipeline.Batch(src(), 0) })
+	assertPanicsPipeline(t, func() { pipeline.Batch(src(), -1) })
+	msg := assertPanicsPipeline(t, func() { pipeline.Batch(src(), 5, pipeline.WithMaxBytes(10, size)) })
+	assert.Contains(t, msg, "WithMaxBytes")
+	assertPanicsPipeline(t, func() { pipeline.Batch(src(), 5, pipeline.WithTimeout(time.Second)) })
+	assertPanicsPipeline(t, func() { pipeline.Batch(src(), 5, pipeline.WithRetry(2, nil)) })
+	assertPanicsPipeline(t, func() { pipeline.Batch(src(), 5, pipeline.WithOrdered(1)) })
+	assertPanicsPipeline(t, func() { pipeline.Batch(src(), 5, discardDead[int]()) })
+	assertPanicsPipeline(t, func() {
+		pipeline.ToBatches(src(), 0, pipeline.NewSink("sink", 1, func(context.Context, []int) error { return nil }))
+	})
+	assertPanicsPipeline(t, func() { pipeline.WithMaxBytes(0, size) })
+	assertPanicsPipeline(t, func() { pipeline.WithMaxBytes[string](10, nil) })
+	assertPanicsPipeline(t, func() { pipeline.WithLinger(0) })
+	assertPanicsPipeline(t, func() { pipeline.WithLinger(-time.Second) })
+	assertPanicsPipeline(t, func() { pipeline.New(pipeline.WithLinger(time.Second)) })
+	assertPanicsPipeline(t, func() { pipeline.New(pipeline.WithMaxBytes(10, size)) })
+}

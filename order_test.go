@@ -1,0 +1,447 @@
+package pipeline_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gopipeline/pipeline"
+)
+
+// orderSpin yields the processor a pseudo-random number of times in [0, most), chosen
+// by seed with a PCG, so that concurrent items finish in a scrambled but repeatable
+// amount of work, without any sleep.
+func orderSpin(seed uint64, most int) {
+	r := rand.New(rand.NewPCG(seed, 0x6f7264))
+	for range r.IntN(most) {
+		runtime.Gosched()
+	}
+}
+
+// errOrderStop is the cause with which the ordering tests cancel a run's parent.
+var errOrderStop = errors.New("stopped by the test")
+
+// TestOrderedKeepsInputOrder runs an ordered stage (one-to-one, and flat with 0, 1 or 3
+// outputs per item) with random per-item work, for several worker counts and windows:
+// the outputs come out in input order, dead-lettered and filtered items leave no gap
+// and never stall the window, and the report accounts for every item.
+func TestOrderedKeepsInputOrder(t *testing.T) {
+	t.Parallel()
+	const n = 300
+	dead := func(i int) bool { return i%11 == 5 }
+	fanout := func(i int) int { return [...]int{1, 0, 3}[i%3] } // 0: the item is filtered out
+	for _, kind := range []string{"stage", "flat"} {
+		for _, workers := range []int{1, 4, 8} {
+			for _, window := range []int{0, 1, 3, 64} {
+				t.Run(fmt.Sprintf("%s/workers=%d/window=%d", kind, workers, window), func(t *testing.T) {
+					t.Parallel()
+					p := pipeline.New(pipeline.WithBuffer(8))
+					src := pipeline.FromSlice(p, ints(n))
+					opts := []pipeline.Option{pipeline.WithOrdered(window), discardDead[int]()}
+					var (
+						out  *pipeline.Stream[int]
+						want []int
+						dl   int64
+					)
+					for i := range n {
+						if dead(i) {
+							dl++
+							continue
+						}
+						if kind == "stage" {
+							want = append(want, i)
+							continue
+						}
+						for j := range fanout(i) {
+							want = append(want, 10*i+j)
+						}
+					}
+					if kind == "stage" {
+						out = pipeline.Then(src, pipeline.NewStage("ord", workers, func(_ context.Context, i int) (int, error) {
+							orderSpin(uint64(i), 32)
+							if dead(i) {
+								return 0, pipeline.Permanent(fmt.Errorf("item %d: %w", i, errBoom))
+							}
+							return i, nil
+						}, opts...))
+					} else {
+						out = pipeline.Then(src, pipeline.NewFlatStage("ord", workers, func(_ context.Context, i int, emit func(int)) error {
+							orderSpin(uint64(i), 32)
+							if dead(i) {
+								return pipeline.Permanent(fmt.Errorf("item %d: %w", i, errBoom))
+							}
+							for j := range fanout(i) {
+								emit(10*i + j)
+							}
+							return nil
+						}, opts...))
+					}
+
+					got, err := pipeline.Collect(t.Context(), out)
+					require.NoError(t, err)
+					assert.Equal(t, want, got, "outputs out of input order")
+
+					rep := p.Report()
+					checkAccounting(t, rep)
+					checkChain(t, rep)
+					if kind == "stage" {
+						checkConservation(t, rep)
+					}
+					ord := row(t, rep, "ord")
+					assert.Equal(t, int64(n), ord.In)
+					assert.Equal(t, dl, ord.DeadLettered)
+					assert.Equal(t, int64(n)-dl, ord.Succeeded)
+					assert.Equal(t, int64(len(want)), ord.Out)
+					assert.Zero(t, ord.Window, "nothing is left in the window after a success")
+				})
+			}
+		}
+	}
+}
+
+// TestOrderedSkipsDoNotStall gives an ordered stage a window of 1 and items most of
+// which are dead-lettered or filtered out, with the surviving ones slow: each item
+// that leaves no output must free its place at once. Inside a synctest bubble, a stall
+// would be reported as a deadlock instead of hanging until the test timeout.
+func TestOrderedSkipsDoNotStall(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		const n = 200
+		p := pipeline.New(pipeline.WithBuffer(2))
+		st := pipeline.NewFlatStage("ord", 4, func(_ context.Context, i int, emit func(int)) error {
+			switch i % 4 {
+			case 0:
+				time.Sleep(time.Duration(n-i) * time.Millisecond) // virtual: later items finish first
+				emit(i)
+			case 1:
+				return pipeline.Permanent(errBoom)
+			}
+			return nil // 2, 3: filtered out
+		}, pipeline.WithOrdered(1), discardDead[int]())
+		got, err := pipeline.Collect(t.Context(), pipeline.Then(pipeline.FromSlice(p, ints(n)), st))
+		require.NoError(t, err)
+		var want []int
+		for i := 0; i < n; i += 4 {
+			want = append(want, i)
+		}
+		assert.Equal(t, want, got)
+		rep := p.Report()
+		checkAccounting(t, rep)
+		checkChain(t, rep)
+		assert.Equal(t, int64(n/4), row(t, rep, "ord").DeadLettered)
+	})
+}
+
+// TestOrderedWindowBoundsMemory blocks the head item of an ordered stage and lets the
+// others finish at once. While the head is blocked, the stage starts at most window +
+// workers items, exactly: the head, the window-1 items after it (finished, held in the
+// window) and one more item per other worker, finished and waiting for room in the
+// window (with one worker, only the head). The window it reports never exceeds its
+// size, nothing passes the head, and once released every item arrives in order.
+func TestOrderedWindowBoundsMemory(t *testing.T) {
+	t.Parallel()
+	const (
+		n   = 200 // more than any window + workers + buffer below
+		buf = 4
+	)
+	for _, workers := range []int{1, 4, 8} {
+		for _, window := range []int{0, 1, 3, 64} {
+			t.Run(fmt.Sprintf("workers=%d/window=%d", workers, window), func(t *testing.T) {
+				t.Parallel()
+				synctest.Test(t, func(t *testing.T) {
+					release := make(chan struct{})
+					var started atomic.Int64
+					fn := func(ctx context.Context, i int) (int, error) {
+						started.Add(1)
+						if i == 0 {
+							select {
+							case <-release:
+							case <-ctx.Done():
+								return 0, ctx.Err()
+							}
+						}
+						return i, nil
+					}
+					p := pipeline.New()
+					s := pipeline.Then(pipeline.FromSlice(p, ints(n)),
+						pipeline.NewStage("ord", workers, fn, pipeline.WithOrdered(window), pipeline.WithBuffer(buf)))
+					var c collector[int]
+					pipeline.To(s, pipeline.NewSink("sink", 1, c.add))
+					errc := make(chan error, 1)
+					go func() { errc <- p.Run(t.Context()) }()
+
+					synctest.Wait() // every goroutine is blocked behind the head item
+					size := window
+					if size == 0 {
+						size = buf + 4*workers // the documented default
+					}
+					wantStarted, wantHeld := 1, 0
+					if workers > 1 {
+						wantStarted, wantHeld = size+workers-1, size-1
+					}
+					assert.LessOrEqual(t, started.Load(), int64(size+workers), "items started while the head is blocked")
+					assert.Equal(t, int64(wantStarted), started.Load(), "items started while the head is blocked")
+					snap := p.Snapshot()
+					ord := row(t, snap, "ord")
+					assert.LessOrEqual(t, ord.Window, int64(size), "the window holds more than its size")
+					assert.Equal(t, int64(wantHeld), ord.Window, "items held in the window")
+					assert.LessOrEqual(t, ord.PeakQueue, buf)
+					assert.Empty(t, c.got(), "an item passed the blocked head")
+
+					close(release)
+					require.NoError(t, <-errc)
+					assert.Equal(t, ints(n), c.got())
+					rep := p.Report()
+					checkReport(t, rep)
+					assert.Zero(t, row(t, rep, "ord").Window)
+				})
+			})
+		}
+	}
+}
+
+// TestOrderedStopLeavesNoLeak stops a run while an ordered stage's head item is blocked,
+// its window is full and other workers wait for room in it: by a fatal error of the head,
+// of a later item, or by canceling the parent. Run returns the right error, every
+// goroutine exits (the synctest bubble fails otherwise), nothing passes the head, and
+// each row's identity holds.
+func TestOrderedStopLeavesNoLeak(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"head fails", "later item fails", "parent canceled"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			testOrderedStop(t, how, false)
+		})
+	}
+}
+
+// TestOrderedStopConservation is TestOrderedStopLeavesNoLeak's scenario checked for
+// conservation: every source item has exactly one outcome over the chain. The items
+// that finished and were waiting for room in the window when the run stopped were never
+// sent on, yet they count as succeeded by the ordered stage (and so as nothing at all
+// downstream), while the items held in the window count as failed.
+func TestOrderedStopConservation(t *testing.T) {
+	t.Skip("BUG: an ordered stage counts an item that finished but was still waiting for room in the reorder window " +
+		"when the run stopped as Succeeded, though it was never sent on (reorder.settle returns the cause before " +
+		"the item enters the window, then worker.process increments succeeded): conservation over the chain loses it")
+	t.Parallel()
+	for _, how := range []string{"head fails", "later item fails", "parent canceled"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			testOrderedStop(t, how, true)
+		})
+	}
+}
+
+// testOrderedStop runs source → ord (4 workers, window 3, ordered) → sink and stops it
+// the way how says, once the head item blocks everything: the head, then items 1 and 2
+// (held in the window) and items 3, 4 and 5 (one per other worker, waiting for room in
+// the window; with how "later item fails", item 5 is still running and fails).
+func testOrderedStop(t *testing.T, how string, conserve bool) {
+	synctest.Test(t, func(t *testing.T) {
+		const n, workers, window = 100, 4, 3
+		headGo := make(chan struct{})
+		laterGo := make(chan struct{})
+		fn := func(ctx context.Context, i int) (int, error) {
+			switch {
+			case i == 0:
+				select {
+				case <-headGo:
+					return 0, errBoom
+				case <-ctx.Done():
+					return 0, ctx.Err()
+				}
+			case i == window+workers-2 && how == "later item fails":
+				// The last item a worker takes before the window is full: it fails
+				// while the others wait for the head.
+				select {
+				case <-laterGo:
+					return 0, errBoom
+				case <-ctx.Done():
+					return 0, ctx.Err()
+				}
+			}
+			return i, nil
+		}
+		ctx, cancel := context.WithCancelCause(t.Context())
+		defer cancel(nil)
+		p := pipeline.New(pipeline.WithBuffer(2))
+		s := pipeline.Then(pipeline.FromSlice(p, ints(n)),
+			pipeline.NewStage("ord", workers, fn, pipeline.WithOrdered(window)))
+		var c collector[int]
+		pipeline.To(s, pipeline.NewSink("sink", 2, c.add))
+		errc := make(chan error, 1)
+		go func() { errc <- p.Run(ctx) }()
+
+		synctest.Wait()
+		switch how {
+		case "head fails":
+			close(headGo)
+		case "later item fails":
+			close(laterGo)
+		case "parent canceled":
+			cancel(errOrderStop)
+		}
+		err := <-errc
+		if how == "parent canceled" {
+			require.ErrorIs(t, err, errOrderStop)
+		} else {
+			require.ErrorIs(t, err, errBoom)
+			serr, ok := errors.AsType[*pipeline.StageError](err)
+			require.True(t, ok, "want a *StageError, got %T", err)
+			assert.Equal(t, "ord", serr.Stage)
+		}
+		assert.Empty(t, c.got(), "an item passed the blocked head")
+		rep := p.Report()
+		checkAccounting(t, rep)
+		checkChain(t, rep)
+		ord := row(t, rep, "ord")
+		// Taken by the workers, queued, and the one the source was sending: not started.
+		assert.Equal(t, int64(workers+window-1+2+1), ord.In, "items that reached the stage")
+		assert.GreaterOrEqual(t, ord.Failed, int64(window), "the head and the items held in the window failed")
+		assert.Zero(t, ord.Out)
+		if conserve {
+			checkConservation(t, rep)
+		}
+	})
+}
+
+// TestKeyedOneAtATimeInOrder checks WithKey: with a per-key in-flight gauge, no two
+// items of one key ever run at once, each key's items are processed and delivered in
+// input order, and every item arrives.
+func TestKeyedOneAtATimeInOrder(t *testing.T) {
+	t.Parallel()
+	const n, keys = 400, 8
+	for _, workers := range []int{1, 4} {
+		t.Run(fmt.Sprintf("workers=%d", workers), func(t *testing.T) {
+			t.Parallel()
+			var (
+				active  [keys]atomic.Int32
+				peak    [keys]atomic.Int32
+				mu      sync.Mutex
+				started [keys][]int // per key, the items in the order they started
+			)
+			key := func(i int) string { return fmt.Sprintf("key-%d", i%keys) }
+			fn := func(_ context.Context, i int) (int, error) {
+				k := i % keys
+				a := active[k].Add(1)
+				for {
+					m := peak[k].Load()
+					if a <= m || peak[k].CompareAndSwap(m, a) {
+						break
+					}
+				}
+				mu.Lock()
+				started[k] = append(started[k], i)
+				mu.Unlock()
+				orderSpin(uint64(i), 32)
+				active[k].Add(-1)
+				return i, nil
+			}
+			p := pipeline.New(pipeline.WithBuffer(16))
+			s := pipeline.Then(pipeline.FromSlice(p, ints(n)), pipeline.NewStage("keyed", workers, fn, pipeline.WithKey(key)))
+			got, err := pipeline.Collect(t.Context(), s)
+			require.NoError(t, err)
+			assert.ElementsMatch(t, ints(n), got)
+			var delivered [keys][]int
+			for _, i := range got {
+				delivered[i%keys] = append(delivered[i%keys], i)
+			}
+			for k := range keys {
+				assert.LessOrEqualf(t, peak[k].Load(), int32(1), "key %d had items in flight at once", k)
+				assert.Truef(t, slices.IsSorted(started[k]), "key %d processed out of order: %v", k, started[k])
+				assert.Truef(t, slices.IsSorted(delivered[k]), "key %d delivered out of order: %v", k, delivered[k])
+				assert.Len(t, started[k], n/keys)
+			}
+			checkReport(t, p.Report())
+		})
+	}
+}
+
+// TestKeyedDifferentKeysConcurrent checks that WithKey runs items of different keys at
+// once. Each item waits, at a barrier, until items of two different keys are in flight
+// together. The keys' worker is chosen by a seeded hash, so the test uses 16 keys over 4
+// workers: all 16 landing on one worker (odds about 1e-9) is the only way the barrier
+// cannot be met, and then the wait times out after a minute of virtual time.
+func TestKeyedDifferentKeysConcurrent(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		const n, keys, workers = 64, 16, 4
+		var (
+			mu          sync.Mutex
+			inflight    = map[int]int{} // key -> items in flight
+			maxDistinct int
+			metOnce     bool
+		)
+		met := make(chan struct{})
+		errNoConcurrency := errors.New("no two keys ran at once")
+		fn := func(ctx context.Context, i int) (int, error) {
+			k := i % keys
+			mu.Lock()
+			inflight[k]++
+			maxDistinct = max(maxDistinct, len(inflight))
+			if len(inflight) >= 2 && !metOnce {
+				metOnce = true
+				close(met)
+			}
+			mu.Unlock()
+			defer func() {
+				mu.Lock()
+				if inflight[k]--; inflight[k] == 0 {
+					delete(inflight, k)
+				}
+				mu.Unlock()
+			}()
+			select {
+			case <-met:
+				return i, nil
+			case <-time.After(time.Minute): // virtual time: only when nothing else can run
+				return 0, errNoConcurrency
+			case <-ctx.Done():
+				return 0, ctx.Err()
+			}
+		}
+		p := pipeline.New()
+		s := pipeline.Then(pipeline.FromSlice(p, ints(n)),
+			pipeline.NewStage("keyed", workers, fn, pipeline.WithKey(func(i int) int { return i % keys })))
+		got, err := pipeline.Collect(t.Context(), s)
+		require.NoError(t, err)
+		assert.ElementsMatch(t, ints(n), got)
+		mu.Lock()
+		assert.GreaterOrEqual(t, maxDistinct, 2, "items of different keys in flight at once")
+		mu.Unlock()
+	})
+}
+
+// TestKeyedMisuse checks the programmer errors of WithKey and WithOrdered.
+func TestKeyedMisuse(t *testing.T) {
+	t.Parallel()
+	fn := func(_ context.Context, v int) (int, error) { return v, nil }
+	flat := func(context.Context, int, func(int)) error { return nil }
+	byLen := pipeline.WithKey(func(s string) int { return len(s) })
+	byMod := pipeline.WithKey(func(i int) int { return i % 3 })
+
+	msg := assertPanicsPipeline(t, func() { pipeline.NewStage("s", 2, fn, byLen) })
+	assert.Contains(t, msg, "WithKey")
+	msg = assertPanicsPipeline(t, func() { pipeline.NewFlatStage("s", 2, flat, byLen) })
+	assert.Contains(t, msg, "WithKey")
+	msg = assertPanicsPipeline(t, func() { pipeline.NewStage("s", 2, fn, byMod, pipeline.WithOrdered(4)) })
+	assert.Contains(t, msg, "WithOrdered")
+	msg = assertPanicsPipeline(t, func() { pipeline.NewStage("s", 2, fn, pipeline.WithOrdered(0), byMod) })
+	assert.Contains(t, msg, "WithOrdered")
+	assertPanicsPipeline(t, func() { pipeline.WithKey[int, int](nil) })
+	assertPanicsPipeline(t, func() { pipeline.WithOrdered(-1) })
+	assertPanicsPipeline(t, func() { pipeline.New(byMod) })
+	assertPanicsPipeline(t, func() { pipeline.New(pipeline.WithOrdered(1)) })
+}
