@@ -85,7 +85,7 @@ func Batch[T any](s *Stream[T], size int, opts ...Option) *Stream[[]T] {
 	out.open = func(r *run, push pushFunc[[]T], done func()) {
 		q := newQueue[T](buf)
 		rw := r.newRow(name, kindBatch, 1, buf, q)
-		rw.flushes, rw.extra = new(flushCounters), size
+		rw.flushes, rw.extra, rw.unit = new(flushCounters), size, size
 		s.open(r, q.pusher(r.ctx), q.close)
 		r.addRow(rw)
 		b := &batcher[T]{
@@ -93,8 +93,11 @@ func Batch[T any](s *Stream[T], size int, opts ...Option) *Stream[[]T] {
 			linger: cfg.linger, push: push, stats: &rw.workers[0], flushes: rw.flushes, track: r.track,
 		}
 		r.goSafe(name, func() error {
-			defer done()
-			return b.loop()
+			if err := b.loop(); err != nil {
+				return err // no end of input downstream: the consumers stop with the run
+			}
+			done()
+			return nil
 		})
 	}
 	return out
@@ -111,38 +114,50 @@ type batcher[T any] struct {
 	stats    *workerStats
 	flushes  *flushCounters
 	track    *tracker
+	timer    *time.Timer // WithLinger
 	batch    []T
 	poss     []uint64 // positions of the batch's items (checkpointed runs)
 	bytes    int
 }
 
 func (b *batcher[T]) loop() error {
-	var timer *time.Timer
 	var expired <-chan time.Time
 	if b.linger > 0 {
-		timer = time.NewTimer(time.Hour)
-		timer.Stop()
-		defer timer.Stop()
-		expired = timer.C
+		b.timer = time.NewTimer(time.Hour)
+		b.timer.Stop()
+		defer b.timer.Stop()
+		expired = b.timer.C
 	}
+	var judged <-chan struct{} // the hunger already judged not to concern this batch
 	for {
 		var e item[T]
 		var ok bool
 		select {
 		case e, ok = <-b.ch:
 		default:
-			var hungry <-chan struct{} // a checkpointed source waits for what this batch holds
+			// A checkpointed source waiting for a save may be waiting for an item this
+			// batch holds: then flush it, whatever its size.
+			var hungry <-chan struct{}
 			if b.track != nil && len(b.batch) > 0 {
-				hungry = b.track.hungryChan()
+				if hungry = b.track.hungryChan(); hungry == judged {
+					hungry = nil
+				}
 			}
 			select {
 			case e, ok = <-b.ch:
 			case <-hungry:
+				if !b.track.holdsHead(b.poss) {
+					judged = hungry // wait for input instead; a new item is judged again
+					continue
+				}
 				if err := b.flush(&b.flushes.checkpoint); err != nil {
 					return err
 				}
 				continue
 			case <-expired:
+				if len(b.batch) == 0 {
+					continue
+				}
 				if err := b.flush(&b.flushes.linger); err != nil {
 					return err
 				}
@@ -154,8 +169,13 @@ func (b *batcher[T]) loop() error {
 			}
 		}
 		if !ok {
-			if len(b.batch) > 0 {
+			if len(b.batch) > 0 && b.ctx.Err() == nil {
 				return b.flush(&b.flushes.end)
+			}
+			if len(b.batch) > 0 { // the run stopped: the partial batch fails
+				b.stats.received.add(int64(len(b.batch)))
+				b.stats.failed.add(int64(len(b.batch)))
+				return context.Cause(b.ctx)
 			}
 			return nil
 		}
@@ -172,13 +192,14 @@ func (b *batcher[T]) loop() error {
 		}
 		if len(b.batch) == 0 {
 			b.batch = make([]T, 0, b.size)
-			if timer != nil {
-				timer.Reset(b.linger)
+			if b.timer != nil {
+				b.timer.Reset(b.linger)
 			}
 		}
 		b.batch = append(b.batch, v)
 		if b.track != nil {
 			b.poss = append(b.poss, e.pos)
+			judged = nil
 		}
 		if len(b.batch) == b.size {
 			if err := b.flush(&b.flushes.size); err != nil {
@@ -191,6 +212,9 @@ func (b *batcher[T]) loop() error {
 // flush sends the current batch on. The items count as received and succeeded here, a
 // batch at a time, rather than one by one.
 func (b *batcher[T]) flush(reason *counter) error {
+	if b.timer != nil {
+		b.timer.Stop() // the batch is gone: its linger with it
+	}
 	n := int64(len(b.batch))
 	b.stats.received.add(n)
 	b.stats.succeeded.add(n)

@@ -356,6 +356,19 @@ func (t *tracker) hungryChan() <-chan struct{} {
 	return t.hungry
 }
 
+// holdsHead reports whether positions (a batch's) include the watermark's next
+// position, or a batch of positions, which may: then the batch holds the run back.
+func (t *tracker) holdsHead(positions []uint64) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, p := range positions {
+		if p == t.next || p&groupBit != 0 || t.refs[p] > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 func (t *tracker) pokeSaver() {
 	select {
 	case t.poke <- struct{}{}:

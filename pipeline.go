@@ -284,34 +284,72 @@ func All[T any](ctx context.Context, s *Stream[T]) iter.Seq2[T, error] {
 		ctx, cancel := context.WithCancelCause(ctx)
 		defer cancel(nil)
 		q := newQueue[T](buf)
-		var (
-			rw *row
-			tr *tracker
-		)
 		type result struct {
 			r   *run
 			err error
 		}
-		done := make(chan result, 1)
+		var (
+			rw    *row
+			tr    *tracker
+			wired = make(chan struct{})
+			done  = make(chan result, 1)
+		)
 		p.begin(true)
 		go func() {
 			r, err := p.exec(ctx, func(r *run) {
 				rw, tr = r.newRow(name, kindSink, 1, buf, q), r.track
-				s.open(r, q.pusher(r.ctx), func() { close(q.ch) })
+				s.open(r, q.pusher(r.ctx), q.close)
 				r.addRow(rw)
+				close(wired)
 			})
 			done <- result{r, err}
 		}()
-		var stopped, finished bool
+		var (
+			res                       result
+			stopped, finished, gotRes bool
+		)
+		select {
+		case <-wired:
+		case res = <-done:
+			gotRes = true
+			select {
+			case <-wired: // wired, and already over: take what it left in the queue
+			default: // it failed before it was wired (a checkpoint that cannot be loaded)
+				yield(*new(T), p.finish(res.r, res.err))
+				return
+			}
+		}
 		defer func() {
 			if !finished { // the loop body panicked: stop the run and wait for it
 				cancel(errStopped)
-				res := <-done
+				if !gotRes {
+					res = <-done
+				}
 				_ = p.finish(res.r, nil)
 			}
 		}()
-		for e := range q.ch {
-			w := &rw.workers[0]
+		w := &rw.workers[0]
+		for {
+			// Take items until the queue is closed (the run succeeded, or drained) or
+			// the run has failed: after a failure the queue is not closed.
+			var e item[T]
+			var ok bool
+			if gotRes {
+				if d := res.r.drained.Load(); res.err != nil && (d == nil || res.err != error(d)) {
+					break // failed: the queue is not closed; a drained run's is
+				}
+				e, ok = <-q.ch
+			} else {
+				select {
+				case e, ok = <-q.ch:
+				case res = <-done:
+					gotRes = true
+					continue
+				}
+			}
+			if !ok {
+				break
+			}
 			w.peak.max(int64(min(len(q.ch)+1, cap(q.ch))))
 			w.received.inc()
 			more := yield(e.v, nil)
@@ -324,7 +362,9 @@ func All[T any](ctx context.Context, s *Stream[T]) iter.Seq2[T, error] {
 			tr.done(e.pos) // the loop body is done with it: committed
 		}
 		finished = true
-		res := <-done
+		if !gotRes {
+			res = <-done
+		}
 		err := res.err
 		if stopped && errors.Is(err, errStopped) {
 			err = nil

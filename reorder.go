@@ -85,9 +85,10 @@ func newReorder[Out any](window int, push pushFunc[Out]) *reorder[Out] {
 
 // settle records the outcome of item seq (outs nil and skip true for no output) and,
 // if it is the head, pushes what is now in order. It blocks while seq is beyond the
-// window, and returns the run's cause if the run stops meanwhile, or the first push
-// error. stats counts the outputs this worker pushes.
-func (o *reorder[Out]) settle(ctx context.Context, stats *workerStats, seq, pos uint64, outs []Out, skip bool) error {
+// window, and returns the run's cause if the run stops meanwhile (entered false: the
+// item never entered the window), or the first push error. stats counts the outputs
+// this worker pushes.
+func (o *reorder[Out]) settle(ctx context.Context, stats *workerStats, seq, pos uint64, outs []Out, skip bool) (entered bool, err error) {
 	w := uint64(len(o.slots))
 	o.mu.Lock()
 	for seq >= o.next+w {
@@ -99,7 +100,7 @@ func (o *reorder[Out]) settle(ctx context.Context, stats *workerStats, seq, pos 
 		select {
 		case <-wake:
 		case <-ctx.Done():
-			return context.Cause(ctx)
+			return false, context.Cause(ctx)
 		}
 		o.mu.Lock()
 	}
@@ -114,7 +115,7 @@ func (o *reorder[Out]) settle(ctx context.Context, stats *workerStats, seq, pos 
 	}
 	if o.flushing || seq != o.next {
 		o.mu.Unlock()
-		return nil
+		return true, nil
 	}
 	o.flushing = true
 	var first error
@@ -142,7 +143,7 @@ func (o *reorder[Out]) settle(ctx context.Context, stats *workerStats, seq, pos 
 			o.flushing = false
 			o.scratch = batch
 			o.mu.Unlock()
-			return first
+			return true, first
 		}
 		if o.wake != nil {
 			close(o.wake)

@@ -61,6 +61,7 @@ type row struct {
 	timeout  time.Duration  // the stage's WithTimeout
 	next     string         // the stage this one feeds, when known
 	extra    int            // items held beyond queue and workers: a reorder window, a partial batch
+	unit     int            // batches: the items one element downstream of it may hold
 	ups      []*row         // every row upstream of this one (the rows its input was wired from)
 	drain    atomic.Bool    // a drained budget tripped here or downstream: start no new item
 	filtered *atomic.Int64  // filters: items dropped
@@ -78,12 +79,19 @@ func (r *run) newRow(name string, kind rowKind, workers, capacity int, q queueLe
 
 func (r *run) addRow(rw *row) { r.rows = append(r.rows, rw) }
 
-// inflight is the most items the run's stages can hold at once, counting each queued
-// element (a batch too) as one item: queues, workers, reorder windows, partial batches.
+// inflight is the most items the run's stages can hold at once: queues, workers,
+// reorder windows and partial batches, counting an element downstream of a Batch as a
+// whole batch of items.
 func (r *run) inflight() int {
 	n := 0
 	for _, rw := range r.rows {
-		n += rw.capacity + len(rw.workers) + rw.extra
+		unit := 1
+		for _, up := range rw.ups {
+			if up.unit > 0 {
+				unit *= up.unit
+			}
+		}
+		n += (rw.capacity+len(rw.workers))*unit + rw.extra
 	}
 	return n
 }

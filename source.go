@@ -128,10 +128,13 @@ func newSource[T any](p *Pipeline, name string, given *int64, body func(ctx cont
 			return err
 		}
 		r.goSafe(name, func() error {
-			defer done()
+			// Only an input that ended closes the queue: after a failure (or a panic)
+			// the consumers stop with the run's context instead, and take nothing for an
+			// end of input.
 			err := body(r.ctx, emit)
 			switch {
 			case err == nil, errors.Is(err, errDraining):
+				done()
 				return nil
 			case r.ctx.Err() != nil:
 				return context.Cause(r.ctx)

@@ -147,6 +147,12 @@ func (st *Stage[In, Out]) init(ctor, name string, workers int, opts []Option) {
 		}
 		o.apply(&st.cfg)
 	}
+	if st.cfg.linger != 0 || st.cfg.sizer != nil {
+		panic(fmt.Sprintf("pipeline: %s(%q): WithLinger and WithMaxBytes are Batch options", ctor, name))
+	}
+	if st.cfg.saveEvery != 0 || st.cfg.saveInterval != 0 || st.cfg.maxRedo != 0 {
+		panic(fmt.Sprintf("pipeline: %s(%q): WithSaveEvery, WithSaveInterval and WithMaxRedo are Resume options", ctor, name))
+	}
 	if st.cfg.observers != nil {
 		panic(fmt.Sprintf("pipeline: %s(%q): WithObserver and WithLogger are pipeline options; give them to New", ctor, name))
 	}
@@ -256,17 +262,23 @@ func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
 		}
 		var left atomic.Int32
 		left.Store(int32(st.workers))
+		var failed atomic.Bool // a worker failed: downstream sees no end of input
 		for i := range st.workers {
 			w := &worker[In, Out]{st: st, r: r, row: rw, stats: &rw.workers[i], push: push, budget: b, classify: classify, ord: ord}
 			w.ch, w.och = q.bind(i)
 			if st.flat != nil {
 				w.emit = func(o Out) { w.buf = append(w.buf, o) }
 			}
-			r.spawn(func() error {
+			r.spawn(func() (err error) {
 				defer func() {
+					if err != nil {
+						failed.Store(true)
+					}
 					if left.Add(-1) == 0 {
-						done()
-						r.p.emit(Event{Kind: EventStageDone, Stage: name})
+						r.p.emit(Event{Kind: EventStageDone, Stage: name}) // before the next stage can end
+						if !failed.Load() {
+							done()
+						}
 					}
 				}()
 				return w.loop()
@@ -377,8 +389,12 @@ func (w *worker[In, Out]) process(ctx context.Context, v In) error {
 		if err == nil {
 			// Counted after delivery: a panic downstream (in an inline operator) leaves
 			// the item failed, not both succeeded and failed.
-			derr := w.deliver(ctx, out)
-			w.stats.succeeded.inc()
+			handed, derr := w.deliver(ctx, out)
+			if handed {
+				w.stats.succeeded.inc()
+			} else {
+				w.stats.failed.inc() // the run stopped before it could be handed on
+			}
 			if derr != nil {
 				return derr
 			}
@@ -453,7 +469,10 @@ func (w *worker[In, Out]) call(ctx context.Context, v In) (Out, error) {
 // deliver sends an item's outputs downstream. If the run stops midway, every remaining
 // output is still offered, so that each is counted (sent, or unsent) and none is lost
 // from the accounting.
-func (w *worker[In, Out]) deliver(ctx context.Context, out Out) error {
+//
+// handed is false when the item could not even be handed to the reorder window (an
+// ordered stage whose run stopped while the item waited for room).
+func (w *worker[In, Out]) deliver(ctx context.Context, out Out) (handed bool, err error) {
 	if w.ord != nil {
 		outs := w.buf
 		if w.st.flat == nil {
@@ -461,15 +480,15 @@ func (w *worker[In, Out]) deliver(ctx context.Context, out Out) error {
 			outs = w.one[:]
 		}
 		w.r.track.split(w.pos, len(outs))
-		err := w.ord.settle(ctx, w.stats, w.seq, w.pos, outs, false)
+		handed, err := w.ord.settle(ctx, w.stats, w.seq, w.pos, outs, false)
 		clear(outs)
 		w.buf = w.buf[:0]
-		return err
+		return handed, err
 	}
 	if w.st.flat == nil {
 		err := w.push(out, w.pos)
 		w.stats.emitted.inc()
-		return err
+		return true, err
 	}
 	w.r.track.split(w.pos, len(w.buf))
 	var first error
@@ -481,7 +500,7 @@ func (w *worker[In, Out]) deliver(ctx context.Context, out Out) error {
 	}
 	clear(w.buf)
 	w.buf = w.buf[:0]
-	return first
+	return true, first
 }
 
 // classOf decides an error's class: a marker first, then a timeout (an item error),
@@ -541,7 +560,8 @@ func (w *worker[In, Out]) skip(ctx context.Context) error {
 	if w.ord == nil {
 		return nil
 	}
-	return w.ord.settle(ctx, w.stats, w.seq, w.pos, nil, true)
+	_, err := w.ord.settle(ctx, w.stats, w.seq, w.pos, nil, true)
+	return err
 }
 
 // record tells the budget, if any, about one settled item.
