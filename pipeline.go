@@ -335,7 +335,7 @@ func All[T any](ctx context.Context, s *Stream[T]) iter.Seq2[T, error] {
 			var e item[T]
 			var ok bool
 			if gotRes {
-				if d := res.r.drained.Load(); res.err != nil && (d == nil || res.err != error(d)) {
+				if d := res.r.drained.Load(); res.err != nil && (d == nil || res.err != error(d)) { //nolint:errorlint // identity: the very error a drain returns
 					break // failed: the queue is not closed; a drained run's is
 				}
 				e, ok = <-q.ch
