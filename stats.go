@@ -216,8 +216,13 @@ func (r Report) Bottleneck(targetPerSecond float64) Bottleneck {
 		if score := fill - out; score > best && fill >= 0.5 && out <= 0.5 {
 			best = score
 			b.Stage, b.Workers = s.Name, s.Workers
-			b.Why = fmt.Sprintf("input queue %d%% full, next queue %d%% full, %d/%d workers busy, p50 %v",
-				int(fill*100), int(out*100), s.Busy, s.Workers, s.Latency.P50.Round(time.Microsecond))
+			if r.Running {
+				b.Why = fmt.Sprintf("input queue %d%% full, next queue %d%% full, %d/%d workers busy, p50 %v",
+					int(fill*100), int(out*100), s.Busy, s.Workers, s.Latency.P50.Round(time.Microsecond))
+			} else {
+				b.Why = fmt.Sprintf("input queue peaked at %d%%, next queue at %d%%, %d workers, p50 %v",
+					int(fill*100), int(out*100), s.Workers, s.Latency.P50.Round(time.Microsecond))
+			}
 			if targetPerSecond > 0 && s.Latency.Count > 0 {
 				b.Suggested = WorkersNeeded(targetPerSecond, s.Latency.P50, 1.25)
 			}
