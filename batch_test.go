@@ -407,25 +407,6 @@ func TestBatchUpstreamFailureFailsPartialBatch(t *testing.T) {
 	}
 }
 
-// batchCkStore is a CheckpointStore in memory, for one run at a time.
-type batchCkStore struct {
-	mu  sync.Mutex
-	pos int64
-}
-
-func (s *batchCkStore) Load(context.Context) (int64, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.pos, nil
-}
-
-func (s *batchCkStore) Save(_ context.Context, pos int64) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.pos = pos
-	return nil
-}
-
 // TestBatchCheckpointKeepsBatchesFull runs a checkpointed source into a concurrent stage
 // and a batch sink that is the bottleneck (10 ms per batch, in virtual time), with the
 // default WithMaxRedo. The items all settle in time, so the documentation promises the
@@ -437,7 +418,7 @@ func TestBatchCheckpointKeepsBatchesFull(t *testing.T) {
 		const n, size, perBatch = 20_000, 500, 10 * time.Millisecond
 		start := time.Now()
 		p := pipeline.New()
-		src := pipeline.Resume(p, &batchCkStore{}, func(_ context.Context, pos int64) iter.Seq2[int, error] {
+		src := pipeline.Resume(p, &memStore{}, func(_ context.Context, pos int64) iter.Seq2[int, error] {
 			return func(yield func(int, error) bool) {
 				for i := int(pos); i < n && yield(i, nil); i++ {
 				}
