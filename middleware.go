@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -13,7 +15,8 @@ import (
 // Waiting for room in the next queue happens after the attempt and never counts against
 // d. It panics if d <= 0.
 //
-// The timer costs one [context.WithTimeout] per attempt (a few allocations).
+// An attempt whose function never looks at its context costs a clock read and no
+// allocation; one that calls Done costs a timer, as [context.WithTimeout] does.
 func WithTimeout(d time.Duration) Option {
 	if d <= 0 {
 		panic(fmt.Sprintf("pipeline: WithTimeout(%v): the timeout must be positive", d))
@@ -100,4 +103,120 @@ func sleep(ctx context.Context, backoff Backoff, attempt int) error {
 	case <-ctx.Done():
 		return context.Cause(ctx)
 	}
+}
+
+// attemptCtx is the context of one attempt under WithTimeout. context.WithTimeout costs
+// a timer, a channel and several allocations per call, whether or not the function ever
+// looks at its context; this one costs a clock read. Its channel and timer are made only
+// when Done is called, and a worker reuses it for the next attempt unless the function
+// consulted it (then a holder must keep seeing it canceled, so the next attempt gets a
+// new one).
+type attemptCtx struct {
+	parent   context.Context
+	deadline time.Time
+	after    time.Duration
+	touched  atomic.Bool // Done, Err or Deadline was called: not reusable
+
+	mu         sync.Mutex
+	done       chan struct{}
+	err        error
+	timer      *time.Timer
+	stopParent func() bool
+}
+
+func (c *attemptCtx) start(parent context.Context, d time.Duration) {
+	c.parent, c.after, c.deadline = parent, d, time.Now().Add(d)
+}
+
+// Deadline implements context.Context.
+func (c *attemptCtx) Deadline() (time.Time, bool) {
+	c.touched.Store(true)
+	if d, ok := c.parent.Deadline(); ok && d.Before(c.deadline) {
+		return d, true
+	}
+	return c.deadline, true
+}
+
+// Value implements context.Context.
+func (c *attemptCtx) Value(key any) any { return c.parent.Value(key) }
+
+// Done implements context.Context: the channel (and the timer that closes it) is made on
+// the first call.
+func (c *attemptCtx) Done() <-chan struct{} {
+	c.touched.Store(true)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.done != nil {
+		return c.done
+	}
+	c.done = make(chan struct{})
+	if c.err == nil {
+		c.expireLocked()
+	}
+	if c.err != nil {
+		close(c.done)
+		return c.done
+	}
+	c.timer = time.AfterFunc(time.Until(c.deadline), func() { c.cancel(context.DeadlineExceeded) })
+	c.stopParent = context.AfterFunc(c.parent, func() { c.cancel(c.parent.Err()) })
+	return c.done
+}
+
+// Err implements context.Context.
+func (c *attemptCtx) Err() error {
+	c.touched.Store(true)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err == nil {
+		c.expireLocked()
+	}
+	return c.err
+}
+
+// expireLocked sets err if the parent is done or the deadline has passed.
+func (c *attemptCtx) expireLocked() {
+	if err := c.parent.Err(); err != nil {
+		c.err = err
+	} else if !time.Now().Before(c.deadline) {
+		c.err = context.DeadlineExceeded
+	}
+}
+
+func (c *attemptCtx) cancel(err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err == nil {
+		c.err = err
+	}
+	if c.done != nil {
+		select {
+		case <-c.done:
+		default:
+			close(c.done)
+		}
+	}
+}
+
+// end cancels the context when its attempt returns, and reports whether it can serve
+// the worker's next attempt.
+func (c *attemptCtx) end() (reusable bool) {
+	if !c.touched.Load() {
+		return true // nobody looked: nothing to cancel, nothing to remember
+	}
+	c.cancel(context.Canceled)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+	if c.stopParent != nil {
+		c.stopParent()
+	}
+	return false
+}
+
+// timedOut reports whether the attempt's deadline had passed while its parent was not
+// done: the attempt's error is then a timeout.
+func (c *attemptCtx) timedOut() bool {
+	return c.parent.Err() == nil && !time.Now().Before(c.deadline)
 }

@@ -320,6 +320,7 @@ type worker[In, Out any] struct {
 	ord      *reorder[Out]    // the reorder window (ordered stages)
 	one      [1]Out           // a one-to-one output handed to the window
 	slow     bool             // the last timed attempt took long: time every attempt
+	actx     *attemptCtx      // WithTimeout: the context of the next attempt, reused while unseen
 }
 
 // loop takes items until the queue is closed and drained (nil) or the run stops (its
@@ -441,12 +442,18 @@ func (w *worker[In, Out]) attempt(ctx context.Context, v In) (out Out, err error
 	if d := w.st.cfg.timeout; d <= 0 {
 		out, err = w.call(ctx, v)
 	} else {
-		actx, cancel := context.WithTimeout(ctx, d)
-		out, err = w.call(actx, v)
-		if err != nil && ctx.Err() == nil && errors.Is(actx.Err(), context.DeadlineExceeded) {
+		if w.actx == nil {
+			w.actx = new(attemptCtx)
+		}
+		a := w.actx
+		a.start(ctx, d)
+		out, err = w.call(a, v)
+		if err != nil && a.timedOut() {
 			err = &timeoutError{after: d, err: err}
 		}
-		cancel()
+		if !a.end() {
+			w.actx = nil // the function kept a look at it: the next attempt gets its own
+		}
 	}
 	if timed {
 		d := time.Since(t0)

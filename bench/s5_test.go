@@ -62,6 +62,27 @@ func s5Pipeline(ctx context.Context, sh s5Shape, items []int) (int, error) {
 	return n, err
 }
 
+// s5Middleware is s5Pipeline with every stage wrapped in the per-item policies a real
+// job configures (a timeout per attempt, retries, a dead-letter destination), none of
+// which fires: it measures what the middleware costs an item that succeeds.
+func s5Middleware(ctx context.Context, sh s5Shape, items []int) (int, error) {
+	p := pipeline.New(pipeline.WithBuffer(s5Buffer))
+	s := pipeline.FromSlice(p, items)
+	for i := range sh.stages {
+		s = pipeline.Then(s, pipeline.NewStage(fmt.Sprintf("stage%d", i+1), sh.workers, identity,
+			pipeline.WithTimeout(time.Second),
+			pipeline.WithRetry(3, pipeline.ExponentialBackoff(10*time.Millisecond, time.Second)),
+			pipeline.WithDeadLetter(pipeline.DiscardDeadLetter[int])))
+	}
+	n := 0
+	pipeline.To(s, pipeline.NewSink("count", 1, func(context.Context, int) error {
+		n++
+		return nil
+	}))
+	err := p.Run(ctx)
+	return n, err
+}
+
 // s5Observed is s5Pipeline watched the way a metrics adapter watches it, only far more
 // often: a goroutine takes a Snapshot every millisecond during the run (a Prometheus
 // scrape or an OpenTelemetry collection reads one Snapshot, typically every 15 s). It
@@ -524,6 +545,7 @@ func BenchmarkS5Overhead(b *testing.B) {
 		{sh3x4.name, sh3x4.items, s5Count{items: sh3x4.items}, []s5Impl{
 			linear("pipeline", sh3x4, s5Pipeline),
 			linear("pipeline+snapshots", sh3x4, s5Observed),
+			linear("pipeline+middleware", sh3x4, s5Middleware),
 			linear("handwritten", sh3x4, s5Handwritten),
 			linear("conc", sh3x4, s5Conc),
 		}},
