@@ -62,7 +62,7 @@ func TestAttemptCtx(t *testing.T) {
 		cause := errors.New("stop")
 		cancel(cause)
 		<-pd
-		if !errors.Is(p.Err(), context.Canceled) || context.Cause(p) != cause {
+		if !errors.Is(p.Err(), context.Canceled) || !errors.Is(context.Cause(p), cause) {
 			t.Fatalf("Err = %v, Cause = %v", p.Err(), context.Cause(p))
 		}
 		if p.timedOut() {
