@@ -120,7 +120,14 @@ type batcher[T any] struct {
 	bytes    int
 }
 
-func (b *batcher[T]) loop() error {
+func (b *batcher[T]) loop() (err error) {
+	defer func() {
+		if v := recover(); v != nil { // user code (the sizer) panicked: fail what is in hand
+			s := b.stats
+			s.failed.add(s.received.load() - s.succeeded.load() - s.failed.load())
+			panic(v)
+		}
+	}()
 	var expired <-chan time.Time
 	if b.linger > 0 {
 		b.timer = time.NewTimer(time.Hour)
@@ -163,7 +170,6 @@ func (b *batcher[T]) loop() error {
 				}
 				continue
 			case <-b.ctx.Done():
-				b.stats.received.add(int64(len(b.batch)))
 				b.stats.failed.add(int64(len(b.batch)))
 				return context.Cause(b.ctx)
 			}
@@ -173,13 +179,13 @@ func (b *batcher[T]) loop() error {
 				return b.flush(&b.flushes.end)
 			}
 			if len(b.batch) > 0 { // the run stopped: the partial batch fails
-				b.stats.received.add(int64(len(b.batch)))
 				b.stats.failed.add(int64(len(b.batch)))
 				return context.Cause(b.ctx)
 			}
 			return nil
 		}
 		b.stats.peak.max(int64(min(len(b.ch)+1, cap(b.ch))))
+		b.stats.received.inc()
 		v := e.v
 		if b.sizer != nil {
 			n := b.sizer(v)
@@ -209,16 +215,13 @@ func (b *batcher[T]) loop() error {
 	}
 }
 
-// flush sends the current batch on. The items count as received and succeeded here, a
-// batch at a time, rather than one by one.
+// flush sends the current batch on; its items count as succeeded here, a batch at a
+// time (as received, one by one, when they were taken).
 func (b *batcher[T]) flush(reason *counter) error {
 	if b.timer != nil {
 		b.timer.Stop() // the batch is gone: its linger with it
 	}
 	n := int64(len(b.batch))
-	b.stats.received.add(n)
-	b.stats.succeeded.add(n)
-	b.stats.emitted.inc()
 	reason.inc()
 	batch, pos := b.batch, noPos
 	if b.track != nil {
@@ -226,7 +229,10 @@ func (b *batcher[T]) flush(reason *counter) error {
 		b.poss = nil
 	}
 	b.batch, b.bytes = nil, 0
-	return b.push(batch, pos)
+	err := b.push(batch, pos) // counted after: a panic downstream leaves the items failed
+	b.stats.succeeded.add(n)
+	b.stats.emitted.inc()
+	return err
 }
 
 // Flatten returns a stream of the items of the slices of s, in order (the reverse of

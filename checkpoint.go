@@ -405,7 +405,7 @@ func (t *tracker) saver(ctx context.Context, store CheckpointStore, interval tim
 			r.saved.Store(w)
 			r.savedAt.Store(time.Now().UnixNano())
 			t.markSaved(w)
-			r.p.emit(Event{Kind: EventCheckpoint, Stage: "checkpoint", Position: w})
+			r.emit(Event{Kind: EventCheckpoint, Stage: "checkpoint", Position: w})
 		}
 	}
 }

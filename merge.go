@@ -60,22 +60,35 @@ func Tee[T any](s *Stream[T], n int) []*Stream[T] {
 	// Each branch is opened by its own consumer; the upstream is opened once all n
 	// have given their push function, within one run.
 	var (
-		cur    *run
-		pushes []pushFunc[T]
-		dones  []func()
+		cur       *run
+		pushes    []pushFunc[T]
+		dones     []func()
+		consumers []*row // the stages the branches feed, when they are stages
 	)
 	outs := make([]*Stream[T], n)
 	for i := range outs {
 		out := newStream[T](s.p, fmt.Sprintf("%s | Tee[%d]", s.desc, i))
 		out.open = func(r *run, push pushFunc[T], done func()) {
 			if cur != r {
-				cur, pushes, dones = r, nil, nil
+				cur, pushes, dones, consumers = r, nil, nil, nil
 			}
 			pushes = append(pushes, push)
 			dones = append(dones, done)
+			consumers = append(consumers, r.consumer)
 			if len(pushes) < n {
 				return
 			}
+			// The upstream is wired below, inside the last branch's wiring: the stages of
+			// the earlier branches learn their upstream here (a drained budget must reach
+			// the source through any branch).
+			before := len(r.rows)
+			defer func() {
+				for _, c := range consumers[:n-1] {
+					if c != nil {
+						c.ups = append(c.ups, r.rows[before:]...)
+					}
+				}
+			}()
 			ps, ds := pushes, dones
 			s.open(r, func(v T, pos uint64) error {
 				r.track.split(pos, len(ps))

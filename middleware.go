@@ -15,8 +15,8 @@ import (
 // Waiting for room in the next queue happens after the attempt and never counts against
 // d. It panics if d <= 0.
 //
-// An attempt whose function never looks at its context costs a clock read and no
-// allocation; one that calls Done costs a timer, as [context.WithTimeout] does.
+// An attempt whose function never calls Done costs a clock read and one small
+// allocation; one that does costs a timer, as [context.WithTimeout] does.
 func WithTimeout(d time.Duration) Option {
 	if d <= 0 {
 		panic(fmt.Sprintf("pipeline: WithTimeout(%v): the timeout must be positive", d))
@@ -107,15 +107,15 @@ func sleep(ctx context.Context, backoff Backoff, attempt int) error {
 
 // attemptCtx is the context of one attempt under WithTimeout. context.WithTimeout costs
 // a timer, a channel and several allocations per call, whether or not the function ever
-// looks at its context; this one costs a clock read. Its channel and timer are made only
-// when Done is called, and a worker reuses it for the next attempt unless the function
-// consulted it (then a holder must keep seeing it canceled, so the next attempt gets a
-// new one).
+// looks at its context; this one costs one small allocation and a clock read. Its
+// channel and timer are made only when Done is called. Each attempt gets its own: a
+// function may hand its context to a goroutine that outlives the attempt, which must
+// then see it canceled, and nothing of a later attempt.
 type attemptCtx struct {
 	parent   context.Context
 	deadline time.Time
 	after    time.Duration
-	touched  atomic.Bool // Done, Err or Deadline was called: not reusable
+	touched  atomic.Bool // Done, Err or Deadline was called: there may be something to stop
 
 	mu         sync.Mutex
 	done       chan struct{}
@@ -150,11 +150,11 @@ func (c *attemptCtx) Done() <-chan struct{} {
 		return c.done
 	}
 	c.done = make(chan struct{})
-	if c.err == nil {
-		c.expireLocked()
-	}
 	if c.err != nil {
 		close(c.done)
+		return c.done
+	}
+	if c.expireLocked(); c.err != nil { // closed it
 		return c.done
 	}
 	c.timer = time.AfterFunc(time.Until(c.deadline), func() { c.cancel(context.DeadlineExceeded) })
@@ -173,12 +173,20 @@ func (c *attemptCtx) Err() error {
 	return c.err
 }
 
-// expireLocked sets err if the parent is done or the deadline has passed.
+// expireLocked sets err if the parent is done or the deadline has passed, and then
+// closes Done's channel if it was made: Err is non-nil only once Done is closed.
 func (c *attemptCtx) expireLocked() {
 	if err := c.parent.Err(); err != nil {
 		c.err = err
 	} else if !time.Now().Before(c.deadline) {
 		c.err = context.DeadlineExceeded
+	}
+	if c.err != nil && c.done != nil {
+		select {
+		case <-c.done:
+		default:
+			close(c.done)
+		}
 	}
 }
 
@@ -197,13 +205,12 @@ func (c *attemptCtx) cancel(err error) {
 	}
 }
 
-// end cancels the context when its attempt returns, and reports whether it can serve
-// the worker's next attempt.
-func (c *attemptCtx) end() (reusable bool) {
-	if !c.touched.Load() {
-		return true // nobody looked: nothing to cancel, nothing to remember
-	}
+// end cancels the context when its attempt returns, and stops its timer, if any.
+func (c *attemptCtx) end() {
 	c.cancel(context.Canceled)
+	if !c.touched.Load() {
+		return // no timer: Done was never called (a later call finds err set)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.timer != nil {
@@ -212,7 +219,6 @@ func (c *attemptCtx) end() (reusable bool) {
 	if c.stopParent != nil {
 		c.stopParent()
 	}
-	return false
 }
 
 // timedOut reports whether the attempt's deadline had passed while its parent was not

@@ -89,9 +89,19 @@ func WithLogger(l *slog.Logger) Option {
 	})
 }
 
-// emit sends e to the pipeline's observers, if any.
-func (p *Pipeline) emit(e Event) {
-	for _, fn := range p.cfg.observers {
+// emit sends e to the pipeline's observers, if any. A panic in an observer does not
+// unwind the goroutine that sent the event (a worker mid-count, the saver, Run itself):
+// it is recovered here and fails the run as a *PanicError of the stage "observer".
+func (r *run) emit(e Event) {
+	if len(r.p.cfg.observers) == 0 {
+		return
+	}
+	defer func() {
+		if v := recover(); v != nil {
+			r.fail(&StageError{Stage: "observer", Err: newPanicError(v)})
+		}
+	}()
+	for _, fn := range r.p.cfg.observers {
 		fn(e)
 	}
 }

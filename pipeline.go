@@ -129,6 +129,7 @@ func (p *Pipeline) exec(ctx context.Context, extra func(r *run)) (*run, error) {
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	r.cancel = cancel
 	if ck := p.ck; ck != nil {
 		pos, err := ck.store.Load(ctx)
 		if err != nil {
@@ -179,6 +180,9 @@ func (p *Pipeline) exec(ctx context.Context, extra func(r *run)) (*run, error) {
 			err = serr
 		}
 	}
+	if f := r.failure.Load(); f != nil && (err == nil || errors.Is(err, f)) {
+		err = f
+	}
 	if err == nil {
 		if d := r.drained.Load(); d != nil {
 			err = d
@@ -203,9 +207,12 @@ func (p *Pipeline) finish(r *run, err error) error {
 			} else {
 				r.saved.Store(w)
 				r.savedAt.Store(time.Now().UnixNano())
-				p.emit(Event{Kind: EventCheckpoint, Stage: "checkpoint", Position: w})
+				r.emit(Event{Kind: EventCheckpoint, Stage: "checkpoint", Position: w})
 			}
 		}
+	}
+	if f := r.failure.Load(); f != nil && err == nil { // an observer of the final save panicked
+		err = f
 	}
 	rep := r.report(err, true)
 	p.mu.Lock()
@@ -218,19 +225,29 @@ func (p *Pipeline) finish(r *run, err error) error {
 
 // run is the state of one execution: its context, its goroutines and its counters.
 type run struct {
-	p       *Pipeline
-	parent  context.Context // the caller's context, for the final checkpoint save
-	saved   atomic.Int64    // the last position saved (checkpointed runs)
-	savedAt atomic.Int64    // when, in Unix nanoseconds
-	started time.Time
-	number  uint64 // 1 for the pipeline's first run
-	ctx     context.Context
-	g       *errgroup.Group
-	rows    []*row
-	shared  *budgetState
-	drained atomic.Pointer[StageError] // the error Run returns after a drain
-	track   *tracker                   // the checkpoint's watermark, nil when none
-	pending []func() error             // goroutines to start once the graph is wired
+	p        *Pipeline
+	parent   context.Context // the caller's context, for the final checkpoint save
+	saved    atomic.Int64    // the last position saved (checkpointed runs)
+	savedAt  atomic.Int64    // when, in Unix nanoseconds
+	started  time.Time
+	number   uint64 // 1 for the pipeline's first run
+	ctx      context.Context
+	g        *errgroup.Group
+	rows     []*row
+	shared   *budgetState
+	drained  atomic.Pointer[StageError] // the error Run returns after a drain
+	failure  atomic.Pointer[StageError] // a failure outside the goroutines' returns (an observer's panic)
+	cancel   context.CancelCauseFunc    // cancels the run with a cause
+	track    *tracker                   // the checkpoint's watermark, nil when none
+	pending  []func() error             // goroutines to start once the graph is wired
+	consumer *row                       // while wiring: the stage whose input is being opened
+}
+
+// fail stops the run with err, unless it has already failed.
+func (r *run) fail(err *StageError) {
+	if r.failure.CompareAndSwap(nil, err) && r.cancel != nil {
+		r.cancel(err)
+	}
 }
 
 // spawn registers fn to run in the run's group once the whole graph is wired.
@@ -305,8 +322,8 @@ func All[T any](ctx context.Context, s *Stream[T]) iter.Seq2[T, error] {
 			done <- result{r, err}
 		}()
 		var (
-			res                       result
-			stopped, finished, gotRes bool
+			res                               result
+			stopped, finished, gotRes, inHand bool
 		)
 		select {
 		case <-wired:
@@ -321,6 +338,9 @@ func All[T any](ctx context.Context, s *Stream[T]) iter.Seq2[T, error] {
 		}
 		defer func() {
 			if !finished { // the loop body panicked: stop the run and wait for it
+				if inHand {
+					rw.workers[0].failed.inc()
+				}
 				cancel(errStopped)
 				if !gotRes {
 					res = <-done
@@ -352,7 +372,9 @@ func All[T any](ctx context.Context, s *Stream[T]) iter.Seq2[T, error] {
 			}
 			w.peak.max(int64(min(len(q.ch)+1, cap(q.ch))))
 			w.received.inc()
+			inHand = true
 			more := yield(e.v, nil)
+			inHand = false
 			w.succeeded.inc()
 			if !more {
 				stopped = true

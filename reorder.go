@@ -88,7 +88,11 @@ func newReorder[Out any](window int, push pushFunc[Out]) *reorder[Out] {
 // window, and returns the run's cause if the run stops meanwhile (entered false: the
 // item never entered the window), or the first push error. stats counts the outputs
 // this worker pushes.
-func (o *reorder[Out]) settle(ctx context.Context, stats *workerStats, seq, pos uint64, outs []Out, skip bool) (entered bool, err error) {
+//
+// entered is called once the item is in the window, before any flushing: from then on
+// the item is the window's, and a panic while flushing (in an inline operator
+// downstream) must not count it again.
+func (o *reorder[Out]) settle(ctx context.Context, stats *workerStats, seq, pos uint64, outs []Out, skip bool, onEntered func()) (entered bool, err error) {
 	w := uint64(len(o.slots))
 	o.mu.Lock()
 	for seq >= o.next+w {
@@ -115,9 +119,13 @@ func (o *reorder[Out]) settle(ctx context.Context, stats *workerStats, seq, pos 
 	}
 	if o.flushing || seq != o.next {
 		o.mu.Unlock()
+		onEntered()
 		return true, nil
 	}
-	o.flushing = true
+	o.flushing = true // claim the flush before unlocking, so that no one else starts one
+	o.mu.Unlock()
+	onEntered()
+	o.mu.Lock()
 	var first error
 	for {
 		start := o.next

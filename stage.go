@@ -241,7 +241,10 @@ func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
 		rw := r.newRow(name, kind, st.workers, buf, q)
 		rw.timeout = st.cfg.timeout
 		before := len(r.rows)
+		prev := r.consumer
+		r.consumer = rw
 		s.open(r, q.pusher(r.ctx), q.close)
+		r.consumer = prev
 		rw.ups = slices.Clone(r.rows[before:])
 		if len(rw.ups) > 0 { // the row wired last upstream is the one that feeds this stage
 			rw.ups[len(rw.ups)-1].next = name
@@ -275,7 +278,7 @@ func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
 						failed.Store(true)
 					}
 					if left.Add(-1) == 0 {
-						r.p.emit(Event{Kind: EventStageDone, Stage: name}) // before the next stage can end
+						r.emit(Event{Kind: EventStageDone, Stage: name}) // before the next stage can end
 						if !failed.Load() {
 							done()
 						}
@@ -320,7 +323,7 @@ type worker[In, Out any] struct {
 	ord      *reorder[Out]    // the reorder window (ordered stages)
 	one      [1]Out           // a one-to-one output handed to the window
 	slow     bool             // the last timed attempt took long: time every attempt
-	actx     *attemptCtx      // WithTimeout: the context of the next attempt, reused while unseen
+	busy     bool             // an item is in hand and not yet counted: a panic fails it
 }
 
 // loop takes items until the queue is closed and drained (nil) or the run stops (its
@@ -328,10 +331,9 @@ type worker[In, Out any] struct {
 // counted as failed.
 func (w *worker[In, Out]) loop() (err error) {
 	ctx := w.r.ctx
-	busy := false
 	defer func() {
 		if v := recover(); v != nil {
-			if busy {
+			if w.busy {
 				w.stats.failed.inc()
 			}
 			w.row.addError("panic", func(e *ErrorCount) { e.Failed++ })
@@ -370,11 +372,11 @@ func (w *worker[In, Out]) loop() (err error) {
 			}
 			continue
 		}
-		busy = true
+		w.busy = true
 		w.stats.busy.v.Store(1)
 		err = w.process(ctx, v)
 		w.stats.busy.v.Store(0)
-		busy = false
+		w.busy = false
 		if err != nil {
 			return err
 		}
@@ -391,9 +393,11 @@ func (w *worker[In, Out]) process(ctx context.Context, v In) error {
 			// Counted after delivery: a panic downstream (in an inline operator) leaves
 			// the item failed, not both succeeded and failed.
 			handed, derr := w.deliver(ctx, out)
-			if handed {
+			switch {
+			case !w.busy: // an ordered stage counted it when it entered the window
+			case handed:
 				w.stats.succeeded.inc()
-			} else {
+			default:
 				w.stats.failed.inc() // the run stopped before it could be handed on
 			}
 			if derr != nil {
@@ -415,7 +419,7 @@ func (w *worker[In, Out]) process(ctx context.Context, v In) error {
 		if class == ClassTransient && attempt < w.st.cfg.attempts {
 			w.stats.retried.inc()
 			w.row.addError(errTypeName(err), func(e *ErrorCount) { e.Retried++ })
-			w.r.p.emit(Event{Kind: EventRetry, Stage: w.st.name, Attempt: attempt, Err: err})
+			w.r.emit(Event{Kind: EventRetry, Stage: w.st.name, Attempt: attempt, Err: err})
 			if err := sleep(ctx, w.st.cfg.backoff, attempt); err != nil {
 				w.stats.failed.inc()
 				return err
@@ -442,18 +446,13 @@ func (w *worker[In, Out]) attempt(ctx context.Context, v In) (out Out, err error
 	if d := w.st.cfg.timeout; d <= 0 {
 		out, err = w.call(ctx, v)
 	} else {
-		if w.actx == nil {
-			w.actx = new(attemptCtx)
-		}
-		a := w.actx
+		a := new(attemptCtx)
 		a.start(ctx, d)
 		out, err = w.call(a, v)
 		if err != nil && a.timedOut() {
 			err = &timeoutError{after: d, err: err}
 		}
-		if !a.end() {
-			w.actx = nil // the function kept a look at it: the next attempt gets its own
-		}
+		a.end()
 	}
 	if timed {
 		d := time.Since(t0)
@@ -487,7 +486,7 @@ func (w *worker[In, Out]) deliver(ctx context.Context, out Out) (handed bool, er
 			outs = w.one[:]
 		}
 		w.r.track.split(w.pos, len(outs))
-		handed, err := w.ord.settle(ctx, w.stats, w.seq, w.pos, outs, false)
+		handed, err := w.ord.settle(ctx, w.stats, w.seq, w.pos, outs, false, w.enteredWindow)
 		clear(outs)
 		w.buf = w.buf[:0]
 		return handed, err
@@ -541,17 +540,27 @@ func (w *worker[In, Out]) deadLetter(ctx context.Context, v In, attempts int, cl
 	}
 	if err := w.st.dl(ctx, rec); err != nil {
 		w.stats.failed.inc()
+		if ctx.Err() != nil { // the run stopped meanwhile: its cause, not the destination's echo
+			return context.Cause(ctx)
+		}
 		return &StageError{Stage: w.st.name, Err: fmt.Errorf("dead-letter destination: %w", err)}
 	}
 	w.stats.deadLettered.inc()
 	w.row.addCause(typ, causeMessage(last))
 	w.row.addError(typ, func(e *ErrorCount) { e.DeadLettered++ })
-	w.r.p.emit(Event{Kind: EventDeadLetter, Stage: w.st.name, Attempt: attempts, Err: last})
+	w.r.emit(Event{Kind: EventDeadLetter, Stage: w.st.name, Attempt: attempts, Err: last})
 	w.r.track.done(w.pos) // set aside for good: the watermark may pass it
 	if err := w.skip(ctx); err != nil {
 		return err
 	}
 	return w.record(true)
+}
+
+// enteredWindow counts an ordered stage's item as succeeded once the reorder window
+// holds it: from then on the window accounts for it.
+func (w *worker[In, Out]) enteredWindow() {
+	w.stats.succeeded.inc()
+	w.busy = false
 }
 
 // fail counts the current item as failed by err, which stops the run.
@@ -567,7 +576,7 @@ func (w *worker[In, Out]) skip(ctx context.Context) error {
 	if w.ord == nil {
 		return nil
 	}
-	_, err := w.ord.settle(ctx, w.stats, w.seq, w.pos, nil, true)
+	_, err := w.ord.settle(ctx, w.stats, w.seq, w.pos, nil, true, func() { w.busy = false }) // counted already
 	return err
 }
 
@@ -581,7 +590,7 @@ func (w *worker[In, Out]) record(failed bool) error {
 		return nil
 	}
 	serr := &StageError{Stage: w.st.name, Err: be}
-	w.r.p.emit(Event{Kind: EventBudget, Stage: w.st.name, Err: serr})
+	w.r.emit(Event{Kind: EventBudget, Stage: w.st.name, Err: serr})
 	if be.Drained {
 		// Stop taking new items here and upstream; what already passed this stage
 		// finishes downstream.
