@@ -19,7 +19,7 @@ func TestAttemptCtx(t *testing.T) {
 		defer cancel(nil)
 		c := new(attemptCtx)
 		start := time.Now()
-		c.start(parent, time.Second)
+		c.start(parent, start, time.Second)
 
 		if d, ok := c.Deadline(); !ok || d != start.Add(time.Second) {
 			t.Fatalf("Deadline = %v, %v", d, ok)
@@ -48,7 +48,7 @@ func TestAttemptCtx(t *testing.T) {
 
 		// Untouched until it ended: a late look finds it canceled, its Done closed.
 		u := new(attemptCtx)
-		u.start(parent, time.Second)
+		u.start(parent, start, time.Second)
 		u.end()
 		if !errors.Is(u.Err(), context.Canceled) {
 			t.Fatalf("Err = %v after the end", u.Err())
@@ -57,7 +57,7 @@ func TestAttemptCtx(t *testing.T) {
 
 		// The parent's cancellation reaches Done, with the parent's cause.
 		p := new(attemptCtx)
-		p.start(parent, time.Hour)
+		p.start(parent, start, time.Hour)
 		pd := p.Done()
 		cause := errors.New("stop")
 		cancel(cause)
@@ -74,7 +74,7 @@ func TestAttemptCtx(t *testing.T) {
 		parent2, cancel2 := context.WithCancel(context.Background())
 		defer cancel2()
 		e := new(attemptCtx)
-		e.start(parent2, time.Hour)
+		e.start(parent2, start, time.Hour)
 		ed := e.Done()
 		e.end()
 		select {

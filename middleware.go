@@ -15,8 +15,9 @@ import (
 // Waiting for room in the next queue happens after the attempt and never counts against
 // d. It panics if d <= 0.
 //
-// An attempt whose function never calls Done costs a clock read and one small
-// allocation; one that does costs a timer, as [context.WithTimeout] does.
+// An attempt whose function never looks at its context costs a clock read and no
+// allocation of its own; one that calls Done costs a timer, as [context.WithTimeout]
+// does.
 func WithTimeout(d time.Duration) Option {
 	if d <= 0 {
 		panic(fmt.Sprintf("pipeline: WithTimeout(%v): the timeout must be positive", d))
@@ -107,16 +108,28 @@ func sleep(ctx context.Context, backoff Backoff, attempt int) error {
 
 // attemptCtx is the context of one attempt under WithTimeout. context.WithTimeout costs
 // a timer, a channel and several allocations per call, whether or not the function ever
-// looks at its context; this one costs one small allocation and a clock read. Its
-// channel and timer are made only when Done is called. Each attempt gets its own: a
-// function may hand its context to a goroutine that outlives the attempt, which must
-// then see it canceled, and nothing of a later attempt.
+// looks at its context; this one costs a clock read. Its lock, channel and timer are
+// made only when the function calls Done or Err. Every attempt gets a context of its
+// own, never reused (a function may hand its context to a goroutine that outlives the
+// attempt, which must see it canceled, and nothing of a later attempt); workers carve
+// them out of slabs, one allocation per 64 attempts.
 type attemptCtx struct {
-	parent   context.Context
-	deadline time.Time
-	after    time.Duration
-	touched  atomic.Bool // Done, Err or Deadline was called: there may be something to stop
+	parent context.Context
+	base   time.Time     // the run's start, with its monotonic reading
+	due    time.Duration // the deadline, as an offset from base
+	state    atomic.Int32 // ctxLive, ctxArmed (Done or Err was called), ctxEnded (ended unarmed)
+	armed    atomic.Pointer[armedCtx]
+}
 
+const (
+	ctxLive int32 = iota
+	ctxArmed
+	ctxEnded
+)
+
+// armedCtx is the part of an attemptCtx that only a function that looks at its context
+// needs.
+type armedCtx struct {
 	mu         sync.Mutex
 	done       chan struct{}
 	err        error
@@ -124,105 +137,141 @@ type attemptCtx struct {
 	stopParent func() bool
 }
 
-func (c *attemptCtx) start(parent context.Context, d time.Duration) {
-	c.parent, c.after, c.deadline = parent, d, time.Now().Add(d)
+// closedChan is the Done channel of every attempt context that ended before anyone
+// asked for it.
+var closedChan = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
+
+// attemptSlab hands out fresh attempt contexts, 64 per allocation.
+type attemptSlab []attemptCtx
+
+func (s *attemptSlab) next() *attemptCtx {
+	if len(*s) == 0 {
+		*s = make([]attemptCtx, 64)
+	}
+	c := &(*s)[0]
+	*s = (*s)[1:]
+	return c
 }
+
+// start begins an attempt of at most d. Time is kept as an offset from base (the run's
+// start): time.Since reads only the monotonic clock, half the cost of time.Now.
+func (c *attemptCtx) start(parent context.Context, base time.Time, d time.Duration) {
+	c.parent, c.base, c.due = parent, base, time.Since(base)+d
+}
+
+// expired reports whether the deadline has passed.
+func (c *attemptCtx) expired() bool { return time.Since(c.base) >= c.due }
 
 // Deadline implements context.Context.
 func (c *attemptCtx) Deadline() (time.Time, bool) {
-	c.touched.Store(true)
-	if d, ok := c.parent.Deadline(); ok && d.Before(c.deadline) {
+	deadline := c.base.Add(c.due)
+	if d, ok := c.parent.Deadline(); ok && d.Before(deadline) {
 		return d, true
 	}
-	return c.deadline, true
+	return deadline, true
 }
 
 // Value implements context.Context.
 func (c *attemptCtx) Value(key any) any { return c.parent.Value(key) }
 
+// arm returns the armed part, making it on the first call; nil if the attempt ended
+// before anyone looked (then the context is canceled, for good).
+func (c *attemptCtx) arm() *armedCtx {
+	if !c.state.CompareAndSwap(ctxLive, ctxArmed) && c.state.Load() == ctxEnded {
+		return nil
+	}
+	if a := c.armed.Load(); a != nil {
+		return a
+	}
+	c.armed.CompareAndSwap(nil, new(armedCtx))
+	return c.armed.Load()
+}
+
 // Done implements context.Context: the channel (and the timer that closes it) is made on
 // the first call.
 func (c *attemptCtx) Done() <-chan struct{} {
-	c.touched.Store(true)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.done != nil {
-		return c.done
+	a := c.arm()
+	if a == nil {
+		return closedChan
 	}
-	c.done = make(chan struct{})
-	if c.err != nil {
-		close(c.done)
-		return c.done
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.done != nil {
+		return a.done
 	}
-	if c.expireLocked(); c.err != nil { // closed it
-		return c.done
+	a.done = make(chan struct{})
+	if c.expireLocked(a); a.err != nil { // closed it
+		return a.done
 	}
-	c.timer = time.AfterFunc(time.Until(c.deadline), func() { c.cancel(context.DeadlineExceeded) })
-	c.stopParent = context.AfterFunc(c.parent, func() { c.cancel(c.parent.Err()) })
-	return c.done
+	a.timer = time.AfterFunc(c.due-time.Since(c.base), func() { c.cancel(a, context.DeadlineExceeded) })
+	a.stopParent = context.AfterFunc(c.parent, func() { c.cancel(a, c.parent.Err()) })
+	return a.done
 }
 
 // Err implements context.Context.
 func (c *attemptCtx) Err() error {
-	c.touched.Store(true)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.err == nil {
-		c.expireLocked()
+	a := c.arm()
+	if a == nil {
+		return context.Canceled
 	}
-	return c.err
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	c.expireLocked(a)
+	return a.err
 }
 
-// expireLocked sets err if the parent is done or the deadline has passed, and then
+// expireLocked sets a.err if the parent is done or the deadline has passed, and then
 // closes Done's channel if it was made: Err is non-nil only once Done is closed.
-func (c *attemptCtx) expireLocked() {
-	if err := c.parent.Err(); err != nil {
-		c.err = err
-	} else if !time.Now().Before(c.deadline) {
-		c.err = context.DeadlineExceeded
+func (c *attemptCtx) expireLocked(a *armedCtx) {
+	if a.err == nil {
+		if err := c.parent.Err(); err != nil {
+			a.err = err
+		} else if c.expired() {
+			a.err = context.DeadlineExceeded
+		}
 	}
-	if c.err != nil && c.done != nil {
+	if a.err != nil && a.done != nil {
 		select {
-		case <-c.done:
+		case <-a.done:
 		default:
-			close(c.done)
+			close(a.done)
 		}
 	}
 }
 
-func (c *attemptCtx) cancel(err error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.err == nil {
-		c.err = err
+func (c *attemptCtx) cancel(a *armedCtx, err error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.err == nil {
+		a.err = err
 	}
-	if c.done != nil {
-		select {
-		case <-c.done:
-		default:
-			close(c.done)
-		}
-	}
+	c.expireLocked(a)
 }
 
-// end cancels the context when its attempt returns, and stops its timer, if any.
+// end cancels the context when its attempt returns and stops its timer, if any. A
+// context nobody looked at ends without a lock.
 func (c *attemptCtx) end() {
-	c.cancel(context.Canceled)
-	if !c.touched.Load() {
-		return // no timer: Done was never called (a later call finds err set)
+	if c.state.CompareAndSwap(ctxLive, ctxEnded) {
+		return
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.timer != nil {
-		c.timer.Stop()
+	a := c.arm()
+	c.cancel(a, context.Canceled)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.timer != nil {
+		a.timer.Stop()
 	}
-	if c.stopParent != nil {
-		c.stopParent()
+	if a.stopParent != nil {
+		a.stopParent()
 	}
 }
 
 // timedOut reports whether the attempt's deadline had passed while its parent was not
 // done: the attempt's error is then a timeout.
 func (c *attemptCtx) timedOut() bool {
-	return c.parent.Err() == nil && !time.Now().Before(c.deadline)
+	return c.parent.Err() == nil && c.expired()
 }

@@ -11,7 +11,7 @@ import (
 func TestRegressionAttemptCtxErrBeforeDone(t *testing.T) {
 	parent, cancel := context.WithCancel(context.Background())
 	c := new(attemptCtx)
-	c.start(parent, time.Hour)
+	c.start(parent, time.Now(), time.Hour)
 	done := c.Done() // channel + AfterFunc on parent made here
 	cancel()
 	if c.Err() == nil {
@@ -28,7 +28,7 @@ func TestRegressionAttemptCtxErrBeforeDone(t *testing.T) {
 // R1b: same for the deadline: Err reports DeadlineExceeded while Done is open.
 func TestRegressionAttemptCtxErrBeforeDoneDeadline(t *testing.T) {
 	c := new(attemptCtx)
-	c.start(context.Background(), time.Millisecond)
+	c.start(context.Background(), time.Now(), time.Millisecond)
 	done := c.Done()
 	for c.Err() == nil {
 	}

@@ -324,6 +324,7 @@ type worker[In, Out any] struct {
 	one      [1]Out           // a one-to-one output handed to the window
 	slow     bool             // the last timed attempt took long: time every attempt
 	busy     bool             // an item is in hand and not yet counted: a panic fails it
+	ctxs     attemptSlab      // WithTimeout: fresh attempt contexts
 }
 
 // loop takes items until the queue is closed and drained (nil) or the run stops (its
@@ -446,8 +447,8 @@ func (w *worker[In, Out]) attempt(ctx context.Context, v In) (out Out, err error
 	if d := w.st.cfg.timeout; d <= 0 {
 		out, err = w.call(ctx, v)
 	} else {
-		a := new(attemptCtx)
-		a.start(ctx, d)
+		a := w.ctxs.next()
+		a.start(ctx, w.r.started, d)
 		out, err = w.call(a, v)
 		if err != nil && a.timedOut() {
 			err = &timeoutError{after: d, err: err}
