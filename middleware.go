@@ -117,8 +117,8 @@ type attemptCtx struct {
 	parent context.Context
 	base   time.Time     // the run's start, with its monotonic reading
 	due    time.Duration // the deadline, as an offset from base
-	state    atomic.Int32 // ctxLive, ctxArmed (Done or Err was called), ctxEnded (ended unarmed)
-	armed    atomic.Pointer[armedCtx]
+	state  atomic.Int32  // ctxLive, ctxArmed (Done or Err was called), ctxEnded (ended unarmed)
+	armed  atomic.Pointer[armedCtx]
 }
 
 const (
