@@ -45,20 +45,26 @@ type s5Shape struct {
 // identity is the no-op stage function of every implementation.
 func identity(_ context.Context, v int) (int, error) { return v, nil }
 
-// s5Pipeline runs the shape through the library: a slice source, the stages, and a sink
-// with one worker that counts.
-func s5Pipeline(ctx context.Context, sh s5Shape, items []int) (int, error) {
+// s5Build builds the shape with the library: a slice source, the stages (each with
+// opts), and a sink with one worker that counts into *n (no synchronisation needed: Run's
+// return orders the read).
+func s5Build(sh s5Shape, items []int, n *int, opts ...pipeline.Option) *pipeline.Pipeline {
 	p := pipeline.New(pipeline.WithBuffer(s5Buffer))
 	s := pipeline.FromSlice(p, items)
 	for i := range sh.stages {
-		s = pipeline.Then(s, pipeline.NewStage(fmt.Sprintf("stage%d", i+1), sh.workers, identity))
+		s = pipeline.Then(s, pipeline.NewStage(fmt.Sprintf("stage%d", i+1), sh.workers, identity, opts...))
 	}
-	n := 0 // one sink worker: no synchronisation needed; Run's return orders the read
 	pipeline.To(s, pipeline.NewSink("count", 1, func(context.Context, int) error {
-		n++
+		*n++
 		return nil
 	}))
-	err := p.Run(ctx)
+	return p
+}
+
+// s5Pipeline runs the shape through the library.
+func s5Pipeline(ctx context.Context, sh s5Shape, items []int) (int, error) {
+	n := 0
+	err := s5Build(sh, items, &n).Run(ctx)
 	return n, err
 }
 
@@ -66,20 +72,11 @@ func s5Pipeline(ctx context.Context, sh s5Shape, items []int) (int, error) {
 // job configures (a timeout per attempt, retries, a dead-letter destination), none of
 // which fires: it measures what the middleware costs an item that succeeds.
 func s5Middleware(ctx context.Context, sh s5Shape, items []int) (int, error) {
-	p := pipeline.New(pipeline.WithBuffer(s5Buffer))
-	s := pipeline.FromSlice(p, items)
-	for i := range sh.stages {
-		s = pipeline.Then(s, pipeline.NewStage(fmt.Sprintf("stage%d", i+1), sh.workers, identity,
-			pipeline.WithTimeout(time.Second),
-			pipeline.WithRetry(3, pipeline.ExponentialBackoff(10*time.Millisecond, time.Second)),
-			pipeline.WithDeadLetter(pipeline.DiscardDeadLetter[int])))
-	}
 	n := 0
-	pipeline.To(s, pipeline.NewSink("count", 1, func(context.Context, int) error {
-		n++
-		return nil
-	}))
-	err := p.Run(ctx)
+	err := s5Build(sh, items, &n,
+		pipeline.WithTimeout(time.Second),
+		pipeline.WithRetry(3, pipeline.ExponentialBackoff(10*time.Millisecond, time.Second)),
+		pipeline.WithDeadLetter(pipeline.DiscardDeadLetter[int])).Run(ctx)
 	return n, err
 }
 
@@ -88,16 +85,8 @@ func s5Middleware(ctx context.Context, sh s5Shape, items []int) (int, error) {
 // scrape or an OpenTelemetry collection reads one Snapshot, typically every 15 s). It
 // measures what observation costs the stages, which write their counters either way.
 func s5Observed(ctx context.Context, sh s5Shape, items []int) (int, error) {
-	p := pipeline.New(pipeline.WithBuffer(s5Buffer))
-	s := pipeline.FromSlice(p, items)
-	for i := range sh.stages {
-		s = pipeline.Then(s, pipeline.NewStage(fmt.Sprintf("stage%d", i+1), sh.workers, identity))
-	}
 	n := 0
-	pipeline.To(s, pipeline.NewSink("count", 1, func(context.Context, int) error {
-		n++
-		return nil
-	}))
+	p := s5Build(sh, items, &n)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
