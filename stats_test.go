@@ -3,10 +3,7 @@ package pipeline_test
 import (
 	"bytes"
 	"context"
-	"encoding/json"
-	"errors"
 	"log/slog"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gopipeline/pipeline"
+	"github.com/gopipeline/pipeline/internal/scenario"
 )
 
 // TestSnapshotNamesBottleneck builds the seed's staged pipeline (a slow fetch stage
@@ -46,7 +44,7 @@ func TestSnapshotNamesBottleneck(t *testing.T) {
 		assert.Equal(t, 100, f.QueueLen, "the fetch stage's queue is full")
 		assert.Equal(t, 16, f.Busy)
 		assert.InDelta(t, 800, f.Rate, 20, "16 workers at 20 ms")
-		assert.Equal(t, 20*time.Millisecond, f.Latency.P50.Truncate(time.Millisecond)/time.Millisecond*time.Millisecond)
+		assert.Equal(t, 20*time.Millisecond, f.Latency.P50.Truncate(time.Millisecond))
 		b := snap.Bottleneck(1500)
 		assert.Equal(t, "fetch", b.Stage, b.String())
 		assert.Equal(t, pipeline.WorkersNeeded(1500, f.Latency.P50, 1.25), b.Suggested)
@@ -60,65 +58,21 @@ func TestSnapshotNamesBottleneck(t *testing.T) {
 	})
 }
 
-// fixture is the seed scenarios' failing ids (bench/testdata/items.json).
-type fixture struct {
-	Scenario1 struct {
-		N         int   `json:"n_items"`
-		Permanent []int `json:"permanent"`
-		Transient []int `json:"transient"`
-		Hang      []int `json:"hang"`
-	} `json:"scenario1"`
-}
-
 // TestS1RetryCounts runs scenario S1 with the retry policy in virtual time (instant and
 // exact) and checks that the seed's counts, 9,895 processed, 105 dead-lettered and 200
 // retried, appear in the snapshot, in the report, in the errors by type and in the
 // events.
 func TestS1RetryCounts(t *testing.T) {
-	data, err := os.ReadFile("bench/testdata/items.json")
+	fx, err := scenario.LoadS1("bench/testdata/items.json")
 	require.NoError(t, err)
-	var fx fixture
-	require.NoError(t, json.Unmarshal(data, &fx))
-	role := make([]byte, fx.Scenario1.N)
-	for _, id := range fx.Scenario1.Permanent {
-		role[id] = 'p'
-	}
-	for _, id := range fx.Scenario1.Transient {
-		role[id] = 't'
-	}
-	for _, id := range fx.Scenario1.Hang {
-		role[id] = 'h'
-	}
-	errBad, errReset := errors.New("bad record"), errors.New("connection reset")
 	synctest.Test(t, func(t *testing.T) {
 		var events sync.Map // kind -> *atomic.Int64
 		count := func(e pipeline.Event) {
 			n, _ := events.LoadOrStore(e.Kind, new(atomic.Int64))
 			n.(*atomic.Int64).Add(1)
 		}
-		p := pipeline.New(pipeline.WithBuffer(100), pipeline.WithObserver(count))
-		tries := make([]atomic.Int32, fx.Scenario1.N)
-		dead := pipeline.NewDeadLetterBuffer[int](1000)
-		enrich := pipeline.Then(pipeline.FromSlice(p, ints(fx.Scenario1.N)), pipeline.NewStage("enrich", 20,
-			func(ctx context.Context, id int) (int, error) {
-				time.Sleep(time.Millisecond)
-				switch role[id] {
-				case 'p':
-					return 0, pipeline.Permanent(errBad)
-				case 't':
-					if tries[id].Add(1) == 1 {
-						return 0, pipeline.Transient(errReset)
-					}
-				case 'h':
-					<-ctx.Done()
-					return 0, ctx.Err()
-				}
-				return id, nil
-			},
-			pipeline.WithTimeout(time.Second), pipeline.WithRetry(3, pipeline.ConstantBackoff(10*time.Millisecond)),
-			pipeline.WithDeadLetter(dead.Add)))
 		var sunk atomic.Int64
-		pipeline.To(enrich, pipeline.NewSink("sink", 1, func(context.Context, int) error { sunk.Add(1); return nil }))
+		p := scenario.S1Retry(fx, &sunk, pipeline.WithObserver(count))
 		done := make(chan error)
 		go func() { done <- p.Run(context.Background()) }()
 		time.Sleep(900 * time.Millisecond) // everything but the hanging items is done; none timed out yet

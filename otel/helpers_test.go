@@ -1,10 +1,8 @@
 package pipelineotel_test
 
 import (
-	"encoding/json"
 	"fmt"
 	"maps"
-	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -15,26 +13,15 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/gopipeline/pipeline"
+	"github.com/gopipeline/pipeline/internal/scenario"
 )
 
-// s1Fixture is the scenario1 object of bench/testdata/items.json: the ids that fail.
-type s1Fixture struct {
-	NItems    int   `json:"n_items"`
-	Permanent []int `json:"permanent"`
-	Transient []int `json:"transient"`
-	Hang      []int `json:"hang"`
-}
-
-func loadS1(t *testing.T) s1Fixture {
+// loadS1 reads the S1 fixture that the bench module keeps.
+func loadS1(t *testing.T) scenario.S1Fixture {
 	t.Helper()
-	data, err := os.ReadFile("../bench/testdata/items.json")
+	fx, err := scenario.LoadS1("../bench/testdata/items.json")
 	require.NoError(t, err)
-	var fx struct {
-		Scenario1 s1Fixture `json:"scenario1"`
-	}
-	require.NoError(t, json.Unmarshal(data, &fx))
-	require.Equal(t, 10_000, fx.Scenario1.NItems)
-	return fx.Scenario1
+	return fx
 }
 
 // newReader returns a manual reader and a meter of a provider that uses it, shut down at

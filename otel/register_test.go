@@ -2,7 +2,6 @@ package pipelineotel_test
 
 import (
 	"context"
-	"errors"
 	"iter"
 	"sync/atomic"
 	"testing"
@@ -17,58 +16,16 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/gopipeline/pipeline"
+	"github.com/gopipeline/pipeline/internal/scenario"
 	pipelineotel "github.com/gopipeline/pipeline/otel"
 )
-
-// newS1 builds scenario S1 under the retry policy: ids 0..9999 → enrich (20 workers,
-// 1 ms per item; the fixture's permanent ids fail for good, its transient ids fail their
-// first attempt, its hang ids block until their 1 s timeout) → sink.
-func newS1(fx s1Fixture) *pipeline.Pipeline {
-	role := make([]byte, fx.NItems)
-	for _, id := range fx.Permanent {
-		role[id] = 'p'
-	}
-	for _, id := range fx.Transient {
-		role[id] = 't'
-	}
-	for _, id := range fx.Hang {
-		role[id] = 'h'
-	}
-	attempts := make([]atomic.Int32, fx.NItems)
-	enrich := func(ctx context.Context, id int) (int, error) {
-		time.Sleep(time.Millisecond)
-		switch role[id] {
-		case 'p':
-			return 0, pipeline.Permanent(errors.New("bad record"))
-		case 't':
-			if attempts[id].Add(1) == 1 {
-				return 0, pipeline.Transient(errors.New("connection reset"))
-			}
-		case 'h':
-			<-ctx.Done()
-			return 0, ctx.Err()
-		}
-		return id, nil
-	}
-	ids := make([]int, fx.NItems)
-	for i := range ids {
-		ids[i] = i
-	}
-	p := pipeline.New(pipeline.WithBuffer(100))
-	enriched := pipeline.Then(pipeline.FromSlice(p, ids), pipeline.NewStage("enrich", 20, enrich,
-		pipeline.WithTimeout(time.Second),
-		pipeline.WithRetry(3, pipeline.ConstantBackoff(10*time.Millisecond)),
-		pipeline.WithDeadLetter(pipeline.NewDeadLetterBuffer[int](1000).Add)))
-	pipeline.To(enriched, pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
-	return p
-}
 
 // TestS1Retry runs scenario S1 with the retry policy (in virtual time) and collects its
 // figures through the SDK.
 func TestS1Retry(t *testing.T) {
 	fx := loadS1(t)
 	synctest.Test(t, func(t *testing.T) {
-		p := newS1(fx)
+		p := scenario.S1Retry(fx, nil)
 		reader, provider := newReader(t)
 		reg, err := pipelineotel.Register(p, provider.Meter("test"))
 		require.NoError(t, err)

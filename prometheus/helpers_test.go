@@ -1,12 +1,10 @@
 package pipelineprom_test
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -20,26 +18,15 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gopipeline/pipeline"
+	"github.com/gopipeline/pipeline/internal/scenario"
 )
 
-// s1Fixture is the scenario1 object of bench/testdata/items.json: the ids that fail.
-type s1Fixture struct {
-	NItems    int   `json:"n_items"`
-	Permanent []int `json:"permanent"`
-	Transient []int `json:"transient"`
-	Hang      []int `json:"hang"`
-}
-
-func loadS1(t *testing.T) s1Fixture {
+// loadS1 reads the S1 fixture that the bench module keeps.
+func loadS1(t *testing.T) scenario.S1Fixture {
 	t.Helper()
-	data, err := os.ReadFile("../bench/testdata/items.json")
+	fx, err := scenario.LoadS1("../bench/testdata/items.json")
 	require.NoError(t, err)
-	var fx struct {
-		Scenario1 s1Fixture `json:"scenario1"`
-	}
-	require.NoError(t, json.Unmarshal(data, &fx))
-	require.Equal(t, 10_000, fx.Scenario1.NItems)
-	return fx.Scenario1
+	return fx
 }
 
 // serve serves reg's metrics as promhttp does in production, on a test server closed
