@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"runtime/metrics"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -144,4 +145,23 @@ func kib(peak, base uint64) float64 {
 		return 0
 	}
 	return float64(peak-base) / 1024
+}
+
+// checkAll fails the benchmark unless a run that should deliver every one of n items
+// did: no error, a consistent report, n items counted by the sink into done, none
+// dead-lettered, failed or not started. It resets done for the next run.
+func checkAll(b *testing.B, p *pipeline.Pipeline, err error, done *atomic.Int64, n int) pipeline.Report {
+	b.Helper()
+	rep := p.Report()
+	o, serr := settle(rep)
+	switch {
+	case err != nil:
+		b.Fatalf("Run = %v\n%v", err, rep)
+	case serr != nil:
+		b.Fatal(serr)
+	case done.Load() != int64(n) || o.given != int64(n) || o.deadLettered+o.failed+o.notStarted != 0:
+		b.Fatalf("%d of %d items reached the sink\n%v", done.Load(), n, rep)
+	}
+	done.Store(0)
+	return rep
 }

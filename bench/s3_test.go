@@ -142,20 +142,7 @@ func BenchmarkS3Staged(b *testing.B) {
 					return nil
 				}))
 
-				check := func(err error) pipeline.Report {
-					rep := p.Report()
-					o, serr := settle(rep)
-					switch {
-					case err != nil:
-						b.Fatalf("Run = %v\n%v", err, rep)
-					case serr != nil:
-						b.Fatal(serr)
-					case written.Load() != s3Items || o.given != s3Items || o.deadLettered+o.failed+o.notStarted != 0:
-						b.Fatalf("written %d of %d\n%v", written.Load(), s3Items, rep)
-					}
-					written.Store(0)
-					return rep
-				}
+				check := func(err error) pipeline.Report { return checkAll(b, p, err, &written, s3Items) }
 				// Two runs of the same pipeline: one timed, one watched for memory (the
 				// watcher's garbage collections would slow the timed one).
 				b.StartTimer()

@@ -61,20 +61,7 @@ func BenchmarkS4SlowConsumer(b *testing.B) {
 				err := p.Run(b.Context())
 				wall := time.Since(start)
 				b.StopTimer()
-				check := func(err error) pipeline.Report {
-					rep := p.Report()
-					o, serr := settle(rep)
-					switch {
-					case err != nil:
-						b.Fatalf("Run = %v\n%v", err, rep)
-					case serr != nil:
-						b.Fatal(serr)
-					case consumed.Load() != s4Records || o.given != s4Records || o.deadLettered+o.failed+o.notStarted != 0:
-						b.Fatalf("consumed %d of %d\n%v", consumed.Load(), s4Records, rep)
-					}
-					consumed.Store(0)
-					return rep
-				}
+				check := func(err error) pipeline.Report { return checkAll(b, p, err, &consumed, s4Records) }
 				rep := check(err)
 				base := heapBaseline()
 				stop := sampleHeap()
