@@ -383,24 +383,25 @@ func (t *tracker) watermark() int64 {
 }
 
 // saver saves the watermark when poked or at each interval, until stop is closed.
-func (t *tracker) saver(ctx context.Context, store CheckpointStore, interval time.Duration, stop <-chan struct{}, r *run) error {
+// A failed save fails the run (r.fail); the saver then stops.
+func (t *tracker) saver(ctx context.Context, store CheckpointStore, interval time.Duration, stop <-chan struct{}, r *run) {
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for {
 		select {
 		case <-stop:
-			return nil
+			return
 		case <-ctx.Done():
-			return nil
+			return
 		case <-t.poke:
 		case <-tick.C:
 		}
 		if w := t.watermark(); w != r.saved.Load() {
 			if err := store.Save(ctx, w); err != nil {
-				if ctx.Err() != nil {
-					return context.Cause(ctx)
+				if ctx.Err() == nil { // else the run stopped for another reason first
+					r.fail(&StageError{Stage: "checkpoint", Err: err})
 				}
-				return &StageError{Stage: "checkpoint", Err: err}
+				return
 			}
 			r.saved.Store(w)
 			r.savedAt.Store(time.Now().UnixNano())

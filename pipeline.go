@@ -161,25 +161,18 @@ func (p *Pipeline) exec(ctx context.Context, extra func(r *run)) (*run, error) {
 		g.Go(fn)
 	}
 	r.pending = nil
-	var saverDone chan error
-	stop := make(chan struct{})
+	stop, saverDone := make(chan struct{}), make(chan struct{})
 	if r.track != nil {
-		saverDone = make(chan error, 1)
 		go func() {
-			err := r.track.saver(gctx, p.ck.store, p.ck.interval, stop, r)
-			if err != nil {
-				cancel(err) // fails the run: every stage sees it as the cause
-			}
-			saverDone <- err
+			defer close(saverDone)
+			r.track.saver(gctx, p.ck.store, p.ck.interval, stop, r)
 		}()
+	} else {
+		close(saverDone)
 	}
 	err := g.Wait()
 	close(stop)
-	if saverDone != nil {
-		if serr := <-saverDone; serr != nil && err == nil {
-			err = serr
-		}
-	}
+	<-saverDone
 	if f := r.failure.Load(); f != nil && (err == nil || errors.Is(err, f)) {
 		err = f
 	}
