@@ -9,25 +9,22 @@ import (
 // WithLinger makes a [Batch] flush a partial batch d after the batch's first item
 // arrived, so that a slow trickle of items is not held back indefinitely. It panics if
 // d <= 0.
-func WithLinger(d time.Duration) Option {
+func WithLinger(d time.Duration) BatchOption {
 	if d <= 0 {
 		panic(fmt.Sprintf("pipeline: WithLinger(%v): the linger must be positive", d))
 	}
-	return optionFunc(func(c *config) { c.linger = d; c.stageOnly = firstOf(c.stageOnly, "WithLinger") })
+	return batchOpt(func(c *config) { c.linger = d })
 }
 
 // WithMaxBytes bounds a [Batch] by size as well as by count: size(item) is an item's
 // size in bytes, and a batch is flushed before an item would take it past max. An item
 // larger than max alone makes a batch of its own. T must be the batch's item type;
 // [Batch] panics otherwise. It panics if max < 1 or size is nil.
-func WithMaxBytes[T any](max int, size func(T) int) Option {
+func WithMaxBytes[T any](max int, size func(T) int) BatchOption {
 	if max < 1 || size == nil {
 		panic(fmt.Sprintf("pipeline: WithMaxBytes(%d, %p): need max >= 1 and a size function", max, size))
 	}
-	return optionFunc(func(c *config) {
-		c.maxBytes, c.sizer = max, size
-		c.stageOnly = firstOf(c.stageOnly, "WithMaxBytes")
-	})
+	return batchOpt(func(c *config) { c.maxBytes, c.sizer = max, size })
 }
 
 // Flushes counts a batch stage's flushes by reason (see [StageReport]).
@@ -57,14 +54,12 @@ func (f *flushCounters) load() Flushes {
 //
 // Batching costs one allocation per batch and no lock; use it in front of sinks with a
 // cost per call (databases, object stores, bulk APIs). See [ToBatches].
-func Batch[T any](s *Stream[T], size int, opts ...Option) *Stream[[]T] {
+func Batch[T any](s *Stream[T], size int, opts ...BatchOption) *Stream[[]T] {
 	if size < 1 {
 		panic(fmt.Sprintf("pipeline: Batch(%d): the size must be at least 1", size))
 	}
-	var cfg config
-	for _, o := range opts {
-		o.apply(&cfg)
-	}
+	s.check("Batch")
+	cfg := configure("Batch", opts, BatchOption.batchOption)
 	var sizer func(T) int
 	if cfg.sizer != nil {
 		var ok bool
@@ -73,11 +68,8 @@ func Batch[T any](s *Stream[T], size int, opts ...Option) *Stream[[]T] {
 			panic(fmt.Sprintf("pipeline: Batch: WithMaxBytes for another item type on a batch of %T", zero))
 		}
 	}
-	if cfg.timeout != 0 || cfg.attempts != 0 || cfg.deadLetter != nil || cfg.budget != nil || cfg.ordered || cfg.key != nil || cfg.classify != nil {
-		panic("pipeline: Batch takes only WithBuffer, WithLinger and WithMaxBytes")
-	}
 	p := s.p
-	name := p.claim("Batch", false)
+	name := p.rowName(cfg.name, "Batch")
 	desc := fmt.Sprintf("batch %q", name)
 	s.consume(desc)
 	buf := cfg.bufferOr(p.cfg.bufferOr(DefaultBuffer))
@@ -86,8 +78,9 @@ func Batch[T any](s *Stream[T], size int, opts ...Option) *Stream[[]T] {
 		q := newQueue[T](buf)
 		rw := r.newRow(name, kindBatch, 1, buf, q)
 		rw.flushes, rw.extra, rw.unit = new(flushCounters), size, size
-		s.open(r, q.pusher(r.ctx), q.close)
+		wireInput(r, rw, s, q.pusher(r.ctx), q.close)
 		r.addRow(rw)
+		r.feeds(rw)
 		b := &batcher[T]{
 			ctx: r.ctx, ch: q.ch, size: size, maxBytes: cfg.maxBytes, sizer: sizer,
 			linger: cfg.linger, push: push, stats: &rw.workers[0], flushes: rw.flushes, track: r.track,
@@ -135,7 +128,9 @@ func (b *batcher[T]) loop() (err error) {
 		defer b.timer.Stop()
 		expired = b.timer.C
 	}
-	var judged <-chan struct{} // the hunger already judged not to concern this batch
+	// judged is the hunger already judged not to concern this batch, moved closes when
+	// the head moves on after that judgement (then it is judged again).
+	var judged, moved <-chan struct{}
 	for {
 		var e item[T]
 		var ok bool
@@ -144,17 +139,21 @@ func (b *batcher[T]) loop() (err error) {
 		default:
 			// A checkpointed source waiting for a save may be waiting for an item this
 			// batch holds: then flush it, whatever its size.
-			var hungry <-chan struct{}
+			var hungry, headMoved <-chan struct{}
 			if b.track != nil && len(b.batch) > 0 {
 				if hungry = b.track.hungryChan(); hungry == judged {
-					hungry = nil
+					hungry, headMoved = nil, moved
 				}
 			}
 			select {
 			case e, ok = <-b.ch:
+			case <-headMoved:
+				judged, moved = nil, nil
+				continue
 			case <-hungry:
-				if !b.track.holdsHead(b.poss) {
-					judged = hungry // wait for input instead; a new item is judged again
+				var holds bool
+				if holds, moved = b.track.holdsHead(b.poss); !holds {
+					judged = hungry // wait for input or the head to move; then judge again
 					continue
 				}
 				if err := b.flush(&b.flushes.checkpoint); err != nil {
@@ -191,6 +190,7 @@ func (b *batcher[T]) loop() (err error) {
 			n := b.sizer(v)
 			if len(b.batch) > 0 && b.bytes+n > b.maxBytes {
 				if err := b.flush(&b.flushes.bytes); err != nil {
+					b.stats.failed.inc() // v, which made room for itself, is in no batch
 					return err
 				}
 			}
@@ -205,7 +205,7 @@ func (b *batcher[T]) loop() (err error) {
 		b.batch = append(b.batch, v)
 		if b.track != nil {
 			b.poss = append(b.poss, e.pos)
-			judged = nil
+			judged, moved = nil, nil
 		}
 		if len(b.batch) == b.size {
 			if err := b.flush(&b.flushes.size); err != nil {
@@ -238,6 +238,7 @@ func (b *batcher[T]) flush(reason *counter) error {
 // Flatten returns a stream of the items of the slices of s, in order (the reverse of
 // [Batch]). Like [Map], it runs inline, in the goroutines that produce s.
 func Flatten[T any](s *Stream[[]T]) *Stream[T] {
+	s.check("Flatten")
 	s.consume("Flatten")
 	out := newStream[T](s.p, s.desc+" | Flatten")
 	out.open = func(r *run, push pushFunc[T], done func()) {
@@ -260,6 +261,6 @@ func Flatten[T any](s *Stream[[]T]) *Stream[T] {
 
 // ToBatches ends s in a sink that takes batches: Batch(s, size, opts...) then [To]. Give
 // the sink [WithRetry] and [WithDeadLetter] to retry or set aside whole batches.
-func ToBatches[T any](s *Stream[T], size int, sink *Stage[[]T, struct{}], opts ...Option) {
+func ToBatches[T any](s *Stream[T], size int, sink *Stage[[]T, struct{}], opts ...BatchOption) {
 	To(Batch(s, size, opts...), sink)
 }

@@ -68,7 +68,7 @@ func TestBatchBySize(t *testing.T) {
 					end = 1
 				}
 				assert.Equal(t, pipeline.Flushes{Size: int64(n / size), End: end}, b.Flushes)
-				assert.Equal(t, int64(len(batches)), row(t, rep, "All").In)
+				assert.Equal(t, int64(len(batches)), row(t, rep, "Collect").In)
 			})
 		}
 	}
@@ -226,11 +226,11 @@ func TestFlattenUndoesBatch(t *testing.T) {
 	const n = 1000
 	cases := []struct {
 		name string
-		opts []pipeline.Option
+		opts []pipeline.BatchOption
 	}{
 		{"count", nil},
-		{"bytes", []pipeline.Option{pipeline.WithMaxBytes(20, func(i int) int { return i % 9 })}},
-		{"linger", []pipeline.Option{pipeline.WithLinger(time.Millisecond), pipeline.WithBuffer(1)}},
+		{"bytes", []pipeline.BatchOption{pipeline.WithMaxBytes(20, func(i int) int { return i % 9 })}},
+		{"linger", []pipeline.BatchOption{pipeline.WithLinger(time.Millisecond), pipeline.WithBuffer(1)}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -418,7 +418,7 @@ func TestBatchCheckpointKeepsBatchesFull(t *testing.T) {
 		const n, size, perBatch = 20_000, 500, 10 * time.Millisecond
 		start := time.Now()
 		p := pipeline.New()
-		src := pipeline.Resume(p, &memStore{}, func(_ context.Context, pos int64) iter.Seq2[int, error] {
+		src := pipeline.FromCheckpoint(p, &memStore{}, func(_ context.Context, pos int64) iter.Seq2[int, error] {
 			return func(yield func(int, error) bool) {
 				for i := int(pos); i < n && yield(i, nil); i++ {
 				}
@@ -448,10 +448,6 @@ func TestBatchMisuse(t *testing.T) {
 	assertPanicsPipeline(t, func() { pipeline.Batch(src(), -1) })
 	msg := assertPanicsPipeline(t, func() { pipeline.Batch(src(), 5, pipeline.WithMaxBytes(10, size)) })
 	assert.Contains(t, msg, "WithMaxBytes")
-	assertPanicsPipeline(t, func() { pipeline.Batch(src(), 5, pipeline.WithTimeout(time.Second)) })
-	assertPanicsPipeline(t, func() { pipeline.Batch(src(), 5, pipeline.WithRetry(2, nil)) })
-	assertPanicsPipeline(t, func() { pipeline.Batch(src(), 5, pipeline.WithOrdered(1)) })
-	assertPanicsPipeline(t, func() { pipeline.Batch(src(), 5, discardDead[int]()) })
 	assertPanicsPipeline(t, func() {
 		pipeline.ToBatches(src(), 0, pipeline.NewSink("sink", 1, func(context.Context, []int) error { return nil }))
 	})
@@ -459,6 +455,4 @@ func TestBatchMisuse(t *testing.T) {
 	assertPanicsPipeline(t, func() { pipeline.WithMaxBytes[string](10, nil) })
 	assertPanicsPipeline(t, func() { pipeline.WithLinger(0) })
 	assertPanicsPipeline(t, func() { pipeline.WithLinger(-time.Second) })
-	assertPanicsPipeline(t, func() { pipeline.New(pipeline.WithLinger(time.Second)) })
-	assertPanicsPipeline(t, func() { pipeline.New(pipeline.WithMaxBytes(10, size)) })
 }

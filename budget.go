@@ -28,7 +28,7 @@ type Budget struct {
 // Window is neither 0 nor at least MinSample.
 //
 // A budget takes a mutex per settled item: its cost grows with the stage's workers.
-func WithErrorBudget(b Budget) Option {
+func WithErrorBudget(b Budget) BudgetOption {
 	if math.IsNaN(b.MaxRatio) || b.MaxRatio < 0 || b.MaxRatio >= 1 {
 		panic(fmt.Sprintf("pipeline: WithErrorBudget: MaxRatio %v is not in [0, 1)", b.MaxRatio))
 	}
@@ -38,7 +38,7 @@ func WithErrorBudget(b Budget) Option {
 	if b.Window != 0 && b.Window < b.MinSample {
 		panic(fmt.Sprintf("pipeline: WithErrorBudget: Window %d is less than MinSample %d", b.Window, b.MinSample))
 	}
-	return optionFunc(func(c *config) { c.budget = &b })
+	return BudgetOption{b}
 }
 
 // budgetState is one run's accounting of a Budget.

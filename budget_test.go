@@ -146,7 +146,7 @@ func TestBudgetWindow(t *testing.T) {
 func TestBudgetShared(t *testing.T) {
 	t.Parallel()
 	budget := pipeline.Budget{MaxRatio: 0.6, MinSample: 100}
-	build := func(bOpts ...pipeline.Option) *pipeline.Pipeline {
+	build := func(bOpts ...pipeline.StageOption) *pipeline.Pipeline {
 		p := pipeline.New(pipeline.WithErrorBudget(budget), pipeline.WithBuffer(1))
 		s := pipeline.Then(pipeline.FromSlice(p, ints(1000)), pipeline.NewStage("a", 1, identity))
 		s = pipeline.Then(s, pipeline.NewStage("b", 1, failIf(func(int) bool { return true }), append(bOpts, discardDead[int]())...))

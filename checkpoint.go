@@ -15,7 +15,8 @@ import (
 )
 
 // CheckpointStore keeps a pipeline's progress: the position of the first source item
-// whose effects are not all committed. Load returns 0 when nothing was saved yet. Save
+// whose effects are not all committed. Load returns 0 when nothing was saved yet; a
+// negative position is an error that fails the run. Save
 // must be atomic: after a crash, Load returns either the previous or the new position.
 type CheckpointStore interface {
 	Load(ctx context.Context) (int64, error)
@@ -83,41 +84,42 @@ func (f *FileCheckpoint) Save(_ context.Context, pos int64) error {
 	return errors.Join(d.Sync(), d.Close())
 }
 
-// WithSaveEvery makes a checkpointed run ([Resume]) save its position each time it has
+// WithSaveEvery makes a checkpointed run ([FromCheckpoint]) save its position each time it has
 // advanced by n items. It panics if n < 1. The default is 1000.
-func WithSaveEvery(n int) Option {
+func WithSaveEvery(n int) CheckpointOption {
 	if n < 1 {
 		panic(fmt.Sprintf("pipeline: WithSaveEvery(%d): need at least 1", n))
 	}
-	return optionFunc(func(c *config) { c.saveEvery = n })
+	return checkpointOpt(func(c *config) { c.saveEvery = n })
 }
 
-// WithMaxRedo bounds the work a crash can cost: the checkpointed source ([Resume])
+// WithMaxRedo bounds the work a crash can cost: the checkpointed source ([FromCheckpoint])
 // waits whenever it is n items past the last saved position, so that a resume redoes at
-// most n items. n must be more than [WithSaveEvery]'s count, or Resume panics. The
+// most n items. n must be more than [WithSaveEvery]'s count, or FromCheckpoint panics. The
 // default is the save count plus the pipeline's capacity in flight (the sum, over its
 // stages, of queue size, workers, reorder window and partial batch), which never slows
 // a run whose items all settle in time; a smaller n trades throughput for less redo
 // when a straggler holds the watermark back.
-func WithMaxRedo(n int) Option {
+func WithMaxRedo(n int) CheckpointOption {
 	if n < 1 {
 		panic(fmt.Sprintf("pipeline: WithMaxRedo(%d): need at least 1", n))
 	}
-	return optionFunc(func(c *config) { c.maxRedo = n })
+	return checkpointOpt(func(c *config) { c.maxRedo = n })
 }
 
-// WithSaveInterval makes a checkpointed run ([Resume]) also save its position every d,
+// WithSaveInterval makes a checkpointed run ([FromCheckpoint]) also save its position every d,
 // when it has advanced. It panics if d <= 0. The default is 1 s.
-func WithSaveInterval(d time.Duration) Option {
+func WithSaveInterval(d time.Duration) CheckpointOption {
 	if d <= 0 {
 		panic(fmt.Sprintf("pipeline: WithSaveInterval(%v): need a positive interval", d))
 	}
-	return optionFunc(func(c *config) { c.saveInterval = d })
+	return checkpointOpt(func(c *config) { c.saveInterval = d })
 }
 
-// Resume returns a checkpointed source. At the start of each run, the run loads the
-// position from store and calls from(ctx, pos), which must yield the source's items
-// from position pos on: the item at position k is the k-th item of the input (0-based)
+// FromCheckpoint returns a checkpointed source: the source of a job that can stop or
+// crash and start again where it left off, its first run included. At the start of each
+// run, the run loads the position from store and calls from(ctx, pos), which must yield
+// the source's items from position pos on: the item at position k is the k-th item of the input (0-based)
 // in a fixed order, such as a line of a file or a row in key order. An error from
 // from's sequence fails the run.
 //
@@ -131,24 +133,29 @@ func WithSaveInterval(d time.Duration) Option {
 //
 // After a crash, the next run redoes the items after the saved position: at most
 // [WithMaxRedo] items, by default the save interval plus the items in flight (in queues,
-// workers, reorder windows and batches). Sinks must therefore be idempotent: write with a key derived from the item
-// (an upsert, a file named by the item's id) rather than appending. The watermark takes
+// workers, reorder windows and batches). Sinks must therefore be idempotent: write with
+// a key derived from the item (an upsert, a file named by the item's id) rather than
+// appending. The watermark takes
 // a mutex per settled item.
 //
-// A pipeline has at most one checkpointed source; Resume panics on a second one.
-func Resume[T any](p *Pipeline, store CheckpointStore, from func(ctx context.Context, pos int64) iter.Seq2[T, error], opts ...Option) *Stream[T] {
+// A pipeline has at most one checkpointed source; FromCheckpoint panics on a
+// second one.
+func FromCheckpoint[T any](p *Pipeline, store CheckpointStore, from func(ctx context.Context, pos int64) iter.Seq2[T, error], opts ...CheckpointOption) *Stream[T] {
 	if store == nil || from == nil {
-		panic("pipeline: Resume needs a store and a function")
+		panic("pipeline: FromCheckpoint needs a store and a function")
 	}
-	if p.ck != nil {
-		panic("pipeline: Resume: the pipeline already has a checkpointed source")
+	if p != nil && p.ck != nil {
+		panic("pipeline: FromCheckpoint: the pipeline already has a checkpointed source")
 	}
-	cfg := config{saveEvery: 1000, saveInterval: time.Second}
-	for _, o := range opts {
-		o.apply(&cfg)
+	cfg := configure("FromCheckpoint", opts, CheckpointOption.checkpointOption)
+	if cfg.saveEvery == 0 {
+		cfg.saveEvery = 1000
+	}
+	if cfg.saveInterval == 0 {
+		cfg.saveInterval = time.Second
 	}
 	var start func() int64
-	s := newSource(p, "Resume", nil, func(ctx context.Context, emit func(T) error) error {
+	s := newSourceNamed(p, "FromCheckpoint", cfg.name, nil, func(ctx context.Context, emit func(T) error) error {
 		for v, err := range from(ctx, start()) {
 			if err != nil {
 				return err
@@ -160,7 +167,7 @@ func Resume[T any](p *Pipeline, store CheckpointStore, from func(ctx context.Con
 		return nil
 	})
 	if cfg.maxRedo != 0 && cfg.maxRedo <= cfg.saveEvery {
-		panic(fmt.Sprintf("pipeline: Resume: WithMaxRedo(%d) must be more than the save count %d", cfg.maxRedo, cfg.saveEvery))
+		panic(fmt.Sprintf("pipeline: FromCheckpoint: WithMaxRedo(%d) must be more than the save count %d", cfg.maxRedo, cfg.saveEvery))
 	}
 	p.ck = &checkpointCfg{store: store, every: cfg.saveEvery, interval: cfg.saveInterval, maxRedo: cfg.maxRedo, source: s}
 	start = func() int64 { return p.ck.loaded }
@@ -202,6 +209,9 @@ type tracker struct {
 	// pokes the saver: hungry is closed while the source waits.
 	hungry   chan struct{}
 	starving bool
+	// moved is closed when next advances; made only when a batch that judged a wait not
+	// to concern it watches for the head to move (it may then hold the new head).
+	moved chan struct{}
 }
 
 func newTracker(source any, start uint64, every int) *tracker {
@@ -245,6 +255,10 @@ func (t *tracker) settle(pos uint64) {
 	}
 	n := 1
 	t.next++
+	if t.moved != nil {
+		close(t.moved)
+		t.moved = nil
+	}
 	for {
 		if _, ok := t.settled[t.next]; !ok {
 			break
@@ -358,15 +372,21 @@ func (t *tracker) hungryChan() <-chan struct{} {
 
 // holdsHead reports whether positions (a batch's) include the watermark's next
 // position, or a batch of positions, which may: then the batch holds the run back.
-func (t *tracker) holdsHead(positions []uint64) bool {
+// When they do not, moved is closed once the head moves on, when the batch must judge
+// again (the item that held the head may have settled elsewhere: dead-lettered,
+// filtered, or dropped by a flat stage).
+func (t *tracker) holdsHead(positions []uint64) (holds bool, moved <-chan struct{}) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, p := range positions {
 		if p == t.next || p&groupBit != 0 || t.refs[p] > 0 {
-			return true
+			return true, nil
 		}
 	}
-	return false
+	if t.moved == nil {
+		t.moved = make(chan struct{})
+	}
+	return false, t.moved
 }
 
 func (t *tracker) pokeSaver() {

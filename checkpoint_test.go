@@ -94,11 +94,11 @@ func TestCheckpointCompleteRun(t *testing.T) {
 		const n = 3000
 		store := &memStore{}
 		p := pipeline.New(pipeline.WithBuffer(8))
-		var opts []pipeline.Option
+		var opts []pipeline.StageOption
 		if ordered {
 			opts = append(opts, pipeline.WithOrdered(0))
 		}
-		src := pipeline.Resume(p, store, from(n), pipeline.WithSaveEvery(100))
+		src := pipeline.FromCheckpoint(p, store, from(n), pipeline.WithSaveEvery(100))
 		flat := pipeline.Then(src, pipeline.NewFlatStage("flat", 4, func(_ context.Context, v int, emit func(int)) error {
 			switch {
 			case v%11 == 0:
@@ -156,7 +156,7 @@ func TestCheckpointStopsAtFailure(t *testing.T) {
 	var mu sync.Mutex
 	build := func(failAt int) *pipeline.Pipeline {
 		p := pipeline.New(pipeline.WithBuffer(4))
-		src := pipeline.Resume(p, store, from(n), pipeline.WithSaveEvery(50))
+		src := pipeline.FromCheckpoint(p, store, from(n), pipeline.WithSaveEvery(50))
 		work := pipeline.Then(src, pipeline.NewStage("work", 4, func(_ context.Context, v int) (int, error) { return v, nil }))
 		pipeline.To(work, pipeline.NewSink("sink", 3, func(_ context.Context, v int) error {
 			if v == failAt {
@@ -187,7 +187,7 @@ func TestCheckpointSaveFailureFailsRun(t *testing.T) {
 	errDisk := errors.New("disk full")
 	store := &memStore{fail: errDisk}
 	p := pipeline.New()
-	pipeline.To(pipeline.Resume(p, store, from(500), pipeline.WithSaveEvery(10)),
+	pipeline.To(pipeline.FromCheckpoint(p, store, from(500), pipeline.WithSaveEvery(10)),
 		pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
 	err := p.Run(t.Context())
 	require.ErrorIs(t, err, errDisk)
@@ -202,7 +202,7 @@ func TestCheckpointInterval(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		store := &memStore{}
 		p := pipeline.New()
-		src := pipeline.Resume(p, store, from(10), pipeline.WithSaveEvery(1000), pipeline.WithSaveInterval(time.Second))
+		src := pipeline.FromCheckpoint(p, store, from(10), pipeline.WithSaveEvery(1000), pipeline.WithSaveInterval(time.Second))
 		slow := pipeline.Then(src, pipeline.NewStage("slow", 1, func(ctx context.Context, v int) (int, error) {
 			time.Sleep(350 * time.Millisecond)
 			return v, nil
@@ -217,9 +217,9 @@ func TestCheckpointInterval(t *testing.T) {
 func TestResumeMisuse(t *testing.T) {
 	t.Parallel()
 	p := pipeline.New()
-	pipeline.Resume(p, &memStore{}, from(1))
-	assertPanicsPipeline(t, func() { pipeline.Resume(p, &memStore{}, from(1)) })
-	assertPanicsPipeline(t, func() { pipeline.Resume[int](pipeline.New(), nil, from(1)) })
+	pipeline.FromCheckpoint(p, &memStore{}, from(1))
+	assertPanicsPipeline(t, func() { pipeline.FromCheckpoint(p, &memStore{}, from(1)) })
+	assertPanicsPipeline(t, func() { pipeline.FromCheckpoint[int](pipeline.New(), nil, from(1)) })
 	assertPanicsPipeline(t, func() { pipeline.WithSaveEvery(0) })
 	assertPanicsPipeline(t, func() { pipeline.WithSaveInterval(0) })
 }
@@ -249,14 +249,14 @@ func TestCheckpointCrashChild(t *testing.T) {
 	log, err := os.OpenFile(filepath.Join(dir, "log"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, log.Close()) }()
-	dl, err := pipeline.OpenDeadLetterFile[int](filepath.Join(dir, "dead.jsonl"), nil, 1)
+	dl, err := pipeline.OpenDeadLetterFile[int](filepath.Join(dir, "dead.jsonl"), pipeline.WithSyncEvery(1))
 	require.NoError(t, err)
 	defer func() { require.NoError(t, dl.Close()) }()
 	out := bufio.NewWriter(os.Stdout)
 	var outMu sync.Mutex
 
 	p := pipeline.New(pipeline.WithBuffer(crashBuf))
-	src := pipeline.Resume(p, pipeline.NewFileCheckpoint(filepath.Join(dir, "checkpoint")), from(crashItems),
+	src := pipeline.FromCheckpoint(p, pipeline.NewFileCheckpoint(filepath.Join(dir, "checkpoint")), from(crashItems),
 		pipeline.WithSaveEvery(crashEvery), pipeline.WithMaxRedo(crashMaxRedo))
 	work := pipeline.Then(src, pipeline.NewStage("work", crashWork, func(_ context.Context, v int) (int, error) {
 		if v%97 == 0 {
@@ -359,7 +359,7 @@ func TestCheckpointCrash(t *testing.T) {
 		require.NoError(t, err)
 		got[id] = true
 	}
-	dead, err := pipeline.ReadDeadLetters[int](filepath.Join(dir, "dead.jsonl"), nil)
+	dead, err := pipeline.ReadDeadLetters[int](filepath.Join(dir, "dead.jsonl"))
 	require.NoError(t, err)
 	deadIDs := map[int]bool{}
 	for _, d := range dead {

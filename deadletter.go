@@ -27,20 +27,6 @@ type DeadLetter[T any] struct {
 	Time       time.Time `json:"time"`        // when the item was set aside
 }
 
-// MarshalText encodes the class as its name, so that dead-letter files read well.
-func (c Class) MarshalText() ([]byte, error) { return []byte(c.String()), nil }
-
-// UnmarshalText decodes a class name written by MarshalText.
-func (c *Class) UnmarshalText(b []byte) error {
-	for _, k := range []Class{ClassFatal, ClassItem, ClassTransient} {
-		if string(b) == k.String() {
-			*c = k
-			return nil
-		}
-	}
-	return fmt.Errorf("pipeline: unknown error class %q", b)
-}
-
 // WithDeadLetter sends each item that a stage sets aside (an item error, or a transient
 // error out of attempts) to fn, from the worker that handled it; fn may be called from
 // several workers at once. If fn returns an error, the item cannot be kept, so the run
@@ -51,14 +37,11 @@ func (c *Class) UnmarshalText(b []byte) error {
 //
 // Ready-made destinations: [DeadLetterBuffer.Add] (in memory) and [DeadLetterFile.Add]
 // (a JSON Lines file).
-func WithDeadLetter[T any](fn func(ctx context.Context, dl DeadLetter[T]) error) Option {
+func WithDeadLetter[T any](fn func(ctx context.Context, dl DeadLetter[T]) error) StageOption {
 	if fn == nil {
 		panic("pipeline: WithDeadLetter(nil)")
 	}
-	return optionFunc(func(c *config) {
-		c.deadLetter = fn
-		c.stageOnly = firstOf(c.stageOnly, "WithDeadLetter")
-	})
+	return stageOpt(func(c *config) { c.deadLetter = fn })
 }
 
 // DeadLetterBuffer keeps dead letters in memory, up to a fixed number; the ones past it
@@ -139,14 +122,46 @@ type DeadLetterFile[T any] struct {
 	buf       []byte
 }
 
-// OpenDeadLetterFile opens (creating it if needed) the file at path for appending.
-// codec nil means [JSONCodec]. syncEvery is the number of records between fsyncs; 0
-// syncs only on Sync and Close. A torn last line left by a crash is cut off first, so
-// that new records start on a line of their own.
-func OpenDeadLetterFile[T any](path string, codec Codec[T], syncEvery int) (*DeadLetterFile[T], error) {
+// WithCodec sets how [OpenDeadLetterFile], [ReadDeadLetters] and [Replay] encode and
+// decode items; the default is [JSONCodec]. T must be the file's item type: the
+// function given the option panics otherwise. It panics if codec is nil.
+func WithCodec[T any](codec Codec[T]) CodecOption {
 	if codec == nil {
-		codec = JSONCodec[T]{}
+		panic("pipeline: WithCodec(nil)")
 	}
+	return CodecOption{codec}
+}
+
+// WithSyncEvery makes a [DeadLetterFile] ask the operating system to put the file on
+// disk every n records, so that a crash of the machine loses at most the records since
+// the last sync. The default, 0, syncs only on Sync and Close. It panics if n < 0.
+func WithSyncEvery(n int) DeadLetterFileOption {
+	if n < 0 {
+		panic(fmt.Sprintf("pipeline: WithSyncEvery(%d): negative count", n))
+	}
+	return fileOpt(func(c *config) { c.syncEvery = n })
+}
+
+// codecOf returns the codec of cfg ([JSONCodec] by default), panicking when it is for
+// another item type.
+func codecOf[T any](where string, cfg config) Codec[T] {
+	if cfg.codec == nil {
+		return JSONCodec[T]{}
+	}
+	c, ok := cfg.codec.(Codec[T])
+	if !ok {
+		var zero T
+		panic(fmt.Sprintf("pipeline: %s: WithCodec for another item type (%T) on items of %T", where, cfg.codec, zero))
+	}
+	return c
+}
+
+// OpenDeadLetterFile opens (creating it if needed) the file at path for appending, with
+// [WithCodec] and [WithSyncEvery] as options. A torn last line left by a crash is cut
+// off first, so that new records start on a line of their own.
+func OpenDeadLetterFile[T any](path string, opts ...DeadLetterFileOption) (*DeadLetterFile[T], error) {
+	cfg := configure("OpenDeadLetterFile", opts, DeadLetterFileOption.deadLetterFileOption)
+	codec, syncEvery := codecOf[T]("OpenDeadLetterFile", cfg), cfg.syncEvery
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_APPEND|os.O_CREATE, 0o644)
 	if err != nil {
 		return nil, err
@@ -256,51 +271,79 @@ func (d *DeadLetterFile[T]) Close() error {
 	return err
 }
 
-// ReadDeadLetters returns the records of a dead-letter file, decoding items with codec
-// (nil means [JSONCodec]). A last line without its newline (a crash mid-write) is
-// ignored; any other malformed line is an error naming its line number.
-func ReadDeadLetters[T any](path string, codec Codec[T]) ([]DeadLetter[T], error) {
-	if codec == nil {
-		codec = JSONCodec[T]{}
-	}
+// ReadDeadLetters returns the records of a dead-letter file, decoding items with the
+// codec of [WithCodec] ([JSONCodec] by default). A last line without its newline (a
+// crash mid-write) is ignored. A malformed line does not hide the others: every record
+// that can be read is returned, together with an error that names each bad line (a
+// [*DeadLetterReadError]). An error opening or reading the file returns no records.
+func ReadDeadLetters[T any](path string, opts ...ReadOption) ([]DeadLetter[T], error) {
+	cfg := configure("ReadDeadLetters", opts, ReadOption.readOption)
+	return readDeadLetters(path, codecOf[T]("ReadDeadLetters", cfg))
+}
+
+func readDeadLetters[T any](path string, codec Codec[T]) ([]DeadLetter[T], error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close() //nolint:errcheck // read-only: Close cannot lose data
-	var out []DeadLetter[T]
+	var (
+		out []DeadLetter[T]
+		bad *DeadLetterReadError
+	)
 	rd := bufio.NewReader(f)
 	for line := 1; ; line++ {
 		b, err := rd.ReadBytes('\n')
-		if errors.Is(err, io.EOF) {
-			return out, nil // b, if any, is a torn last line
+		if errors.Is(err, io.EOF) { // b, if any, is a torn last line
+			if bad != nil {
+				return out, bad
+			}
+			return out, nil
 		}
 		if err != nil {
-			return out, err
+			return nil, err
 		}
-		var rec fileRecord
-		if err := json.Unmarshal(b, &rec); err != nil {
-			return out, fmt.Errorf("pipeline: %s line %d: %w", path, line, err)
-		}
-		dl := DeadLetter[T]{
-			Stage: rec.Stage, Attempts: rec.Attempts, Class: rec.Class, ErrType: rec.ErrType,
-			FirstError: rec.FirstError, LastError: rec.LastError, Time: rec.Time,
-		}
-		if err := codec.Unmarshal(rec.Item, &dl.Item); err != nil {
-			return out, fmt.Errorf("pipeline: %s line %d: item: %w", path, line, err)
+		dl, err := decodeDeadLetter(b, codec)
+		if err != nil {
+			if bad == nil {
+				bad = &DeadLetterReadError{Path: path}
+			}
+			bad.Lines = append(bad.Lines, line)
+			bad.Errs = append(bad.Errs, err)
+			continue
 		}
 		out = append(out, dl)
 	}
 }
 
+func decodeDeadLetter[T any](b []byte, codec Codec[T]) (DeadLetter[T], error) {
+	var rec fileRecord
+	if err := json.Unmarshal(b, &rec); err != nil {
+		return DeadLetter[T]{}, err
+	}
+	dl := DeadLetter[T]{
+		Stage: rec.Stage, Attempts: rec.Attempts, Class: rec.Class, ErrType: rec.ErrType,
+		FirstError: rec.FirstError, LastError: rec.LastError, Time: rec.Time,
+	}
+	if err := codec.Unmarshal(rec.Item, &dl.Item); err != nil {
+		return DeadLetter[T]{}, fmt.Errorf("item: %w", err)
+	}
+	return dl, nil
+}
+
 // Replay returns a source of the items in a dead-letter file whose stage is stage (all
 // items when stage is ""), in file order, so that they can be fed through the same stage
-// again after a fix. The file is read when the run starts; a read error fails the run.
-func Replay[T any](p *Pipeline, path, stage string, codec Codec[T]) *Stream[T] {
-	return newSource(p, "Replay", nil, func(ctx context.Context, emit func(T) error) error {
-		dls, err := ReadDeadLetters(path, codec)
-		if err != nil {
-			return err
+// again after a fix. Options: [WithCodec] (the file's codec) and [WithName] (the
+// source's row). The file is read when the run starts. An error opening or reading it
+// fails the run; malformed lines do not stop the others from being replayed, but the
+// run then fails with the [*DeadLetterReadError] that names them, after the rest.
+func Replay[T any](p *Pipeline, path, stage string, opts ...ReplayOption) *Stream[T] {
+	cfg := configure("Replay", opts, ReplayOption.replayOption)
+	codec := codecOf[T]("Replay", cfg)
+	return newSourceNamed(p, "Replay", cfg.name, nil, func(ctx context.Context, emit func(T) error) error {
+		dls, rerr := readDeadLetters(path, codec)
+		if dls == nil && rerr != nil {
+			return rerr
 		}
 		for _, dl := range dls {
 			if stage != "" && dl.Stage != stage {
@@ -310,6 +353,6 @@ func Replay[T any](p *Pipeline, path, stage string, codec Codec[T]) *Stream[T] {
 				return err
 			}
 		}
-		return nil
+		return rerr
 	})
 }

@@ -60,7 +60,7 @@ func TestDeadLetterBuffer(t *testing.T) {
 // ID into the file at path, and returns the dead-lettered orders.
 func writeDeadLetters(t *testing.T, path string) []order {
 	t.Helper()
-	f, err := pipeline.OpenDeadLetterFile[order](path, nil, 2)
+	f, err := pipeline.OpenDeadLetterFile[order](path, pipeline.WithSyncEvery(2))
 	require.NoError(t, err)
 	var orders, bad []order
 	for i := range 10 {
@@ -97,7 +97,7 @@ func TestDeadLetterFile(t *testing.T) {
 		t.Parallel()
 		path := filepath.Join(t.TempDir(), "dead.jsonl")
 		bad := writeDeadLetters(t, path)
-		dls, err := pipeline.ReadDeadLetters[order](path, nil)
+		dls, err := pipeline.ReadDeadLetters[order](path)
 		require.NoError(t, err)
 		require.Len(t, dls, len(bad))
 		var items []order
@@ -118,7 +118,7 @@ func TestDeadLetterFile(t *testing.T) {
 		path := filepath.Join(t.TempDir(), "dead.jsonl")
 		bad := writeDeadLetters(t, path)
 		appendFile(t, path, `{"stage":"check","item":{"id":11,"li`)
-		dls, err := pipeline.ReadDeadLetters[order](path, nil)
+		dls, err := pipeline.ReadDeadLetters[order](path)
 		require.NoError(t, err)
 		assert.Len(t, dls, len(bad))
 	})
@@ -127,11 +127,11 @@ func TestDeadLetterFile(t *testing.T) {
 		path := filepath.Join(t.TempDir(), "dead.jsonl")
 		bad := writeDeadLetters(t, path)
 		appendFile(t, path, "not json\n")
-		f, err := pipeline.OpenDeadLetterFile[order](path, nil, 0)
+		f, err := pipeline.OpenDeadLetterFile[order](path)
 		require.NoError(t, err)
 		require.NoError(t, f.Add(t.Context(), pipeline.DeadLetter[order]{Stage: "check", Item: order{ID: 99}}))
 		require.NoError(t, f.Close())
-		_, err = pipeline.ReadDeadLetters[order](path, nil)
+		_, err = pipeline.ReadDeadLetters[order](path)
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), fmt.Sprintf("line %d", len(bad)+1))
 	})
@@ -139,18 +139,18 @@ func TestDeadLetterFile(t *testing.T) {
 		t.Parallel()
 		path := filepath.Join(t.TempDir(), "dead.jsonl")
 		writeDeadLetters(t, path)
-		_, err := pipeline.ReadDeadLetters[int](path, nil)
+		_, err := pipeline.ReadDeadLetters[int](path)
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), "line 1")
 	})
 	t.Run("missing file", func(t *testing.T) {
 		t.Parallel()
-		_, err := pipeline.ReadDeadLetters[int](filepath.Join(t.TempDir(), "none.jsonl"), nil)
+		_, err := pipeline.ReadDeadLetters[int](filepath.Join(t.TempDir(), "none.jsonl"))
 		require.ErrorIs(t, err, os.ErrNotExist)
 	})
 	t.Run("Add after Close", func(t *testing.T) {
 		t.Parallel()
-		f, err := pipeline.OpenDeadLetterFile[int](filepath.Join(t.TempDir(), "dead.jsonl"), nil, 0)
+		f, err := pipeline.OpenDeadLetterFile[int](filepath.Join(t.TempDir(), "dead.jsonl"))
 		require.NoError(t, err)
 		require.NoError(t, f.Sync())
 		require.NoError(t, f.Close())
@@ -167,7 +167,7 @@ func TestDeadLetterFileCorruptLastLine(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "dead.jsonl")
 	bad := writeDeadLetters(t, path)
 	appendFile(t, path, "not json\n")
-	_, err := pipeline.ReadDeadLetters[order](path, nil)
+	_, err := pipeline.ReadDeadLetters[order](path)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), fmt.Sprintf("line %d", len(bad)+1))
 }
@@ -180,13 +180,13 @@ func TestDeadLetterFileAppendAfterTruncation(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "dead.jsonl")
 	bad := writeDeadLetters(t, path)
 	appendFile(t, path, `{"stage":"check","item":{"id":11,"li`) // the crash
-	f, err := pipeline.OpenDeadLetterFile[order](path, nil, 0)
+	f, err := pipeline.OpenDeadLetterFile[order](path)
 	require.NoError(t, err)
 	for _, id := range []int{21, 23} {
 		require.NoError(t, f.Add(t.Context(), pipeline.DeadLetter[order]{Stage: "check", Item: order{ID: id}}))
 	}
 	require.NoError(t, f.Close())
-	dls, err := pipeline.ReadDeadLetters[order](path, nil)
+	dls, err := pipeline.ReadDeadLetters[order](path)
 	require.NoError(t, err)
 	assert.Len(t, dls, len(bad)+2)
 }
@@ -207,7 +207,7 @@ func TestReplay(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "dead.jsonl")
 	bad := writeDeadLetters(t, path)
 	// A record of another stage, to check the stage filter.
-	f, err := pipeline.OpenDeadLetterFile[order](path, nil, 0)
+	f, err := pipeline.OpenDeadLetterFile[order](path)
 	require.NoError(t, err)
 	other := order{ID: 100}
 	require.NoError(t, f.Add(t.Context(), pipeline.DeadLetter[order]{Stage: "other", Item: other}))
@@ -223,7 +223,7 @@ func TestReplay(t *testing.T) {
 	} {
 		p := pipeline.New()
 		fixed := pipeline.NewStage("check", 2, func(_ context.Context, o order) (int, error) { return o.ID, nil })
-		got, err := pipeline.Collect(t.Context(), pipeline.Then(pipeline.Replay[order](p, path, tc.stage, nil), fixed))
+		got, err := pipeline.Collect(t.Context(), pipeline.Then(pipeline.Replay[order](p, path, tc.stage), fixed))
 		require.NoError(t, err)
 		var want []int
 		for _, o := range tc.want {
@@ -236,7 +236,7 @@ func TestReplay(t *testing.T) {
 	t.Run("missing file fails the run", func(t *testing.T) {
 		t.Parallel()
 		p := pipeline.New()
-		_, err := pipeline.Collect(t.Context(), pipeline.Replay[int](p, filepath.Join(t.TempDir(), "none"), "", nil))
+		_, err := pipeline.Collect(t.Context(), pipeline.Replay[int](p, filepath.Join(t.TempDir(), "none"), ""))
 		require.ErrorIs(t, err, os.ErrNotExist)
 		se, ok := errors.AsType[*pipeline.StageError](err)
 		require.True(t, ok)
@@ -297,7 +297,7 @@ func (badCodec) Unmarshal(_ []byte, _ *int) error { return nil }
 func TestDeadLetterFileCodec(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "dead.jsonl")
-	f, err := pipeline.OpenDeadLetterFile[int](path, stringCodec{}, 1)
+	f, err := pipeline.OpenDeadLetterFile[int](path, pipeline.WithCodec[int](stringCodec{}), pipeline.WithSyncEvery(1))
 	require.NoError(t, err)
 	require.NoError(t, f.Add(t.Context(), pipeline.DeadLetter[int]{Stage: "s", Item: 42}))
 	require.NoError(t, f.Close())
@@ -306,12 +306,12 @@ func TestDeadLetterFileCodec(t *testing.T) {
 	var rec map[string]any
 	require.NoError(t, json.Unmarshal(raw, &rec))
 	assert.Equal(t, "42", rec["item"])
-	dls, err := pipeline.ReadDeadLetters[int](path, stringCodec{})
+	dls, err := pipeline.ReadDeadLetters[int](path, pipeline.WithCodec[int](stringCodec{}))
 	require.NoError(t, err)
 	require.Len(t, dls, 1)
 	assert.Equal(t, 42, dls[0].Item)
 
-	bf, err := pipeline.OpenDeadLetterFile[int](filepath.Join(t.TempDir(), "bad.jsonl"), badCodec{}, 0)
+	bf, err := pipeline.OpenDeadLetterFile[int](filepath.Join(t.TempDir(), "bad.jsonl"), pipeline.WithCodec[int](badCodec{}))
 	require.NoError(t, err)
 	defer func() { assert.NoError(t, bf.Close()) }()
 	assert.Error(t, bf.Add(t.Context(), pipeline.DeadLetter[int]{Item: 1}))

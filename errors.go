@@ -17,16 +17,42 @@ var ErrBudgetExceeded = errors.New("pipeline: error budget exceeded")
 // [context.DeadlineExceeded].
 var ErrTimeout = errors.New("pipeline: attempt timed out")
 
+// ErrBadCheckpoint is matched (with [errors.Is]) by the error of a run whose
+// [CheckpointStore] loaded a position that cannot be one (a negative number).
+var ErrBadCheckpoint = errors.New("pipeline: the checkpoint store loaded an invalid position")
+
+// ErrGoexit is matched (with [errors.Is]) by the error of a run in which user code (a
+// stage function, a source, a sink, a dead-letter destination) called [runtime.Goexit],
+// as testing's t.FailNow and t.Fatal do: the goroutine ends without returning, so the
+// run fails rather than lose the item it held.
+var ErrGoexit = errors.New("pipeline: user code called runtime.Goexit (t.FailNow or t.Fatal in a stage?)")
+
 // StageError is the error a run returns when a stage (or a source, or a sink) fails the
 // run. Stage is the name of the stage; Err is the cause: the stage function's error, a
 // [*PanicError], or a [*BudgetError].
+//
+// When the run stopped because of one item's error, Attempts is the number of calls
+// made for it, and NoDeadLetter tells that the error was an item error (or a transient
+// one out of retries) that stopped the run only because the stage has no
+// [WithDeadLetter] to set the item aside.
 type StageError struct {
-	Stage string
-	Err   error
+	Stage        string
+	Err          error
+	Attempts     int
+	NoDeadLetter bool
 }
 
 // Error implements error.
 func (e *StageError) Error() string {
+	switch {
+	case e.NoDeadLetter && e.Attempts > 1:
+		return fmt.Sprintf("pipeline: stage %q: item failed after %d attempts, and the stage has no WithDeadLetter to set it aside: %v",
+			e.Stage, e.Attempts, e.Err)
+	case e.NoDeadLetter:
+		return fmt.Sprintf("pipeline: stage %q: item error, and the stage has no WithDeadLetter to set it aside: %v", e.Stage, e.Err)
+	case e.Attempts > 1:
+		return fmt.Sprintf("pipeline: stage %q: attempt %d: %v", e.Stage, e.Attempts, e.Err)
+	}
 	return fmt.Sprintf("pipeline: stage %q: %v", e.Stage, e.Err)
 }
 
@@ -128,6 +154,53 @@ func (c Class) String() string {
 	}
 	return fmt.Sprintf("Class(%d)", uint8(c))
 }
+
+// valid reports whether c is one of the defined classes.
+func (c Class) valid() bool { return c <= ClassTransient }
+
+// MarshalText encodes the class as its name, so that dead-letter files read well. A
+// class that is not defined is an error.
+func (c Class) MarshalText() ([]byte, error) {
+	if !c.valid() {
+		return nil, fmt.Errorf("pipeline: undefined error class %d", uint8(c))
+	}
+	return []byte(c.String()), nil
+}
+
+// UnmarshalText decodes a class name written by MarshalText.
+func (c *Class) UnmarshalText(b []byte) error {
+	for _, k := range []Class{ClassFatal, ClassItem, ClassTransient} {
+		if string(b) == k.String() {
+			*c = k
+			return nil
+		}
+	}
+	return fmt.Errorf("pipeline: unknown error class %q", b)
+}
+
+// DeadLetterReadError names the lines of a dead-letter file that could not be decoded
+// (see [ReadDeadLetters]); the file's other records were read.
+type DeadLetterReadError struct {
+	Path  string
+	Lines []int   // 1-based line numbers
+	Errs  []error // the error of each line
+}
+
+// Error implements error.
+func (e *DeadLetterReadError) Error() string {
+	msg := fmt.Sprintf("pipeline: %s: %d malformed dead-letter line(s)", e.Path, len(e.Lines))
+	for i, l := range e.Lines {
+		if i == 3 {
+			msg += ", ..."
+			break
+		}
+		msg += fmt.Sprintf("; line %d: %v", l, e.Errs[i])
+	}
+	return msg
+}
+
+// Unwrap returns the errors of the lines.
+func (e *DeadLetterReadError) Unwrap() []error { return e.Errs }
 
 // classified marks an error with its class.
 type classified struct {

@@ -435,7 +435,7 @@ func ExampleDeadLetterFile() {
 	defer func() { _ = os.RemoveAll(dir) }()
 	path := filepath.Join(dir, "dead.jsonl")
 
-	f, err := pipeline.OpenDeadLetterFile[string](path, nil, 100)
+	f, err := pipeline.OpenDeadLetterFile[string](path, pipeline.WithSyncEvery(100))
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -454,7 +454,7 @@ func ExampleDeadLetterFile() {
 	}
 	fmt.Println("run:", runErr)
 
-	dls, err := pipeline.ReadDeadLetters[string](path, nil)
+	dls, err := pipeline.ReadDeadLetters[string](path)
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -480,7 +480,7 @@ func ExampleReplay() {
 	path := filepath.Join(dir, "dead.jsonl")
 
 	// The first run: prices with a comma as decimal separator are rejected.
-	f, err := pipeline.OpenDeadLetterFile[string](path, nil, 0)
+	f, err := pipeline.OpenDeadLetterFile[string](path)
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -502,7 +502,7 @@ func ExampleReplay() {
 		return strconv.ParseFloat(strings.ReplaceAll(s, ",", "."), 64)
 	})
 	p = pipeline.New()
-	again, err := pipeline.Collect(context.Background(), pipeline.Then(pipeline.Replay[string](p, path, "price", nil), fixed))
+	again, err := pipeline.Collect(context.Background(), pipeline.Then(pipeline.Replay[string](p, path, "price"), fixed))
 	fmt.Println("replay:", again, err)
 	// Output:
 	// first run: [1.5] <nil>
@@ -946,7 +946,7 @@ func ExampleToBatches() {
 // the first one stopped. The first run fails at item "c" (the disk is full); the
 // position saved is that of "c", the first item whose write is not committed. After
 // the fix, the same pipeline runs again from there, and each item is written once.
-func ExampleResume() {
+func ExampleFromCheckpoint() {
 	dir, err := os.MkdirTemp("", "resume")
 	if err != nil {
 		fmt.Println(err)
@@ -977,7 +977,7 @@ func ExampleResume() {
 	})
 
 	p := pipeline.New()
-	pipeline.To(pipeline.Resume(p, store, from), write)
+	pipeline.To(pipeline.FromCheckpoint(p, store, from), write)
 	err = p.Run(context.Background())
 	fmt.Println("first run:", err)
 	fmt.Println("saved position:", p.Report().Checkpoint)
@@ -1064,7 +1064,7 @@ func ExampleWithSaveEvery() {
 		ahead = max(ahead, pos+1-saved)
 		return nil
 	})
-	pipeline.To(pipeline.Resume(p, store, from, pipeline.WithSaveEvery(2), pipeline.WithMaxRedo(4)), write)
+	pipeline.To(pipeline.FromCheckpoint(p, store, from, pipeline.WithSaveEvery(2), pipeline.WithMaxRedo(4)), write)
 	err = p.Run(context.Background())
 	fmt.Println("run:", err, "saved position:", p.Report().Checkpoint)
 	fmt.Println("at most 4 items past the saved position:", ahead <= 4)
@@ -1318,7 +1318,7 @@ func ExampleReadDeadLetters() {
 		return
 	}
 
-	dls, err := pipeline.ReadDeadLetters[string](path, nil)
+	dls, err := pipeline.ReadDeadLetters[string](path)
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -1595,9 +1595,9 @@ func ExampleReport_String() {
 	}
 	fmt.Print(p.Report())
 	// Output:
-	// stage            kind    wrk        in        ok  retried     dead   failed notstart       queue
-	// FromSlice        source    0         4         4        0        0        0        0           -
-	// parse            stage     1         4         3        0        1        0        0         1/1
-	// save             sink      2         3         3        0        0        0        0         1/1
+	// stage            kind    wrk        in        ok       out  retried     dead   failed notstart  dropped       queue
+	// FromSlice        source    0         4         4         4        0        0        0        0        0           -
+	// parse            stage     1         4         3         3        0        1        0        0        0         1/1
+	// save             sink      2         3         3         3        0        0        0        0        0         1/1
 	// dead letters: 1 × *strconv.NumError "invalid syntax"
 }

@@ -144,7 +144,7 @@ func FuzzBatch(f *testing.F) {
 		n := len(sizes)
 		size, maxBytes := 1+int(sizeB)%16, 1+int(maxB)%64
 		itemSize := func(i int) int { return int(sizes[i]) % 40 }
-		var opts []pipeline.Option
+		var opts []pipeline.BatchOption
 		if useBytes {
 			opts = append(opts, pipeline.WithMaxBytes(maxBytes, itemSize))
 		}

@@ -117,6 +117,6 @@ func row(t *testing.T, rep pipeline.Report, name string) pipeline.StageReport {
 // discardDead is a dead-letter destination that keeps nothing: the items are still
 // counted as dead-lettered in the report. A stage needs a destination to dead-letter
 // at all (without one, an item error stops the run).
-func discardDead[T any]() pipeline.Option {
+func discardDead[T any]() pipeline.StageOption {
 	return pipeline.WithDeadLetter(func(context.Context, pipeline.DeadLetter[T]) error { return nil })
 }

@@ -9,6 +9,7 @@ import "sync/atomic"
 // when s comes from a stage with several workers. A panic in fn fails the run under
 // the upstream's name. For work that can fail, block or retry, use a [Stage].
 func Map[In, Out any](s *Stream[In], fn func(In) Out) *Stream[Out] {
+	s.check("Map")
 	if fn == nil {
 		panic("pipeline: Map(nil)")
 	}
@@ -22,28 +23,31 @@ func Map[In, Out any](s *Stream[In], fn func(In) Out) *Stream[Out] {
 
 // Filter returns a stream of the items of s for which keep returns true. Like [Map], it
 // runs inline. Dropped items are counted in the [Report], in a row of kind "filter"
-// named "Filter" ("Filter#2", ... when there are several); counting costs an atomic add
-// per dropped item.
-func Filter[T any](s *Stream[T], keep func(T) bool) *Stream[T] {
+// named by [WithName], or else "Filter" ("Filter#2", ... when there are several); its
+// In is what its upstream sent, its Out what it let through. Counting costs an atomic
+// add per dropped item.
+func Filter[T any](s *Stream[T], keep func(T) bool, opts ...FilterOption) *Stream[T] {
+	s.check("Filter")
 	if keep == nil {
 		panic("pipeline: Filter(nil)")
 	}
+	cfg := configure("Filter", opts, FilterOption.filterOption)
 	s.consume("Filter")
-	name := s.p.claim("Filter", false)
+	name := s.p.rowName(cfg.name, "Filter")
 	out := newStream[T](s.p, s.desc+" | Filter")
 	out.open = func(r *run, push pushFunc[T], done func()) {
-		var dropped atomic.Int64
-		s.open(r, func(v T, pos uint64) error {
+		rw := r.newRow(name, kindFilter, 0, 0, nil)
+		rw.filtered = new(atomic.Int64)
+		wireInput(r, rw, s, func(v T, pos uint64) error {
 			if keep(v) {
 				return push(v, pos)
 			}
-			dropped.Add(1)
+			rw.filtered.Add(1)
 			r.track.done(pos)
 			return nil
 		}, done)
-		rw := r.newRow(name, kindFilter, 0, 0, nil)
-		rw.filtered = &dropped
 		r.addRow(rw)
+		r.feeds(rw)
 	}
 	return out
 }

@@ -20,6 +20,9 @@ func Merge[T any](streams ...*Stream[T]) *Stream[T] {
 	if len(streams) == 0 {
 		panic("pipeline: Merge of no streams")
 	}
+	for _, s := range streams {
+		s.check("Merge")
+	}
 	p := streams[0].p
 	descs := make([]string, len(streams))
 	for i, s := range streams {
@@ -36,13 +39,17 @@ func Merge[T any](streams ...*Stream[T]) *Stream[T] {
 	out.open = func(r *run, push pushFunc[T], done func()) {
 		var left atomic.Int32
 		left.Store(int32(len(streams)))
+		var feeders []*row
 		for _, s := range streams {
+			r.feeders = nil
 			s.open(r, push, func() {
 				if left.Add(-1) == 0 {
 					done()
 				}
 			})
+			feeders = append(feeders, r.feeders...)
 		}
+		r.feeders = feeders
 	}
 	return out
 }
@@ -53,6 +60,7 @@ func Merge[T any](streams ...*Stream[T]) *Stream[T] {
 // share the items: for pointer or slice items, they must not modify them. It panics if
 // n < 1.
 func Tee[T any](s *Stream[T], n int) []*Stream[T] {
+	s.check("Tee")
 	if n < 1 {
 		panic(fmt.Sprintf("pipeline: Tee(%d): need at least one branch", n))
 	}
@@ -76,25 +84,28 @@ func Tee[T any](s *Stream[T], n int) []*Stream[T] {
 			dones = append(dones, done)
 			consumers = append(consumers, r.consumer)
 			if len(pushes) < n {
+				r.feeders = nil // known once the upstream is wired, below
 				return
 			}
-			// The upstream is wired below, inside the last branch's wiring: the stages of
+			// The upstream is wired below, inside the last branch's wiring: the rows of
 			// the earlier branches learn their upstream here (a drained budget must reach
-			// the source through any branch).
-			before := len(r.rows)
+			// the source through any branch, and the report orders rows upstream first).
 			defer func() {
 				for _, c := range consumers[:n-1] {
 					if c != nil {
-						c.ups = append(c.ups, r.rows[before:]...)
+						for _, f := range r.feeders {
+							f.next = append(f.next, c.name)
+						}
 					}
 				}
 			}()
-			ps, ds := pushes, dones
+			ps, ds, cs := pushes, dones, consumers
+			var upstream string // the row whose worker pushes: an inline panic is its
 			s.open(r, func(v T, pos uint64) error {
 				r.track.split(pos, len(ps))
 				var first error
-				for _, push := range ps {
-					if err := push(v, pos); err != nil && first == nil {
+				for i, push := range ps {
+					if err := teePush(r, push, v, pos, cs[i], upstream); err != nil && first == nil {
 						first = err // offer it to every branch, so that each counts it
 					}
 				}
@@ -104,8 +115,29 @@ func Tee[T any](s *Stream[T], n int) []*Stream[T] {
 					d()
 				}
 			})
+			if len(r.feeders) > 0 {
+				upstream = r.feeders[0].name
+			}
 		}
 		outs[i] = out
 	}
 	return outs
+}
+
+// teePush hands v to one branch. A panic in the branch's inline operators (Map, Filter,
+// Flatten) fails the run under the upstream's name, like any inline panic; the item
+// counts as failed in the branch's first row, while the upstream, whose item other
+// branches may already hold, counts it as sent.
+func teePush[T any](r *run, push pushFunc[T], v T, pos uint64, consumer *row, upstream string) (err error) {
+	defer func() {
+		if x := recover(); x != nil {
+			if consumer != nil {
+				consumer.lost.Add(1)
+			}
+			serr := &StageError{Stage: upstream, Err: newPanicError(x)}
+			r.fail(serr)
+			err = serr
+		}
+	}()
+	return push(v, pos)
 }

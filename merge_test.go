@@ -57,7 +57,7 @@ func TestMergeThreeSources(t *testing.T) {
 		for _, name := range []string{"FromSlice", "Generate", "FromChan"} {
 			assert.Equal(t, int64(100), row(t, rep, name).Out, "items sent by %s", name)
 		}
-		assert.Equal(t, int64(300), row(t, rep, "All").In)
+		assert.Equal(t, int64(300), row(t, rep, "Collect").In)
 	})
 	t.Run("into a stage", func(t *testing.T) {
 		t.Parallel()

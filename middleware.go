@@ -18,11 +18,11 @@ import (
 // An attempt whose function never looks at its context costs a clock read and no
 // allocation of its own; one that calls Done costs a timer, as [context.WithTimeout]
 // does.
-func WithTimeout(d time.Duration) Option {
+func WithTimeout(d time.Duration) StageOption {
 	if d <= 0 {
 		panic(fmt.Sprintf("pipeline: WithTimeout(%v): the timeout must be positive", d))
 	}
-	return optionFunc(func(c *config) { c.timeout = d; c.stageOnly = firstOf(c.stageOnly, "WithTimeout") })
+	return stageOpt(func(c *config) { c.timeout = d })
 }
 
 // Backoff returns how long to wait before retry number attempt (1 for the wait after
@@ -59,32 +59,22 @@ func ConstantBackoff(d time.Duration) Backoff {
 // wait). The wait ends early when the run stops. Errors of other classes are not
 // retried. While one worker waits, the stage's other workers go on. It panics if
 // attempts < 1.
-func WithRetry(attempts int, backoff Backoff) Option {
+func WithRetry(attempts int, backoff Backoff) StageOption {
 	if attempts < 1 {
 		panic(fmt.Sprintf("pipeline: WithRetry(%d): attempts must be at least 1", attempts))
 	}
-	return optionFunc(func(c *config) {
-		c.attempts, c.backoff = attempts, backoff
-		c.stageOnly = firstOf(c.stageOnly, "WithRetry")
-	})
+	return stageOpt(func(c *config) { c.attempts, c.backoff = attempts, backoff })
 }
 
 // WithClassifier sets the function that classifies the errors of a stage's function
 // that carry no marker ([Transient], [Permanent], [Fatal]) and are not timeouts. Given
 // to [New], it is the default for every stage that has none. Build it on [errors.Is] and
 // [errors.As]; return [ClassFatal] for anything unexpected. It panics if fn is nil.
-func WithClassifier(fn func(error) Class) Option {
+func WithClassifier(fn func(error) Class) ClassifierOption {
 	if fn == nil {
 		panic("pipeline: WithClassifier(nil)")
 	}
-	return optionFunc(func(c *config) { c.classify = fn })
-}
-
-func firstOf(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
+	return ClassifierOption{fn}
 }
 
 // sleep waits backoff(attempt), or until ctx is done (returning its cause).

@@ -379,8 +379,8 @@ func TestErrorClasses(t *testing.T) {
 	noWrap := func(err error) error { return err }
 	cases := []struct {
 		name         string
-		newOpts      []pipeline.Option
-		stageOpts    []pipeline.Option
+		newOpts      []pipeline.PipelineOption
+		stageOpts    []pipeline.StageOption
 		noDeadLetter bool                            // no WithDeadLetter on the stage
 		fail         func(ctx context.Context) error // the error of every attempt
 		fatal        bool                            // the run fails with a *StageError wrapping errBoom
@@ -394,30 +394,31 @@ func TestErrorClasses(t *testing.T) {
 		{name: "Permanent", fail: always(pipeline.Permanent(errBoom)), attempts: 1, class: pipeline.ClassItem},
 		{name: "Permanent of a typed error", fail: always(pipeline.Permanent(fmt.Errorf("fetch: %w", &codeError{503}))), attempts: 1, class: pipeline.ClassItem, errType: "*pipeline_test.codeError"},
 		{name: "Permanent without WithDeadLetter is fatal", noDeadLetter: true, fail: always(pipeline.Permanent(errBoom)), fatal: true, attempts: 1},
-		{name: "Transient out of attempts without WithDeadLetter is fatal", noDeadLetter: true, stageOpts: []pipeline.Option{pipeline.WithRetry(2, nil)}, fail: always(pipeline.Transient(errBoom)), fatal: true, attempts: 2},
-		{name: "classifier item without WithDeadLetter is fatal", noDeadLetter: true, stageOpts: []pipeline.Option{pipeline.WithClassifier(item)}, fail: always(errBoom), fatal: true, attempts: 1},
-		{name: "timeout without WithDeadLetter is fatal", noDeadLetter: true, stageOpts: []pipeline.Option{pipeline.WithTimeout(time.Second)}, fail: hang(func(err error) error { return errors.Join(err, errBoom) }), fatal: true, attempts: 1},
+		{name: "Transient out of attempts without WithDeadLetter is fatal", noDeadLetter: true, stageOpts: []pipeline.StageOption{pipeline.WithRetry(2, nil)}, fail: always(pipeline.Transient(errBoom)), fatal: true, attempts: 2},
+		{name: "classifier item without WithDeadLetter is fatal", noDeadLetter: true, stageOpts: []pipeline.StageOption{pipeline.WithClassifier(item)}, fail: always(errBoom), fatal: true, attempts: 1},
+		{name: "timeout without WithDeadLetter is fatal", noDeadLetter: true, stageOpts: []pipeline.StageOption{pipeline.WithTimeout(time.Second)}, fail: hang(func(err error) error { return errors.Join(err, errBoom) }), fatal: true, attempts: 1},
 		{name: "Transient without WithRetry is dead-lettered after 1 attempt", fail: always(pipeline.Transient(errBoom)), attempts: 1, class: pipeline.ClassTransient},
-		{name: "Transient with WithRetry", stageOpts: []pipeline.Option{pipeline.WithRetry(3, nil)}, fail: always(pipeline.Transient(errBoom)), attempts: 3, class: pipeline.ClassTransient},
-		{name: "Permanent is not retried", stageOpts: []pipeline.Option{pipeline.WithRetry(3, nil)}, fail: always(pipeline.Permanent(errBoom)), attempts: 1, class: pipeline.ClassItem},
-		{name: "Fatal is not retried", stageOpts: []pipeline.Option{pipeline.WithRetry(3, nil)}, fail: always(pipeline.Fatal(errBoom)), fatal: true, attempts: 1},
-		{name: "outermost wins: Permanent(Transient)", stageOpts: []pipeline.Option{pipeline.WithRetry(3, nil)}, fail: always(pipeline.Permanent(pipeline.Transient(errBoom))), attempts: 1, class: pipeline.ClassItem},
-		{name: "outermost wins: Transient(Permanent)", stageOpts: []pipeline.Option{pipeline.WithRetry(3, nil)}, fail: always(pipeline.Transient(pipeline.Permanent(errBoom))), attempts: 3, class: pipeline.ClassTransient},
+		{name: "Transient with WithRetry", stageOpts: []pipeline.StageOption{pipeline.WithRetry(3, nil)}, fail: always(pipeline.Transient(errBoom)), attempts: 3, class: pipeline.ClassTransient},
+		{name: "Permanent is not retried", stageOpts: []pipeline.StageOption{pipeline.WithRetry(3, nil)}, fail: always(pipeline.Permanent(errBoom)), attempts: 1, class: pipeline.ClassItem},
+		{name: "Fatal is not retried", stageOpts: []pipeline.StageOption{pipeline.WithRetry(3, nil)}, fail: always(pipeline.Fatal(errBoom)), fatal: true, attempts: 1},
+		{name: "outermost wins: Permanent(Transient)", stageOpts: []pipeline.StageOption{pipeline.WithRetry(3, nil)}, fail: always(pipeline.Permanent(pipeline.Transient(errBoom))), attempts: 1, class: pipeline.ClassItem},
+		{name: "outermost wins: Transient(Permanent)", stageOpts: []pipeline.StageOption{pipeline.WithRetry(3, nil)}, fail: always(pipeline.Transient(pipeline.Permanent(errBoom))), attempts: 3, class: pipeline.ClassTransient},
 		{name: "outermost wins: Fatal(Permanent)", fail: always(pipeline.Fatal(pipeline.Permanent(errBoom))), fatal: true, attempts: 1},
 		{name: "outermost wins: Permanent(Fatal)", fail: always(pipeline.Permanent(pipeline.Fatal(errBoom))), attempts: 1, class: pipeline.ClassItem},
 		{name: "a marker under fmt.Errorf %w", fail: always(fmt.Errorf("fetch 7: %w", pipeline.Permanent(errBoom))), attempts: 1, class: pipeline.ClassItem},
-		{name: "stage classifier", stageOpts: []pipeline.Option{pipeline.WithClassifier(item)}, fail: always(errBoom), attempts: 1, class: pipeline.ClassItem},
-		{name: "stage classifier says transient", stageOpts: []pipeline.Option{pipeline.WithClassifier(transient), pipeline.WithRetry(2, nil)}, fail: always(errBoom), attempts: 2, class: pipeline.ClassTransient},
-		{name: "stage classifier says fatal", stageOpts: []pipeline.Option{pipeline.WithClassifier(fatal)}, fail: always(errBoom), fatal: true, attempts: 1},
-		{name: "pipeline classifier (New)", newOpts: []pipeline.Option{pipeline.WithClassifier(item)}, fail: always(errBoom), attempts: 1, class: pipeline.ClassItem},
-		{name: "stage classifier overrides New's", newOpts: []pipeline.Option{pipeline.WithClassifier(item)}, stageOpts: []pipeline.Option{pipeline.WithClassifier(fatal)}, fail: always(errBoom), fatal: true, attempts: 1},
-		{name: "marker beats classifier: Permanent", stageOpts: []pipeline.Option{pipeline.WithClassifier(fatal)}, fail: always(pipeline.Permanent(errBoom)), attempts: 1, class: pipeline.ClassItem},
-		{name: "marker beats classifier: Fatal", stageOpts: []pipeline.Option{pipeline.WithClassifier(item)}, fail: always(pipeline.Fatal(errBoom)), fatal: true, attempts: 1},
-		{name: "timeout is an item error by default", stageOpts: []pipeline.Option{pipeline.WithTimeout(time.Second)}, fail: hang(noWrap), attempts: 1, class: pipeline.ClassItem, errType: "timeout"},
-		{name: "timeout beats a fatal classifier", stageOpts: []pipeline.Option{pipeline.WithTimeout(time.Second), pipeline.WithClassifier(fatal)}, fail: hang(noWrap), attempts: 1, class: pipeline.ClassItem, errType: "timeout"},
-		{name: "timeout is not retried", stageOpts: []pipeline.Option{pipeline.WithTimeout(time.Second), pipeline.WithRetry(3, nil)}, fail: hang(noWrap), attempts: 1, class: pipeline.ClassItem, errType: "timeout"},
-		{name: "timeout marked Transient is retried", stageOpts: []pipeline.Option{pipeline.WithTimeout(time.Second), pipeline.WithRetry(3, nil)}, fail: hang(pipeline.Transient), attempts: 3, class: pipeline.ClassTransient, errType: "timeout"},
-		{name: "timeout marked Fatal is fatal", stageOpts: []pipeline.Option{pipeline.WithTimeout(time.Second)}, fail: hang(func(err error) error { return pipeline.Fatal(errors.Join(err, errBoom)) }), fatal: true, attempts: 1},
+		{name: "stage classifier", stageOpts: []pipeline.StageOption{pipeline.WithClassifier(item)}, fail: always(errBoom), attempts: 1, class: pipeline.ClassItem},
+		{name: "stage classifier says transient", stageOpts: []pipeline.StageOption{pipeline.WithClassifier(transient), pipeline.WithRetry(2, nil)}, fail: always(errBoom), attempts: 2, class: pipeline.ClassTransient},
+		{name: "stage classifier says fatal", stageOpts: []pipeline.StageOption{pipeline.WithClassifier(fatal)}, fail: always(errBoom), fatal: true, attempts: 1},
+		{name: "pipeline classifier (New)", newOpts: []pipeline.PipelineOption{pipeline.WithClassifier(item)}, fail: always(errBoom), attempts: 1, class: pipeline.ClassItem},
+		{name: "stage classifier overrides New's", newOpts: []pipeline.PipelineOption{pipeline.WithClassifier(item)}, stageOpts: []pipeline.StageOption{pipeline.WithClassifier(fatal)}, fail: always(errBoom), fatal: true, attempts: 1},
+		{name: "marker beats classifier: Permanent", stageOpts: []pipeline.StageOption{pipeline.WithClassifier(fatal)}, fail: always(pipeline.Permanent(errBoom)), attempts: 1, class: pipeline.ClassItem},
+		{name: "marker beats classifier: Fatal", stageOpts: []pipeline.StageOption{pipeline.WithClassifier(item)}, fail: always(pipeline.Fatal(errBoom)), fatal: true, attempts: 1},
+		{name: "timeout is an item error by default", stageOpts: []pipeline.StageOption{pipeline.WithTimeout(time.Second)}, fail: hang(noWrap), attempts: 1, class: pipeline.ClassItem, errType: "timeout"},
+		{name: "a classifier decides timeouts too: fatal", stageOpts: []pipeline.StageOption{pipeline.WithTimeout(time.Second), pipeline.WithClassifier(fatal)}, fail: hang(func(err error) error { return errors.Join(err, errBoom) }), fatal: true, attempts: 1},
+		{name: "a classifier decides timeouts too: retried", stageOpts: []pipeline.StageOption{pipeline.WithTimeout(time.Second), pipeline.WithRetry(3, nil), pipeline.WithClassifier(transient)}, fail: hang(noWrap), attempts: 3, class: pipeline.ClassTransient, errType: "timeout"},
+		{name: "timeout is not retried", stageOpts: []pipeline.StageOption{pipeline.WithTimeout(time.Second), pipeline.WithRetry(3, nil)}, fail: hang(noWrap), attempts: 1, class: pipeline.ClassItem, errType: "timeout"},
+		{name: "timeout marked Transient is retried", stageOpts: []pipeline.StageOption{pipeline.WithTimeout(time.Second), pipeline.WithRetry(3, nil)}, fail: hang(pipeline.Transient), attempts: 3, class: pipeline.ClassTransient, errType: "timeout"},
+		{name: "timeout marked Fatal is fatal", stageOpts: []pipeline.StageOption{pipeline.WithTimeout(time.Second)}, fail: hang(func(err error) error { return pipeline.Fatal(errors.Join(err, errBoom)) }), fatal: true, attempts: 1},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -428,7 +429,7 @@ func TestErrorClasses(t *testing.T) {
 				p := pipeline.New(tc.newOpts...)
 				opts := tc.stageOpts
 				if !tc.noDeadLetter {
-					opts = append([]pipeline.Option{pipeline.WithDeadLetter(dead.Add)}, opts...)
+					opts = append([]pipeline.StageOption{pipeline.WithDeadLetter(dead.Add)}, opts...)
 				}
 				st := pipeline.NewStage("work", 1, func(ctx context.Context, _ int) (int, error) {
 					attempts++

@@ -38,11 +38,6 @@ func TestMisusePanics(t *testing.T) {
 			pipeline.NewStage("s", 1, fn, pipeline.WithDeadLetter(func(context.Context, pipeline.DeadLetter[string]) error { return nil }))
 		}},
 		{"WithDeadLetter nil", func(ctx context.Context) { pipeline.WithDeadLetter[int](nil) }},
-		{"WithDeadLetter given to New", func(ctx context.Context) {
-			pipeline.New(pipeline.WithDeadLetter(func(context.Context, pipeline.DeadLetter[int]) error { return nil }))
-		}},
-		{"WithTimeout given to New", func(ctx context.Context) { pipeline.New(pipeline.WithTimeout(time.Second)) }},
-		{"WithRetry given to New", func(ctx context.Context) { pipeline.New(pipeline.WithRetry(3, nil)) }},
 		{"WithTimeout 0", func(ctx context.Context) { pipeline.WithTimeout(0) }},
 		{"WithRetry 0 attempts", func(ctx context.Context) { pipeline.WithRetry(0, nil) }},
 		{"WithClassifier nil", func(ctx context.Context) { pipeline.WithClassifier(nil) }},
@@ -72,10 +67,17 @@ func TestMisusePanics(t *testing.T) {
 			pipeline.Map(s, func(v int) int { return v })
 			pipeline.Then(s, pipeline.NewStage("b", 1, fn))
 		}},
-		{"a stream consumed by All twice", func(ctx context.Context) {
-			s := pipeline.FromSlice(pipeline.New(), []int{1})
-			pipeline.All(ctx, s)
-			pipeline.All(ctx, s)
+		{"two streams read by All", func(ctx context.Context) {
+			b := pipeline.Tee(pipeline.FromSlice(pipeline.New(), []int{1}), 2)
+			pipeline.All(ctx, b[0])
+			pipeline.All(ctx, b[1])
+		}},
+		{"Run on a pipeline read by Collect", func(ctx context.Context) {
+			p := pipeline.New()
+			b := pipeline.Tee(pipeline.FromSlice(p, []int{1}), 2)
+			pipeline.To(b[0], pipeline.NewSink("s", 1, func(context.Context, int) error { return nil }))
+			pipeline.All(ctx, b[1])
+			_ = p.Run(ctx)
 		}},
 		{"a duplicate stage name", func(ctx context.Context) {
 			s := pipeline.Then(pipeline.FromSlice(pipeline.New(), []int{1}), pipeline.NewStage("dup", 1, fn))
@@ -123,9 +125,6 @@ func TestMisuseMessages(t *testing.T) {
 	})
 	assert.PanicsWithValue(t, "pipeline: WithBuffer(-3): the buffer must not be negative", func() {
 		pipeline.WithBuffer(-3)
-	})
-	assert.PanicsWithValue(t, "pipeline: WithTimeout is a stage option, not a pipeline option", func() {
-		pipeline.New(pipeline.WithTimeout(time.Second))
 	})
 	msg := assertPanicsPipeline(t, func() {
 		s := pipeline.Then(pipeline.FromSlice(pipeline.New(), []int{1}), pipeline.NewStage("dup", 1, fn))

@@ -55,17 +55,17 @@ type Event struct {
 // must not keep Err beyond the call if memory matters. A panic in fn fails the run like
 // a panic in a stage. It is a pipeline option ([New]); several observers are all called,
 // in order.
-func WithObserver(fn func(Event)) Option {
+func WithObserver(fn func(Event)) PipelineOption {
 	if fn == nil {
 		panic("pipeline: WithObserver(nil)")
 	}
-	return optionFunc(func(c *config) { c.observers = append(c.observers, fn) })
+	return pipelineOpt(func(c *config) { c.observers = append(c.observers, fn) })
 }
 
 // WithLogger logs every [Event] of a pipeline's runs to l: retries at Debug, dead
 // letters at Warn, a tripped budget at Error, checkpoints and finished stages at Info.
 // It is a pipeline option ([New]), built on [WithObserver].
-func WithLogger(l *slog.Logger) Option {
+func WithLogger(l *slog.Logger) PipelineOption {
 	if l == nil {
 		panic("pipeline: WithLogger(nil)")
 	}

@@ -7,6 +7,7 @@ import (
 	"iter"
 	"math"
 	"runtime/trace"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,11 +16,12 @@ import (
 )
 
 // Pipeline is a graph of sources, stages and sinks, built with the package's top-level
-// functions ([FromSlice], [Then], [To], ...) and executed by [Pipeline.Run], [Collect]
-// or [All]. Building is not safe for concurrent use; a built pipeline may be run any
-// number of times, one run at a time, as long as its sources can be read again (a
-// slice or an [iter.Seq] can, a channel cannot). Each run has its own queues, workers
-// and counters. The zero value is not usable: call [New].
+// functions ([FromSlice], [Then], [To], ...) and executed by [Pipeline.Run] or, when
+// it ends in a stream read by the caller, by [Collect] or [All]. Building is not safe
+// for concurrent use; a built pipeline may be run any number of times, one run at a
+// time (by Run, or by Collect or All on the same stream again), as long as its sources
+// can be read again (a slice or an [iter.Seq] can, a channel cannot). Each run has its
+// own queues, workers and counters. The zero value is not usable: call [New].
 type Pipeline struct {
 	cfg       config
 	names     map[string]struct{}
@@ -28,6 +30,7 @@ type Pipeline struct {
 	running   atomic.Bool
 	ck        *checkpointCfg
 	cur       atomic.Pointer[run] // the run in progress, for Snapshot
+	end       *collectEnd         // the stream read by Collect or All, if any
 
 	mu      sync.Mutex
 	report  Report
@@ -37,16 +40,13 @@ type Pipeline struct {
 
 // New returns an empty pipeline. Options given here apply to the run as a whole:
 // [WithBuffer] sets the default queue size of every stage, [WithErrorBudget] sets a
-// budget shared by all stages. An option that only makes sense on one stage panics.
-func New(opts ...Option) *Pipeline {
-	p := &Pipeline{names: make(map[string]struct{}), report: Report{Checkpoint: -1}}
-	for _, o := range opts {
-		o.apply(&p.cfg)
+// budget shared by all stages, [WithClassifier] the default classifier, and
+// [WithObserver] and [WithLogger] watch every run.
+func New(opts ...PipelineOption) *Pipeline {
+	return &Pipeline{
+		cfg:   configure("New", opts, PipelineOption.pipelineOption),
+		names: make(map[string]struct{}), report: Report{Checkpoint: -1},
 	}
-	if p.cfg.stageOnly != "" {
-		panic(fmt.Sprintf("pipeline: %s is a stage option, not a pipeline option", p.cfg.stageOnly))
-	}
-	return p
 }
 
 type consumable interface {
@@ -54,16 +54,25 @@ type consumable interface {
 	describe() string
 }
 
+// rowName claims the name of a row that [WithName] may name: the given name, which must
+// be unique, or else the constructor's, numbered when it is taken.
+func (p *Pipeline) rowName(given, ctor string) string {
+	if given != "" {
+		return p.claim(given, true)
+	}
+	return p.claim(ctor, false)
+}
+
 // claim reserves a unique name in this pipeline. Stage names must be unique because the
 // report and the errors identify stages by name. Rows the package names itself (sources,
-// filters, batches, All) take their constructor's name, numbered when it is taken.
+// filters, batches, Collect) take their constructor's name, numbered when it is taken.
 func (p *Pipeline) claim(name string, unique bool) string {
 	if _, dup := p.names[name]; !dup {
 		p.names[name] = struct{}{}
 		return name
 	}
 	if unique {
-		panic(fmt.Sprintf("pipeline: stage name %q is already used in this pipeline (by a stage, or a source, filter or batch named after its constructor)", name))
+		panic(fmt.Sprintf("pipeline: name %q is already used in this pipeline (by a stage, or a source, filter, batch or end named with WithName or after its constructor)", name))
 	}
 	for i := 2; ; i++ {
 		n := fmt.Sprintf("%s#%d", name, i)
@@ -82,9 +91,13 @@ func (p *Pipeline) claim(name string, unique bool) string {
 // when an error budget tripped; or [context.Cause] of ctx when ctx was canceled first.
 // The [Pipeline.Report] of the run is ready when Run returns.
 //
-// Run panics when some stream has no consumer, when no sink was attached, or when the
-// pipeline is already running.
+// Run panics when some stream has no consumer, when no sink was attached, when the
+// pipeline ends in [Collect] or [All] (which run it themselves), or when the pipeline is
+// already running.
 func (p *Pipeline) Run(ctx context.Context) error {
+	if p.end != nil {
+		panic(fmt.Sprintf("pipeline: Run on a pipeline that ends in %s (%s): run it with %s again", p.end.ctor, p.end.desc, p.end.ctor))
+	}
 	p.begin(false)
 	r, err := p.exec(ctx, nil)
 	return p.finish(r, err)
@@ -132,6 +145,9 @@ func (p *Pipeline) exec(ctx context.Context, extra func(r *run)) (*run, error) {
 	r.cancel = cancel
 	if ck := p.ck; ck != nil {
 		pos, err := ck.store.Load(ctx)
+		if err == nil && pos < 0 {
+			err = fmt.Errorf("%w: %d", ErrBadCheckpoint, pos)
+		}
 		if err != nil {
 			return r, &StageError{Stage: "checkpoint", Err: fmt.Errorf("load: %w", err)}
 		}
@@ -150,6 +166,7 @@ func (p *Pipeline) exec(ctx context.Context, extra func(r *run)) (*run, error) {
 	if extra != nil {
 		extra(r)
 	}
+	r.order()
 	if r.track != nil {
 		r.track.limit = uint64(p.ck.maxRedo)
 		if p.ck.maxRedo == 0 {
@@ -233,7 +250,8 @@ type run struct {
 	cancel   context.CancelCauseFunc    // cancels the run with a cause
 	track    *tracker                   // the checkpoint's watermark, nil when none
 	pending  []func() error             // goroutines to start once the graph is wired
-	consumer *row                       // while wiring: the stage whose input is being opened
+	consumer *row                       // while wiring: the row whose input is being opened
+	feeders  []*row                     // while wiring: the rows that feed the stream just opened
 }
 
 // fail stops the run with err, unless it has already failed.
@@ -243,13 +261,93 @@ func (r *run) fail(err *StageError) {
 	}
 }
 
-// spawn registers fn to run in the run's group once the whole graph is wired.
-func (r *run) spawn(fn func() error) { r.pending = append(r.pending, fn) }
+// spawn registers fn to run in the run's group once the whole graph is wired. If user
+// code calls runtime.Goexit in fn's goroutine, fn never returns: the run then fails
+// with [ErrGoexit] under the given name.
+func (r *run) spawn(name string, fn func() error) {
+	r.pending = append(r.pending, func() error {
+		returned := false
+		defer func() {
+			if !returned {
+				if v := recover(); v != nil {
+					panic(v) // not user code's: every user call is recovered closer to it
+				}
+				r.fail(&StageError{Stage: name, Err: ErrGoexit})
+			}
+		}()
+		err := fn()
+		returned = true
+		return err
+	})
+}
+
+// wireInput opens s, the input of the consumer row rw: the rows that feed s directly
+// learn that they feed rw.
+func wireInput[T any](r *run, rw *row, s *Stream[T], push pushFunc[T], done func()) {
+	prev := r.consumer
+	r.consumer, r.feeders = rw, nil
+	s.open(r, push, done)
+	r.consumer = prev
+	for _, f := range r.feeders {
+		f.next = append(f.next, rw.name)
+	}
+}
+
+// order sorts the rows of the wired graph upstream first (a row after every row that
+// feeds it, otherwise in wiring order; Tee wires its earlier branches before its
+// upstream) and gives each row the set of rows upstream of it.
+func (r *run) order() {
+	byName := make(map[string]*row, len(r.rows))
+	indeg := make(map[*row]int, len(r.rows))
+	for _, rw := range r.rows {
+		byName[rw.name] = rw
+	}
+	for _, rw := range r.rows {
+		for _, n := range rw.next {
+			indeg[byName[n]]++
+		}
+	}
+	sorted := make([]*row, 0, len(r.rows))
+	placed := make(map[*row]bool, len(r.rows))
+	for len(sorted) < len(r.rows) {
+		found := false
+		for _, rw := range r.rows { // the first row in wiring order that nothing unplaced feeds
+			if !placed[rw] && indeg[rw] == 0 {
+				placed[rw], found = true, true
+				sorted = append(sorted, rw)
+				for _, n := range rw.next {
+					indeg[byName[n]]--
+				}
+				break
+			}
+		}
+		if !found {
+			panic("pipeline: internal error: the graph of rows has a cycle")
+		}
+	}
+	r.rows = sorted
+	for _, rw := range sorted { // feeders come first, so their ups are complete
+		for _, n := range rw.next {
+			d := byName[n]
+			if !slices.Contains(d.ups, rw) {
+				d.ups = append(d.ups, rw)
+			}
+			for _, u := range rw.ups {
+				if !slices.Contains(d.ups, u) {
+					d.ups = append(d.ups, u)
+				}
+			}
+		}
+	}
+}
+
+// feeds records, once rw's open is done, that rw produces the stream just opened.
+func (r *run) feeds(rw *row) { r.feeders = []*row{rw} }
 
 // goSafe spawns fn; a panic in fn becomes a [*PanicError] that fails the run under the
 // given name.
 func (r *run) goSafe(name string, fn func() error) {
-	r.spawn(func() (err error) {
+	r.spawn(name, func() (err error) {
 		defer func() {
 			if v := recover(); v != nil {
 				err = &StageError{Stage: name, Err: newPanicError(v)}
@@ -262,13 +360,24 @@ func (r *run) goSafe(name string, fn func() error) {
 // errStopped is the cause with which [All] stops a run when the loop body breaks out.
 var errStopped = errors.New("pipeline: iteration stopped")
 
+// collectEnd is the end of a pipeline read by Collect or All.
+type collectEnd struct {
+	stream any // the *Stream read
+	ctor   string
+	desc   string
+	name   string
+	buf    int
+}
+
 // Collect runs the pipeline that s belongs to, with s as its last stream, and returns
 // the items that reached the end, in arrival order. On failure it returns the items
 // collected so far with the run's error (see [Pipeline.Run]). Memory grows with the
-// output: for large outputs, use [All] or [To].
-func Collect[T any](ctx context.Context, s *Stream[T]) ([]T, error) {
+// output: for large outputs, use [All] or [To]. Like All, it may be called again on the
+// same stream for another run; options: [WithName] (the end's row, "Collect" by default)
+// and [WithBuffer].
+func Collect[T any](ctx context.Context, s *Stream[T], opts ...CollectOption) ([]T, error) {
 	var out []T
-	for v, err := range All(ctx, s) {
+	for v, err := range collect(ctx, s, "Collect", opts) {
 		if err != nil {
 			return out, err
 		}
@@ -284,12 +393,28 @@ func Collect[T any](ctx context.Context, s *Stream[T]) ([]T, error) {
 // The loop body runs in the caller's goroutine while the stages run in their own; a
 // slow body applies backpressure through the whole pipeline. Breaking out of the loop
 // cancels the run, and the loop statement returns only after every goroutine of the run
-// has exited. Each range over the sequence is a new run.
-func All[T any](ctx context.Context, s *Stream[T]) iter.Seq2[T, error] {
+// has exited. Each range over the sequence is a new run, and so is a later All or
+// [Collect] of the same stream.
+//
+// A pipeline has at most one stream read by All or Collect, and is run by them, not by
+// [Pipeline.Run]; its other ends ([To]) run with it. Options: [WithName] (the end's row
+// in the report, "All" by default) and [WithBuffer] (its queue).
+func All[T any](ctx context.Context, s *Stream[T], opts ...CollectOption) iter.Seq2[T, error] {
+	return collect(ctx, s, "All", opts)
+}
+
+func collect[T any](ctx context.Context, s *Stream[T], ctor string, opts []CollectOption) iter.Seq2[T, error] {
+	s.check(ctor)
 	p := s.p
-	s.consume("All")
-	name := p.claim("All", false)
-	buf := p.cfg.bufferOr(DefaultBuffer)
+	cfg := configure(ctor, opts, CollectOption.collectOption)
+	if e := p.end; e == nil {
+		s.consume(ctor)
+		p.end = &collectEnd{stream: s, ctor: ctor, desc: s.desc, name: p.rowName(cfg.name, ctor), buf: cfg.bufferOr(p.cfg.bufferOr(DefaultBuffer))}
+	} else if e.stream != any(s) {
+		panic(fmt.Sprintf("pipeline: %s of %s: the pipeline already ends in %s of %s; a pipeline has one end read by Collect or All (use Tee and To for others)",
+			ctor, s.desc, e.ctor, e.desc))
+	}
+	name, buf := p.end.name, p.end.buf
 	return func(yield func(T, error) bool) {
 		ctx, cancel := context.WithCancelCause(ctx)
 		defer cancel(nil)
@@ -308,7 +433,7 @@ func All[T any](ctx context.Context, s *Stream[T]) iter.Seq2[T, error] {
 		go func() {
 			r, err := p.exec(ctx, func(r *run) {
 				rw, tr = r.newRow(name, kindSink, 1, buf, q), r.track
-				s.open(r, q.pusher(r.ctx), q.close)
+				wireInput(r, rw, s, q.pusher(r.ctx), q.close)
 				r.addRow(rw)
 				close(wired)
 			})

@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 )
@@ -10,6 +11,17 @@ import (
 // pipeline sets one with [WithBuffer]. With it, a pipeline of k stages holds at most
 // about k×64 items in its queues, plus one item per busy worker, whatever the input size.
 const DefaultBuffer = 64
+
+// WithBuffer sets the capacity of a stage's input queue: at most n items wait for the
+// stage's workers, and a producer that finds the queue full blocks (backpressure). Zero
+// makes the queue unbuffered. Given to [New], it sets the default for every stage. It
+// panics if n is negative. The default is [DefaultBuffer].
+func WithBuffer(n int) BufferOption {
+	if n < 0 {
+		panic(fmt.Sprintf("pipeline: WithBuffer(%d): the buffer must not be negative", n))
+	}
+	return BufferOption{n}
+}
 
 // counter is a statistic with exactly one writer (the goroutine that owns it) and any
 // number of readers. The writer adds with a plain load and store, which on every
@@ -111,17 +123,24 @@ func (q *queue[T]) unsentCount() int64                       { return q.unsent.L
 
 // keyedQueue gives each worker its own channel and routes every item by the hash of its
 // key, so that items with one key are handled by one worker, one at a time, in order.
+// The stage's buffer bounds the items waiting in all the channels together: a producer
+// takes a slot of slots before it sends, and a worker gives it back when it takes the
+// item. Each channel can hold the whole buffer, so that a send after taking a slot never
+// blocks. An unbuffered stage has unbuffered channels and no slots.
 type keyedQueue[T any] struct {
 	chs    []chan item[T]
+	slots  chan struct{} // nil when unbuffered
 	hash   func(T) uint64
 	unsent atomic.Int64
 }
 
 func newKeyedQueue[T any](workers, capacity int, hash func(T) uint64) *keyedQueue[T] {
-	per := (capacity + workers - 1) / workers
 	q := &keyedQueue[T]{chs: make([]chan item[T], workers), hash: hash}
 	for i := range q.chs {
-		q.chs[i] = make(chan item[T], per)
+		q.chs[i] = make(chan item[T], capacity)
+	}
+	if capacity > 0 {
+		q.slots = make(chan struct{}, capacity)
 	}
 	return q
 }
@@ -129,10 +148,19 @@ func newKeyedQueue[T any](workers, capacity int, hash func(T) uint64) *keyedQueu
 func (q *keyedQueue[T]) pusher(ctx context.Context) pushFunc[T] {
 	n := uint64(len(q.chs))
 	return func(v T, pos uint64) error {
-		if err := send(ctx, q.chs[q.hash(v)%n], item[T]{v, pos}); err != nil {
+		ch := q.chs[q.hash(v)%n]
+		if q.slots == nil {
+			if err := send(ctx, ch, item[T]{v, pos}); err != nil {
+				q.unsent.Add(1)
+				return err
+			}
+			return nil
+		}
+		if err := send(ctx, q.slots, struct{}{}); err != nil {
 			q.unsent.Add(1)
 			return err
 		}
+		ch <- item[T]{v, pos} // has room: at most cap(slots) items wait in all channels
 		return nil
 	}
 }

@@ -198,7 +198,7 @@ func childObserverPanic(kind string) {
 	if kind == "checkpoint" {
 		store := pipeline.NewFileCheckpoint(filepath.Join(os.TempDir(), fmt.Sprintf("review-ck-%d", os.Getpid())))
 		defer func() { _ = os.Remove(filepath.Join(os.TempDir(), fmt.Sprintf("review-ck-%d", os.Getpid()))) }()
-		src = pipeline.Resume(p, store, func(ctx context.Context, pos int64) iter.Seq2[int, error] {
+		src = pipeline.FromCheckpoint(p, store, func(ctx context.Context, pos int64) iter.Seq2[int, error] {
 			return func(yield func(int, error) bool) {
 				for i := pos; i < 5000; i++ {
 					if !yield(int(i), nil) {

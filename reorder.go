@@ -5,30 +5,30 @@ import (
 	"fmt"
 	"hash/maphash"
 	"sync"
+	"sync/atomic"
 )
 
 // WithOrdered makes a concurrent stage emit its outputs in input order. Workers still
 // process items concurrently; a reorder window holds finished items until every earlier
 // item has finished (or was dead-lettered, filtered out or skipped, which never stalls
 // the window). window is how many items, counted from the oldest unfinished one, may be
-// finished or in flight; a worker that finishes an item beyond it waits. 0 means the
-// stage's buffer plus 4 × workers, which lets every queued item run ahead of a slow one
-// before anything waits. Memory is therefore bounded by window items, whatever the input.
+// in flight, finished, or being sent on; a worker waits before it starts an item beyond
+// it. 0 means the stage's buffer plus 4 × workers, which lets every queued item run
+// ahead of a slow one before anything waits. Memory is therefore bounded by window
+// items, whatever the input.
 //
 // A slow item at the head stalls the stage's output until it finishes (head-of-line
 // blocking), and with it, once the window is full, the stage itself: choose the window
 // from the spread of the stage's latency, and pair ordering with [WithTimeout]. It
 // panics if window < 0.
 //
-// Ordering costs a mutex per item at the queue and one in the window.
-func WithOrdered(window int) Option {
+// Ordering costs a mutex per item at the queue and one in the window, and an atomic
+// load before each item starts.
+func WithOrdered(window int) StageOption {
 	if window < 0 {
 		panic(fmt.Sprintf("pipeline: WithOrdered(%d): negative window", window))
 	}
-	return optionFunc(func(c *config) {
-		c.ordered, c.window = true, window
-		c.stageOnly = firstOf(c.stageOnly, "WithOrdered")
-	})
+	return stageOpt(func(c *config) { c.ordered, c.window = true, window })
 }
 
 // WithKey routes each item to a worker chosen by the hash of key(item): items with the
@@ -38,16 +38,13 @@ func WithOrdered(window int) Option {
 // queue of the stage's buffer divided by the workers. In must be the stage's input
 // type; the stage's constructor panics otherwise, and also when the stage has
 // [WithOrdered] (per-key order is already kept).
-func WithKey[In any, K comparable](key func(In) K) Option {
+func WithKey[In any, K comparable](key func(In) K) StageOption {
 	if key == nil {
 		panic("pipeline: WithKey(nil)")
 	}
 	seed := maphash.MakeSeed()
 	hash := func(v In) uint64 { return maphash.Comparable(seed, key(v)) }
-	return optionFunc(func(c *config) {
-		c.key = hash
-		c.stageOnly = firstOf(c.stageOnly, "WithKey")
-	})
+	return stageOpt(func(c *config) { c.key = hash })
 }
 
 // slotState is the state of one place in the reorder window.
@@ -69,6 +66,7 @@ type slot[Out any] struct {
 // sequence number; whichever worker settles the head item flushes every consecutive
 // finished item downstream, in order, while the others go on.
 type reorder[Out any] struct {
+	head     atomic.Uint64 // next, for admit's check without the lock
 	mu       sync.Mutex
 	next     uint64 // sequence number of the oldest unsettled item
 	slots    []slot[Out]
@@ -83,11 +81,37 @@ func newReorder[Out any](window int, push pushFunc[Out]) *reorder[Out] {
 	return &reorder[Out]{slots: make([]slot[Out], window), push: push}
 }
 
-// settle records the outcome of item seq (outs nil and skip true for no output) and,
-// if it is the head, pushes what is now in order. It blocks while seq is beyond the
-// window, and returns the run's cause if the run stops meanwhile (entered false: the
-// item never entered the window), or the first push error. stats counts the outputs
-// this worker pushes.
+// admit blocks while item seq is beyond the window, before a worker starts it: the
+// items started, finished and being pushed are at most the window. It returns the
+// run's cause if the run stops meanwhile. It costs an atomic load when seq is inside.
+func (o *reorder[Out]) admit(ctx context.Context, seq uint64) error {
+	w := uint64(len(o.slots))
+	if seq < o.head.Load()+w {
+		return nil
+	}
+	o.mu.Lock()
+	for seq >= o.next+w {
+		if o.wake == nil {
+			o.wake = make(chan struct{})
+		}
+		wake := o.wake
+		o.mu.Unlock()
+		select {
+		case <-wake:
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+		o.mu.Lock()
+	}
+	o.mu.Unlock()
+	return nil
+}
+
+// settle records the outcome of item seq, admitted before (outs nil and skip true for
+// no output) and, if it is the head, pushes what is now in order. It blocks while seq
+// is beyond the window (never, for an admitted item), and returns the run's cause if
+// the run stops meanwhile (entered false: the item never entered the window), or the
+// first push error. stats counts the outputs this worker pushes.
 //
 // entered is called once the item is in the window, before any flushing: from then on
 // the item is the window's, and a panic while flushing (in an inline operator
@@ -128,11 +152,13 @@ func (o *reorder[Out]) settle(ctx context.Context, stats *workerStats, seq, pos 
 	o.mu.Lock()
 	var first error
 	for {
-		start := o.next
+		// Take the run of finished items at the head. Their slots stay taken until they
+		// are pushed, so that the window holds at most its size, pushing included.
+		end := o.next
 		batch := o.scratch[:0]
 		var items int64
-		for {
-			h := &o.slots[o.next%w]
+		for end-o.next < w {
+			h := &o.slots[end%w]
 			if h.state == slotEmpty {
 				break
 			}
@@ -144,18 +170,13 @@ func (o *reorder[Out]) settle(ctx context.Context, stats *workerStats, seq, pos 
 				clear(h.outs)
 				h.outs = h.outs[:0]
 			}
-			h.state = slotEmpty
-			o.next++
+			end++
 		}
-		if o.next == start { // nothing settled in order since the last pass
+		if end == o.next { // nothing settled in order since the last pass
 			o.flushing = false
 			o.scratch = batch
 			o.mu.Unlock()
 			return true, first
-		}
-		if o.wake != nil {
-			close(o.wake)
-			o.wake = nil
 		}
 		o.mu.Unlock()
 		for _, it := range batch {
@@ -166,8 +187,16 @@ func (o *reorder[Out]) settle(ctx context.Context, stats *workerStats, seq, pos 
 		}
 		clear(batch)
 		o.mu.Lock()
+		for ; o.next < end; o.next++ {
+			o.slots[o.next%w].state = slotEmpty
+		}
+		o.head.Store(o.next)
 		o.held -= items
 		o.scratch = batch
+		if o.wake != nil {
+			close(o.wake)
+			o.wake = nil
+		}
 	}
 }
 

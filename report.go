@@ -59,12 +59,14 @@ type row struct {
 	held     func() int64   // ordered stages: items finished but still in the window
 	flushes  *flushCounters // batches: flush reasons
 	timeout  time.Duration  // the stage's WithTimeout
-	next     string         // the stage this one feeds, when known
+	next     []string       // the rows this one feeds directly
 	extra    int            // items held beyond queue and workers: a reorder window, a partial batch
 	unit     int            // batches: the items one element downstream of it may hold
 	ups      []*row         // every row upstream of this one (the rows its input was wired from)
 	drain    atomic.Bool    // a drained budget tripped here or downstream: start no new item
 	filtered *atomic.Int64  // filters: items dropped
+	lost     atomic.Int64   // items a Tee offered this row's branch that a panic in an inline operator of the branch stopped
+	liveIn   atomic.Int64   // the largest In a Snapshot reported, so that In only grows
 
 	mu     sync.Mutex
 	causes map[causeKey]int64
@@ -219,7 +221,7 @@ type StageReport struct {
 	Rate     float64       // items sent on per second, recently
 	Latency  Latency       // the stage function's attempt durations
 	Timeout  time.Duration // the stage's WithTimeout, 0 if none
-	Next     string        // the stage this one feeds, when known
+	Next     []string      // the rows this one feeds directly (several after a Tee)
 
 	Errors []ErrorCount // errors by type and outcome
 
@@ -287,19 +289,27 @@ func sortCauses(m map[causeKey]int64) []Cause {
 	return out
 }
 
-// String formats the report as a compact table, one line per stage, then the run's
-// error and the main causes of dead letters.
+// String formats the report as a compact table, one line per row (in: items that
+// reached it; ok: finished; out: sent on; dropped: filtered out; queue: peak/capacity),
+// then each batch's flushes by reason, the run's error and the main causes of dead
+// letters.
 func (r Report) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%-16s %-6s %4s %9s %9s %8s %8s %8s %8s %11s\n",
-		"stage", "kind", "wrk", "in", "ok", "retried", "dead", "failed", "notstart", "queue")
+	fmt.Fprintf(&b, "%-16s %-6s %4s %9s %9s %9s %8s %8s %8s %8s %8s %11s\n",
+		"stage", "kind", "wrk", "in", "ok", "out", "retried", "dead", "failed", "notstart", "dropped", "queue")
 	for _, s := range r.Stages {
 		q := "-"
 		if s.Kind != "source" && s.Kind != "filter" {
 			q = fmt.Sprintf("%d/%d", s.PeakQueue, s.QueueCap)
 		}
-		fmt.Fprintf(&b, "%-16s %-6s %4d %9d %9d %8d %8d %8d %8d %11s\n",
-			s.Name, s.Kind, s.Workers, s.In, s.Succeeded, s.Retried, s.DeadLettered, s.Failed, s.NotStarted, q)
+		fmt.Fprintf(&b, "%-16s %-6s %4d %9d %9d %9d %8d %8d %8d %8d %8d %11s\n",
+			s.Name, s.Kind, s.Workers, s.In, s.Succeeded, s.Out, s.Retried, s.DeadLettered, s.Failed, s.NotStarted, s.Filtered, q)
+	}
+	for _, s := range r.Stages {
+		if f := s.Flushes; s.Kind == "batch" {
+			fmt.Fprintf(&b, "batch %s: %d batches: %d full, %d by bytes, %d by linger, %d at the end, %d for a checkpoint\n",
+				s.Name, s.Out, f.Size, f.Bytes, f.Linger, f.End, f.Checkpoint)
+		}
 	}
 	if r.Err != nil {
 		fmt.Fprintf(&b, "error: %v\n", r.Err)
@@ -325,6 +335,7 @@ func (r *run) report(err error, final bool) Report {
 			rep.CheckpointSaved = time.Unix(0, at)
 		}
 	}
+	fed := map[string]int64{} // what each row's feeders sent it (rows are upstream first)
 	for _, rw := range r.rows {
 		s := StageReport{Name: rw.name, Kind: rw.kind.String(), Workers: len(rw.workers), QueueCap: rw.capacity}
 		var received, discarded int64
@@ -355,6 +366,10 @@ func (r *run) report(err error, final bool) Report {
 		case kindFilter:
 			s.Workers = 0
 			s.Filtered = rw.filtered.Load()
+			s.In = fed[rw.name] // what its upstream sent; what it dropped is Filtered
+			s.Failed = rw.lost.Load()
+			s.Succeeded = max(0, s.In-s.Filtered-s.Failed)
+			s.Out = s.Succeeded
 		default:
 			if rw.held != nil {
 				s.Window = rw.held()
@@ -364,8 +379,24 @@ func (r *run) report(err error, final bool) Report {
 				}
 			}
 			left := int64(rw.q.length()) + rw.q.unsentCount()
-			s.In = received + left
+			lost := rw.lost.Load()
+			s.In = received + left + lost
 			s.NotStarted = discarded + left
+			s.Failed += lost
+			if !final {
+				// An item leaving the queue is briefly in neither the queue nor the
+				// received count: report the largest In seen, so that In never drops.
+				for {
+					seen := rw.liveIn.Load()
+					if s.In <= seen {
+						s.In = seen
+						break
+					}
+					if rw.liveIn.CompareAndSwap(seen, s.In) {
+						break
+					}
+				}
+			}
 		}
 		if rw.flushes != nil {
 			s.Flushes = rw.flushes.load()
@@ -373,9 +404,14 @@ func (r *run) report(err error, final bool) Report {
 		if rw.q != nil {
 			s.QueueLen = rw.q.length()
 		}
-		s.InFlight = received - discarded - s.Succeeded - s.DeadLettered - s.Failed
+		if rw.kind != kindFilter {
+			s.InFlight = received - discarded - s.Succeeded - s.DeadLettered - (s.Failed - rw.lost.Load())
+		}
 		s.Latency = latencyOf(rw.workers)
-		s.Timeout, s.Next = rw.timeout, rw.next
+		s.Timeout, s.Next = rw.timeout, slices.Clone(rw.next)
+		for _, n := range rw.next {
+			fed[n] += s.Out
+		}
 		if secs := rep.Elapsed.Seconds(); secs > 0 {
 			s.Rate = float64(s.Out) / secs
 		}

@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"errors"
+	"fmt"
 	"iter"
 )
 
@@ -12,9 +13,9 @@ var errDraining = errors.New("pipeline: draining after the error budget tripped"
 // FromSlice returns a source of the items of a slice, in order. The slice is read
 // during each run and must not change meanwhile. Items not sent when a run stops are
 // counted as not started in the [Report].
-func FromSlice[T any](p *Pipeline, items []T) *Stream[T] {
+func FromSlice[T any](p *Pipeline, items []T, opts ...SourceOption) *Stream[T] {
 	n := int64(len(items))
-	return newSource(p, "FromSlice", &n, func(_ context.Context, emit func(T) error) error {
+	return newSource(p, "FromSlice", opts, &n, func(_ context.Context, emit func(T) error) error {
 		for _, v := range items {
 			if err := emit(v); err != nil {
 				return err
@@ -27,8 +28,11 @@ func FromSlice[T any](p *Pipeline, items []T) *Stream[T] {
 // FromSeq returns a source of the values of seq. When the run stops early, the loop
 // over seq is broken, so seq's cleanup runs. seq must not block without end: it is not
 // given the run's context (use [Generate] for a source that waits on something).
-func FromSeq[T any](p *Pipeline, seq iter.Seq[T]) *Stream[T] {
-	return newSource(p, "FromSeq", nil, func(_ context.Context, emit func(T) error) error {
+func FromSeq[T any](p *Pipeline, seq iter.Seq[T], opts ...SourceOption) *Stream[T] {
+	if seq == nil {
+		panic("pipeline: FromSeq(nil)")
+	}
+	return newSource(p, "FromSeq", opts, nil, func(_ context.Context, emit func(T) error) error {
 		for v := range seq {
 			if err := emit(v); err != nil {
 				return err
@@ -40,8 +44,11 @@ func FromSeq[T any](p *Pipeline, seq iter.Seq[T]) *Stream[T] {
 
 // FromSeq2 returns a source of the values of seq; the first non-nil error seq yields
 // stops the run as a [*StageError] of the source (the value paired with it is not sent).
-func FromSeq2[T any](p *Pipeline, seq iter.Seq2[T, error]) *Stream[T] {
-	return newSource(p, "FromSeq2", nil, func(_ context.Context, emit func(T) error) error {
+func FromSeq2[T any](p *Pipeline, seq iter.Seq2[T, error], opts ...SourceOption) *Stream[T] {
+	if seq == nil {
+		panic("pipeline: FromSeq2(nil)")
+	}
+	return newSource(p, "FromSeq2", opts, nil, func(_ context.Context, emit func(T) error) error {
 		for v, err := range seq {
 			if err != nil {
 				return err
@@ -56,11 +63,11 @@ func FromSeq2[T any](p *Pipeline, seq iter.Seq2[T, error]) *Stream[T] {
 
 // FromChan returns a source of the values received from ch until it is closed. The
 // caller owns ch and closes it; when the run stops early, values still in ch stay there.
-func FromChan[T any](p *Pipeline, ch <-chan T) *Stream[T] {
+func FromChan[T any](p *Pipeline, ch <-chan T, opts ...SourceOption) *Stream[T] {
 	if ch == nil {
 		panic("pipeline: FromChan(nil)")
 	}
-	return newSource(p, "FromChan", nil, func(ctx context.Context, emit func(T) error) error {
+	return newSource(p, "FromChan", opts, nil, func(ctx context.Context, emit func(T) error) error {
 		for {
 			v, ok, err := recv(ctx, ch)
 			if !ok {
@@ -78,25 +85,35 @@ func FromChan[T any](p *Pipeline, ch <-chan T) *Stream[T] {
 // the run is stopping; fn should then return that error (or nil). An error fn returns
 // otherwise stops the run as a [*StageError] of the source. ctx is canceled when the run
 // stops.
-func Generate[T any](p *Pipeline, fn func(ctx context.Context, emit func(T) error) error) *Stream[T] {
+func Generate[T any](p *Pipeline, fn func(ctx context.Context, emit func(T) error) error, opts ...SourceOption) *Stream[T] {
 	if fn == nil {
 		panic("pipeline: Generate(nil)")
 	}
-	return newSource(p, "Generate", nil, fn)
+	return newSource(p, "Generate", opts, nil, fn)
 }
 
-// newSource makes a source stream named after name, its constructor's name (numbered
-// when the name is taken: FromSlice, FromSlice#2, ...).
+// newSource makes a source stream named by [WithName], or else after ctor, its
+// constructor's name (numbered when the name is taken: FromSlice, FromSlice#2, ...).
 // given, when known, is how many items the source holds, for the not-started count.
-func newSource[T any](p *Pipeline, name string, given *int64, body func(ctx context.Context, emit func(T) error) error) *Stream[T] {
-	name = p.claim(name, false)
+func newSource[T any](p *Pipeline, ctor string, opts []SourceOption, given *int64, body func(ctx context.Context, emit func(T) error) error) *Stream[T] {
+	cfg := configure(ctor, opts, SourceOption.sourceOption)
+	return newSourceNamed(p, ctor, cfg.name, given, body)
+}
+
+// newSourceNamed is newSource with the name already chosen by options.
+func newSourceNamed[T any](p *Pipeline, ctor, given string, n *int64, body func(ctx context.Context, emit func(T) error) error) *Stream[T] {
+	if p == nil {
+		panic(fmt.Sprintf("pipeline: %s: nil *Pipeline", ctor))
+	}
+	name := p.rowName(given, ctor)
 	s := newStream[T](p, "source "+name)
 	s.open = func(r *run, push pushFunc[T], done func()) {
 		rw := r.newRow(name, kindSource, 1, 0, nil)
-		if given != nil {
-			rw.given = *given
+		if n != nil {
+			rw.given = *n
 		}
 		r.addRow(rw)
+		r.feeds(rw)
 		st := &rw.workers[0]
 		pos, bound := noPos, noPos // untracked, unless this is the checkpointed source
 		var track *tracker

@@ -5,62 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"runtime/trace"
-	"slices"
 	"sync/atomic"
 	"time"
 )
-
-// Option configures a stage ([NewStage], [NewFlatStage], [NewSink]) or, where its doc
-// says so, a whole pipeline ([New]). Options are values: the same Option may be passed
-// to several stages.
-type Option interface {
-	apply(*config)
-}
-
-type optionFunc func(*config)
-
-func (f optionFunc) apply(c *config) { f(c) }
-
-// config is the resolved set of options of a stage or a pipeline.
-type config struct {
-	buffer       int // -1: not set
-	bufferSet    bool
-	timeout      time.Duration
-	attempts     int
-	backoff      Backoff
-	classify     func(error) Class
-	deadLetter   any // func(context.Context, DeadLetter[In]) error, checked by the stage
-	budget       *Budget
-	ordered      bool
-	window       int
-	key          any // func(In) uint64, checked by the stage
-	linger       time.Duration
-	maxBytes     int
-	sizer        any // func(T) int, checked by Batch
-	saveEvery    int
-	observers    []func(Event)
-	maxRedo      int
-	saveInterval time.Duration
-	stageOnly    string // the first stage-only option applied, for New's check
-}
-
-func (c *config) bufferOr(d int) int {
-	if c.bufferSet {
-		return c.buffer
-	}
-	return d
-}
-
-// WithBuffer sets the capacity of a stage's input queue: at most n items wait for the
-// stage's workers, and a producer that finds the queue full blocks (backpressure). Zero
-// makes the queue unbuffered. Given to [New], it sets the default for every stage. It
-// panics if n is negative. The default is [DefaultBuffer].
-func WithBuffer(n int) Option {
-	if n < 0 {
-		panic(fmt.Sprintf("pipeline: WithBuffer(%d): the buffer must not be negative", n))
-	}
-	return optionFunc(func(c *config) { c.buffer, c.bufferSet = n, true })
-}
 
 // Stage is a named, typed unit of per-item work run by a fixed number of goroutines
 // (workers) that read from a bounded input queue. Create one with [NewStage],
@@ -92,7 +39,7 @@ func (st *Stage[In, Out]) Name() string { return st.name }
 // pipeline-only option).
 //
 // A stage without middleware options adds no allocation per item.
-func NewStage[In, Out any](name string, workers int, fn func(ctx context.Context, item In) (Out, error), opts ...Option) *Stage[In, Out] {
+func NewStage[In, Out any](name string, workers int, fn func(ctx context.Context, item In) (Out, error), opts ...StageOption) *Stage[In, Out] {
 	if fn == nil {
 		panic(fmt.Sprintf("pipeline: NewStage(%q): nil function", name))
 	}
@@ -109,7 +56,7 @@ func NewStage[In, Out any](name string, workers int, fn func(ctx context.Context
 // are held in memory until sent.
 //
 // It panics like [NewStage].
-func NewFlatStage[In, Out any](name string, workers int, fn func(ctx context.Context, item In, emit func(Out)) error, opts ...Option) *Stage[In, Out] {
+func NewFlatStage[In, Out any](name string, workers int, fn func(ctx context.Context, item In, emit func(Out)) error, opts ...StageOption) *Stage[In, Out] {
 	if fn == nil {
 		panic(fmt.Sprintf("pipeline: NewFlatStage(%q): nil function", name))
 	}
@@ -121,7 +68,7 @@ func NewFlatStage[In, Out any](name string, workers int, fn func(ctx context.Con
 // NewSink returns a terminal stage: fn consumes each item and produces nothing. Attach
 // it with [To]. It takes the same options as [NewStage] (a sink can retry and
 // dead-letter too) and panics like it.
-func NewSink[In any](name string, workers int, fn func(ctx context.Context, item In) error, opts ...Option) *Stage[In, struct{}] {
+func NewSink[In any](name string, workers int, fn func(ctx context.Context, item In) error, opts ...StageOption) *Stage[In, struct{}] {
 	if fn == nil {
 		panic(fmt.Sprintf("pipeline: NewSink(%q): nil function", name))
 	}
@@ -133,7 +80,7 @@ func NewSink[In any](name string, workers int, fn func(ctx context.Context, item
 	return st
 }
 
-func (st *Stage[In, Out]) init(ctor, name string, workers int, opts []Option) {
+func (st *Stage[In, Out]) init(ctor, name string, workers int, opts []StageOption) {
 	if name == "" {
 		panic(fmt.Sprintf("pipeline: %s: empty stage name", ctor))
 	}
@@ -141,21 +88,7 @@ func (st *Stage[In, Out]) init(ctor, name string, workers int, opts []Option) {
 		panic(fmt.Sprintf("pipeline: %s(%q): workers must be at least 1, got %d", ctor, name, workers))
 	}
 	st.name, st.workers = name, workers
-	for _, o := range opts {
-		if o == nil {
-			panic(fmt.Sprintf("pipeline: %s(%q): nil Option", ctor, name))
-		}
-		o.apply(&st.cfg)
-	}
-	if st.cfg.linger != 0 || st.cfg.sizer != nil {
-		panic(fmt.Sprintf("pipeline: %s(%q): WithLinger and WithMaxBytes are Batch options", ctor, name))
-	}
-	if st.cfg.saveEvery != 0 || st.cfg.saveInterval != 0 || st.cfg.maxRedo != 0 {
-		panic(fmt.Sprintf("pipeline: %s(%q): WithSaveEvery, WithSaveInterval and WithMaxRedo are Resume options", ctor, name))
-	}
-	if st.cfg.observers != nil {
-		panic(fmt.Sprintf("pipeline: %s(%q): WithObserver and WithLogger are pipeline options; give them to New", ctor, name))
-	}
+	st.cfg = configure(fmt.Sprintf("%s(%q)", ctor, name), opts, StageOption.stageOption)
 	if st.cfg.deadLetter != nil {
 		dl, ok := st.cfg.deadLetter.(func(context.Context, DeadLetter[In]) error)
 		if !ok {
@@ -203,6 +136,13 @@ func newStream[T any](p *Pipeline, desc string) *Stream[T] {
 func (s *Stream[T]) isConsumed() bool { return s.consumed }
 func (s *Stream[T]) describe() string { return s.desc }
 
+// check panics with a "pipeline:" message when s is nil (a stream from no constructor).
+func (s *Stream[T]) check(where string) {
+	if s == nil || s.p == nil {
+		panic(fmt.Sprintf("pipeline: %s: nil *Stream", where))
+	}
+}
+
 func (s *Stream[T]) consume(by string) {
 	if s.consumed {
 		panic(fmt.Sprintf("pipeline: %s consumes the output of %s, which is already consumed; a stream has one consumer", by, s.desc))
@@ -214,6 +154,10 @@ func (s *Stream[T]) consume(by string) {
 // s fills, and the returned stream carries the stage's outputs. It panics if s is
 // already consumed or st's name is already used in the pipeline.
 func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
+	s.check("Then")
+	if st == nil {
+		panic("pipeline: Then: nil *Stage")
+	}
 	p := s.p
 	name := p.claim(st.name, true)
 	desc := fmt.Sprintf("stage %q", name)
@@ -240,16 +184,9 @@ func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
 		}
 		rw := r.newRow(name, kind, st.workers, buf, q)
 		rw.timeout = st.cfg.timeout
-		before := len(r.rows)
-		prev := r.consumer
-		r.consumer = rw
-		s.open(r, q.pusher(r.ctx), q.close)
-		r.consumer = prev
-		rw.ups = slices.Clone(r.rows[before:])
-		if len(rw.ups) > 0 { // the row wired last upstream is the one that feeds this stage
-			rw.ups[len(rw.ups)-1].next = name
-		}
+		wireInput(r, rw, s, q.pusher(r.ctx), q.close)
 		r.addRow(rw)
+		defer r.feeds(rw)
 		b := r.shared
 		if st.cfg.budget != nil {
 			b = newBudgetState(*st.cfg.budget)
@@ -269,12 +206,16 @@ func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
 		for i := range st.workers {
 			w := &worker[In, Out]{st: st, r: r, row: rw, stats: &rw.workers[i], push: push, budget: b, classify: classify, ord: ord}
 			w.ch, w.och = q.bind(i)
+			if kq, ok := q.(*keyedQueue[In]); ok {
+				w.slots = kq.slots
+			}
 			if st.flat != nil {
 				w.emit = func(o Out) { w.buf = append(w.buf, o) }
 			}
-			r.spawn(func() (err error) {
+			r.spawn(name, func() (err error) {
+				returned := false
 				defer func() {
-					if err != nil {
+					if err != nil || !returned { // an error, or runtime.Goexit
 						failed.Store(true)
 					}
 					if left.Add(-1) == 0 {
@@ -284,7 +225,9 @@ func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
 						}
 					}
 				}()
-				return w.loop()
+				err = w.loop()
+				returned = true
+				return err
 			})
 		}
 	}
@@ -294,6 +237,10 @@ func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
 // To ends stream s in sink: every item of s is passed to the sink's function. Use
 // [NewSink] to make one. It panics like [Then].
 func To[T any](s *Stream[T], sink *Stage[T, struct{}]) {
+	s.check("To")
+	if sink == nil {
+		panic("pipeline: To: nil *Stage")
+	}
 	out := Then(s, sink)
 	out.consumed = true
 	s.p.terminals = append(s.p.terminals, func(r *run) {
@@ -317,6 +264,7 @@ type worker[In, Out any] struct {
 	buf      []Out            // outputs of the current attempt (flat stages)
 	emit     func(Out)        // appends to buf (flat stages)
 	ch       chan item[In]    // the worker's input: plain and keyed stages
+	slots    chan struct{}    // keyed stages: the stage's buffer, shared by its channels
 	och      chan seqItem[In] // the worker's input: ordered stages
 	pos      uint64           // the current item's source position (checkpointed runs)
 	seq      uint64           // the current item's sequence number (ordered stages)
@@ -331,16 +279,29 @@ type worker[In, Out any] struct {
 // cause). A panic in user code fails the run as a *PanicError; the item in flight is
 // counted as failed.
 func (w *worker[In, Out]) loop() (err error) {
-	ctx := w.r.ctx
+	returned := false
 	defer func() {
-		if v := recover(); v != nil {
-			if w.busy {
-				w.stats.failed.inc()
-			}
-			w.row.addError("panic", func(e *ErrorCount) { e.Failed++ })
-			err = &StageError{Stage: w.st.name, Err: newPanicError(v)}
+		v := recover()
+		if v == nil && returned {
+			return
 		}
+		if w.busy {
+			w.stats.failed.inc()
+		}
+		if v == nil { // runtime.Goexit: the goroutine goes on ending; r.spawn fails the run
+			w.row.addError("goexit", func(e *ErrorCount) { e.Failed++ })
+			return
+		}
+		w.row.addError("panic", func(e *ErrorCount) { e.Failed++ })
+		err = &StageError{Stage: w.st.name, Err: newPanicError(v)}
 	}()
+	err = w.take(w.r.ctx)
+	returned = true
+	return err
+}
+
+// take is the worker's loop over its input.
+func (w *worker[In, Out]) take(ctx context.Context) error {
 	for {
 		var (
 			v      In
@@ -348,11 +309,19 @@ func (w *worker[In, Out]) loop() (err error) {
 			err    error
 			queued int
 		)
-		if w.och == nil {
+		switch {
+		case w.slots != nil: // keyed: the slots count what waits in every worker's channel
+			var e item[In]
+			if e, ok, err = recv(ctx, w.ch); ok {
+				queued = len(w.slots)
+				<-w.slots
+			}
+			v, w.pos = e.v, e.pos
+		case w.och == nil:
 			var e item[In]
 			e, ok, err = recv(ctx, w.ch)
 			v, w.pos, queued = e.v, e.pos, min(len(w.ch)+1, cap(w.ch))
-		} else {
+		default:
 			var e seqItem[In]
 			e, ok, err = recv(ctx, w.och)
 			v, w.pos, w.seq, queued = e.v, e.pos, e.seq, min(len(w.och)+1, cap(w.och))
@@ -366,6 +335,12 @@ func (w *worker[In, Out]) loop() (err error) {
 			return context.Cause(ctx)
 		}
 		w.stats.peak.max(int64(queued))
+		if w.ord != nil { // start only what the reorder window has room for
+			if err := w.ord.admit(ctx, w.seq); err != nil {
+				w.stats.discarded.inc()
+				return err
+			}
+		}
 		if w.row.drain.Load() {
 			w.stats.discarded.inc() // a drained budget: start no new item
 			if err := w.skip(ctx); err != nil {
@@ -410,9 +385,9 @@ func (w *worker[In, Out]) process(ctx context.Context, v In) error {
 			w.stats.failed.inc() // interrupted: the run is stopping
 			return context.Cause(ctx)
 		}
-		class := w.classOf(err)
+		class, err := w.classOf(err)
 		if class == ClassFatal {
-			return w.fail(err)
+			return w.fail(err, attempt, false)
 		}
 		if first == nil {
 			first = err
@@ -510,25 +485,30 @@ func (w *worker[In, Out]) deliver(ctx context.Context, out Out) (handed bool, er
 	return true, first
 }
 
-// classOf decides an error's class: a marker first, then a timeout (an item error),
-// then the stage's classifier, else fatal.
-func (w *worker[In, Out]) classOf(err error) Class {
+// classOf decides an error's class: a marker first, then the stage's classifier (which
+// sees timeouts too), then a timeout is an item error, and anything else is fatal. A
+// classifier's undefined class is fatal, with an error that says so.
+func (w *worker[In, Out]) classOf(err error) (Class, error) {
 	if c, ok := ClassOf(err); ok {
-		return c
-	}
-	if errors.Is(err, ErrTimeout) {
-		return ClassItem
+		return c, err
 	}
 	if w.classify != nil {
-		return w.classify(err)
+		c := w.classify(err)
+		if !c.valid() {
+			return ClassFatal, fmt.Errorf("pipeline: the classifier returned an undefined %v for: %w", c, err)
+		}
+		return c, err
 	}
-	return ClassFatal
+	if errors.Is(err, ErrTimeout) {
+		return ClassItem, err
+	}
+	return ClassFatal, err
 }
 
 // deadLetter sets an item aside after its last attempt.
 func (w *worker[In, Out]) deadLetter(ctx context.Context, v In, attempts int, class Class, first, last error) error {
 	if w.st.dl == nil { // nowhere to set it aside: an item error stops the run too
-		return w.fail(last)
+		return w.fail(last, attempts, true)
 	}
 	typ, msg := errTypeName(last), last.Error()
 	firstMsg := msg
@@ -564,11 +544,13 @@ func (w *worker[In, Out]) enteredWindow() {
 	w.busy = false
 }
 
-// fail counts the current item as failed by err, which stops the run.
-func (w *worker[In, Out]) fail(err error) error {
+// fail counts the current item as failed by err, its error after attempts calls, which
+// stops the run; noDeadLetter tells that it would have been set aside had the stage a
+// destination.
+func (w *worker[In, Out]) fail(err error, attempts int, noDeadLetter bool) error {
 	w.stats.failed.inc()
 	w.row.addError(errTypeName(err), func(e *ErrorCount) { e.Failed++ })
-	return &StageError{Stage: w.st.name, Err: err}
+	return &StageError{Stage: w.st.name, Err: err, Attempts: attempts, NoDeadLetter: noDeadLetter}
 }
 
 // skip tells the reorder window, if any, that the current item has no output, so that

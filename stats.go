@@ -233,10 +233,10 @@ func (r Report) Bottleneck(targetPerSecond float64) Bottleneck {
 
 // downstream returns the stage fed by stage i, if the report knows it.
 func (r Report) downstream(i int) *StageReport {
-	name := r.Stages[i].Next
-	if name == "" {
+	if len(r.Stages[i].Next) == 0 {
 		return nil
 	}
+	name := r.Stages[i].Next[0]
 	for j := range r.Stages {
 		if r.Stages[j].Name == name {
 			return &r.Stages[j]

@@ -156,7 +156,4 @@ func TestObserverMisuse(t *testing.T) {
 	t.Parallel()
 	assertPanicsPipeline(t, func() { pipeline.WithObserver(nil) })
 	assertPanicsPipeline(t, func() { pipeline.WithLogger(nil) })
-	assertPanicsPipeline(t, func() {
-		pipeline.NewStage("s", 1, func(_ context.Context, v int) (int, error) { return v, nil }, pipeline.WithObserver(func(pipeline.Event) {}))
-	})
 }

@@ -100,7 +100,7 @@ func runS1(ctx context.Context, policy string, roles []s1Role) s1Result {
 	}
 
 	dead := pipeline.NewDeadLetterBuffer[int](len(roles))
-	var opts []pipeline.Option
+	var opts []pipeline.StageOption
 	switch policy {
 	case "failfast":
 	case "deadletter":

@@ -74,7 +74,7 @@ func runS2(b *testing.B, policy string, failing []bool) s2Result {
 	}
 
 	dead := pipeline.NewDeadLetterBuffer[int](len(failing))
-	var opts []pipeline.Option
+	var opts []pipeline.StageOption
 	switch policy {
 	case "failfast":
 	case "collect":

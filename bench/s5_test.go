@@ -48,7 +48,7 @@ func identity(_ context.Context, v int) (int, error) { return v, nil }
 // s5Build builds the shape with the library: a slice source, the stages (each with
 // opts), and a sink with one worker that counts into *n (no synchronisation needed: Run's
 // return orders the read).
-func s5Build(sh s5Shape, items []int, n *int, opts ...pipeline.Option) *pipeline.Pipeline {
+func s5Build(sh s5Shape, items []int, n *int, opts ...pipeline.StageOption) *pipeline.Pipeline {
 	p := pipeline.New(pipeline.WithBuffer(s5Buffer))
 	s := pipeline.FromSlice(p, items)
 	for i := range sh.stages {

@@ -325,7 +325,7 @@ func TestCheckpoint(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		store := &memStore{}
 		p := pipeline.New()
-		src := pipeline.Resume(p, store, func(_ context.Context, pos int64) iter.Seq2[int, error] {
+		src := pipeline.FromCheckpoint(p, store, func(_ context.Context, pos int64) iter.Seq2[int, error] {
 			return func(yield func(int, error) bool) {
 				for i := int(pos); i < 250; i++ {
 					if !yield(i, nil) {

@@ -67,7 +67,7 @@ func run() error {
 		}
 		*dlPath = filepath.Join(dir, "deadletters.jsonl")
 	}
-	dead, err := pipeline.OpenDeadLetterFile[event](*dlPath, nil, 0)
+	dead, err := pipeline.OpenDeadLetterFile[event](*dlPath)
 	if err != nil {
 		return err
 	}

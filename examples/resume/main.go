@@ -96,7 +96,7 @@ func run() error {
 	// store's queue and worker, one batch of 500 each: about 1,650, plus up to 1000
 	// committed but not yet saved. 4000 leaves room: a source that waited for a save
 	// would make the batch stage flush partial batches early, to let the save happen.
-	records := pipeline.Resume(p, ck, func(_ context.Context, pos int64) iter.Seq2[record, error] {
+	records := pipeline.FromCheckpoint(p, ck, func(_ context.Context, pos int64) iter.Seq2[record, error] {
 		fmt.Printf("resuming from position %d of %d (the store holds %d records)\n", pos, *n, st.len())
 		return generate(int(pos), *n)
 	}, pipeline.WithSaveEvery(1000), pipeline.WithMaxRedo(4000))

@@ -48,7 +48,7 @@ func LoadS1(path string) (S1Fixture, error) {
 // nil. opts go to pipeline.New after WithBuffer(100). Run it in testing/synctest to make
 // it instant; it then ends at 1.4 s or so of virtual time with 9,895 items sunk, 105
 // dead-lettered and 200 retried.
-func S1Retry(fx S1Fixture, sunk *atomic.Int64, opts ...pipeline.Option) *pipeline.Pipeline {
+func S1Retry(fx S1Fixture, sunk *atomic.Int64, opts ...pipeline.PipelineOption) *pipeline.Pipeline {
 	role := make([]byte, fx.NItems)
 	for _, id := range fx.Permanent {
 		role[id] = 'p'
@@ -80,7 +80,7 @@ func S1Retry(fx S1Fixture, sunk *atomic.Int64, opts ...pipeline.Option) *pipelin
 	for i := range ids {
 		ids[i] = i
 	}
-	p := pipeline.New(append([]pipeline.Option{pipeline.WithBuffer(100)}, opts...)...)
+	p := pipeline.New(append([]pipeline.PipelineOption{pipeline.WithBuffer(100)}, opts...)...)
 	enriched := pipeline.Then(pipeline.FromSlice(p, ids), pipeline.NewStage("enrich", 20, enrich,
 		pipeline.WithTimeout(time.Second),
 		pipeline.WithRetry(3, pipeline.ConstantBackoff(10*time.Millisecond)),

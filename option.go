@@ -1,0 +1,159 @@
+package pipeline
+
+import (
+	"fmt"
+	"time"
+)
+
+// Each scope has its own option interface, so that an option given where it has no
+// meaning is a compile error rather than a silent no-op. An option that fits several
+// scopes ([WithBuffer], [WithName], [WithClassifier], [WithErrorBudget], [WithCodec])
+// returns a concrete type that implements each of their interfaces.
+
+// PipelineOption configures a whole pipeline: [New].
+type PipelineOption interface{ pipelineOption(*config) }
+
+// StageOption configures a stage: [NewStage], [NewFlatStage], [NewSink].
+type StageOption interface{ stageOption(*config) }
+
+// BatchOption configures [Batch] and [ToBatches].
+type BatchOption interface{ batchOption(*config) }
+
+// SourceOption configures a source: [FromSlice], [FromSeq], [FromSeq2], [FromChan],
+// [Generate].
+type SourceOption interface{ sourceOption(*config) }
+
+// CheckpointOption configures a checkpointed source: [FromCheckpoint].
+type CheckpointOption interface{ checkpointOption(*config) }
+
+// FilterOption configures [Filter].
+type FilterOption interface{ filterOption(*config) }
+
+// CollectOption configures the end of a pipeline read by [Collect] or [All].
+type CollectOption interface{ collectOption(*config) }
+
+// ReplayOption configures [Replay].
+type ReplayOption interface{ replayOption(*config) }
+
+// DeadLetterFileOption configures [OpenDeadLetterFile].
+type DeadLetterFileOption interface{ deadLetterFileOption(*config) }
+
+// ReadOption configures [ReadDeadLetters].
+type ReadOption interface{ readOption(*config) }
+
+// config is the resolved set of options of a stage, a batch, a source or a pipeline.
+type config struct {
+	name         string
+	buffer       int
+	bufferSet    bool
+	timeout      time.Duration
+	attempts     int
+	backoff      Backoff
+	classify     func(error) Class
+	deadLetter   any // func(context.Context, DeadLetter[In]) error, checked by the stage
+	budget       *Budget
+	ordered      bool
+	window       int
+	key          any // func(In) uint64, checked by the stage
+	linger       time.Duration
+	maxBytes     int
+	sizer        any // func(T) int, checked by Batch
+	saveEvery    int
+	observers    []func(Event)
+	maxRedo      int
+	saveInterval time.Duration
+	codec        any // Codec[T], checked by its user
+	syncEvery    int
+}
+
+func (c *config) bufferOr(d int) int {
+	if c.bufferSet {
+		return c.buffer
+	}
+	return d
+}
+
+// configure applies opts to a new config; where names the constructor for the panic
+// that a nil option gets.
+func configure[O any](where string, opts []O, apply func(O, *config)) config {
+	var c config
+	for i, o := range opts {
+		if any(o) == nil {
+			panic(fmt.Sprintf("pipeline: %s: option %d of %d is nil", where, i+1, len(opts)))
+		}
+		apply(o, &c)
+	}
+	return c
+}
+
+// Single-scope options are functions of these types.
+type (
+	pipelineOpt   func(*config)
+	stageOpt      func(*config)
+	batchOpt      func(*config)
+	checkpointOpt func(*config)
+	fileOpt       func(*config)
+)
+
+func (f pipelineOpt) pipelineOption(c *config)     { f(c) }
+func (f stageOpt) stageOption(c *config)           { f(c) }
+func (f batchOpt) batchOption(c *config)           { f(c) }
+func (f checkpointOpt) checkpointOption(c *config) { f(c) }
+func (f fileOpt) deadLetterFileOption(c *config)   { f(c) }
+
+// BufferOption is the option [WithBuffer] returns: it fits [New], a stage, [Batch] and
+// [Collect]/[All].
+type BufferOption struct{ n int }
+
+func (o BufferOption) set(c *config)            { c.buffer, c.bufferSet = o.n, true }
+func (o BufferOption) pipelineOption(c *config) { o.set(c) }
+func (o BufferOption) stageOption(c *config)    { o.set(c) }
+func (o BufferOption) batchOption(c *config)    { o.set(c) }
+func (o BufferOption) collectOption(c *config)  { o.set(c) }
+
+// NameOption is the option [WithName] returns: it names a row of the report made by a
+// source, [FromCheckpoint], [Replay], [Batch], [Filter] or the end read by
+// [Collect]/[All].
+type NameOption struct{ name string }
+
+func (o NameOption) sourceOption(c *config)     { c.name = o.name }
+func (o NameOption) checkpointOption(c *config) { c.name = o.name }
+func (o NameOption) replayOption(c *config)     { c.name = o.name }
+func (o NameOption) batchOption(c *config)      { c.name = o.name }
+func (o NameOption) filterOption(c *config)     { c.name = o.name }
+func (o NameOption) collectOption(c *config)    { c.name = o.name }
+
+// WithName names the row that a source, [FromCheckpoint], [Replay], [Batch], [Filter]
+// or the end of [Collect]/[All] adds to the [Report]; the report, errors, Snapshot and
+// metrics then use it. Like a stage's name, it must be unique in the pipeline: the
+// constructor panics otherwise. Without it, such a row is named after its constructor
+// ("FromSlice", "Batch", "Filter", "Collect", ...), numbered when the name is taken
+// ("Batch#2"). It panics if name is empty.
+func WithName(name string) NameOption {
+	if name == "" {
+		panic("pipeline: WithName(\"\"): empty name")
+	}
+	return NameOption{name}
+}
+
+// ClassifierOption is the option [WithClassifier] returns: it fits [New] (the default
+// of every stage) and a stage.
+type ClassifierOption struct{ fn func(error) Class }
+
+func (o ClassifierOption) pipelineOption(c *config) { c.classify = o.fn }
+func (o ClassifierOption) stageOption(c *config)    { c.classify = o.fn }
+
+// BudgetOption is the option [WithErrorBudget] returns: it fits [New] (one budget shared
+// by every stage) and a stage (a budget of its own).
+type BudgetOption struct{ b Budget }
+
+func (o BudgetOption) pipelineOption(c *config) { b := o.b; c.budget = &b }
+func (o BudgetOption) stageOption(c *config)    { b := o.b; c.budget = &b }
+
+// CodecOption is the option [WithCodec] returns: it fits [OpenDeadLetterFile],
+// [ReadDeadLetters] and [Replay].
+type CodecOption struct{ codec any }
+
+func (o CodecOption) deadLetterFileOption(c *config) { c.codec = o.codec }
+func (o CodecOption) readOption(c *config)           { c.codec = o.codec }
+func (o CodecOption) replayOption(c *config)         { c.codec = o.codec }
