@@ -1,0 +1,136 @@
+package pipeline_test
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// misplaced are options given where they have no meaning: each line must fail to
+// compile with the error that names the scope's option interface.
+var misplaced = []struct{ code, want string }{
+	{`pipeline.New(pipeline.WithTimeout(time.Second))`, "PipelineOption"},
+	{`pipeline.New(pipeline.WithRetry(3, nil))`, "PipelineOption"},
+	{`pipeline.New(pipeline.WithDeadLetter(pipeline.DiscardDeadLetter[int]))`, "PipelineOption"},
+	{`pipeline.New(pipeline.WithOrdered(4))`, "PipelineOption"},
+	{`pipeline.New(pipeline.WithLinger(time.Second))`, "PipelineOption"},
+	{`pipeline.New(pipeline.WithSaveEvery(2))`, "PipelineOption"},
+	{`pipeline.New(pipeline.WithName("x"))`, "PipelineOption"},
+	{`pipeline.NewStage("s", 1, fn, pipeline.WithObserver(func(pipeline.Event) {}))`, "StageOption"},
+	{`pipeline.NewStage("s", 1, fn, pipeline.WithLinger(time.Second))`, "StageOption"},
+	{`pipeline.NewStage("s", 1, fn, pipeline.WithMaxRedo(5))`, "StageOption"},
+	{`pipeline.NewSink("s", 1, sink, pipeline.WithName("x"))`, "StageOption"},
+	{`pipeline.Batch(src, 2, pipeline.WithTimeout(time.Second))`, "BatchOption"},
+	{`pipeline.Batch(src, 2, pipeline.WithRetry(2, nil))`, "BatchOption"},
+	{`pipeline.Batch(src, 2, pipeline.WithSaveEvery(2))`, "BatchOption"},
+	{`pipeline.FromCheckpoint(p, store, from, pipeline.WithTimeout(time.Second))`, "CheckpointOption"},
+	{`pipeline.FromCheckpoint(p, store, from, pipeline.WithBuffer(3))`, "CheckpointOption"},
+	{`pipeline.FromSlice(p, []int{1}, pipeline.WithBuffer(3))`, "SourceOption"},
+	{`pipeline.FromSlice(p, []int{1}, pipeline.WithSaveEvery(3))`, "SourceOption"},
+	{`pipeline.Filter(src, keep, pipeline.WithBuffer(3))`, "FilterOption"},
+	{`pipeline.Collect(ctx, src, pipeline.WithTimeout(time.Second))`, "CollectOption"},
+	{`pipeline.OpenDeadLetterFile[int]("f", pipeline.WithName("x"))`, "DeadLetterFileOption"},
+	{`pipeline.Replay[int](p, "f", "", pipeline.WithSyncEvery(3))`, "ReplayOption"},
+	{`pipeline.ReadDeadLetters[int]("f", pipeline.WithSyncEvery(3))`, "ReadOption"},
+}
+
+// placed are the same options where they belong: they must compile.
+const placed = `
+	pipeline.New(pipeline.WithBuffer(3), pipeline.WithClassifier(classify), pipeline.WithErrorBudget(budget), pipeline.WithObserver(func(pipeline.Event) {}))
+	pipeline.NewStage("s", 1, fn, pipeline.WithTimeout(time.Second), pipeline.WithRetry(2, nil), pipeline.WithBuffer(3),
+		pipeline.WithClassifier(classify), pipeline.WithErrorBudget(budget), pipeline.WithOrdered(4), pipeline.WithDeadLetter(pipeline.DiscardDeadLetter[int]))
+	pipeline.Batch(src, 2, pipeline.WithLinger(time.Second), pipeline.WithBuffer(3), pipeline.WithName("b"), pipeline.WithMaxBytes(9, func(int) int { return 1 }))
+	pipeline.FromCheckpoint(p, store, from, pipeline.WithSaveEvery(2), pipeline.WithMaxRedo(9), pipeline.WithSaveInterval(time.Second), pipeline.WithName("c"))
+	pipeline.FromSlice(p, []int{1}, pipeline.WithName("s"))
+	pipeline.Filter(src, keep, pipeline.WithName("f"))
+	pipeline.Collect(ctx, src, pipeline.WithName("out"), pipeline.WithBuffer(3))
+	pipeline.OpenDeadLetterFile[int]("f", pipeline.WithCodec[int](pipeline.JSONCodec[int]{}), pipeline.WithSyncEvery(3))
+	pipeline.Replay[int](p, "f", "", pipeline.WithCodec[int](pipeline.JSONCodec[int]{}), pipeline.WithName("r"))
+	pipeline.ReadDeadLetters[int]("f", pipeline.WithCodec[int](pipeline.JSONCodec[int]{}))
+`
+
+const optPrelude = `package optcheck
+
+import (
+	"context"
+	"iter"
+	"time"
+
+	"github.com/gopipeline/pipeline"
+)
+
+var (
+	ctx      = context.Background()
+	p        = pipeline.New()
+	src      = pipeline.FromSlice(p, []int{1})
+	store    pipeline.CheckpointStore
+	from     func(context.Context, int64) iter.Seq2[int, error]
+	fn       = func(_ context.Context, v int) (int, error) { return v, nil }
+	sink     = func(context.Context, int) error { return nil }
+	keep     = func(int) bool { return true }
+	classify = func(error) pipeline.Class { return pipeline.ClassItem }
+	budget   = pipeline.Budget{MaxRatio: 0.5, MinSample: 1}
+)
+
+func use() {
+`
+
+// TestMisplacedOptionsDoNotCompile builds snippets with the go command (through an
+// overlay, so that nothing is written to the module) and checks that each misplaced
+// option is a compile error naming the right option interface, while the same options
+// in their places compile.
+func TestMisplacedOptionsDoNotCompile(t *testing.T) {
+	t.Parallel()
+	gocmd, err := exec.LookPath("go")
+	require.NoError(t, err, "the go command is needed to type-check the snippets")
+	wd, err := os.Getwd()
+	require.NoError(t, err)
+	tmp := t.TempDir()
+	build := func(name, body string) (string, error) {
+		src := filepath.Join(tmp, name+".go")
+		require.NoError(t, os.WriteFile(src, []byte(optPrelude+body+"}\n"), 0o600))
+		virtual := filepath.Join(wd, "internal", "optcheck_"+name, "x.go") // never on disk
+		overlay, err := json.Marshal(map[string]map[string]string{"Replace": {virtual: src}})
+		require.NoError(t, err)
+		ov := filepath.Join(tmp, name+".json")
+		require.NoError(t, os.WriteFile(ov, overlay, 0o600))
+		cmd := exec.Command(gocmd, "build", "-overlay="+ov, "-gcflags=-e", "./internal/optcheck_"+name)
+		cmd.Dir = wd
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+
+	out, err := build("placed", placed)
+	require.NoError(t, err, "options in their places must compile:\n%s", out)
+
+	var body strings.Builder
+	for _, m := range misplaced {
+		body.WriteString("\t_ = " + m.code + "\n")
+	}
+	body.WriteString("\t_ = []any{ctx, src, store, from, fn, sink, keep}\n")
+	out, err = build("misplaced", body.String())
+	require.Error(t, err, "misplaced options compiled")
+	lineRe := regexp.MustCompile(`x?\.go:(\d+):\d+: (.*)`)
+	errs := map[int]string{}
+	for _, l := range strings.Split(out, "\n") {
+		if m := lineRe.FindStringSubmatch(l); m != nil {
+			n, _ := strconv.Atoi(m[1])
+			errs[n] = m[2]
+		}
+	}
+	first := strings.Count(optPrelude, "\n") + 1
+	for i, m := range misplaced {
+		msg, ok := errs[first+i]
+		if assert.Truef(t, ok, "%s compiled, want an error\n%s", m.code, out) {
+			assert.Containsf(t, msg, "pipeline."+m.want, "%s", m.code)
+		}
+	}
+}
