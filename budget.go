@@ -90,3 +90,27 @@ func (s *budgetState) record(failed bool) *BudgetError {
 	s.tripped = true
 	return &BudgetError{Failed: s.failed, Seen: s.seen, MaxRatio: s.cfg.MaxRatio, Window: s.cfg.Window, Drained: s.cfg.Drain}
 }
+
+// record tells the budget, if any, about one settled item.
+func (w *worker[In, Out]) record(failed bool) error {
+	if w.budget == nil {
+		return nil
+	}
+	be := w.budget.record(failed)
+	if be == nil {
+		return nil
+	}
+	serr := &StageError{Stage: w.st.name, Err: be}
+	w.r.emit(Event{Kind: EventBudget, Stage: w.st.name, Err: serr})
+	if be.Drained {
+		// Stop taking new items here and upstream; what already passed this stage
+		// finishes downstream.
+		w.r.drained.CompareAndSwap(nil, serr)
+		w.row.drain.Store(true)
+		for _, up := range w.row.ups {
+			up.drain.Store(true)
+		}
+		return nil
+	}
+	return serr
+}

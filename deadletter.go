@@ -356,3 +356,35 @@ func Replay[T any](p *Pipeline, path, stage string, opts ...ReplayOption) *Strea
 		return rerr
 	})
 }
+
+// deadLetter sets an item aside after its last attempt.
+func (w *worker[In, Out]) deadLetter(ctx context.Context, v In, attempts int, class Class, first, last error) error {
+	if w.st.dl == nil { // nowhere to set it aside: an item error stops the run too
+		return w.fail(last, attempts, true)
+	}
+	typ, msg := errTypeName(last), last.Error()
+	firstMsg := msg
+	if first != last { //nolint:errorlint // identity, not equivalence: the same error value
+		firstMsg = first.Error()
+	}
+	rec := DeadLetter[In]{
+		Stage: w.st.name, Item: v, Attempts: attempts, Class: class, ErrType: typ,
+		FirstError: firstMsg, LastError: msg, Time: time.Now(),
+	}
+	if err := w.st.dl(ctx, rec); err != nil {
+		w.stats.failed.inc()
+		if ctx.Err() != nil { // the run stopped meanwhile: its cause, not the destination's echo
+			return context.Cause(ctx)
+		}
+		return &StageError{Stage: w.st.name, Err: fmt.Errorf("dead-letter destination: %w", err)}
+	}
+	w.stats.deadLettered.inc()
+	w.row.addCause(typ, causeMessage(last))
+	w.row.addError(typ, func(e *ErrorCount) { e.DeadLettered++ })
+	w.r.emit(Event{Kind: EventDeadLetter, Stage: w.st.name, Attempt: attempts, Err: last})
+	w.r.track.done(w.pos) // set aside for good: the watermark may pass it
+	if err := w.skip(ctx); err != nil {
+		return err
+	}
+	return w.record(true)
+}

@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -264,4 +265,71 @@ func (c *attemptCtx) end() {
 // done: the attempt's error is then a timeout.
 func (c *attemptCtx) timedOut() bool {
 	return c.parent.Err() == nil && c.expired()
+}
+
+// process runs every attempt of one item and settles its outcome: delivered, dead-
+// lettered, or failed (returning the error that stops the worker).
+func (w *worker[In, Out]) process(ctx context.Context, v In) error {
+	var first error
+	for attempt := 1; ; attempt++ {
+		out, err := w.attempt(ctx, v)
+		if err == nil {
+			// Counted after delivery: a panic downstream (in an inline operator) leaves
+			// the item failed, not both succeeded and failed.
+			handed, derr := w.deliver(ctx, out)
+			switch {
+			case !w.busy: // an ordered stage counted it when it entered the window
+			case handed:
+				w.stats.succeeded.inc()
+			default:
+				w.stats.failed.inc() // the run stopped before it could be handed on
+			}
+			if derr != nil {
+				return derr
+			}
+			return w.record(false)
+		}
+		if ctx.Err() != nil {
+			w.stats.failed.inc() // interrupted: the run is stopping
+			return context.Cause(ctx)
+		}
+		class, err := w.classOf(err)
+		if class == ClassFatal {
+			return w.fail(err, attempt, false)
+		}
+		if first == nil {
+			first = err
+		}
+		if class == ClassTransient && attempt < w.st.cfg.attempts {
+			w.stats.retried.inc()
+			w.row.addError(errTypeName(err), func(e *ErrorCount) { e.Retried++ })
+			w.r.emit(Event{Kind: EventRetry, Stage: w.st.name, Attempt: attempt, Err: err})
+			if err := sleep(ctx, w.st.cfg.backoff, attempt); err != nil {
+				w.stats.failed.inc()
+				return err
+			}
+			continue
+		}
+		return w.deadLetter(ctx, v, attempt, class, first, err)
+	}
+}
+
+// classOf decides an error's class: a marker first, then the stage's classifier (which
+// sees timeouts too), then a timeout is an item error, and anything else is fatal. A
+// classifier's undefined class is fatal, with an error that says so.
+func (w *worker[In, Out]) classOf(err error) (Class, error) {
+	if c, ok := ClassOf(err); ok {
+		return c, err
+	}
+	if w.classify != nil {
+		c := w.classify(err)
+		if !c.valid() {
+			return ClassFatal, fmt.Errorf("pipeline: the classifier returned an undefined %v for: %w", c, err)
+		}
+		return c, err
+	}
+	if errors.Is(err, ErrTimeout) {
+		return ClassItem, err
+	}
+	return ClassFatal, err
 }

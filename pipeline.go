@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"iter"
-	"math"
 	"runtime/trace"
 	"slices"
 	"sync"
@@ -515,22 +514,4 @@ func collect[T any](ctx context.Context, s *Stream[T], ctor string, opts []Colle
 			yield(zero, err)
 		}
 	}
-}
-
-// WorkersNeeded returns how many workers a stage needs to sustain targetPerSecond items
-// per second when one item takes latency, with headroom (1.25 means 25 % spare): by
-// Little's law, the items in service at once are rate × latency. The result is at least
-// 1. It panics if targetPerSecond or latency is negative, or headroom is less than 1.
-//
-//	WorkersNeeded(750, 20*time.Millisecond, 1.25) // 19
-func WorkersNeeded(targetPerSecond float64, latency time.Duration, headroom float64) int {
-	if !(targetPerSecond >= 0) || latency < 0 || !(headroom >= 1) || math.IsInf(targetPerSecond, 0) || math.IsInf(headroom, 0) {
-		panic(fmt.Sprintf("pipeline: WorkersNeeded(%v, %v, %v): need a finite rate >= 0, latency >= 0, headroom >= 1",
-			targetPerSecond, latency, headroom))
-	}
-	n := math.Ceil(targetPerSecond * float64(latency) * headroom / 1e9) // 100/s × 70 ms is 7, not 7.000000000000001
-	if n > math.MaxInt32 {
-		return math.MaxInt32
-	}
-	return max(1, int(n))
 }

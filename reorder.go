@@ -3,7 +3,6 @@ package pipeline
 import (
 	"context"
 	"fmt"
-	"hash/maphash"
 	"sync"
 	"sync/atomic"
 )
@@ -29,22 +28,6 @@ func WithOrdered(window int) StageOption {
 		panic(fmt.Sprintf("pipeline: WithOrdered(%d): negative window", window))
 	}
 	return stageOpt(func(c *config) { c.ordered, c.window = true, window })
-}
-
-// WithKey routes each item to a worker chosen by the hash of key(item): items with the
-// same key are processed one at a time and in input order, items with different keys
-// concurrently (unless their keys hash to the same worker: like a broker's partitions,
-// a slow key delays the keys that share its worker). Each worker has its own input
-// queue of the stage's buffer divided by the workers. In must be the stage's input
-// type; the stage's constructor panics otherwise, and also when the stage has
-// [WithOrdered] (per-key order is already kept).
-func WithKey[In any, K comparable](key func(In) K) StageOption {
-	if key == nil {
-		panic("pipeline: WithKey(nil)")
-	}
-	seed := maphash.MakeSeed()
-	hash := func(v In) uint64 { return maphash.Comparable(seed, key(v)) }
-	return stageOpt(func(c *config) { c.key = hash })
 }
 
 // slotState is the state of one place in the reorder window.
@@ -207,3 +190,45 @@ func (o *reorder[Out]) heldCount() int64 {
 	defer o.mu.Unlock()
 	return o.held
 }
+
+// seqItem is an item of an ordered stage, tagged with its place in the input order.
+type seqItem[T any] struct {
+	item[T]
+	seq uint64
+}
+
+// orderedQueue numbers items in the order they enter the channel. The number and the
+// send happen under one mutex, so that the channel's order is the numbers' order even
+// with several producers; a reorder window could otherwise wait for a number stuck
+// behind it in a full channel.
+type orderedQueue[T any] struct {
+	mu     sync.Mutex
+	next   uint64
+	ch     chan seqItem[T]
+	unsent atomic.Int64
+}
+
+func newOrderedQueue[T any](capacity int) *orderedQueue[T] {
+	return &orderedQueue[T]{ch: make(chan seqItem[T], capacity)}
+}
+
+func (q *orderedQueue[T]) pusher(ctx context.Context) pushFunc[T] {
+	return func(v T, pos uint64) error {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		if err := send(ctx, q.ch, seqItem[T]{item[T]{v, pos}, q.next}); err != nil {
+			q.unsent.Add(1)
+			return err
+		}
+		q.next++
+		return nil
+	}
+}
+
+func (q *orderedQueue[T]) close() { close(q.ch) }
+
+func (q *orderedQueue[T]) bind(int) (chan item[T], chan seqItem[T]) { return nil, q.ch }
+
+func (q *orderedQueue[T]) length() int { return len(q.ch) }
+
+func (q *orderedQueue[T]) unsentCount() int64 { return q.unsent.Load() }

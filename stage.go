@@ -2,7 +2,6 @@ package pipeline
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"runtime/trace"
 	"sync/atomic"
@@ -359,53 +358,6 @@ func (w *worker[In, Out]) take(ctx context.Context) error {
 	}
 }
 
-// process runs every attempt of one item and settles its outcome: delivered, dead-
-// lettered, or failed (returning the error that stops the worker).
-func (w *worker[In, Out]) process(ctx context.Context, v In) error {
-	var first error
-	for attempt := 1; ; attempt++ {
-		out, err := w.attempt(ctx, v)
-		if err == nil {
-			// Counted after delivery: a panic downstream (in an inline operator) leaves
-			// the item failed, not both succeeded and failed.
-			handed, derr := w.deliver(ctx, out)
-			switch {
-			case !w.busy: // an ordered stage counted it when it entered the window
-			case handed:
-				w.stats.succeeded.inc()
-			default:
-				w.stats.failed.inc() // the run stopped before it could be handed on
-			}
-			if derr != nil {
-				return derr
-			}
-			return w.record(false)
-		}
-		if ctx.Err() != nil {
-			w.stats.failed.inc() // interrupted: the run is stopping
-			return context.Cause(ctx)
-		}
-		class, err := w.classOf(err)
-		if class == ClassFatal {
-			return w.fail(err, attempt, false)
-		}
-		if first == nil {
-			first = err
-		}
-		if class == ClassTransient && attempt < w.st.cfg.attempts {
-			w.stats.retried.inc()
-			w.row.addError(errTypeName(err), func(e *ErrorCount) { e.Retried++ })
-			w.r.emit(Event{Kind: EventRetry, Stage: w.st.name, Attempt: attempt, Err: err})
-			if err := sleep(ctx, w.st.cfg.backoff, attempt); err != nil {
-				w.stats.failed.inc()
-				return err
-			}
-			continue
-		}
-		return w.deadLetter(ctx, v, attempt, class, first, err)
-	}
-}
-
 // attempt makes one call of the stage function, under the per-attempt timeout if any.
 // Only the call is timed: delivering the result happens after, outside the deadline.
 func (w *worker[In, Out]) attempt(ctx context.Context, v In) (out Out, err error) {
@@ -485,58 +437,6 @@ func (w *worker[In, Out]) deliver(ctx context.Context, out Out) (handed bool, er
 	return true, first
 }
 
-// classOf decides an error's class: a marker first, then the stage's classifier (which
-// sees timeouts too), then a timeout is an item error, and anything else is fatal. A
-// classifier's undefined class is fatal, with an error that says so.
-func (w *worker[In, Out]) classOf(err error) (Class, error) {
-	if c, ok := ClassOf(err); ok {
-		return c, err
-	}
-	if w.classify != nil {
-		c := w.classify(err)
-		if !c.valid() {
-			return ClassFatal, fmt.Errorf("pipeline: the classifier returned an undefined %v for: %w", c, err)
-		}
-		return c, err
-	}
-	if errors.Is(err, ErrTimeout) {
-		return ClassItem, err
-	}
-	return ClassFatal, err
-}
-
-// deadLetter sets an item aside after its last attempt.
-func (w *worker[In, Out]) deadLetter(ctx context.Context, v In, attempts int, class Class, first, last error) error {
-	if w.st.dl == nil { // nowhere to set it aside: an item error stops the run too
-		return w.fail(last, attempts, true)
-	}
-	typ, msg := errTypeName(last), last.Error()
-	firstMsg := msg
-	if first != last { //nolint:errorlint // identity, not equivalence: the same error value
-		firstMsg = first.Error()
-	}
-	rec := DeadLetter[In]{
-		Stage: w.st.name, Item: v, Attempts: attempts, Class: class, ErrType: typ,
-		FirstError: firstMsg, LastError: msg, Time: time.Now(),
-	}
-	if err := w.st.dl(ctx, rec); err != nil {
-		w.stats.failed.inc()
-		if ctx.Err() != nil { // the run stopped meanwhile: its cause, not the destination's echo
-			return context.Cause(ctx)
-		}
-		return &StageError{Stage: w.st.name, Err: fmt.Errorf("dead-letter destination: %w", err)}
-	}
-	w.stats.deadLettered.inc()
-	w.row.addCause(typ, causeMessage(last))
-	w.row.addError(typ, func(e *ErrorCount) { e.DeadLettered++ })
-	w.r.emit(Event{Kind: EventDeadLetter, Stage: w.st.name, Attempt: attempts, Err: last})
-	w.r.track.done(w.pos) // set aside for good: the watermark may pass it
-	if err := w.skip(ctx); err != nil {
-		return err
-	}
-	return w.record(true)
-}
-
 // enteredWindow counts an ordered stage's item as succeeded once the reorder window
 // holds it: from then on the window accounts for it.
 func (w *worker[In, Out]) enteredWindow() {
@@ -561,28 +461,4 @@ func (w *worker[In, Out]) skip(ctx context.Context) error {
 	}
 	_, err := w.ord.settle(ctx, w.stats, w.seq, w.pos, nil, true, func() { w.busy = false }) // counted already
 	return err
-}
-
-// record tells the budget, if any, about one settled item.
-func (w *worker[In, Out]) record(failed bool) error {
-	if w.budget == nil {
-		return nil
-	}
-	be := w.budget.record(failed)
-	if be == nil {
-		return nil
-	}
-	serr := &StageError{Stage: w.st.name, Err: be}
-	w.r.emit(Event{Kind: EventBudget, Stage: w.st.name, Err: serr})
-	if be.Drained {
-		// Stop taking new items here and upstream; what already passed this stage
-		// finishes downstream.
-		w.r.drained.CompareAndSwap(nil, serr)
-		w.row.drain.Store(true)
-		for _, up := range w.row.ups {
-			up.drain.Store(true)
-		}
-		return nil
-	}
-	return serr
 }
