@@ -70,9 +70,25 @@
 //	the run's context is done             none: the item counts as failed, Run returns the cause
 //	a panic                               fatal, always
 //	a marker: Transient, Permanent, Fatal the marker's class (the outermost wins)
-//	the attempt ran past WithTimeout      item (mark it Transient to retry timeouts)
-//	the stage's WithClassifier            what it returns
+//	the stage's WithClassifier            what it returns; it sees timeouts too (errors.Is(err, ErrTimeout))
+//	the attempt ran past WithTimeout      item (a classifier or a Transient marker can retry it)
 //	nothing of the above                  fatal: with no policy, a pipeline fails fast
+//
+// A classifier that returns an undefined [Class] fails the run. When an item's error
+// stops the run, the [*StageError] says how many attempts were made and whether the
+// stage lacked a [WithDeadLetter] to set the item aside.
+//
+// # Options
+//
+// Everything optional is an option value, and each scope has its own option type:
+// [PipelineOption] for [New], [StageOption] for a stage, [BatchOption], [SourceOption],
+// [CheckpointOption], [FilterOption], [CollectOption], [ReplayOption],
+// [DeadLetterFileOption] and [ReadOption]. An option given where it means nothing does
+// not compile. An option that fits several scopes returns a concrete type implementing
+// each of them: [WithBuffer] (a pipeline's default, a stage's, a batch's, the end read by
+// [Collect]), [WithName] (the rows that have no name argument: sources, [Batch],
+// [Filter], [Collect] and [All]), [WithClassifier] and [WithErrorBudget] (a pipeline's
+// default, or a stage's own), and [WithCodec]. A nil option panics.
 //
 // # Middleware
 //
@@ -100,7 +116,7 @@
 //
 // # Checkpointing
 //
-// [Resume] makes a source restartable: a [CheckpointStore] ([FileCheckpoint], or one of
+// [FromCheckpoint] makes a source restartable: a [CheckpointStore] ([FileCheckpoint], or one of
 // your own) keeps the position of the first source item whose effects are not all
 // committed, a watermark over every item derived from it, whatever the stages reorder,
 // split, batch, filter or dead-letter. The position is saved every [WithSaveEvery] items
