@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 )
@@ -71,7 +72,7 @@ func Tee[T any](s *Stream[T], n int) []*Stream[T] {
 		cur       *run
 		pushes    []pushFunc[T]
 		dones     []func()
-		consumers []*row // the stages the branches feed, when they are stages
+		consumers [][]*row // per branch, the first rows downstream of it
 	)
 	outs := make([]*Stream[T], n)
 	for i := range outs {
@@ -82,7 +83,7 @@ func Tee[T any](s *Stream[T], n int) []*Stream[T] {
 			}
 			pushes = append(pushes, push)
 			dones = append(dones, done)
-			consumers = append(consumers, r.consumer)
+			consumers = append(consumers, r.consumers)
 			if len(pushes) < n {
 				r.feeders = nil // known once the upstream is wired, below
 				return
@@ -91,8 +92,8 @@ func Tee[T any](s *Stream[T], n int) []*Stream[T] {
 			// the earlier branches learn their upstream here (a drained budget must reach
 			// the source through any branch, and the report orders rows upstream first).
 			defer func() {
-				for _, c := range consumers[:n-1] {
-					if c != nil {
+				for _, cs := range consumers[:n-1] {
+					for _, c := range cs {
 						for _, f := range r.feeders {
 							f.next = append(f.next, c.name)
 						}
@@ -101,6 +102,9 @@ func Tee[T any](s *Stream[T], n int) []*Stream[T] {
 			}()
 			ps, ds, cs := pushes, dones, consumers
 			var upstream string // the row whose worker pushes: an inline panic is its
+			prev := r.consumers // upstream of this Tee, every branch's first rows are fed
+			r.consumers = slices.Concat(cs...)
+			defer func() { r.consumers = prev }()
 			s.open(r, func(v T, pos uint64) error {
 				r.track.split(pos, len(ps))
 				var first error
@@ -128,11 +132,11 @@ func Tee[T any](s *Stream[T], n int) []*Stream[T] {
 // Flatten) fails the run under the upstream's name, like any inline panic; the item
 // counts as failed in the branch's first row, while the upstream, whose item other
 // branches may already hold, counts it as sent.
-func teePush[T any](r *run, push pushFunc[T], v T, pos uint64, consumer *row, upstream string) (err error) {
+func teePush[T any](r *run, push pushFunc[T], v T, pos uint64, consumers []*row, upstream string) (err error) {
 	defer func() {
 		if x := recover(); x != nil {
-			if consumer != nil {
-				consumer.lost.Add(1)
+			for _, c := range consumers {
+				c.lost.Add(1)
 			}
 			serr := &StageError{Stage: upstream, Err: newPanicError(x)}
 			r.fail(serr)

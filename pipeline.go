@@ -249,7 +249,7 @@ type run struct {
 	cancel   context.CancelCauseFunc    // cancels the run with a cause
 	track    *tracker                   // the checkpoint's watermark, nil when none
 	pending  []func() error             // goroutines to start once the graph is wired
-	consumer *row                       // while wiring: the row whose input is being opened
+	consumers []*row                    // while wiring: the rows whose input is being opened (several through a Tee)
 	feeders  []*row                     // while wiring: the rows that feed the stream just opened
 }
 
@@ -283,10 +283,10 @@ func (r *run) spawn(name string, fn func() error) {
 // wireInput opens s, the input of the consumer row rw: the rows that feed s directly
 // learn that they feed rw.
 func wireInput[T any](r *run, rw *row, s *Stream[T], push pushFunc[T], done func()) {
-	prev := r.consumer
-	r.consumer, r.feeders = rw, nil
+	prev := r.consumers
+	r.consumers, r.feeders = []*row{rw}, nil
 	s.open(r, push, done)
-	r.consumer = prev
+	r.consumers = prev
 	for _, f := range r.feeders {
 		f.next = append(f.next, rw.name)
 	}

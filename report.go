@@ -67,6 +67,7 @@ type row struct {
 	filtered *atomic.Int64  // filters: items dropped
 	lost     atomic.Int64   // items a Tee offered this row's branch that a panic in an inline operator of the branch stopped
 	liveIn   atomic.Int64   // the largest In a Snapshot reported, so that In only grows
+	liveOut  atomic.Int64   // filters: the largest Out a Snapshot reported
 
 	mu     sync.Mutex
 	causes map[causeKey]int64
@@ -74,6 +75,20 @@ type row struct {
 }
 
 type causeKey struct{ typ, msg string }
+
+// grow returns the largest of v and what seen holds, and keeps it there: a live count
+// that never goes down between two Snapshots.
+func grow(seen *atomic.Int64, v int64) int64 {
+	for {
+		old := seen.Load()
+		if v <= old {
+			return old
+		}
+		if seen.CompareAndSwap(old, v) {
+			return v
+		}
+	}
+}
 
 func (r *run) newRow(name string, kind rowKind, workers, capacity int, q queueLen) *row {
 	return &row{name: name, kind: kind, capacity: capacity, q: q, given: -1, workers: make([]workerStats, workers)}
@@ -369,6 +384,12 @@ func (r *run) report(err error, final bool) Report {
 			s.In = fed[rw.name] // what its upstream sent; what it dropped is Filtered
 			s.Failed = rw.lost.Load()
 			s.Succeeded = max(0, s.In-s.Filtered-s.Failed)
+			if !final {
+				// The upstream counts an item as sent after the filter dropped it: for an
+				// instant, what it sent misses an item the filter already counts.
+				s.In = grow(&rw.liveIn, s.In)
+				s.Succeeded = grow(&rw.liveOut, s.Succeeded)
+			}
 			s.Out = s.Succeeded
 		default:
 			if rw.held != nil {
@@ -386,16 +407,7 @@ func (r *run) report(err error, final bool) Report {
 			if !final {
 				// An item leaving the queue is briefly in neither the queue nor the
 				// received count: report the largest In seen, so that In never drops.
-				for {
-					seen := rw.liveIn.Load()
-					if s.In <= seen {
-						s.In = seen
-						break
-					}
-					if rw.liveIn.CompareAndSwap(seen, s.In) {
-						break
-					}
-				}
+				s.In = grow(&rw.liveIn, s.In)
 			}
 		}
 		if rw.flushes != nil {
