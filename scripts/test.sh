@@ -8,7 +8,9 @@
 #   go mod tidy -diff            go test -race -shuffle=on -count=3 -cpu=1,4 ./...
 #   go fix -diff ./...           gofmt -l                golangci-lint run ./...
 #
-# then smoke-runs each benchmark of bench/ once. It needs only Go (and bash): it
+# then smoke-runs each benchmark of bench/ once, and runs scripts/install-test.sh: every
+# user-facing module released from HEAD into a local git remote, installed with go get
+# into a fresh module and built, as a new user would. It needs only Go, git and bash: it
 # installs the pinned golangci-lint itself. Every step runs even after one fails, so
 # that one run shows every problem; the script exits 1 if any step failed, and ends
 # with the time each step took.
@@ -213,6 +215,14 @@ if [[ -f bench/go.mod ]]; then
 	step "bench: benchmarks, once each" go -C bench test -run='^$' -bench=. -benchtime=1x ./...
 elif [[ -d bench ]]; then
 	step "bench: benchmarks, once each" go test -run='^$' -bench=. -benchtime=1x ./bench/...
+fi
+
+# A new user's install: every user-facing module released (on this machine) from HEAD,
+# then fetched with go get into a fresh module and built. See scripts/install-test.sh.
+if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+	step "install test: go get at a local tag" scripts/install-test.sh
+else
+	printf '\n==> install test: skipped (not a git checkout: no commit to release)\n'
 fi
 
 print_summary
