@@ -1,0 +1,78 @@
+package dashboard_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+
+	"github.com/gopipeline/pipeline"
+	"github.com/gopipeline/pipeline/dashboard"
+)
+
+// This example shows how a service mounts the dashboard beside its other handlers, and
+// how a script reads the pipelines' figures from data.json.
+func Example() {
+	p := pipeline.New()
+	ids := pipeline.FromSlice(p, []int{1, 2, 3, 4, 5, 6})
+	checked := pipeline.Then(ids, pipeline.NewStage("check", 2, func(_ context.Context, id int) (int, error) {
+		if id%3 == 0 {
+			return 0, pipeline.Permanent(errors.New("not a valid id"))
+		}
+		return id, nil
+	}, pipeline.WithDeadLetter(pipeline.DiscardDeadLetter[int])))
+	pipeline.To(checked, pipeline.NewSink("save", 1, func(context.Context, int) error { return nil }))
+
+	h := dashboard.New()
+	h.Add("import", p)
+	mux := http.NewServeMux()
+	mux.Handle("/debug/pipeline/", h) // the page is at /debug/pipeline/
+	srv := httptest.NewServer(mux)    // a real service: srv.RegisterOnShutdown(h.Close)
+	defer srv.Close()
+	defer h.Close()
+
+	if err := p.Run(context.Background()); err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	res, err := http.Get(srv.URL + "/debug/pipeline/data.json")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer res.Body.Close()
+	var data struct {
+		Version   int
+		Pipelines []struct {
+			Name   string
+			Stages []struct {
+				Name         string
+				In           int64
+				DeadLettered int64 `json:"dead_lettered"`
+				Causes       []struct{ Message string }
+			}
+		}
+	}
+	if err := json.NewDecoder(res.Body).Decode(&data); err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("version", data.Version)
+	for _, pl := range data.Pipelines {
+		for _, s := range pl.Stages {
+			fmt.Printf("%s/%s: in %d, dead-lettered %d", pl.Name, s.Name, s.In, s.DeadLettered)
+			for _, c := range s.Causes {
+				fmt.Printf(" (%s)", c.Message)
+			}
+			fmt.Println()
+		}
+	}
+	// Output:
+	// version 1
+	// import/FromSlice: in 6, dead-lettered 0
+	// import/check: in 6, dead-lettered 2 (not a valid id)
+	// import/save: in 4, dead-lettered 0
+}
