@@ -290,9 +290,6 @@ func nodeLines(s *stageJSON) [3]string {
 	switch s.Kind {
 	case "source":
 		l[0] = fmt.Sprintf("out %s · %s", count(s.Out), rate(s.Rate))
-		if s.In > s.Out {
-			l[1] = fmt.Sprintf("of %s", count(s.In))
-		}
 	case "filter": // the report counts only what a filter dropped
 		l[0] = fmt.Sprintf("filtered %s", count(s.Filtered))
 	default:
@@ -309,6 +306,9 @@ func nodeLines(s *stageJSON) [3]string {
 			fmt.Fprintf(&b, " · failed %s", count(s.Failed))
 		}
 		l[2] = b.String()
+		if f := s.Flushes; f != nil { // a batch: its rate and Out count batches
+			l[1] = fmt.Sprintf("%s batches of %s items", count(s.Out), count(s.Succeeded))
+		}
 	}
 	return l
 }
