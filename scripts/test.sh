@@ -11,8 +11,8 @@
 # then smoke-runs each benchmark of bench/ once. It needs only Go (and bash): it
 # installs the pinned golangci-lint itself, and Debian's chromium package for the
 # dashboard's browser test (dashboard/browsertest) when /usr/bin/chromium is missing.
-# Every step runs even after one fails, so that one run shows every problem; the script exits 1 if any step failed, and ends
-# with the time each step took.
+# Every step runs even after one fails, so that one run shows every problem; the
+# script exits 1 if any step failed, and ends with the time each step took.
 #
 # Each module is tested on its own (GOWORK=off), against its own go.mod, as its users
 # build it; go.work, when there is one, is only checked to load and to use every module.
