@@ -218,12 +218,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.Header().Set("Cache-Control", "no-store")
-	switch base := r.URL.Path[strings.LastIndexByte(r.URL.Path, '/')+1:]; {
-	case base == "data.json":
+	switch r.URL.Path[strings.LastIndexByte(r.URL.Path, '/')+1:] {
+	case "data.json":
 		h.serveJSON(w, r)
-	case base == "events":
+	case "events":
 		h.serveEvents(w, r)
-	case base == "" || base == "index.html":
+	case "", "index.html":
 		h.servePage(w, r)
 	default:
 		http.NotFound(w, r)
@@ -270,11 +270,13 @@ func (h *Handler) serveEvents(w http.ResponseWriter, r *http.Request) {
 	}
 	h.watch()
 	defer h.unwatch()
+	// A server's WriteTimeout would cut the stream: each write gets its own deadline,
+	// and the connection none once the stream ends (the server sets its own per request).
 	timeout := max(minWriteTimeout, 3*h.interval)
+	defer func() { _ = rc.SetWriteDeadline(time.Time{}) }()
 	f := h.take(h.interval)
 	retry := fmt.Appendf(nil, "retry: %d\n", 2*h.interval.Milliseconds())
 	for {
-		// A server's WriteTimeout would cut the stream: each write gets its own deadline.
 		if err := rc.SetWriteDeadline(time.Now().Add(timeout)); err != nil && !errors.Is(err, http.ErrNotSupported) {
 			return
 		}

@@ -43,7 +43,6 @@ func Example() {
 		fmt.Println(err)
 		return
 	}
-	defer res.Body.Close()
 	var data struct {
 		Version   int
 		Pipelines []struct {
@@ -56,7 +55,11 @@ func Example() {
 			}
 		}
 	}
-	if err := json.NewDecoder(res.Body).Decode(&data); err != nil {
+	err = json.NewDecoder(res.Body).Decode(&data)
+	if cerr := res.Body.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
 		fmt.Println(err)
 		return
 	}
