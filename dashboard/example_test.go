@@ -1,12 +1,15 @@
 package dashboard_test
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"time"
 
 	"github.com/gopipeline/pipeline"
 	"github.com/gopipeline/pipeline/dashboard"
@@ -78,4 +81,45 @@ func Example() {
 	// import/FromSlice: in 6, dead-lettered 0
 	// import/check: in 6, dead-lettered 2 (not a valid id)
 	// import/save: in 4, dead-lettered 0
+}
+
+// This example shows a service that serves the dashboard and shuts down cleanly while
+// someone is watching: Close, registered with RegisterOnShutdown, ends the live
+// streams, which Shutdown alone would wait for until its context expired.
+func ExampleHandler_Close() {
+	h := dashboard.New(dashboard.WithInterval(500 * time.Millisecond))
+	h.Add("import", pipeline.New())
+	mux := http.NewServeMux()
+	mux.Handle("/debug/pipeline/", h)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	srv.RegisterOnShutdown(h.Close)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+
+	// A viewer: what the page's EventSource does, here a GET that reads the first line.
+	res, err := http.Get("http://" + ln.Addr().String() + "/debug/pipeline/events")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(res.Header.Get("Content-Type"))
+	line, err := bufio.NewReader(res.Body).ReadString('\n')
+	fmt.Printf("%q %v\n", line, err)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	fmt.Println("shutdown:", srv.Shutdown(ctx))
+	fmt.Println("serve:", <-served)
+	fmt.Println("close:", res.Body.Close())
+	// Output:
+	// text/event-stream
+	// "retry: 1000\n" <nil>
+	// shutdown: <nil>
+	// serve: http: Server closed
+	// close: <nil>
 }
