@@ -6,6 +6,8 @@ import (
 	"maps"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -410,4 +412,45 @@ func TestStalledViewer(t *testing.T) {
 		stopStalled()
 		stopHealthy()
 	})
+}
+
+// TestSchemaDocumented: the schema in the package doc names every field of data.json,
+// and no other.
+func TestSchemaDocumented(t *testing.T) {
+	t.Parallel()
+	src, err := os.ReadFile("doc.go")
+	require.NoError(t, err)
+	doc := string(src)
+	doc = doc[strings.Index(doc, "# The JSON schema"):]
+	documented := map[string]bool{}
+	for _, m := range regexp.MustCompile(`"([a-z0-9_]+)":`).FindAllStringSubmatch(doc, -1) {
+		documented[m[1]] = true
+	}
+
+	c := newCounter()
+	c.rep.Err, c.rep.Checkpoint, c.rep.Started = errMalformed, 7, time.Now()
+	c.rep.Stages = append(c.rep.Stages, pipeline.StageReport{Name: "b", Kind: "batch", Workers: 1, QueueCap: 4})
+	c.rep.Stages[1].Errors = []pipeline.ErrorCount{{Type: "error", DeadLettered: 1}}
+	c.rep.Stages[1].Causes = []pipeline.Cause{{Type: "error", Message: "bad", Count: 1}}
+	h := New()
+	h.add("p", c.snapshot)
+	var d any
+	require.NoError(t, json.Unmarshal([]byte(body(t, get(t, h, "GET", "/data.json"))), &d))
+	served := map[string]bool{}
+	var walk func(any)
+	walk = func(v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			for k, e := range v {
+				served[k] = true
+				walk(e)
+			}
+		case []any:
+			for _, e := range v {
+				walk(e)
+			}
+		}
+	}
+	walk(d)
+	assert.Equal(t, slices.Sorted(maps.Keys(documented)), slices.Sorted(maps.Keys(served)))
 }
