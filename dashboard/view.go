@@ -123,9 +123,9 @@ type pipelineView struct {
 // Node and edge sizes of the drawing, in SVG user units.
 const (
 	nodeW, nodeH = 200, 104
-	gapX, gapY   = 56, 20
-	margin       = 12
-	maxLabel     = 22 // runes of a stage name drawn in a node (the rest is in its tooltip)
+	gapX, gapY   = 56, 24
+	margin       = 18
+	maxLabel     = 18 // runes of a stage name drawn in a node (the rest is in its tooltip)
 )
 
 type graph struct {
