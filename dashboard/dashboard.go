@@ -147,7 +147,7 @@ func (h *Handler) serveJSON(w http.ResponseWriter, r *http.Request) {
 
 func (h *Handler) servePage(w http.ResponseWriter, r *http.Request) {
 	var b bytes.Buffer
-	if err := pageTemplate.Execute(&b, pageData{Frame: h.take(h.interval), Interval: h.interval}); err != nil {
+	if err := pageTemplate.Execute(&b, pageData{Frame: h.take(h.interval), Interval: h.interval, Retry: h.retry().Milliseconds()}); err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError) // a bug of this package
 		return
 	}
@@ -181,7 +181,7 @@ func (h *Handler) serveEvents(w http.ResponseWriter, r *http.Request) {
 	timeout := max(minWriteTimeout, 3*h.interval)
 	defer func() { _ = rc.SetWriteDeadline(time.Time{}) }()
 	f := h.take(h.interval)
-	retry := fmt.Appendf(nil, "retry: %d\n", 2*h.interval.Milliseconds())
+	retry := fmt.Appendf(nil, "retry: %d\n", h.retry().Milliseconds())
 	for {
 		if err := rc.SetWriteDeadline(time.Now().Add(timeout)); err != nil && !errors.Is(err, http.ErrNotSupported) {
 			return
@@ -206,6 +206,9 @@ func (h *Handler) serveEvents(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 }
+
+// retry is how long a page waits before it reconnects to the events stream.
+func (h *Handler) retry() time.Duration { return max(2*time.Second, 2*h.interval) }
 
 // watch counts a viewer in, starting the refresher for the first one.
 func (h *Handler) watch() {
@@ -345,4 +348,5 @@ func (f *frame) event() []byte {
 type pageData struct {
 	Frame    *frame
 	Interval time.Duration
+	Retry    int64 // milliseconds before the page reconnects to a stream that was refused
 }

@@ -118,7 +118,7 @@ func ExampleHandler_Close() {
 	fmt.Println("close:", res.Body.Close())
 	// Output:
 	// text/event-stream
-	// "retry: 1000\n" <nil>
+	// "retry: 2000\n" <nil>
 	// shutdown: <nil>
 	// serve: http: Server closed
 	// close: <nil>

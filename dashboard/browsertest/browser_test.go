@@ -183,6 +183,18 @@ func TestBrowser(t *testing.T) {
 	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
 	require.NoError(t, err)
 	saveScreenshot(t, png)
+
+	// data.json, by the page's relative URL, as a script in the browser would read it.
+	version, err := chromedp.Run(ctx, chromedp.Evaluate[int](
+		`fetch("data.json").then(r => r.json()).then(d => d.pipelines[0].name == "etl" && d.version)`, chromedp.EvalAwaitPromise))
+	require.NoError(t, err)
+	assert.Equal(t, 1, version)
+
+	// Close (the server shutting down) ends the stream; the page says so.
+	h.Close()
+	_, err = chromedp.Run(ctx, chromedp.Poll[bool](`document.getElementById("status").textContent == "reconnecting…"`,
+		chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(20*time.Second)))
+	require.NoError(t, err, "the page did not notice the end of the stream")
 	t.Logf("page checked in %v", time.Since(start).Round(time.Millisecond))
 }
 
