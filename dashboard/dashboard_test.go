@@ -3,6 +3,7 @@ package dashboard
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"maps"
 	"net/http"
 	"net/http/httptest"
@@ -76,15 +77,18 @@ func TestPage(t *testing.T) {
 	assert.Contains(t, page, "record too large")
 	assert.Contains(t, page, `new EventSource("events")`)
 	assert.Contains(t, page, "run 1 · finished")
-	assert.Contains(t, page, `<g class="stage bottleneck" data-stage="parse"`)
+	if bn := p.Report().Bottleneck(0).Stage; assert.NotEmpty(t, bn) {
+		assert.Contains(t, page, `<g class="stage bottleneck" data-stage="`+bn+`"`)
+		assert.Equal(t, 1, strings.Count(page, `class="stage bottleneck"`))
+	}
 }
 
 func TestPageEscapes(t *testing.T) {
 	t.Parallel()
-	c := newCounter()
-	c.rep.Stages[1].Name = `<script>alert(1)</script>`
-	c.rep.Stages[1].Causes = []pipeline.Cause{{Type: "error", Message: `<img src=x onerror=alert(2)>`, Count: 1}}
-	c.rep.Stages[0].Next = c.rep.Stages[1].Name
+	c := &counter{rep: reportOf(pipeline.NewStage(`<script>alert(1)</script>`, 1, func(_ context.Context, n int) (int, error) {
+		return 0, pipeline.Permanent(errors.New(`<img src=x onerror=alert(2)>`))
+	}, pipeline.WithDeadLetter(pipeline.DiscardDeadLetter[int])))}
+	require.Len(t, c.rep.Stages[1].Causes, 1)
 	h := New()
 	h.add(`"><b>x`, c.snapshot)
 	page := body(t, get(t, h, "GET", "/"))
@@ -236,10 +240,10 @@ func TestEdges(t *testing.T) {
 		to := slices.IndexFunc(v.Graph.Nodes, func(n node) bool { return n.Stage.Name == e.To })
 		assert.Less(t, v.Graph.Nodes[from].X, v.Graph.Nodes[to].X, "%v goes right", e)
 	}
-	assert.Contains(t, got, "FromSlice->Filter (inferred)")
-	assert.Contains(t, got, "Filter->id")
-	assert.Contains(t, got, "FromSlice#2->b")
-	assert.Contains(t, got, "Batch->s1")
+	// The edges the report gives are solid; FromSlice's (v0.1 leaves a filter's input
+	// out) is solid or inferred.
+	assert.Subset(t, got, []string{"Filter->id", "FromSlice#2->b", "Batch->s1"})
+	assert.True(t, slices.Contains(got, "FromSlice->Filter") || slices.Contains(got, "FromSlice->Filter (inferred)"), got)
 }
 
 func TestOptionsAndMisuse(t *testing.T) {

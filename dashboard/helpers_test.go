@@ -144,10 +144,20 @@ func (c *counter) count() int {
 	return c.calls
 }
 
+// newCounter returns a counter whose report is that of a real run (FromSlice, work,
+// sink), marked as running.
 func newCounter() *counter {
-	return &counter{rep: pipeline.Report{Running: true, Run: 1, Stages: []pipeline.StageReport{
-		{Name: "src", Kind: "source", Next: "work"},
-		{Name: "work", Kind: "stage", Workers: 2, QueueCap: 4, Next: "sink"},
-		{Name: "sink", Kind: "sink", Workers: 1, QueueCap: 4},
-	}}}
+	return &counter{rep: reportOf(pipeline.NewStage("work", 2, func(_ context.Context, n int) (int, error) { return n, nil }))}
+}
+
+// reportOf runs FromSlice -> work -> sink over three items and returns its report,
+// marked as running.
+func reportOf(work *pipeline.Stage[int, int]) pipeline.Report {
+	p := pipeline.New(pipeline.WithBuffer(4))
+	pipeline.To(pipeline.Then(pipeline.FromSlice(p, []int{1, 2, 3}), work),
+		pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+	_ = p.Run(context.Background()) // a failing item is a dead letter
+	r := p.Report()
+	r.Running = true
+	return r
 }

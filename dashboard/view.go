@@ -63,7 +63,7 @@ type (
 		Rate         float64      `json:"rate_per_second"`
 		Latency      latencyJSON  `json:"latency"`
 		Timeout      float64      `json:"timeout_seconds"`
-		Next         string       `json:"next"`
+		Next         []string     `json:"next"`
 		Bottleneck   bool         `json:"bottleneck"`
 		Flushes      *flushesJSON `json:"flushes,omitempty"`
 		Errors       []errorJSON  `json:"errors"`
@@ -171,15 +171,17 @@ func newPipelineView(name string, rep pipeline.Report) pipelineView {
 		index[s.Name] = i
 		d.Stages[i] = newStageJSON(s, s.Name == bn.Stage)
 	}
-	// The edges: a stage's Next where the report knows it; else, for a row that can
-	// feed something, the row after it in the report if that one has an input. Rows are
-	// wired upstream first, so every edge goes forward in the list.
+	// The edges: the rows each row feeds, where the report knows them; for a row that
+	// can feed something but whose report names nothing, the row after it in the
+	// report, if that one has an input (rows are wired upstream first).
 	for i, s := range rep.Stages {
-		if j, ok := index[s.Next]; ok && j > i {
-			d.Edges = append(d.Edges, edgeJSON{From: s.Name, To: s.Next})
-			continue
+		next := nextOf(s)
+		for _, n := range next {
+			if j, ok := index[n]; ok && j != i {
+				d.Edges = append(d.Edges, edgeJSON{From: s.Name, To: n})
+			}
 		}
-		if s.Next == "" && s.Kind != "sink" && i+1 < len(rep.Stages) && rep.Stages[i+1].Kind != "source" {
+		if len(next) == 0 && s.Kind != "sink" && i+1 < len(rep.Stages) && rep.Stages[i+1].Kind != "source" {
 			d.Edges = append(d.Edges, edgeJSON{From: s.Name, To: rep.Stages[i+1].Name, Inferred: true})
 		}
 	}
@@ -197,7 +199,7 @@ func newStageJSON(s pipeline.StageReport, bottleneck bool) stageJSON {
 			Count: s.Latency.Count, P50: s.Latency.P50.Seconds(), P90: s.Latency.P90.Seconds(),
 			P99: s.Latency.P99.Seconds(), Max: s.Latency.Max.Seconds(),
 		},
-		Timeout: s.Timeout.Seconds(), Next: s.Next, Bottleneck: bottleneck,
+		Timeout: s.Timeout.Seconds(), Next: nonNil(nextOf(s)), Bottleneck: bottleneck,
 		Errors: make([]errorJSON, len(s.Errors)), Causes: make([]causeJSON, len(s.Causes)),
 	}
 	if s.QueueCap > 0 {
@@ -216,6 +218,21 @@ func newStageJSON(s pipeline.StageReport, bottleneck bool) stageJSON {
 	return j
 }
 
+// nextOf returns the rows that s feeds, as far as the report knows. StageReport.Next
+// is one name ("" when unknown) in v0.1, and becomes the list of every row a row feeds;
+// this reads either, so that the package builds on both sides of that change.
+func nextOf(s pipeline.StageReport) []string {
+	switch next := any(s.Next).(type) {
+	case string:
+		if next != "" {
+			return []string{next}
+		}
+	case []string:
+		return next
+	}
+	return nil
+}
+
 func nonNil[T any](s []T) []T {
 	if s == nil {
 		return []T{}
@@ -223,20 +240,33 @@ func nonNil[T any](s []T) []T {
 	return s
 }
 
-// layout places the stages in columns by their longest path from a row with no input
-// (every edge goes forward in the report's order, so one pass does), and in each column
-// in the report's order.
+// layout places the stages in columns by their longest path from a row with no input,
+// and in each column in the report's order. Rows in a cycle (which a report should
+// never show) stay in the column they had reached.
 func layout(d pipelineJSON, index map[string]int) graph {
 	n := len(d.Stages)
 	col := make([]int, n)
-	in := make([][]int, n)
+	out := make([][]int, n)
+	indeg := make([]int, n)
 	for _, e := range d.Edges {
 		from, to := index[e.From], index[e.To]
-		in[to] = append(in[to], from)
+		out[from] = append(out[from], to)
+		indeg[to]++
 	}
+	var ready []int
 	for i := range n {
-		for _, from := range in[i] {
-			col[i] = max(col[i], col[from]+1)
+		if indeg[i] == 0 {
+			ready = append(ready, i)
+		}
+	}
+	for len(ready) > 0 {
+		i := ready[0]
+		ready = ready[1:]
+		for _, j := range out[i] {
+			col[j] = max(col[j], col[i]+1)
+			if indeg[j]--; indeg[j] == 0 {
+				ready = append(ready, j)
+			}
 		}
 	}
 	rows := map[int]int{}
@@ -290,8 +320,11 @@ func nodeLines(s *stageJSON) [3]string {
 	switch s.Kind {
 	case "source":
 		l[0] = fmt.Sprintf("out %s · %s", count(s.Out), rate(s.Rate))
-	case "filter": // the report counts only what a filter dropped
+	case "filter":
 		l[0] = fmt.Sprintf("filtered %s", count(s.Filtered))
+		if s.In > 0 { // v0.1 counts only what a filter dropped
+			l[0] = fmt.Sprintf("out %s · filtered %s", count(s.Out), count(s.Filtered))
+		}
 	default:
 		l[0] = fmt.Sprintf("busy %d/%d · %s", s.Busy, s.Workers, rate(s.Rate))
 		if s.Latency.Count > 0 {
