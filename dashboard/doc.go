@@ -78,7 +78,7 @@
 //	      "latency": {"count": 900, "p50_seconds": 0.02, "p90_seconds": 0.021,
 //	                  "p99_seconds": 0.03, "max_seconds": 0.05},
 //	      "timeout_seconds": 1,              0 when none
-//	      "next": "save",                    the stage it feeds, "" when unknown
+//	      "next": ["save"],                  the rows it feeds, as far as the report knows
 //	      "bottleneck": true,
 //	      "flushes": {"size": 9, "bytes": 0, "linger": 1, "end": 1, "checkpoint": 0},
 //	                                         batches only: flushes by reason
@@ -88,9 +88,9 @@
 //	  }]
 //	}
 //
-// Arrays are never null. "edges" is the graph the page draws: the report names the
-// stage each stage feeds only where it knows it (a stage's input); where it does not
-// (the input of a filter or a batch, the branches of a Merge or a Tee), an edge from a
-// row to the one the report lists after it is drawn dashed and marked inferred, when
-// that row is not a source and the first is not a sink.
+// Arrays are never null. "edges" is the graph the page draws, from each row's "next".
+// Where the report names nothing a row feeds (pipeline v0.1 names only a stage's
+// input: not the input of a filter or a batch, nor across a Merge or a Tee), the page
+// draws a dashed edge, marked inferred, to the row the report lists next, unless the
+// first row is a sink or the second a source.
 package dashboard
