@@ -11,9 +11,10 @@
 # then smoke-runs each benchmark of bench/ once, and runs scripts/install-test.sh: every
 # user-facing module released from HEAD into a local git remote, installed with go get
 # into a fresh module and built, as a new user would. It needs only Go, git and bash: it
-# installs the pinned golangci-lint itself. Every step runs even after one fails, so
-# that one run shows every problem; the script exits 1 if any step failed, and ends
-# with the time each step took.
+# installs the pinned golangci-lint itself, and Debian's chromium package for the
+# dashboard's browser test (dashboard/browsertest) when /usr/bin/chromium is missing.
+# Every step runs even after one fails, so that one run shows every problem; the script
+# exits 1 if any step failed, and ends with the time each step took.
 #
 # Each module is tested on its own (GOWORK=off), against its own go.mod, as its users
 # build it; go.work, when there is one, is only checked to load, to use every module and
@@ -176,6 +177,26 @@ install_lint() {
 	GOBIN=$lint_bin go install "github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$GOLANGCI_LINT_VERSION"
 }
 
+# --- Chromium, for the dashboard's browser test ----------------------------------------
+
+# ensure_chromium installs Debian's chromium package when /usr/bin/chromium is missing.
+# Without apt-get as root it only says so: the browser test then skips, or fails when
+# CI=true. --no-install-recommends keeps out what a headless test never uses (a printer
+# dialog, a notification daemon, ...); fonts-liberation gives the page its sans font.
+ensure_chromium() {
+	if [[ -x /usr/bin/chromium ]]; then
+		echo "chromium is already in /usr/bin"
+		return 0
+	fi
+	if ! command -v apt-get >/dev/null || ((EUID != 0)); then
+		echo "no /usr/bin/chromium, and no apt-get as root to install it: the browser test will skip (or fail with CI=true)"
+		return 0
+	fi
+	echo "installing Debian's chromium package"
+	apt-get update -qq &&
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-liberation
+}
+
 # --- main ------------------------------------------------------------------------------
 
 start_us=$(now_us)
@@ -188,6 +209,10 @@ echo "modules: ${mods[*]}"
 
 step "install golangci-lint $GOLANGCI_LINT_VERSION" install_lint
 lint_ok=$((${#failed[@]} == 0))
+
+if [[ -f dashboard/browsertest/go.mod ]]; then
+	step "chromium" ensure_chromium
+fi
 
 if [[ -f go.work ]]; then
 	step "go.work" check_workspace
