@@ -12,7 +12,7 @@
 # user-facing module released from HEAD into a local git remote, installed with go get
 # into a fresh module and built, as a new user would. It needs only Go, git and bash: it
 # installs the pinned golangci-lint itself, and Debian's chromium package for the
-# dashboard's browser test (dashboard/browsertest) when /usr/bin/chromium is missing.
+# dashboard's browser test (dashboard/internal/browsertest) when chromium is missing.
 # Every step runs even after one fails, so that one run shows every problem; the script
 # exits 1 if any step failed, and ends with the time each step took.
 #
@@ -210,7 +210,7 @@ echo "modules: ${mods[*]}"
 step "install golangci-lint $GOLANGCI_LINT_VERSION" install_lint
 lint_ok=$((${#failed[@]} == 0))
 
-if [[ -f dashboard/browsertest/go.mod ]]; then
+if [[ -f dashboard/internal/browsertest/go.mod ]]; then
 	step "chromium" ensure_chromium
 fi
 

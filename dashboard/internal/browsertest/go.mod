@@ -1,8 +1,8 @@
-module github.com/gopipeline/pipeline/dashboard/browsertest
+module github.com/gopipeline/pipeline/dashboard/internal/browsertest
 
 go 1.26.0
 
-replace github.com/gopipeline/pipeline => ../../
+replace github.com/gopipeline/pipeline => ../../../
 
 require (
 	github.com/chromedp/chromedp v0.23.1
