@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"strings"
 	"time"
 )
 
@@ -188,15 +189,16 @@ type DeadLetterReadError struct {
 
 // Error implements error.
 func (e *DeadLetterReadError) Error() string {
-	msg := fmt.Sprintf("pipeline: %s: %d malformed dead-letter line(s)", e.Path, len(e.Lines))
+	var b strings.Builder
+	fmt.Fprintf(&b, "pipeline: %s: %d malformed dead-letter line(s)", e.Path, len(e.Lines))
 	for i, l := range e.Lines {
 		if i == 3 {
-			msg += ", ..."
+			b.WriteString(", ...")
 			break
 		}
-		msg += fmt.Sprintf("; line %d: %v", l, e.Errs[i])
+		fmt.Fprintf(&b, "; line %d: %v", l, e.Errs[i])
 	}
-	return msg
+	return b.String()
 }
 
 // Unwrap returns the errors of the lines.

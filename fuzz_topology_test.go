@@ -55,6 +55,7 @@ func FuzzTopology(f *testing.F) {
 }
 
 func runTopology(t *testing.T, data []byte) {
+	t.Helper()
 	b := &topology{data: data}
 	n := 1 + b.next()%64
 	flags := b.next()

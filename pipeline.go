@@ -234,23 +234,23 @@ func (p *Pipeline) finish(r *run, err error) error {
 
 // run is the state of one execution: its context, its goroutines and its counters.
 type run struct {
-	p        *Pipeline
-	parent   context.Context // the caller's context, for the final checkpoint save
-	saved    atomic.Int64    // the last position saved (checkpointed runs)
-	savedAt  atomic.Int64    // when, in Unix nanoseconds
-	started  time.Time
-	number   uint64 // 1 for the pipeline's first run
-	ctx      context.Context
-	g        *errgroup.Group
-	rows     []*row
-	shared   *budgetState
-	drained  atomic.Pointer[StageError] // the error Run returns after a drain
-	failure  atomic.Pointer[StageError] // a failure outside the goroutines' returns (an observer's panic)
-	cancel   context.CancelCauseFunc    // cancels the run with a cause
-	track    *tracker                   // the checkpoint's watermark, nil when none
-	pending  []func() error             // goroutines to start once the graph is wired
-	consumers []*row                    // while wiring: the rows whose input is being opened (several through a Tee)
-	feeders  []*row                     // while wiring: the rows that feed the stream just opened
+	p         *Pipeline
+	parent    context.Context // the caller's context, for the final checkpoint save
+	saved     atomic.Int64    // the last position saved (checkpointed runs)
+	savedAt   atomic.Int64    // when, in Unix nanoseconds
+	started   time.Time
+	number    uint64 // 1 for the pipeline's first run
+	ctx       context.Context
+	g         *errgroup.Group
+	rows      []*row
+	shared    *budgetState
+	drained   atomic.Pointer[StageError] // the error Run returns after a drain
+	failure   atomic.Pointer[StageError] // a failure outside the goroutines' returns (an observer's panic)
+	cancel    context.CancelCauseFunc    // cancels the run with a cause
+	track     *tracker                   // the checkpoint's watermark, nil when none
+	pending   []func() error             // goroutines to start once the graph is wired
+	consumers []*row                     // while wiring: the rows whose input is being opened (several through a Tee)
+	feeders   []*row                     // while wiring: the rows that feed the stream just opened
 }
 
 // fail stops the run with err, unless it has already failed.

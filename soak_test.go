@@ -71,8 +71,7 @@ func runWithin(t *testing.T, p *pipeline.Pipeline, d time.Duration) error {
 		return err
 	case <-time.After(d):
 		cancel()
-		<-errc
-		t.Fatalf("the run hung for %v", d)
+		t.Fatalf("the run hung for %v (then returned %v)", d, <-errc)
 		return nil
 	}
 }
@@ -224,6 +223,7 @@ func TestSoak07SnapshotInGrows(t *testing.T) {
 }
 
 func snapshotInGrows(t *testing.T) {
+	t.Helper()
 	p := pipeline.New(pipeline.WithBuffer(4))
 	s := pipeline.Then(pipeline.FromSlice(p, ints(5000)), pipeline.NewStage("a", 2, identity))
 	s = pipeline.Then(s, pipeline.NewStage("b", 3, identity, pipeline.WithKey(func(i int) int { return i % 5 })))
@@ -396,7 +396,10 @@ func TestSoak12NilArguments(t *testing.T) {
 		"WithName(empty)":       func() { pipeline.WithName("") },
 		"WithCodec(nil)":        func() { pipeline.WithCodec[int](nil) },
 	} {
-		t.Run(name, func(t *testing.T) { assertPanicsPipeline(t, f) })
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			assertPanicsPipeline(t, f)
+		})
 	}
 }
 
