@@ -6,6 +6,7 @@ package pipeline_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -421,4 +422,31 @@ func TestSoakRowNames(t *testing.T) {
 	assert.ElementsMatch(t, []string{"gen-a", "gen-b", "keep", "group", "out"}, names)
 	msg := assertPanicsPipeline(t, func() { pipeline.FromSlice(p, ints(1), pipeline.WithName("keep")) })
 	assert.Contains(t, msg, `"keep"`)
+}
+
+// An item's error that stops the run says how many attempts were made and, when that is
+// why, that the stage has no WithDeadLetter.
+func TestSoakItemErrorMessages(t *testing.T) {
+	t.Parallel()
+	flaky := func(_ context.Context, i int) (int, error) { return 0, pipeline.Transient(fmt.Errorf("flaky %d", i)) }
+	for _, tc := range []struct {
+		opts []pipeline.StageOption
+		want string
+	}{
+		{[]pipeline.StageOption{pipeline.WithRetry(3, nil)},
+			`pipeline: stage "x": item failed after 3 attempts, and the stage has no WithDeadLetter to set it aside: flaky 0`},
+		{nil, `pipeline: stage "x": item error, and the stage has no WithDeadLetter to set it aside: flaky 0`},
+	} {
+		p := pipeline.New()
+		pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(1)), pipeline.NewStage("x", 1, flaky, tc.opts...)),
+			pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+		err := p.Run(t.Context())
+		require.EqualError(t, err, tc.want)
+		serr, ok := errors.AsType[*pipeline.StageError](err)
+		require.True(t, ok)
+		assert.True(t, serr.NoDeadLetter)
+	}
+	p := pipeline.New()
+	pipeline.To(pipeline.FromSlice(p, ints(1)), pipeline.NewSink("x", 1, func(context.Context, int) error { return errBoom }))
+	require.EqualError(t, p.Run(t.Context()), `pipeline: stage "x": boom`, "a fatal error on the first attempt")
 }
