@@ -433,8 +433,10 @@ func TestSoakItemErrorMessages(t *testing.T) {
 		opts []pipeline.StageOption
 		want string
 	}{
-		{[]pipeline.StageOption{pipeline.WithRetry(3, nil)},
-			`pipeline: stage "x": item failed after 3 attempts, and the stage has no WithDeadLetter to set it aside: flaky 0`},
+		{
+			[]pipeline.StageOption{pipeline.WithRetry(3, nil)},
+			`pipeline: stage "x": item failed after 3 attempts, and the stage has no WithDeadLetter to set it aside: flaky 0`,
+		},
 		{nil, `pipeline: stage "x": item error, and the stage has no WithDeadLetter to set it aside: flaky 0`},
 	} {
 		p := pipeline.New()
