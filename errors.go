@@ -2,9 +2,11 @@ package pipeline
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -50,7 +52,7 @@ func (e *StageError) Error() string {
 		return fmt.Sprintf("pipeline: stage %q: item failed after %d attempts, and the stage has no WithDeadLetter to set it aside: %v",
 			e.Stage, e.Attempts, e.Err)
 	case e.NoDeadLetter:
-		return fmt.Sprintf("pipeline: stage %q: item error, and the stage has no WithDeadLetter to set it aside: %v", e.Stage, e.Err)
+		return fmt.Sprintf("pipeline: stage %q: item failed (1 attempt), and the stage has no WithDeadLetter to set it aside: %v", e.Stage, e.Err)
 	case e.Attempts > 1:
 		return fmt.Sprintf("pipeline: stage %q: attempt %d: %v", e.Stage, e.Attempts, e.Err)
 	}
@@ -166,6 +168,23 @@ func (c Class) MarshalText() ([]byte, error) {
 		return nil, fmt.Errorf("pipeline: undefined error class %d", uint8(c))
 	}
 	return []byte(c.String()), nil
+}
+
+// UnmarshalJSON decodes a class written by MarshalText (a JSON string), or as the
+// number that dead-letter files of earlier releases hold.
+func (c *Class) UnmarshalJSON(b []byte) error {
+	if n, err := strconv.ParseUint(string(b), 10, 8); err == nil {
+		if k := Class(n); k.valid() {
+			*c = k
+			return nil
+		}
+		return fmt.Errorf("pipeline: unknown error class %s", b)
+	}
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("pipeline: error class %s: %w", b, err)
+	}
+	return c.UnmarshalText([]byte(s))
 }
 
 // UnmarshalText decodes a class name written by MarshalText.

@@ -65,6 +65,7 @@ type row struct {
 	ups      []*row         // every row upstream of this one (the rows its input was wired from)
 	drain    atomic.Bool    // a drained budget tripped here or downstream: start no new item
 	filtered *atomic.Int64  // filters: items dropped
+	arrived  *atomic.Int64  // filters: items that reached it
 	lost     atomic.Int64   // items a Tee offered this row's branch that a panic in an inline operator of the branch stopped
 	liveIn   atomic.Int64   // the largest In a Snapshot reported, so that In only grows
 	liveOut  atomic.Int64   // filters: the largest Out a Snapshot reported
@@ -192,10 +193,11 @@ func errTypeName(err error) string {
 }
 
 // Report is the account of one run: where every item went, per stage. For every stage,
-// In = Succeeded + DeadLettered + Failed + NotStarted; a stage's In is what its upstream
-// sent (Out of a stage or source, less what a filter dropped).
+// In = Succeeded + DeadLettered + Failed + NotStarted; a stage's In is what the rows
+// that feed it (its Next's inverse) sent, counted in its own items: after a [Flatten],
+// a Batch's Out counts batches while the next row's In counts their items.
 type Report struct {
-	Stages     []StageReport // in the order the run wired them: along each path, upstream first
+	Stages     []StageReport // upstream first: a row after every row that feeds it, otherwise in wiring order
 	Err        error         // the error Run returned, nil on success
 	Checkpoint int64         // checkpointed runs: the position saved last (-1 otherwise)
 
@@ -350,7 +352,6 @@ func (r *run) report(err error, final bool) Report {
 			rep.CheckpointSaved = time.Unix(0, at)
 		}
 	}
-	fed := map[string]int64{} // what each row's feeders sent it (rows are upstream first)
 	for _, rw := range r.rows {
 		s := StageReport{Name: rw.name, Kind: rw.kind.String(), Workers: len(rw.workers), QueueCap: rw.capacity}
 		var received, discarded int64
@@ -381,8 +382,8 @@ func (r *run) report(err error, final bool) Report {
 		case kindFilter:
 			s.Workers = 0
 			s.Filtered = rw.filtered.Load()
-			s.In = fed[rw.name] // what its upstream sent; what it dropped is Filtered
 			s.Failed = rw.lost.Load()
+			s.In = rw.arrived.Load() + s.Failed
 			s.Succeeded = max(0, s.In-s.Filtered-s.Failed)
 			if !final {
 				// The upstream counts an item as sent after the filter dropped it: for an
@@ -421,9 +422,6 @@ func (r *run) report(err error, final bool) Report {
 		}
 		s.Latency = latencyOf(rw.workers)
 		s.Timeout, s.Next = rw.timeout, slices.Clone(rw.next)
-		for _, n := range rw.next {
-			fed[n] += s.Out
-		}
 		if secs := rep.Elapsed.Seconds(); secs > 0 {
 			s.Rate = float64(s.Out) / secs
 		}

@@ -437,7 +437,7 @@ func TestSoakItemErrorMessages(t *testing.T) {
 			[]pipeline.StageOption{pipeline.WithRetry(3, nil)},
 			`pipeline: stage "x": item failed after 3 attempts, and the stage has no WithDeadLetter to set it aside: flaky 0`,
 		},
-		{nil, `pipeline: stage "x": item error, and the stage has no WithDeadLetter to set it aside: flaky 0`},
+		{nil, `pipeline: stage "x": item failed (1 attempt), and the stage has no WithDeadLetter to set it aside: flaky 0`},
 	} {
 		p := pipeline.New()
 		pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(1)), pipeline.NewStage("x", 1, flaky, tc.opts...)),
