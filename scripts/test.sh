@@ -8,6 +8,10 @@
 #   go mod tidy -diff            go test -race -shuffle=on -count=3 -cpu=1,4 ./...
 #   go fix -diff ./...           gofmt -l                golangci-lint run ./...
 #
+# Before the tests it starts a throwaway PostgreSQL cluster (scripts/postgres.sh) for the
+# postgres/ connector and S6, exports its URL as DATABASE_URL and stops it at exit; with
+# DATABASE_URL already set, it uses that server instead.
+#
 # then smoke-runs each benchmark of bench/ once. It needs only Go (and bash): it
 # installs the pinned golangci-lint itself. Every step runs even after one fails, so
 # that one run shows every problem; the script exits 1 if any step failed, and ends
@@ -160,6 +164,19 @@ echo "modules: ${mods[*]}"
 
 step "install golangci-lint $GOLANGCI_LINT_VERSION" install_lint
 lint_ok=$((${#failed[@]} == 0))
+
+# start_postgres starts the cluster the connector's tests and S6 use (see the top).
+start_postgres() {
+	if [[ -n ${DATABASE_URL:-} ]]; then
+		echo "using DATABASE_URL from the environment"
+		return 0
+	fi
+	trap '"$root/scripts/postgres.sh" stop' EXIT
+	DATABASE_URL=$("$root/scripts/postgres.sh" start) || return 1
+	export DATABASE_URL PGPIPE_SERVER_SCRIPT="$root/scripts/postgres.sh"
+	echo "DATABASE_URL=$DATABASE_URL"
+}
+step "postgres: start" start_postgres
 
 if [[ -f go.work ]]; then
 	step "go.work" check_workspace
