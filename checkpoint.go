@@ -202,6 +202,7 @@ type tracker struct {
 	// pokes the saver: hungry is closed while the source waits.
 	hungry   chan struct{}
 	starving bool
+	skip     []PositionRange // committed above start in an earlier run (commit.go); the source's own
 }
 
 func newTracker(source any, start uint64, every int) *tracker {

@@ -131,12 +131,13 @@ func (p *Pipeline) exec(ctx context.Context, extra func(r *run)) (*run, error) {
 	defer cancel(nil)
 	r.cancel = cancel
 	if ck := p.ck; ck != nil {
-		pos, err := ck.store.Load(ctx)
+		pos, skip, err := loadCheckpoint(ctx, ck.store) // commit.go
 		if err != nil {
 			return r, &StageError{Stage: "checkpoint", Err: fmt.Errorf("load: %w", err)}
 		}
 		ck.loaded = pos
 		r.track = newTracker(ck.source, uint64(pos), ck.every)
+		r.track.skip = skip
 		r.saved.Store(pos)
 	}
 	g, gctx := errgroup.WithContext(ctx)

@@ -439,6 +439,9 @@ func (w *worker[In, Out]) attempt(ctx context.Context, v In) (out Out, err error
 	}
 	// Time one attempt in 16, or every one while they are slow enough for the clock's
 	// cost not to matter.
+	if w.st.sink && w.r.track != nil && w.pos != noPos {
+		ctx = w.r.track.scope(ctx, &w.pos) // for Commit (commit.go)
+	}
 	var t0 time.Time
 	timed := w.slow || w.stats.received.load()&15 == 0
 	if timed {
