@@ -77,12 +77,12 @@ func rowError(err error) *RowError {
 	switch {
 	case pgerrcode.IsDataException(pe.Code), pgerrcode.IsIntegrityConstraintViolation(pe.Code),
 		pe.Code == pgerrcode.QueryCanceled && strings.HasPrefix(pe.Message, copyFailed):
-		msg := pe.Message
-		if pe.Code == pgerrcode.QueryCanceled {
-			msg = strings.TrimPrefix(strings.TrimPrefix(msg, copyFailed), ": ")
+		msg, code := pe.Message, pe.Code
+		if code == pgerrcode.QueryCanceled { // the driver could not encode a value
+			msg, code = strings.TrimPrefix(strings.TrimPrefix(msg, copyFailed), ": "), ""
 		}
 		return &RowError{
-			Code: pe.Code, Message: msg, Detail: pe.Detail, Constraint: pe.ConstraintName,
+			Code: code, Message: msg, Detail: pe.Detail, Constraint: pe.ConstraintName,
 			Table: pe.TableName, Column: pe.ColumnName, Err: err,
 		}
 	}
