@@ -9,7 +9,8 @@
 #   scripts/postgres.sh stop     stop it and delete it
 #
 # The cluster uses Debian's PostgreSQL (the package is installed with apt-get when
-# initdb is missing), listens on loopback only, on a free port, with fsync off: it is
+# initdb is missing), listens on loopback only, on a free port, with fsync off (but
+# synchronous commit on, so that a crashed server keeps every acknowledged commit): it is
 # for tests, not for data. Its files live in a temporary folder; .pgdata/state (git
 # ignored) remembers where. initdb and pg_ctl run as the postgres user when this runs as
 # root (PostgreSQL refuses to run as root), else as the current user. The URL follows
@@ -93,7 +94,7 @@ start() {
 	fi
 	if ! running; then
 		as_pg "$BIN/pg_ctl" -D "$PGDATA_DIR" -l "$PGDATA_DIR/server.log" -w -t 60 start -o \
-			"-c listen_addresses=127.0.0.1 -p $PORT -c unix_socket_directories=$PGDATA_DIR -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200" >/dev/null ||
+			"-c listen_addresses=127.0.0.1 -p $PORT -c unix_socket_directories=$PGDATA_DIR -c fsync=off -c full_page_writes=off -c max_connections=200" >/dev/null ||
 			{
 				tail -20 "$PGDATA_DIR/server.log" >&2 || true
 				die "pg_ctl start failed"
