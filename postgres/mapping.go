@@ -15,9 +15,9 @@ import (
 // A Mapping is immutable and safe for concurrent use.
 type Mapping[T any] struct {
 	columns []string
-	// fill appends the values of v's columns to buf[:0] and returns it; the values are
-	// used before the next call, so buf may be reused.
-	fill func(v T, buf []any) []any
+	// fill appends the values of *v's columns to buf[:0] and returns it; the values are
+	// used before the next call, so buf may be reused. They may point into *v.
+	fill func(v *T, buf []any) []any
 }
 
 // Columns returns the mapped column names, in order.
@@ -31,14 +31,15 @@ func Func[T any](columns []string, values func(v T) []any) Mapping[T] {
 		panic("pgpipe: Func: nil values function")
 	}
 	checkColumns("Func", columns)
-	return Mapping[T]{columns: append([]string(nil), columns...), fill: func(v T, _ []any) []any { return values(v) }}
+	return Mapping[T]{columns: append([]string(nil), columns...), fill: func(v *T, _ []any) []any { return values(*v) }}
 }
 
 // Struct returns the mapping of a struct type T (or a pointer to one): each exported
 // field is a column, named by its `db:"name"` tag, or else by the field's name in
 // snake_case (UserID becomes user_id); `db:"-"` leaves a field out. Embedded structs
 // are not flattened. It reads T's fields once, with reflection; each row then costs one
-// reflective read per field. It panics if T is not a struct or maps no field.
+// reflective read per field (and the allocation of boxing its value, as with any
+// []any handed to pgx). It panics if T is not a struct or maps no field.
 func Struct[T any]() Mapping[T] {
 	t := reflect.TypeFor[T]()
 	ptr := t.Kind() == reflect.Pointer
@@ -69,8 +70,8 @@ func Struct[T any]() Mapping[T] {
 		panic(fmt.Sprintf("pgpipe: Struct[%s]: no exported field to map", t))
 	}
 	checkColumns("Struct", cols)
-	return Mapping[T]{columns: cols, fill: func(v T, buf []any) []any {
-		rv := reflect.ValueOf(&v).Elem()
+	return Mapping[T]{columns: cols, fill: func(v *T, buf []any) []any {
+		rv := reflect.ValueOf(v).Elem()
 		if ptr {
 			rv = rv.Elem()
 		}
@@ -154,9 +155,30 @@ func compareValues(a, b any) int {
 	return strings.Compare(fmt.Sprint(a), fmt.Sprint(b))
 }
 
+// deref returns the value v points to, when it is a pointer (as [Struct]'s values are).
+func deref(v any) any {
+	switch x := v.(type) {
+	case *int64:
+		return *x
+	case *string:
+		return *x
+	case *int:
+		return *x
+	case *int32:
+		return *x
+	}
+	if rv := reflect.ValueOf(v); rv.Kind() == reflect.Pointer {
+		if rv.IsNil() {
+			return nil
+		}
+		return rv.Elem().Interface()
+	}
+	return v
+}
+
 // valueSize estimates the bytes a value takes in a COPY.
 func valueSize(v any) int {
-	switch x := v.(type) {
+	switch x := deref(v).(type) {
 	case string:
 		return len(x) + 4
 	case []byte:

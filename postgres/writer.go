@@ -275,7 +275,7 @@ func (w *Writer[T]) To(s *pipeline.Stream[T], name string, workers int, opts ...
 // size estimates the bytes of v's values.
 func (w *Writer[T]) size(v T) int {
 	n := 0
-	for _, x := range w.mapping.fill(v, make([]any, 0, len(w.columns))) {
+	for _, x := range w.mapping.fill(&v, make([]any, 0, len(w.columns))) {
 		n += valueSize(x)
 	}
 	return n
@@ -514,11 +514,11 @@ func (w *Writer[T]) dedupe(batch []T) []T {
 	}
 	ks := make([]keyed, len(batch))
 	buf := make([]any, 0, len(w.columns))
-	for i, v := range batch {
-		buf = w.mapping.fill(v, buf)
+	for i := range batch {
+		buf = w.mapping.fill(&batch[i], buf)
 		k := make([]any, len(w.keyIdx))
 		for j, c := range w.keyIdx {
-			k[j] = buf[c]
+			k[j] = deref(buf[c])
 		}
 		ks[i] = keyed{k, i}
 	}
@@ -546,7 +546,7 @@ func (w *Writer[T]) dedupe(batch []T) []T {
 type rowSource[T any] struct {
 	rows []T
 	i    int
-	fill func(T, []any) []any
+	fill func(*T, []any) []any
 	buf  []any
 	n    int
 	err  error
@@ -561,7 +561,7 @@ func (s *rowSource[T]) Values() (vals []any, err error) {
 			vals, err = nil, s.err
 		}
 	}()
-	s.buf = s.fill(s.rows[s.i-1], s.buf)
+	s.buf = s.fill(&s.rows[s.i-1], s.buf)
 	if len(s.buf) != s.n {
 		s.err = fmt.Errorf("pgpipe: the row mapping returned %d values for %d columns", len(s.buf), s.n)
 		return nil, s.err
