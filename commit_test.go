@@ -128,7 +128,7 @@ func TestCommitResumeSkipsCommitted(t *testing.T) {
 	const n = 3000
 	store := newTxStore()
 	boom := errors.New("boom")
-	for run := 0; run < 2; run++ {
+	for run := range 2 {
 		p := pipeline.New(pipeline.WithBuffer(4))
 		src := pipeline.Resume(p, store, from(n), pipeline.WithSaveEvery(1000))
 		later := make(chan struct{}) // closed when a batch above 1600 committed

@@ -151,7 +151,7 @@ type writerCore struct {
 	stats     stats
 }
 
-type stats struct{ batches, rows, dead, bisected, roundTrips, retried atomic.Int64 }
+type stats struct{ batches, rows, dead, bisected, roundTrips atomic.Int64 }
 
 // Stats are a [Writer]'s counts since it was made.
 type Stats struct {
