@@ -70,6 +70,9 @@ func rowError(err error) *RowError {
 	if re, ok := errors.AsType[*RowError](err); ok {
 		return re
 	}
+	if ee, ok := errors.AsType[*encodeError](err); ok {
+		return &RowError{Message: ee.err.Error(), Err: err}
+	}
 	pe, ok := errors.AsType[*pgconn.PgError](err)
 	if !ok {
 		return nil

@@ -366,3 +366,26 @@ func TestCrashChild(t *testing.T) {
 	_, err = j.run(context.Background())
 	require.NoError(t, err)
 }
+
+// TestFaultCommitAckLost loses the server's acknowledgment of a COMMIT that did
+// commit (a proxy cuts the connection right after the server sent it). The writer
+// cannot know the outcome, reads the checkpoint back, learns that the batch committed,
+// and does not write it again: in insert mode, writing it again would duplicate it.
+func TestFaultCommitAckLost(t *testing.T) {
+	direct := newPool(t, 4)
+	j := newJob(t, direct, false, 20000, 1000, 4)
+	// The 1st COMMIT is the checkpoint's Load; lose the 4th, a batch's.
+	proxy, u := newLossyProxy(t, 4)
+	cfg, err := pgxpool.ParseConfig(u)
+	require.NoError(t, err)
+	cfg.MaxConns = 8
+	j.pool, err = pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err)
+	defer j.pool.Close()
+	_, rep, err := j.runReport(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), proxy.dropped.Load(), "one COMMIT acknowledgment was lost")
+	assert.Zero(t, retried(rep), "the committed batch is not written again")
+	j.pool = direct
+	j.check(t)
+}

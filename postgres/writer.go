@@ -139,16 +139,18 @@ type Writer[T any] struct {
 
 // writerCore is the part of a Writer that does not depend on T.
 type writerCore struct {
-	pool      *pgxpool.Pool
-	table     string // as given
-	ident     pgx.Identifier
-	columns   []string
-	keyIdx    []int
-	cfg       config
-	tmp       pgx.Identifier // upsert: the temporary table
-	createTmp string
-	moveSQL   string
-	stats     stats
+	pool       *pgxpool.Pool
+	table      string // as given
+	ident      pgx.Identifier
+	columns    []string
+	keyIdx     []int
+	cfg        config
+	tmp        pgx.Identifier // upsert: the temporary table
+	createTmp  string
+	moveSQL    string
+	quotedCols string
+	oidc       oidCache
+	stats      stats
 }
 
 type stats struct{ batches, rows, dead, bisected, roundTrips atomic.Int64 }
@@ -190,6 +192,7 @@ func NewWriter[T any](pool *pgxpool.Pool, table string, m Mapping[T], opts ...Op
 	}
 	w := &Writer[T]{mapping: m}
 	w.pool, w.table, w.columns, w.cfg = pool, table, m.columns, cfg
+	w.quotedCols = quoteAll(m.columns)
 	w.ident = pgx.Identifier(strings.Split(table, "."))
 	for _, k := range cfg.key {
 		i := slices.Index(m.columns, k)
@@ -325,7 +328,7 @@ func (w *Writer[T]) writeOn(ctx context.Context, conn *pgx.Conn, stage string, r
 		return err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // a no-op after Commit
-	var bad []badRow[T]
+	b := &bisection[T]{hints: true}
 	if !bisect {
 		err = w.load(ctx, tx, rows)
 		if err != nil && rowError(err) == nil {
@@ -344,10 +347,10 @@ func (w *Writer[T]) writeOn(ctx context.Context, conn *pgx.Conn, stage string, r
 	}
 	if bisect {
 		w.stats.bisected.Add(1)
-		if err := w.bisect(ctx, tx, rows, false, &bad); err != nil {
+		if err := w.bisect(ctx, tx, rows, false, b); err != nil {
 			return err
 		}
-		if err := w.deadLetter(ctx, tx, stage, bad); err != nil {
+		if err := w.deadLetter(ctx, tx, stage, b.bad); err != nil {
 			return err
 		}
 	}
@@ -355,8 +358,8 @@ func (w *Writer[T]) writeOn(ctx context.Context, conn *pgx.Conn, stage string, r
 		return err
 	}
 	w.stats.batches.Add(1)
-	w.stats.rows.Add(int64(len(rows) - len(bad)))
-	w.stats.dead.Add(int64(len(bad)))
+	w.stats.rows.Add(int64(len(rows) - len(b.bad)))
+	w.stats.dead.Add(int64(len(b.bad)))
 	return nil
 }
 
@@ -386,11 +389,21 @@ func (w *Writer[T]) load(ctx context.Context, tx pgx.Tx, rows []T) error {
 	return w.exec(ctx, tx, w.moveSQL)
 }
 
+// bisection is the state of one batch's search for its rejected rows.
+type bisection[T any] struct {
+	bad   []badRow[T]
+	hints bool // the errors' row hints have not misled yet
+}
+
 // bisect writes rows in savepoints and isolates the rows PostgreSQL rejects, in
 // O(k·log n) round trips for k bad rows of n. failed tells that rows are known to hold
 // a bad row (their sibling was clean and their parent failed), so trying them whole
 // would only fail again.
-func (w *Writer[T]) bisect(ctx context.Context, tx pgx.Tx, rows []T, failed bool, bad *[]badRow[T]) error {
+//
+// When the error names its row (a COPY's "line N" context, or a value the writer could
+// not encode), that row is tried alone first, which makes the search O(k); a hint that
+// proves wrong (the row goes in alone) turns hints off for the rest of the batch.
+func (w *Writer[T]) bisect(ctx context.Context, tx pgx.Tx, rows []T, failed bool, b *bisection[T]) error {
 	if !failed || len(rows) == 1 {
 		if err := w.exec(ctx, tx, "SAVEPOINT pgpipe"); err != nil {
 			return err
@@ -411,16 +424,40 @@ func (w *Writer[T]) bisect(ctx context.Context, tx pgx.Tx, rows []T, failed bool
 			return err
 		}
 		if len(rows) == 1 {
-			*bad = append(*bad, badRow[T]{rows[0], re})
+			b.bad = append(b.bad, badRow[T]{rows[0], re})
 			return nil
+		}
+		if i := rowHint(err); b.hints && i >= 0 && i < len(rows) {
+			n := len(b.bad)
+			if err := w.bisect(ctx, tx, rows[i:i+1], false, b); err != nil {
+				return err
+			}
+			if len(b.bad) == n {
+				b.hints = false // it went in: the hint misled
+			}
+			if err := w.bisect(ctx, tx, rows[:i], false, b); err != nil {
+				return err
+			}
+			return w.bisect(ctx, tx, rows[i+1:], false, b)
 		}
 	}
 	mid := len(rows) / 2
-	n := len(*bad)
-	if err := w.bisect(ctx, tx, rows[:mid], false, bad); err != nil {
+	n := len(b.bad)
+	if err := w.bisect(ctx, tx, rows[:mid], false, b); err != nil {
 		return err
 	}
-	return w.bisect(ctx, tx, rows[mid:], len(*bad) == n, bad)
+	return w.bisect(ctx, tx, rows[mid:], len(b.bad) == n, b)
+}
+
+// rowHint returns the index of the row err names, or -1.
+func rowHint(err error) int {
+	if ee, ok := errors.AsType[*encodeError](err); ok {
+		return ee.index
+	}
+	if pe, ok := errors.AsType[*pgconn.PgError](err); ok {
+		return copyLine(pe.Where)
+	}
+	return -1
 }
 
 // deadLetter sends the rejected rows to the writer's destination: in tx for a
@@ -488,15 +525,29 @@ func (w *Writer[T]) commit(ctx context.Context, tx pgx.Tx) error {
 	})
 }
 
-// copyRows copies rows into table on conn.
+// copyRows copies rows into table on conn, in COPY's binary format (see copy.go).
 func (w *Writer[T]) copyRows(ctx context.Context, conn *pgx.Conn, table pgx.Identifier, rows []T) error {
-	src := &rowSource[T]{rows: rows, fill: w.mapping.fill, n: len(w.columns)}
-	w.stats.roundTrips.Add(1)
-	_, err := conn.CopyFrom(ctx, table, w.columns, src)
-	if src.err != nil { // the mapping's own failure, not a row's
-		return pipeline.Fatal(src.err)
+	oids, err := w.columnOIDs(ctx, conn, w.ident) // the temporary table has the same types
+	if err != nil {
+		return err
 	}
-	return err
+	r := &copyReader[T]{
+		rows: rows, fill: w.mapping.fill, m: conn.TypeMap(), oids: oids,
+		plans: make([]columnPlan, len(oids)), vals: make([]any, 0, len(oids)),
+		buf: make([]byte, 0, 64<<10),
+	}
+	w.stats.roundTrips.Add(1)
+	_, err = conn.PgConn().CopyFrom(ctx, r, "COPY "+table.Sanitize()+" ("+w.quotedCols+") FROM STDIN BINARY")
+	if err == nil || r.err == nil {
+		return err
+	}
+	if pe, ok := errors.AsType[*pgconn.PgError](err); ok && !strings.HasPrefix(pe.Message, copyFailed) {
+		return err // the server rejected an earlier row before the reader failed
+	}
+	if _, ok := errors.AsType[*encodeError](r.err); ok {
+		return r.err
+	}
+	return pipeline.Fatal(r.err) // the mapping's own failure, not a row's
 }
 
 // exec runs sql (one or more statements without arguments) in tx.
@@ -540,33 +591,3 @@ func (w *Writer[T]) dedupe(batch []T) []T {
 	}
 	return out
 }
-
-// rowSource feeds rows to CopyFrom through the mapping, reusing one slice of values.
-// pgx calls it from a goroutine of its own: a panic in the mapping becomes an error.
-type rowSource[T any] struct {
-	rows []T
-	i    int
-	fill func(*T, []any) []any
-	buf  []any
-	n    int
-	err  error
-}
-
-func (s *rowSource[T]) Next() bool { s.i++; return s.i <= len(s.rows) }
-
-func (s *rowSource[T]) Values() (vals []any, err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			s.err = fmt.Errorf("pgpipe: the row mapping panicked: %v", v)
-			vals, err = nil, s.err
-		}
-	}()
-	s.buf = s.fill(&s.rows[s.i-1], s.buf)
-	if len(s.buf) != s.n {
-		s.err = fmt.Errorf("pgpipe: the row mapping returned %d values for %d columns", len(s.buf), s.n)
-		return nil, s.err
-	}
-	return s.buf, nil
-}
-
-func (s *rowSource[T]) Err() error { return nil }

@@ -1,0 +1,187 @@
+package pgpipe
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"reflect"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
+// The writer sends COPY's binary format itself, instead of through pgx's CopyFrom, for
+// two reasons: it encodes each column with an encode plan it keeps for the column's Go
+// type (pgx looks the plan up again for every value, which costs several times the
+// encoding itself), and it knows which row a value that cannot be encoded belongs to.
+
+// copyHeader starts a binary COPY stream: the signature, no flags, no extension.
+var copyHeader = []byte("PGCOPY\n\377\r\n\000\000\000\000\000\000\000\000\000")
+
+// encodeError is a value of row index that the driver could not encode.
+type encodeError struct {
+	index int
+	err   error
+}
+
+func (e *encodeError) Error() string { return e.err.Error() }
+func (e *encodeError) Unwrap() error { return e.err }
+
+// oidCache keeps the column types of a table, asked once per writer.
+type oidCache struct {
+	mu   sync.Mutex
+	oids map[string][]uint32 // by table
+}
+
+// columnOIDs returns the type OIDs of table's columns, as the server describes them.
+func (w *writerCore) columnOIDs(ctx context.Context, conn *pgx.Conn, table pgx.Identifier) ([]uint32, error) {
+	key := table.Sanitize()
+	w.oidc.mu.Lock()
+	oids, ok := w.oidc.oids[key]
+	w.oidc.mu.Unlock()
+	if ok {
+		return oids, nil
+	}
+	w.stats.roundTrips.Add(1)
+	sd, err := conn.Prepare(ctx, "", fmt.Sprintf("SELECT %s FROM %s", quoteAll(w.columns), key))
+	if err != nil {
+		return nil, err
+	}
+	oids = make([]uint32, len(sd.Fields))
+	for i, f := range sd.Fields {
+		oids[i] = f.DataTypeOID
+	}
+	w.oidc.mu.Lock()
+	if w.oidc.oids == nil {
+		w.oidc.oids = map[string][]uint32{}
+	}
+	w.oidc.oids[key] = oids
+	w.oidc.mu.Unlock()
+	return oids, nil
+}
+
+// copyReader encodes rows into COPY's binary format as pgconn reads it (from a
+// goroutine of pgconn's own).
+type copyReader[T any] struct {
+	rows  []T
+	next  int
+	fill  func(*T, []any) []any
+	m     *pgtype.Map
+	oids  []uint32
+	plans []columnPlan
+	vals  []any
+	buf   []byte
+	off   int
+	done  bool
+	err   error // the mapping's failure or an encode error, also returned by Read
+}
+
+// columnPlan is the encode plan of one column for one Go type.
+type columnPlan struct {
+	t    reflect.Type
+	plan pgtype.EncodePlan
+}
+
+func (r *copyReader[T]) Read(p []byte) (int, error) {
+	for r.off == len(r.buf) {
+		if r.err != nil {
+			return 0, r.err
+		}
+		if r.done {
+			return 0, io.EOF
+		}
+		r.fillBuf(len(p))
+	}
+	n := copy(p, r.buf[r.off:])
+	r.off += n
+	return n, nil
+}
+
+// fillBuf encodes rows until about want bytes are ready, or the rows end.
+func (r *copyReader[T]) fillBuf(want int) {
+	r.buf, r.off = r.buf[:0], 0
+	if r.next == 0 {
+		r.buf = append(r.buf, copyHeader...)
+	}
+	for len(r.buf) < want && r.next < len(r.rows) {
+		mark := len(r.buf)
+		var err error
+		if r.buf, err = r.encodeRow(r.buf, r.next); err != nil {
+			r.buf = r.buf[:mark] // send the rows before; fail after them
+			r.err = err
+			return
+		}
+		r.next++
+	}
+	if r.next == len(r.rows) {
+		r.buf = binary.BigEndian.AppendUint16(r.buf, 0xffff) // the trailer
+		r.done = true
+	}
+}
+
+func (r *copyReader[T]) encodeRow(buf []byte, i int) (out []byte, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("pgpipe: the row mapping panicked: %v", v)
+		}
+	}()
+	r.vals = r.fill(&r.rows[i], r.vals)
+	if len(r.vals) != len(r.oids) {
+		return buf, fmt.Errorf("pgpipe: the row mapping returned %d values for %d columns", len(r.vals), len(r.oids))
+	}
+	buf = binary.BigEndian.AppendUint16(buf, uint16(len(r.vals)))
+	for c, v := range r.vals {
+		sp := len(buf)
+		buf = binary.BigEndian.AppendUint32(buf, 0xffffffff) // NULL, unless a value follows
+		if v == nil {
+			continue
+		}
+		var enc []byte
+		if t := reflect.TypeOf(v); t.Kind() == reflect.Pointer {
+			enc, err = r.m.Encode(r.oids[c], pgtype.BinaryFormatCode, v, buf) // nil pointers and valuers
+		} else {
+			cp := &r.plans[c]
+			if cp.t != t {
+				cp.t, cp.plan = t, r.m.PlanEncode(r.oids[c], pgtype.BinaryFormatCode, v)
+			}
+			if cp.plan == nil {
+				enc, err = r.m.Encode(r.oids[c], pgtype.BinaryFormatCode, v, buf) // its error says why
+			} else {
+				enc, err = cp.plan.Encode(v, buf)
+			}
+		}
+		if err != nil {
+			return buf, &encodeError{index: i, err: fmt.Errorf("column %s: %w", strconv.Itoa(c), err)}
+		}
+		if enc != nil {
+			buf = enc
+			binary.BigEndian.PutUint32(buf[sp:], uint32(len(buf)-sp-4))
+		}
+	}
+	return buf, nil
+}
+
+// copyLine returns the row of a COPY that PostgreSQL's error context names ("COPY t,
+// line 17, column x: ..."), 0-based, or -1.
+func copyLine(where string) int {
+	if !strings.HasPrefix(where, "COPY ") {
+		return -1
+	}
+	_, rest, ok := strings.Cut(where, ", line ")
+	if !ok {
+		return -1
+	}
+	end := strings.IndexFunc(rest, func(r rune) bool { return r < '0' || r > '9' })
+	if end < 0 {
+		end = len(rest)
+	}
+	n, err := strconv.Atoi(rest[:end])
+	if err != nil || n < 1 {
+		return -1
+	}
+	return n - 1
+}
