@@ -67,17 +67,18 @@ func (w *writerCore) columnOIDs(ctx context.Context, conn *pgx.Conn, table pgx.I
 // copyReader encodes rows into COPY's binary format as pgconn reads it (from a
 // goroutine of pgconn's own).
 type copyReader[T any] struct {
-	rows  []T
-	next  int
-	fill  func(*T, []any) []any
-	m     *pgtype.Map
-	oids  []uint32
-	plans []columnPlan
-	vals  []any
-	buf   []byte
-	off   int
-	done  bool
-	err   error // the mapping's failure or an encode error, also returned by Read
+	rows    []T
+	next    int
+	fill    func(*T, []any) []any
+	m       *pgtype.Map
+	oids    []uint32
+	plans   []columnPlan
+	vals    []any
+	buf     []byte
+	off     int
+	started bool  // the header is out
+	done    bool  // the trailer is out
+	err     error // the mapping's failure or an encode error, also returned by Read
 }
 
 // columnPlan is the encode plan of one column for one Go type.
@@ -86,26 +87,31 @@ type columnPlan struct {
 	plan pgtype.EncodePlan
 }
 
+// Read hands out whole buffers of len(p) bytes (but the last), so that each COPY data
+// message is full: a short one after each full one would double the messages.
 func (r *copyReader[T]) Read(p []byte) (int, error) {
-	for r.off == len(r.buf) {
+	if len(r.buf)-r.off < len(p) && !r.done && r.err == nil {
+		r.fillBuf(len(p))
+	}
+	if r.off == len(r.buf) {
 		if r.err != nil {
 			return 0, r.err
 		}
-		if r.done {
-			return 0, io.EOF
-		}
-		r.fillBuf(len(p))
+		return 0, io.EOF
 	}
 	n := copy(p, r.buf[r.off:])
 	r.off += n
 	return n, nil
 }
 
-// fillBuf encodes rows until about want bytes are ready, or the rows end.
+// fillBuf keeps the bytes not yet read and encodes rows after them until want bytes
+// are ready, or the rows end.
 func (r *copyReader[T]) fillBuf(want int) {
-	r.buf, r.off = r.buf[:0], 0
-	if r.next == 0 {
+	r.buf = r.buf[:copy(r.buf, r.buf[r.off:])]
+	r.off = 0
+	if r.next == 0 && !r.started {
 		r.buf = append(r.buf, copyHeader...)
+		r.started = true
 	}
 	for len(r.buf) < want && r.next < len(r.rows) {
 		mark := len(r.buf)
