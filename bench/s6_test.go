@@ -165,7 +165,7 @@ func s6Values10000(ctx context.Context, pool *pgxpool.Pool, table string, in []s
 
 // s6Library writes through the pipeline and the pgpipe writer.
 func s6Library(ctx context.Context, pool *pgxpool.Pool, table string, in []s6Row, chunk, writers int, opts ...pgpipe.Option) error {
-	w := pgpipe.NewWriter(pool, table, pgpipe.Func(s6Columns, s6Values), append(opts, pgpipe.WithChunk(chunk, 0))...)
+	w := pgpipe.NewWriter(pool, table, pgpipe.Struct[s6Row](), append(opts, pgpipe.WithChunk(chunk, 0))...)
 	p := pipeline.New()
 	w.To(pipeline.FromSlice(p, in), "load", writers)
 	return p.Run(ctx)

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"math"
 	"reflect"
 	"strconv"
 	"strings"
@@ -67,13 +68,17 @@ func (w *writerCore) columnOIDs(ctx context.Context, conn *pgx.Conn, table pgx.I
 // copyReader encodes rows into COPY's binary format as pgconn reads it (from a
 // goroutine of pgconn's own).
 type copyReader[T any] struct {
-	rows    []T
-	next    int
-	fill    func(*T, []any) []any
-	m       *pgtype.Map
-	oids    []uint32
-	plans   []columnPlan
-	vals    []any
+	rows  []T
+	next  int
+	fill  func(*T, []any) []any
+	m     *pgtype.Map
+	oids  []uint32
+	plans []columnPlan
+	vals  []any
+	// Struct mappings: the fields and, per column, a direct encoder (nil: through pgx).
+	fields  []int
+	ptr     bool
+	direct  []fieldEncoder
 	buf     []byte
 	off     int
 	started bool  // the header is out
@@ -135,6 +140,9 @@ func (r *copyReader[T]) encodeRow(buf []byte, i int) (out []byte, err error) {
 			err = fmt.Errorf("pgpipe: the row mapping panicked: %v", v)
 		}
 	}()
+	if r.direct != nil {
+		return r.encodeFields(buf, i)
+	}
 	r.vals = r.fill(&r.rows[i], r.vals)
 	if len(r.vals) != len(r.oids) {
 		return buf, fmt.Errorf("pgpipe: the row mapping returned %d values for %d columns", len(r.vals), len(r.oids))
@@ -169,6 +177,117 @@ func (r *copyReader[T]) encodeRow(buf []byte, i int) (out []byte, err error) {
 		}
 	}
 	return buf, nil
+}
+
+// encodeFields encodes row i of a struct mapping: the direct encoders read the fields
+// in place; the other fields go through pgx's plans.
+func (r *copyReader[T]) encodeFields(buf []byte, i int) ([]byte, error) {
+	rv := reflect.ValueOf(&r.rows[i]).Elem()
+	if r.ptr {
+		rv = rv.Elem()
+	}
+	buf = binary.BigEndian.AppendUint16(buf, uint16(len(r.fields)))
+	for c, fi := range r.fields {
+		f := rv.Field(fi)
+		sp := len(buf)
+		buf = binary.BigEndian.AppendUint32(buf, 0xffffffff) // NULL, unless a value follows
+		var (
+			enc []byte
+			err error
+		)
+		if d := r.direct[c]; d != nil {
+			enc, err = d(f, buf)
+		} else {
+			v := f.Interface()
+			cp := &r.plans[c]
+			if cp.plan == nil && cp.t == nil {
+				cp.t, cp.plan = f.Type(), r.m.PlanEncode(r.oids[c], pgtype.BinaryFormatCode, v)
+			}
+			if cp.plan == nil || f.Kind() == reflect.Pointer || f.Kind() == reflect.Interface {
+				enc, err = r.m.Encode(r.oids[c], pgtype.BinaryFormatCode, v, buf)
+			} else {
+				enc, err = cp.plan.Encode(v, buf)
+			}
+		}
+		if err != nil {
+			return buf, &encodeError{index: i, err: fmt.Errorf("column %s: %w", strconv.Itoa(c), err)}
+		}
+		if enc != nil {
+			buf = enc
+			binary.BigEndian.PutUint32(buf[sp:], uint32(len(buf)-sp-4))
+		}
+	}
+	return buf, nil
+}
+
+// fieldEncoder appends a field's value in binary format to buf; nil means NULL.
+type fieldEncoder func(f reflect.Value, buf []byte) ([]byte, error)
+
+// directEncoders returns, per field, an encoder that needs no boxing and no plan, for
+// the exact builtin Go types (a named type may have encoding methods of its own) going
+// into columns of the matching type; nil where pgx must encode.
+func directEncoders(t reflect.Type, fields []int, oids []uint32) []fieldEncoder {
+	encs := make([]fieldEncoder, len(fields))
+	for c, fi := range fields {
+		ft := t.Field(fi).Type
+		switch oid := oids[c]; {
+		case isInt(ft) && oid == pgtype.Int8OID:
+			encs[c] = func(f reflect.Value, buf []byte) ([]byte, error) {
+				return binary.BigEndian.AppendUint64(buf, uint64(f.Int())), nil
+			}
+		case isInt(ft) && oid == pgtype.Int4OID:
+			encs[c] = intEncoder(math.MinInt32, math.MaxInt32, "int4", 4)
+		case isInt(ft) && oid == pgtype.Int2OID:
+			encs[c] = intEncoder(math.MinInt16, math.MaxInt16, "int2", 2)
+		case ft == reflect.TypeFor[string]() && (oid == pgtype.TextOID || oid == pgtype.VarcharOID):
+			encs[c] = func(f reflect.Value, buf []byte) ([]byte, error) { return append(buf, f.String()...), nil }
+		case ft == reflect.TypeFor[float64]() && oid == pgtype.Float8OID:
+			encs[c] = func(f reflect.Value, buf []byte) ([]byte, error) {
+				return binary.BigEndian.AppendUint64(buf, math.Float64bits(f.Float())), nil
+			}
+		case ft == reflect.TypeFor[float32]() && oid == pgtype.Float4OID:
+			encs[c] = func(f reflect.Value, buf []byte) ([]byte, error) {
+				return binary.BigEndian.AppendUint32(buf, math.Float32bits(float32(f.Float()))), nil
+			}
+		case ft == reflect.TypeFor[bool]() && oid == pgtype.BoolOID:
+			encs[c] = func(f reflect.Value, buf []byte) ([]byte, error) {
+				if f.Bool() {
+					return append(buf, 1), nil
+				}
+				return append(buf, 0), nil
+			}
+		case ft == reflect.TypeFor[[]byte]() && oid == pgtype.ByteaOID:
+			encs[c] = func(f reflect.Value, buf []byte) ([]byte, error) {
+				if f.IsNil() {
+					return nil, nil
+				}
+				return append(buf, f.Bytes()...), nil
+			}
+		}
+	}
+	return encs
+}
+
+func isInt(t reflect.Type) bool {
+	switch t {
+	case reflect.TypeFor[int64](), reflect.TypeFor[int](), reflect.TypeFor[int32](), reflect.TypeFor[int16](), reflect.TypeFor[int8]():
+		return true
+	}
+	return false
+}
+
+// intEncoder encodes an integer field into a column of size bytes, checking its range.
+func intEncoder(lo, hi int64, name string, size int) fieldEncoder {
+	return func(f reflect.Value, buf []byte) ([]byte, error) {
+		n := f.Int()
+		if n < lo || n > hi {
+			return nil, fmt.Errorf("%d is out of range for %s", n, name)
+		}
+		if size == 4 {
+			return binary.BigEndian.AppendUint32(buf, uint32(int32(n))), nil
+		}
+		return binary.BigEndian.AppendUint16(buf, uint16(int16(n))), nil
+	}
 }
 
 // copyLine returns the row of a COPY that PostgreSQL's error context names ("COPY t,

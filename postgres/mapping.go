@@ -18,6 +18,10 @@ type Mapping[T any] struct {
 	// fill appends the values of *v's columns to buf[:0] and returns it; the values are
 	// used before the next call, so buf may be reused. They may point into *v.
 	fill func(v *T, buf []any) []any
+	// Struct mappings: the mapped fields' indexes and whether T is a pointer, so that
+	// the writer can encode common field types without boxing them (see copy.go).
+	fields []int
+	ptr    bool
 }
 
 // Columns returns the mapped column names, in order.
@@ -37,9 +41,11 @@ func Func[T any](columns []string, values func(v T) []any) Mapping[T] {
 // Struct returns the mapping of a struct type T (or a pointer to one): each exported
 // field is a column, named by its `db:"name"` tag, or else by the field's name in
 // snake_case (UserID becomes user_id); `db:"-"` leaves a field out. Embedded structs
-// are not flattened. It reads T's fields once, with reflection; each row then costs one
-// reflective read per field (and the allocation of boxing its value, as with any
-// []any handed to pgx). It panics if T is not a struct or maps no field.
+// are not flattened. It reads T's fields once, with reflection. Fields of the common
+// types (int64, int32, int16, int, string, float64, float32, bool, []byte) going into
+// columns of the matching PostgreSQL type are encoded straight from the row, with no
+// allocation; others are handed to pgx's encoders. It panics if T is not a struct or
+// maps no field.
 func Struct[T any]() Mapping[T] {
 	t := reflect.TypeFor[T]()
 	ptr := t.Kind() == reflect.Pointer
@@ -70,7 +76,7 @@ func Struct[T any]() Mapping[T] {
 		panic(fmt.Sprintf("pgpipe: Struct[%s]: no exported field to map", t))
 	}
 	checkColumns("Struct", cols)
-	return Mapping[T]{columns: cols, fill: func(v *T, buf []any) []any {
+	return Mapping[T]{columns: cols, fields: idx, ptr: ptr, fill: func(v *T, buf []any) []any {
 		rv := reflect.ValueOf(v).Elem()
 		if ptr {
 			rv = rv.Elem()

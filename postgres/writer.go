@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -535,6 +536,13 @@ func (w *Writer[T]) copyRows(ctx context.Context, conn *pgx.Conn, table pgx.Iden
 		rows: rows, fill: w.mapping.fill, m: conn.TypeMap(), oids: oids,
 		plans: make([]columnPlan, len(oids)), vals: make([]any, 0, len(oids)),
 		buf: make([]byte, 0, 64<<10),
+	}
+	if m := w.mapping; m.fields != nil {
+		t := reflect.TypeFor[T]()
+		if m.ptr {
+			t = t.Elem()
+		}
+		r.fields, r.ptr, r.direct = m.fields, m.ptr, directEncoders(t, m.fields, oids)
 	}
 	w.stats.roundTrips.Add(1)
 	_, err = conn.PgConn().CopyFrom(ctx, r, "COPY "+table.Sanitize()+" ("+w.quotedCols+") FROM STDIN BINARY")

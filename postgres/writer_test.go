@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
@@ -253,4 +254,62 @@ func runEvents(t *testing.T, w *pgpipe.Writer[event]) error {
 	err := p.Run(t.Context())
 	assert.Zero(t, p.Report().Stages[1].Retried, "a fatal error is not retried")
 	return err
+}
+
+// TestStructTypes writes a struct of every type the writer encodes itself, and of some
+// it hands to pgx (a named type, a pointer, a time), and reads it back.
+func TestStructTypes(t *testing.T) {
+	type status string
+	type allTypes struct {
+		I64    int64
+		I      int
+		I32    int32
+		I16    int16
+		S      string
+		V      string
+		F64    float64
+		F32    float32
+		B      bool
+		Bytes  []byte
+		NilB   []byte
+		Status status
+		Ptr    *string
+		NilPtr *int64
+		At     time.Time
+		Small  int64 // into int2
+	}
+	pool := newPool(t, 2)
+	table := tableName("types")
+	mustExec(t, pool, "CREATE TABLE "+table+` (i64 bigint, i bigint, i32 int, i16 smallint, s text, v varchar(20),
+		f64 float8, f32 float4, b bool, bytes bytea, nil_b bytea, status text, ptr text, nil_ptr bigint, at timestamptz, small int2)`)
+	t.Cleanup(func() { mustExec(t, pool, "DROP TABLE IF EXISTS "+table) })
+	s := "pointed"
+	at := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	want := allTypes{
+		I64: -1 << 40, I: 42, I32: -7, I16: 300, S: "héllo", V: "v", F64: 1.25, F32: -2.5, B: true,
+		Bytes: []byte{0, 1, 2}, Status: "active", Ptr: &s, At: at, Small: -3,
+	}
+	w := pgpipe.NewWriter(pool, table, pgpipe.Struct[allTypes]())
+	p := pipeline.New()
+	w.To(pipeline.FromSlice(p, []allTypes{want}), "load", 1)
+	require.NoError(t, p.Run(t.Context()))
+	var got allTypes
+	var st string
+	require.NoError(t, pool.QueryRow(t.Context(), "SELECT i64, i, i32, i16, s, v, f64, f32, b, bytes, nil_b, status, ptr, nil_ptr, at, small FROM "+table).Scan(
+		&got.I64, &got.I, &got.I32, &got.I16, &got.S, &got.V, &got.F64, &got.F32, &got.B, &got.Bytes, &got.NilB, &st, &got.Ptr, &got.NilPtr, &got.At, &got.Small))
+	got.Status = status(st)
+	got.At = got.At.UTC()
+	assert.Equal(t, want, got)
+
+	// A value out of range for its column is the row's fault, found without bisection.
+	p = pipeline.New()
+	bad := want
+	bad.Small = 1 << 20
+	dl := pipeline.NewDeadLetterBuffer[allTypes](10)
+	w = pgpipe.NewWriter(pool, table, pgpipe.Struct[allTypes](), pgpipe.WithDeadLetter(dl.Add))
+	w.To(pipeline.FromSlice(p, []allTypes{want, bad, want}), "load", 1)
+	require.NoError(t, p.Run(t.Context()))
+	require.Len(t, dl.Items(), 1)
+	assert.Contains(t, dl.Items()[0].LastError, "out of range for int2")
+	assert.Equal(t, int64(2), w.Stats().Rows)
 }
