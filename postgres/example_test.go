@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"iter"
 	"os"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -185,7 +186,7 @@ func ExampleWithChunk() {
 
 // This example shows a retry policy that waits longer for a server to come back.
 func ExampleWithRetry() {
-	_ = pgpipe.WithRetry(100, pipeline.ExponentialBackoff(50*1e6, 5*1e9))
+	_ = pgpipe.WithRetry(100, pipeline.ExponentialBackoff(50*time.Millisecond, 5*time.Second))
 }
 
 // This example shows rejected rows sent to a function instead of a table.
