@@ -310,7 +310,7 @@ func (w *Writer[T]) write(ctx context.Context, stage string, batch []T) error {
 }
 
 func (w *Writer[T]) writeOn(ctx context.Context, conn *pgx.Conn, stage string, rows []T) error {
-	bisect := false
+	var rejected error // the whole batch's row error, when it had one
 	if w.cfg.mode == modeInsert && w.cfg.ck == nil {
 		// One COPY is atomic: no transaction needed unless rows must be isolated.
 		err := w.copyRows(ctx, conn, w.ident, rows)
@@ -322,21 +322,25 @@ func (w *Writer[T]) writeOn(ctx context.Context, conn *pgx.Conn, stage string, r
 		if rowError(err) == nil {
 			return err
 		}
-		bisect = true
+		rejected = err
 	}
 	tx, err := w.begin(ctx, conn)
 	if err != nil {
 		return err
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // a no-op after Commit
+	defer func() { // a no-op after Commit
+		if tx != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
 	b := &bisection[T]{hints: true}
-	if !bisect {
+	if rejected == nil {
 		err = w.load(ctx, tx, rows)
 		if err != nil && rowError(err) == nil {
 			return err
 		}
 		if err != nil { // the transaction is aborted: start again, isolating the bad rows
-			bisect = true
+			rejected = err
 			if err := tx.Rollback(ctx); err != nil {
 				return err
 			}
@@ -346,9 +350,9 @@ func (w *Writer[T]) writeOn(ctx context.Context, conn *pgx.Conn, stage string, r
 			}
 		}
 	}
-	if bisect {
+	if rejected != nil {
 		w.stats.bisected.Add(1)
-		if err := w.bisect(ctx, tx, rows, false, b); err != nil {
+		if err := w.bisect(ctx, tx, rows, false, rejected, b); err != nil {
 			return err
 		}
 		if err := w.deadLetter(ctx, tx, stage, b.bad); err != nil {
@@ -399,13 +403,14 @@ type bisection[T any] struct {
 // bisect writes rows in savepoints and isolates the rows PostgreSQL rejects, in
 // O(k·log n) round trips for k bad rows of n. failed tells that rows are known to hold
 // a bad row (their sibling was clean and their parent failed), so trying them whole
-// would only fail again.
+// would only fail again; rejected, when not nil, is the row error rows failed with
+// already (the whole batch's), which saves trying them again.
 //
 // When the error names its row (a COPY's "line N" context, or a value the writer could
 // not encode), that row is tried alone first, which makes the search O(k); a hint that
 // proves wrong (the row goes in alone) turns hints off for the rest of the batch.
-func (w *Writer[T]) bisect(ctx context.Context, tx pgx.Tx, rows []T, failed bool, b *bisection[T]) error {
-	if !failed || len(rows) == 1 {
+func (w *Writer[T]) bisect(ctx context.Context, tx pgx.Tx, rows []T, failed bool, rejected error, b *bisection[T]) error {
+	if rejected == nil && (!failed || len(rows) == 1) {
 		if err := w.exec(ctx, tx, "SAVEPOINT pgpipe"); err != nil {
 			return err
 		}
@@ -417,41 +422,44 @@ func (w *Writer[T]) bisect(ctx context.Context, tx pgx.Tx, rows []T, failed bool
 			}
 			return w.exec(ctx, tx, done)
 		}
-		re := rowError(err)
-		if re == nil {
+		if rowError(err) == nil {
 			return err
 		}
 		if err := w.exec(ctx, tx, "ROLLBACK TO SAVEPOINT pgpipe; RELEASE SAVEPOINT pgpipe"); err != nil {
 			return err
 		}
-		if len(rows) == 1 {
-			b.bad = append(b.bad, badRow[T]{rows[0], re})
-			return nil
+		rejected = err
+	}
+	if rejected != nil && len(rows) == 1 {
+		b.bad = append(b.bad, badRow[T]{rows[0], rowError(rejected)})
+		return nil
+	}
+	if i := rowHint(rejected); rejected != nil && b.hints && i >= 0 && i < len(rows) {
+		n := len(b.bad)
+		if err := w.bisect(ctx, tx, rows[i:i+1], false, nil, b); err != nil {
+			return err
 		}
-		if i := rowHint(err); b.hints && i >= 0 && i < len(rows) {
-			n := len(b.bad)
-			if err := w.bisect(ctx, tx, rows[i:i+1], false, b); err != nil {
-				return err
-			}
-			if len(b.bad) == n {
-				b.hints = false // it went in: the hint misled
-			}
-			if err := w.bisect(ctx, tx, rows[:i], false, b); err != nil {
-				return err
-			}
-			return w.bisect(ctx, tx, rows[i+1:], false, b)
+		if len(b.bad) == n {
+			b.hints = false // it went in: the hint misled
 		}
+		if err := w.bisect(ctx, tx, rows[:i], false, nil, b); err != nil {
+			return err
+		}
+		return w.bisect(ctx, tx, rows[i+1:], false, nil, b)
 	}
 	mid := len(rows) / 2
 	n := len(b.bad)
-	if err := w.bisect(ctx, tx, rows[:mid], false, b); err != nil {
+	if err := w.bisect(ctx, tx, rows[:mid], false, nil, b); err != nil {
 		return err
 	}
-	return w.bisect(ctx, tx, rows[mid:], len(b.bad) == n, b)
+	return w.bisect(ctx, tx, rows[mid:], len(b.bad) == n, nil, b)
 }
 
 // rowHint returns the index of the row err names, or -1.
 func rowHint(err error) int {
+	if err == nil {
+		return -1
+	}
 	if ee, ok := errors.AsType[*encodeError](err); ok {
 		return ee.index
 	}
