@@ -196,7 +196,7 @@ func (c *Checkpoint) stamp(ctx context.Context, tx pgx.Tx, p pipeline.Progress) 
 }
 
 // resolve learns the outcome of a COMMIT whose connection was lost (cause), by reading
-// the job's row back on a new connection: the commit happened if the job's commit
+// the job's row back on a new connection (see readBack): the commit happened if the job's commit
 // count reached seq under the same epoch. It returns nil when the commit happened, a
 // transient error when it did not (the batch is written again), [ErrFenced] when
 // another instance took over, and a fatal error when the server stays unreachable.
@@ -206,8 +206,7 @@ func (c *Checkpoint) resolve(ctx context.Context, seq int64, cause error, cfg co
 		return err
 	}
 	for attempt := 1; ; attempt++ {
-		var gotEpoch, gotSeq int64
-		err := c.pool.QueryRow(ctx, `SELECT epoch, seq FROM `+checkpointTable+` WHERE job = $1`, c.job).Scan(&gotEpoch, &gotSeq)
+		gotEpoch, gotSeq, err := c.readBack(ctx)
 		switch {
 		case err == nil && gotEpoch != epoch:
 			return c.fenced(epoch)
@@ -224,6 +223,19 @@ func (c *Checkpoint) resolve(ctx context.Context, seq int64, cause error, cfg co
 			return err
 		}
 	}
+}
+
+// readBack reads the job's epoch and commit count on a connection of its own, outside
+// the pool: the pool's connections may all be held by writers waiting for the commit
+// being resolved.
+func (c *Checkpoint) readBack(ctx context.Context) (epoch, seq int64, err error) {
+	conn, err := pgx.ConnectConfig(ctx, c.pool.Config().ConnConfig.Copy())
+	if err != nil {
+		return 0, 0, err
+	}
+	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+	err = conn.QueryRow(ctx, `SELECT epoch, seq FROM `+checkpointTable+` WHERE job = $1`, c.job).Scan(&epoch, &seq)
+	return epoch, seq, err
 }
 
 // wait waits d, or until ctx is done.

@@ -378,7 +378,7 @@ func TestFaultCommitAckLost(t *testing.T) {
 	proxy, u := newLossyProxy(t, 4)
 	cfg, err := pgxpool.ParseConfig(u)
 	require.NoError(t, err)
-	cfg.MaxConns = 8
+	cfg.MaxConns = int32(j.workers) // every connection held by a writer: the read-back needs its own
 	j.pool, err = pgxpool.NewWithConfig(t.Context(), cfg)
 	require.NoError(t, err)
 	defer j.pool.Close()
