@@ -179,3 +179,37 @@ func TestCommitSkipsGivenRanges(t *testing.T) {
 	assert.Equal(t, []int{12, 13, 14, 15, 16, 17, 20, 21, 22, 23, 24, 30, 31}, got)
 	assert.Equal(t, int64(32), store.pos, "the skipped items settle too")
 }
+
+// TestCommitSplitItems splits every source item in two, so that its parts land in
+// different batches: the progress must cover a position only once both parts are
+// committed.
+func TestCommitSplitItems(t *testing.T) {
+	t.Parallel()
+	const n = 1000
+	store := newTxStore()
+	p := pipeline.New(pipeline.WithBuffer(4))
+	src := pipeline.Resume(p, store, from(n), pipeline.WithSaveEvery(10))
+	split := pipeline.Then(src, pipeline.NewFlatStage("split", 2, func(_ context.Context, v int, emit func(int)) error {
+		emit(2 * v)
+		emit(2*v + 1)
+		return nil
+	}))
+	var bad []int
+	pipeline.ToBatches(split, 7, pipeline.NewSink("sink", 3, func(ctx context.Context, b []int) error {
+		return pipeline.Commit(ctx, func(_ context.Context, pr pipeline.Progress) error {
+			store.commit(pr, b)
+			store.mu.Lock()
+			defer store.mu.Unlock()
+			for i := range n {
+				if store.covered(i) && (store.effects[2*i] == 0 || store.effects[2*i+1] == 0) {
+					bad = append(bad, i)
+				}
+			}
+			return nil
+		})
+	}))
+	require.NoError(t, p.Run(t.Context()))
+	assert.Empty(t, bad, "positions covered before both of their parts committed")
+	assert.Equal(t, int64(n), store.pos)
+	assert.Len(t, store.effects, 2*n)
+}
