@@ -89,3 +89,19 @@ func TestMisuse(t *testing.T) {
 		}()
 	}
 }
+
+// TestChunkBytes bounds batches by bytes as well as rows.
+func TestChunkBytes(t *testing.T) {
+	pool := newPool(t, 4)
+	table := createEvents(t, pool, false)
+	w := pgpipe.NewWriter(pool, table, pgpipe.Struct[event](), pgpipe.WithChunk(1000, 4000))
+	p := pipeline.New()
+	w.To(pipeline.FromSlice(p, events(5000)), "load", 2)
+	require.NoError(t, p.Run(t.Context()))
+	rows, _ := count(t, pool, table)
+	assert.Equal(t, int64(5000), rows)
+	// About 40 bytes a row: about 100 rows a batch, not 1,000.
+	assert.Greater(t, w.Stats().Batches, int64(40))
+	rep, _ := p.Report().Stage("Batch")
+	assert.Positive(t, rep.Flushes.Bytes)
+}
