@@ -137,7 +137,7 @@ func (r *copyReader[T]) fillBuf(want int) {
 func (r *copyReader[T]) encodeRow(buf []byte, i int) (out []byte, err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			err = fmt.Errorf("pgpipe: the row mapping panicked: %v", v)
+			out, err = buf, fmt.Errorf("pgpipe: the row mapping panicked: %v", v)
 		}
 	}()
 	if r.direct != nil {

@@ -105,3 +105,29 @@ func TestChunkBytes(t *testing.T) {
 	rep, _ := p.Report().Stage("Batch")
 	assert.Positive(t, rep.Flushes.Bytes)
 }
+
+// TestMappingFailure checks that a mapping that panics, or returns the wrong number of
+// values, fails the run with a fatal error instead of crashing the process or blaming
+// a row.
+func TestMappingFailure(t *testing.T) {
+	pool := newPool(t, 2)
+	table := createEvents(t, pool, false)
+	for name, values := range map[string]func(event) []any{
+		"panics": func(e event) []any {
+			if e.ID == 7 {
+				panic("boom")
+			}
+			return []any{e.ID, e.Name, e.Score}
+		},
+		"short": func(e event) []any { return []any{e.ID} },
+	} {
+		w := pgpipe.NewWriter(pool, table, pgpipe.Func([]string{"id", "name", "score"}, values),
+			pgpipe.WithDeadLetter(pipeline.DiscardDeadLetter[event]))
+		p := pipeline.New()
+		w.To(pipeline.FromSlice(p, events(100)), "load", 1)
+		err := p.Run(t.Context())
+		require.Error(t, err, name)
+		assert.Contains(t, err.Error(), "row mapping", name)
+		assert.Zero(t, w.Stats().DeadLettered, name)
+	}
+}
