@@ -169,6 +169,9 @@ func (r *copyReader[T]) encodeRow(buf []byte, i int) (out []byte, err error) {
 			}
 		}
 		if err != nil {
+			enc, err = r.fromText(c, v, buf, err)
+		}
+		if err != nil {
 			return buf, &encodeError{index: i, err: fmt.Errorf("column %s: %w", strconv.Itoa(c), err)}
 		}
 		if enc != nil {
@@ -177,6 +180,30 @@ func (r *copyReader[T]) encodeRow(buf []byte, i int) (out []byte, err error) {
 		}
 	}
 	return buf, nil
+}
+
+// encodeValue encodes v for column c, falling back to text for a string.
+func (r *copyReader[T]) encodeValue(c int, v any, buf []byte) ([]byte, error) {
+	enc, err := r.m.Encode(r.oids[c], pgtype.BinaryFormatCode, v, buf)
+	if err != nil {
+		return r.fromText(c, v, buf, err)
+	}
+	return enc, nil
+}
+
+// fromText encodes a string value for a column of another type (a number, a date) as
+// PostgreSQL would read it in text: parsed by the column type's text decoder, then
+// encoded in binary. Other values keep their encoding error, err.
+func (r *copyReader[T]) fromText(c int, v any, buf []byte, err error) ([]byte, error) {
+	s, ok := v.(string)
+	if !ok {
+		return nil, err
+	}
+	var parsed any
+	if perr := r.m.Scan(r.oids[c], pgtype.TextFormatCode, []byte(s), &parsed); perr != nil {
+		return nil, fmt.Errorf("%q is not a value of the column's type: %w", s, perr)
+	}
+	return r.m.Encode(r.oids[c], pgtype.BinaryFormatCode, parsed, buf)
 }
 
 // encodeFields encodes row i of a struct mapping: the direct encoders read the fields
@@ -197,6 +224,8 @@ func (r *copyReader[T]) encodeFields(buf []byte, i int) ([]byte, error) {
 		)
 		if d := r.direct[c]; d != nil {
 			enc, err = d(f, buf)
+		} else if f.Kind() == reflect.String {
+			enc, err = r.encodeValue(c, f.Interface(), buf)
 		} else {
 			v := f.Interface()
 			cp := &r.plans[c]

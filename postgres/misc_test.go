@@ -131,3 +131,31 @@ func TestMappingFailure(t *testing.T) {
 		assert.Zero(t, w.Stats().DeadLettered, name)
 	}
 }
+
+// TestStringsIntoOtherTypes writes strings into numeric and date columns, which
+// PostgreSQL reads as text, as pgx's own CopyFrom does.
+func TestStringsIntoOtherTypes(t *testing.T) {
+	pool := newPool(t, 2)
+	table := tableName("text")
+	mustExec(t, pool, "CREATE TABLE "+table+" (n int, amount numeric(8,2), day date)")
+	t.Cleanup(func() { mustExec(t, pool, "DROP TABLE IF EXISTS "+table) })
+	type csvRow struct {
+		N      string `db:"n"`
+		Amount string `db:"amount"`
+		Day    string `db:"day"`
+	}
+	dl := pipeline.NewDeadLetterBuffer[csvRow](10)
+	for _, m := range []pgpipe.Mapping[csvRow]{
+		pgpipe.Struct[csvRow](),
+		pgpipe.Func([]string{"n", "amount", "day"}, func(r csvRow) []any { return []any{r.N, r.Amount, r.Day} }),
+	} {
+		w := pgpipe.NewWriter(pool, table, m, pgpipe.WithDeadLetter(dl.Add))
+		p := pipeline.New()
+		w.To(pipeline.FromSlice(p, []csvRow{{"42", "12.50", "2026-12-01"}, {"x", "1", "2026-12-01"}}), "load", 1)
+		require.NoError(t, p.Run(t.Context()))
+	}
+	var n int
+	require.NoError(t, pool.QueryRow(t.Context(), "SELECT count(*) FROM "+table+" WHERE n = 42 AND amount = 12.5 AND day = '2026-12-01'").Scan(&n))
+	assert.Equal(t, 2, n)
+	assert.Len(t, dl.Items(), 2, "\"x\" is not an int")
+}
