@@ -196,15 +196,20 @@ func (c *Checkpoint) stamp(ctx context.Context, tx pgx.Tx, p pipeline.Progress) 
 }
 
 // resolve learns the outcome of a COMMIT whose connection was lost (cause), by reading
-// the job's row back on a new connection (see readBack): the commit happened if the job's commit
-// count reached seq under the same epoch. It returns nil when the commit happened, a
+// the job's row back on a new connection (see readBack): the commit happened if the
+// job's commit count reached seq under the same epoch. It returns nil when the commit happened, a
 // transient error when it did not (the batch is written again), [ErrFenced] when
 // another instance took over, and a fatal error when the server stays unreachable.
+//
+// It reads on even when ctx is done (a canceled run, an attempt's timeout), for up to
+// a minute: an answer settles the batch, while giving up would leave it unknown.
 func (c *Checkpoint) resolve(ctx context.Context, seq int64, cause error, cfg config) error {
 	epoch, err := c.loaded()
 	if err != nil {
 		return err
 	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
 	for attempt := 1; ; attempt++ {
 		gotEpoch, gotSeq, err := c.readBack(ctx)
 		switch {
@@ -214,13 +219,11 @@ func (c *Checkpoint) resolve(ctx context.Context, seq int64, cause error, cfg co
 			return nil // committed
 		case err == nil:
 			return pipeline.Transient(fmt.Errorf("pgpipe: COMMIT failed, the batch was not committed: %w", cause))
-		case ctx.Err() != nil:
-			return err
-		case !isConnError(err) || attempt >= cfg.attempts:
+		case !isConnError(err) || attempt >= cfg.attempts || ctx.Err() != nil:
 			return pipeline.Fatal(fmt.Errorf("%w; reading the checkpoint back failed: %w", ErrCommitUnknown, err))
 		}
-		if err := wait(ctx, cfg.backoff(attempt)); err != nil {
-			return err
+		if werr := wait(ctx, cfg.backoff(attempt)); werr != nil {
+			return pipeline.Fatal(fmt.Errorf("%w; reading the checkpoint back failed: %w", ErrCommitUnknown, err))
 		}
 	}
 }
