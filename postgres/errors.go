@@ -22,9 +22,11 @@ import (
 var ErrFenced = errors.New("pgpipe: another instance of the job took over its checkpoint")
 
 // ErrCommitUnknown is matched by the error of a commit whose outcome could not be
-// learnt: the connection was lost during COMMIT and the writer has no [Checkpoint] to
-// read the outcome back from. The error is transient, so the batch is written again:
-// in insert mode that may duplicate its rows; upsert mode and a checkpoint are exact.
+// learnt: the connection was lost during COMMIT. Without a [Checkpoint] to read the
+// outcome back from, the error is transient and the batch is written again, which in
+// insert mode may duplicate its rows (the upsert modes are exact). With one, the
+// outcome is read back; only when that fails for a minute is the error returned, as
+// fatal: the next run's Load then learns what was committed.
 var ErrCommitUnknown = errors.New("pgpipe: the outcome of COMMIT is unknown (the connection was lost)")
 
 // RowError is PostgreSQL's rejection of one row: a data error (SQLSTATE class 22, such
