@@ -121,7 +121,7 @@ func TestFileInput(t *testing.T) {
 	require.NoError(t, os.WriteFile(csv, []byte(cb.String()), 0o600))
 	for _, in := range []string{jsonl, csv} {
 		out := filepath.Join(dir, filepath.Ext(in)[1:])
-		code, stderr := exitCode(t, "-input", in, "-dir", out, "-web", "")
+		code, stderr := exitCode(t, "-input", in, "-dir", out, "-web", "", "-timeout", "2s", "-budget", "0.5")
 		require.Equal(t, 0, code, stderr)
 		checkExactlyOnce(t, out, 50)
 	}
@@ -135,7 +135,7 @@ func TestInterruptAndKillResume(t *testing.T) {
 	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGKILL} {
 		t.Run(sig.String(), func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "out")
-			args := []string{"-n", strconv.Itoa(n), "-dir", dir, "-web", "", "-progress", "20ms", "-batch", "200"}
+			args := []string{"-n", strconv.Itoa(n), "-dir", dir, "-web", "", "-progress", "20ms", "-batch", "200", "-timeout", "2s", "-budget", "0.5"}
 			cmd := exec.Command(binary(t), args...)
 			stderr, err := cmd.StderrPipe()
 			require.NoError(t, err)
@@ -182,7 +182,7 @@ func TestPostgresKillResume(t *testing.T) {
 	}
 	const n = 3000
 	dir := filepath.Join(t.TempDir(), "out")
-	args := []string{"-n", strconv.Itoa(n), "-dir", dir, "-web", "", "-progress", "20ms", "-batch", "200", "-db", url}
+	args := []string{"-n", strconv.Itoa(n), "-dir", dir, "-web", "", "-progress", "20ms", "-batch", "200", "-timeout", "2s", "-budget", "0.5", "-db", url}
 	cmd := exec.Command(binary(t), append(args, "-fresh")...)
 	stderr, err := cmd.StderrPipe()
 	require.NoError(t, err)
