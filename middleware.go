@@ -78,12 +78,14 @@ func WithClassifier(fn func(error) Class) ClassifierOption {
 	return ClassifierOption{fn}
 }
 
-// sleep waits backoff(attempt), or until ctx is done (returning its cause).
-func sleep(ctx context.Context, backoff Backoff, attempt int) error {
-	if backoff == nil {
-		return nil
+// sleep waits backoff(attempt), or longer if err asks for a longer delay (see
+// [RetryAfter]), or until ctx is done (returning its cause).
+func sleep(ctx context.Context, backoff Backoff, attempt int, err error) error {
+	var d time.Duration
+	if backoff != nil {
+		d = backoff(attempt)
 	}
-	d := backoff(attempt)
+	d = max(d, retryAfterOf(err)) // retryafter.go
 	if d <= 0 {
 		return nil
 	}
@@ -272,8 +274,22 @@ func (c *attemptCtx) timedOut() bool {
 func (w *worker[In, Out]) process(ctx context.Context, v In) error {
 	var first error
 	for attempt := 1; ; attempt++ {
+		var t ticket
+		if w.cl != nil { // client.go: breaker, rate limits, adaptive limit
+			var err error
+			if t, err = w.cl.acquire(ctx, v); err != nil {
+				if ctx.Err() != nil {
+					w.stats.failed.inc()
+					return context.Cause(ctx)
+				}
+				return w.fail(err, attempt-1, false)
+			}
+		}
 		out, err := w.attempt(ctx, v)
 		if err == nil {
+			if w.cl != nil {
+				w.cl.settle(t, nil, ClassItem)
+			}
 			// Counted after delivery: a panic downstream (in an inline operator) leaves
 			// the item failed, not both succeeded and failed.
 			handed, derr := w.deliver(ctx, out)
@@ -294,6 +310,10 @@ func (w *worker[In, Out]) process(ctx context.Context, v In) error {
 			return context.Cause(ctx)
 		}
 		class, err := w.classOf(err)
+		if w.cl != nil && w.cl.settle(t, err, class) {
+			attempt-- // held by the breaker: not one of the item's attempts (breaker.go)
+			continue
+		}
 		if class == ClassFatal {
 			return w.fail(err, attempt, false)
 		}
@@ -304,7 +324,7 @@ func (w *worker[In, Out]) process(ctx context.Context, v In) error {
 			w.stats.retried.inc()
 			w.row.addError(errTypeName(err), func(e *ErrorCount) { e.Retried++ })
 			w.r.emit(Event{Kind: EventRetry, Stage: w.st.name, Attempt: attempt, Err: err})
-			if err := sleep(ctx, w.st.cfg.backoff, attempt); err != nil {
+			if err := sleep(ctx, w.st.cfg.backoff, attempt, err); err != nil {
 				w.stats.failed.inc()
 				return err
 			}

@@ -67,6 +67,8 @@ type row struct {
 	filtered *atomic.Int64  // filters: items dropped
 	lost     atomic.Int64   // items a Tee offered this row's branch that a panic in an inline operator of the branch stopped
 	liveIn   atomic.Int64   // the largest In a Snapshot reported, so that In only grows
+	breaker  *breakerState  // WithCircuitBreaker (breaker.go)
+	adapt    *adaptive      // WithAdaptiveWorkers (adaptive.go)
 
 	mu     sync.Mutex
 	causes map[causeKey]int64
@@ -226,6 +228,13 @@ type StageReport struct {
 	Errors []ErrorCount // errors by type and outcome
 
 	Causes []Cause // dead letters grouped by cause, most common first
+
+	// Clients of a service (client.go): the circuit breaker, nil without
+	// [WithCircuitBreaker]; the active workers' limit (Workers, unless the stage has
+	// [WithAdaptiveWorkers]) and its latest changes.
+	Breaker      *BreakerReport
+	Limit        int
+	LimitHistory []LimitChange
 }
 
 // Cause is a group of dead letters with the same error type and cause: the message of
@@ -409,6 +418,13 @@ func (r *run) report(err error, final bool) Report {
 		}
 		s.Latency = latencyOf(rw.workers)
 		s.Timeout, s.Next = rw.timeout, slices.Clone(rw.next)
+		s.Limit = s.Workers
+		if rw.breaker != nil {
+			s.Breaker = rw.breaker.report()
+		}
+		if rw.adapt != nil {
+			s.Limit, s.LimitHistory = rw.adapt.report()
+		}
 		for _, n := range rw.next {
 			fed[n] += s.Out
 		}

@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"math/bits"
@@ -216,19 +217,22 @@ func (r Report) Bottleneck(targetPerSecond float64) Bottleneck {
 		}
 		if score := fill - out; score > best && fill >= 0.5 && out <= 0.5 {
 			best = score
-			b.Stage, b.Workers = s.Name, s.Workers
+			workers := cmp.Or(s.Limit, s.Workers) // an adaptive stage: its limit (adaptive.go)
+			b.Stage, b.Workers = s.Name, workers
 			if r.Running {
 				b.Why = fmt.Sprintf("input queue %d%% full, next queue %d%% full, %d/%d workers busy, p50 %v",
-					int(fill*100), int(out*100), s.Busy, s.Workers, s.Latency.P50.Round(time.Microsecond))
+					int(fill*100), int(out*100), s.Busy, workers, s.Latency.P50.Round(time.Microsecond))
 			} else {
 				b.Why = fmt.Sprintf("input queue peaked at %d%%, next queue at %d%%, %d workers, p50 %v",
-					int(fill*100), int(out*100), s.Workers, s.Latency.P50.Round(time.Microsecond))
+					int(fill*100), int(out*100), workers, s.Latency.P50.Round(time.Microsecond))
 			}
+			b.Suggested = 0
 			if targetPerSecond > 0 && s.Latency.Count > 0 {
 				b.Suggested = WorkersNeeded(targetPerSecond, s.Latency.P50, 1.25)
 			}
 		}
 	}
+	b.Warnings = append(b.Warnings, r.clientWarnings(b)...) // client.go
 	return b
 }
 

@@ -1,0 +1,196 @@
+package pipeline
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// WithAdaptiveWorkers makes the number of the stage's active workers adapt to what the
+// service it calls can take: the limit moves between min and the stage's workers (its
+// maximum) from the latency and errors the stage measures. Workers above the limit
+// wait, without an item, until it grows again; the stage's queue is unchanged.
+//
+// The limit starts at min and is revised once per window of completed attempts (4 per
+// active worker, at least 16), not per item:
+//
+//   - Errors rise (at least 1 attempt in 10 of the window failed with a transient error
+//     or a timeout): the limit shrinks by a quarter.
+//   - Latency rises (the window's mean attempt latency is more than 10 % above the
+//     floor, the lowest window mean seen, which follows a lasting rise slowly): the
+//     downstream is saturated, and the limit shrinks in proportion (limit × floor /
+//     mean, by at least 1). A knee found again at the same limit makes the limit wait
+//     twice as long (up to 64 windows) before it probes above it again, so that
+//     probing the knee costs little latency once it is known.
+//   - Otherwise, if every active worker was busy at some point of the window (more of
+//     them could have been used), it grows by 1.
+//
+// So it grows while throughput grows with the workers and latency stays at its floor,
+// and settles at the concurrency where the service starts queueing. It suits a stage
+// whose attempts call something with a steady latency under its knee (a database, an
+// API); with latencies that vary widely from item to item, prefer a fixed number.
+//
+// [StageReport].Limit gives the current limit and LimitHistory its latest changes;
+// each change is an [EventLimit]. [Report.Bottleneck] reads the limit as the stage's
+// workers. It panics if min < 1; the stage's constructor panics if min is more than the
+// stage's workers, or if the stage has [WithKey] (each key's worker must run).
+//
+// An adaptive stage reads the clock twice and takes a lock twice per attempt.
+func WithAdaptiveWorkers(min int) StageOption {
+	if min < 1 {
+		panic(fmt.Sprintf("pipeline: WithAdaptiveWorkers(%d): the minimum must be at least 1", min))
+	}
+	return stageOpt(func(c *config) { c.client.adaptMin, c.client.adaptSet = min, true })
+}
+
+// LimitChange is one change of an adaptive stage's limit.
+type LimitChange struct {
+	At     time.Duration // since the run started
+	Limit  int
+	Reason string // "grow", "latency" or "errors"
+}
+
+const (
+	limitHistory   = 64   // changes a report keeps
+	limitTolerance = 1.10 // a window mean above floor × this is a rise
+	limitHoldMax   = 64   // windows, at most, before probing a known knee again
+)
+
+// adaptive is one run's concurrency limit of one stage.
+type adaptive struct {
+	min, max int
+	started  time.Time
+	limit    atomic.Int64
+	done     chan struct{} // closed when the stage's input is closed and drained
+	endOnce  sync.Once
+
+	mu        sync.Mutex
+	grown     chan struct{} // closed (and replaced) when the limit grows
+	inflight  int
+	saturated bool // all active workers were busy at once in this window
+	n, failed int
+	sum       time.Duration
+	floor     time.Duration
+	hold      int // windows to wait before growing
+	holdNext  int // the hold after a rise at the same knee
+	knee      int // the limit of the last rise
+	history   []LimitChange
+}
+
+func newAdaptive(min, max int, started time.Time) *adaptive {
+	a := &adaptive{min: min, max: max, started: started, done: make(chan struct{}), grown: make(chan struct{})}
+	a.limit.Store(int64(min))
+	return a
+}
+
+// gate waits until worker id is within the limit, the stage's input has ended, or the
+// run stops (its cause).
+func (a *adaptive) gate(ctx context.Context, id int) error {
+	for {
+		if int64(id) < a.limit.Load() {
+			return nil
+		}
+		a.mu.Lock()
+		grown := a.grown
+		a.mu.Unlock()
+		if int64(id) < a.limit.Load() {
+			return nil
+		}
+		select {
+		case <-grown:
+		case <-a.done:
+			return nil
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	}
+}
+
+func (a *adaptive) close() { a.endOnce.Do(func() { close(a.done) }) }
+
+// begin counts an attempt in flight and returns when it began.
+func (a *adaptive) begin() time.Time {
+	a.mu.Lock()
+	a.inflight++
+	if int64(a.inflight) >= a.limit.Load() {
+		a.saturated = true
+	}
+	a.mu.Unlock()
+	return time.Now()
+}
+
+// end counts an attempt's outcome, and revises the limit at the end of a window.
+func (a *adaptive) end(r *run, stage string, began time.Time, failed bool) {
+	d := time.Since(began)
+	a.mu.Lock()
+	a.inflight--
+	a.n++
+	a.sum += d
+	if failed {
+		a.failed++
+	}
+	var change *LimitChange
+	if a.n >= max(16, 4*int(a.limit.Load())) {
+		change = a.reviseLocked()
+	}
+	a.mu.Unlock()
+	if change != nil {
+		r.emit(Event{Kind: EventLimit, Stage: stage, Limit: change.Limit})
+	}
+}
+
+// reviseLocked ends a window: it moves the limit, and returns the change, if any.
+func (a *adaptive) reviseLocked() *LimitChange {
+	mean := a.sum / time.Duration(a.n)
+	switch {
+	case a.floor == 0 || mean < a.floor:
+		a.floor = mean
+	default: // follow a lasting rise slowly; a window at the floor resets it
+		a.floor += (mean - a.floor) / 16
+	}
+	old := int(a.limit.Load())
+	next, reason := old, ""
+	switch {
+	case a.failed*10 >= a.n:
+		next, reason = max(a.min, min(old*3/4, old-1)), "errors"
+		a.hold = 2
+	case float64(mean) > float64(a.floor)*limitTolerance:
+		g := float64(a.floor) / float64(mean)
+		next, reason = max(a.min, min(int(math.Round(float64(old)*g)), old-1)), "latency"
+		if old == a.knee {
+			a.holdNext = min(2*a.holdNext, limitHoldMax)
+		} else {
+			a.knee, a.holdNext = old, 4
+		}
+		a.hold = a.holdNext
+	case a.hold > 0:
+		a.hold--
+	case a.saturated && old < a.max:
+		next, reason = old+1, "grow"
+	}
+	a.n, a.failed, a.sum, a.saturated = 0, 0, 0, false
+	if next == old {
+		return nil
+	}
+	a.limit.Store(int64(next))
+	if next > old {
+		close(a.grown)
+		a.grown = make(chan struct{})
+	}
+	if len(a.history) == limitHistory {
+		a.history = append(a.history[:0], a.history[1:]...)
+	}
+	c := LimitChange{At: time.Since(a.started), Limit: next, Reason: reason}
+	a.history = append(a.history, c)
+	return &c
+}
+
+// report returns the current limit and its latest changes.
+func (a *adaptive) report() (int, []LimitChange) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return int(a.limit.Load()), append([]LimitChange(nil), a.history...)
+}
