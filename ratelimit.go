@@ -62,9 +62,7 @@ func WithRateLimitPerKey[In any, K comparable](key func(In) K, perSecond float64
 	if !(perSecond > 0) || math.IsInf(perSecond, 0) || burst < 1 {
 		panic(fmt.Sprintf("pipeline: WithRateLimitPerKey(%v, %d): need a finite rate > 0 and a burst >= 1", perSecond, burst))
 	}
-	k := &keyedLimiters[K]{limit: rate.Limit(perSecond), burst: burst, m: make(map[K]*rate.Limiter)}
-	// A limiter idle this long has a full bucket again.
-	k.idle = time.Duration(float64(burst) / perSecond * float64(time.Second))
+	k := newKeyedLimiters[K](perSecond, burst)
 	fn := func(v In) Limiter { return k.get(key(v)) }
 	return stageOpt(func(c *config) { c.client.keyLimit = fn })
 }
@@ -78,6 +76,13 @@ type keyedLimiters[K comparable] struct {
 	mu    sync.Mutex
 	m     map[K]*rate.Limiter
 	swept time.Time
+}
+
+func newKeyedLimiters[K comparable](perSecond float64, burst int) *keyedLimiters[K] {
+	return &keyedLimiters[K]{
+		limit: rate.Limit(perSecond), burst: burst, m: make(map[K]*rate.Limiter),
+		idle: time.Duration(float64(burst) / perSecond * float64(time.Second)), // a bucket's time to refill
+	}
 }
 
 // get returns key's limiter, making it on first use. Every idle interval, it drops the
