@@ -14,17 +14,18 @@ import (
 // maximum) from the latency and errors the stage measures. Workers above the limit
 // wait, without an item, until it grows again; the stage's queue is unchanged.
 //
-// The limit starts at min and is revised once per window of completed attempts (4 per
-// active worker, at least 16), not per item:
+// The limit starts at min and is revised once per window of completed attempts (6 per
+// active worker, at least 16; attempts that began under an earlier limit are not
+// measured), not per item:
 //
 //   - Errors rise (at least 1 attempt in 10 of the window failed with a transient error
 //     or a timeout): the limit shrinks by a quarter.
-//   - Latency rises (the window's mean attempt latency is more than 10 % above the
+//   - Latency rises (the window's mean attempt latency is more than 8 % above the
 //     floor, the lowest window mean seen, which follows a lasting rise slowly): the
 //     downstream is saturated, and the limit shrinks in proportion (limit × floor /
-//     mean, by at least 1). A knee found again at the same limit makes the limit wait
-//     twice as long (up to 64 windows) before it probes above it again, so that
-//     probing the knee costs little latency once it is known.
+//     mean, by at least 1). Each time it comes back to the same limit this way, it
+//     waits twice as long (4, 8, ... up to 64 windows) before it probes above it
+//     again, so that probing a known knee costs little latency.
 //   - Otherwise, if every active worker was busy at some point of the window (more of
 //     them could have been used), it grows by 1.
 //
@@ -55,7 +56,8 @@ type LimitChange struct {
 
 const (
 	limitHistory   = 64   // changes a report keeps
-	limitTolerance = 1.10 // a window mean above floor × this is a rise
+	limitPerWorker = 6    // completed attempts per active worker in a window
+	limitTolerance = 1.08 // a window mean above floor × this is a rise
 	limitHoldMax   = 64   // windows, at most, before probing a known knee again
 )
 
@@ -74,9 +76,10 @@ type adaptive struct {
 	n, failed int
 	sum       time.Duration
 	floor     time.Duration
-	hold      int // windows to wait before growing
-	holdNext  int // the hold after a rise at the same knee
-	knee      int // the limit of the last rise
+	changed   time.Time // when the limit last changed: earlier attempts are not measured
+	hold      int       // windows to wait before growing
+	holdNext  int       // the hold after a rise that brings the limit back to the same knee
+	knee      int       // the limit after the last rise
 	history   []LimitChange
 }
 
@@ -127,13 +130,17 @@ func (a *adaptive) end(r *run, stage string, began time.Time, failed bool) {
 	d := time.Since(began)
 	a.mu.Lock()
 	a.inflight--
+	if began.Before(a.changed) { // began under another limit: says nothing of this one
+		a.mu.Unlock()
+		return
+	}
 	a.n++
 	a.sum += d
 	if failed {
 		a.failed++
 	}
 	var change *LimitChange
-	if a.n >= max(16, 4*int(a.limit.Load())) {
+	if a.n >= max(16, limitPerWorker*int(a.limit.Load())) {
 		change = a.reviseLocked()
 	}
 	a.mu.Unlock()
@@ -160,10 +167,10 @@ func (a *adaptive) reviseLocked() *LimitChange {
 	case float64(mean) > float64(a.floor)*limitTolerance:
 		g := float64(a.floor) / float64(mean)
 		next, reason = max(a.min, min(int(math.Round(float64(old)*g)), old-1)), "latency"
-		if old == a.knee {
+		if next == a.knee {
 			a.holdNext = min(2*a.holdNext, limitHoldMax)
 		} else {
-			a.knee, a.holdNext = old, 4
+			a.knee, a.holdNext = next, 4
 		}
 		a.hold = a.holdNext
 	case a.hold > 0:
@@ -176,6 +183,7 @@ func (a *adaptive) reviseLocked() *LimitChange {
 		return nil
 	}
 	a.limit.Store(int64(next))
+	a.changed = time.Now()
 	if next > old {
 		close(a.grown)
 		a.grown = make(chan struct{})
