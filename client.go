@@ -19,12 +19,11 @@ import (
 // clientConfig is the part of a stage's config set by the options of this file's
 // family.
 type clientConfig struct {
-	limiter   Limiter
-	keyLimit  any // func(In) Limiter, checked by the stage (WithRateLimitPerKey)
-	breaker   *Breaker
-	adaptMin  int // WithAdaptiveWorkers: the least active workers (0: not adaptive)
-	adaptSet  bool
-	keyLimits int // WithRateLimitPerKey: how many stages were given one (at most 1)
+	limiter  Limiter
+	keyLimit any // func(In) Limiter, checked by the stage (WithRateLimitPerKey)
+	breaker  *Breaker
+	adaptMin int // WithAdaptiveWorkers: the least active workers (0: not adaptive)
+	adaptSet bool
 }
 
 func (c clientConfig) any() bool {

@@ -274,7 +274,7 @@ func TestRetryAfter(t *testing.T) {
 			})
 		})
 	}
-	assert.NoError(t, pipeline.RetryAfter(nil, time.Second))
+	require.NoError(t, pipeline.RetryAfter(nil, time.Second))
 	c, ok := pipeline.ClassOf(pipeline.RetryAfter(errBoom, time.Second))
 	assert.True(t, ok)
 	assert.Equal(t, pipeline.ClassTransient, c)
