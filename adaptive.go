@@ -200,5 +200,5 @@ func (a *adaptive) reviseLocked() *LimitChange {
 func (a *adaptive) report() (int, []LimitChange) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return int(a.limit.Load()), append([]LimitChange(nil), a.history...)
+	return int(a.limit.Load()), append([]LimitChange{}, a.history...) // never nil: the stage is adaptive
 }

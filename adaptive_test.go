@@ -142,6 +142,8 @@ func testAdaptiveConverges(t *testing.T, jitter bool) {
 		assert.Equal(t, "grow", call.LimitHistory[0].Reason)
 		assert.Equal(t, call.Limit, call.LimitHistory[len(call.LimitHistory)-1].Limit)
 		assert.Equal(t, 32, call.Workers)
+		assert.Contains(t, rep.String(), fmt.Sprintf("adaptive call: limit %d of 32 workers, last changed at ", call.Limit))
+		assert.Contains(t, rep.Line(), fmt.Sprintf(" limit=%d/32", call.Limit))
 	})
 }
 

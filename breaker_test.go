@@ -325,6 +325,8 @@ func TestBreakerCancel(t *testing.T) {
 		assert.Zero(t, call.DeadLettered)
 		assert.Equal(t, pipeline.BreakerOpen, call.Breaker.State)
 		assert.Equal(t, 10*time.Second, call.Breaker.TimeOpen)
+		assert.Contains(t, rep.String(), "breaker call: open, opened 1 times, open 10s, ")
+		assert.Contains(t, rep.Line(), "call 0/s q=64/64 busy=0/4 failed=4 breaker=open")
 	})
 }
 

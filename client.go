@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -180,6 +181,37 @@ func (r Report) clientWarnings(b Bottleneck) []string {
 			out = append(out, fmt.Sprintf("stage %q: the adaptive limit reached the stage's %d workers without saturating what it calls: allow more workers",
 				s.Name, s.Workers))
 		}
+	}
+	return out
+}
+
+// clientLines are the lines of [Report.String] about breakers and adaptive limits.
+func (r Report) clientLines() string {
+	var b strings.Builder
+	for _, s := range r.Stages {
+		if br := s.Breaker; br != nil {
+			fmt.Fprintf(&b, "breaker %s: %s, opened %d times, open %v, %d attempts held\n",
+				s.Name, br.State, br.Opened, br.TimeOpen.Round(time.Millisecond), br.Held)
+		}
+		if s.LimitHistory != nil {
+			fmt.Fprintf(&b, "adaptive %s: limit %d of %d workers", s.Name, s.Limit, s.Workers)
+			if n := len(s.LimitHistory); n > 0 {
+				fmt.Fprintf(&b, ", last changed at %v (%s)", s.LimitHistory[n-1].At.Round(time.Millisecond), s.LimitHistory[n-1].Reason)
+			}
+			b.WriteString("\n")
+		}
+	}
+	return b.String()
+}
+
+// clientLine is what [Report.Line] adds for a stage's breaker and adaptive limit.
+func (s StageReport) clientLine() string {
+	var out string
+	if s.Breaker != nil && s.Breaker.State != BreakerClosed {
+		out += " breaker=" + s.Breaker.State.String()
+	}
+	if s.LimitHistory != nil {
+		out += fmt.Sprintf(" limit=%d/%d", s.Limit, s.Workers)
 	}
 	return out
 }

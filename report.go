@@ -229,12 +229,10 @@ type StageReport struct {
 
 	Causes []Cause // dead letters grouped by cause, most common first
 
-	// Clients of a service (client.go): the circuit breaker, nil without
-	// [WithCircuitBreaker]; the active workers' limit (Workers, unless the stage has
-	// [WithAdaptiveWorkers]) and its latest changes.
-	Breaker      *BreakerReport
-	Limit        int
-	LimitHistory []LimitChange
+	// Clients of a service (client.go).
+	Breaker      *BreakerReport // the circuit breaker; nil without WithCircuitBreaker
+	Limit        int            // workers allowed to take items: Workers, or the adaptive limit
+	LimitHistory []LimitChange  // the adaptive limit's latest changes (at most 64); nil without WithAdaptiveWorkers
 }
 
 // Cause is a group of dead letters with the same error type and cause: the message of
@@ -320,6 +318,7 @@ func (r Report) String() string {
 				s.Name, s.Out, f.Size, f.Bytes, f.Linger, f.End, f.Checkpoint)
 		}
 	}
+	b.WriteString(r.clientLines()) // client.go: breakers, adaptive limits
 	if r.Err != nil {
 		fmt.Fprintf(&b, "error: %v\n", r.Err)
 	}

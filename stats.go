@@ -287,6 +287,7 @@ func (r Report) Line() string {
 		if s.Failed > 0 {
 			fmt.Fprintf(&b, " failed=%d", s.Failed)
 		}
+		b.WriteString(s.clientLine()) // client.go: breaker=open, limit=8/32
 	}
 	return b.String()
 }
