@@ -14,4 +14,5 @@ require (
 require (
 	go.uber.org/atomic v1.7.0 // indirect
 	go.uber.org/multierr v1.9.0 // indirect
+	golang.org/x/time v0.16.0 // indirect
 )
