@@ -41,7 +41,16 @@ type client[In any] struct {
 	brk     *breakerState
 	adapt   *adaptive
 	workers int
+	waitCtx context.Context // the run's context without its deadline, for limiters
 }
+
+// noDeadline is a context without a deadline, canceled with its parent (at the
+// parent's deadline too). Limiters get it: a rate.Limiter refuses at once a wait that
+// would end past its context's deadline, which would fail the run early with a
+// limiter's error, where waiting until the deadline ends it with the deadline's.
+type noDeadline struct{ context.Context }
+
+func (noDeadline) Deadline() (time.Time, bool) { return time.Time{}, false }
 
 // checkClient validates the client options of a stage at construction.
 func (st *Stage[In, Out]) checkClient(ctor string) {
@@ -71,7 +80,7 @@ func newClient[In, Out any](r *run, rw *row, st *Stage[In, Out]) *client[In] {
 	if !c.any() {
 		return nil
 	}
-	cl := &client[In]{r: r, row: rw, stage: rw.name, lim: c.limiter, workers: st.workers}
+	cl := &client[In]{r: r, row: rw, stage: rw.name, lim: c.limiter, workers: st.workers, waitCtx: noDeadline{r.ctx}}
 	if c.keyLimit != nil {
 		cl.keyLim = c.keyLimit.(func(In) Limiter)
 	}
@@ -117,7 +126,11 @@ func (cl *client[In]) acquire(ctx context.Context, v In) (t ticket, err error) {
 // wait takes a token of l. An error of the limiter's own (not the run stopping) is
 // fatal.
 func (cl *client[In]) wait(ctx context.Context, l Limiter) error {
-	err := l.Wait(ctx)
+	wctx := cl.waitCtx
+	if ctx != cl.r.ctx { // not the run's: keep it as it is
+		wctx = ctx
+	}
+	err := l.Wait(wctx)
 	if err == nil {
 		return nil
 	}

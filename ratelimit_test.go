@@ -178,6 +178,25 @@ func TestRateLimitCancel(t *testing.T) {
 	})
 }
 
+// TestRateLimitDeadline checks that a run whose context has a deadline waits for a
+// token until the deadline, and then returns the deadline's error (a rate.Limiter
+// alone would refuse at once a wait that ends past its context's deadline).
+func TestRateLimitDeadline(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		defer cancel()
+		st := pipeline.NewStage("call", 1, func(_ context.Context, v int) (int, error) { return v, nil },
+			pipeline.WithRateLimit(rate.NewLimiter(rate.Every(time.Hour), 1)))
+		p := pipeline.New()
+		pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(3)), st), nopSink())
+		t0 := time.Now()
+		require.ErrorIs(t, p.Run(ctx), context.DeadlineExceeded)
+		assert.Equal(t, 5*time.Second, time.Since(t0))
+		checkReport(t, p.Report())
+	})
+}
+
 // failingLimiter is a Limiter that cannot give a token.
 type failingLimiter struct{}
 

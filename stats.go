@@ -298,6 +298,11 @@ func (r Report) Line() string {
 // 1. It panics if targetPerSecond or latency is negative, or headroom is less than 1.
 //
 //	WorkersNeeded(750, 20*time.Millisecond, 1.25) // 19
+//
+// For a stage with [WithAdaptiveWorkers], compare the result with the stage's
+// [StageReport].Limit rather than its Workers: a limit held below the maximum means the
+// service saturates there, and more workers would only queue at it ([Report.Bottleneck]
+// says so).
 func WorkersNeeded(targetPerSecond float64, latency time.Duration, headroom float64) int {
 	if !(targetPerSecond >= 0) || latency < 0 || !(headroom >= 1) || math.IsInf(targetPerSecond, 0) || math.IsInf(headroom, 0) {
 		panic(fmt.Sprintf("pipeline: WorkersNeeded(%v, %v, %v): need a finite rate >= 0, latency >= 0, headroom >= 1",
