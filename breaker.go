@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -75,8 +76,8 @@ func (s BreakerState) String() string {
 // EventBreakerClosed) that [WithLogger] logs, and the stage's [StageReport].Breaker
 // gives the state, the time spent open and the transitions. Each run starts closed.
 //
-// A breaker takes a lock per attempt and reads the clock per attempt when
-// b.FailureRatio is set. It panics if a field is out of range, or if neither Failures
+// A closed breaker takes a lock per attempt, and reads the clock per attempt when
+// b.FailureRatio is set (or the attempt failed). It panics if a field is out of range, or if neither Failures
 // nor FailureRatio is set.
 func WithCircuitBreaker(b Breaker) StageOption {
 	switch {
@@ -131,6 +132,8 @@ type breakerState struct {
 	stage string
 	slice time.Duration
 
+	closed atomic.Bool // state == BreakerClosed, read without the lock
+
 	mu        sync.Mutex
 	state     BreakerState
 	changed   chan struct{} // closed (and replaced) at every transition
@@ -147,7 +150,9 @@ type breakerState struct {
 }
 
 func newBreakerState(b Breaker, r *run, stage string) *breakerState {
-	return &breakerState{cfg: b, r: r, stage: stage, slice: b.Window / breakerSlices, changed: make(chan struct{})}
+	s := &breakerState{cfg: b, r: r, stage: stage, slice: b.Window / breakerSlices, changed: make(chan struct{})}
+	s.closed.Store(true)
+	return s
 }
 
 // ticket is what acquire gave an attempt: when it began (adaptive stages) and whether it
@@ -161,6 +166,9 @@ type ticket struct {
 // attempt is a probe. It returns the run's cause if the run stops first, or a
 // *BreakerError once the breaker has not been closed for longer than MaxOpen.
 func (b *breakerState) allow(ctx context.Context) (probe bool, err error) {
+	if b.closed.Load() { // an attempt that began as it opened is held when it fails
+		return false, nil
+	}
 	for {
 		var events []Event
 		b.mu.Lock()
@@ -238,7 +246,10 @@ func (b *breakerState) cancelProbe(probe bool) {
 func (b *breakerState) record(probe, failed bool, err error) (held bool) {
 	var events []Event
 	b.mu.Lock()
-	now := time.Now()
+	var now time.Time
+	if failed || b.cfg.FailureRatio > 0 || b.state != BreakerClosed {
+		now = time.Now() // a success of a closed breaker that counts failures in a row needs no clock
+	}
 	if probe {
 		b.probes--
 	}
@@ -317,6 +328,7 @@ func (b *breakerState) countLocked(failed bool, now time.Time) bool {
 // released.
 func (b *breakerState) moveLocked(to BreakerState, now time.Time, err error) Event {
 	b.state = to
+	b.closed.Store(to == BreakerClosed)
 	switch to {
 	case BreakerOpen:
 		b.openedAt = now
