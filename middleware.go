@@ -274,10 +274,9 @@ func (c *attemptCtx) timedOut() bool {
 func (w *worker[In, Out]) process(ctx context.Context, v In) error {
 	var first error
 	for attempt := 1; ; attempt++ {
-		var t ticket
 		if w.cl != nil { // client.go: breaker, rate limits, adaptive limit
 			var err error
-			if t, err = w.cl.acquire(ctx, v); err != nil {
+			if w.tk, err = w.cl.acquire(ctx, v); err != nil {
 				if ctx.Err() != nil {
 					w.stats.failed.inc()
 					return context.Cause(ctx)
@@ -288,7 +287,7 @@ func (w *worker[In, Out]) process(ctx context.Context, v In) error {
 		out, err := w.attempt(ctx, v)
 		if err == nil {
 			if w.cl != nil {
-				w.cl.settle(t, nil, ClassItem)
+				w.cl.settle(w.tk, nil, ClassItem)
 			}
 			// Counted after delivery: a panic downstream (in an inline operator) leaves
 			// the item failed, not both succeeded and failed.
@@ -310,7 +309,7 @@ func (w *worker[In, Out]) process(ctx context.Context, v In) error {
 			return context.Cause(ctx)
 		}
 		class, err := w.classOf(err)
-		if w.cl != nil && w.cl.settle(t, err, class) {
+		if w.cl != nil && w.cl.settle(w.tk, err, class) {
 			attempt-- // held by the breaker: not one of the item's attempts (breaker.go)
 			continue
 		}

@@ -276,6 +276,7 @@ type worker[In, Out any] struct {
 	ctxs     attemptSlab      // WithTimeout: fresh attempt contexts
 	cl       *client[In]      // rate limits, breaker, adaptive workers (client.go); nil without
 	id       int              // the worker's index in its stage
+	tk       ticket           // the current attempt's, from w.cl (client.go)
 }
 
 // loop takes items until the queue is closed and drained (nil) or the run stops (its
