@@ -20,10 +20,11 @@ import (
 //
 //   - Errors rise (at least 1 attempt in 10 of the window failed with a transient error
 //     or a timeout): the limit shrinks by a quarter.
-//   - Latency rises (the window's mean attempt latency is more than 8 % above the
-//     floor, the lowest window mean seen, which follows a lasting rise slowly): the
-//     downstream is saturated, and the limit shrinks in proportion (limit × floor /
-//     mean, by at least 1). Each time it comes back to the same limit this way, it
+//   - Latency rises (the window's mean latency of successful attempts is more than 8 %
+//     above the floor, the lowest window mean seen, which follows a lasting rise
+//     slowly; and more than the latency's usual spread explains): the downstream is
+//     saturated, and the limit shrinks in proportion (limit × floor / mean, by at
+//     least 1). Each time it comes back to the same limit this way, it
 //     waits twice as long (4, 8, ... up to 64 windows) before it probes above it
 //     again, so that probing a known knee costs little latency.
 //   - Otherwise, if every active worker was busy at some point of the window (more of
@@ -72,10 +73,14 @@ type adaptive struct {
 	mu        sync.Mutex
 	grown     chan struct{} // closed (and replaced) when the limit grows
 	inflight  int
-	saturated bool // all active workers were busy at once in this window
-	n, failed int
-	sum       time.Duration
-	floor     time.Duration
+	saturated bool          // all active workers were busy at once in this window
+	n, failed int           // attempts completed in the window, and failed
+	ok        int           // succeeded: the latency figures are theirs
+	sum       time.Duration // their latencies
+	sumsq     float64       // their latencies squared, in ns²
+	floor     time.Duration // the lowest window mean seen, rising slowly with a lasting rise
+	noise     float64       // the latency's coefficient of variation in windows without a rise
+	noiseSet  bool
 	changed   time.Time // when the limit last changed: earlier attempts are not measured
 	hold      int       // windows to wait before growing
 	holdNext  int       // the hold after a rise that brings the limit back to the same knee
@@ -135,9 +140,12 @@ func (a *adaptive) end(r *run, stage string, began time.Time, failed bool) {
 		return
 	}
 	a.n++
-	a.sum += d
 	if failed {
-		a.failed++
+		a.failed++ // a failure's latency says nothing of the service's (a refused call is quick)
+	} else {
+		a.ok++
+		a.sum += d
+		a.sumsq += float64(d) * float64(d)
 	}
 	var change *LimitChange
 	if a.n >= max(16, limitPerWorker*int(a.limit.Load())) {
@@ -151,20 +159,40 @@ func (a *adaptive) end(r *run, stage string, began time.Time, failed bool) {
 
 // reviseLocked ends a window: it moves the limit, and returns the change, if any.
 func (a *adaptive) reviseLocked() *LimitChange {
-	mean := a.sum / time.Duration(a.n)
-	switch {
-	case a.floor == 0 || mean < a.floor:
-		a.floor = mean
-	default: // follow a lasting rise slowly; a window at the floor resets it
-		a.floor += (mean - a.floor) / 16
-	}
 	old := int(a.limit.Load())
+	rise := false
+	var mean time.Duration
+	if a.ok*2 >= a.n { // enough successes to measure the latency
+		mean = a.sum / time.Duration(a.ok)
+		sd := math.Sqrt(max(0, a.sumsq/float64(a.ok)-float64(mean)*float64(mean)))
+		cv := sd / float64(mean)
+		// A rise is more than the tolerance, and more than 3 standard errors of a window
+		// mean given the latency's usual spread: noise alone seldom makes one.
+		tol := max(limitTolerance, 1+3*a.noise/math.Sqrt(float64(a.ok)))
+		rise = a.floor > 0 && float64(mean) > float64(a.floor)*tol
+		switch {
+		case a.floor == 0 || mean < a.floor:
+			a.floor = mean
+		case rise && old == a.min: // the latency at the least concurrency is the floor
+			a.floor += (mean - a.floor) / 2
+		default: // follow a lasting rise slowly; a window at the floor resets it
+			a.floor += (mean - a.floor) / 16
+		}
+		if !rise {
+			if !a.noiseSet {
+				a.noise, a.noiseSet = cv, true
+			}
+			a.noise += (cv - a.noise) / 8
+		}
+	}
 	next, reason := old, ""
 	switch {
 	case a.failed*10 >= a.n:
 		next, reason = max(a.min, min(old*3/4, old-1)), "errors"
 		a.hold = 2
-	case float64(mean) > float64(a.floor)*limitTolerance:
+	case rise && old == a.min: // nothing to shrink: wait and see
+		a.hold = max(a.hold, 2)
+	case rise:
 		g := float64(a.floor) / float64(mean)
 		next, reason = max(a.min, min(int(math.Round(float64(old)*g)), old-1)), "latency"
 		if next == a.knee {
@@ -178,7 +206,7 @@ func (a *adaptive) reviseLocked() *LimitChange {
 	case a.saturated && old < a.max:
 		next, reason = old+1, "grow"
 	}
-	a.n, a.failed, a.sum, a.saturated = 0, 0, 0, false
+	a.n, a.failed, a.ok, a.sum, a.sumsq, a.saturated = 0, 0, 0, 0, 0, false
 	if next == old {
 		return nil
 	}
