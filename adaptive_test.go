@@ -26,7 +26,8 @@ type slotService struct {
 	lat     []time.Duration // every call's latency, as the caller sees it
 	errFrom int64           // calls from this one on fail (0: none)
 	calls   atomic.Int64
-	jitter  *rand.Rand // when set: each call takes flat ± 10 %, drawn from it
+	jitter  *rand.Rand                        // when set: each call takes flat ± 10 %, drawn from it
+	slower  func(time.Duration) time.Duration // when set: the service time, from the flat one
 }
 
 func newSlotService(slots int, flat time.Duration) *slotService {
@@ -42,6 +43,9 @@ func (s *slotService) call(ctx context.Context, v int) (int, error) {
 		return 0, ctx.Err()
 	}
 	d := s.flat
+	if s.slower != nil {
+		d = s.slower(d)
+	}
 	if s.jitter != nil {
 		s.mu.Lock()
 		d += time.Duration(s.jitter.Int64N(int64(s.flat/5))) - s.flat/10
@@ -144,6 +148,37 @@ func testAdaptiveConverges(t *testing.T, jitter bool) {
 		assert.Equal(t, 32, call.Workers)
 		assert.Contains(t, rep.String(), fmt.Sprintf("adaptive call: limit %d of 32 workers, last changed at ", call.Limit))
 		assert.Contains(t, rep.Line(), fmt.Sprintf(" limit=%d/32", call.Limit))
+	})
+}
+
+// TestAdaptiveFloorShift checks a service whose latency doubles for good (a database
+// that got slower, with the same 8 slots): the limit first drops, taking the rise for
+// saturation, then finds the new floor and settles at 8 again.
+func TestAdaptiveFloorShift(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		svc := newSlotService(8, 10*time.Millisecond)
+		svc.slower = func(d time.Duration) time.Duration {
+			if time.Since(start) >= 5*time.Second {
+				return 2 * d
+			}
+			return d
+		}
+		p := pipeline.New()
+		st := pipeline.NewStage("call", 32, svc.call, pipeline.WithAdaptiveWorkers(1))
+		pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(12000)), st), nopSink())
+		var at5, at15 int
+		time.AfterFunc(5*time.Second, func() { at5 = row(t, p.Snapshot(), "call").Limit })
+		time.AfterFunc(15*time.Second, func() { at15 = row(t, p.Snapshot(), "call").Limit })
+		require.NoError(t, p.Run(t.Context()))
+		call := row(t, p.Report(), "call")
+		t.Logf("limit %d before the slowdown, %d 10 s after it, %d at the end (%v); p99 of the last 4,000 calls %v",
+			at5, at15, call.Limit, p.Report().Elapsed, svc.quantile(0.99, 8000))
+		assert.InDelta(t, 8, at5, 1)
+		assert.InDelta(t, 8, at15, 2)
+		assert.InDelta(t, 8, call.Limit, 2)
+		assert.LessOrEqual(t, svc.quantile(0.99, 8000), 30*time.Millisecond, "p99 within 1.5× the new flat 20 ms")
 	})
 }
 
