@@ -260,3 +260,13 @@ func (e *BreakerError) Error() string {
 
 // Is reports whether target is [ErrBreakerOpen].
 func (e *BreakerError) Is(target error) bool { return target == ErrBreakerOpen }
+
+// retryAfterError is an error that carries the delay a server asked for.
+type retryAfterError struct {
+	err error
+	d   time.Duration
+}
+
+func (e *retryAfterError) Error() string             { return e.err.Error() }
+func (e *retryAfterError) Unwrap() error             { return e.err }
+func (e *retryAfterError) RetryAfter() time.Duration { return e.d }

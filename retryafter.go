@@ -22,16 +22,6 @@ func RetryAfter(err error, d time.Duration) error {
 	return mark(&retryAfterError{err: err, d: max(d, 0)}, ClassTransient)
 }
 
-// retryAfterError is an error that carries the delay a server asked for.
-type retryAfterError struct {
-	err error
-	d   time.Duration
-}
-
-func (e *retryAfterError) Error() string             { return e.err.Error() }
-func (e *retryAfterError) Unwrap() error             { return e.err }
-func (e *retryAfterError) RetryAfter() time.Duration { return e.d }
-
 // retryAfterOf returns the longest delay asked for by an error of err's chain.
 func retryAfterOf(err error) time.Duration {
 	var d time.Duration
