@@ -67,6 +67,15 @@ func (s BreakerState) String() string {
 // the breaker stays closed count as usual. A held item is not settled, so an error
 // budget ([WithErrorBudget]) does not see it; it sees what becomes of it afterwards.
 //
+// Choosing Failures and the attempts: the first items of an outage spend their own
+// attempts until the breaker opens, so with w workers give each item more than about
+// Failures/w attempts (with one worker, at least Failures), or the first item or two of
+// an outage are dead-lettered. Conversely, an item that fails with a transient error
+// whatever happens cannot be told from an outage when nothing succeeds between its
+// attempts (one worker, and attempts >= Failures): it opens the breaker, then fails as
+// its probe, and holds the stage until MaxOpen. With several workers, the other items'
+// successes break its run of failures.
+//
 // The waits end when the run stops (the held items count as failed, like any item in
 // flight then). If the breaker stays open or half-open for longer than b.MaxOpen, the
 // next worker to wait fails the run with a [*BreakerError] (matching [ErrBreakerOpen]):

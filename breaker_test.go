@@ -3,6 +3,8 @@ package pipeline_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -149,6 +151,61 @@ func TestBreakerOutage(t *testing.T) {
 		assert.NotEqual(t, pipeline.BreakerClosed, ms.Breaker.State)
 		assert.InDelta(t, float64(17*time.Second), float64(ms.Breaker.TimeOpen), float64(50*time.Millisecond))
 	})
+}
+
+// TestBreakerOutageShapes runs a shorter outage through every kind of stage (plain,
+// ordered, keyed; 1 and 8 workers): no item is dead-lettered or failed, all arrive, and
+// an ordered stage keeps the input order, a keyed one the order per key.
+func TestBreakerOutageShapes(t *testing.T) {
+	t.Parallel()
+	for _, shape := range []string{"plain", "ordered", "keyed"} {
+		for _, workers := range []int{1, 8} {
+			t.Run(fmt.Sprintf("%s/workers=%d", shape, workers), func(t *testing.T) {
+				t.Parallel()
+				synctest.Test(t, func(t *testing.T) {
+					const n = 2000
+					svc := newFlakyService(time.Second, 4*time.Second)
+					// With one worker, the first item of the outage makes all of its attempts
+					// before the breaker can open: it needs as many as Failures.
+					opts := []pipeline.StageOption{
+						pipeline.WithRetry(3, pipeline.ConstantBackoff(20*time.Millisecond)), discardDead[int](),
+						pipeline.WithCircuitBreaker(pipeline.Breaker{Failures: 3, OpenFor: 500 * time.Millisecond}),
+					}
+					switch shape {
+					case "ordered":
+						opts = append(opts, pipeline.WithOrdered(0))
+					case "keyed":
+						opts = append(opts, pipeline.WithKey(func(v int) int { return v % 5 }))
+					}
+					p := pipeline.New()
+					out, err := pipeline.Collect(t.Context(), pipeline.Then(pipeline.FromSlice(p, ints(n)), pipeline.NewStage("call", workers, svc.call, opts...)))
+					require.NoError(t, err)
+					rep := p.Report()
+					checkReport(t, rep)
+					call := row(t, rep, "call")
+					assert.Zero(t, call.DeadLettered)
+					assert.Zero(t, call.Failed)
+					require.Len(t, out, n)
+					assert.GreaterOrEqual(t, call.Breaker.TimeOpen, 3*time.Second-20*time.Millisecond)
+					switch shape {
+					case "ordered":
+						assert.True(t, slices.IsSorted(out))
+					case "keyed":
+						last := map[int]int{}
+						for _, v := range out {
+							if prev, ok := last[v%5]; ok {
+								assert.Greater(t, v, prev, "key %d out of order", v%5)
+							}
+							last[v%5] = v
+						}
+					default:
+						slices.Sort(out)
+						assert.Equal(t, ints(n), out)
+					}
+				})
+			})
+		}
+	}
 }
 
 // TestBreakerWithoutIt is the same outage without a breaker: the items of the outage
