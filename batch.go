@@ -113,14 +113,20 @@ type batcher[T any] struct {
 	bytes    int
 }
 
-func (b *batcher[T]) loop() (err error) {
+func (b *batcher[T]) loop() error {
+	returned := false
 	defer func() {
-		if v := recover(); v != nil { // user code (the sizer) panicked: fail what is in hand
+		if !returned { // user code (the sizer, or downstream of a flush) panicked or exited: fail what is in hand
 			s := b.stats
 			s.failed.add(s.received.load() - s.succeeded.load() - s.failed.load())
-			panic(v)
 		}
 	}()
+	err := b.take()
+	returned = true
+	return err
+}
+
+func (b *batcher[T]) take() (err error) {
 	var expired <-chan time.Time
 	if b.linger > 0 {
 		b.timer = time.NewTimer(time.Hour)

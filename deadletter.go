@@ -335,15 +335,16 @@ func decodeDeadLetter[T any](b []byte, codec Codec[T]) (DeadLetter[T], error) {
 // items when stage is ""), in file order, so that they can be fed through the same stage
 // again after a fix. Options: [WithCodec] (the file's codec) and [WithName] (the
 // source's row). The file is read when the run starts. An error opening or reading it
-// fails the run; malformed lines do not stop the others from being replayed, but the
-// run then fails with the [*DeadLetterReadError] that names them, after the rest.
+// fails the run, and so do malformed lines, before any item is sent: the
+// [*DeadLetterReadError] names them. To replay the readable records of such a file,
+// feed what [ReadDeadLetters] returns to [FromSlice].
 func Replay[T any](p *Pipeline, path, stage string, opts ...ReplayOption) *Stream[T] {
 	cfg := configure("Replay", opts, ReplayOption.replayOption)
 	codec := codecOf[T]("Replay", cfg)
 	return newSourceNamed(p, "Replay", cfg.name, nil, func(ctx context.Context, emit func(T) error) error {
-		dls, rerr := readDeadLetters(path, codec)
-		if dls == nil && rerr != nil {
-			return rerr
+		dls, err := readDeadLetters(path, codec)
+		if err != nil {
+			return err
 		}
 		for _, dl := range dls {
 			if stage != "" && dl.Stage != stage {
@@ -353,7 +354,7 @@ func Replay[T any](p *Pipeline, path, stage string, opts ...ReplayOption) *Strea
 				return err
 			}
 		}
-		return rerr
+		return nil
 	})
 }
 

@@ -2,9 +2,12 @@ package pipeline
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -49,7 +52,7 @@ func (e *StageError) Error() string {
 		return fmt.Sprintf("pipeline: stage %q: item failed after %d attempts, and the stage has no WithDeadLetter to set it aside: %v",
 			e.Stage, e.Attempts, e.Err)
 	case e.NoDeadLetter:
-		return fmt.Sprintf("pipeline: stage %q: item error, and the stage has no WithDeadLetter to set it aside: %v", e.Stage, e.Err)
+		return fmt.Sprintf("pipeline: stage %q: item failed (1 attempt), and the stage has no WithDeadLetter to set it aside: %v", e.Stage, e.Err)
 	case e.Attempts > 1:
 		return fmt.Sprintf("pipeline: stage %q: attempt %d: %v", e.Stage, e.Attempts, e.Err)
 	}
@@ -167,6 +170,23 @@ func (c Class) MarshalText() ([]byte, error) {
 	return []byte(c.String()), nil
 }
 
+// UnmarshalJSON decodes a class written by MarshalText (a JSON string), or as the
+// number that dead-letter files of earlier releases hold.
+func (c *Class) UnmarshalJSON(b []byte) error {
+	if n, err := strconv.ParseUint(string(b), 10, 8); err == nil {
+		if k := Class(n); k.valid() {
+			*c = k
+			return nil
+		}
+		return fmt.Errorf("pipeline: unknown error class %s", b)
+	}
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("pipeline: error class %s: %w", b, err)
+	}
+	return c.UnmarshalText([]byte(s))
+}
+
 // UnmarshalText decodes a class name written by MarshalText.
 func (c *Class) UnmarshalText(b []byte) error {
 	for _, k := range []Class{ClassFatal, ClassItem, ClassTransient} {
@@ -188,15 +208,16 @@ type DeadLetterReadError struct {
 
 // Error implements error.
 func (e *DeadLetterReadError) Error() string {
-	msg := fmt.Sprintf("pipeline: %s: %d malformed dead-letter line(s)", e.Path, len(e.Lines))
+	var b strings.Builder
+	fmt.Fprintf(&b, "pipeline: %s: %d malformed dead-letter line(s)", e.Path, len(e.Lines))
 	for i, l := range e.Lines {
 		if i == 3 {
-			msg += ", ..."
+			b.WriteString(", ...")
 			break
 		}
-		msg += fmt.Sprintf("; line %d: %v", l, e.Errs[i])
+		fmt.Fprintf(&b, "; line %d: %v", l, e.Errs[i])
 	}
-	return msg
+	return b.String()
 }
 
 // Unwrap returns the errors of the lines.

@@ -24,8 +24,8 @@ func Map[In, Out any](s *Stream[In], fn func(In) Out) *Stream[Out] {
 // Filter returns a stream of the items of s for which keep returns true. Like [Map], it
 // runs inline. Dropped items are counted in the [Report], in a row of kind "filter"
 // named by [WithName], or else "Filter" ("Filter#2", ... when there are several); its
-// In is what its upstream sent, its Out what it let through. Counting costs an atomic
-// add per dropped item.
+// In is what reached it, its Out what it let through. Counting costs an atomic add per
+// item, and one more per dropped item.
 func Filter[T any](s *Stream[T], keep func(T) bool, opts ...FilterOption) *Stream[T] {
 	s.check("Filter")
 	if keep == nil {
@@ -37,11 +37,23 @@ func Filter[T any](s *Stream[T], keep func(T) bool, opts ...FilterOption) *Strea
 	out := newStream[T](s.p, s.desc+" | Filter")
 	out.open = func(r *run, push pushFunc[T], done func()) {
 		rw := r.newRow(name, kindFilter, 0, 0, nil)
-		rw.filtered = new(atomic.Int64)
-		wireInput(r, rw, s, func(v T, pos uint64) error {
+		rw.filtered, rw.arrived = new(atomic.Int64), new(atomic.Int64)
+		wireInput(r, rw, s, func(v T, pos uint64) (err error) {
+			// A panic in keep, or in an inline operator after the filter, fails the item
+			// upstream (in the row whose goroutine runs it): then it never arrived here.
+			rw.arrived.Add(1)
+			returned := false
+			defer func() {
+				if !returned {
+					rw.arrived.Add(-1)
+				}
+			}()
 			if keep(v) {
-				return push(v, pos)
+				err = push(v, pos)
+				returned = true
+				return err
 			}
+			returned = true
 			rw.filtered.Add(1)
 			r.track.done(pos)
 			return nil

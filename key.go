@@ -77,7 +77,12 @@ func (q *keyedQueue[T]) bind(i int) (chan item[T], chan seqItem[T]) { return q.c
 
 func (q *keyedQueue[T]) unsentCount() int64 { return q.unsent.Load() }
 
+// length counts the items waiting: those holding a slot, read at once (the channels'
+// lengths, read one after the other, could count an item that moved between two).
 func (q *keyedQueue[T]) length() int {
+	if q.slots != nil {
+		return len(q.slots)
+	}
 	n := 0
 	for _, ch := range q.chs {
 		n += len(ch)

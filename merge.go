@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 )
@@ -71,7 +72,7 @@ func Tee[T any](s *Stream[T], n int) []*Stream[T] {
 		cur       *run
 		pushes    []pushFunc[T]
 		dones     []func()
-		consumers []*row // the stages the branches feed, when they are stages
+		consumers [][]*row // per branch, the first rows downstream of it
 	)
 	outs := make([]*Stream[T], n)
 	for i := range outs {
@@ -82,7 +83,7 @@ func Tee[T any](s *Stream[T], n int) []*Stream[T] {
 			}
 			pushes = append(pushes, push)
 			dones = append(dones, done)
-			consumers = append(consumers, r.consumer)
+			consumers = append(consumers, r.consumers)
 			if len(pushes) < n {
 				r.feeders = nil // known once the upstream is wired, below
 				return
@@ -91,21 +92,23 @@ func Tee[T any](s *Stream[T], n int) []*Stream[T] {
 			// the earlier branches learn their upstream here (a drained budget must reach
 			// the source through any branch, and the report orders rows upstream first).
 			defer func() {
-				for _, c := range consumers[:n-1] {
-					if c != nil {
+				for _, cs := range consumers[:n-1] {
+					for _, c := range cs {
 						for _, f := range r.feeders {
-							f.next = append(f.next, c.name)
+							f.feed(c)
 						}
 					}
 				}
 			}()
 			ps, ds, cs := pushes, dones, consumers
-			var upstream string // the row whose worker pushes: an inline panic is its
+			prev := r.consumers // upstream of this Tee, every branch's first rows are fed
+			r.consumers = slices.Concat(cs...)
+			defer func() { r.consumers = prev }()
 			s.open(r, func(v T, pos uint64) error {
 				r.track.split(pos, len(ps))
 				var first error
 				for i, push := range ps {
-					if err := teePush(r, push, v, pos, cs[i], upstream); err != nil && first == nil {
+					if err := teePush(r, push, v, pos, cs, i); err != nil && first == nil {
 						first = err // offer it to every branch, so that each counts it
 					}
 				}
@@ -115,9 +118,6 @@ func Tee[T any](s *Stream[T], n int) []*Stream[T] {
 					d()
 				}
 			})
-			if len(r.feeders) > 0 {
-				upstream = r.feeders[0].name
-			}
 		}
 		outs[i] = out
 	}
@@ -126,18 +126,35 @@ func Tee[T any](s *Stream[T], n int) []*Stream[T] {
 
 // teePush hands v to one branch. A panic in the branch's inline operators (Map, Filter,
 // Flatten) fails the run under the upstream's name, like any inline panic; the item
-// counts as failed in the branch's first row, while the upstream, whose item other
-// branches may already hold, counts it as sent.
-func teePush[T any](r *run, push pushFunc[T], v T, pos uint64, consumer *row, upstream string) (err error) {
+// counts as failed in the branch's first rows, while the upstream, whose item other
+// branches may already hold, counts it as sent. A runtime.Goexit in branch i ends the
+// offering: the item counts as lost in it and in the branches after it, and the run
+// fails with ErrGoexit (the upstream's worker, unwinding, counts the item as failed).
+func teePush[T any](r *run, push pushFunc[T], v T, pos uint64, branches [][]*row, i int) (err error) {
+	returned := false
 	defer func() {
-		if x := recover(); x != nil {
-			if consumer != nil {
-				consumer.lost.Add(1)
-			}
-			serr := &StageError{Stage: upstream, Err: newPanicError(x)}
-			r.fail(serr)
-			err = serr
+		if returned {
+			return
 		}
+		x := recover()
+		lost := branches[i : i+1]
+		if x == nil { // Goexit: the goroutine goes on exiting; no later branch is offered v
+			lost = branches[i:]
+		}
+		for _, b := range lost {
+			for _, c := range b {
+				c.lost.Add(1)
+			}
+		}
+		if x == nil {
+			r.fail(&StageError{Stage: r.feederOf(branches[i]), Err: ErrGoexit})
+			return
+		}
+		serr := &StageError{Stage: r.feederOf(branches[i]), Err: newPanicError(x)}
+		r.fail(serr)
+		err = serr
 	}()
-	return push(v, pos)
+	err = push(v, pos)
+	returned = true
+	return err
 }

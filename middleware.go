@@ -11,8 +11,9 @@ import (
 )
 
 // WithTimeout bounds each attempt of the stage function at d: the function's context is
-// canceled after d, and an error it returns after that is an item error matching
-// [ErrTimeout] (dead-lettered, not retried, unless the function marks it [Transient]).
+// canceled after d, and an error it returns after that matches [ErrTimeout]. Its class
+// is the stage's classifier's ([WithClassifier]), or else that of an item error
+// (dead-lettered, not retried), unless the function marks it ([Transient], ...).
 // Waiting for room in the next queue happens after the attempt and never counts against
 // d. It panics if d <= 0.
 //
@@ -68,9 +69,12 @@ func WithRetry(attempts int, backoff Backoff) StageOption {
 }
 
 // WithClassifier sets the function that classifies the errors of a stage's function
-// that carry no marker ([Transient], [Permanent], [Fatal]) and are not timeouts. Given
-// to [New], it is the default for every stage that has none. Build it on [errors.Is] and
-// [errors.As]; return [ClassFatal] for anything unexpected. It panics if fn is nil.
+// that carry no marker ([Transient], [Permanent], [Fatal]), timeouts included (they
+// match [ErrTimeout]: return [ClassTransient] to retry them, [ClassItem] to set them
+// aside as a stage without a classifier does). Given to [New], it is the default for
+// every stage that has none. Build it on [errors.Is] and [errors.As], and return
+// [ClassFatal] for anything unexpected. A class that is not one of the three fails the
+// run. It panics if fn is nil.
 func WithClassifier(fn func(error) Class) ClassifierOption {
 	if fn == nil {
 		panic("pipeline: WithClassifier(nil)")

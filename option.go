@@ -11,7 +11,7 @@ import (
 // returns a concrete type that implements each of their interfaces.
 
 // PipelineOption configures a whole pipeline: [New].
-type PipelineOption interface{ pipelineOption(*config) }
+type PipelineOption interface{ pipelineOption(*config) } //nolint:revive // named for its scope, like StageOption and BatchOption beside it
 
 // StageOption configures a stage: [NewStage], [NewFlatStage], [NewSink].
 type StageOption interface{ stageOption(*config) }

@@ -120,7 +120,7 @@ func TestMisplacedOptionsDoNotCompile(t *testing.T) {
 	require.Error(t, err, "misplaced options compiled")
 	lineRe := regexp.MustCompile(`x?\.go:(\d+):\d+: (.*)`)
 	errs := map[int]string{}
-	for _, l := range strings.Split(out, "\n") {
+	for l := range strings.SplitSeq(out, "\n") {
 		if m := lineRe.FindStringSubmatch(l); m != nil {
 			n, _ := strconv.Atoi(m[1])
 			errs[n] = m[2]

@@ -94,6 +94,9 @@ func (p *Pipeline) claim(name string, unique bool) string {
 // pipeline ends in [Collect] or [All] (which run it themselves), or when the pipeline is
 // already running.
 func (p *Pipeline) Run(ctx context.Context) error {
+	if ctx == nil {
+		panic("pipeline: Run(nil): need a context")
+	}
 	if p.end != nil {
 		panic(fmt.Sprintf("pipeline: Run on a pipeline that ends in %s (%s): run it with %s again", p.end.ctor, p.end.desc, p.end.ctor))
 	}
@@ -127,9 +130,13 @@ func (p *Pipeline) begin(extra bool) {
 }
 
 // exec wires and runs the graph, then waits for every goroutine. extra, when not nil,
-// attaches a terminal that is not part of the pipeline (the consumer of [All]).
-func (p *Pipeline) exec(ctx context.Context, extra func(r *run)) (*run, error) {
+// attaches a terminal that is not part of the pipeline (the consumer of [All]). cur,
+// when not nil, gets the run as soon as it exists.
+func (p *Pipeline) exec(ctx context.Context, extra func(r *run), cur ...**run) (*run, error) {
 	r := &run{p: p, parent: ctx, started: time.Now()}
+	for _, c := range cur {
+		*c = r
+	}
 	p.mu.Lock()
 	p.runs++
 	r.number = p.runs
@@ -143,7 +150,8 @@ func (p *Pipeline) exec(ctx context.Context, extra func(r *run)) (*run, error) {
 	defer cancel(nil)
 	r.cancel = cancel
 	if ck := p.ck; ck != nil {
-		pos, err := ck.store.Load(ctx)
+		var pos int64
+		err := safely(func() (err error) { pos, err = ck.store.Load(ctx); return err })
 		if err == nil && pos < 0 {
 			err = fmt.Errorf("%w: %d", ErrBadCheckpoint, pos)
 		}
@@ -181,7 +189,21 @@ func (p *Pipeline) exec(ctx context.Context, extra func(r *run)) (*run, error) {
 	if r.track != nil {
 		go func() {
 			defer close(saverDone)
+			// A panic or a runtime.Goexit in the store or in an observer of the saves
+			// fails the run, as in any goroutine of the run.
+			returned := false
+			defer func() {
+				if returned {
+					return
+				}
+				err := ErrGoexit
+				if v := recover(); v != nil {
+					err = newPanicError(v)
+				}
+				r.fail(&StageError{Stage: "checkpoint", Err: err})
+			}()
 			r.track.saver(gctx, p.ck.store, p.ck.interval, stop, r)
+			returned = true
 		}()
 	} else {
 		close(saverDone)
@@ -209,7 +231,7 @@ func (p *Pipeline) exec(ctx context.Context, extra func(r *run)) (*run, error) {
 func (p *Pipeline) finish(r *run, err error) error {
 	if r.track != nil {
 		if w := r.track.watermark(); w != r.saved.Load() {
-			if serr := p.ck.store.Save(context.WithoutCancel(r.parent), w); serr != nil {
+			if serr := safely(func() error { return p.ck.store.Save(context.WithoutCancel(r.parent), w) }); serr != nil {
 				if err == nil {
 					err = &StageError{Stage: "checkpoint", Err: serr}
 				}
@@ -234,23 +256,34 @@ func (p *Pipeline) finish(r *run, err error) error {
 
 // run is the state of one execution: its context, its goroutines and its counters.
 type run struct {
-	p        *Pipeline
-	parent   context.Context // the caller's context, for the final checkpoint save
-	saved    atomic.Int64    // the last position saved (checkpointed runs)
-	savedAt  atomic.Int64    // when, in Unix nanoseconds
-	started  time.Time
-	number   uint64 // 1 for the pipeline's first run
-	ctx      context.Context
-	g        *errgroup.Group
-	rows     []*row
-	shared   *budgetState
-	drained  atomic.Pointer[StageError] // the error Run returns after a drain
-	failure  atomic.Pointer[StageError] // a failure outside the goroutines' returns (an observer's panic)
-	cancel   context.CancelCauseFunc    // cancels the run with a cause
-	track    *tracker                   // the checkpoint's watermark, nil when none
-	pending  []func() error             // goroutines to start once the graph is wired
-	consumer *row                       // while wiring: the row whose input is being opened
-	feeders  []*row                     // while wiring: the rows that feed the stream just opened
+	p         *Pipeline
+	parent    context.Context // the caller's context, for the final checkpoint save
+	saved     atomic.Int64    // the last position saved (checkpointed runs)
+	savedAt   atomic.Int64    // when, in Unix nanoseconds
+	started   time.Time
+	number    uint64 // 1 for the pipeline's first run
+	ctx       context.Context
+	g         *errgroup.Group
+	rows      []*row
+	shared    *budgetState
+	drained   atomic.Pointer[StageError] // the error Run returns after a drain
+	failure   atomic.Pointer[StageError] // a failure outside the goroutines' returns (an observer's panic)
+	cancel    context.CancelCauseFunc    // cancels the run with a cause
+	track     *tracker                   // the checkpoint's watermark, nil when none
+	pending   []func() error             // goroutines to start once the graph is wired
+	consumers []*row                     // while wiring: the rows whose input is being opened (several through a Tee)
+	feeders   []*row                     // while wiring: the rows that feed the stream just opened
+}
+
+// safely calls fn, user code that runs in the run's own goroutines (a store's Load and
+// Save), and returns a panic as a *PanicError.
+func safely(fn func() error) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = newPanicError(v)
+		}
+	}()
+	return fn()
 }
 
 // fail stops the run with err, unless it has already failed.
@@ -283,12 +316,12 @@ func (r *run) spawn(name string, fn func() error) {
 // wireInput opens s, the input of the consumer row rw: the rows that feed s directly
 // learn that they feed rw.
 func wireInput[T any](r *run, rw *row, s *Stream[T], push pushFunc[T], done func()) {
-	prev := r.consumer
-	r.consumer, r.feeders = rw, nil
+	prev := r.consumers
+	r.consumers, r.feeders = []*row{rw}, nil
 	s.open(r, push, done)
-	r.consumer = prev
+	r.consumers = prev
 	for _, f := range r.feeders {
-		f.next = append(f.next, rw.name)
+		f.feed(rw)
 	}
 }
 
@@ -340,6 +373,28 @@ func (r *run) order() {
 	}
 }
 
+// feed records that f feeds rw directly (once: a Merge of a Tee's branches feeds one
+// row from one row twice).
+func (f *row) feed(rw *row) {
+	if !slices.Contains(f.next, rw.name) {
+		f.next = append(f.next, rw.name)
+	}
+}
+
+// feederOf names the row that feeds the first of rows (a Tee's branch), for an error
+// of the inline operators between them: when several do (a Merge), the first.
+func (r *run) feederOf(rows []*row) string {
+	if len(rows) == 0 {
+		return ""
+	}
+	for _, f := range r.rows {
+		if slices.Contains(f.next, rows[0].name) {
+			return f.name
+		}
+	}
+	return rows[0].name
+}
+
 // feeds records, once rw's open is done, that rw produces the stream just opened.
 func (r *run) feeds(rw *row) { r.feeders = []*row{rw} }
 
@@ -372,8 +427,8 @@ type collectEnd struct {
 // the items that reached the end, in arrival order. On failure it returns the items
 // collected so far with the run's error (see [Pipeline.Run]). Memory grows with the
 // output: for large outputs, use [All] or [To]. Like All, it may be called again on the
-// same stream for another run; options: [WithName] (the end's row, "Collect" by default)
-// and [WithBuffer].
+// same stream for another run (the options of the first call stay); options:
+// [WithName] (the end's row, "Collect" by default) and [WithBuffer].
 func Collect[T any](ctx context.Context, s *Stream[T], opts ...CollectOption) ([]T, error) {
 	var out []T
 	for v, err := range collect(ctx, s, "Collect", opts) {
@@ -403,6 +458,9 @@ func All[T any](ctx context.Context, s *Stream[T], opts ...CollectOption) iter.S
 }
 
 func collect[T any](ctx context.Context, s *Stream[T], ctor string, opts []CollectOption) iter.Seq2[T, error] {
+	if ctx == nil {
+		panic(fmt.Sprintf("pipeline: %s: nil context", ctor))
+	}
 	s.check(ctor)
 	p := s.p
 	cfg := configure(ctor, opts, CollectOption.collectOption)
@@ -430,12 +488,20 @@ func collect[T any](ctx context.Context, s *Stream[T], ctor string, opts []Colle
 		)
 		p.begin(true)
 		go func() {
+			var r *run
+			returned := false
+			defer func() {
+				if !returned { // runtime.Goexit in user code run here (a store's Load)
+					done <- result{r, &StageError{Stage: "checkpoint", Err: ErrGoexit}}
+				}
+			}()
 			r, err := p.exec(ctx, func(r *run) {
 				rw, tr = r.newRow(name, kindSink, 1, buf, q), r.track
 				wireInput(r, rw, s, q.pusher(r.ctx), q.close)
 				r.addRow(rw)
 				close(wired)
-			})
+			}, &r)
+			returned = true
 			done <- result{r, err}
 		}()
 		var (

@@ -55,8 +55,9 @@ type reorder[Out any] struct {
 	slots    []slot[Out]
 	flushing bool          // a worker is pushing outputs downstream
 	wake     chan struct{} // closed when next advances, made only when someone waits
-	held     int64         // items settled with outputs but not yet pushed
+	held     atomic.Int64  // items settled with outputs but not yet pushed
 	scratch  []item[Out]   // the flusher's batch (only the flusher touches it)
+	lasts    []bool        // per output in scratch: the last of its item's outputs
 	push     pushFunc[Out]
 }
 
@@ -122,7 +123,7 @@ func (o *reorder[Out]) settle(ctx context.Context, stats *workerStats, seq, pos 
 		s.state = slotReady
 		s.pos = pos
 		s.outs = append(s.outs[:0], outs...)
-		o.held++
+		o.held.Add(1)
 	}
 	if o.flushing || seq != o.next {
 		o.mu.Unlock()
@@ -132,23 +133,30 @@ func (o *reorder[Out]) settle(ctx context.Context, stats *workerStats, seq, pos 
 	o.flushing = true // claim the flush before unlocking, so that no one else starts one
 	o.mu.Unlock()
 	onEntered()
+	// out counts the items of the batch being pushed that are out of the window; a
+	// panic (or Goexit) in an inline operator downstream, in the middle of a batch,
+	// leaves only the rest held.
+	var out int64
+	defer func() { o.held.Add(-out) }()
 	o.mu.Lock()
 	var first error
 	for {
 		// Take the run of finished items at the head. Their slots stay taken until they
 		// are pushed, so that the window holds at most its size, pushing included.
 		end := o.next
-		batch := o.scratch[:0]
-		var items int64
+		batch, lasts := o.scratch[:0], o.lasts[:0]
 		for end-o.next < w {
 			h := &o.slots[end%w]
 			if h.state == slotEmpty {
 				break
 			}
 			if h.state == slotReady {
-				items++
-				for _, v := range h.outs {
+				if len(h.outs) == 0 { // a flat stage's item with no output: nothing to push
+					o.held.Add(-1)
+				}
+				for i, v := range h.outs {
 					batch = append(batch, item[Out]{v, h.pos})
+					lasts = append(lasts, i == len(h.outs)-1)
 				}
 				clear(h.outs)
 				h.outs = h.outs[:0]
@@ -157,25 +165,29 @@ func (o *reorder[Out]) settle(ctx context.Context, stats *workerStats, seq, pos 
 		}
 		if end == o.next { // nothing settled in order since the last pass
 			o.flushing = false
-			o.scratch = batch
+			o.scratch, o.lasts = batch, lasts
 			o.mu.Unlock()
 			return true, first
 		}
 		o.mu.Unlock()
-		for _, it := range batch {
+		for i, it := range batch {
 			if err := o.push(it.v, it.pos); err != nil && first == nil {
 				first = err // offer the rest too, so that each is counted as sent or unsent
 			}
 			stats.emitted.inc()
+			if lasts[i] {
+				out++
+			}
 		}
+		o.held.Add(-out)
+		out = 0
 		clear(batch)
 		o.mu.Lock()
 		for ; o.next < end; o.next++ {
 			o.slots[o.next%w].state = slotEmpty
 		}
 		o.head.Store(o.next)
-		o.held -= items
-		o.scratch = batch
+		o.scratch, o.lasts = batch, lasts
 		if o.wake != nil {
 			close(o.wake)
 			o.wake = nil
@@ -185,11 +197,7 @@ func (o *reorder[Out]) settle(ctx context.Context, stats *workerStats, seq, pos 
 
 // heldCount returns the outputs finished but not pushed: after a run, these were in the
 // window when it stopped.
-func (o *reorder[Out]) heldCount() int64 {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.held
-}
+func (o *reorder[Out]) heldCount() int64 { return o.held.Load() }
 
 // seqItem is an item of an ordered stage, tagged with its place in the input order.
 type seqItem[T any] struct {

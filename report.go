@@ -65,8 +65,10 @@ type row struct {
 	ups      []*row         // every row upstream of this one (the rows its input was wired from)
 	drain    atomic.Bool    // a drained budget tripped here or downstream: start no new item
 	filtered *atomic.Int64  // filters: items dropped
+	arrived  *atomic.Int64  // filters: items that reached it
 	lost     atomic.Int64   // items a Tee offered this row's branch that a panic in an inline operator of the branch stopped
 	liveIn   atomic.Int64   // the largest In a Snapshot reported, so that In only grows
+	liveOut  atomic.Int64   // filters: the largest Out a Snapshot reported
 	breaker  *breakerState  // WithCircuitBreaker (breaker.go)
 	adapt    *adaptive      // WithAdaptiveWorkers (adaptive.go)
 
@@ -76,6 +78,20 @@ type row struct {
 }
 
 type causeKey struct{ typ, msg string }
+
+// grow returns the largest of v and what seen holds, and keeps it there: a live count
+// that never goes down between two Snapshots.
+func grow(seen *atomic.Int64, v int64) int64 {
+	for {
+		old := seen.Load()
+		if v <= old {
+			return old
+		}
+		if seen.CompareAndSwap(old, v) {
+			return v
+		}
+	}
+}
 
 func (r *run) newRow(name string, kind rowKind, workers, capacity int, q queueLen) *row {
 	return &row{name: name, kind: kind, capacity: capacity, q: q, given: -1, workers: make([]workerStats, workers)}
@@ -179,10 +195,11 @@ func errTypeName(err error) string {
 }
 
 // Report is the account of one run: where every item went, per stage. For every stage,
-// In = Succeeded + DeadLettered + Failed + NotStarted; a stage's In is what its upstream
-// sent (Out of a stage or source, less what a filter dropped).
+// In = Succeeded + DeadLettered + Failed + NotStarted; a stage's In is what the rows
+// that feed it (its Next's inverse) sent, counted in its own items: after a [Flatten],
+// a Batch's Out counts batches while the next row's In counts their items.
 type Report struct {
-	Stages     []StageReport // in the order the run wired them: along each path, upstream first
+	Stages     []StageReport // upstream first: a row after every row that feeds it, otherwise in wiring order
 	Err        error         // the error Run returned, nil on success
 	Checkpoint int64         // checkpointed runs: the position saved last (-1 otherwise)
 
@@ -343,7 +360,6 @@ func (r *run) report(err error, final bool) Report {
 			rep.CheckpointSaved = time.Unix(0, at)
 		}
 	}
-	fed := map[string]int64{} // what each row's feeders sent it (rows are upstream first)
 	for _, rw := range r.rows {
 		s := StageReport{Name: rw.name, Kind: rw.kind.String(), Workers: len(rw.workers), QueueCap: rw.capacity}
 		var received, discarded int64
@@ -374,9 +390,15 @@ func (r *run) report(err error, final bool) Report {
 		case kindFilter:
 			s.Workers = 0
 			s.Filtered = rw.filtered.Load()
-			s.In = fed[rw.name] // what its upstream sent; what it dropped is Filtered
 			s.Failed = rw.lost.Load()
+			s.In = rw.arrived.Load() + s.Failed
 			s.Succeeded = max(0, s.In-s.Filtered-s.Failed)
+			if !final {
+				// The upstream counts an item as sent after the filter dropped it: for an
+				// instant, what it sent misses an item the filter already counts.
+				s.In = grow(&rw.liveIn, s.In)
+				s.Succeeded = grow(&rw.liveOut, s.Succeeded)
+			}
 			s.Out = s.Succeeded
 		default:
 			if rw.held != nil {
@@ -394,16 +416,7 @@ func (r *run) report(err error, final bool) Report {
 			if !final {
 				// An item leaving the queue is briefly in neither the queue nor the
 				// received count: report the largest In seen, so that In never drops.
-				for {
-					seen := rw.liveIn.Load()
-					if s.In <= seen {
-						s.In = seen
-						break
-					}
-					if rw.liveIn.CompareAndSwap(seen, s.In) {
-						break
-					}
-				}
+				s.In = grow(&rw.liveIn, s.In)
 			}
 		}
 		if rw.flushes != nil {
@@ -423,9 +436,6 @@ func (r *run) report(err error, final bool) Report {
 		}
 		if rw.adapt != nil {
 			s.Limit, s.LimitHistory = rw.adapt.report()
-		}
-		for _, n := range rw.next {
-			fed[n] += s.Out
 		}
 		if secs := rep.Elapsed.Seconds(); secs > 0 {
 			s.Rate = float64(s.Out) / secs

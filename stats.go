@@ -127,7 +127,9 @@ func (rw *row) addError(typ string, f func(*ErrorCount)) {
 // costs the stages nothing: the counters it reads are written anyway.
 //
 // A snapshot is not atomic across counters: an item moving between two stages may show
-// in neither for an instant. Counts only grow during a run.
+// in neither for an instant. During a run the cumulative counts (In, Succeeded, Out,
+// Retried, DeadLettered, Failed, Filtered) only grow; NotStarted, the queue lengths,
+// Busy, InFlight and Window are of the moment and go up and down.
 func (p *Pipeline) Snapshot() Report {
 	r := p.cur.Load()
 	if r == nil {

@@ -155,7 +155,7 @@ func BenchmarkS2Collect(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				all, _ := r.rep.Stage("All")
+				all, _ := r.rep.Stage("Collect")
 				if int64(r.ok) != all.Succeeded {
 					b.Fatalf("Collect returned %d items, the report says %d\n%v", r.ok, all.Succeeded, r.rep)
 				}

@@ -5,7 +5,7 @@ go 1.26.0
 replace github.com/gopipeline/pipeline => ../
 
 require (
-	github.com/gopipeline/pipeline v0.0.0-00010101000000-000000000000
+	github.com/gopipeline/pipeline v0.1.0
 	github.com/stretchr/testify v1.12.1
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/metric v1.47.0

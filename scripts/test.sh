@@ -8,13 +8,18 @@
 #   go mod tidy -diff            go test -race -shuffle=on -count=3 -cpu=1,4 ./...
 #   go fix -diff ./...           gofmt -l                golangci-lint run ./...
 #
-# then smoke-runs each benchmark of bench/ once. It needs only Go (and bash): it
-# installs the pinned golangci-lint itself. Every step runs even after one fails, so
-# that one run shows every problem; the script exits 1 if any step failed, and ends
-# with the time each step took.
+# then smoke-runs each benchmark of bench/ once, and runs scripts/install-test.sh: every
+# user-facing module released from HEAD into a local git remote, installed with go get
+# into a fresh module and built, as a new user would. It needs only Go, git and bash: it
+# installs the pinned golangci-lint itself, and Debian's chromium package for the
+# dashboard's browser test (dashboard/internal/browsertest) when chromium is missing.
+# Every step runs even after one fails, so that one run shows every problem; the script
+# exits 1 if any step failed, and ends with the time each step took.
 #
 # Each module is tested on its own (GOWORK=off), against its own go.mod, as its users
-# build it; go.work, when there is one, is only checked to load and to use every module.
+# build it; go.work, when there is one, is only checked to load, to use every module and
+# to come with a complete go.work.sum (so that go doc, go vet, go list -m all or
+# go mod download in the workspace leave the committed file as it is).
 set -euo pipefail
 
 # The golangci-lint release to use (a v2 release that builds with Go 1.26).
@@ -126,6 +131,30 @@ check_workspace() {
 	return "$missing"
 }
 
+# check_work_sum fails when go.work.sum lacks checksums that the workspace needs, so
+# that an ordinary command (go doc ., go vet, go list -m all, go mod download) in the
+# repository would rewrite it and leave a clean checkout dirty. It restores the
+# committed file either way and prints what was missing.
+check_work_sum() {
+	local saved had=0 rc=0
+	saved=$(mktemp) || return 1
+	if [[ -f go.work.sum ]]; then
+		cp go.work.sum "$saved"
+		had=1
+	fi
+	GOWORK="$root/go.work" go mod download all &&
+		GOWORK="$root/go.work" go list -m all >/dev/null &&
+		GOWORK="$root/go.work" go list -deps -test all >/dev/null || rc=1
+	if [[ -f go.work.sum ]] && { ((!had)) || ! cmp -s "$saved" go.work.sum; }; then
+		diff -u "$saved" go.work.sum || true
+		echo "go.work.sum lacks the checksums above: run 'go mod download all' in $root and commit go.work.sum"
+		rc=1
+	fi
+	if ((had)); then cp "$saved" go.work.sum; else rm -f go.work.sum; fi
+	rm -f "$saved"
+	return "$rc"
+}
+
 # --- golangci-lint ---------------------------------------------------------------------
 
 gopath=$(go env GOPATH)
@@ -148,6 +177,26 @@ install_lint() {
 	GOBIN=$lint_bin go install "github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$GOLANGCI_LINT_VERSION"
 }
 
+# --- Chromium, for the dashboard's browser test ----------------------------------------
+
+# ensure_chromium installs Debian's chromium package when /usr/bin/chromium is missing.
+# Without apt-get as root it only says so: the browser test then skips, or fails when
+# CI=true. --no-install-recommends keeps out what a headless test never uses (a printer
+# dialog, a notification daemon, ...); fonts-liberation gives the page its sans font.
+ensure_chromium() {
+	if [[ -x /usr/bin/chromium ]]; then
+		echo "chromium is already in /usr/bin"
+		return 0
+	fi
+	if ! command -v apt-get >/dev/null || ((EUID != 0)); then
+		echo "no /usr/bin/chromium, and no apt-get as root to install it: the browser test will skip (or fail with CI=true)"
+		return 0
+	fi
+	echo "installing Debian's chromium package"
+	apt-get update -qq &&
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-liberation
+}
+
 # --- main ------------------------------------------------------------------------------
 
 start_us=$(now_us)
@@ -161,8 +210,13 @@ echo "modules: ${mods[*]}"
 step "install golangci-lint $GOLANGCI_LINT_VERSION" install_lint
 lint_ok=$((${#failed[@]} == 0))
 
+if [[ -f dashboard/internal/browsertest/go.mod ]]; then
+	step "chromium" ensure_chromium
+fi
+
 if [[ -f go.work ]]; then
 	step "go.work" check_workspace
+	step "go.work.sum complete" check_work_sum
 fi
 
 for m in "${mods[@]}"; do
@@ -186,6 +240,14 @@ if [[ -f bench/go.mod ]]; then
 	step "bench: benchmarks, once each" go -C bench test -run='^$' -bench=. -benchtime=1x ./...
 elif [[ -d bench ]]; then
 	step "bench: benchmarks, once each" go test -run='^$' -bench=. -benchtime=1x ./bench/...
+fi
+
+# A new user's install: every user-facing module released (on this machine) from HEAD,
+# then fetched with go get into a fresh module and built. See scripts/install-test.sh.
+if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+	step "install test: go get at a local tag" scripts/install-test.sh
+else
+	printf '\n==> install test: skipped (not a git checkout: no commit to release)\n'
 fi
 
 print_summary

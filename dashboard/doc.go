@@ -1,0 +1,96 @@
+// Package dashboard serves a live web view of running pipelines: an [http.Handler]
+// that a service mounts beside its other debug handlers, like net/http/pprof, with no
+// dependency beyond the standard library.
+//
+//	h := dashboard.New()
+//	h.Add("import", p) // p is a *pipeline.Pipeline
+//	mux.Handle("/debug/pipeline/", h)
+//	srv.RegisterOnShutdown(h.Close)
+//
+// # Endpoints
+//
+// The handler serves three paths, found by the last element of the request's path, so
+// that it works under any prefix, with or without [http.StripPrefix]:
+//
+//	.../             the page: each pipeline's stages drawn as a graph (SVG), with each
+//	                 queue's fill, rates, busy workers, latency percentiles, dead
+//	                 letters by cause and the bottleneck highlighted, then the numbers
+//	                 in a table; it updates itself from .../events
+//	.../data.json    the same data as JSON, for scripts (the schema is below)
+//	.../events       server-sent events: the page's content, rendered anew each refresh
+//
+// Mount it with a pattern that ends in a slash ("/debug/pipeline/"): the page links
+// to its endpoints by relative URLs, and [http.ServeMux] redirects "/debug/pipeline"
+// to "/debug/pipeline/". Every other path gets 404, every method but GET and HEAD 405.
+// The handler has no access control of its own: like pprof, serve it on an internal
+// port or behind the service's authentication, since it shows stage names and error
+// messages.
+//
+// # Cost
+//
+// The handler takes at most one [pipeline.Pipeline.Snapshot] per pipeline per refresh
+// interval ([WithInterval], default 1 s), however many viewers are connected, and
+// renders the page's content once per refresh for all of them: a background goroutine
+// refreshes while at least one viewer is connected to .../events and stops with the
+// last one. A request for data.json reuses the latest refresh when it is younger than
+// the interval, and otherwise takes one itself (concurrent requests share it). A
+// Snapshot reads counters that the stages write anyway, so the pipelines pay nothing
+// per item. No lock of the handler is held while it writes to a client, so a slow or
+// stalled viewer delays no one: it misses refreshes (it always gets the latest) and
+// is dropped once a write has blocked for ten seconds (or three intervals, if more).
+//
+// Server-sent events rather than polling: one request per viewer instead of one per
+// viewer per refresh, a frame encoded once and written to every stream, and the
+// browser's EventSource reconnects by itself after a restart.
+//
+// # Shutting down
+//
+// An events stream ends when its client goes away or when [Handler.Close] is called.
+// [http.Server.Shutdown] does not cancel the requests in progress, so register Close
+// with [http.Server.RegisterOnShutdown], or the streams keep Shutdown waiting until
+// its context expires.
+//
+// # The JSON schema
+//
+// data.json is one object; field names are stable, and a change that is not an
+// addition increments version. Durations are in seconds, times in RFC 3339.
+//
+//	{
+//	  "version": 1,
+//	  "time": "2026-12-01T09:30:00.123Z",   when the snapshots were taken
+//	  "interval_seconds": 1,
+//	  "pipelines": [{                        in the order of Add
+//	    "name": "import",
+//	    "run": 3, "running": true,           which run; whether it is in progress
+//	    "started": "...", "elapsed_seconds": 12.5,  started: absent before the first run
+//	    "error": "...",                      the run's error, only when it has one
+//	    "checkpoint": 1200,                  checkpointed runs only: the position saved
+//	    "bottleneck": {"stage": "fetch", "why": "...", "workers": 16, "warnings": []},
+//	    "edges": [{"from": "fetch", "to": "save", "inferred": false}],
+//	    "stages": [{                         in the order of the report
+//	      "name": "fetch", "kind": "stage",  source, stage, sink, filter or batch
+//	      "workers": 16, "busy": 16,
+//	      "in": 1000, "succeeded": 900, "out": 900, "retried": 12,
+//	      "dead_lettered": 3, "failed": 0, "not_started": 0, "filtered": 0,
+//	      "in_flight": 16, "window": 0,
+//	      "queue": {"len": 64, "cap": 64, "peak": 64, "fill": 1},
+//	      "rate_per_second": 781.2,
+//	      "latency": {"count": 900, "p50_seconds": 0.02, "p90_seconds": 0.021,
+//	                  "p99_seconds": 0.03, "max_seconds": 0.05},
+//	      "timeout_seconds": 1,              0 when none
+//	      "next": ["save"],                  the rows it feeds, as far as the report knows
+//	      "bottleneck": true,
+//	      "flushes": {"size": 9, "bytes": 0, "linger": 1, "end": 1, "checkpoint": 0},
+//	                                         batches only: flushes by reason
+//	      "errors": [{"type": "*net.OpError", "retried": 12, "dead_lettered": 3, "failed": 0}],
+//	      "causes": [{"type": "*net.OpError", "message": "connection reset", "count": 3}]
+//	    }]
+//	  }]
+//	}
+//
+// Arrays are never null. "edges" is the graph the page draws, from each row's "next".
+// Where the report names nothing a row feeds (pipeline v0.1 names only a stage's
+// input: not the input of a filter or a batch, nor across a Merge or a Tee), the page
+// draws a dashed edge, marked inferred, to the row the report lists next, unless the
+// first row is a sink or the second a source.
+package dashboard

@@ -1,0 +1,125 @@
+package dashboard_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"time"
+
+	"github.com/gopipeline/pipeline"
+	"github.com/gopipeline/pipeline/dashboard"
+)
+
+// This example shows how a service mounts the dashboard beside its other handlers, and
+// how a script reads the pipelines' figures from data.json.
+func Example() {
+	p := pipeline.New()
+	ids := pipeline.FromSlice(p, []int{1, 2, 3, 4, 5, 6})
+	checked := pipeline.Then(ids, pipeline.NewStage("check", 2, func(_ context.Context, id int) (int, error) {
+		if id%3 == 0 {
+			return 0, pipeline.Permanent(errors.New("not a valid id"))
+		}
+		return id, nil
+	}, pipeline.WithDeadLetter(pipeline.DiscardDeadLetter[int])))
+	pipeline.To(checked, pipeline.NewSink("save", 1, func(context.Context, int) error { return nil }))
+
+	h := dashboard.New()
+	h.Add("import", p)
+	mux := http.NewServeMux()
+	mux.Handle("/debug/pipeline/", h) // the page is at /debug/pipeline/
+	srv := httptest.NewServer(mux)    // a real service: srv.RegisterOnShutdown(h.Close)
+	defer srv.Close()
+	defer h.Close()
+
+	if err := p.Run(context.Background()); err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	res, err := http.Get(srv.URL + "/debug/pipeline/data.json")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	var data struct {
+		Version   int
+		Pipelines []struct {
+			Name   string
+			Stages []struct {
+				Name         string
+				In           int64
+				DeadLettered int64 `json:"dead_lettered"`
+				Causes       []struct{ Message string }
+			}
+		}
+	}
+	err = json.NewDecoder(res.Body).Decode(&data)
+	if cerr := res.Body.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("version", data.Version)
+	for _, pl := range data.Pipelines {
+		for _, s := range pl.Stages {
+			fmt.Printf("%s/%s: in %d, dead-lettered %d", pl.Name, s.Name, s.In, s.DeadLettered)
+			for _, c := range s.Causes {
+				fmt.Printf(" (%s)", c.Message)
+			}
+			fmt.Println()
+		}
+	}
+	// Output:
+	// version 1
+	// import/FromSlice: in 6, dead-lettered 0
+	// import/check: in 6, dead-lettered 2 (not a valid id)
+	// import/save: in 4, dead-lettered 0
+}
+
+// This example shows a service that serves the dashboard and shuts down cleanly while
+// someone is watching: Close, registered with RegisterOnShutdown, ends the live
+// streams, which Shutdown alone would wait for until its context expired.
+func ExampleHandler_Close() {
+	h := dashboard.New(dashboard.WithInterval(500 * time.Millisecond))
+	h.Add("import", pipeline.New())
+	mux := http.NewServeMux()
+	mux.Handle("/debug/pipeline/", h)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	srv.RegisterOnShutdown(h.Close)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+
+	// A viewer: what the page's EventSource does, here a GET that reads the first line.
+	res, err := http.Get("http://" + ln.Addr().String() + "/debug/pipeline/events")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(res.Header.Get("Content-Type"))
+	line, err := bufio.NewReader(res.Body).ReadString('\n')
+	fmt.Printf("%q %v\n", line, err)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	fmt.Println("shutdown:", srv.Shutdown(ctx))
+	fmt.Println("serve:", <-served)
+	fmt.Println("close:", res.Body.Close())
+	// Output:
+	// text/event-stream
+	// "retry: 2000\n" <nil>
+	// shutdown: <nil>
+	// serve: http: Server closed
+	// close: <nil>
+}

@@ -1,0 +1,222 @@
+package browsertest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gopipeline/pipeline"
+	"github.com/gopipeline/pipeline/dashboard"
+)
+
+const chromium = "/usr/bin/chromium"
+
+var (
+	errMalformed = errors.New("malformed record")
+	errUnknown   = errors.New("unknown customer")
+)
+
+// etl is a pipeline that runs until ctx is done: a source of ids, a fast parse stage
+// that dead-letters some items (two causes), an enrich stage paced by gate (the
+// bottleneck: each item waits for a token), a batch and a sink.
+func etl(gate <-chan struct{}) *pipeline.Pipeline {
+	p := pipeline.New(pipeline.WithBuffer(32))
+	ids := pipeline.Generate(p, func(ctx context.Context, emit func(int) error) error {
+		for id := 1; ; id++ {
+			if err := emit(id); err != nil {
+				return err
+			}
+		}
+	})
+	parsed := pipeline.Then(ids, pipeline.NewStage("parse", 4, func(_ context.Context, id int) (int, error) {
+		switch {
+		case id%11 == 0:
+			return 0, pipeline.Permanent(fmt.Errorf("record %d: %w", id, errMalformed))
+		case id%17 == 0:
+			return 0, pipeline.Permanent(fmt.Errorf("record %d: %w", id, errUnknown))
+		}
+		return id, nil
+	}, pipeline.WithDeadLetter(pipeline.DiscardDeadLetter[int])))
+	enriched := pipeline.Then(parsed, pipeline.NewStage("enrich", 4, func(ctx context.Context, id int) (int, error) {
+		select {
+		case <-gate:
+			return id, nil
+		case <-ctx.Done():
+			return 0, context.Cause(ctx)
+		}
+	}, pipeline.WithTimeout(time.Second)))
+	pipeline.ToBatches(enriched, 50, pipeline.NewSink("save", 2, func(context.Context, []int) error { return nil }),
+		pipeline.WithLinger(200*time.Millisecond))
+	return p
+}
+
+// browser starts headless Chromium for the test, or skips (fails with CI=true) when
+// it is not installed.
+func browser(t *testing.T) context.Context {
+	t.Helper()
+	if _, err := os.Stat(chromium); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("no browser at %s (scripts/test.sh installs Debian's chromium package): %v", chromium, err)
+		}
+		t.Skipf("skipped: no browser at %s (apt-get install chromium, or run scripts/test.sh)", chromium)
+	}
+	actx, cancelAlloc := chromedp.NewExecAllocator(t.Context(),
+		chromedp.ExecPath(chromium),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.Headless,
+		chromedp.NoSandbox, // as root
+		chromedp.DisableGPU,
+		chromedp.NoFirstRun,
+		chromedp.NoDefaultBrowserCheck,
+		// The network is closed: without these, Chromium keeps dialling out.
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.Flag("disable-dev-shm-usage", true),
+		chromedp.WindowSize(1290, 400), // the full screenshot grows to the page's height,
+	)
+	ctx, cancel := chromedp.NewContext(actx)
+	t.Cleanup(func() {
+		cancel() // closes the tab and the browser, and waits for it to exit
+		cancelAlloc()
+	})
+	return ctx
+}
+
+// TestBrowser loads the page while a pipeline runs and checks the rendered DOM: every
+// stage drawn, the bottleneck highlighted, dead letters by cause, and figures that
+// change between two reads as the page updates itself from the events stream.
+func TestBrowser(t *testing.T) {
+	ctx := browser(t)
+
+	gate := make(chan struct{})
+	p := etl(gate)
+	runCtx, stop := context.WithCancel(t.Context())
+	ran := make(chan error, 1)
+	go func() { ran <- p.Run(runCtx) }()
+	go func() { // the workload's pace: about 2,000 items per second through enrich
+		tick := time.NewTicker(500 * time.Microsecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-runCtx.Done():
+				return
+			case <-tick.C:
+				select {
+				case gate <- struct{}{}:
+				case <-runCtx.Done():
+					return
+				}
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		stop()
+		assert.ErrorIs(t, <-ran, context.Canceled)
+	})
+
+	h := dashboard.New(dashboard.WithInterval(200 * time.Millisecond))
+	h.Add("etl", p)
+	mux := http.NewServeMux()
+	mux.Handle("/debug/pipeline/", h)
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	t.Cleanup(h.Close) // before srv.Close: it ends the events stream
+
+	const section = `section[data-pipeline="etl"]`
+	start := time.Now()
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Navigate(srv.URL+"/debug/pipeline/"),
+		chromedp.WaitVisible(chromedp.CSS(section+" svg.graph g.stage")),
+		chromedp.WaitVisible(chromedp.CSS("#status.live")), // an event has arrived
+	))
+
+	drawn, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](
+		`Array.from(document.querySelectorAll('`+section+` svg.graph g.stage'), g => g.dataset.stage)`))
+	require.NoError(t, err)
+	var want []string
+	for _, s := range p.Snapshot().Stages {
+		want = append(want, s.Name)
+	}
+	assert.Equal(t, want, drawn, "every stage drawn, in the report's order")
+	assert.Equal(t, []string{"Generate", "parse", "enrich", "Batch", "save"}, want)
+
+	edges, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll('`+section+` svg.graph path.edge').length`))
+	require.NoError(t, err)
+	assert.Equal(t, len(want)-1, edges, "a chain")
+
+	// The figures move: read the sink's input count twice, the second time once the page
+	// shows another value (the stream replaces the view every refresh).
+	const savedIn = `document.querySelector('` + section + ` tr[data-stage="save"] td[data-field="in"]').textContent`
+	first, err := chromedp.Run(ctx, chromedp.Evaluate[string](savedIn))
+	require.NoError(t, err)
+	second, err := chromedp.Run(ctx, chromedp.Poll[string](
+		`(() => { const v = `+savedIn+`; return v !== `+jsString(first)+` && v; })()`,
+		chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(20*time.Second)))
+	require.NoError(t, err, "the page's figures did not change")
+	assert.NotEqual(t, first, second)
+
+	// The bottleneck is the paced stage; the page marks it, and both causes show.
+	bottleneck, err := chromedp.Run(ctx, chromedp.Poll[string](
+		`(() => { const g = document.querySelector('`+section+` g.stage.bottleneck'); return g && g.dataset.stage; })()`,
+		chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(20*time.Second)))
+	require.NoError(t, err, "no stage highlighted as the bottleneck")
+	assert.Equal(t, "enrich", bottleneck)
+	causes, err := chromedp.Run(ctx, chromedp.Poll[[]string](
+		`(() => { const c = Array.from(document.querySelectorAll('`+section+` table.causes td:nth-child(3)'), td => td.textContent); return c.length == 2 && c; })()`,
+		chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(20*time.Second)))
+	require.NoError(t, err)
+	assert.ElementsMatch(t, []string{"malformed record", "unknown customer"}, causes)
+
+	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	require.NoError(t, err)
+	saveScreenshot(t, png)
+
+	// data.json, by the page's relative URL, as a script in the browser would read it.
+	version, err := chromedp.Run(ctx, chromedp.Evaluate[int](
+		`fetch("data.json").then(r => r.json()).then(d => d.pipelines[0].name == "etl" && d.version)`, chromedp.EvalAwaitPromise))
+	require.NoError(t, err)
+	assert.Equal(t, 1, version)
+
+	// Close (the server shutting down) ends the stream; the page says so.
+	h.Close()
+	_, err = chromedp.Run(ctx, chromedp.Poll[bool](`document.getElementById("status").textContent == "reconnecting…"`,
+		chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(20*time.Second)))
+	require.NoError(t, err, "the page did not notice the end of the stream")
+	t.Logf("page checked in %v", time.Since(start).Round(time.Millisecond))
+}
+
+func jsString(s string) string {
+	b := []byte{'"'}
+	for _, r := range s {
+		if r == '"' || r == '\\' {
+			b = append(b, '\\')
+		}
+		b = append(b, string(r)...)
+	}
+	return string(append(b, '"'))
+}
+
+func saveScreenshot(t *testing.T, png []byte) {
+	t.Helper()
+	require.True(t, slices.Equal(png[:8], []byte("\x89PNG\r\n\x1a\n")), "a PNG")
+	dir := t.ArtifactDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "dashboard.png"), png, 0o644))
+	t.Logf("screenshot: %s", filepath.Join(dir, "dashboard.png"))
+	if path := os.Getenv("DASHBOARD_SCREENSHOT"); path != "" {
+		require.NoError(t, os.WriteFile(path, png, 0o644))
+		t.Logf("screenshot: %s", path)
+	}
+}

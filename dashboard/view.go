@@ -1,0 +1,387 @@
+package dashboard
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/gopipeline/pipeline"
+)
+
+// schemaVersion is data.json's "version": increment it on any change that is not an
+// addition.
+const schemaVersion = 1
+
+// The JSON types, documented in the package doc. Field names are part of the schema.
+type (
+	dataJSON struct {
+		Version   int            `json:"version"`
+		Time      time.Time      `json:"time"`
+		Interval  float64        `json:"interval_seconds"`
+		Pipelines []pipelineJSON `json:"pipelines"`
+	}
+	pipelineJSON struct {
+		Name       string         `json:"name"`
+		Run        uint64         `json:"run"`
+		Running    bool           `json:"running"`
+		Started    time.Time      `json:"started,omitzero"`
+		Elapsed    float64        `json:"elapsed_seconds"`
+		Error      string         `json:"error,omitempty"`
+		Checkpoint *int64         `json:"checkpoint,omitempty"`
+		Bottleneck bottleneckJSON `json:"bottleneck"`
+		Edges      []edgeJSON     `json:"edges"`
+		Stages     []stageJSON    `json:"stages"`
+	}
+	bottleneckJSON struct {
+		Stage    string   `json:"stage"`
+		Why      string   `json:"why"`
+		Workers  int      `json:"workers"`
+		Warnings []string `json:"warnings"`
+	}
+	edgeJSON struct {
+		From     string `json:"from"`
+		To       string `json:"to"`
+		Inferred bool   `json:"inferred"`
+	}
+	stageJSON struct {
+		Name         string       `json:"name"`
+		Kind         string       `json:"kind"`
+		Workers      int          `json:"workers"`
+		Busy         int          `json:"busy"`
+		In           int64        `json:"in"`
+		Succeeded    int64        `json:"succeeded"`
+		Out          int64        `json:"out"`
+		Retried      int64        `json:"retried"`
+		DeadLettered int64        `json:"dead_lettered"`
+		Failed       int64        `json:"failed"`
+		NotStarted   int64        `json:"not_started"`
+		Filtered     int64        `json:"filtered"`
+		InFlight     int64        `json:"in_flight"`
+		Window       int64        `json:"window"`
+		Queue        queueJSON    `json:"queue"`
+		Rate         float64      `json:"rate_per_second"`
+		Latency      latencyJSON  `json:"latency"`
+		Timeout      float64      `json:"timeout_seconds"`
+		Next         []string     `json:"next"`
+		Bottleneck   bool         `json:"bottleneck"`
+		Flushes      *flushesJSON `json:"flushes,omitempty"`
+		Errors       []errorJSON  `json:"errors"`
+		Causes       []causeJSON  `json:"causes"`
+	}
+	queueJSON struct {
+		Len  int     `json:"len"`
+		Cap  int     `json:"cap"`
+		Peak int     `json:"peak"`
+		Fill float64 `json:"fill"`
+	}
+	latencyJSON struct {
+		Count int64   `json:"count"`
+		P50   float64 `json:"p50_seconds"`
+		P90   float64 `json:"p90_seconds"`
+		P99   float64 `json:"p99_seconds"`
+		Max   float64 `json:"max_seconds"`
+	}
+	flushesJSON struct {
+		Size       int64 `json:"size"`
+		Bytes      int64 `json:"bytes"`
+		Linger     int64 `json:"linger"`
+		End        int64 `json:"end"`
+		Checkpoint int64 `json:"checkpoint"`
+	}
+	errorJSON struct {
+		Type         string `json:"type"`
+		Retried      int64  `json:"retried"`
+		DeadLettered int64  `json:"dead_lettered"`
+		Failed       int64  `json:"failed"`
+	}
+	causeJSON struct {
+		Type    string `json:"type"`
+		Message string `json:"message"`
+		Count   int64  `json:"count"`
+	}
+)
+
+func encodeJSON(f *frame) []byte {
+	d := dataJSON{Version: schemaVersion, Time: f.At.UTC(), Interval: f.interval.Seconds(), Pipelines: make([]pipelineJSON, len(f.Views))}
+	for i, v := range f.Views {
+		d.Pipelines[i] = v.Data
+	}
+	b, err := json.MarshalIndent(d, "", "  ")
+	if err != nil {
+		panic("dashboard: " + err.Error()) // only plain values: cannot happen
+	}
+	return append(b, '\n')
+}
+
+// pipelineView is one pipeline of a frame: its data and its drawing.
+type pipelineView struct {
+	Data  pipelineJSON
+	Graph graph
+}
+
+// Node and edge sizes of the drawing, in SVG user units.
+const (
+	nodeW, nodeH = 200, 104
+	gapX, gapY   = 56, 24
+	margin       = 18
+	maxLabel     = 18 // runes of a stage name drawn in a node (the rest is in its tooltip)
+)
+
+type graph struct {
+	W, H  int
+	Nodes []node
+	Edges []edge
+}
+
+type node struct {
+	X, Y       int
+	Stage      *stageJSON
+	Label      string // the name, shortened to fit
+	Lines      [3]string
+	HasQueue   bool
+	QueueW     float64 // the filled part of the queue bar
+	QueueClass string  // "ok", "high" or "full"
+	Dead       bool    // the stage has dead letters or failures
+	Bottleneck bool
+}
+
+type edge struct {
+	Path     string // the line
+	Arrow    string // its head
+	Inferred bool
+}
+
+func newPipelineView(name string, rep pipeline.Report) pipelineView {
+	bn := rep.Bottleneck(0)
+	d := pipelineJSON{
+		Name: name, Run: rep.Run, Running: rep.Running, Started: rep.Started, Elapsed: rep.Elapsed.Seconds(),
+		Bottleneck: bottleneckJSON{Stage: bn.Stage, Why: bn.Why, Workers: bn.Workers, Warnings: nonNil(bn.Warnings)},
+		Edges:      []edgeJSON{},
+		Stages:     make([]stageJSON, len(rep.Stages)),
+	}
+	if rep.Err != nil {
+		d.Error = rep.Err.Error()
+	}
+	if rep.Checkpoint >= 0 {
+		d.Checkpoint = &rep.Checkpoint
+	}
+	index := make(map[string]int, len(rep.Stages))
+	for i, s := range rep.Stages {
+		index[s.Name] = i
+		d.Stages[i] = newStageJSON(s, s.Name == bn.Stage)
+	}
+	// The edges: the rows each row feeds, where the report knows them; for a row that
+	// can feed something but whose report names nothing, the row after it in the
+	// report, if that one has an input (rows are wired upstream first).
+	for i, s := range rep.Stages {
+		next := nextOf(s)
+		for _, n := range next {
+			if j, ok := index[n]; ok && j != i {
+				d.Edges = append(d.Edges, edgeJSON{From: s.Name, To: n})
+			}
+		}
+		if len(next) == 0 && s.Kind != "sink" && i+1 < len(rep.Stages) && rep.Stages[i+1].Kind != "source" {
+			d.Edges = append(d.Edges, edgeJSON{From: s.Name, To: rep.Stages[i+1].Name, Inferred: true})
+		}
+	}
+	return pipelineView{Data: d, Graph: layout(d, index)}
+}
+
+func newStageJSON(s pipeline.StageReport, bottleneck bool) stageJSON {
+	j := stageJSON{
+		Name: s.Name, Kind: s.Kind, Workers: s.Workers, Busy: s.Busy,
+		In: s.In, Succeeded: s.Succeeded, Out: s.Out, Retried: s.Retried, DeadLettered: s.DeadLettered,
+		Failed: s.Failed, NotStarted: s.NotStarted, Filtered: s.Filtered, InFlight: s.InFlight, Window: s.Window,
+		Queue: queueJSON{Len: s.QueueLen, Cap: s.QueueCap, Peak: s.PeakQueue},
+		Rate:  s.Rate,
+		Latency: latencyJSON{
+			Count: s.Latency.Count, P50: s.Latency.P50.Seconds(), P90: s.Latency.P90.Seconds(),
+			P99: s.Latency.P99.Seconds(), Max: s.Latency.Max.Seconds(),
+		},
+		Timeout: s.Timeout.Seconds(), Next: nonNil(nextOf(s)), Bottleneck: bottleneck,
+		Errors: make([]errorJSON, len(s.Errors)), Causes: make([]causeJSON, len(s.Causes)),
+	}
+	if s.QueueCap > 0 {
+		j.Queue.Fill = float64(s.QueueLen) / float64(s.QueueCap)
+	}
+	if s.Kind == "batch" {
+		f := s.Flushes
+		j.Flushes = &flushesJSON{Size: f.Size, Bytes: f.Bytes, Linger: f.Linger, End: f.End, Checkpoint: f.Checkpoint}
+	}
+	for i, e := range s.Errors {
+		j.Errors[i] = errorJSON{Type: e.Type, Retried: e.Retried, DeadLettered: e.DeadLettered, Failed: e.Failed}
+	}
+	for i, c := range s.Causes {
+		j.Causes[i] = causeJSON{Type: c.Type, Message: c.Message, Count: c.Count}
+	}
+	return j
+}
+
+// nextOf returns the rows that s feeds, as far as the report knows. StageReport.Next
+// is one name ("" when unknown) in v0.1, and becomes the list of every row a row feeds;
+// this reads either, so that the package builds on both sides of that change.
+func nextOf(s pipeline.StageReport) []string {
+	switch next := any(s.Next).(type) {
+	case string:
+		if next != "" {
+			return []string{next}
+		}
+	case []string:
+		return next
+	}
+	return nil
+}
+
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}
+
+// layout places the stages in columns by their longest path from a row with no input,
+// and in each column in the report's order. Rows in a cycle (which a report should
+// never show) stay in the column they had reached.
+func layout(d pipelineJSON, index map[string]int) graph {
+	n := len(d.Stages)
+	col := make([]int, n)
+	out := make([][]int, n)
+	indeg := make([]int, n)
+	for _, e := range d.Edges {
+		from, to := index[e.From], index[e.To]
+		out[from] = append(out[from], to)
+		indeg[to]++
+	}
+	var ready []int
+	for i := range n {
+		if indeg[i] == 0 {
+			ready = append(ready, i)
+		}
+	}
+	for len(ready) > 0 {
+		i := ready[0]
+		ready = ready[1:]
+		for _, j := range out[i] {
+			col[j] = max(col[j], col[i]+1)
+			if indeg[j]--; indeg[j] == 0 {
+				ready = append(ready, j)
+			}
+		}
+	}
+	rows := map[int]int{}
+	var g graph
+	g.Nodes = make([]node, n)
+	for i := range d.Stages {
+		s := &d.Stages[i]
+		r := rows[col[i]]
+		rows[col[i]]++
+		nd := node{X: margin + col[i]*(nodeW+gapX), Y: margin + r*(nodeH+gapY), Stage: s, Bottleneck: s.Bottleneck}
+		nd.Label = s.Name
+		if rs := []rune(s.Name); len(rs) > maxLabel {
+			nd.Label = string(rs[:maxLabel-1]) + "…"
+		}
+		nd.Dead = s.DeadLettered > 0 || s.Failed > 0
+		nd.Lines = nodeLines(s)
+		if s.Queue.Cap > 0 && s.Kind != "source" && s.Kind != "filter" {
+			nd.HasQueue = true
+			fill := min(max(s.Queue.Fill, 0), 1)
+			nd.QueueW = fill * (nodeW - 20)
+			switch {
+			case fill >= 0.9:
+				nd.QueueClass = "full"
+			case fill >= 0.5:
+				nd.QueueClass = "high"
+			default:
+				nd.QueueClass = "ok"
+			}
+		}
+		g.Nodes[i] = nd
+		g.W = max(g.W, nd.X+nodeW+margin)
+		g.H = max(g.H, nd.Y+nodeH+margin)
+	}
+	for _, e := range d.Edges {
+		a, b := g.Nodes[index[e.From]], g.Nodes[index[e.To]]
+		x1, y1 := a.X+nodeW, a.Y+nodeH/2
+		x2, y2 := b.X-7, b.Y+nodeH/2 // short of the node: room for the arrowhead
+		mx := (x1 + x2) / 2
+		g.Edges = append(g.Edges, edge{
+			Path:     fmt.Sprintf("M%d %d C%d %d %d %d %d %d", x1, y1, mx, y1, mx, y2, x2, y2),
+			Arrow:    fmt.Sprintf("M%d %d L%d %d L%d %d Z", b.X-9, y2-5, b.X, y2, b.X-9, y2+5),
+			Inferred: e.Inferred,
+		})
+	}
+	return g
+}
+
+// nodeLines are the three lines of figures drawn in a stage's node.
+func nodeLines(s *stageJSON) [3]string {
+	var l [3]string
+	switch s.Kind {
+	case "source":
+		l[0] = fmt.Sprintf("out %s · %s", count(s.Out), rate(s.Rate))
+	case "filter":
+		l[0] = fmt.Sprintf("filtered %s", count(s.Filtered))
+		if s.In > 0 { // v0.1 counts only what a filter dropped
+			l[0] = fmt.Sprintf("out %s · filtered %s", count(s.Out), count(s.Filtered))
+		}
+	default:
+		l[0] = fmt.Sprintf("busy %d/%d · %s", s.Busy, s.Workers, rate(s.Rate))
+		if s.Latency.Count > 0 {
+			l[1] = fmt.Sprintf("p50 %s · p99 %s", seconds(s.Latency.P50), seconds(s.Latency.P99))
+		}
+		var b strings.Builder
+		fmt.Fprintf(&b, "ok %s", count(s.Succeeded))
+		if s.DeadLettered > 0 {
+			fmt.Fprintf(&b, " · dead %s", count(s.DeadLettered))
+		}
+		if s.Failed > 0 {
+			fmt.Fprintf(&b, " · failed %s", count(s.Failed))
+		}
+		l[2] = b.String()
+		if f := s.Flushes; f != nil { // a batch: its rate and Out count batches
+			l[1] = fmt.Sprintf("%s batches of %s items", count(s.Out), count(s.Succeeded))
+		}
+	}
+	return l
+}
+
+// count formats n with thousands separators: 1,234,567.
+func count(n int64) string {
+	s := fmt.Sprint(n)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	var b strings.Builder
+	if neg {
+		b.WriteByte('-')
+	}
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
+}
+
+// rate formats items per second, with a decimal below 10.
+func rate(r float64) string {
+	if r < 10 {
+		return fmt.Sprintf("%.1f/s", r)
+	}
+	return count(int64(r+0.5)) + "/s"
+}
+
+// seconds formats a duration in seconds with three significant digits: 20.3ms, 850µs.
+func seconds(s float64) string {
+	d := time.Duration(s * 1e9)
+	for _, unit := range []time.Duration{time.Hour, time.Minute, time.Second, time.Millisecond, time.Microsecond} {
+		if d >= unit {
+			if d >= 100*unit {
+				return d.Round(unit).String()
+			}
+			return d.Round(unit / 100).String()
+		}
+	}
+	return d.String()
+}

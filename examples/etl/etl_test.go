@@ -1,0 +1,196 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/gopipeline/pipeline"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if bin, err := build(); err == nil {
+		_ = os.RemoveAll(filepath.Dir(bin))
+	}
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// build builds the command once per test binary.
+var build = sync.OnceValues(func() (string, error) {
+	dir, err := os.MkdirTemp("", "etl-test-")
+	if err != nil {
+		return "", err
+	}
+	bin := filepath.Join(dir, "etl")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("go build: %w\n%s", err, out)
+	}
+	return bin, nil
+})
+
+func binary(t *testing.T) string {
+	t.Helper()
+	bin, err := build()
+	require.NoError(t, err)
+	return bin
+}
+
+// exitCode runs the command and returns its exit status and standard error.
+func exitCode(t *testing.T, args ...string) (int, string) {
+	t.Helper()
+	cmd := exec.Command(binary(t), args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	err := cmd.Run()
+	if ee, ok := errors.AsType[*exec.ExitError](err); ok {
+		return ee.ExitCode(), stderr.String()
+	}
+	require.NoError(t, err)
+	return 0, stderr.String()
+}
+
+// TestUsageErrors checks that bad flags and unreadable input exit with status 2 and a
+// one-line message, never a stack trace.
+func TestUsageErrors(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.jsonl")
+	require.NoError(t, os.WriteFile(bad, []byte("{\"id\": 1}\nnot json\n"), 0o600))
+	noHeader := filepath.Join(dir, "x.csv")
+	require.NoError(t, os.WriteFile(noHeader, []byte("1,a,2\n"), 0o600))
+	for _, args := range [][]string{
+		{"-no-such-flag"},
+		{"-n", "-1"},
+		{"-workers", "0"},
+		{"-budget", "2"},
+		{"extra-argument"},
+		{"-input", filepath.Join(dir, "missing.jsonl")},
+		{"-input", filepath.Join(dir, "records.txt")},
+		{"-input", bad},
+		{"-input", noHeader},
+	} {
+		code, stderr := exitCode(t, append(args, "-dir", filepath.Join(dir, "out"), "-web", "")...)
+		assert.Equal(t, 2, code, "%v: %s", args, stderr)
+		last := strings.TrimSpace(stderr)
+		if i := strings.LastIndex(last, "\n"); i >= 0 && args[0] == "-no-such-flag" {
+			last = last[i+1:] // the flag package prints its usage first
+		}
+		assert.NotContains(t, stderr, "goroutine ", "%v: a stack trace", args)
+		assert.True(t, strings.HasPrefix(last, "etl: ") && !strings.Contains(last, "\n"), "%v: want one line, got %q", args, last)
+	}
+	code, stderr := exitCode(t, "-h")
+	assert.Equal(t, 0, code)
+	assert.Contains(t, stderr, "-fresh")
+}
+
+// TestFileInput reads records from a JSON Lines and a CSV file.
+func TestFileInput(t *testing.T) {
+	dir := t.TempDir()
+	jsonl := filepath.Join(dir, "in.jsonl")
+	csv := filepath.Join(dir, "in.csv")
+	var jb, cb strings.Builder
+	cb.WriteString("id,name,amount\n")
+	for i := range 50 {
+		fmt.Fprintf(&jb, "{\"id\":%d,\"name\":\"n%d\",\"amount\":%d.5}\n", i, i, i)
+		fmt.Fprintf(&cb, "%d,n%d,%d.5\n", i, i, i)
+	}
+	require.NoError(t, os.WriteFile(jsonl, []byte(jb.String()), 0o600))
+	require.NoError(t, os.WriteFile(csv, []byte(cb.String()), 0o600))
+	for _, in := range []string{jsonl, csv} {
+		out := filepath.Join(dir, filepath.Ext(in)[1:])
+		code, stderr := exitCode(t, "-input", in, "-dir", out, "-web", "")
+		require.Equal(t, 0, code, stderr)
+		checkExactlyOnce(t, out, 50)
+	}
+}
+
+// TestInterruptAndKillResume interrupts a run with SIGINT and kills one with SIGKILL,
+// each in the middle, then resumes it: every record ends up written or dead-lettered
+// exactly once.
+func TestInterruptAndKillResume(t *testing.T) {
+	const n = 4000
+	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGKILL} {
+		t.Run(sig.String(), func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "out")
+			args := []string{"-n", strconv.Itoa(n), "-dir", dir, "-web", "", "-progress", "20ms", "-batch", "200"}
+			cmd := exec.Command(binary(t), args...)
+			stderr, err := cmd.StderrPipe()
+			require.NoError(t, err)
+			require.NoError(t, cmd.Start())
+			// Wait, on the progress lines, until part of the input is checkpointed.
+			ckpt := regexp.MustCompile(`ckpt=(\d+)`)
+			sc := bufio.NewScanner(stderr)
+			signaled := false
+			for sc.Scan() {
+				m := ckpt.FindStringSubmatch(sc.Text())
+				if m == nil || signaled {
+					continue
+				}
+				if pos, _ := strconv.Atoi(m[1]); pos > 0 && pos < n/2 {
+					require.NoError(t, cmd.Process.Signal(sig))
+					signaled = true
+				}
+			}
+			err = cmd.Wait()
+			require.True(t, signaled, "the run ended before it could be interrupted")
+			var ee *exec.ExitError
+			require.ErrorAs(t, err, &ee)
+			if sig == syscall.SIGINT {
+				assert.Equal(t, 1, ee.ExitCode())
+			}
+			code, out := exitCode(t, args...)
+			require.Equal(t, 0, code, out)
+			checkExactlyOnce(t, dir, n)
+		})
+	}
+}
+
+// checkExactlyOnce checks that each of the ids 0..n-1 is in the output or among the
+// dead letters, once.
+func checkExactlyOnce(t *testing.T, dir string, n int) {
+	t.Helper()
+	seen := make(map[int]string, n)
+	b, err := os.ReadFile(filepath.Join(dir, "output.jsonl"))
+	require.NoError(t, err)
+	for line := range strings.SplitSeq(strings.TrimSuffix(string(b), "\n"), "\n") {
+		if line == "" {
+			continue
+		}
+		var e enriched
+		require.NoError(t, json.Unmarshal([]byte(line), &e))
+		require.Empty(t, seen[e.ID], "record %d written twice", e.ID)
+		seen[e.ID] = "written"
+	}
+	dls, err := pipeline.ReadDeadLetters[record](filepath.Join(dir, "deadletters.jsonl"))
+	require.NoError(t, err)
+	for _, dl := range dls {
+		require.Empty(t, seen[dl.Item.ID], "record %d dead-lettered and %s", dl.Item.ID, seen[dl.Item.ID])
+		seen[dl.Item.ID] = "dead-lettered"
+	}
+	for id := range n {
+		require.NotEmpty(t, seen[id], "record %d is neither written nor dead-lettered", id)
+	}
+	assert.Len(t, seen, n)
+}
