@@ -277,10 +277,11 @@ func (c *attemptCtx) timedOut() bool {
 // lettered, or failed (returning the error that stops the worker).
 func (w *worker[In, Out]) process(ctx context.Context, v In) error {
 	var first error
+	cl := w.cl // client.go: breaker, rate limits, adaptive limit; nil without them
 	for attempt := 1; ; attempt++ {
-		if w.cl != nil { // client.go: breaker, rate limits, adaptive limit
+		if cl != nil {
 			var err error
-			if w.tk, err = w.cl.acquire(ctx, v); err != nil {
+			if w.tk, err = cl.acquire(ctx, v); err != nil {
 				if ctx.Err() != nil {
 					w.stats.failed.inc()
 					return context.Cause(ctx)
@@ -290,8 +291,8 @@ func (w *worker[In, Out]) process(ctx context.Context, v In) error {
 		}
 		out, err := w.attempt(ctx, v)
 		if err == nil {
-			if w.cl != nil {
-				w.cl.settle(w.tk, nil, ClassItem)
+			if cl != nil {
+				cl.settle(w.tk, nil, ClassItem)
 			}
 			// Counted after delivery: a panic downstream (in an inline operator) leaves
 			// the item failed, not both succeeded and failed.
@@ -313,7 +314,7 @@ func (w *worker[In, Out]) process(ctx context.Context, v In) error {
 			return context.Cause(ctx)
 		}
 		class, err := w.classOf(err)
-		if w.cl != nil && w.cl.settle(w.tk, err, class) {
+		if cl != nil && cl.settle(w.tk, err, class) {
 			attempt-- // held by the breaker: not one of the item's attempts (breaker.go)
 			continue
 		}

@@ -306,6 +306,10 @@ func (w *worker[In, Out]) loop() (err error) {
 
 // take is the worker's loop over its input.
 func (w *worker[In, Out]) take(ctx context.Context) error {
+	var adapt *adaptive // WithAdaptiveWorkers (adaptive.go): nil, so one register test per item
+	if w.cl != nil {
+		adapt = w.cl.adapt
+	}
 	for {
 		var (
 			v      In
@@ -313,8 +317,8 @@ func (w *worker[In, Out]) take(ctx context.Context) error {
 			err    error
 			queued int
 		)
-		if w.cl != nil && w.cl.adapt != nil { // above the adaptive limit: wait (adaptive.go)
-			if err := w.cl.adapt.gate(ctx, w.id); err != nil {
+		if adapt != nil { // above the adaptive limit: wait
+			if err := adapt.gate(ctx, w.id); err != nil {
 				return err
 			}
 		}
