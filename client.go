@@ -14,8 +14,10 @@ import (
 // number of its active workers with the latency it measures. This file ties them to
 // the worker loop; each has a file of its own (ratelimit.go, breaker.go, adaptive.go).
 //
-// A stage with none of these options has a nil client: the worker loop pays one nil
-// check per item, and nothing else.
+// A stage with none of these options has a nil client: the worker loop tests it, held
+// in a register, once per item and once per attempt (about 5 instructions per item and
+// stage; callgrind counts 0.85 % more instructions for bench's S5 3x4 shape), and
+// takes no lock, atomic, clock read or allocation for it.
 
 // clientConfig is the part of a stage's config set by the options of this file's
 // family.
