@@ -56,7 +56,8 @@ func (s BreakerState) String() string {
 // row, or when at least b.MinSample attempts over the last b.Window include a share
 // b.FailureRatio of failures. Open, it lets no attempt start: every worker waits before
 // its next attempt, holding its item, and the stage's queue fills, which slows the
-// stages before it (backpressure). After b.OpenFor it is half-open: b.HalfOpenProbes
+// stages before it (backpressure). After b.OpenFor (or the longer delay that the
+// failure that opened it asked for with [RetryAfter]) it is half-open: b.HalfOpenProbes
 // attempts go through one after another as probes; if they all succeed it closes and
 // every worker goes on, and a failed probe opens it again.
 //
@@ -148,10 +149,11 @@ type breakerState struct {
 	changed   chan struct{} // closed (and replaced) at every transition
 	inRow     int           // failures in a row
 	slices    [breakerSlices]struct{ n, failed, epoch int64 }
-	openedAt  time.Time // when it last opened
-	since     time.Time // when the current spell of not being closed began
-	probes    int       // probes in flight
-	probedOK  int       // probes that succeeded in a row
+	openedAt  time.Time     // when it last opened
+	openFor   time.Duration // how long it stays open this time: OpenFor, or the Retry-After of the failure that opened it
+	since     time.Time     // when the current spell of not being closed began
+	probes    int           // probes in flight
+	probedOK  int           // probes that succeeded in a row
 	opened    int64
 	openTotal time.Duration // earlier spells, ended
 	held      int64
@@ -182,7 +184,7 @@ func (b *breakerState) allow(ctx context.Context) (probe bool, err error) {
 		var events []Event
 		b.mu.Lock()
 		now := time.Now()
-		if b.state == BreakerOpen && now.Sub(b.openedAt) >= b.cfg.OpenFor {
+		if b.state == BreakerOpen && now.Sub(b.openedAt) >= b.openFor {
 			events = append(events, b.moveLocked(BreakerHalfOpen, now, nil))
 		}
 		switch b.state {
@@ -206,7 +208,7 @@ func (b *breakerState) allow(ctx context.Context) (probe bool, err error) {
 		}
 		wake := time.Duration(math.MaxInt64)
 		if b.state == BreakerOpen {
-			wake = b.cfg.OpenFor - now.Sub(b.openedAt)
+			wake = b.openFor - now.Sub(b.openedAt)
 		}
 		if b.cfg.MaxOpen > 0 {
 			wake = min(wake, b.cfg.MaxOpen-open)
@@ -341,6 +343,7 @@ func (b *breakerState) moveLocked(to BreakerState, now time.Time, err error) Eve
 	switch to {
 	case BreakerOpen:
 		b.openedAt = now
+		b.openFor = max(b.cfg.OpenFor, retryAfterOf(err)) // a server's Retry-After (retryafter.go)
 	case BreakerHalfOpen:
 		b.probes, b.probedOK = 0, 0
 	case BreakerClosed:

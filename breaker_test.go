@@ -314,6 +314,30 @@ func TestBreakerTransitions(t *testing.T) {
 	})
 }
 
+// TestBreakerRetryAfter checks that a breaker opened by a failure that asks for a
+// Retry-After longer than OpenFor stays open that long before it probes.
+func TestBreakerRetryAfter(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		var calls []time.Duration
+		st := pipeline.NewStage("call", 1, func(_ context.Context, v int) (int, error) {
+			calls = append(calls, time.Since(start))
+			switch len(calls) {
+			case 1:
+				return 0, pipeline.RetryAfter(errors.New("503"), 3*time.Second) // opens it for 3 s
+			case 2:
+				return 0, pipeline.Transient(errDown) // a failed probe: open for OpenFor
+			}
+			return v, nil
+		}, pipeline.WithCircuitBreaker(pipeline.Breaker{Failures: 1, OpenFor: time.Second}))
+		p := pipeline.New()
+		pipeline.To(pipeline.Then(pipeline.FromSlice(p, []int{1}), st), nopSink())
+		require.NoError(t, p.Run(t.Context()))
+		assert.Equal(t, []time.Duration{0, 3 * time.Second, 4 * time.Second}, calls)
+	})
+}
+
 // TestBreakerRatio checks the FailureRatio rule: a steady 20 % of failures does not
 // open a breaker at 50 %; a rise to 100 % does, once MinSample attempts of the window
 // are in, and an item error is no failure for the breaker.
