@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -44,6 +45,8 @@ type client[In any] struct {
 	adapt   *adaptive
 	workers int
 	waitCtx context.Context // the run's context without its deadline, for limiters
+
+	throttled atomic.Int64 // nanoseconds spent waiting for tokens, by all workers
 }
 
 // noDeadline is a context without a deadline, canceled with its parent (at the
@@ -88,13 +91,28 @@ func newClient[In, Out any](r *run, rw *row, st *Stage[In, Out]) *client[In] {
 	}
 	if c.breaker != nil {
 		cl.brk = newBreakerState(*c.breaker, r, rw.name)
-		rw.breaker = cl.brk
 	}
 	if c.adaptSet {
 		cl.adapt = newAdaptive(c.adaptMin, st.workers, r.started)
-		rw.adapt = cl.adapt
 	}
+	rw.client = cl
 	return cl
+}
+
+// clientRow is what a row's report reads of its stage's client.
+type clientRow interface {
+	fill(s *StageReport)
+}
+
+// fill sets the client's figures in a report of its stage.
+func (cl *client[In]) fill(s *StageReport) {
+	if cl.brk != nil {
+		s.Breaker = cl.brk.report()
+	}
+	if cl.adapt != nil {
+		s.Limit, s.LimitHistory = cl.adapt.report()
+	}
+	s.Throttled = time.Duration(cl.throttled.Load())
 }
 
 // acquire is called before each attempt: it waits while the breaker holds the stage's
@@ -132,7 +150,9 @@ func (cl *client[In]) wait(ctx context.Context, l Limiter) error {
 	if ctx != cl.r.ctx { // not the run's: keep it as it is
 		wctx = ctx
 	}
+	t0 := time.Now()
 	err := l.Wait(wctx)
+	cl.throttled.Add(int64(time.Since(t0)))
 	if err == nil {
 		return nil
 	}
@@ -184,6 +204,12 @@ func (r Report) clientWarnings(b Bottleneck) []string {
 		if s.Breaker != nil && s.Breaker.State != BreakerClosed {
 			out = append(out, fmt.Sprintf("stage %q: circuit breaker %s for %v: what it calls is failing",
 				s.Name, s.Breaker.State, s.Breaker.TimeOpen.Round(time.Millisecond)))
+		}
+		if s.Name == b.Stage && s.Throttled > 0 && r.Elapsed > 0 && s.Workers > 0 {
+			if share := float64(s.Throttled) / (float64(r.Elapsed) * float64(s.Workers)); share >= 0.5 {
+				out = append(out, fmt.Sprintf("stage %q: its workers spent %d%% of their time waiting for its rate limit: it runs at its quota, and more workers will not help",
+					s.Name, int(share*100)))
+			}
 		}
 		if s.Name != b.Stage || s.LimitHistory == nil {
 			continue

@@ -32,8 +32,9 @@ type Limiter interface {
 // its rate: a quota that a service grants to the whole process. With
 // [WithRateLimitPerKey] too, an attempt waits for both. It panics if l is nil.
 //
-// A rate-limited stage pays the limiter's Wait per attempt (about 100 ns for a
-// rate.Limiter that has a token ready); a stage without it pays nothing.
+// The time the workers spend waiting is the stage's [StageReport].Throttled, and
+// [Report.Bottleneck] says when a stage runs at its quota. A rate-limited stage pays the
+// limiter's Wait and two clock reads per attempt; a stage without it pays nothing.
 func WithRateLimit(l Limiter) StageOption {
 	if l == nil {
 		panic("pipeline: WithRateLimit(nil)")

@@ -80,10 +80,32 @@ func TestRateLimit(t *testing.T) {
 				assert.LessOrEqual(t, elapsed, 10100*time.Millisecond)
 				assert.Equal(t, 10, starts.countBefore(time.Nanosecond), "the burst: 10 attempts at once")
 				assert.Equal(t, 10+100, starts.countBefore(time.Second+time.Nanosecond), "then 100 per second")
-				assert.Equal(t, int64(1000), row(t, p.Report(), "call").Succeeded)
+				call := row(t, p.Report(), "call")
+				assert.Equal(t, int64(1000), call.Succeeded)
+				if workers == 1 {
+					assertAbout(t, 9900*time.Millisecond, call.Throttled, "the one worker waited for every token")
+				}
+				assert.GreaterOrEqual(t, call.Throttled, 9899*time.Millisecond)
 			})
 		})
 	}
+}
+
+// TestRateLimitBottleneck checks that Bottleneck says a stage that spends its time
+// waiting for its rate limit runs at its quota.
+func TestRateLimitBottleneck(t *testing.T) {
+	t.Parallel()
+	rep := pipeline.Report{Elapsed: 10 * time.Second, Stages: []pipeline.StageReport{
+		{Name: "src", Kind: "source", Next: []string{"call"}},
+		{
+			Name: "call", Kind: "stage", Workers: 4, Limit: 4, QueueCap: 100, PeakQueue: 100, Throttled: 36 * time.Second,
+			Latency: pipeline.Latency{Count: 1000, P50: time.Millisecond, P99: time.Millisecond},
+		},
+	}}
+	b := rep.Bottleneck(0)
+	assert.Equal(t, "call", b.Stage)
+	require.Len(t, b.Warnings, 1)
+	assert.Contains(t, b.Warnings[0], `stage "call": its workers spent 90% of their time waiting for its rate limit`)
 }
 
 // TestRateLimitShared checks that one limiter given to two stages of two pipelines
