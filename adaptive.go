@@ -40,7 +40,9 @@ import (
 // workers. It panics if min < 1; the stage's constructor panics if min is more than the
 // stage's workers, or if the stage has [WithKey] (each key's worker must run).
 //
-// An adaptive stage reads the clock twice and takes a lock twice per attempt.
+// An adaptive stage reads the clock twice, and takes a lock and two atomic adds, per
+// attempt: about 60 ns per item and stage on bench's no-op 3x4 shape
+// (BenchmarkClientOverhead), nothing next to a call of a service.
 func WithAdaptiveWorkers(min int) StageOption {
 	if min < 1 {
 		panic(fmt.Sprintf("pipeline: WithAdaptiveWorkers(%d): the minimum must be at least 1", min))
@@ -70,10 +72,11 @@ type adaptive struct {
 	done     chan struct{} // closed when the stage's input is closed and drained
 	endOnce  sync.Once
 
+	inflight  atomic.Int64 // attempts in flight
+	saturated atomic.Bool  // all active workers were busy at once in this window
+
 	mu        sync.Mutex
 	grown     chan struct{} // closed (and replaced) when the limit grows
-	inflight  int
-	saturated bool          // all active workers were busy at once in this window
 	n, failed int           // attempts completed in the window, and failed
 	ok        int           // succeeded: the latency figures are theirs
 	sum       time.Duration // their latencies
@@ -121,20 +124,17 @@ func (a *adaptive) close() { a.endOnce.Do(func() { close(a.done) }) }
 
 // begin counts an attempt in flight and returns when it began.
 func (a *adaptive) begin() time.Time {
-	a.mu.Lock()
-	a.inflight++
-	if int64(a.inflight) >= a.limit.Load() {
-		a.saturated = true
+	if a.inflight.Add(1) >= a.limit.Load() && !a.saturated.Load() {
+		a.saturated.Store(true)
 	}
-	a.mu.Unlock()
 	return time.Now()
 }
 
 // end counts an attempt's outcome, and revises the limit at the end of a window.
 func (a *adaptive) end(r *run, stage string, began time.Time, failed bool) {
 	d := time.Since(began)
+	a.inflight.Add(-1)
 	a.mu.Lock()
-	a.inflight--
 	if began.Before(a.changed) { // began under another limit: says nothing of this one
 		a.mu.Unlock()
 		return
@@ -203,10 +203,11 @@ func (a *adaptive) reviseLocked() *LimitChange {
 		a.hold = a.holdNext
 	case a.hold > 0:
 		a.hold--
-	case a.saturated && old < a.max:
+	case a.saturated.Load() && old < a.max:
 		next, reason = old+1, "grow"
 	}
-	a.n, a.failed, a.ok, a.sum, a.sumsq, a.saturated = 0, 0, 0, 0, 0, false
+	a.n, a.failed, a.ok, a.sum, a.sumsq = 0, 0, 0, 0, 0
+	a.saturated.Store(false)
 	if next == old {
 		return nil
 	}

@@ -87,7 +87,8 @@ func (s BreakerState) String() string {
 // gives the state, the time spent open and the transitions. Each run starts closed.
 //
 // A closed breaker takes a lock per attempt, and reads the clock per attempt when
-// b.FailureRatio is set (or the attempt failed). It panics if a field is out of range, or if neither Failures
+// b.FailureRatio is set (or the attempt failed): about 13 ns per item and stage on
+// bench's no-op 3x4 shape (BenchmarkClientOverhead). It panics if a field is out of range, or if neither Failures
 // nor FailureRatio is set.
 func WithCircuitBreaker(b Breaker) StageOption {
 	switch {
