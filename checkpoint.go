@@ -212,6 +212,7 @@ type tracker struct {
 	// moved is closed when next advances; made only when a batch that judged a wait not
 	// to concern it watches for the head to move (it may then hold the new head).
 	moved chan struct{}
+	skip  []PositionRange // committed above start in an earlier run (commit.go); the source's own
 }
 
 func newTracker(source any, start uint64, every int) *tracker {

@@ -25,7 +25,7 @@ import (
 	"github.com/gopipeline/pipeline"
 )
 
-// from returns a Resume function over the positions pos..n-1, yielding each position.
+// from returns a FromCheckpoint function over the positions pos..n-1, yielding each position.
 func from(n int) func(context.Context, int64) iter.Seq2[int, error] {
 	return func(_ context.Context, pos int64) iter.Seq2[int, error] {
 		return func(yield func(int, error) bool) {

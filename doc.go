@@ -139,7 +139,10 @@
 // committed, a watermark over every item derived from it, whatever the stages reorder,
 // split, batch, filter or dead-letter. The position is saved every [WithSaveEvery] items
 // and [WithSaveInterval], only after the sink committed, and a crash redoes at most
-// [WithMaxRedo] items, so sinks must be idempotent.
+// [WithMaxRedo] items, so sinks must be idempotent. A sink that writes into a
+// transactional store can instead commit its effects and the progress together with
+// [Commit]; a store that implements [CommittedStore] then lets a resumed run skip what
+// was committed, so that nothing is redone.
 //
 // # Accounting
 //

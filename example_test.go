@@ -942,7 +942,7 @@ func ExampleToBatches() {
 	// INSERT 1 rows [e]
 }
 
-// This example shows Resume: a checkpointed source that a second run resumes where
+// This example shows FromCheckpoint: a checkpointed source that a second run resumes where
 // the first one stopped. The first run fails at item "c" (the disk is full); the
 // position saved is that of "c", the first item whose write is not committed. After
 // the fix, the same pipeline runs again from there, and each item is written once.

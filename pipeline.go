@@ -150,8 +150,11 @@ func (p *Pipeline) exec(ctx context.Context, extra func(r *run), cur ...**run) (
 	defer cancel(nil)
 	r.cancel = cancel
 	if ck := p.ck; ck != nil {
-		var pos int64
-		err := safely(func() (err error) { pos, err = ck.store.Load(ctx); return err })
+		var (
+			pos  int64
+			skip []PositionRange
+		)
+		err := safely(func() (err error) { pos, skip, err = loadCheckpoint(ctx, ck.store); return err }) // commit.go
 		if err == nil && pos < 0 {
 			err = fmt.Errorf("%w: %d", ErrBadCheckpoint, pos)
 		}
@@ -160,6 +163,7 @@ func (p *Pipeline) exec(ctx context.Context, extra func(r *run), cur ...**run) (
 		}
 		ck.loaded = pos
 		r.track = newTracker(ck.source, uint64(pos), ck.every)
+		r.track.skip = skip
 		r.saved.Store(pos)
 	}
 	g, gctx := errgroup.WithContext(ctx)

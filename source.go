@@ -129,6 +129,10 @@ func newSourceNamed[T any](p *Pipeline, ctor, given string, n *int64, body func(
 				st.discarded.inc() // taken from the input, never sent: not started
 				return context.Cause(r.ctx)
 			}
+			if track != nil && track.skipped(pos) { // committed in an earlier run (commit.go)
+				pos++
+				return nil
+			}
 			if pos >= bound && track != nil { // WithMaxRedo: wait for a save
 				var err error
 				if bound, err = track.admit(r.ctx, pos); err != nil {

@@ -381,6 +381,9 @@ func (w *worker[In, Out]) attempt(ctx context.Context, v In) (out Out, err error
 	if trace.IsEnabled() {
 		defer trace.StartRegion(ctx, w.st.name).End()
 	}
+	if w.st.sink && w.r.track != nil && w.pos != noPos {
+		ctx = w.r.track.scope(ctx, &w.pos) // for Commit (commit.go)
+	}
 	// Time one attempt in 16, or every one while they are slow enough for the clock's
 	// cost not to matter.
 	var t0 time.Time

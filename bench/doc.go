@@ -1,5 +1,5 @@
 // Package bench holds the end-to-end benchmarks of github.com/gopipeline/pipeline: the
-// scenarios of shared/scenarios.md (S1 to S5), written through the library's public API
+// scenarios of shared/scenarios.md (S1 to S6), written through the library's public API
 // exactly as a user would write them, beside hand-written baselines (goroutines, bounded
 // channels and errgroup) and the peer library github.com/sourcegraph/conc. It is a
 // nested module, so that the core module never depends on conc; the go.work at the
@@ -32,6 +32,14 @@
 //	benchstat -col /impl s5.txt
 //
 // Vary the number of CPUs with -cpu=1,2,4; the benchmarks never set GOMAXPROCS.
+//
+// S6 writes into PostgreSQL through the postgres/ connector and needs DATABASE_URL:
+//
+//	export DATABASE_URL=$(../scripts/postgres.sh start)
+//	go test -run='^$' -bench=S6 -count=5 | tee s6.txt
+//	benchstat -filter .unit:rows/s s6.txt
+//
+// Without DATABASE_URL it skips (with CI=true it fails).
 //
 // # Figures
 //

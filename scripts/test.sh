@@ -13,8 +13,11 @@
 # into a fresh module and built, as a new user would. It needs only Go, git and bash: it
 # installs the pinned golangci-lint itself, and Debian's chromium package for the
 # dashboard's browser test (dashboard/internal/browsertest) when chromium is missing.
-# Every step runs even after one fails, so that one run shows every problem; the script
-# exits 1 if any step failed, and ends with the time each step took.
+# Before the tests it starts a throwaway PostgreSQL cluster (scripts/postgres.sh) for the
+# postgres/ connector, the example and S6, exports its URL as DATABASE_URL and stops it
+# at exit; with DATABASE_URL already set, it uses that server instead. Every step runs
+# even after one fails, so that one run shows every problem; the script exits 1 if any
+# step failed, and ends with the time each step took.
 #
 # Each module is tested on its own (GOWORK=off), against its own go.mod, as its users
 # build it; go.work, when there is one, is only checked to load, to use every module and
@@ -213,6 +216,19 @@ lint_ok=$((${#failed[@]} == 0))
 if [[ -f dashboard/internal/browsertest/go.mod ]]; then
 	step "chromium" ensure_chromium
 fi
+
+# start_postgres starts the cluster the connector's tests and S6 use (see the top).
+start_postgres() {
+	if [[ -n ${DATABASE_URL:-} ]]; then
+		echo "using DATABASE_URL from the environment"
+		return 0
+	fi
+	trap '"$root/scripts/postgres.sh" stop' EXIT
+	DATABASE_URL=$("$root/scripts/postgres.sh" start) || return 1
+	export DATABASE_URL PGPIPE_SERVER_SCRIPT="$root/scripts/postgres.sh"
+	echo "DATABASE_URL=$DATABASE_URL"
+}
+step "postgres: start" start_postgres
 
 if [[ -f go.work ]]; then
 	step "go.work" check_workspace

@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -165,6 +166,63 @@ func TestInterruptAndKillResume(t *testing.T) {
 			checkExactlyOnce(t, dir, n)
 		})
 	}
+}
+
+// TestPostgresKillResume runs the job into PostgreSQL (-db), kills it with SIGKILL in
+// the middle and resumes it: every record is in the table or among the dead letters,
+// exactly once. It needs DATABASE_URL (scripts/postgres.sh start prints one); with
+// CI=true a missing server fails the test.
+func TestPostgresKillResume(t *testing.T) {
+	url := os.Getenv("DATABASE_URL")
+	if url == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("DATABASE_URL is not set: CI must start PostgreSQL (scripts/test.sh does)")
+		}
+		t.Skip("DATABASE_URL is not set; start a server with scripts/postgres.sh start")
+	}
+	const n = 3000
+	dir := filepath.Join(t.TempDir(), "out")
+	args := []string{"-n", strconv.Itoa(n), "-dir", dir, "-web", "", "-progress", "20ms", "-batch", "200", "-db", url}
+	cmd := exec.Command(binary(t), append(args, "-fresh")...)
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	ckpt := regexp.MustCompile(`ckpt=(\d+)`)
+	sc := bufio.NewScanner(stderr)
+	killed := false
+	for sc.Scan() {
+		if m := ckpt.FindStringSubmatch(sc.Text()); m != nil && !killed {
+			if pos, _ := strconv.Atoi(m[1]); pos > 0 && pos < n/2 {
+				require.NoError(t, cmd.Process.Kill())
+				killed = true
+			}
+		}
+	}
+	_ = cmd.Wait() // killed
+	require.True(t, killed, "the run ended before it could be killed")
+	code, out := exitCode(t, args...)
+	require.Equal(t, 0, code, out)
+
+	ctx := t.Context()
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	defer pool.Close()
+	seen := map[int]string{}
+	rows, err := pool.Query(ctx, "SELECT id FROM "+pgTable)
+	require.NoError(t, err)
+	for rows.Next() {
+		var id int64
+		require.NoError(t, rows.Scan(&id))
+		seen[int(id)] = "written"
+	}
+	require.NoError(t, rows.Err())
+	dls, err := pipeline.ReadDeadLetters[record](filepath.Join(dir, "deadletters.jsonl"))
+	require.NoError(t, err)
+	for _, dl := range dls {
+		require.Empty(t, seen[dl.Item.ID], "record %d dead-lettered and %s", dl.Item.ID, seen[dl.Item.ID])
+		seen[dl.Item.ID] = "dead-lettered"
+	}
+	assert.Len(t, seen, n, "every record written or dead-lettered")
 }
 
 // checkExactlyOnce checks that each of the ids 0..n-1 is in the output or among the

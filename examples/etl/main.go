@@ -9,7 +9,10 @@
 //	         calls that hang; per-attempt timeout, retries with a backoff that honours
 //	         Retry-After, a dead-letter file and an error budget
 //	load     batches appended to a JSON Lines file (idempotent: a record already in the
-//	         file is not written again, so a resumed run never duplicates one)
+//	         file is not written again, so a resumed run never duplicates one), or,
+//	         with -db, upserted into PostgreSQL by the postgres connector, with the
+//	         checkpoint committed in the same transactions (scripts/postgres.sh start
+//	         prints the URL of a throwaway server)
 //
 // It prints live progress (one line refreshed in place on a terminal, plain lines
 // otherwise), serves the live web view of the pipeline on loopback (-web), and at the
@@ -55,6 +58,7 @@ type config struct {
 	batch    int
 	budget   float64
 	web      string
+	db       string
 	seed     uint64
 	progress time.Duration
 }
@@ -85,6 +89,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&c.attempts, "attempts", 4, "calls per record, the first included")
 	fs.IntVar(&c.batch, "batch", 500, "records per write")
 	fs.Float64Var(&c.budget, "budget", 0.05, "stop when more than this share of records fails")
+	fs.StringVar(&c.db, "db", "", "write into this PostgreSQL database (a URL) instead of a file")
 	fs.StringVar(&c.web, "web", "127.0.0.1:0", `address of the live web view ("" for none)`)
 	fs.Uint64Var(&c.seed, "seed", 1, "seed of the generated records and of the service's faults")
 	fs.DurationVar(&c.progress, "progress", 500*time.Millisecond, "interval of the progress lines")
@@ -163,9 +168,29 @@ func run(c config, stdout, stderr io.Writer) error {
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: c.workers}}
 	defer client.CloseIdleConnections()
 
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	var (
+		store pipeline.CheckpointStore = pipeline.NewFileCheckpoint(filepath.Join(c.dir, "checkpoint"))
+		pg    *pgLoad
+	)
+	if c.db != "" {
+		pg, err = openPG(ctx, c.db, c.fresh, c.batch, func(ctx context.Context, dl pipeline.DeadLetter[enriched]) error {
+			return dead.add(ctx, pipeline.DeadLetter[record]{
+				Stage: dl.Stage, Item: dl.Item.record, Attempts: dl.Attempts, Class: dl.Class, ErrType: dl.ErrType,
+				FirstError: dl.FirstError, LastError: dl.LastError, Time: dl.Time,
+			})
+		})
+		if err != nil {
+			return err
+		}
+		defer pg.pool.Close()
+		store = pg.store
+	}
+
 	p := pipeline.New(pipeline.WithBuffer(2 * c.workers))
-	src := pipeline.FromCheckpoint(p, pipeline.NewFileCheckpoint(filepath.Join(c.dir, "checkpoint")), records,
-		pipeline.WithName("read"), pipeline.WithSaveEvery(c.batch))
+	src := pipeline.FromCheckpoint(p, store, records, pipeline.WithName("read"), pipeline.WithSaveEvery(c.batch))
 	enriched := pipeline.Then(src, pipeline.NewStage("enrich", c.workers, enricher(client, svc.addr),
 		pipeline.WithTimeout(c.timeout),
 		pipeline.WithRetry(c.attempts, retryAfterBackoff(pipeline.ExponentialBackoff(20*time.Millisecond, time.Second))),
@@ -173,11 +198,12 @@ func run(c config, stdout, stderr io.Writer) error {
 		pipeline.WithDeadLetter(dead.add),
 		pipeline.WithErrorBudget(pipeline.Budget{MaxRatio: c.budget, MinSample: 200}),
 	))
-	pipeline.ToBatches(enriched, c.batch, pipeline.NewSink("load", 1, out.write), pipeline.WithName("batch"),
-		pipeline.WithLinger(200*time.Millisecond))
-
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	if pg != nil {
+		pg.w.To(enriched, "load", 2)
+	} else {
+		pipeline.ToBatches(enriched, c.batch, pipeline.NewSink("load", 1, out.write), pipeline.WithName("batch"),
+			pipeline.WithLinger(200*time.Millisecond))
+	}
 
 	if c.web != "" {
 		addr, closeWeb, err := serveDashboard(c.web, p)
@@ -202,9 +228,18 @@ func run(c config, stdout, stderr io.Writer) error {
 	if b := rep.Bottleneck(0); b.Stage != "" {
 		say(stdout, "%v\n", b)
 	}
-	say(stdout, "output:       %s (%d records written this run)\n", out.path, out.writtenNow)
+	if pg != nil {
+		n, err := pg.rows(context.WithoutCancel(ctx))
+		if err != nil {
+			return err
+		}
+		say(stdout, "output:       PostgreSQL table %s (%d rows)\n", pgTable, n)
+		say(stdout, "checkpoint:   PostgreSQL, job %q (position %d)\n", pgJob, rep.Checkpoint)
+	} else {
+		say(stdout, "output:       %s (%d records written this run)\n", out.path, out.writtenNow)
+		say(stdout, "checkpoint:   %s (position %d)\n", filepath.Join(c.dir, "checkpoint"), rep.Checkpoint)
+	}
 	say(stdout, "dead letters: %s (%d this run)\n", dead.path, dead.addedNow)
-	say(stdout, "checkpoint:   %s (position %d)\n", filepath.Join(c.dir, "checkpoint"), rep.Checkpoint)
 	switch {
 	case runErr == nil:
 		return nil

@@ -7,7 +7,7 @@
 //	transform  8 workers compute each record's digest
 //	store      batches of 500 (ToBatches) upserted by ID into a map that is saved as
 //	           JSON (<dir>/records.json) after every batch, so writing a record again
-//	           changes nothing: the sink is idempotent, as Resume requires
+//	           changes nothing: the sink is idempotent, as FromCheckpoint requires
 //
 // The checkpoint is the position of the first record whose batch may not be in the
 // store yet; it is saved only after the store has committed, so a crash redoes a few

@@ -1,0 +1,174 @@
+package pipeline
+
+import (
+	"context"
+	"slices"
+	"sort"
+)
+
+// This file lets a sink commit its effects and the run's progress in one transaction
+// (see [Commit]), and lets a resumed run skip the source items committed above the saved
+// watermark (see [CommittedStore]).
+
+// PositionRange is a half-open range [From, To) of source positions.
+type PositionRange struct {
+	From, To int64
+}
+
+// Progress is what settling a sink's current item would record in a checkpointed run
+// (see [Commit]). Checkpointed is false outside one, or when the item is not tracked;
+// then Watermark and Committed are zero.
+type Progress struct {
+	Checkpointed bool
+	// Watermark is the position the checkpoint advances to once the item settles:
+	// every source item below it is settled. It never goes down.
+	Watermark int64
+	// Committed are the positions at or above Watermark that settle with the item, in
+	// increasing order: a store keeps them so that a resumed run skips them (see
+	// [CommittedStore]). Positions below Watermark are covered by it.
+	Committed []PositionRange
+}
+
+// CommittedStore is a [CheckpointStore] that also keeps the positions committed above
+// its watermark (recorded through [Commit]'s [Progress]). A run resumed from such a
+// store calls LoadCommitted instead of Load and does not emit the items at those
+// positions again: they settle at once. Without it, a resumed run redoes them.
+type CommittedStore interface {
+	CheckpointStore
+	LoadCommitted(ctx context.Context) (pos int64, committed []PositionRange, err error)
+}
+
+// commitScope is the item a checkpointed sink's function is processing, reachable from
+// the attempt's context.
+type commitScope struct {
+	t   *tracker
+	pos *uint64 // the worker's current position: set to noPos once Commit settled it
+}
+
+type commitKey struct{}
+
+// scope returns ctx carrying the position *pos for [Commit]. It costs one allocation
+// per attempt of a checkpointed sink, none elsewhere.
+func (t *tracker) scope(ctx context.Context, pos *uint64) context.Context {
+	return context.WithValue(ctx, commitKey{}, &commitScope{t: t, pos: pos})
+}
+
+// Commit runs fn with the [Progress] that settling the current item of a sink would
+// record, and settles the item at once if fn returns nil, so that a sink can write its
+// effects and the advanced checkpoint in one transaction: fn writes the progress (for
+// example into the same database transaction as the item's rows) and commits. Call it
+// from a sink's function ([NewSink]), with the context the function was given, at most
+// once per attempt; after it returned nil, the function should return nil too.
+//
+// While fn runs, the run's checkpoint tracker is locked: no other item settles and no
+// other Commit runs, so that the progress fn records is exactly what settling the item
+// then does. fn should therefore do little more than write the progress and commit.
+//
+// Outside a checkpointed run ([FromCheckpoint]), or outside a sink's function, Commit calls fn
+// with the zero Progress and settles nothing. It returns fn's error.
+//
+// Exactness holds for items that reach the sink once per source position (no flat-map
+// into several sink items, no [Tee] into several sinks): then a crash after fn
+// committed never redoes the item. Otherwise the source position settles with its last
+// derived item, and a resume may redo the others.
+func Commit(ctx context.Context, fn func(ctx context.Context, p Progress) error) error {
+	cs, _ := ctx.Value(commitKey{}).(*commitScope)
+	if cs == nil || *cs.pos == noPos {
+		return fn(ctx, Progress{})
+	}
+	t := cs.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	p := t.preview(*cs.pos)
+	if err := fn(ctx, p); err != nil {
+		return err
+	}
+	t.settle(*cs.pos)
+	*cs.pos = noPos // settled: the worker's settle after the function returns is skipped
+	return nil
+}
+
+// preview computes, without changing anything, what settling one item of pos would
+// settle. t.mu must be held.
+func (t *tracker) preview(pos uint64) Progress {
+	var leaves []uint64
+	used := map[uint64]int{} // refs consumed by this walk
+	var walk func(p uint64)
+	walk = func(p uint64) {
+		if t.refs[p]-used[p] > 0 {
+			used[p]++
+			return
+		}
+		if p&groupBit != 0 {
+			for _, m := range t.groups[p] {
+				walk(m)
+			}
+			return
+		}
+		leaves = append(leaves, p)
+	}
+	walk(pos)
+	slices.Sort(leaves)
+	leaves = slices.Compact(leaves)
+	next := t.next
+	for {
+		if _, ok := t.settled[next]; ok {
+			next++
+			continue
+		}
+		if _, ok := slices.BinarySearch(leaves, next); ok {
+			next++
+			continue
+		}
+		break
+	}
+	p := Progress{Checkpointed: true, Watermark: int64(next)}
+	for _, l := range leaves {
+		if l < next {
+			continue
+		}
+		if n := len(p.Committed); n > 0 && p.Committed[n-1].To == int64(l) {
+			p.Committed[n-1].To++
+			continue
+		}
+		p.Committed = append(p.Committed, PositionRange{From: int64(l), To: int64(l) + 1})
+	}
+	return p
+}
+
+// loadCheckpoint loads a store's position and, from a [CommittedStore], the committed
+// ranges above it, sorted and cut at the position.
+func loadCheckpoint(ctx context.Context, store CheckpointStore) (int64, []PositionRange, error) {
+	cs, ok := store.(CommittedStore)
+	if !ok {
+		pos, err := store.Load(ctx)
+		return pos, nil, err
+	}
+	pos, ranges, err := cs.LoadCommitted(ctx)
+	if err != nil {
+		return 0, nil, err
+	}
+	var skip []PositionRange
+	for _, r := range ranges {
+		r.From = max(r.From, pos)
+		if r.From < r.To {
+			skip = append(skip, r)
+		}
+	}
+	sort.Slice(skip, func(i, j int) bool { return skip[i].From < skip[j].From })
+	return pos, skip, nil
+}
+
+// skipped reports whether the checkpointed source's position pos was committed in an
+// earlier run; if so, it settles it. Positions come in increasing order, so the ranges
+// are consumed from the front.
+func (t *tracker) skipped(pos uint64) bool {
+	for len(t.skip) > 0 && uint64(t.skip[0].To) <= pos {
+		t.skip = t.skip[1:]
+	}
+	if len(t.skip) == 0 || pos < uint64(t.skip[0].From) {
+		return false
+	}
+	t.done(pos)
+	return true
+}

@@ -1,0 +1,42 @@
+// Package pgpipe writes the batches of a [pipeline] into PostgreSQL, with pgx v5 and
+// pgxpool, and owns the failures that live there: a lost connection mid-COPY, a COMMIT
+// whose outcome is unknown, one bad row among thousands, two instances of one job.
+//
+// A [Writer] maps each item to a row ([Struct] or [Func]) and writes each batch with
+// COPY, on a pool connection of its own per sink worker:
+//
+//	w := pgpipe.NewWriter(pool, "events", pgpipe.Struct[Event]())
+//	w.To(events, "load", 4) // batches of 5,000 rows, four writers
+//
+// # Modes
+//
+// By default a batch is a plain COPY into the table. [WithUpsert] and
+// [WithSkipExisting] copy it into a temporary table in the same transaction and move it
+// with INSERT … SELECT … ON CONFLICT, after de-duplicating the batch by key (the last
+// row wins) and sorting it by key, so that concurrent writers cannot deadlock.
+//
+// # Errors
+//
+// Errors are mapped onto the pipeline's classes. A lost connection, a server shutting
+// down or restarting, too many connections, a serialization failure, a deadlock or a
+// lock timeout are transient: the batch is retried with backoff on a fresh connection
+// ([WithRetry]). Data errors (SQLSTATE class 22) and constraint violations (class 23)
+// belong to rows: the writer bisects the batch inside its transaction with savepoints,
+// commits the good rows and dead-letters only the rejected ones ([WithDeadLetterTable],
+// [WithDeadLetter]) with PostgreSQL's message, code and constraint, in O(k·log n) round
+// trips for k bad rows of n. A missing table or column, a missing privilege, a failed
+// login or an unknown database are fatal, with a message that names the table, the
+// role or the database.
+//
+// # Exactly once
+//
+// With a [Checkpoint] given both to [pipeline.FromCheckpoint] and to the writer
+// ([WithCheckpoint]), each batch's transaction also records the run's progress (see
+// [pipeline.Commit]): rows are never committed without their progress, nor progress
+// without its rows, so a resumed run neither loses nor repeats a row, even in insert
+// mode, even when four writers commit out of order. Loading the checkpoint takes the
+// job over; the previous instance's next commit fails with [ErrFenced]. A COMMIT whose
+// connection was lost is settled by reading the checkpoint back, never by guessing.
+// Dead letters written to a [DeadLetterTable] commit with their batch; other
+// destinations are at least once.
+package pgpipe

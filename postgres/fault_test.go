@@ -1,0 +1,391 @@
+package pgpipe_test
+
+import (
+	"context"
+	"fmt"
+	"iter"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gopipeline/pipeline"
+	pgpipe "github.com/gopipeline/pipeline/postgres"
+)
+
+// The fault tests run a checkpointed job, break something in the middle, and check at
+// the end that every row is in the table exactly once and that the checkpoint is at the
+// end. They are not parallel: one of them stops the server.
+
+// job is a checkpointed pipeline that writes events 0..n-1 into table.
+type job struct {
+	pool    *pgxpool.Pool
+	table   string
+	name    string
+	n       int
+	batch   int
+	workers int
+	upsert  bool
+	// gate, when set, is called by the source before it emits position pos.
+	gate func(ctx context.Context, pos int64) error
+	// mapping, when set, replaces the plain struct mapping.
+	mapping *pgpipe.Mapping[event]
+}
+
+func (j *job) run(ctx context.Context) (*pgpipe.Writer[event], error) {
+	w, _, err := j.runReport(ctx)
+	return w, err
+}
+
+// runReport runs the job and returns the writer, the run's report and its error.
+func (j *job) runReport(ctx context.Context) (*pgpipe.Writer[event], pipeline.Report, error) {
+	store := pgpipe.NewCheckpoint(j.pool, j.name)
+	p := pipeline.New(pipeline.WithBuffer(256))
+	src := pipeline.FromCheckpoint(p, store, func(ctx context.Context, pos int64) iter.Seq2[event, error] {
+		return func(yield func(event, error) bool) {
+			for i := pos; i < int64(j.n); i++ {
+				if j.gate != nil {
+					if err := j.gate(ctx, i); err != nil {
+						yield(event{}, err)
+						return
+					}
+				}
+				if !yield(event{ID: i, Name: "event " + strconv.FormatInt(i, 10), Score: float64(i)}, nil) {
+					return
+				}
+			}
+		}
+	}, pipeline.WithSaveEvery(j.batch))
+	opts := []pgpipe.Option{pgpipe.WithCheckpoint(store), pgpipe.WithChunk(j.batch, 0)}
+	if j.upsert {
+		opts = append(opts, pgpipe.WithUpsert("id"))
+	}
+	m := pgpipe.Struct[event]()
+	if j.mapping != nil {
+		m = *j.mapping
+	}
+	w := pgpipe.NewWriter(j.pool, j.table, m, opts...)
+	w.To(src, "load", j.workers)
+	err := p.Run(ctx)
+	return w, p.Report(), err
+}
+
+// retried returns how many batches the report says were retried.
+func retried(rep pipeline.Report) int64 {
+	s, _ := rep.Stage("load")
+	return s.Retried
+}
+
+// check asserts that every row is there exactly once and the checkpoint is at the end.
+func (j *job) check(t *testing.T) {
+	t.Helper()
+	rows, distinct := count(t, j.pool, j.table)
+	assert.Equal(t, int64(j.n), rows, "rows in the table")
+	assert.Equal(t, int64(j.n), distinct, "distinct ids in the table")
+	assert.Equal(t, int64(j.n), j.position(t), "the checkpoint")
+	var above int
+	require.NoError(t, j.pool.QueryRow(t.Context(), "SELECT count(*) FROM pgpipe_committed WHERE job = $1", j.name).Scan(&above))
+	assert.Zero(t, above, "no committed range is left above the final watermark")
+}
+
+func (j *job) position(t *testing.T) int64 {
+	t.Helper()
+	var pos int64
+	require.NoError(t, j.pool.QueryRow(t.Context(), "SELECT pos FROM pgpipe_checkpoint WHERE job = $1", j.name).Scan(&pos))
+	return pos
+}
+
+// commits returns how many commits the job's checkpoint has seen (0 before the first).
+func (j *job) commits(ctx context.Context) int64 {
+	var seq int64
+	if err := j.pool.QueryRow(ctx, "SELECT seq FROM pgpipe_checkpoint WHERE job = $1", j.name).Scan(&seq); err != nil {
+		return -1
+	}
+	return seq
+}
+
+func newJob(t *testing.T, pool *pgxpool.Pool, upsert bool, n, batch, workers int) *job {
+	t.Helper()
+	return &job{pool: pool, table: createEvents(t, pool, upsert), name: tableName("job"), n: n, batch: batch, workers: workers, upsert: upsert}
+}
+
+// waitFor polls cond against the server, a bounded number of times (each poll is a
+// round trip to the server, which paces the loop).
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for range 200000 {
+		if cond() {
+			return
+		}
+	}
+	t.Fatalf("timed out waiting for %s", what)
+}
+
+// gateAt returns a gate that stops the source before position at until release is
+// closed, and closes reached when it gets there.
+func gateAt(at int64, reached, release chan struct{}) func(context.Context, int64) error {
+	return func(ctx context.Context, pos int64) error {
+		if pos != at {
+			return nil
+		}
+		close(reached)
+		select {
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	}
+}
+
+// TestFaultServerRestart stops the server the hard way (pg_ctl stop -m immediate) in
+// the middle of a run and starts it again: the writers retry on new connections, and
+// no row is lost or duplicated.
+func TestFaultServerRestart(t *testing.T) {
+	script := serverScript(t)
+	for _, upsert := range []bool{true, false} {
+		t.Run(fmt.Sprintf("upsert=%v", upsert), func(t *testing.T) {
+			pool := newPool(t, 8)
+			j := newJob(t, pool, upsert, 60000, 1000, 4)
+			reached, release := make(chan struct{}), make(chan struct{})
+			j.gate = gateAt(int64(j.n/2), reached, release)
+			done := make(chan error, 1)
+			var (
+				w   *pgpipe.Writer[event]
+				rep pipeline.Report
+			)
+			go func() {
+				var err error
+				w, rep, err = j.runReport(t.Context())
+				done <- err
+			}()
+			select {
+			case <-reached:
+			case err := <-done:
+				t.Fatalf("the run ended before the restart: %v", err)
+			}
+			server(t, script, "crash") // writers may be mid-COPY or mid-COMMIT
+			close(release)             // the second half meets a server that is down
+			server(t, script, "start")
+			require.NoError(t, <-done)
+			j.check(t)
+			assert.Positive(t, retried(rep), "the writers met the server down")
+			t.Logf("after the restart: %d batches retried, %+v", retried(rep), w.Stats())
+		})
+	}
+}
+
+// TestFaultTerminateDuringCopy kills the writer's backend (pg_terminate_backend) while
+// its COPY is half sent.
+func TestFaultTerminateDuringCopy(t *testing.T) {
+	pool := newPool(t, 8)
+	j := newJob(t, pool, false, 20000, 2000, 2)
+	target := int64(j.n/2 + 17)
+	inCopy, killed := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	m := pgpipe.Func([]string{"id", "name", "score"}, func(e event) []any {
+		if e.ID == target {
+			once.Do(func() { // the COPY is under way: the rows before are sent
+				close(inCopy)
+				<-killed
+			})
+		}
+		return []any{e.ID, e.Name, e.Score}
+	})
+	j.mapping = &m
+	done := make(chan error, 1)
+	var rep pipeline.Report
+	go func() {
+		var err error
+		_, rep, err = j.runReport(t.Context())
+		done <- err
+	}()
+	<-inCopy
+	var pids []int32
+	waitFor(t, "the COPY on the server", func() bool {
+		pids = nil
+		rows, err := pool.Query(t.Context(), `SELECT pid FROM pg_stat_activity WHERE query ILIKE 'copy %' AND query LIKE '%' || $1 || '%'`, j.table)
+		require.NoError(t, err)
+		for rows.Next() {
+			var pid int32
+			require.NoError(t, rows.Scan(&pid))
+			pids = append(pids, pid)
+		}
+		require.NoError(t, rows.Err())
+		return len(pids) > 0
+	})
+	for _, pid := range pids {
+		mustExec(t, pool, "SELECT pg_terminate_backend($1)", pid)
+	}
+	close(killed)
+	require.NoError(t, <-done)
+	j.check(t)
+	assert.Positive(t, retried(rep), "the batch whose COPY was cut is written again")
+	t.Logf("terminated %d backend(s) mid-COPY at row %d", len(pids), target)
+}
+
+// TestFaultTerminateDuringCommit kills the writer's backend while its COMMIT runs (a
+// deferred trigger on the checkpoint row makes COMMIT wait for a lock the test holds).
+// The commit's outcome is unknown to the writer, which reads the checkpoint back,
+// learns that it did not commit, and writes the batch again.
+func TestFaultTerminateDuringCommit(t *testing.T) {
+	pool := newPool(t, 8)
+	j := newJob(t, pool, false, 20000, 2000, 4)
+	// The checkpoint tables exist once a checkpoint was loaded.
+	_, err := pgpipe.NewCheckpoint(pool, j.name+"_init").Load(t.Context())
+	require.NoError(t, err)
+	fn, trig := j.table+"_hold", j.table+"_hold"
+	const lockKey = 424242
+	mustExec(t, pool, fmt.Sprintf(`CREATE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN PERFORM pg_advisory_xact_lock_shared(%d); RETURN NULL; END $$`, fn, lockKey))
+	mustExec(t, pool, fmt.Sprintf(`CREATE CONSTRAINT TRIGGER %s AFTER UPDATE ON pgpipe_checkpoint
+		DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.job = '%s' AND NEW.seq = 3) EXECUTE FUNCTION %s()`, trig, j.name, fn))
+	t.Cleanup(func() {
+		mustExec(t, pool, "DROP TRIGGER IF EXISTS "+trig+" ON pgpipe_checkpoint")
+		mustExec(t, pool, "DROP FUNCTION IF EXISTS "+fn+"()")
+	})
+	holder, err := pool.Acquire(t.Context())
+	require.NoError(t, err)
+	_, err = holder.Exec(t.Context(), "SELECT pg_advisory_lock($1)", lockKey)
+	require.NoError(t, err)
+
+	done := make(chan error, 1)
+	var rep pipeline.Report
+	go func() {
+		var err error
+		_, rep, err = j.runReport(t.Context())
+		done <- err
+	}()
+	var pid int32
+	waitFor(t, "a COMMIT waiting in the trigger", func() bool {
+		err := pool.QueryRow(t.Context(), `SELECT pid FROM pg_stat_activity
+			WHERE lower(query) = 'commit' AND wait_event_type = 'Lock' AND datname = current_database()`).Scan(&pid)
+		return err == nil
+	})
+	mustExec(t, pool, "SELECT pg_terminate_backend($1)", pid)
+	_, err = holder.Exec(t.Context(), "SELECT pg_advisory_unlock($1)", lockKey)
+	require.NoError(t, err)
+	holder.Release()
+	require.NoError(t, <-done)
+	j.check(t)
+	assert.Positive(t, retried(rep), "the batch whose COMMIT was lost is written again")
+}
+
+// TestFaultTwoInstances starts a job, starts it again while the first instance runs,
+// and checks that the first cannot commit once the second took over.
+func TestFaultTwoInstances(t *testing.T) {
+	pool := newPool(t, 12)
+	first := newJob(t, pool, false, 20000, 1000, 4)
+	reached, release := make(chan struct{}), make(chan struct{})
+	first.gate = gateAt(int64(first.n/2), reached, release)
+	done := make(chan error, 1)
+	go func() {
+		_, err := first.run(t.Context())
+		done <- err
+	}()
+	<-reached
+	waitFor(t, "the first instance's commits", func() bool { return first.commits(t.Context()) >= 5 })
+
+	second := *first
+	second.gate = nil
+	_, err := second.run(t.Context())
+	require.NoError(t, err, "the second instance takes over and finishes the job")
+
+	close(release)
+	err = <-done
+	require.ErrorIs(t, err, pgpipe.ErrFenced, "the first instance's next commit is fenced")
+	t.Logf("first instance: %v", err)
+	first.check(t)
+}
+
+// TestFaultCrashResume kills a child process running the job with SIGKILL at random
+// commits, resumes it, and checks that the rows are there exactly once: insert mode,
+// no unique key, four writers committing out of order.
+func TestFaultCrashResume(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts child processes")
+	}
+	pool := newPool(t, 4)
+	j := newJob(t, pool, false, 100000, 500, 4)
+	kills := 0
+	for attempt := 0; ; attempt++ {
+		require.Less(t, attempt, 20, "the job never finished")
+		cmd := exec.Command(os.Args[0], "-test.run=^TestCrashChild$", "-test.count=1", "-test.cpu=4")
+		cmd.Env = append(os.Environ(), "PGPIPE_CRASH_TABLE="+j.table, "PGPIPE_CRASH_JOB="+j.name, "PGPIPE_CRASH_N="+strconv.Itoa(j.n))
+		cmd.Stderr = os.Stderr
+		require.NoError(t, cmd.Start())
+		waited := make(chan error, 1)
+		go func() { waited <- cmd.Wait() }()
+		killed := false
+		if attempt < 5 {
+			start := j.commits(t.Context())
+			target := start + 2 + int64(attempt*3)
+			for range 200000 {
+				select {
+				case err := <-waited:
+					waited <- err
+				default:
+				}
+				if len(waited) > 0 || j.commits(t.Context()) >= target {
+					break
+				}
+			}
+			if len(waited) == 0 {
+				require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+				killed = true
+				kills++
+			}
+		}
+		err := <-waited
+		if !killed {
+			require.NoError(t, err)
+			break
+		}
+		t.Logf("run %d killed at commit %d (position %d)", attempt, j.commits(t.Context()), j.position(t))
+	}
+	assert.Equal(t, 5, kills)
+	j.check(t)
+}
+
+// TestCrashChild is the job of TestFaultCrashResume, run in a child process.
+func TestCrashChild(t *testing.T) {
+	table := os.Getenv("PGPIPE_CRASH_TABLE")
+	if table == "" {
+		t.Skip("run by TestFaultCrashResume as a child process")
+	}
+	n, err := strconv.Atoi(os.Getenv("PGPIPE_CRASH_N"))
+	require.NoError(t, err)
+	pool := newPool(t, 8)
+	j := &job{pool: pool, table: table, name: os.Getenv("PGPIPE_CRASH_JOB"), n: n, batch: 500, workers: 4}
+	_, err = j.run(context.Background())
+	require.NoError(t, err)
+}
+
+// TestFaultCommitAckLost loses the server's acknowledgment of a COMMIT that did
+// commit (a proxy cuts the connection right after the server sent it). The writer
+// cannot know the outcome, reads the checkpoint back, learns that the batch committed,
+// and does not write it again: in insert mode, writing it again would duplicate it.
+func TestFaultCommitAckLost(t *testing.T) {
+	direct := newPool(t, 4)
+	j := newJob(t, direct, false, 20000, 1000, 4)
+	// The 1st COMMIT is the checkpoint's Load; lose the 4th, a batch's.
+	proxy, u := newLossyProxy(t, 4)
+	cfg, err := pgxpool.ParseConfig(u)
+	require.NoError(t, err)
+	cfg.MaxConns = int32(j.workers) // every connection held by a writer: the read-back needs its own
+	j.pool, err = pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err)
+	defer j.pool.Close()
+	_, rep, err := j.runReport(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), proxy.dropped.Load(), "one COMMIT acknowledgment was lost")
+	assert.Zero(t, retried(rep), "the committed batch is not written again")
+	j.pool = direct
+	j.check(t)
+}

@@ -1,0 +1,609 @@
+package pgpipe
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/gopipeline/pipeline"
+)
+
+// Option configures a [Writer] ([NewWriter]).
+type Option interface {
+	apply(*config)
+}
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+type mode uint8
+
+const (
+	modeInsert mode = iota
+	modeUpsert
+	modeSkip
+)
+
+type config struct {
+	mode     mode
+	key      []string
+	ck       *Checkpoint
+	dl       any // func(context.Context, pipeline.DeadLetter[T]) error
+	dlt      any // *DeadLetterTable[T]
+	rows     int
+	bytes    int
+	attempts int
+	backoff  pipeline.Backoff
+}
+
+// WithUpsert makes the writer upsert on the key columns: each batch is copied into a
+// temporary table in the same transaction, then moved with INSERT … SELECT … ON
+// CONFLICT (key) DO UPDATE of every other column. Before that the batch is
+// de-duplicated by key (the last row wins), so that PostgreSQL never meets a key twice
+// in one statement, and sorted by key, so that writers running at once take their row
+// locks in the same order and cannot deadlock each other. The key must be a unique
+// index or constraint of the table. It panics if key is empty.
+func WithUpsert(key ...string) Option {
+	if len(key) == 0 {
+		panic("pgpipe: WithUpsert: no key columns")
+	}
+	return optionFunc(func(c *config) { c.mode, c.key = modeUpsert, key })
+}
+
+// WithSkipExisting is [WithUpsert] with ON CONFLICT (key) DO NOTHING: rows whose key is
+// already in the table are left as they are (within a batch, the last row wins). It
+// panics if key is empty.
+func WithSkipExisting(key ...string) Option {
+	if len(key) == 0 {
+		panic("pgpipe: WithSkipExisting: no key columns")
+	}
+	return optionFunc(func(c *config) { c.mode, c.key = modeSkip, key })
+}
+
+// WithCheckpoint makes each batch's transaction also record the run's progress in
+// store, the [pipeline.CheckpointStore] of the pipeline's [pipeline.FromCheckpoint] source: the
+// rows of a batch and the advanced checkpoint commit together or not at all (see
+// [pipeline.Commit]), the commit is fenced against a newer instance of the job
+// ([ErrFenced]), and a commit whose outcome is unknown is settled by reading the
+// checkpoint back.
+func WithCheckpoint(store *Checkpoint) Option {
+	if store == nil {
+		panic("pgpipe: WithCheckpoint(nil)")
+	}
+	return optionFunc(func(c *config) { c.ck = store })
+}
+
+// WithDeadLetter sends each row PostgreSQL rejects (see [RowError]) to fn, after the
+// batch's good rows are written and before they commit, so a crash may send a row
+// twice (at least once). T must be the writer's row type; [NewWriter] panics otherwise.
+// Without a dead-letter destination, a rejected row fails its whole batch with an item
+// error, which stops the run unless the sink stage has [pipeline.WithDeadLetter].
+func WithDeadLetter[T any](fn func(ctx context.Context, dl pipeline.DeadLetter[T]) error) Option {
+	if fn == nil {
+		panic("pgpipe: WithDeadLetter(nil)")
+	}
+	return optionFunc(func(c *config) { c.dl = fn })
+}
+
+// WithDeadLetterTable writes the rows PostgreSQL rejects into t in the batch's own
+// transaction, with the SQLSTATE, message and constraint: a row is dead-lettered
+// exactly when the batch commits. T must be the writer's row type.
+func WithDeadLetterTable[T any](t *DeadLetterTable[T]) Option {
+	if t == nil {
+		panic("pgpipe: WithDeadLetterTable(nil)")
+	}
+	return optionFunc(func(c *config) { c.dlt = t })
+}
+
+// WithChunk sets the size of the batches [Writer.To] makes: at most rows rows and, when
+// bytes > 0, at most about bytes bytes of column values (the estimate costs one mapping
+// of each row in the batching goroutine). The default is 5,000 rows and no byte
+// bound. It panics if rows < 1 or bytes < 0.
+func WithChunk(rows, bytes int) Option {
+	if rows < 1 || bytes < 0 {
+		panic(fmt.Sprintf("pgpipe: WithChunk(%d, %d): need rows >= 1 and bytes >= 0", rows, bytes))
+	}
+	return optionFunc(func(c *config) { c.rows, c.bytes = rows, bytes })
+}
+
+// WithRetry sets how the sink retries a batch after a transient failure (a lost
+// connection, a restarted server, a serialization failure or deadlock, too many
+// connections): attempts in all, waiting backoff between them. The default is 30
+// attempts with exponential backoff from 20 ms to 2 s, which rides out a server restart
+// of about a minute. It panics like [pipeline.WithRetry].
+func WithRetry(attempts int, backoff pipeline.Backoff) Option {
+	pipeline.WithRetry(attempts, backoff) // its checks
+	return optionFunc(func(c *config) { c.attempts, c.backoff = attempts, backoff })
+}
+
+// Writer writes batches of T into one PostgreSQL table with COPY, on connections of a
+// pgxpool. Make one with [NewWriter], then attach it with [Writer.To] or use
+// [Writer.Sink] with [pipeline.ToBatches]. Each worker of the sink writes its batch on
+// a connection of its own, in one transaction. A Writer is safe for concurrent use and
+// may serve several pipelines.
+type Writer[T any] struct {
+	writerCore
+	mapping Mapping[T]
+	dl      func(context.Context, pipeline.DeadLetter[T]) error
+	dlt     *DeadLetterTable[T]
+}
+
+// writerCore is the part of a Writer that does not depend on T.
+type writerCore struct {
+	pool       *pgxpool.Pool
+	table      string // as given
+	ident      pgx.Identifier
+	columns    []string
+	keyIdx     []int
+	cfg        config
+	tmp        pgx.Identifier // upsert: the temporary table
+	createTmp  string
+	moveSQL    string
+	quotedCols string
+	oidc       oidCache
+	stats      stats
+}
+
+type stats struct{ batches, rows, dead, bisected, roundTrips atomic.Int64 }
+
+// Stats are a [Writer]'s counts since it was made.
+type Stats struct {
+	Batches      int64 // batches committed
+	Rows         int64 // rows committed (after de-duplication, in upsert modes)
+	DeadLettered int64 // rows rejected and dead-lettered
+	Bisected     int64 // batches that had to be bisected to find rejected rows
+	RoundTrips   int64 // statements sent to the server (COPY, BEGIN, COMMIT, savepoints, ...)
+}
+
+// Stats returns the writer's counts. It is safe to call at any time.
+func (w *Writer[T]) Stats() Stats {
+	s := &w.stats
+	return Stats{
+		Batches: s.batches.Load(), Rows: s.rows.Load(), DeadLettered: s.dead.Load(),
+		Bisected: s.bisected.Load(), RoundTrips: s.roundTrips.Load(),
+	}
+}
+
+// NewWriter returns a writer of rows of T into table (a name, optionally qualified by
+// its schema: "sales.orders"), mapped to columns by m. By default it inserts with plain
+// COPY; see [WithUpsert], [WithSkipExisting], [WithCheckpoint], [WithDeadLetterTable].
+//
+// It panics with a "pgpipe:" message if pool is nil, table is empty, a key column is
+// not mapped, or a typed option is for another row type.
+func NewWriter[T any](pool *pgxpool.Pool, table string, m Mapping[T], opts ...Option) *Writer[T] {
+	if pool == nil || table == "" || m.fill == nil {
+		panic(fmt.Sprintf("pgpipe: NewWriter(%q): need a pool, a table and a Mapping", table))
+	}
+	cfg := config{rows: 5000, attempts: 30, backoff: pipeline.ExponentialBackoff(20*time.Millisecond, 2*time.Second)}
+	for _, o := range opts {
+		if o == nil {
+			panic(fmt.Sprintf("pgpipe: NewWriter(%q): nil Option", table))
+		}
+		o.apply(&cfg)
+	}
+	w := &Writer[T]{mapping: m}
+	w.pool, w.table, w.columns, w.cfg = pool, table, m.columns, cfg
+	w.quotedCols = quoteAll(m.columns)
+	w.ident = pgx.Identifier(strings.Split(table, "."))
+	for _, k := range cfg.key {
+		i := slices.Index(m.columns, k)
+		if i < 0 {
+			panic(fmt.Sprintf("pgpipe: NewWriter(%q): key column %q is not mapped (columns: %v)", table, k, m.columns))
+		}
+		w.keyIdx = append(w.keyIdx, i)
+	}
+	var zero T
+	if cfg.dl != nil {
+		dl, ok := cfg.dl.(func(context.Context, pipeline.DeadLetter[T]) error)
+		if !ok {
+			panic(fmt.Sprintf("pgpipe: NewWriter(%q): WithDeadLetter for another row type (%T) on a writer of %T", table, cfg.dl, zero))
+		}
+		w.dl = dl
+	}
+	if cfg.dlt != nil {
+		dlt, ok := cfg.dlt.(*DeadLetterTable[T])
+		if !ok {
+			panic(fmt.Sprintf("pgpipe: NewWriter(%q): WithDeadLetterTable for another row type (%T) on a writer of %T", table, cfg.dlt, zero))
+		}
+		w.dlt = dlt
+	}
+	if cfg.mode != modeInsert {
+		w.prepareUpsert()
+	}
+	return w
+}
+
+func (w *writerCore) prepareUpsert() {
+	cols := quoteAll(w.columns)
+	keys := quoteAll(w.cfg.key)
+	w.tmp = pgx.Identifier{"pgpipe_stage_" + strings.ReplaceAll(w.table, ".", "_")}
+	w.createTmp = fmt.Sprintf("CREATE TEMP TABLE IF NOT EXISTS %s ON COMMIT DELETE ROWS AS SELECT %s FROM %s WITH NO DATA",
+		w.tmp.Sanitize(), cols, w.ident.Sanitize())
+	var set []string
+	for _, c := range w.columns {
+		if !slices.Contains(w.cfg.key, c) {
+			q := pgx.Identifier{c}.Sanitize()
+			set = append(set, q+" = EXCLUDED."+q)
+		}
+	}
+	action := "DO NOTHING"
+	if w.cfg.mode == modeUpsert && len(set) > 0 {
+		action = "DO UPDATE SET " + strings.Join(set, ", ")
+	}
+	w.moveSQL = fmt.Sprintf("INSERT INTO %s (%s) SELECT %s FROM %s ORDER BY %s ON CONFLICT (%s) %s",
+		w.ident.Sanitize(), cols, cols, w.tmp.Sanitize(), keys, keys, action)
+}
+
+func quoteAll(names []string) string {
+	q := make([]string, len(names))
+	for i, n := range names {
+		q[i] = pgx.Identifier{n}.Sanitize()
+	}
+	return strings.Join(q, ", ")
+}
+
+// Sink returns a sink stage of workers writers for batches of T, for
+// [pipeline.ToBatches] or [pipeline.Batch]: each batch is written in one transaction
+// on a pool connection of its own. The stage retries transient failures (see
+// [WithRetry]); opts are given to [pipeline.NewSink] after that, so a
+// [pipeline.WithRetry] there replaces it. Rejected rows go to the writer's dead-letter
+// destination; the stage's own [pipeline.WithDeadLetter] receives whole batches that
+// failed otherwise. Size the pool for at least workers connections.
+func (w *Writer[T]) Sink(name string, workers int, opts ...pipeline.StageOption) *pipeline.Stage[[]T, struct{}] {
+	all := append([]pipeline.StageOption{pipeline.WithRetry(w.cfg.attempts, w.cfg.backoff)}, opts...)
+	return pipeline.NewSink(name, workers, func(ctx context.Context, batch []T) error {
+		return w.write(ctx, name, batch)
+	}, all...)
+}
+
+// To ends s in the writer: batches of [WithChunk]'s size, written by a [Writer.Sink]
+// stage of the given name and workers.
+func (w *Writer[T]) To(s *pipeline.Stream[T], name string, workers int, opts ...pipeline.StageOption) {
+	var bopts []pipeline.BatchOption
+	if w.cfg.bytes > 0 {
+		bopts = append(bopts, pipeline.WithMaxBytes(w.cfg.bytes, w.size))
+	}
+	pipeline.ToBatches(s, w.cfg.rows, w.Sink(name, workers, opts...), bopts...)
+}
+
+// size estimates the bytes of v's values.
+func (w *Writer[T]) size(v T) int {
+	n := 0
+	for _, x := range w.mapping.fill(&v, make([]any, 0, len(w.columns))) {
+		n += valueSize(x)
+	}
+	return n
+}
+
+// badRow is a row PostgreSQL rejected.
+type badRow[T any] struct {
+	v   T
+	err *RowError
+}
+
+// write writes one batch in one transaction (or, for a plain insert without
+// checkpoint, one COPY); the error it returns is classified for the pipeline.
+func (w *Writer[T]) write(ctx context.Context, stage string, batch []T) error {
+	if len(batch) == 0 {
+		return nil
+	}
+	rows := batch
+	if w.cfg.mode != modeInsert {
+		rows = w.dedupe(batch)
+	}
+	conn, err := w.pool.Acquire(ctx)
+	if err != nil {
+		return w.classify(ctx, err)
+	}
+	defer conn.Release()
+	return w.classify(ctx, w.writeOn(ctx, conn.Conn(), stage, rows))
+}
+
+func (w *Writer[T]) writeOn(ctx context.Context, conn *pgx.Conn, stage string, rows []T) error {
+	var rejected error // the whole batch's row error, when it had one
+	if w.cfg.mode == modeInsert && w.cfg.ck == nil {
+		// One COPY is atomic: no transaction needed unless rows must be isolated.
+		err := w.copyRows(ctx, conn, w.ident, rows)
+		if err == nil {
+			w.stats.batches.Add(1)
+			w.stats.rows.Add(int64(len(rows)))
+			return nil
+		}
+		if rowError(err) == nil {
+			return err
+		}
+		rejected = err
+	}
+	tx, err := w.begin(ctx, conn)
+	if err != nil {
+		return err
+	}
+	defer func() { // a no-op after Commit
+		if tx != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+	b := &bisection[T]{hints: true}
+	if rejected == nil {
+		err = w.load(ctx, tx, rows)
+		if err != nil && rowError(err) == nil {
+			return err
+		}
+		if err != nil { // the transaction is aborted: start again, isolating the bad rows
+			rejected = err
+			if err := tx.Rollback(ctx); err != nil {
+				return err
+			}
+			w.stats.roundTrips.Add(1)
+			if tx, err = w.begin(ctx, conn); err != nil {
+				return err
+			}
+		}
+	}
+	if rejected != nil {
+		w.stats.bisected.Add(1)
+		if err := w.bisect(ctx, tx, rows, false, rejected, b); err != nil {
+			return err
+		}
+		if err := w.deadLetter(ctx, tx, stage, b.bad); err != nil {
+			return err
+		}
+	}
+	if err := w.commit(ctx, tx); err != nil {
+		return err
+	}
+	w.stats.batches.Add(1)
+	w.stats.rows.Add(int64(len(rows) - len(b.bad)))
+	w.stats.dead.Add(int64(len(b.bad)))
+	return nil
+}
+
+// begin starts a batch's transaction; in the upsert modes it also makes sure the
+// connection has the temporary table.
+func (w *Writer[T]) begin(ctx context.Context, conn *pgx.Conn) (pgx.Tx, error) {
+	tx, err := conn.Begin(ctx)
+	w.stats.roundTrips.Add(1)
+	if err != nil || w.cfg.mode == modeInsert {
+		return tx, err
+	}
+	if err := w.exec(ctx, tx, w.createTmp); err != nil {
+		_ = tx.Rollback(ctx)
+		return nil, err
+	}
+	return tx, nil
+}
+
+// load writes rows in tx: a COPY into the table, or into the temporary table and on.
+func (w *Writer[T]) load(ctx context.Context, tx pgx.Tx, rows []T) error {
+	if w.cfg.mode == modeInsert {
+		return w.copyRows(ctx, tx.Conn(), w.ident, rows)
+	}
+	if err := w.copyRows(ctx, tx.Conn(), w.tmp, rows); err != nil {
+		return err
+	}
+	return w.exec(ctx, tx, w.moveSQL)
+}
+
+// bisection is the state of one batch's search for its rejected rows.
+type bisection[T any] struct {
+	bad   []badRow[T]
+	hints bool // the errors' row hints have not misled yet
+}
+
+// bisect writes rows in savepoints and isolates the rows PostgreSQL rejects, in
+// O(k·log n) round trips for k bad rows of n. failed tells that rows are known to hold
+// a bad row (their sibling was clean and their parent failed), so trying them whole
+// would only fail again; rejected, when not nil, is the row error rows failed with
+// already (the whole batch's), which saves trying them again.
+//
+// When the error names its row (a COPY's "line N" context, or a value the writer could
+// not encode), that row is tried alone first, which makes the search O(k); a hint that
+// proves wrong (the row goes in alone) turns hints off for the rest of the batch.
+func (w *Writer[T]) bisect(ctx context.Context, tx pgx.Tx, rows []T, failed bool, rejected error, b *bisection[T]) error {
+	if rejected == nil && (!failed || len(rows) == 1) {
+		if err := w.exec(ctx, tx, "SAVEPOINT pgpipe"); err != nil {
+			return err
+		}
+		err := w.load(ctx, tx, rows)
+		if err == nil {
+			done := "RELEASE SAVEPOINT pgpipe"
+			if w.cfg.mode != modeInsert {
+				done = "TRUNCATE " + w.tmp.Sanitize() + "; " + done
+			}
+			return w.exec(ctx, tx, done)
+		}
+		if rowError(err) == nil {
+			return err
+		}
+		if err := w.exec(ctx, tx, "ROLLBACK TO SAVEPOINT pgpipe; RELEASE SAVEPOINT pgpipe"); err != nil {
+			return err
+		}
+		rejected = err
+	}
+	if rejected != nil && len(rows) == 1 {
+		b.bad = append(b.bad, badRow[T]{rows[0], rowError(rejected)})
+		return nil
+	}
+	if i := rowHint(rejected); rejected != nil && b.hints && i >= 0 && i < len(rows) {
+		n := len(b.bad)
+		if err := w.bisect(ctx, tx, rows[i:i+1], false, nil, b); err != nil {
+			return err
+		}
+		if len(b.bad) == n {
+			b.hints = false // it went in: the hint misled
+		}
+		if err := w.bisect(ctx, tx, rows[:i], false, nil, b); err != nil {
+			return err
+		}
+		return w.bisect(ctx, tx, rows[i+1:], false, nil, b)
+	}
+	mid := len(rows) / 2
+	n := len(b.bad)
+	if err := w.bisect(ctx, tx, rows[:mid], false, nil, b); err != nil {
+		return err
+	}
+	return w.bisect(ctx, tx, rows[mid:], len(b.bad) == n, nil, b)
+}
+
+// rowHint returns the index of the row err names, or -1.
+func rowHint(err error) int {
+	if err == nil {
+		return -1
+	}
+	if ee, ok := errors.AsType[*encodeError](err); ok {
+		return ee.index
+	}
+	if pe, ok := errors.AsType[*pgconn.PgError](err); ok {
+		return copyLine(pe.Where)
+	}
+	return -1
+}
+
+// deadLetter sends the rejected rows to the writer's destination: in tx for a
+// DeadLetterTable, else before the commit. Without one, the first rejection fails the
+// batch.
+func (w *Writer[T]) deadLetter(ctx context.Context, tx pgx.Tx, stage string, bad []badRow[T]) error {
+	if len(bad) == 0 {
+		return nil
+	}
+	if w.dlt == nil && w.dl == nil {
+		return pipeline.Permanent(bad[0].err)
+	}
+	recs := make([]pipeline.DeadLetter[T], len(bad))
+	now := time.Now()
+	for i, b := range bad {
+		msg := b.err.Error()
+		recs[i] = pipeline.DeadLetter[T]{
+			Stage: stage, Item: b.v, Attempts: 1, Class: pipeline.ClassItem, ErrType: "*pgpipe.RowError",
+			FirstError: msg, LastError: msg, Time: now,
+		}
+	}
+	if w.dlt != nil {
+		errs := make([]*RowError, len(bad))
+		for i, b := range bad {
+			errs[i] = b.err
+		}
+		w.stats.roundTrips.Add(1)
+		return w.dlt.insert(ctx, tx, recs, errs)
+	}
+	for _, r := range recs {
+		if err := w.dl(ctx, r); err != nil {
+			return pipeline.Fatal(fmt.Errorf("pgpipe: dead-letter destination: %w", err))
+		}
+	}
+	return nil
+}
+
+// commit commits tx, with the run's progress when the writer has a checkpoint.
+func (w *Writer[T]) commit(ctx context.Context, tx pgx.Tx) error {
+	ck := w.cfg.ck
+	if ck == nil {
+		w.stats.roundTrips.Add(1)
+		if err := tx.Commit(ctx); err != nil {
+			if _, ok := errors.AsType[*pgconn.PgError](err); !ok && isConnError(err) {
+				return pipeline.Transient(fmt.Errorf("%w: %w", ErrCommitUnknown, err))
+			}
+			return err
+		}
+		return nil
+	}
+	return pipeline.Commit(ctx, func(ctx context.Context, p pipeline.Progress) error {
+		seq, err := ck.stamp(ctx, tx, p)
+		w.stats.roundTrips.Add(2)
+		if err != nil {
+			return err
+		}
+		err = tx.Commit(ctx)
+		if err == nil {
+			return nil
+		}
+		if _, ok := errors.AsType[*pgconn.PgError](err); ok || errors.Is(err, pgx.ErrTxCommitRollback) || !isConnError(err) {
+			return err // refused: not committed
+		}
+		return ck.resolve(ctx, seq, err, w.cfg)
+	})
+}
+
+// copyRows copies rows into table on conn, in COPY's binary format (see copy.go).
+func (w *Writer[T]) copyRows(ctx context.Context, conn *pgx.Conn, table pgx.Identifier, rows []T) error {
+	oids, err := w.columnOIDs(ctx, conn, w.ident) // the temporary table has the same types
+	if err != nil {
+		return err
+	}
+	r := &copyReader[T]{
+		rows: rows, fill: w.mapping.fill, m: conn.TypeMap(), oids: oids,
+		plans: make([]columnPlan, len(oids)), vals: make([]any, 0, len(oids)),
+		buf: make([]byte, 0, 64<<10),
+	}
+	if m := w.mapping; m.fields != nil {
+		t := reflect.TypeFor[T]()
+		if m.ptr {
+			t = t.Elem()
+		}
+		r.fields, r.ptr, r.direct = m.fields, m.ptr, directEncoders(t, m.fields, oids)
+	}
+	w.stats.roundTrips.Add(1)
+	_, err = conn.PgConn().CopyFrom(ctx, r, "COPY "+table.Sanitize()+" ("+w.quotedCols+") FROM STDIN BINARY")
+	if err == nil || r.err == nil {
+		return err
+	}
+	if pe, ok := errors.AsType[*pgconn.PgError](err); ok && !strings.HasPrefix(pe.Message, copyFailed) {
+		return err // the server rejected an earlier row before the reader failed
+	}
+	if _, ok := errors.AsType[*encodeError](r.err); ok {
+		return r.err
+	}
+	return pipeline.Fatal(r.err) // the mapping's own failure, not a row's
+}
+
+// exec runs sql (one or more statements without arguments) in tx.
+func (w *writerCore) exec(ctx context.Context, tx pgx.Tx, sql string) error {
+	w.stats.roundTrips.Add(1)
+	_, err := tx.Conn().PgConn().Exec(ctx, sql).ReadAll()
+	return err
+}
+
+// dedupe returns the rows of batch sorted by key, keeping the last row of each key.
+func (w *Writer[T]) dedupe(batch []T) []T {
+	type keyed struct {
+		key []any
+		i   int
+	}
+	ks := make([]keyed, len(batch))
+	buf := make([]any, 0, len(w.columns))
+	for i := range batch {
+		buf = w.mapping.fill(&batch[i], buf)
+		k := make([]any, len(w.keyIdx))
+		for j, c := range w.keyIdx {
+			k[j] = deref(buf[c])
+		}
+		ks[i] = keyed{k, i}
+	}
+	cmpKeys := func(a, b keyed) int {
+		for j := range a.key {
+			if c := compareValues(a.key[j], b.key[j]); c != 0 {
+				return c
+			}
+		}
+		return 0
+	}
+	slices.SortStableFunc(ks, cmpKeys)
+	out := make([]T, 0, len(batch))
+	for i, k := range ks {
+		if i+1 < len(ks) && cmpKeys(k, ks[i+1]) == 0 {
+			continue // a later row has the same key: it wins
+		}
+		out = append(out, batch[k.i])
+	}
+	return out
+}

@@ -1,0 +1,315 @@
+package pgpipe_test
+
+import (
+	"fmt"
+	"math"
+	"net/url"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gopipeline/pipeline"
+	pgpipe "github.com/gopipeline/pipeline/postgres"
+)
+
+type event struct {
+	ID    int64   `db:"id"`
+	Name  string  `db:"name"`
+	Score float64 `db:"score"`
+}
+
+func events(n int) []event {
+	out := make([]event, n)
+	for i := range out {
+		out[i] = event{ID: int64(i), Name: fmt.Sprintf("event %d", i), Score: float64(i) / 2}
+	}
+	return out
+}
+
+func createEvents(tb testing.TB, pool *pgxpool.Pool, primaryKey bool) string {
+	tb.Helper()
+	table := tableName("events")
+	pk := ""
+	if primaryKey {
+		pk = " PRIMARY KEY"
+	}
+	mustExec(tb, pool, fmt.Sprintf("CREATE TABLE %s (id bigint%s, name text NOT NULL, score float8 NOT NULL)", table, pk))
+	tb.Cleanup(func() { mustExec(tb, pool, "DROP TABLE IF EXISTS "+table) })
+	return table
+}
+
+func TestInsert(t *testing.T) {
+	pool := newPool(t, 8)
+	table := createEvents(t, pool, false)
+	w := pgpipe.NewWriter(pool, table, pgpipe.Struct[event](), pgpipe.WithChunk(1000, 1<<20))
+	p := pipeline.New()
+	w.To(pipeline.FromSlice(p, events(20000)), "load", 4)
+	require.NoError(t, p.Run(t.Context()))
+	rows, distinct := count(t, pool, table)
+	assert.Equal(t, int64(20000), rows)
+	assert.Equal(t, int64(20000), distinct)
+	st := w.Stats()
+	assert.Equal(t, int64(20000), st.Rows)
+	assert.Equal(t, int64(20), st.Batches)
+	var sum float64
+	require.NoError(t, pool.QueryRow(t.Context(), "SELECT sum(score) FROM "+table).Scan(&sum))
+	assert.Equal(t, float64(19999*20000/4), sum)
+}
+
+func TestUpsertLastRowWins(t *testing.T) {
+	for _, mode := range []string{"upsert", "skip"} {
+		t.Run(mode, func(t *testing.T) {
+			pool := newPool(t, 8)
+			table := createEvents(t, pool, true)
+			mustExec(t, pool, "INSERT INTO "+table+" VALUES (0, 'old', -1), (5000, 'old', -1)")
+			opt := pgpipe.WithUpsert("id")
+			if mode == "skip" {
+				opt = pgpipe.WithSkipExisting("id")
+			}
+			w := pgpipe.NewWriter(pool, table, pgpipe.Struct[event](), opt)
+			// Every id twice in each batch, the second time with its final name: a
+			// batch that did not de-duplicate would fail ("cannot affect row a second
+			// time"), one that kept the first row would keep the wrong name.
+			var in []event
+			for i := range 10000 {
+				in = append(in, event{ID: int64(i % 5000), Name: "first", Score: 1}, event{ID: int64(i % 5000), Name: "last", Score: 2})
+			}
+			p := pipeline.New()
+			w.To(pipeline.FromSlice(p, in), "load", 4)
+			require.NoError(t, p.Run(t.Context()))
+			rows, distinct := count(t, pool, table)
+			assert.Equal(t, int64(5001), rows)
+			assert.Equal(t, int64(5001), distinct)
+			var last, old int
+			require.NoError(t, pool.QueryRow(t.Context(), "SELECT count(*) FILTER (WHERE name = 'last'), count(*) FILTER (WHERE name = 'old') FROM "+table).Scan(&last, &old))
+			if mode == "upsert" {
+				assert.Equal(t, 5000, last)
+				assert.Equal(t, 1, old, "5000 is not in the input")
+			} else {
+				assert.Equal(t, 4999, last)
+				assert.Equal(t, 2, old, "existing rows are kept")
+			}
+		})
+	}
+}
+
+// badRow is a row of a table with constraints a row can break.
+type badRow struct {
+	ID     int64   `db:"id"`
+	Name   string  `db:"name"`
+	Small  int64   `db:"small"`  // an int4 column: a larger value does not fit
+	Amount float64 `db:"amount"` // numeric(8,2)
+	Parent int32   `db:"parent"` // references a parent table
+}
+
+// TestBadRowsAreDeadLettered writes 20,000 rows in batches of 5,000, five of them bad,
+// and checks that exactly those are dead-lettered, with their SQLSTATE and constraint,
+// at a round-trip cost of O(k·log n).
+func TestBadRowsAreDeadLettered(t *testing.T) {
+	for _, mode := range []string{"insert", "upsert"} {
+		t.Run(mode, func(t *testing.T) {
+			testBadRows(t, mode)
+		})
+	}
+}
+
+func testBadRows(t *testing.T, mode string) {
+	pool := newPool(t, 8)
+	parent, table, dead := tableName("parent"), tableName("bad"), tableName("dead")
+	mustExec(t, pool, "CREATE TABLE "+parent+" (id int PRIMARY KEY)")
+	mustExec(t, pool, "INSERT INTO "+parent+" SELECT generate_series(0, 9)")
+	mustExec(t, pool, fmt.Sprintf(`CREATE TABLE %s (id bigint CONSTRAINT %s_pk PRIMARY KEY, name text NOT NULL, small int4 NOT NULL,
+		amount numeric(8,2) NOT NULL, parent int NOT NULL CONSTRAINT %s_fk REFERENCES %s (id))`, table, table, table, parent))
+	t.Cleanup(func() { mustExec(t, pool, "DROP TABLE IF EXISTS "+table+", "+parent+", "+dead) })
+	existing := int64(1_000_000)
+	mustExec(t, pool, "INSERT INTO "+table+" VALUES ($1, 'there before', 0, 0, 0)", existing)
+
+	const n, batch = 20000, 5000
+	in := make([]badRow, n)
+	for i := range in {
+		in[i] = badRow{ID: int64(i), Name: fmt.Sprintf("row %d", i), Small: int64(i), Amount: float64(i) / 4, Parent: int32(i % 10)}
+	}
+	in[777].Name = "nul \x00 byte"     // 22021: not valid UTF-8 text
+	in[1500].Small = math.MaxInt32 + 1 // the driver cannot encode it as int4
+	in[2500].Amount = 1e9              // 22003: numeric field overflow
+	in[8000].ID = existing             // 23505 in insert mode (updated in upsert mode)
+	in[16000].Parent = 99              // 23503: no such parent
+	want := map[int64]string{777: "22021", 1500: "", 2500: "22003", existing: "23505", 16000: "23503"}
+	if mode == "upsert" {
+		delete(want, existing)
+	}
+
+	dlt, err := pgpipe.OpenDeadLetterTable[badRow](t.Context(), pool, dead, nil)
+	require.NoError(t, err)
+	opts := []pgpipe.Option{pgpipe.WithDeadLetterTable(dlt), pgpipe.WithChunk(batch, 0)}
+	if mode == "upsert" {
+		opts = append(opts, pgpipe.WithUpsert("id"))
+	}
+	w := pgpipe.NewWriter(pool, table, pgpipe.Struct[badRow](), opts...)
+	p := pipeline.New()
+	w.To(pipeline.FromSlice(p, in), "load", 4)
+	require.NoError(t, p.Run(t.Context()))
+
+	dls, err := dlt.Read(t.Context(), "load")
+	require.NoError(t, err)
+	got := map[int64]string{}
+	for _, d := range dls {
+		got[d.Item.ID] = d.LastError
+	}
+	var codes []string
+	require.NoError(t, pool.QueryRow(t.Context(), "SELECT array_agg(coalesce(sqlstate, '') ORDER BY coalesce(sqlstate, '')) FROM "+dead).Scan(&codes))
+	var wantCodes []string
+	for id, code := range want {
+		wantCodes = append(wantCodes, code)
+		assert.Contains(t, got, id, "row %d is dead-lettered", id)
+	}
+	slices.Sort(wantCodes)
+	assert.Len(t, got, len(want), "only the bad rows are dead-lettered: %v", got)
+	assert.Equal(t, wantCodes, codes)
+	if mode == "insert" {
+		assert.Contains(t, got[existing], table+"_pk")
+		assert.Contains(t, got[16000], table+"_fk")
+	}
+	rows, distinct := count(t, pool, table)
+	assert.Equal(t, rows, distinct)
+	if mode == "insert" {
+		assert.Equal(t, int64(n+1-len(want)), rows, "every good row is written, and the row there before")
+	} else {
+		assert.Equal(t, int64(n-len(want)), rows, "every good row is written; the one there before was updated")
+	}
+
+	// Cost: each batch with k bad rows of 5,000 costs O(k·log n) round trips.
+	st := w.Stats()
+	depth := int64(math.Ceil(math.Log2(batch)))
+	bound := int64(4*8) + int64(len(want)+1)*2*depth*4 // four batches' fixed cost, plus each bad row's descent
+	t.Logf("%s: %d bad rows in %d batches of %d: %d round trips in all (%d bisected batches), bound %d",
+		mode, len(want), n/batch, batch, st.RoundTrips, st.Bisected, bound)
+	assert.LessOrEqual(t, st.RoundTrips, bound)
+	assert.Equal(t, int64(len(want)), st.DeadLettered)
+}
+
+// TestFatalErrors checks that what no retry can fix stops the run at once, with a
+// message naming the table, the column, the role or the database.
+func TestFatalErrors(t *testing.T) {
+	pool := newPool(t, 4)
+	table := createEvents(t, pool, false)
+	mustExec(t, pool, `DO $$ BEGIN CREATE ROLE pgpipe_reader LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$`)
+	withURL := func(t *testing.T, f func(u *url.URL)) *pgxpool.Pool {
+		t.Helper()
+		u, err := url.Parse(dbURL(t))
+		require.NoError(t, err)
+		f(u)
+		cfg, err := pgxpool.ParseConfig(u.String())
+		require.NoError(t, err)
+		p, err := pgxpool.NewWithConfig(t.Context(), cfg)
+		require.NoError(t, err)
+		t.Cleanup(p.Close)
+		return p
+	}
+	cases := []struct {
+		name string
+		run  func(t *testing.T) error
+		want []string
+	}{
+		{"missing table", func(t *testing.T) error {
+			return runEvents(t, pgpipe.NewWriter(pool, "no_such_table", pgpipe.Struct[event]()))
+		}, []string{"no_such_table", "does not exist"}},
+		{"missing column", func(t *testing.T) error {
+			w := pgpipe.NewWriter(pool, table, pgpipe.Func([]string{"id", "name", "score", "no_such_column"},
+				func(e event) []any { return []any{e.ID, e.Name, e.Score, 1} }))
+			return runEvents(t, w)
+		}, []string{table, "no_such_column"}},
+		{"permission denied", func(t *testing.T) error {
+			p := withURL(t, func(u *url.URL) { u.User = url.User("pgpipe_reader") })
+			return runEvents(t, pgpipe.NewWriter(p, table, pgpipe.Struct[event]()))
+		}, []string{`role "pgpipe_reader"`, table}},
+		{"unknown role", func(t *testing.T) error {
+			p := withURL(t, func(u *url.URL) { u.User = url.User("pgpipe_nobody") })
+			return runEvents(t, pgpipe.NewWriter(p, table, pgpipe.Struct[event]()))
+		}, []string{`role "pgpipe_nobody"`}},
+		{"unknown database", func(t *testing.T) error {
+			p := withURL(t, func(u *url.URL) { u.Path = "/pgpipe_no_such_db" })
+			return runEvents(t, pgpipe.NewWriter(p, table, pgpipe.Struct[event]()))
+		}, []string{`database "pgpipe_no_such_db"`}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			err := c.run(t)
+			require.Error(t, err)
+			for _, s := range c.want {
+				assert.Contains(t, err.Error(), s)
+			}
+		})
+	}
+}
+
+func runEvents(t *testing.T, w *pgpipe.Writer[event]) error {
+	t.Helper()
+	p := pipeline.New()
+	w.To(pipeline.FromSlice(p, events(10)), "load", 1)
+	err := p.Run(t.Context())
+	assert.Zero(t, p.Report().Stages[1].Retried, "a fatal error is not retried")
+	return err
+}
+
+// TestStructTypes writes a struct of every type the writer encodes itself, and of some
+// it hands to pgx (a named type, a pointer, a time), and reads it back.
+func TestStructTypes(t *testing.T) {
+	type status string
+	type allTypes struct {
+		I64    int64
+		I      int
+		I32    int32
+		I16    int16
+		S      string
+		V      string
+		F64    float64
+		F32    float32
+		B      bool
+		Bytes  []byte
+		NilB   []byte
+		Status status
+		Ptr    *string
+		NilPtr *int64
+		At     time.Time
+		Small  int64 // into int2
+	}
+	pool := newPool(t, 2)
+	table := tableName("types")
+	mustExec(t, pool, "CREATE TABLE "+table+` (i64 bigint, i bigint, i32 int, i16 smallint, s text, v varchar(20),
+		f64 float8, f32 float4, b bool, bytes bytea, nil_b bytea, status text, ptr text, nil_ptr bigint, at timestamptz, small int2)`)
+	t.Cleanup(func() { mustExec(t, pool, "DROP TABLE IF EXISTS "+table) })
+	s := "pointed"
+	at := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	want := allTypes{
+		I64: -1 << 40, I: 42, I32: -7, I16: 300, S: "héllo", V: "v", F64: 1.25, F32: -2.5, B: true,
+		Bytes: []byte{0, 1, 2}, Status: "active", Ptr: &s, At: at, Small: -3,
+	}
+	w := pgpipe.NewWriter(pool, table, pgpipe.Struct[allTypes]())
+	p := pipeline.New()
+	w.To(pipeline.FromSlice(p, []allTypes{want}), "load", 1)
+	require.NoError(t, p.Run(t.Context()))
+	var got allTypes
+	var st string
+	require.NoError(t, pool.QueryRow(t.Context(), "SELECT i64, i, i32, i16, s, v, f64, f32, b, bytes, nil_b, status, ptr, nil_ptr, at, small FROM "+table).Scan(
+		&got.I64, &got.I, &got.I32, &got.I16, &got.S, &got.V, &got.F64, &got.F32, &got.B, &got.Bytes, &got.NilB, &st, &got.Ptr, &got.NilPtr, &got.At, &got.Small))
+	got.Status = status(st)
+	got.At = got.At.UTC()
+	assert.Equal(t, want, got)
+
+	// A value out of range for its column is the row's fault, found without bisection.
+	p = pipeline.New()
+	bad := want
+	bad.Small = 1 << 20
+	dl := pipeline.NewDeadLetterBuffer[allTypes](10)
+	w = pgpipe.NewWriter(pool, table, pgpipe.Struct[allTypes](), pgpipe.WithDeadLetter(dl.Add))
+	w.To(pipeline.FromSlice(p, []allTypes{want, bad, want}), "load", 1)
+	require.NoError(t, p.Run(t.Context()))
+	require.Len(t, dl.Items(), 1)
+	assert.Contains(t, dl.Items()[0].LastError, "out of range for int2")
+	assert.Equal(t, int64(2), w.Stats().Rows)
+}
