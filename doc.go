@@ -99,6 +99,24 @@
 // function), and [WithErrorBudget] stops a run whose failure ratio is too high, either
 // aborting it or draining it. A stage with none of them adds no allocation per item.
 //
+// # Clients of a service
+//
+// A stage that calls a service can be a good client of it. [WithRateLimit] paces its
+// attempts with a [Limiter] (a [golang.org/x/time/rate.Limiter], shared by any stages
+// given the same one), and [WithRateLimitPerKey] gives each key a quota of its own; the
+// wait for a token is not part of [WithTimeout]. An error marked with [RetryAfter] (or
+// any error with a RetryAfter() time.Duration method) makes its retry wait at least the
+// delay the server asked for. [WithCircuitBreaker] stops calling a service that fails
+// wholesale: while the breaker is open the stage's workers wait, holding their items,
+// probe the service after a while, and go on once it answers, so an outage sets no item
+// aside and fails none (and an error budget does not count the held items); a breaker
+// open for longer than its MaxOpen fails the run with a [*BreakerError].
+// [WithAdaptiveWorkers] moves the number of the stage's active workers between a
+// minimum and its workers from the latency and errors it measures, settling where the
+// service starts to queue. The report gives each breaker's state and time open and each
+// adaptive stage's limit and its changes; each transition and change is an [Event]. A
+// stage without these options pays nothing for them.
+//
 // # Ordering
 //
 // Concurrent stages emit in completion order by default. [WithOrdered] restores input

@@ -258,3 +258,36 @@ func ClassOf(err error) (Class, bool) {
 	}
 	return ClassFatal, false
 }
+
+// ErrBreakerOpen is matched (with [errors.Is]) by the error of a run whose circuit
+// breaker stayed open for longer than its MaxOpen (see [WithCircuitBreaker]). The
+// concrete error is a [*BreakerError].
+var ErrBreakerOpen = errors.New("pipeline: circuit breaker open too long")
+
+// BreakerError reports a circuit breaker that was not closed (open, or half-open with
+// failing probes) for Open, longer than its MaxOpen: the service that Stage calls is
+// still down. It matches [ErrBreakerOpen].
+type BreakerError struct {
+	Stage   string
+	Open    time.Duration
+	MaxOpen time.Duration
+}
+
+// Error implements error.
+func (e *BreakerError) Error() string {
+	return fmt.Sprintf("pipeline: circuit breaker of stage %q open for %v, longer than its MaxOpen of %v: what the stage calls is still failing",
+		e.Stage, e.Open, e.MaxOpen)
+}
+
+// Is reports whether target is [ErrBreakerOpen].
+func (e *BreakerError) Is(target error) bool { return target == ErrBreakerOpen }
+
+// retryAfterError is an error that carries the delay a server asked for.
+type retryAfterError struct {
+	err error
+	d   time.Duration
+}
+
+func (e *retryAfterError) Error() string             { return e.err.Error() }
+func (e *retryAfterError) Unwrap() error             { return e.err }
+func (e *retryAfterError) RetryAfter() time.Duration { return e.d }

@@ -82,12 +82,14 @@ func WithClassifier(fn func(error) Class) ClassifierOption {
 	return ClassifierOption{fn}
 }
 
-// sleep waits backoff(attempt), or until ctx is done (returning its cause).
-func sleep(ctx context.Context, backoff Backoff, attempt int) error {
-	if backoff == nil {
-		return nil
+// sleep waits backoff(attempt), or longer if err asks for a longer delay (see
+// [RetryAfter]), or until ctx is done (returning its cause).
+func sleep(ctx context.Context, backoff Backoff, attempt int, err error) error {
+	var d time.Duration
+	if backoff != nil {
+		d = backoff(attempt)
 	}
-	d := backoff(attempt)
+	d = max(d, retryAfterOf(err)) // retryafter.go
 	if d <= 0 {
 		return nil
 	}
@@ -275,9 +277,23 @@ func (c *attemptCtx) timedOut() bool {
 // lettered, or failed (returning the error that stops the worker).
 func (w *worker[In, Out]) process(ctx context.Context, v In) error {
 	var first error
+	cl := w.cl // client.go: breaker, rate limits, adaptive limit; nil without them
 	for attempt := 1; ; attempt++ {
+		if cl != nil {
+			var err error
+			if w.tk, err = cl.acquire(ctx, v); err != nil {
+				if ctx.Err() != nil {
+					w.stats.failed.inc()
+					return context.Cause(ctx)
+				}
+				return w.fail(err, attempt-1, false)
+			}
+		}
 		out, err := w.attempt(ctx, v)
 		if err == nil {
+			if cl != nil {
+				cl.settle(w.tk, nil, ClassItem)
+			}
 			// Counted after delivery: a panic downstream (in an inline operator) leaves
 			// the item failed, not both succeeded and failed.
 			handed, derr := w.deliver(ctx, out)
@@ -298,6 +314,10 @@ func (w *worker[In, Out]) process(ctx context.Context, v In) error {
 			return context.Cause(ctx)
 		}
 		class, err := w.classOf(err)
+		if cl != nil && cl.settle(w.tk, err, class) {
+			attempt-- // held by the breaker: not one of the item's attempts (breaker.go)
+			continue
+		}
 		if class == ClassFatal {
 			return w.fail(err, attempt, false)
 		}
@@ -308,7 +328,7 @@ func (w *worker[In, Out]) process(ctx context.Context, v In) error {
 			w.stats.retried.inc()
 			w.row.addError(errTypeName(err), func(e *ErrorCount) { e.Retried++ })
 			w.r.emit(Event{Kind: EventRetry, Stage: w.st.name, Attempt: attempt, Err: err})
-			if err := sleep(ctx, w.st.cfg.backoff, attempt); err != nil {
+			if err := sleep(ctx, w.st.cfg.backoff, attempt, err); err != nil {
 				w.stats.failed.inc()
 				return err
 			}

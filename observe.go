@@ -20,10 +20,21 @@ const (
 	EventCheckpoint
 	// EventStageDone is sent when every worker of a stage has exited.
 	EventStageDone
+	// EventBreakerOpen is sent when a stage's circuit breaker opens; Err is the failure
+	// that opened it.
+	EventBreakerOpen
+	// EventBreakerHalfOpen is sent when an open circuit breaker lets probes through.
+	EventBreakerHalfOpen
+	// EventBreakerClosed is sent when a circuit breaker closes after its probes
+	// succeeded.
+	EventBreakerClosed
+	// EventLimit is sent when an adaptive stage's limit of active workers changes; Limit
+	// is the new one.
+	EventLimit
 )
 
-// String returns the kind's name: "retry", "dead-letter", "budget", "checkpoint" or
-// "stage-done".
+// String returns the kind's name: "retry", "dead-letter", "budget", "checkpoint",
+// "stage-done", "breaker-open", "breaker-half-open", "breaker-closed" or "limit".
 func (k EventKind) String() string {
 	switch k {
 	case EventRetry:
@@ -36,6 +47,14 @@ func (k EventKind) String() string {
 		return "checkpoint"
 	case EventStageDone:
 		return "stage-done"
+	case EventBreakerOpen:
+		return "breaker-open"
+	case EventBreakerHalfOpen:
+		return "breaker-half-open"
+	case EventBreakerClosed:
+		return "breaker-closed"
+	case EventLimit:
+		return "limit"
 	}
 	return fmt.Sprintf("EventKind(%d)", uint8(k))
 }
@@ -46,8 +65,9 @@ type Event struct {
 	Kind     EventKind
 	Stage    string // the stage, or "checkpoint"
 	Attempt  int    // EventRetry: the attempt that failed; EventDeadLetter: attempts made
-	Err      error  // EventRetry, EventDeadLetter: the error; EventBudget: the budget error
+	Err      error  // EventRetry, EventDeadLetter: the error; EventBudget: the budget error; EventBreakerOpen: the failure
 	Position int64  // EventCheckpoint: the position saved
+	Limit    int    // EventLimit: the adaptive stage's new limit
 }
 
 // WithObserver makes a pipeline call fn for every [Event] of its runs, from the
@@ -62,8 +82,10 @@ func WithObserver(fn func(Event)) PipelineOption {
 	return pipelineOpt(func(c *config) { c.observers = append(c.observers, fn) })
 }
 
-// WithLogger logs every [Event] of a pipeline's runs to l: retries at Debug, dead
-// letters at Warn, a tripped budget at Error, checkpoints and finished stages at Info.
+// WithLogger logs every [Event] of a pipeline's runs to l: retries and adaptive limit
+// changes at Debug, dead letters and an opening circuit breaker at Warn, a tripped
+// budget at Error, checkpoints, finished stages and a breaker's other transitions at
+// Info.
 // It is a pipeline option ([New]), built on [WithObserver].
 func WithLogger(l *slog.Logger) PipelineOption {
 	if l == nil {
@@ -85,6 +107,16 @@ func WithLogger(l *slog.Logger) PipelineOption {
 			l.LogAttrs(ctx, slog.LevelInfo, "pipeline: checkpoint saved", slog.Int64("position", e.Position))
 		case EventStageDone:
 			l.LogAttrs(ctx, slog.LevelInfo, "pipeline: stage done", slog.String("stage", e.Stage))
+		case EventBreakerOpen:
+			l.LogAttrs(ctx, slog.LevelWarn, "pipeline: circuit breaker open", slog.String("stage", e.Stage),
+				slog.String("error", errText(e.Err)))
+		case EventBreakerHalfOpen:
+			l.LogAttrs(ctx, slog.LevelInfo, "pipeline: circuit breaker half-open", slog.String("stage", e.Stage))
+		case EventBreakerClosed:
+			l.LogAttrs(ctx, slog.LevelInfo, "pipeline: circuit breaker closed", slog.String("stage", e.Stage))
+		case EventLimit:
+			l.LogAttrs(ctx, slog.LevelDebug, "pipeline: adaptive limit changed", slog.String("stage", e.Stage),
+				slog.Int("limit", e.Limit))
 		}
 	})
 }
@@ -104,4 +136,12 @@ func (r *run) emit(e Event) {
 	for _, fn := range r.p.cfg.observers {
 		fn(e)
 	}
+}
+
+// errText is err's message, or "" for nil.
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
 }

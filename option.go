@@ -64,6 +64,7 @@ type config struct {
 	saveInterval time.Duration
 	codec        any // Codec[T], checked by its user
 	syncEvery    int
+	client       clientConfig // rate limits, circuit breaker, adaptive workers (client.go)
 }
 
 func (c *config) bufferOr(d int) int {

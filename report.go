@@ -69,6 +69,7 @@ type row struct {
 	lost     atomic.Int64   // items a Tee offered this row's branch that a panic in an inline operator of the branch stopped
 	liveIn   atomic.Int64   // the largest In a Snapshot reported, so that In only grows
 	liveOut  atomic.Int64   // filters: the largest Out a Snapshot reported
+	client   clientRow      // rate limits, breaker, adaptive workers (client.go); nil without
 
 	mu     sync.Mutex
 	causes map[causeKey]int64
@@ -243,6 +244,12 @@ type StageReport struct {
 	Errors []ErrorCount // errors by type and outcome
 
 	Causes []Cause // dead letters grouped by cause, most common first
+
+	// Clients of a service (client.go).
+	Breaker      *BreakerReport // the circuit breaker; nil without WithCircuitBreaker
+	Limit        int            // workers allowed to take items: Workers, or the adaptive limit
+	LimitHistory []LimitChange  // the adaptive limit's latest changes (at most 64); nil without WithAdaptiveWorkers
+	Throttled    time.Duration  // time the workers spent waiting for rate-limit tokens, together
 }
 
 // Cause is a group of dead letters with the same error type and cause: the message of
@@ -328,6 +335,7 @@ func (r Report) String() string {
 				s.Name, s.Out, f.Size, f.Bytes, f.Linger, f.End, f.Checkpoint)
 		}
 	}
+	b.WriteString(r.clientLines()) // client.go: breakers, adaptive limits
 	if r.Err != nil {
 		fmt.Fprintf(&b, "error: %v\n", r.Err)
 	}
@@ -422,6 +430,10 @@ func (r *run) report(err error, final bool) Report {
 		}
 		s.Latency = latencyOf(rw.workers)
 		s.Timeout, s.Next = rw.timeout, slices.Clone(rw.next)
+		s.Limit = s.Workers
+		if rw.client != nil {
+			rw.client.fill(&s) // client.go
+		}
 		if secs := rep.Elapsed.Seconds(); secs > 0 {
 			s.Rate = float64(s.Out) / secs
 		}

@@ -111,6 +111,7 @@ func (st *Stage[In, Out]) init(ctor, name string, workers int, opts []StageOptio
 	if st.cfg.attempts == 0 {
 		st.cfg.attempts = 1
 	}
+	st.checkClient(ctor) // client.go
 }
 
 // Stream is the typed output of a source, a stage or an inline operator, not yet
@@ -199,11 +200,12 @@ func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
 			ord = newReorder(window, push)
 			rw.held, rw.extra = ord.heldCount, window
 		}
+		cl := newClient(r, rw, st) // client.go: nil without rate limit, breaker or adaptive workers
 		var left atomic.Int32
 		left.Store(int32(st.workers))
 		var failed atomic.Bool // a worker failed: downstream sees no end of input
 		for i := range st.workers {
-			w := &worker[In, Out]{st: st, r: r, row: rw, stats: &rw.workers[i], push: push, budget: b, classify: classify, ord: ord}
+			w := &worker[In, Out]{st: st, r: r, row: rw, stats: &rw.workers[i], push: push, budget: b, classify: classify, ord: ord, cl: cl, id: i}
 			w.ch, w.och = q.bind(i)
 			if kq, ok := q.(*keyedQueue[In]); ok {
 				w.slots = kq.slots
@@ -272,6 +274,9 @@ type worker[In, Out any] struct {
 	slow     bool             // the last timed attempt took long: time every attempt
 	busy     bool             // an item is in hand and not yet counted: a panic fails it
 	ctxs     attemptSlab      // WithTimeout: fresh attempt contexts
+	cl       *client[In]      // rate limits, breaker, adaptive workers (client.go); nil without
+	id       int              // the worker's index in its stage
+	tk       ticket           // the current attempt's, from w.cl (client.go)
 }
 
 // loop takes items until the queue is closed and drained (nil) or the run stops (its
@@ -301,6 +306,10 @@ func (w *worker[In, Out]) loop() (err error) {
 
 // take is the worker's loop over its input.
 func (w *worker[In, Out]) take(ctx context.Context) error {
+	var adapt *adaptive // WithAdaptiveWorkers (adaptive.go): nil, so one register test per item
+	if w.cl != nil {
+		adapt = w.cl.adapt
+	}
 	for {
 		var (
 			v      In
@@ -308,6 +317,11 @@ func (w *worker[In, Out]) take(ctx context.Context) error {
 			err    error
 			queued int
 		)
+		if adapt != nil { // above the adaptive limit: wait
+			if err := adapt.gate(ctx, w.id); err != nil {
+				return err
+			}
+		}
 		switch {
 		case w.slots != nil: // keyed: the slots count what waits in every worker's channel
 			var e item[In]
@@ -326,6 +340,9 @@ func (w *worker[In, Out]) take(ctx context.Context) error {
 			v, w.pos, w.seq, queued = e.v, e.pos, e.seq, min(len(w.och)+1, cap(w.och))
 		}
 		if !ok {
+			if w.cl != nil {
+				w.cl.ended()
+			}
 			return err
 		}
 		w.stats.received.inc()

@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"math/bits"
@@ -218,19 +219,22 @@ func (r Report) Bottleneck(targetPerSecond float64) Bottleneck {
 		}
 		if score := fill - out; score > best && fill >= 0.5 && out <= 0.5 {
 			best = score
-			b.Stage, b.Workers = s.Name, s.Workers
+			workers := cmp.Or(s.Limit, s.Workers) // an adaptive stage: its limit (adaptive.go)
+			b.Stage, b.Workers = s.Name, workers
 			if r.Running {
 				b.Why = fmt.Sprintf("input queue %d%% full, next queue %d%% full, %d/%d workers busy, p50 %v",
-					int(fill*100), int(out*100), s.Busy, s.Workers, s.Latency.P50.Round(time.Microsecond))
+					int(fill*100), int(out*100), s.Busy, workers, s.Latency.P50.Round(time.Microsecond))
 			} else {
 				b.Why = fmt.Sprintf("input queue peaked at %d%%, next queue at %d%%, %d workers, p50 %v",
-					int(fill*100), int(out*100), s.Workers, s.Latency.P50.Round(time.Microsecond))
+					int(fill*100), int(out*100), workers, s.Latency.P50.Round(time.Microsecond))
 			}
+			b.Suggested = 0
 			if targetPerSecond > 0 && s.Latency.Count > 0 {
 				b.Suggested = WorkersNeeded(targetPerSecond, s.Latency.P50, 1.25)
 			}
 		}
 	}
+	b.Warnings = append(b.Warnings, r.clientWarnings(b)...) // client.go
 	return b
 }
 
@@ -285,6 +289,7 @@ func (r Report) Line() string {
 		if s.Failed > 0 {
 			fmt.Fprintf(&b, " failed=%d", s.Failed)
 		}
+		b.WriteString(s.clientLine()) // client.go: breaker=open, limit=8/32
 	}
 	return b.String()
 }
@@ -295,6 +300,11 @@ func (r Report) Line() string {
 // 1. It panics if targetPerSecond or latency is negative, or headroom is less than 1.
 //
 //	WorkersNeeded(750, 20*time.Millisecond, 1.25) // 19
+//
+// For a stage with [WithAdaptiveWorkers], compare the result with the stage's
+// [StageReport].Limit rather than its Workers: a limit held below the maximum means the
+// service saturates there, and more workers would only queue at it ([Report.Bottleneck]
+// says so).
 func WorkersNeeded(targetPerSecond float64, latency time.Duration, headroom float64) int {
 	if !(targetPerSecond >= 0) || latency < 0 || !(headroom >= 1) || math.IsInf(targetPerSecond, 0) || math.IsInf(headroom, 0) {
 		panic(fmt.Sprintf("pipeline: WorkersNeeded(%v, %v, %v): need a finite rate >= 0, latency >= 0, headroom >= 1",

@@ -13,6 +13,7 @@ require (
 	github.com/sourcegraph/conc v0.3.0
 	go.uber.org/goleak v1.3.0
 	golang.org/x/sync v0.25.0
+	golang.org/x/time v0.16.0
 )
 
 require (

@@ -39,6 +39,12 @@
 //	pipeline.batch.flushes           UpDownCounter  {batch}    pipeline.stage, pipeline.flush.reason (size, bytes, linger, end)
 //	pipeline.checkpoint.position     Gauge          {item}     (checkpointed runs: the position saved last)
 //	pipeline.checkpoint.age          Gauge (float)  s          (checkpointed runs: time since it was saved)
+//	pipeline.stage.worker.limit      UpDownCounter  {worker}   pipeline.stage (adaptive stages: workers allowed now)
+//	pipeline.stage.throttled         Gauge (float)  s          pipeline.stage (rate-limited stages: time waiting for tokens)
+//	pipeline.stage.breaker.state     UpDownCounter  {breaker}  pipeline.stage, pipeline.breaker.state (closed, open, half_open: 1 for the current)
+//	pipeline.stage.breaker.open_time Gauge (float)  s          pipeline.stage (time open or half-open)
+//	pipeline.stage.breaker.openings  UpDownCounter  {opening}  pipeline.stage (times it opened)
+//	pipeline.stage.breaker.held      UpDownCounter  {attempt}  pipeline.stage (failed attempts held, not counted against items)
 //
 // All are observable instruments: Int64 unless marked float.
 //

@@ -3,6 +3,7 @@ package pipelineotel
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -34,12 +35,13 @@ func WithAttributes(attrs ...attribute.KeyValue) Option {
 
 // Attribute keys set by the package.
 const (
-	keyStage       = attribute.Key("pipeline.stage")
-	keyOutcome     = attribute.Key("pipeline.outcome")
-	keyErrorType   = attribute.Key("error.type")
-	keyWorkerState = attribute.Key("pipeline.worker.state")
-	keyQuantile    = attribute.Key("pipeline.quantile")
-	keyReason      = attribute.Key("pipeline.flush.reason")
+	keyStage        = attribute.Key("pipeline.stage")
+	keyOutcome      = attribute.Key("pipeline.outcome")
+	keyErrorType    = attribute.Key("error.type")
+	keyWorkerState  = attribute.Key("pipeline.worker.state")
+	keyQuantile     = attribute.Key("pipeline.quantile")
+	keyReason       = attribute.Key("pipeline.flush.reason")
+	keyBreakerState = attribute.Key("pipeline.breaker.state")
 )
 
 // instruments are the observable instruments of one registration.
@@ -54,6 +56,10 @@ type instruments struct {
 	timed                             metric.Int64ObservableUpDownCounter
 	checkpointPosition                metric.Int64ObservableGauge
 	checkpointAge                     metric.Float64ObservableGauge
+
+	// Clients of a service (WithRateLimit, WithCircuitBreaker, WithAdaptiveWorkers).
+	workerLimit, breakerState, breakerOpened, breakerHeld metric.Int64ObservableUpDownCounter
+	throttled, breakerOpen                                metric.Float64ObservableGauge
 }
 
 // Register creates the package's instruments (see the package documentation) on meter
@@ -110,6 +116,16 @@ func Register(p *pipeline.Pipeline, meter metric.Meter, opts ...Option) (metric.
 	in.timeout = fgauge("pipeline.stage.attempt.timeout", "s", "The stage's per-attempt timeout (WithTimeout).")
 	in.checkpointPosition = gauge("pipeline.checkpoint.position", "{item}", "The position a checkpointed run saved last.")
 	in.checkpointAge = fgauge("pipeline.checkpoint.age", "s", "Time since a checkpointed run last saved its position.")
+	in.workerLimit = upDown("pipeline.stage.worker.limit", "{worker}", "Workers an adaptive stage (WithAdaptiveWorkers) lets take items now.")
+	in.throttled = fgauge("pipeline.stage.throttled", "s",
+		"Time the stage's workers spent waiting for rate-limit tokens (WithRateLimit), together, in the current or last run.")
+	in.breakerState = upDown("pipeline.stage.breaker.state", "{breaker}",
+		"The stage's circuit breaker (WithCircuitBreaker): 1 for its state (closed, open or half_open), 0 for the others.")
+	in.breakerOpen = fgauge("pipeline.stage.breaker.open_time", "s",
+		"Time the stage's circuit breaker spent open or half-open in the current or last run.")
+	in.breakerOpened = upDown("pipeline.stage.breaker.openings", "{opening}", "Times the stage's circuit breaker opened in the current or last run.")
+	in.breakerHeld = upDown("pipeline.stage.breaker.held", "{attempt}",
+		"Failed attempts the stage's circuit breaker held (not counted against their items) in the current or last run.")
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
@@ -119,7 +135,8 @@ func Register(p *pipeline.Pipeline, meter metric.Meter, opts ...Option) (metric.
 		return nil
 	}, in.active, in.elapsed, in.items, in.input, in.output, in.inFlight, in.retries, in.errs, in.flushes,
 		in.queueLen, in.queueCap, in.queuePeak, in.workers, in.held, in.duration, in.timed, in.timeout,
-		in.checkpointPosition, in.checkpointAge)
+		in.checkpointPosition, in.checkpointAge,
+		in.workerLimit, in.throttled, in.breakerState, in.breakerOpen, in.breakerOpened, in.breakerHeld)
 }
 
 // observe records the figures of one snapshot.
@@ -183,6 +200,7 @@ func observe(o metric.Observer, in *instruments, r pipeline.Report, base []attri
 		count(in.queuePeak, int64(s.PeakQueue), stage)
 		count(in.workers, int64(s.Busy), stage, keyWorkerState.String("busy"))
 		count(in.workers, int64(s.Workers-s.Busy), stage, keyWorkerState.String("idle"))
+		observeClient(in, s, stage, count, seconds)
 		if s.Kind == "batch" {
 			count(in.flushes, s.Flushes.Size, stage, keyReason.String("size"))
 			count(in.flushes, s.Flushes.Bytes, stage, keyReason.String("bytes"))
@@ -210,4 +228,31 @@ func observe(o metric.Observer, in *instruments, r pipeline.Report, base []attri
 // hand) as succeeded or in flight, so these only grow during a run.
 func settled(_ pipeline.Report, s *pipeline.StageReport) (succeeded, failed, inFlight int64) {
 	return s.Succeeded, s.Failed, s.InFlight
+}
+
+// observeClient records the figures of a stage's rate limit, circuit breaker and
+// adaptive workers, for the stages that have them.
+func observeClient(in *instruments, s *pipeline.StageReport, stage attribute.KeyValue,
+	count func(metric.Int64Observable, int64, ...attribute.KeyValue), seconds func(metric.Float64Observable, time.Duration, ...attribute.KeyValue),
+) {
+	if s.LimitHistory != nil {
+		count(in.workerLimit, int64(s.Limit), stage)
+	}
+	if s.Throttled > 0 {
+		seconds(in.throttled, s.Throttled, stage)
+	}
+	b := s.Breaker
+	if b == nil {
+		return
+	}
+	for _, st := range []pipeline.BreakerState{pipeline.BreakerClosed, pipeline.BreakerOpen, pipeline.BreakerHalfOpen} {
+		v := int64(0)
+		if b.State == st {
+			v = 1
+		}
+		count(in.breakerState, v, stage, keyBreakerState.String(strings.ReplaceAll(st.String(), "-", "_")))
+	}
+	seconds(in.breakerOpen, b.TimeOpen, stage)
+	count(in.breakerOpened, b.Opened, stage)
+	count(in.breakerHeld, b.Held, stage)
 }

@@ -2,6 +2,7 @@ package pipelineotel_test
 
 import (
 	"context"
+	"errors"
 	"iter"
 	"sync/atomic"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.uber.org/goleak"
+	"golang.org/x/time/rate"
 
 	"github.com/gopipeline/pipeline"
 	"github.com/gopipeline/pipeline/internal/scenario"
@@ -325,4 +327,43 @@ func BenchmarkCollect(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// TestClient collects the instruments of a stage's circuit breaker, rate limit and
+// adaptive workers, in virtual time: a service down for its first 3 calls opens the
+// breaker once, for OpenFor and the successful probe's 1 ms.
+func TestClient(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var calls atomic.Int64
+		p := pipeline.New()
+		call := pipeline.NewStage("call", 4, func(_ context.Context, v int) (int, error) {
+			if calls.Add(1) <= 3 {
+				return 0, pipeline.Transient(errors.New("503"))
+			}
+			time.Sleep(time.Millisecond)
+			return v, nil
+		}, pipeline.WithRetry(3, nil), pipeline.WithCircuitBreaker(pipeline.Breaker{Failures: 3, OpenFor: 2 * time.Second}),
+			pipeline.WithRateLimit(rate.NewLimiter(1000, 1)), pipeline.WithAdaptiveWorkers(1))
+		pipeline.To(pipeline.Then(pipeline.FromSlice(p, make([]int, 100)), call), pipeline.NewSink("plain", 1, func(context.Context, int) error { return nil }))
+		reader, provider := newReader(t)
+		reg, err := pipelineotel.Register(p, provider.Meter("test"))
+		require.NoError(t, err)
+		defer func() { require.NoError(t, reg.Unregister()) }()
+		require.NoError(t, p.Run(t.Context()))
+
+		got := collect(t, reader)
+		checkValues(t, got, map[string]float64{
+			`pipeline.stage.breaker.state{pipeline.breaker.state=closed,pipeline.stage=call}`:    1,
+			`pipeline.stage.breaker.state{pipeline.breaker.state=open,pipeline.stage=call}`:      0,
+			`pipeline.stage.breaker.state{pipeline.breaker.state=half_open,pipeline.stage=call}`: 0,
+			`pipeline.stage.breaker.open_time{pipeline.stage=call}`:                              2.001,
+			`pipeline.stage.breaker.openings{pipeline.stage=call}`:                               1,
+		})
+		assert.Positive(t, got[`pipeline.stage.breaker.held{pipeline.stage=call}`].value)
+		assert.Positive(t, got[`pipeline.stage.throttled{pipeline.stage=call}`].value)
+		limit := got[`pipeline.stage.worker.limit{pipeline.stage=call}`].value
+		assert.True(t, limit >= 1 && limit <= 4, "limit %v", limit)
+		assert.NotContains(t, got, `pipeline.stage.worker.limit{pipeline.stage=plain}`)
+		assert.NotContains(t, got, `pipeline.stage.breaker.openings{pipeline.stage=plain}`)
+	})
 }

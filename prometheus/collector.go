@@ -59,6 +59,10 @@ type Collector struct {
 	workers, busy, inFlight, held     *prometheus.Desc
 	latency, timeout                  *prometheus.Desc
 	checkpointPosition, checkpointAge *prometheus.Desc
+
+	// Clients of a service (WithRateLimit, WithCircuitBreaker, WithAdaptiveWorkers).
+	workerLimit, throttled                                *prometheus.Desc
+	breakerState, breakerOpen, breakerOpened, breakerHeld *prometheus.Desc
 }
 
 // NewCollector returns a collector of the metrics of p, which it reads on each scrape;
@@ -118,6 +122,18 @@ func NewCollector(p *pipeline.Pipeline, opts ...Option) *Collector {
 		timeout:            desc("pipeline_stage_attempt_timeout_seconds", "The stage's per-attempt timeout (WithTimeout).", "stage"),
 		checkpointPosition: desc("pipeline_checkpoint_position", "The position a checkpointed run saved last."),
 		checkpointAge:      desc("pipeline_checkpoint_age_seconds", "Time since a checkpointed run last saved its position."),
+		workerLimit: desc("pipeline_stage_worker_limit",
+			"Workers an adaptive stage (WithAdaptiveWorkers) lets take items now.", "stage"),
+		throttled: desc("pipeline_stage_throttled_seconds_total",
+			"Time the stage's workers spent waiting for rate-limit tokens (WithRateLimit), together, in the current or last run.", "stage"),
+		breakerState: desc("pipeline_stage_breaker_state",
+			"The stage's circuit breaker (WithCircuitBreaker): 0 closed, 1 open, 2 half-open.", "stage"),
+		breakerOpen: desc("pipeline_stage_breaker_open_seconds_total",
+			"Time the stage's circuit breaker spent open or half-open in the current or last run.", "stage"),
+		breakerOpened: desc("pipeline_stage_breaker_opened_total",
+			"Times the stage's circuit breaker opened in the current or last run.", "stage"),
+		breakerHeld: desc("pipeline_stage_breaker_held_total",
+			"Failed attempts the stage's circuit breaker held (not counted against their items) in the current or last run.", "stage"),
 	}
 }
 
@@ -129,6 +145,7 @@ func (c *Collector) descs() []*prometheus.Desc {
 		c.running, c.elapsed, c.info, c.in, c.out, c.items, c.notStarted, c.retries, c.errs, c.flushes,
 		c.queueLen, c.queueCap, c.queuePeak, c.workers, c.busy, c.inFlight, c.held,
 		c.latency, c.timeout, c.checkpointPosition, c.checkpointAge,
+		c.workerLimit, c.throttled, c.breakerState, c.breakerOpen, c.breakerOpened, c.breakerHeld,
 	}
 }
 
@@ -199,6 +216,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.queuePeak, float64(s.PeakQueue), name)
 		gauge(c.workers, float64(s.Workers), name)
 		gauge(c.busy, float64(s.Busy), name)
+		c.collectClient(ch, s)
 		if s.Kind == "batch" {
 			counter(c.flushes, s.Flushes.Size, name, "size")
 			counter(c.flushes, s.Flushes.Bytes, name, "bytes")
@@ -237,4 +255,21 @@ func b2f(b bool) float64 {
 		return 1
 	}
 	return 0
+}
+
+// collectClient sends the metrics of a stage's rate limit, circuit breaker and adaptive
+// workers, for the stages that have them.
+func (c *Collector) collectClient(ch chan<- prometheus.Metric, s *pipeline.StageReport) {
+	if s.LimitHistory != nil {
+		ch <- prometheus.MustNewConstMetric(c.workerLimit, prometheus.GaugeValue, float64(s.Limit), s.Name)
+	}
+	if s.Throttled > 0 {
+		ch <- prometheus.MustNewConstMetric(c.throttled, prometheus.CounterValue, s.Throttled.Seconds(), s.Name)
+	}
+	if b := s.Breaker; b != nil {
+		ch <- prometheus.MustNewConstMetric(c.breakerState, prometheus.GaugeValue, float64(b.State), s.Name)
+		ch <- prometheus.MustNewConstMetric(c.breakerOpen, prometheus.CounterValue, b.TimeOpen.Seconds(), s.Name)
+		ch <- prometheus.MustNewConstMetric(c.breakerOpened, prometheus.CounterValue, float64(b.Opened), s.Name)
+		ch <- prometheus.MustNewConstMetric(c.breakerHeld, prometheus.CounterValue, float64(b.Held), s.Name)
+	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+	"golang.org/x/time/rate"
 
 	"github.com/gopipeline/pipeline"
 	"github.com/gopipeline/pipeline/internal/scenario"
@@ -485,4 +486,48 @@ func BenchmarkScrape(b *testing.B) {
 			})
 		})
 	}
+}
+
+// TestCollectorClient checks the metrics of a stage's circuit breaker, rate limit and
+// adaptive workers, in virtual time: a service down for its first 3 calls opens the
+// breaker once (the first probe, at OpenFor, succeeds), and a stage without those
+// options has none of them.
+func TestCollectorClient(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		var calls atomic.Int64
+		p := pipeline.New()
+		call := pipeline.NewStage("call", 4, func(_ context.Context, v int) (int, error) {
+			if calls.Add(1) <= 3 {
+				return 0, pipeline.Transient(errors.New("503"))
+			}
+			time.Sleep(time.Millisecond)
+			return v, nil
+		}, pipeline.WithRetry(3, nil), pipeline.WithCircuitBreaker(pipeline.Breaker{Failures: 3, OpenFor: 2 * time.Second}),
+			pipeline.WithRateLimit(rate.NewLimiter(1000, 1)), pipeline.WithAdaptiveWorkers(1))
+		plain := pipeline.NewSink("plain", 1, func(context.Context, int) error { return nil })
+		pipeline.To(pipeline.Then(pipeline.FromSlice(p, make([]int, 100)), call), plain)
+		reg := prometheus.NewRegistry()
+		require.NoError(t, reg.Register(pipelineprom.NewCollector(p)))
+		require.NoError(t, p.Run(t.Context()))
+
+		text := gather(t, reg)
+		got, types := samples(t, text)
+		checkSamples(t, got, map[string]float64{
+			`pipeline_stage_breaker_state{stage="call"}`:              0,
+			`pipeline_stage_breaker_open_seconds_total{stage="call"}`: 2.001, // OpenFor, then the probe's 1 ms
+			`pipeline_stage_breaker_opened_total{stage="call"}`:       1,
+		}, text)
+		limit, ok := got[`pipeline_stage_worker_limit{stage="call"}`]
+		assert.True(t, ok)
+		assert.GreaterOrEqual(t, limit, 1.0)
+		assert.LessOrEqual(t, limit, 4.0)
+		assert.Positive(t, got[`pipeline_stage_breaker_held_total{stage="call"}`])
+		assert.Positive(t, got[`pipeline_stage_throttled_seconds_total{stage="call"}`])
+		assert.Equal(t, dto.MetricType_COUNTER, types["pipeline_stage_breaker_held_total"])
+		assert.Equal(t, dto.MetricType_GAUGE, types["pipeline_stage_breaker_state"])
+		for _, m := range []string{"breaker_state", "worker_limit", "throttled_seconds_total", "breaker_opened_total"} {
+			assert.NotContains(t, got, `pipeline_stage_`+m+`{stage="plain"}`)
+		}
+	})
 }

@@ -40,6 +40,12 @@
 //	pipeline_stage_attempt_timeout_seconds   gauge    stage                the stage's WithTimeout, when it has one
 //	pipeline_checkpoint_position             gauge                         checkpointed runs: the position saved last
 //	pipeline_checkpoint_age_seconds          gauge                         checkpointed runs: time since it was saved
+//	pipeline_stage_worker_limit              gauge    stage                adaptive stages: workers allowed to take items now
+//	pipeline_stage_throttled_seconds_total   counter  stage                rate-limited stages: time spent waiting for tokens
+//	pipeline_stage_breaker_state             gauge    stage                stages with a breaker: 0 closed, 1 open, 2 half-open
+//	pipeline_stage_breaker_open_seconds_total counter stage                time the breaker spent open or half-open
+//	pipeline_stage_breaker_opened_total      counter  stage                times it opened
+//	pipeline_stage_breaker_held_total        counter  stage                failed attempts it held (not counted against items)
 //
 // Sources and filters have no queue, workers or latency; batches have no latency. For
 // every stage, in = succeeded + dead_lettered + failed + in_flight + not_started, where

@@ -11,6 +11,7 @@ require (
 	github.com/prometheus/common v0.74.0
 	github.com/stretchr/testify v1.12.1
 	go.uber.org/goleak v1.3.0
+	golang.org/x/time v0.16.0
 )
 
 require (

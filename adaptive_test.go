@@ -1,0 +1,318 @@
+package pipeline_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gopipeline/pipeline"
+)
+
+// slotService is a simulated service with a concurrency knee: it serves slots calls at
+// once in flat time each, and queues the rest for a free slot.
+type slotService struct {
+	slots   chan struct{}
+	flat    time.Duration
+	mu      sync.Mutex
+	lat     []time.Duration // every call's latency, as the caller sees it
+	errFrom int64           // calls from this one on fail (0: none)
+	calls   atomic.Int64
+	jitter  *rand.Rand                        // when set: each call takes flat ± 10 %, drawn from it
+	slower  func(time.Duration) time.Duration // when set: the service time, from the flat one
+}
+
+func newSlotService(slots int, flat time.Duration) *slotService {
+	return &slotService{slots: make(chan struct{}, slots), flat: flat}
+}
+
+func (s *slotService) call(ctx context.Context, v int) (int, error) {
+	t0 := time.Now()
+	n := s.calls.Add(1)
+	select {
+	case s.slots <- struct{}{}:
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	d := s.flat
+	if s.slower != nil {
+		d = s.slower(d)
+	}
+	if s.jitter != nil {
+		s.mu.Lock()
+		d += time.Duration(s.jitter.Int64N(int64(s.flat/5))) - s.flat/10
+		s.mu.Unlock()
+	}
+	time.Sleep(d)
+	<-s.slots
+	s.mu.Lock()
+	s.lat = append(s.lat, time.Since(t0))
+	s.mu.Unlock()
+	if s.errFrom > 0 && n >= s.errFrom {
+		return 0, pipeline.Transient(errDown)
+	}
+	return v, nil
+}
+
+// quantile returns the q-quantile of the latencies of the calls from the i-th on.
+func (s *slotService) quantile(q float64, from int) time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l := slices.Clone(s.lat[from:])
+	slices.Sort(l)
+	return l[int(q*float64(len(l)-1))]
+}
+
+// TestAdaptiveConverges is the done-when check for adaptive concurrency: a stage of up
+// to 32 workers, starting at 1, calls a service with 8 slots (10 ms flat up to 8
+// concurrent calls, then queueing). The limit settles within ±25 % of 8 (6 to 10) and
+// the p99 latency stays within 1.5× the flat 10 ms, over the whole run; also when each
+// call takes 10 ms ± 10 % (drawn from a seeded generator, so the run is repeatable).
+func TestAdaptiveConverges(t *testing.T) {
+	t.Parallel()
+	for _, jitter := range []bool{false, true} {
+		t.Run(fmt.Sprintf("jitter=%v", jitter), func(t *testing.T) {
+			t.Parallel()
+			testAdaptiveConverges(t, jitter)
+		})
+	}
+}
+
+func testAdaptiveConverges(t *testing.T, jitter bool) {
+	synctest.Test(t, func(t *testing.T) {
+		const n = 10000
+		svc := newSlotService(8, 10*time.Millisecond)
+		if jitter {
+			svc.jitter = rand.New(rand.NewPCG(1, 2))
+		}
+		log := &eventLog{start: time.Now()}
+		p := pipeline.New(pipeline.WithObserver(log.observe))
+		st := pipeline.NewStage("call", 32, svc.call, pipeline.WithAdaptiveWorkers(1))
+		pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(n)), st), nopSink())
+
+		// Sample the limit every 100 ms of virtual time.
+		var samples []int
+		done := make(chan struct{})
+		go func() {
+			for {
+				select {
+				case <-done:
+					return
+				case <-time.After(100 * time.Millisecond):
+					if s, ok := p.Snapshot().Stage("call"); ok && p.Snapshot().Running {
+						samples = append(samples, s.Limit)
+					}
+				}
+			}
+		}()
+		t0 := time.Now()
+		require.NoError(t, p.Run(t.Context()))
+		elapsed := time.Since(t0)
+		close(done)
+		synctest.Wait()
+
+		rep := p.Report()
+		checkReport(t, rep)
+		call := row(t, rep, "call")
+		require.NotEmpty(t, samples)
+		settled := samples[len(samples)/4:] // after the first quarter of the run
+		lo, hi := slices.Min(settled), slices.Max(settled)
+		var sum int
+		for _, l := range settled {
+			sum += l
+		}
+		mean := float64(sum) / float64(len(settled))
+		p50, p99 := svc.quantile(0.50, 0), svc.quantile(0.99, 0)
+		rate := float64(n) / elapsed.Seconds()
+		t.Logf("adaptive 1..32 on 8 slots of 10 ms: %d items in %v (%.0f/s, ideal 800/s); limit after the first quarter %d..%d, mean %.2f, final %d; p50 %v, p99 %v; %d limit changes",
+			n, elapsed, rate, lo, hi, mean, call.Limit, p50, p99, len(log.kinds(pipeline.EventLimit)))
+		t.Logf("history: %v", call.LimitHistory)
+		assert.GreaterOrEqual(t, lo, 6)
+		assert.LessOrEqual(t, hi, 10)
+		assert.InDelta(t, 8, mean, 1)
+		assert.GreaterOrEqual(t, call.Limit, 6)
+		assert.LessOrEqual(t, call.Limit, 10)
+		assert.LessOrEqual(t, p99, 15*time.Millisecond, "p99 within 1.5× the flat latency")
+		assert.Greater(t, rate, 0.9*800, "throughput near the service's 800/s")
+		require.NotEmpty(t, call.LimitHistory)
+		assert.Equal(t, "grow", call.LimitHistory[0].Reason)
+		assert.Equal(t, call.Limit, call.LimitHistory[len(call.LimitHistory)-1].Limit)
+		assert.Equal(t, 32, call.Workers)
+		assert.Contains(t, rep.String(), fmt.Sprintf("adaptive call: limit %d of 32 workers, last changed at ", call.Limit))
+		assert.Contains(t, rep.Line(), fmt.Sprintf(" limit=%d/32", call.Limit))
+	})
+}
+
+// TestAdaptiveFloorShift checks a service whose latency doubles for good (a database
+// that got slower, with the same 8 slots): the limit first drops, taking the rise for
+// saturation, then finds the new floor and settles at 8 again.
+func TestAdaptiveFloorShift(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		svc := newSlotService(8, 10*time.Millisecond)
+		svc.slower = func(d time.Duration) time.Duration {
+			if time.Since(start) >= 5*time.Second {
+				return 2 * d
+			}
+			return d
+		}
+		p := pipeline.New()
+		st := pipeline.NewStage("call", 32, svc.call, pipeline.WithAdaptiveWorkers(1))
+		pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(12000)), st), nopSink())
+		var at5, at15 int
+		time.AfterFunc(5*time.Second, func() { at5 = row(t, p.Snapshot(), "call").Limit })
+		time.AfterFunc(15*time.Second, func() { at15 = row(t, p.Snapshot(), "call").Limit })
+		require.NoError(t, p.Run(t.Context()))
+		call := row(t, p.Report(), "call")
+		t.Logf("limit %d before the slowdown, %d 10 s after it, %d at the end (%v); p99 of the last 4,000 calls %v",
+			at5, at15, call.Limit, p.Report().Elapsed, svc.quantile(0.99, 8000))
+		assert.InDelta(t, 8, at5, 1)
+		assert.InDelta(t, 8, at15, 2)
+		assert.InDelta(t, 8, call.Limit, 2)
+		assert.LessOrEqual(t, svc.quantile(0.99, 8000), 30*time.Millisecond, "p99 within 1.5× the new flat 20 ms")
+	})
+}
+
+// TestAdaptiveFixedOverload checks, for contrast, what the fixed 32 workers do to the
+// same service: every call queues, p99 is 4× the flat latency, for the same throughput.
+func TestAdaptiveFixedOverload(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		svc := newSlotService(8, 10*time.Millisecond)
+		p := pipeline.New()
+		pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(2000)), pipeline.NewStage("call", 32, svc.call)), nopSink())
+		require.NoError(t, p.Run(t.Context()))
+		p99 := svc.quantile(0.99, 0)
+		t.Logf("fixed 32 workers on 8 slots: p99 %v", p99)
+		assert.Equal(t, 40*time.Millisecond, p99)
+		assert.Equal(t, 32, row(t, p.Report(), "call").Limit)
+		assert.Nil(t, row(t, p.Report(), "call").LimitHistory)
+	})
+}
+
+// TestAdaptiveErrors checks that rising errors shrink the limit, down to the minimum.
+func TestAdaptiveErrors(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		svc := newSlotService(64, 10*time.Millisecond)
+		svc.errFrom = 3000
+		p := pipeline.New()
+		st := pipeline.NewStage("call", 16, svc.call, pipeline.WithAdaptiveWorkers(2), discardDead[int]())
+		pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(6000)), st), nopSink())
+		var before int
+		time.AfterFunc(2*time.Second, func() { before = row(t, p.Snapshot(), "call").Limit })
+		require.NoError(t, p.Run(t.Context()))
+		call := row(t, p.Report(), "call")
+		t.Logf("limit %d before the errors, %d at the end; history %v", before, call.Limit, call.LimitHistory)
+		assert.Equal(t, 16, before, "no knee below 64 slots: it grew to its maximum")
+		assert.Equal(t, 2, call.Limit, "errors shrank it to its minimum")
+		assert.Equal(t, "errors", call.LimitHistory[len(call.LimitHistory)-1].Reason)
+	})
+}
+
+// TestAdaptiveIdle checks that a stage that is not saturated (its input comes slowly)
+// does not grow, that every parked worker exits at the end of the input, and that it
+// works on an ordered stage.
+func TestAdaptiveIdle(t *testing.T) {
+	t.Parallel()
+	for _, ordered := range []bool{false, true} {
+		synctest.Test(t, func(t *testing.T) {
+			opts := []pipeline.StageOption{pipeline.WithAdaptiveWorkers(2)}
+			if ordered {
+				opts = append(opts, pipeline.WithOrdered(0))
+			}
+			p := pipeline.New()
+			src := pipeline.Generate(p, func(ctx context.Context, emit func(int) error) error {
+				for i := range 200 {
+					time.Sleep(10 * time.Millisecond) // one item per 10 ms: 2 workers of 1 ms suffice
+					if err := emit(i); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			st := pipeline.NewStage("call", 8, func(_ context.Context, v int) (int, error) {
+				time.Sleep(time.Millisecond)
+				return v, nil
+			}, opts...)
+			out, err := pipeline.Collect(t.Context(), pipeline.Then(src, st))
+			require.NoError(t, err)
+			assert.Len(t, out, 200)
+			if ordered {
+				assert.True(t, slices.IsSorted(out))
+			}
+			call := row(t, p.Report(), "call")
+			assert.Equal(t, 2, call.Limit)
+			assert.Empty(t, call.LimitHistory)
+		})
+	}
+}
+
+// TestAdaptiveCancel checks that parked workers stop with the run.
+func TestAdaptiveCancel(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		defer cancel()
+		p := pipeline.New()
+		st := pipeline.NewStage("call", 8, func(ctx context.Context, v int) (int, error) {
+			<-ctx.Done()
+			return 0, ctx.Err()
+		}, pipeline.WithAdaptiveWorkers(1))
+		pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(100)), st), nopSink())
+		require.ErrorIs(t, p.Run(ctx), context.DeadlineExceeded)
+		checkReport(t, p.Report())
+		assert.Equal(t, int64(1), row(t, p.Report(), "call").Failed, "one active worker, one item in flight")
+	})
+}
+
+// TestAdaptiveBottleneck checks that Bottleneck reads an adaptive stage's limit as its
+// workers and says that more workers would not help.
+func TestAdaptiveBottleneck(t *testing.T) {
+	t.Parallel()
+	rep := pipeline.Report{Stages: []pipeline.StageReport{
+		{Name: "src", Kind: "source", Next: []string{"call"}},
+		{
+			Name: "call", Kind: "stage", Workers: 32, Limit: 8, QueueCap: 100, PeakQueue: 100,
+			Latency:      pipeline.Latency{Count: 1000, P50: 10 * time.Millisecond, P99: 10 * time.Millisecond},
+			LimitHistory: []pipeline.LimitChange{{At: time.Second, Limit: 8, Reason: "latency"}},
+		},
+	}}
+	b := rep.Bottleneck(2000)
+	assert.Equal(t, "call", b.Stage)
+	assert.Equal(t, 8, b.Workers)
+	assert.Equal(t, 25, b.Suggested)
+	require.Len(t, b.Warnings, 1)
+	assert.Contains(t, b.Warnings[0], "the adaptive limit holds it at 8 of 32 workers")
+}
+
+// TestAdaptiveOptionPanics checks the misuse of WithAdaptiveWorkers.
+func TestAdaptiveOptionPanics(t *testing.T) {
+	t.Parallel()
+	id := func(_ context.Context, v int) (int, error) { return v, nil }
+	assertPanicsPipeline(t, func() { pipeline.WithAdaptiveWorkers(0) })
+	msg := assertPanicsPipeline(t, func() { pipeline.NewStage("s", 4, id, pipeline.WithAdaptiveWorkers(5)) })
+	assert.Contains(t, msg, "more than the stage's 4 workers")
+	msg = assertPanicsPipeline(t, func() {
+		pipeline.NewStage("s", 4, id, pipeline.WithAdaptiveWorkers(1), pipeline.WithKey(func(v int) int { return v }))
+	})
+	assert.Contains(t, msg, "WithAdaptiveWorkers and WithKey")
+	msg = assertPanicsPipeline(t, func() {
+		pipeline.NewStage("s", 4, id, pipeline.WithRateLimitPerKey(func(s string) string { return s }, 1, 1))
+	})
+	assert.Contains(t, msg, "WithRateLimitPerKey for another item type")
+	assertPanicsPipeline(t, func() { pipeline.WithRateLimit(nil) })
+	assertPanicsPipeline(t, func() { pipeline.WithRateLimitPerKey[int, int](nil, 1, 1) })
+	assertPanicsPipeline(t, func() { pipeline.WithRateLimitPerKey(func(v int) int { return v }, 0, 1) })
+	assertPanicsPipeline(t, func() { pipeline.WithRateLimitPerKey(func(v int) int { return v }, 1, 0) })
+	assert.Equal(t, "limit", pipeline.EventLimit.String())
+}

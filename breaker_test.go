@@ -1,0 +1,431 @@
+package pipeline_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gopipeline/pipeline"
+)
+
+var errDown = errors.New("connection refused")
+
+// flakyService is a simulated service that takes 10 ms per call and fails every call
+// that starts in [downFrom, downTo) since it was made, as a service that is down does.
+type flakyService struct {
+	start            time.Time
+	downFrom, downTo time.Duration
+	calls, failed    atomic.Int64
+	maxActive        atomic.Int64 // most calls in flight at once while down
+	active           atomic.Int64
+}
+
+func newFlakyService(from, to time.Duration) *flakyService {
+	return &flakyService{start: time.Now(), downFrom: from, downTo: to}
+}
+
+func (s *flakyService) call(ctx context.Context, v int) (int, error) {
+	s.calls.Add(1)
+	at := time.Since(s.start)
+	down := at >= s.downFrom && at < s.downTo
+	if down {
+		n := s.active.Add(1)
+		defer s.active.Add(-1)
+		for m := s.maxActive.Load(); n > m && !s.maxActive.CompareAndSwap(m, n); m = s.maxActive.Load() {
+		}
+	}
+	select {
+	case <-time.After(10 * time.Millisecond):
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	if down {
+		s.failed.Add(1)
+		return 0, pipeline.Transient(errDown)
+	}
+	return v, nil
+}
+
+// eventLog records a run's events.
+type eventLog struct {
+	mu     sync.Mutex
+	start  time.Time
+	events []pipeline.Event
+	at     []time.Duration
+}
+
+func (l *eventLog) observe(e pipeline.Event) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.events = append(l.events, e)
+	l.at = append(l.at, time.Since(l.start))
+}
+
+// kinds returns the kinds of the events recorded, of the given kinds only.
+func (l *eventLog) kinds(of ...pipeline.EventKind) []pipeline.EventKind {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []pipeline.EventKind
+	for _, e := range l.events {
+		for _, k := range of {
+			if e.Kind == k {
+				out = append(out, e.Kind)
+			}
+		}
+	}
+	return out
+}
+
+var breakerKinds = []pipeline.EventKind{pipeline.EventBreakerOpen, pipeline.EventBreakerHalfOpen, pipeline.EventBreakerClosed}
+
+// TestBreakerOutage is the done-when check: 10,000 items through a service that is
+// down for 30 s of virtual time in the middle of them, with a breaker and retries. No
+// item is dead-lettered, every item is processed after the outage, the report shows
+// the time spent open (30 s and at most one OpenFor more), and the error budget does
+// not trip: held items are not failures.
+func TestBreakerOutage(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		const n = 10000
+		svc := newFlakyService(3*time.Second, 33*time.Second) // 16 workers, 10 ms: 1,600/s, so item ~4,800 to ~33 s
+		log := &eventLog{start: time.Now()}
+		dead := pipeline.NewDeadLetterBuffer[int](n)
+		var delivered atomic.Int64
+		p := pipeline.New(pipeline.WithObserver(log.observe),
+			pipeline.WithErrorBudget(pipeline.Budget{MaxRatio: 0.01, MinSample: 100}))
+		st := pipeline.NewStage("call", 16, svc.call,
+			pipeline.WithRetry(3, pipeline.ConstantBackoff(50*time.Millisecond)),
+			pipeline.WithDeadLetter(dead.Add),
+			pipeline.WithCircuitBreaker(pipeline.Breaker{Failures: 5, OpenFor: time.Second, MaxOpen: time.Minute}))
+		pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(n)), st), pipeline.NewSink("sink", 1, func(context.Context, int) error {
+			delivered.Add(1)
+			return nil
+		}))
+
+		var mid pipeline.Report
+		time.AfterFunc(20*time.Second, func() { mid = p.Snapshot() })
+		require.NoError(t, p.Run(t.Context()))
+
+		rep := p.Report()
+		checkReport(t, rep)
+		call := row(t, rep, "call")
+		require.NotNil(t, call.Breaker)
+		b := call.Breaker
+		t.Logf("outage of 30 s in %d items: %v of virtual time, %d dead-lettered, %d delivered; breaker open %v, opened %d times, %d attempts held, %d calls failed",
+			n, rep.Elapsed, call.DeadLettered, delivered.Load(), b.TimeOpen, b.Opened, b.Held, svc.failed.Load())
+		assert.Zero(t, call.DeadLettered, "no item dead-lettered because of the outage")
+		assert.Empty(t, dead.Items())
+		assert.Equal(t, int64(n), call.Succeeded)
+		assert.Equal(t, int64(n), delivered.Load(), "every item processed after the outage")
+		assert.Zero(t, call.Failed)
+		assert.Equal(t, pipeline.BreakerClosed, b.State)
+		assert.GreaterOrEqual(t, b.TimeOpen, 30*time.Second-10*time.Millisecond)
+		assert.LessOrEqual(t, b.TimeOpen, 31*time.Second+20*time.Millisecond)
+		assert.InDelta(t, 29, b.Opened, 2, "opened once, then after each failed probe (one a second)")
+		assert.Positive(t, b.Held)
+		assert.LessOrEqual(t, svc.failed.Load(), 16+b.Opened, "while open, only probes reach the service")
+		assert.Less(t, rep.Elapsed, 33*time.Second+7*time.Second)
+
+		// The transitions: open, then (half-open, open) per failed probe, then half-open, closed.
+		kinds := log.kinds(breakerKinds...)
+		require.Len(t, kinds, int(2*b.Opened+1))
+		assert.Equal(t, pipeline.EventBreakerOpen, kinds[0])
+		assert.Equal(t, []pipeline.EventKind{pipeline.EventBreakerHalfOpen, pipeline.EventBreakerClosed}, kinds[len(kinds)-2:])
+		require.Len(t, b.Transitions, 32, "the latest 32")
+		assert.Equal(t, pipeline.BreakerClosed, b.Transitions[31].To)
+		assert.Zero(t, log.kinds(pipeline.EventBudget, pipeline.EventDeadLetter))
+
+		// The Snapshot in the middle of the outage shows the breaker open and its time.
+		require.True(t, mid.Running)
+		ms := row(t, mid, "call")
+		require.NotNil(t, ms.Breaker)
+		assert.NotEqual(t, pipeline.BreakerClosed, ms.Breaker.State)
+		assert.InDelta(t, float64(17*time.Second), float64(ms.Breaker.TimeOpen), float64(50*time.Millisecond))
+	})
+}
+
+// TestBreakerOutageShapes runs a shorter outage through every kind of stage (plain,
+// ordered, keyed; 1 and 8 workers): no item is dead-lettered or failed, all arrive, and
+// an ordered stage keeps the input order, a keyed one the order per key.
+func TestBreakerOutageShapes(t *testing.T) {
+	t.Parallel()
+	for _, shape := range []string{"plain", "ordered", "keyed"} {
+		for _, workers := range []int{1, 8} {
+			t.Run(fmt.Sprintf("%s/workers=%d", shape, workers), func(t *testing.T) {
+				t.Parallel()
+				synctest.Test(t, func(t *testing.T) {
+					const n = 2000
+					svc := newFlakyService(time.Second, 4*time.Second)
+					// With one worker, the first item of the outage makes all of its attempts
+					// before the breaker can open: it needs as many as Failures.
+					opts := []pipeline.StageOption{
+						pipeline.WithRetry(3, pipeline.ConstantBackoff(20*time.Millisecond)), discardDead[int](),
+						pipeline.WithCircuitBreaker(pipeline.Breaker{Failures: 3, OpenFor: 500 * time.Millisecond}),
+					}
+					switch shape {
+					case "ordered":
+						opts = append(opts, pipeline.WithOrdered(0))
+					case "keyed":
+						opts = append(opts, pipeline.WithKey(func(v int) int { return v % 5 }))
+					}
+					p := pipeline.New()
+					out, err := pipeline.Collect(t.Context(), pipeline.Then(pipeline.FromSlice(p, ints(n)), pipeline.NewStage("call", workers, svc.call, opts...)))
+					require.NoError(t, err)
+					rep := p.Report()
+					checkReport(t, rep)
+					call := row(t, rep, "call")
+					assert.Zero(t, call.DeadLettered)
+					assert.Zero(t, call.Failed)
+					require.Len(t, out, n)
+					assert.GreaterOrEqual(t, call.Breaker.TimeOpen, 3*time.Second-20*time.Millisecond)
+					switch shape {
+					case "ordered":
+						assert.True(t, slices.IsSorted(out))
+					case "keyed":
+						last := map[int]int{}
+						for _, v := range out {
+							if prev, ok := last[v%5]; ok {
+								assert.Greater(t, v, prev, "key %d out of order", v%5)
+							}
+							last[v%5] = v
+						}
+					default:
+						slices.Sort(out)
+						assert.Equal(t, ints(n), out)
+					}
+				})
+			})
+		}
+	}
+}
+
+// TestBreakerWithoutIt is the same outage without a breaker: the items of the outage
+// burn their retries and are dead-lettered, which is what the breaker prevents.
+func TestBreakerWithoutIt(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		svc := newFlakyService(time.Second, 4*time.Second)
+		p := pipeline.New()
+		st := pipeline.NewStage("call", 16, svc.call,
+			pipeline.WithRetry(3, pipeline.ConstantBackoff(50*time.Millisecond)), discardDead[int]())
+		pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(5000)), st), nopSink())
+		require.NoError(t, p.Run(t.Context()))
+		call := row(t, p.Report(), "call")
+		t.Logf("without a breaker, a 3 s outage dead-letters %d items", call.DeadLettered)
+		assert.Greater(t, call.DeadLettered, int64(300), "16 workers, 130 ms per item of the outage")
+		assert.Nil(t, call.Breaker)
+	})
+}
+
+// TestBreakerTransitions checks the state machine step by step: closed → open after
+// Failures in a row; no attempt while open; half-open after OpenFor; HalfOpenProbes
+// successes one at a time close it; and a failed probe opens it again.
+func TestBreakerTransitions(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		var (
+			mu      sync.Mutex
+			healthy = true
+			calls   []time.Duration
+			start   = time.Now()
+		)
+		setHealthy := func(h bool) { mu.Lock(); healthy = h; mu.Unlock() }
+		log := &eventLog{start: start}
+		p := pipeline.New(pipeline.WithObserver(log.observe))
+		src := make(chan int)
+		st := pipeline.NewStage("call", 1, func(_ context.Context, v int) (int, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			calls = append(calls, time.Since(start))
+			if !healthy {
+				return 0, pipeline.Transient(errDown)
+			}
+			return v, nil
+		}, pipeline.WithRetry(2, nil), discardDead[int](),
+			pipeline.WithCircuitBreaker(pipeline.Breaker{Failures: 3, OpenFor: time.Second, HalfOpenProbes: 2}))
+		pipeline.To(pipeline.Then(pipeline.FromChan(p, src), st), nopSink())
+		done := make(chan error)
+		go func() { done <- p.Run(t.Context()) }()
+		state := func() pipeline.BreakerState { return row(t, p.Snapshot(), "call").Breaker.State }
+
+		src <- 1
+		synctest.Wait()
+		assert.Equal(t, pipeline.BreakerClosed, state())
+		setHealthy(false)
+		src <- 2 // 2 attempts, both fail: dead-lettered, the breaker is still closed (2 in a row)
+		synctest.Wait()
+		assert.Equal(t, pipeline.BreakerClosed, state())
+		src <- 3 // the third failure in a row opens it; the item is held
+		synctest.Wait()
+		assert.Equal(t, pipeline.BreakerOpen, state())
+		mu.Lock()
+		assert.Len(t, calls, 4)
+		mu.Unlock()
+		time.Sleep(999 * time.Millisecond) // virtual time: no attempt while open
+		synctest.Wait()
+		mu.Lock()
+		assert.Len(t, calls, 4)
+		mu.Unlock()
+		time.Sleep(time.Millisecond) // the probe fails: open again
+		synctest.Wait()
+		assert.Equal(t, pipeline.BreakerOpen, state())
+		setHealthy(true)
+		time.Sleep(time.Second) // the first probe succeeds: still half-open
+		synctest.Wait()
+		assert.Equal(t, pipeline.BreakerHalfOpen, state())
+		src <- 4 // the second probe succeeds: closed
+		synctest.Wait()
+		assert.Equal(t, pipeline.BreakerClosed, state())
+		close(src)
+		require.NoError(t, <-done)
+
+		rep := p.Report()
+		checkReport(t, rep)
+		call := row(t, rep, "call")
+		assert.Equal(t, int64(1), call.DeadLettered, "item 2, whose failures came while closed")
+		assert.Equal(t, int64(3), call.Succeeded, "items 1, 3 (held, then the first probe) and 4")
+		mu.Lock()
+		assert.Equal(t, []time.Duration{0, 0, 0, 0, time.Second, 2 * time.Second, 2 * time.Second}, calls)
+		mu.Unlock()
+		b := call.Breaker
+		assert.Equal(t, int64(2), b.Opened)
+		assert.Equal(t, int64(2), b.Held, "item 3's attempt that opened it and its failed probe")
+		assert.Equal(t, 2*time.Second, b.TimeOpen)
+		assert.Equal(t, []pipeline.BreakerTransition{
+			{To: pipeline.BreakerOpen, At: 0},
+			{To: pipeline.BreakerHalfOpen, At: time.Second},
+			{To: pipeline.BreakerOpen, At: time.Second},
+			{To: pipeline.BreakerHalfOpen, At: 2 * time.Second},
+			{To: pipeline.BreakerClosed, At: 2 * time.Second},
+		}, b.Transitions)
+		assert.Equal(t, []pipeline.EventKind{
+			pipeline.EventBreakerOpen, pipeline.EventBreakerHalfOpen, pipeline.EventBreakerOpen,
+			pipeline.EventBreakerHalfOpen, pipeline.EventBreakerClosed,
+		}, log.kinds(breakerKinds...))
+	})
+}
+
+// TestBreakerRetryAfter checks that a breaker opened by a failure that asks for a
+// Retry-After longer than OpenFor stays open that long before it probes.
+func TestBreakerRetryAfter(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		var calls []time.Duration
+		st := pipeline.NewStage("call", 1, func(_ context.Context, v int) (int, error) {
+			calls = append(calls, time.Since(start))
+			switch len(calls) {
+			case 1:
+				return 0, pipeline.RetryAfter(errors.New("503"), 3*time.Second) // opens it for 3 s
+			case 2:
+				return 0, pipeline.Transient(errDown) // a failed probe: open for OpenFor
+			}
+			return v, nil
+		}, pipeline.WithCircuitBreaker(pipeline.Breaker{Failures: 1, OpenFor: time.Second}))
+		p := pipeline.New()
+		pipeline.To(pipeline.Then(pipeline.FromSlice(p, []int{1}), st), nopSink())
+		require.NoError(t, p.Run(t.Context()))
+		assert.Equal(t, []time.Duration{0, 3 * time.Second, 4 * time.Second}, calls)
+	})
+}
+
+// TestBreakerRatio checks the FailureRatio rule: a steady 20 % of failures does not
+// open a breaker at 50 %; a rise to 100 % does, once MinSample attempts of the window
+// are in, and an item error is no failure for the breaker.
+func TestBreakerRatio(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		var calls atomic.Int64
+		p := pipeline.New()
+		st := pipeline.NewStage("call", 4, func(_ context.Context, v int) (int, error) {
+			calls.Add(1)
+			time.Sleep(10 * time.Millisecond)
+			switch {
+			case v >= 2000:
+				return 0, pipeline.Transient(errDown)
+			case v%5 == 0:
+				return 0, pipeline.Transient(errBoom)
+			case v%7 == 0:
+				return 0, pipeline.Permanent(errBoom) // a bad item: the service is fine
+			}
+			return v, nil
+		}, discardDead[int](), pipeline.WithCircuitBreaker(pipeline.Breaker{
+			FailureRatio: 0.5, MinSample: 20, Window: time.Second, OpenFor: time.Hour, MaxOpen: time.Minute,
+		}))
+		pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(3000)), st), nopSink())
+		err := p.Run(t.Context())
+
+		require.ErrorIs(t, err, pipeline.ErrBreakerOpen)
+		be, ok := errors.AsType[*pipeline.BreakerError](err)
+		require.True(t, ok)
+		assert.Equal(t, "call", be.Stage)
+		assert.Equal(t, time.Minute, be.MaxOpen)
+		assert.Contains(t, err.Error(), `circuit breaker of stage "call" open for 1m0s, longer than its MaxOpen of 1m0s`)
+		rep := p.Report()
+		checkReport(t, rep)
+		call := row(t, rep, "call")
+		require.NotNil(t, call.Breaker)
+		assert.Equal(t, int64(1), call.Breaker.Opened)
+		// Over a second (400 attempts, 20 % failed), 50 % needs some 150 failures past
+		// item 2,000, by slices of 100 ms.
+		t.Logf("opened after %d calls; %d dead-lettered", calls.Load(), call.DeadLettered)
+		assert.Greater(t, calls.Load(), int64(2100))
+		assert.Less(t, calls.Load(), int64(2600))
+		assert.Greater(t, call.DeadLettered, int64(2000/5), "before it opened, failures were dead-lettered as usual")
+	})
+}
+
+// TestBreakerCancel checks that workers waiting on an open breaker stop with the run,
+// their items counted as failed, and nothing leaks.
+func TestBreakerCancel(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		defer cancel()
+		p := pipeline.New()
+		st := pipeline.NewStage("call", 4, func(context.Context, int) (int, error) {
+			return 0, pipeline.Transient(errDown)
+		}, discardDead[int](), pipeline.WithCircuitBreaker(pipeline.Breaker{Failures: 1, OpenFor: time.Hour}))
+		pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(100)), st), nopSink())
+		t0 := time.Now()
+		require.ErrorIs(t, p.Run(ctx), context.DeadlineExceeded)
+		assert.Equal(t, 10*time.Second, time.Since(t0))
+		rep := p.Report()
+		checkReport(t, rep)
+		call := row(t, rep, "call")
+		assert.Equal(t, int64(4), call.Failed, "the held items")
+		assert.Zero(t, call.DeadLettered)
+		assert.Equal(t, pipeline.BreakerOpen, call.Breaker.State)
+		assert.Equal(t, 10*time.Second, call.Breaker.TimeOpen)
+		assert.Contains(t, rep.String(), "breaker call: open, opened 1 times, open 10s, ")
+		assert.Contains(t, rep.Line(), "call 0/s q=64/64 busy=0/4 failed=4 breaker=open")
+	})
+}
+
+// TestBreakerOptionPanics checks the misuse of WithCircuitBreaker.
+func TestBreakerOptionPanics(t *testing.T) {
+	t.Parallel()
+	for _, b := range []pipeline.Breaker{
+		{},
+		{Failures: -1},
+		{FailureRatio: 1.5},
+		{FailureRatio: -0.1},
+		{Failures: 3, OpenFor: -time.Second},
+		{Failures: 3, MaxOpen: -time.Second},
+		{Failures: 3, HalfOpenProbes: -1},
+	} {
+		assertPanicsPipeline(t, func() { pipeline.WithCircuitBreaker(b) })
+	}
+	assert.Equal(t, "half-open", pipeline.BreakerHalfOpen.String())
+	assert.Equal(t, "breaker-open", pipeline.EventBreakerOpen.String())
+	assert.Equal(t, "BreakerState(9)", pipeline.BreakerState(9).String())
+}

@@ -1,0 +1,268 @@
+package pipeline_test
+
+// The examples of the options for stages that call a service (client.go): rate limits,
+// Retry-After, the circuit breaker and adaptive workers. They sit in a file of their own
+// until the branch is merged; they belong with the others in example_test.go.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/gopipeline/pipeline"
+)
+
+// This example shows WithRateLimit: one limiter of golang.org/x/time/rate paces the
+// attempts of all the stage's workers (here 1,000 per second with bursts of 5, so the
+// example is quick); the same limiter could be given to other stages too.
+func ExampleWithRateLimit() {
+	quota := rate.NewLimiter(1000, 5) // the API's quota: 1,000 requests/s, bursts of 5
+	var calls atomic.Int64
+	call := pipeline.NewStage("call-api", 8, func(_ context.Context, id int) (string, error) {
+		calls.Add(1)
+		return fmt.Sprintf("user-%d", id), nil
+	}, pipeline.WithRateLimit(quota))
+
+	p := pipeline.New()
+	out, err := pipeline.Collect(context.Background(), pipeline.Then(pipeline.FromSlice(p, ints(20)), call))
+	fmt.Println(len(out), err, calls.Load())
+	// Output: 20 <nil> 20
+}
+
+// countingLimiter is a Limiter of one's own: it lets everything through and counts.
+type countingLimiter struct{ n atomic.Int64 }
+
+func (l *countingLimiter) Wait(context.Context) error {
+	l.n.Add(1)
+	return nil
+}
+
+// This example shows a Limiter of one's own shared by two stages: anything with a
+// Wait(ctx) error method fits (a limiter backed by a shared store could pace several
+// processes); every attempt of either stage asks it first.
+func ExampleLimiter() {
+	lim := &countingLimiter{}
+	p := pipeline.New()
+	a := pipeline.Then(pipeline.FromSlice(p, ints(3)), pipeline.NewStage("a", 1, func(_ context.Context, v int) (int, error) {
+		return v, nil
+	}, pipeline.WithRateLimit(lim)))
+	b := pipeline.Then(a, pipeline.NewStage("b", 1, func(_ context.Context, v int) (int, error) {
+		return v, nil
+	}, pipeline.WithRateLimit(lim)))
+	_, err := pipeline.Collect(context.Background(), b)
+	fmt.Println(err, lim.n.Load())
+	// Output: <nil> 6
+}
+
+// This example shows WithRateLimitPerKey: each tenant has a quota of its own, so a busy
+// tenant does not spend another's.
+func ExampleWithRateLimitPerKey() {
+	type request struct {
+		Tenant string
+		N      int
+	}
+	var mu sync.Mutex
+	perTenant := map[string]int{}
+	call := pipeline.NewSink("call", 4, func(_ context.Context, r request) error {
+		mu.Lock()
+		defer mu.Unlock()
+		perTenant[r.Tenant]++
+		return nil
+	}, pipeline.WithRateLimitPerKey(func(r request) string { return r.Tenant }, 1000, 10))
+
+	p := pipeline.New()
+	pipeline.To(pipeline.FromSlice(p, []request{{"acme", 1}, {"acme", 2}, {"globex", 1}, {"acme", 3}}), call)
+	fmt.Println(p.Run(context.Background()), perTenant)
+	// Output: <nil> map[acme:3 globex:1]
+}
+
+// This example shows RetryAfter: a 429 response says how long to wait, and the retry
+// waits at least that long, even though the backoff alone would retry at once.
+func ExampleRetryAfter() {
+	var at []time.Time
+	call := pipeline.NewStage("call", 1, func(_ context.Context, v int) (int, error) {
+		at = append(at, time.Now())
+		if len(at) == 1 {
+			return 0, pipeline.RetryAfter(errors.New("429 too many requests"), 20*time.Millisecond)
+		}
+		return v, nil
+	}, pipeline.WithRetry(3, pipeline.ConstantBackoff(0)))
+
+	p := pipeline.New()
+	out, err := pipeline.Collect(context.Background(), pipeline.Then(pipeline.FromSlice(p, []int{7}), call))
+	fmt.Println(out, err, len(at), at[1].Sub(at[0]) >= 20*time.Millisecond)
+	// Output: [7] <nil> 2 true
+}
+
+// This example shows ParseRetryAfter reading both forms of an HTTP Retry-After header.
+func ExampleParseRetryAfter() {
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	for _, h := range []string{"30", "Tue, 01 Dec 2026 12:02:00 GMT", "soon"} {
+		d, ok := pipeline.ParseRetryAfter(h, now)
+		fmt.Println(d, ok)
+	}
+	// Output:
+	// 30s true
+	// 2m0s true
+	// 0s false
+}
+
+// This example shows WithCircuitBreaker: the service fails its first calls (it is
+// down); after 2 failures in a row the breaker opens, the stage waits instead of
+// burning the items' retries, and probes the service every 5 ms until it answers. No
+// item is dead-lettered, and the report says how often the breaker opened.
+func ExampleWithCircuitBreaker() {
+	var calls atomic.Int64
+	service := func(_ context.Context, v int) (int, error) {
+		if calls.Add(1) <= 3 { // down for its first 3 calls
+			return 0, pipeline.Transient(errors.New("503 service unavailable"))
+		}
+		return v, nil
+	}
+	dead := pipeline.NewDeadLetterBuffer[int](10)
+	var mu sync.Mutex
+	var events []string
+	p := pipeline.New(pipeline.WithObserver(func(e pipeline.Event) {
+		if e.Kind >= pipeline.EventBreakerOpen && e.Kind <= pipeline.EventBreakerClosed {
+			mu.Lock()
+			events = append(events, e.Kind.String())
+			mu.Unlock()
+		}
+	}))
+	call := pipeline.NewStage("call", 1, service,
+		pipeline.WithRetry(2, nil), pipeline.WithDeadLetter(dead.Add),
+		pipeline.WithCircuitBreaker(pipeline.Breaker{Failures: 2, OpenFor: 5 * time.Millisecond}))
+	out, err := pipeline.Collect(context.Background(), pipeline.Then(pipeline.FromSlice(p, ints(4)), call))
+	s, _ := p.Report().Stage("call")
+	fmt.Println(len(out), err, "dead-lettered:", len(dead.Items()))
+	fmt.Println("opened:", s.Breaker.Opened, "held:", s.Breaker.Held, "now:", s.Breaker.State)
+	fmt.Println(events)
+	// Output:
+	// 4 <nil> dead-lettered: 0
+	// opened: 2 held: 2 now: closed
+	// [breaker-open breaker-half-open breaker-open breaker-half-open breaker-closed]
+}
+
+// This example shows a Breaker's MaxOpen: a service that stays down for longer fails
+// the run with a *BreakerError, rather than keep the items waiting forever.
+func ExampleBreakerError() {
+	call := pipeline.NewStage("call", 2, func(context.Context, int) (int, error) {
+		return 0, pipeline.Transient(errors.New("connection refused"))
+	}, pipeline.WithCircuitBreaker(pipeline.Breaker{Failures: 1, OpenFor: time.Millisecond, MaxOpen: 20 * time.Millisecond}))
+	p := pipeline.New()
+	_, err := pipeline.Collect(context.Background(), pipeline.Then(pipeline.FromSlice(p, ints(5)), call))
+	be, _ := errors.AsType[*pipeline.BreakerError](err)
+	fmt.Println(errors.Is(err, pipeline.ErrBreakerOpen), be.Stage, be.MaxOpen)
+	// Output: true call 20ms
+}
+
+// This example shows the states of a breaker and how a report gives them.
+func ExampleBreakerState() {
+	for _, s := range []pipeline.BreakerState{pipeline.BreakerClosed, pipeline.BreakerOpen, pipeline.BreakerHalfOpen} {
+		fmt.Println(s)
+	}
+	// Output:
+	// closed
+	// open
+	// half-open
+}
+
+// This example shows the Breaker of a stage that calls a database: open when half the
+// attempts of the last 10 s failed (with at least 20 of them), probe after 2 s with 3
+// probes, and give up after 5 minutes; and the transitions its report lists.
+func ExampleBreaker() {
+	b := pipeline.Breaker{
+		FailureRatio: 0.5, MinSample: 20, Window: 10 * time.Second,
+		OpenFor: 2 * time.Second, HalfOpenProbes: 3, MaxOpen: 5 * time.Minute,
+	}
+	st := pipeline.NewSink("save", 4, func(context.Context, int) error { return nil }, pipeline.WithCircuitBreaker(b))
+	p := pipeline.New()
+	pipeline.To(pipeline.FromSlice(p, ints(100)), st)
+	fmt.Println(p.Run(context.Background()))
+	s, _ := p.Report().Stage("save")
+	rep := *s.Breaker // a pipeline.BreakerReport; nil for a stage without a breaker
+	fmt.Println(rep.State, rep.Opened, rep.TimeOpen, len(rep.Transitions))
+	// Output:
+	// <nil>
+	// closed 0 0s 0
+}
+
+// This example shows a breaker transition as a log line of WithLogger.
+func ExampleBreakerTransition() {
+	logger := slog.New(slog.NewTextHandler(os.Stdout, &slog.HandlerOptions{
+		ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+			if a.Key == slog.TimeKey {
+				return slog.Attr{} // no wall-clock time in the output
+			}
+			return a
+		},
+	}))
+	var calls atomic.Int64
+	p := pipeline.New(pipeline.WithLogger(logger))
+	call := pipeline.NewStage("call", 1, func(_ context.Context, v int) (int, error) {
+		if calls.Add(1) == 1 {
+			return 0, pipeline.Transient(errors.New("connection reset"))
+		}
+		return v, nil
+	}, pipeline.WithCircuitBreaker(pipeline.Breaker{Failures: 1, OpenFor: time.Millisecond}))
+	_, err := pipeline.Collect(context.Background(), pipeline.Then(pipeline.FromSlice(p, []int{1}), call))
+	s, _ := p.Report().Stage("call")
+	fmt.Println(err)
+	for _, tr := range s.Breaker.Transitions {
+		fmt.Println(tr.To)
+	}
+	// Output:
+	// level=WARN msg="pipeline: circuit breaker open" stage=call error="connection reset"
+	// level=INFO msg="pipeline: circuit breaker half-open" stage=call
+	// level=INFO msg="pipeline: circuit breaker closed" stage=call
+	// level=INFO msg="pipeline: stage done" stage=call
+	// <nil>
+	// open
+	// half-open
+	// closed
+}
+
+// This example shows WithAdaptiveWorkers: a stage of at most 16 workers calls a
+// service that serves 4 calls at once and queues the rest. The limit starts at 1 and
+// grows while the latency stays flat; the report gives the limit and its changes.
+func ExampleWithAdaptiveWorkers() {
+	slots := make(chan struct{}, 4)
+	service := func(ctx context.Context, v int) (int, error) {
+		slots <- struct{}{}
+		defer func() { <-slots }()
+		time.Sleep(time.Millisecond)
+		return v, nil
+	}
+	p := pipeline.New()
+	call := pipeline.NewStage("call", 16, service, pipeline.WithAdaptiveWorkers(1))
+	out, err := pipeline.Collect(context.Background(), pipeline.Then(pipeline.FromSlice(p, ints(300)), call))
+	s, _ := p.Report().Stage("call")
+	fmt.Println(len(out), err, s.Workers)
+	fmt.Println("grew from 1:", len(s.LimitHistory) > 0 && s.LimitHistory[0].Reason == "grow" && s.LimitHistory[0].Limit == 2)
+	// Output:
+	// 300 <nil> 16
+	// grew from 1: true
+}
+
+// This example shows LimitChange records as a report lists them.
+func ExampleLimitChange() {
+	history := []pipeline.LimitChange{
+		{At: 160 * time.Millisecond, Limit: 2, Reason: "grow"},
+		{At: 600 * time.Millisecond, Limit: 9, Reason: "grow"},
+		{At: 670 * time.Millisecond, Limit: 8, Reason: "latency"},
+	}
+	for _, c := range history {
+		fmt.Printf("%v: %d (%s)\n", c.At, c.Limit, c.Reason)
+	}
+	// Output:
+	// 160ms: 2 (grow)
+	// 600ms: 9 (grow)
+	// 670ms: 8 (latency)
+}

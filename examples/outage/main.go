@@ -1,0 +1,118 @@
+// Command outage shows a stage being a good client of a service that has a quota, a
+// concurrency knee and an outage, with the options of issue 13 at work:
+//
+//	source   n item numbers
+//	call     up to 32 workers (WithAdaptiveWorkers from 2) call a simulated service
+//	         that serves 8 calls at once in 2 ms each and queues the rest, allows
+//	         2,000 requests/s (WithRateLimit) and is down (every call fails with a
+//	         transient error) for -down, starting a second into the run; a circuit
+//	         breaker (WithCircuitBreaker) holds the items while it is down, and
+//	         retries (WithRetry) cover the odd failure
+//	sink     counts what arrives
+//
+// While it runs it prints Snapshot().Line() every 250 ms (the breaker's state and the
+// adaptive limit included); at the end, the report: no item dead-lettered, the time the
+// breaker spent open, the limit's last changes. Nothing goes to the network.
+//
+//	go run ./examples/outage -n 6000 -down 2s
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/gopipeline/pipeline"
+)
+
+var errDown = errors.New("503 service unavailable")
+
+// service is a simulated dependency: 8 slots of 2 ms, down in [downFrom, downTo).
+type service struct {
+	start            time.Time
+	downFrom, downTo time.Duration
+	slots            chan struct{}
+}
+
+func (s *service) call(ctx context.Context, v int) (int, error) {
+	select {
+	case s.slots <- struct{}{}:
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	defer func() { <-s.slots }()
+	if at := time.Since(s.start); at >= s.downFrom && at < s.downTo {
+		return 0, pipeline.Transient(errDown)
+	}
+	select {
+	case <-time.After(2 * time.Millisecond):
+		return v, nil
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+}
+
+func main() {
+	n := flag.Int("n", 6000, "items")
+	down := flag.Duration("down", 2*time.Second, "how long the service is down")
+	verbose := flag.Bool("v", false, "log every event (limit changes included)")
+	flag.Parse()
+
+	level := slog.LevelInfo
+	if *verbose {
+		level = slog.LevelDebug
+	}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	svc := &service{start: time.Now(), downFrom: time.Second, downTo: time.Second + *down, slots: make(chan struct{}, 8)}
+	dead := pipeline.NewDeadLetterBuffer[int](*n)
+	var got atomic.Int64
+
+	p := pipeline.New(pipeline.WithLogger(logger))
+	items := make([]int, *n)
+	for i := range items {
+		items[i] = i
+	}
+	call := pipeline.NewStage("call", 32, svc.call,
+		pipeline.WithRateLimit(rate.NewLimiter(2000, 20)),
+		pipeline.WithAdaptiveWorkers(2),
+		pipeline.WithRetry(3, pipeline.ExponentialBackoff(5*time.Millisecond, 100*time.Millisecond)),
+		pipeline.WithCircuitBreaker(pipeline.Breaker{Failures: 5, OpenFor: 250 * time.Millisecond, MaxOpen: time.Minute}),
+		pipeline.WithDeadLetter(dead.Add))
+	pipeline.To(pipeline.Then(pipeline.FromSlice(p, items), call), pipeline.NewSink("sink", 1, func(context.Context, int) error {
+		got.Add(1)
+		return nil
+	}))
+
+	done := make(chan error, 1)
+	go func() { done <- p.Run(context.Background()) }()
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	var err error
+wait:
+	for {
+		select {
+		case err = <-done:
+			break wait
+		case <-tick.C:
+			fmt.Fprintln(os.Stderr, p.Snapshot().Line())
+		}
+	}
+	rep := p.Report()
+	fmt.Print(rep)
+	fmt.Printf("delivered %d of %d, dead-lettered %d\n", got.Load(), *n, len(dead.Items()))
+	if s, ok := rep.Stage("call"); ok {
+		h := s.LimitHistory
+		fmt.Printf("adaptive limit now %d; last changes: %v\n", s.Limit, h[max(0, len(h)-5):])
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "error:", err)
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,117 @@
+package pipeline
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+// Limiter paces the attempts of a stage: Wait blocks until one more attempt may start,
+// or returns an error when ctx is done first (or when it can never allow one). It must
+// be safe for concurrent use. A [*rate.Limiter] of golang.org/x/time/rate is one, as
+// is any limiter with the same Wait method (one backed by a shared store, say, to pace
+// several processes).
+type Limiter interface {
+	Wait(ctx context.Context) error
+}
+
+// WithRateLimit makes every attempt of the stage (the first of an item and each retry)
+// wait for a token of l first, so that the stage's workers together start at most as
+// many attempts as l allows. A [*rate.Limiter] made with rate.NewLimiter(100, 10)
+// allows 100 attempts per second on average and bursts of 10.
+//
+// The wait is not part of the attempt: [WithTimeout] starts after it. It ends when the
+// run stops. An error of l's own while the run goes on (a rate.Limiter whose burst is 0,
+// or whose wait would pass the context's deadline) fails the run.
+//
+// Pass the same l to several stages, or to stages of several pipelines, and they share
+// its rate: a quota that a service grants to the whole process. With
+// [WithRateLimitPerKey] too, an attempt waits for both. It panics if l is nil.
+//
+// The time the workers spend waiting is the stage's [StageReport].Throttled, and
+// [Report.Bottleneck] says when a stage runs at its quota. A rate-limited stage pays the
+// limiter's Wait and two clock reads per attempt; a stage without it pays nothing.
+func WithRateLimit(l Limiter) StageOption {
+	if l == nil {
+		panic("pipeline: WithRateLimit(nil)")
+	}
+	return stageOpt(func(c *config) { c.client.limiter = l })
+}
+
+// WithRateLimitPerKey gives each key of the stage's items a rate limit of its own:
+// at most perSecond attempts per second on average for the items of one key, with
+// bursts of burst (a token bucket of golang.org/x/time/rate), for a service that grants
+// a quota per tenant, per account or per host. Items of different keys do not wait for
+// each other's tokens; a worker waiting for a key's token holds its item meanwhile, so
+// a busy key can occupy every worker (use [WithKey] as well to give each key one worker).
+//
+// The limiters belong to the option value: stages (and runs) given the same value share
+// them. A key's limiter is dropped once it has been idle long enough to have refilled
+// its bucket, so that the memory grows with the keys active in the last burst/perSecond
+// seconds, not with every key ever seen.
+//
+// In must be the stage's input type: the stage's constructor panics otherwise. It
+// panics if key is nil, perSecond is not positive and finite, or burst < 1.
+func WithRateLimitPerKey[In any, K comparable](key func(In) K, perSecond float64, burst int) StageOption {
+	if key == nil {
+		panic("pipeline: WithRateLimitPerKey: nil key function")
+	}
+	if !(perSecond > 0) || math.IsInf(perSecond, 0) || burst < 1 {
+		panic(fmt.Sprintf("pipeline: WithRateLimitPerKey(%v, %d): need a finite rate > 0 and a burst >= 1", perSecond, burst))
+	}
+	k := newKeyedLimiters[K](perSecond, burst)
+	fn := func(v In) Limiter { return k.get(key(v)) }
+	return stageOpt(func(c *config) { c.client.keyLimit = fn })
+}
+
+// keyedLimiters is the set of per-key limiters of one WithRateLimitPerKey option.
+type keyedLimiters[K comparable] struct {
+	limit rate.Limit
+	burst int
+	idle  time.Duration
+
+	mu    sync.Mutex
+	m     map[K]*rate.Limiter
+	swept time.Time
+}
+
+func newKeyedLimiters[K comparable](perSecond float64, burst int) *keyedLimiters[K] {
+	return &keyedLimiters[K]{
+		limit: rate.Limit(perSecond), burst: burst, m: make(map[K]*rate.Limiter),
+		idle: time.Duration(float64(burst) / perSecond * float64(time.Second)), // a bucket's time to refill
+	}
+}
+
+// get returns key's limiter, making it on first use. Every idle interval, it drops the
+// limiters whose buckets are full again (no token owed, none taken since they refilled):
+// a new one would behave the same.
+func (k *keyedLimiters[K]) get(key K) Limiter {
+	now := time.Now()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if now.Sub(k.swept) >= k.idle && len(k.m) > 0 {
+		for key, l := range k.m {
+			if l.TokensAt(now) >= float64(k.burst) {
+				delete(k.m, key)
+			}
+		}
+		k.swept = now
+	}
+	l := k.m[key]
+	if l == nil {
+		l = rate.NewLimiter(k.limit, k.burst)
+		k.m[key] = l
+	}
+	return l
+}
+
+// size returns how many keys have a limiter (tests).
+func (k *keyedLimiters[K]) size() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.m)
+}
