@@ -51,8 +51,9 @@ func enricher(client *http.Client, addr string) func(ctx context.Context, r reco
 		case http.StatusNotFound:
 			return enriched{}, pipeline.Permanent(fmt.Errorf("record %d: %w", r.ID, errNotFound))
 		case http.StatusTooManyRequests, http.StatusServiceUnavailable:
-			after, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
-			return enriched{}, pipeline.Transient(&statusError{resp.StatusCode, time.Duration(after) * time.Second})
+			// Transient, and the retry waits at least what the server asked for.
+			after, _ := pipeline.ParseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
+			return enriched{}, pipeline.RetryAfter(&statusError{resp.StatusCode, after}, after)
 		default:
 			return enriched{}, pipeline.Fatal(fmt.Errorf("service: unexpected status %d", resp.StatusCode))
 		}
@@ -74,6 +75,3 @@ func classify(err error) pipeline.Class {
 	}
 	return pipeline.ClassFatal
 }
-
-// retryAfterBackoff is the enrich stage's backoff.
-func retryAfterBackoff(b pipeline.Backoff) pipeline.Backoff { return b }

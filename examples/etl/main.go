@@ -7,7 +7,7 @@
 //	enrich   workers call an HTTP service that the command starts on loopback: a long
 //	         tail of latency, 429 and 503 with Retry-After, 404s, malformed bodies and
 //	         calls that hang; per-attempt timeout, retries with a backoff that honours
-//	         Retry-After, a dead-letter file and an error budget
+//	         Retry-After (pipeline.RetryAfter), a dead-letter file and an error budget
 //	load     batches appended to a JSON Lines file (idempotent: a record already in the
 //	         file is not written again, so a resumed run never duplicates one), or,
 //	         with -db, upserted into PostgreSQL by the postgres connector, with the
@@ -193,7 +193,7 @@ func run(c config, stdout, stderr io.Writer) error {
 	src := pipeline.FromCheckpoint(p, store, records, pipeline.WithName("read"), pipeline.WithSaveEvery(c.batch))
 	enriched := pipeline.Then(src, pipeline.NewStage("enrich", c.workers, enricher(client, svc.addr),
 		pipeline.WithTimeout(c.timeout),
-		pipeline.WithRetry(c.attempts, retryAfterBackoff(pipeline.ExponentialBackoff(20*time.Millisecond, time.Second))),
+		pipeline.WithRetry(c.attempts, pipeline.ExponentialBackoff(20*time.Millisecond, time.Second)), // at least Retry-After
 		pipeline.WithClassifier(classify),
 		pipeline.WithDeadLetter(dead.add),
 		pipeline.WithErrorBudget(pipeline.Budget{MaxRatio: c.budget, MinSample: 200}),
