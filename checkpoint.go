@@ -144,8 +144,8 @@ func FromCheckpoint[T any](p *Pipeline, store CheckpointStore, from func(ctx con
 	if store == nil || from == nil {
 		panic("pipeline: FromCheckpoint needs a store and a function")
 	}
-	if p != nil && p.ck != nil {
-		panic("pipeline: FromCheckpoint: the pipeline already has a checkpointed source")
+	if p != nil && (p.ck != nil || p.ack != nil) {
+		panic("pipeline: FromCheckpoint: the pipeline already has a tracked source (FromCheckpoint or FromAcked)")
 	}
 	cfg := configure("FromCheckpoint", opts, CheckpointOption.checkpointOption)
 	if cfg.saveEvery == 0 {
@@ -212,6 +212,7 @@ type tracker struct {
 	// moved is closed when next advances; made only when a batch that judged a wait not
 	// to concern it watches for the head to move (it may then hold the new head).
 	moved chan struct{}
+	acks  *ackBook        // an acknowledged source's callbacks (ack.go); nil for a checkpoint
 	skip  []PositionRange // committed above start in an earlier run (commit.go); the source's own
 }
 
@@ -226,6 +227,10 @@ func newTracker(source any, start uint64, every int) *tracker {
 // done settles one item derived from pos.
 func (t *tracker) done(pos uint64) {
 	if t == nil || pos == noPos {
+		return
+	}
+	if t.acks != nil { // an acknowledged source (ack.go)
+		t.ackDone(pos, nil)
 		return
 	}
 	t.mu.Lock()
@@ -248,6 +253,10 @@ func (t *tracker) settle(pos uint64) {
 		for _, m := range members {
 			t.settle(m)
 		}
+		return
+	}
+	if t.acks != nil { // an acknowledged source (ack.go): no watermark
+		t.ackSettled(pos)
 		return
 	}
 	if pos != t.next {
@@ -377,6 +386,9 @@ func (t *tracker) hungryChan() <-chan struct{} {
 // again (the item that held the head may have settled elsewhere: dead-lettered,
 // filtered, or dropped by a flat stage).
 func (t *tracker) holdsHead(positions []uint64) (holds bool, moved <-chan struct{}) {
+	if t.acks != nil { // an acknowledged source (ack.go) waits for any unsettled item
+		return len(positions) > 0, nil
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, p := range positions {

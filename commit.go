@@ -50,6 +50,9 @@ type commitKey struct{}
 // scope returns ctx carrying the position *pos for [Commit]. It costs one allocation
 // per attempt of a checkpointed sink, none elsewhere.
 func (t *tracker) scope(ctx context.Context, pos *uint64) context.Context {
+	if t.acks != nil { // an acknowledged source (ack.go) has no progress to commit
+		return ctx
+	}
 	return context.WithValue(ctx, commitKey{}, &commitScope{t: t, pos: pos})
 }
 
@@ -64,7 +67,8 @@ func (t *tracker) scope(ctx context.Context, pos *uint64) context.Context {
 // other Commit runs, so that the progress fn records is exactly what settling the item
 // then does. fn should therefore do little more than write the progress and commit.
 //
-// Outside a checkpointed run ([FromCheckpoint]), or outside a sink's function, Commit calls fn
+// Outside a checkpointed run ([FromCheckpoint]; an acknowledged one, [FromAcked], has no
+// progress to commit), or outside a sink's function, Commit calls fn
 // with the zero Progress and settles nothing. It returns fn's error.
 //
 // Exactness holds for items that reach the sink once per source position (no flat-map

@@ -360,6 +360,9 @@ func Replay[T any](p *Pipeline, path, stage string, opts ...ReplayOption) *Strea
 
 // deadLetter sets an item aside after its last attempt.
 func (w *worker[In, Out]) deadLetter(ctx context.Context, v In, attempts int, class Class, first, last error) error {
+	if class == ClassTransient && w.st.cfg.handBack && w.pos != noPos && w.r.track.acked() {
+		return w.handBack(ctx, attempts, first, last) // ack.go
+	}
 	if w.st.dl == nil { // nowhere to set it aside: an item error stops the run too
 		return w.fail(last, attempts, true)
 	}
@@ -383,7 +386,7 @@ func (w *worker[In, Out]) deadLetter(ctx context.Context, v In, attempts int, cl
 	w.row.addCause(typ, causeMessage(last))
 	w.row.addError(typ, func(e *ErrorCount) { e.DeadLettered++ })
 	w.r.emit(Event{Kind: EventDeadLetter, Stage: w.st.name, Attempt: attempts, Err: last})
-	w.r.track.done(w.pos) // set aside for good: the watermark may pass it
+	w.r.track.deadLettered(w.pos, stripItem(rec)) // set aside for good: the watermark may pass it
 	if err := w.skip(ctx); err != nil {
 		return err
 	}

@@ -144,6 +144,17 @@
 // [Commit]; a store that implements [CommittedStore] then lets a resumed run skip what
 // was committed, so that nothing is redone.
 //
+// # Acknowledged sources
+//
+// [FromAcked] makes a source whose items carry a settle callback, called exactly once
+// per item when its fate is known (an [Outcome] in a [Settlement]): committed once every
+// item derived from it reached a sink that returned nil or was filtered out,
+// dead-lettered once a destination took a derived item, handed back by a stage with
+// [WithHandBack], or not processed when the run stopped first (told before Run
+// returns). It follows derived items with the checkpoint's tracker; [WithMaxPending]
+// bounds the unsettled items. It is how a broker's acknowledgements follow each message:
+// the jetstream module maps the outcomes onto NATS JetStream's.
+//
 // # Accounting
 //
 // After each run, [Pipeline.Report] says where every item went. For each stage, In =

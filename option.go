@@ -64,6 +64,7 @@ type config struct {
 	saveInterval time.Duration
 	codec        any // Codec[T], checked by its user
 	syncEvery    int
+	handBack     bool         // WithHandBack (ack.go)
 	client       clientConfig // rate limits, circuit breaker, adaptive workers (client.go)
 }
 

@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -28,6 +29,7 @@ type Pipeline struct {
 	terminals []func(r *run)
 	running   atomic.Bool
 	ck        *checkpointCfg
+	ack       *ackCfg             // an acknowledged source (ack.go)
 	cur       atomic.Pointer[run] // the run in progress, for Snapshot
 	end       *collectEnd         // the stream read by Collect or All, if any
 
@@ -166,6 +168,9 @@ func (p *Pipeline) exec(ctx context.Context, extra func(r *run), cur ...**run) (
 		r.track.skip = skip
 		r.saved.Store(pos)
 	}
+	if p.ack != nil { // an acknowledged source (ack.go)
+		r.track = newAckTracker(p.ack.source)
+	}
 	g, gctx := errgroup.WithContext(ctx)
 	r.ctx, r.g = gctx, g
 	if p.cfg.budget != nil {
@@ -178,11 +183,14 @@ func (p *Pipeline) exec(ctx context.Context, extra func(r *run), cur ...**run) (
 		extra(r)
 	}
 	r.order()
-	if r.track != nil {
+	if p.ck != nil {
 		r.track.limit = uint64(p.ck.maxRedo)
 		if p.ck.maxRedo == 0 {
 			r.track.limit = uint64(p.ck.every + r.inflight())
 		}
+	}
+	if p.ack != nil { // WithMaxPending, or the capacity in flight
+		r.track.acks.max = cmp.Or(p.ack.max, max(r.inflight(), 1))
 	}
 	p.cur.Store(r)
 	for _, fn := range r.pending {
@@ -190,7 +198,7 @@ func (p *Pipeline) exec(ctx context.Context, extra func(r *run), cur ...**run) (
 	}
 	r.pending = nil
 	stop, saverDone := make(chan struct{}), make(chan struct{})
-	if r.track != nil {
+	if p.ck != nil {
 		go func() {
 			defer close(saverDone)
 			// A panic or a runtime.Goexit in the store or in an observer of the saves
@@ -233,7 +241,10 @@ func (p *Pipeline) exec(ctx context.Context, extra func(r *run), cur ...**run) (
 // finish saves a checkpointed run's final position, builds the report of the run and
 // publishes it. It returns the run's error, or the final save's.
 func (p *Pipeline) finish(r *run, err error) error {
-	if r.track != nil {
+	if rerr := r.track.release(p.ackName()); rerr != nil && err == nil { // ack.go
+		err = rerr
+	}
+	if r.track != nil && p.ck != nil {
 		if w := r.track.watermark(); w != r.saved.Load() {
 			if serr := safely(func() error { return p.ck.store.Save(context.WithoutCancel(r.parent), w) }); serr != nil {
 				if err == nil {

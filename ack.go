@@ -1,0 +1,427 @@
+package pipeline
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Outcome is the fate of an item of an acknowledged source ([FromAcked]), told once to
+// the item's settle callback.
+type Outcome uint8
+
+const (
+	// NotProcessed means the run stopped (it failed, was canceled, or a budget drained it)
+	// before every item derived from the source item settled. Some of its effects may be
+	// committed, others not: hand the item to another consumer, which must be idempotent.
+	NotProcessed Outcome = iota
+	// Committed means every item derived from the source item (through flat-maps, tees,
+	// batches and ordered stages) was committed by a sink, or filtered out.
+	Committed
+	// DeadLettered means every derived item settled, and at least one was set aside by a
+	// stage's dead-letter destination, which accepted it. Settlement.DeadLetter is the
+	// record of the first one.
+	DeadLettered
+	// HandedBack means every derived item settled, and a stage with [WithHandBack] gave at
+	// least one back to the source, to be delivered again after Settlement.Delay.
+	// It wins over DeadLettered: the source item is redone as a whole.
+	HandedBack
+)
+
+// String returns the outcome's name: "not processed", "committed", "dead-lettered" or
+// "handed back".
+func (o Outcome) String() string {
+	switch o {
+	case NotProcessed:
+		return "not processed"
+	case Committed:
+		return "committed"
+	case DeadLettered:
+		return "dead-lettered"
+	case HandedBack:
+		return "handed back"
+	}
+	return fmt.Sprintf("Outcome(%d)", uint8(o))
+}
+
+// Settlement is what an acknowledged source ([FromAcked]) learns about one of its items
+// when the item's fate is known.
+type Settlement struct {
+	Outcome Outcome
+	// DeadLetter is, for DeadLettered and HandedBack, the record of the derived item
+	// that was set aside (the first one, when several were), without the item itself:
+	// the source still holds the original.
+	DeadLetter DeadLetter[struct{}]
+	// Delay is, for HandedBack, how long the source should wait before delivering the
+	// item again: the stage's [Backoff] for the attempts it made (0 without one), or the
+	// longer delay the error asked for with [RetryAfter].
+	Delay time.Duration
+}
+
+// AckOption configures an acknowledged source: [FromAcked].
+type AckOption interface{ ackOption(*config) }
+
+type ackOpt func(*config)
+
+func (f ackOpt) ackOption(c *config) { f(c) }
+
+func (o NameOption) ackOption(c *config) { c.name = o.name }
+
+// WithMaxPending bounds the items of an acknowledged source ([FromAcked]) that are
+// emitted and not yet settled: emit blocks while n are, and the batches downstream
+// flush what they hold meanwhile, so that memory stays bounded whatever the stages do
+// and a broker sees at most n unacknowledged messages from this run (its own limit,
+// such as a consumer's max ack pending, should be at least n, or the source waits on
+// the broker with items in a batch: give such a Batch a [WithLinger]). The default is
+// the pipeline's capacity in flight: the sum, over its stages, of queue size, workers,
+// reorder window and partial batch. It panics if n < 1.
+func WithMaxPending(n int) AckOption {
+	if n < 1 {
+		panic(fmt.Sprintf("pipeline: WithMaxPending(%d): need at least 1", n))
+	}
+	// The bound shares its field with WithMaxRedo: a pipeline has one tracked source.
+	return ackOpt(func(c *config) { c.maxRedo = n })
+}
+
+// WithHandBack makes a stage give an item of an acknowledged source ([FromAcked]) back
+// to the source when its error is [ClassTransient] and its attempts are spent
+// ([WithRetry]'s count, 1 without it), instead of dead-lettering it or stopping the
+// run: the source item settles as [HandedBack], its delay the stage's backoff for the
+// attempts made (or the longer delay a [RetryAfter] error asks), so that a broker
+// delivers it again later and no worker waits meanwhile. With WithRetry(1, backoff),
+// every transient error is handed back at once. The report counts a handed-back item
+// as dead-lettered in the stage's row (it was set aside: to its source), with its error
+// among the causes, so that In = Succeeded + DeadLettered + Failed + NotStarted still
+// holds; the source's [Settlement] tells the two apart. Items of other sources, which
+// cannot be handed back, are dead-lettered as without the option.
+func WithHandBack() StageOption {
+	return stageOpt(func(c *config) { c.handBack = true })
+}
+
+// ackCfg is a pipeline's acknowledged source.
+type ackCfg struct {
+	source any    // the *Stream
+	name   string // its row
+	max    int    // WithMaxPending, 0 for the default
+}
+
+// FromAcked returns an acknowledged source: a source whose items carry a settle
+// callback that the run calls exactly once per item, when its fate is known (see
+// [Outcome]). It is how a message broker's acknowledgements follow each item: ack a
+// committed message, reject a dead-lettered one, hand back one that was not
+// processed. fn runs once per run, in its own goroutine, like [Generate]'s: it sends
+// items with emit, which blocks while [WithMaxPending] items are unsettled or the next
+// queue is full, and returns an error once the run is stopping; fn should then return
+// that error (or nil). emit must not be called from several goroutines at once.
+//
+// settle is called exactly once for every call of emit, whatever emit returns: with
+// NotProcessed at once when emit does not take the item (the run is stopping), from
+// the goroutine in which the item's last derived item settled (a sink worker, a
+// stage's dead-letter path, a filter, the loop over [All]) when its fate is known, and
+// with NotProcessed, in emit order, for every item still unsettled when the run ends,
+// before [Pipeline.Run] returns. A Committed or DeadLettered settlement comes only
+// after the sink's function returned nil for every derived item, or the dead-letter
+// destination accepted it. settle must be quick (it runs in a worker, and in the run's
+// own goroutine at the end), safe to call from any goroutine, and may be nil. A panic
+// in settle fails the run like a panic in a stage.
+//
+// The run tracks the items derived from each source item with the same machinery as
+// [FromCheckpoint]'s watermark, without the watermark: a mutex per emitted item, one
+// per settled item and one more after each callback, and a map entry per unsettled
+// item. Runs without a tracked source pay nothing for it: their tracker is nil. A
+// pipeline has at most one tracked source, acknowledged or checkpointed: FromAcked
+// panics on a second one. Options: [WithMaxPending] and [WithName] (the source's row,
+// "FromAcked" by default).
+func FromAcked[T any](p *Pipeline, fn func(ctx context.Context, emit func(v T, settle func(Settlement)) error) error, opts ...AckOption) *Stream[T] {
+	if p == nil {
+		panic("pipeline: FromAcked: nil *Pipeline")
+	}
+	if fn == nil {
+		panic("pipeline: FromAcked(nil)")
+	}
+	if p.ck != nil || p.ack != nil {
+		panic("pipeline: FromAcked: the pipeline already has a tracked source (FromAcked or FromCheckpoint)")
+	}
+	cfg := configure("FromAcked", opts, AckOption.ackOption)
+	name := p.rowName(cfg.name, "FromAcked")
+	s := newStream[T](p, "source "+name)
+	p.ack = &ackCfg{source: s, name: name, max: cfg.maxRedo}
+	s.open = func(r *run, push pushFunc[T], done func()) {
+		rw := r.newRow(name, kindSource, 1, 0, nil)
+		r.addRow(rw)
+		r.feeds(rw)
+		st, t := &rw.workers[0], r.track
+		var pos uint64
+		emit := func(v T, settle func(Settlement)) error {
+			if rw.drain.Load() { // not taken: the item is the source's still
+				callSettle(settle, NotProcessed)
+				return errDraining
+			}
+			if r.ctx.Err() != nil { // the run is stopping: send nothing more
+				st.received.inc()
+				st.discarded.inc() // taken, never sent: not started
+				callSettle(settle, NotProcessed)
+				return context.Cause(r.ctx)
+			}
+			if err := t.enter(r.ctx, pos, settle); err != nil {
+				callSettle(settle, NotProcessed)
+				return err
+			}
+			st.received.inc()
+			err := push(v, pos)
+			st.succeeded.inc() // after push: a panic in an inline operator leaves it failed
+			st.emitted.inc()
+			pos++
+			return err
+		}
+		r.goSafe(name, func() error {
+			err := fn(r.ctx, emit)
+			switch {
+			case err == nil, isDraining(err):
+				done()
+				return nil
+			case r.ctx.Err() != nil:
+				return context.Cause(r.ctx)
+			}
+			return &StageError{Stage: name, Err: err}
+		})
+	}
+	return s
+}
+
+func isDraining(err error) bool { return err == errDraining } //nolint:errorlint // the sentinel emit returns, unwrapped
+
+func callSettle(settle func(Settlement), o Outcome) {
+	if settle != nil {
+		settle(Settlement{Outcome: o})
+	}
+}
+
+// ackBook is the part of a tracker that follows an acknowledged source: no watermark,
+// a settle callback per unsettled position instead.
+type ackBook struct {
+	max     int // the bound on unsettled positions (WithMaxPending)
+	entries map[uint64]ackEntry
+	firing  int       // positions settled whose callback has not returned yet: they count against max
+	ready   []ackFire // settlements to call once the tracker's lock is released
+}
+
+type ackEntry struct {
+	settle func(Settlement)
+	mark   *ackMark // what a derived item met: set aside, or handed back
+}
+
+type ackMark struct {
+	dl    DeadLetter[struct{}]
+	back  bool
+	delay time.Duration
+}
+
+type ackFire struct {
+	settle func(Settlement)
+	s      Settlement
+}
+
+func newAckTracker(source any) *tracker {
+	t := newTracker(source, 0, int(^uint(0)>>1))
+	t.acks = &ackBook{entries: map[uint64]ackEntry{}}
+	return t
+}
+
+// acked reports whether t follows an acknowledged source.
+func (t *tracker) acked() bool { return t != nil && t.acks != nil }
+
+// enter waits until fewer than the bound of positions are unsettled, then records pos
+// with its callback. While it waits, batches flush what they hold (hungry is closed).
+func (t *tracker) enter(ctx context.Context, pos uint64, settle func(Settlement)) error {
+	t.mu.Lock()
+	for len(t.acks.entries)+t.acks.firing >= t.acks.max {
+		if t.wake == nil {
+			t.wake = make(chan struct{})
+		}
+		if !t.starving {
+			t.starving = true
+			if t.hungry == nil {
+				t.hungry = make(chan struct{})
+			}
+			close(t.hungry)
+		}
+		wake := t.wake
+		t.mu.Unlock()
+		select {
+		case <-wake:
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+		t.mu.Lock()
+	}
+	t.acks.entries[pos] = ackEntry{settle: settle}
+	t.mu.Unlock()
+	return nil
+}
+
+// ackDone settles one item derived from pos, which met m on its way (nil: committed or
+// filtered), and then calls the callbacks of the source items that became settled.
+func (t *tracker) ackDone(pos uint64, m *ackMark) {
+	if pos == noPos {
+		return
+	}
+	var buf [1]ackFire
+	t.mu.Lock()
+	if m != nil {
+		t.markAck(pos, m)
+	}
+	t.settle(pos)
+	fire := append(buf[:0], t.acks.ready...)
+	clear(t.acks.ready)
+	t.acks.ready = t.acks.ready[:0]
+	t.mu.Unlock()
+	if len(fire) == 0 {
+		return
+	}
+	defer func() { // also after a panic in a callback: the run fails, and the source must not wait
+		t.mu.Lock()
+		t.acks.firing -= len(fire)
+		t.roomLocked()
+		t.mu.Unlock()
+	}()
+	for _, f := range fire {
+		f.settle(f.s)
+	}
+}
+
+// roomLocked wakes the source if it waits and there is room.
+func (t *tracker) roomLocked() {
+	if t.wake != nil && len(t.acks.entries)+t.acks.firing < t.acks.max {
+		close(t.wake)
+		t.wake = nil
+		t.starving, t.hungry = false, nil
+	}
+}
+
+// deadLettered settles an item derived from pos that a dead-letter destination took.
+func (t *tracker) deadLettered(pos uint64, rec DeadLetter[struct{}]) {
+	if t.acked() {
+		t.ackDone(pos, &ackMark{dl: rec})
+		return
+	}
+	t.done(pos)
+}
+
+// markAck records m for pos, or for every member of a batch.
+func (t *tracker) markAck(pos uint64, m *ackMark) {
+	if pos&groupBit != 0 {
+		for _, p := range t.groups[pos] {
+			t.markAck(p, m)
+		}
+		return
+	}
+	e, ok := t.acks.entries[pos]
+	if ok && (e.mark == nil || m.back && !e.mark.back) {
+		e.mark = m
+		t.acks.entries[pos] = e
+	}
+}
+
+// ackSettled is settle's end for an acknowledged source: pos and everything derived
+// from it settled.
+func (t *tracker) ackSettled(pos uint64) {
+	e, ok := t.acks.entries[pos]
+	if !ok {
+		return
+	}
+	delete(t.acks.entries, pos)
+	if e.settle == nil {
+		t.roomLocked()
+		return
+	}
+	t.acks.firing++
+	s := Settlement{Outcome: Committed}
+	if m := e.mark; m != nil {
+		s.Outcome, s.DeadLetter = DeadLettered, m.dl
+		if m.back {
+			s.Outcome, s.Delay = HandedBack, m.delay
+		}
+	}
+	t.acks.ready = append(t.acks.ready, ackFire{e.settle, s})
+}
+
+// release settles every position still unsettled as NotProcessed, in emit order, once
+// the run's goroutines are done. A panic in a callback is returned as a
+// [*StageError] of the source, after the other callbacks ran.
+func (t *tracker) release(source string) (err error) {
+	if !t.acked() {
+		return nil
+	}
+	t.mu.Lock()
+	left := make([]uint64, 0, len(t.acks.entries))
+	for p := range t.acks.entries {
+		left = append(left, p)
+	}
+	slices.SortFunc(left, cmp.Compare[uint64])
+	settles := make([]func(Settlement), len(left))
+	for i, p := range left {
+		settles[i] = t.acks.entries[p].settle
+	}
+	clear(t.acks.entries)
+	t.mu.Unlock()
+	for _, settle := range settles {
+		if perr := callRecovered(settle); perr != nil && err == nil {
+			err = &StageError{Stage: source, Err: perr}
+		}
+	}
+	return err
+}
+
+func callRecovered(settle func(Settlement)) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = newPanicError(v)
+		}
+	}()
+	callSettle(settle, NotProcessed)
+	return nil
+}
+
+// stripItem returns rec without its item, for a [Settlement].
+func stripItem[T any](rec DeadLetter[T]) DeadLetter[struct{}] {
+	return DeadLetter[struct{}]{
+		Stage: rec.Stage, Attempts: rec.Attempts, Class: rec.Class, ErrType: rec.ErrType,
+		FirstError: rec.FirstError, LastError: rec.LastError, Time: rec.Time,
+	}
+}
+
+// handBack gives the current item back to its acknowledged source ([WithHandBack]).
+func (w *worker[In, Out]) handBack(ctx context.Context, attempts int, first, last error) error {
+	typ, msg := errTypeName(last), last.Error()
+	firstMsg := msg
+	if first != last { //nolint:errorlint // identity, not equivalence: the same error value
+		firstMsg = first.Error()
+	}
+	m := &ackMark{back: true, dl: DeadLetter[struct{}]{
+		Stage: w.st.name, Attempts: attempts, Class: ClassTransient, ErrType: typ,
+		FirstError: firstMsg, LastError: msg, Time: time.Now(),
+	}}
+	if b := w.st.cfg.backoff; b != nil {
+		m.delay = b(attempts)
+	}
+	m.delay = max(m.delay, retryAfterOf(last)) // a delay the error asks for (retryafter.go)
+	w.stats.deadLettered.inc()
+	w.row.addCause(typ, causeMessage(last))
+	w.row.addError(typ, func(e *ErrorCount) { e.DeadLettered++ })
+	w.r.track.ackDone(w.pos, m)
+	if err := w.skip(ctx); err != nil {
+		return err
+	}
+	return w.record(true)
+}
+
+// ackName names the acknowledged source's row, for a panic in a settle callback.
+func (p *Pipeline) ackName() string {
+	if p.ack == nil {
+		return ""
+	}
+	return p.ack.name
+}

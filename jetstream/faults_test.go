@@ -1,0 +1,274 @@
+package jetstream_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	natsjs "github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gopipeline/pipeline"
+	"github.com/gopipeline/pipeline/jetstream"
+)
+
+// consumerState returns the consumer's pending and unacknowledged counts.
+func consumerState(ctx context.Context, t *testing.T, js natsjs.JetStream) (pending uint64, unacked int) {
+	t.Helper()
+	c, err := js.Consumer(ctx, "IN", "work")
+	require.NoError(t, err)
+	ci, err := c.Info(ctx)
+	require.NoError(t, err)
+	return ci.NumPending, ci.NumAckPending
+}
+
+// TestServerRestart restarts the server (same store, same port) while two pipelines
+// share the work: they reconnect and finish, and OUT holds every message once.
+func TestServerRestart(t *testing.T) {
+	t.Parallel()
+	const n = 10_000
+	ctx := t.Context()
+	srv := startServer(t)
+	_, admin := connect(t, srv.url())
+	setup(ctx, t, admin, 5*time.Second, 512)
+	publish(ctx, t, admin, n)
+	var worked atomic.Int64
+	half := make(chan struct{})
+	var once sync.Once
+	var wg sync.WaitGroup
+	var srcs []*jetstream.Source[item]
+	errs := make([]error, 2)
+	for i := range 2 {
+		_, js := connect(t, srv.url())
+		cons, err := js.Consumer(ctx, "IN", "work")
+		require.NoError(t, err)
+		p, src := sharePipeline(cons, js, func() {
+			if worked.Add(1) == n/4 {
+				once.Do(func() { close(half) })
+			}
+		})
+		srcs = append(srcs, src)
+		wg.Go(func() { errs[i] = p.Run(ctx) })
+	}
+	<-half
+	srv.restart()
+	failures := 0
+	for i := range n {
+		if rejected(i) {
+			failures++
+		}
+	}
+	eventually(t, 3*time.Minute, "every message in OUT or DEAD after the restart", func() bool {
+		return msgs(ctx, t, admin, "OUT") == uint64(n-failures) && msgs(ctx, t, admin, "DEAD") == uint64(failures)
+	})
+	for _, s := range srcs {
+		s.Stop()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		require.NoError(t, err, "pipeline %d", i)
+	}
+	ids := readIDs(ctx, t, admin, "OUT", n-failures, nil)
+	for i := range n {
+		if !rejected(i) {
+			assert.Equal(t, 1, ids[i], "item %d in OUT", i)
+		}
+	}
+	for i, s := range srcs {
+		t.Logf("pipeline %d: %+v", i, s.Stats())
+	}
+}
+
+// TestInProgress runs a stage slower than the consumer's AckWait: the source's
+// InProgress signals keep the server from redelivering. Without them (a progress
+// interval longer than the test), the server redelivers: the test can tell.
+func TestInProgress(t *testing.T) {
+	t.Parallel()
+	const (
+		n       = 8
+		ackWait = 500 * time.Millisecond
+	)
+	for _, tc := range []struct {
+		name     string
+		opts     []jetstream.SourceOption
+		redelive bool
+	}{
+		{name: "progress", redelive: false},
+		{name: "no progress", opts: []jetstream.SourceOption{jetstream.WithProgressEvery(time.Hour)}, redelive: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := t.Context()
+			srv := startServer(t)
+			_, js := connect(t, srv.url())
+			cons := setup(ctx, t, js, ackWait, 100)
+			publish(ctx, t, js, n)
+			p := pipeline.New()
+			src := jetstream.NewSource(cons, itemCodec{}, tc.opts...)
+			var done atomic.Int64
+			work := pipeline.Then(src.Stream(p), pipeline.NewStage("slow", n, func(ctx context.Context, v item) (item, error) {
+				// The work of a slow stage: three AckWaits.
+				select {
+				case <-time.After(3 * ackWait):
+				case <-ctx.Done():
+					return v, ctx.Err()
+				}
+				return v, nil
+			}))
+			pipeline.To(work, pipeline.NewSink("count", 1, func(context.Context, item) error {
+				done.Add(1)
+				return nil
+			}))
+			errc := make(chan error, 1)
+			go func() { errc <- p.Run(ctx) }()
+			if tc.redelive {
+				eventually(t, time.Minute, "a redelivery", func() bool { return src.Stats().Redelivered > 0 })
+			} else {
+				eventually(t, time.Minute, "every item done", func() bool { return src.Stats().Acked == n })
+			}
+			src.Stop()
+			require.NoError(t, <-errc)
+			st := src.Stats()
+			t.Logf("%+v", st)
+			if tc.redelive {
+				assert.Positive(t, st.Redelivered)
+				return
+			}
+			assert.Zero(t, st.Redelivered, "InProgress must hold the messages")
+			assert.Positive(t, st.InProgress)
+			assert.Equal(t, int64(n), done.Load())
+		})
+	}
+}
+
+// TestHandBack: a stage with WithHandBack hands back each item's first delivery with a
+// transient error; the source naks it with the stage's backoff as delay, the server
+// redelivers it, and the second delivery succeeds. A message the codec cannot decode
+// goes to DEAD from the source itself.
+func TestHandBack(t *testing.T) {
+	t.Parallel()
+	const n = 200
+	ctx := t.Context()
+	srv := startServer(t)
+	_, js := connect(t, srv.url())
+	cons := setup(ctx, t, js, 30*time.Second, 100)
+	publish(ctx, t, js, n)
+	_, err := js.Publish(ctx, "in.short", []byte{1, 2})
+	require.NoError(t, err)
+	p := pipeline.New()
+	src := jetstream.NewSource(cons, itemCodec{}, jetstream.WithDeadLetterSubject(js, "dead"))
+	var mu sync.Mutex
+	seen := map[int]int{}
+	work := pipeline.Then(src.Stream(p), pipeline.NewStage("flaky", 4, func(_ context.Context, v item) (item, error) {
+		mu.Lock()
+		seen[v.ID]++
+		first := seen[v.ID] == 1
+		mu.Unlock()
+		if first {
+			return v, pipeline.Transient(errors.New("busy"))
+		}
+		return v, nil
+	}, pipeline.WithHandBack(), pipeline.WithRetry(1, pipeline.ConstantBackoff(20*time.Millisecond))))
+	pipeline.ToBatches(work, 16, jetstream.NewSink("out", 2, js, "out", itemCodec{}, func(v item) string { return strconv.Itoa(v.ID) }),
+		pipeline.WithLinger(5*time.Millisecond))
+	errc := make(chan error, 1)
+	go func() { errc <- p.Run(ctx) }()
+	eventually(t, time.Minute, "every item in OUT", func() bool { return msgs(ctx, t, js, "OUT") == n && msgs(ctx, t, js, "DEAD") == 1 })
+	src.Stop()
+	require.NoError(t, <-errc)
+	st := src.Stats()
+	t.Logf("%+v", st)
+	assert.Equal(t, int64(n), st.HandedBack)
+	assert.Equal(t, int64(n), st.Redelivered)
+	assert.Equal(t, int64(n), st.Acked)
+	assert.Equal(t, int64(1), st.Undecodable)
+	assert.Equal(t, int64(1), st.DeadLettered)
+	row := p.Report().Stages[1]
+	assert.Equal(t, "flaky", row.Name)
+	assert.Equal(t, int64(n), row.DeadLettered, "a handed-back item counts as set aside")
+	readIDs(ctx, t, js, "DEAD", 1, func(m natsjs.Msg) {
+		assert.Equal(t, "JetStream", m.Headers().Get(jetstream.HeaderStage))
+		assert.Equal(t, "in.short", m.Headers().Get(jetstream.HeaderSubject))
+	})
+}
+
+// TestShutdown stops the source while items are in the stage: the source stops
+// pulling and hands back what it buffered, the items in flight finish and are acked,
+// and Run returns nil; a canceled run naks its items at once instead of letting them
+// wait for AckWait. Either way the consumer is left with nothing unacknowledged.
+func TestShutdown(t *testing.T) {
+	t.Parallel()
+	for _, cancelRun := range []bool{false, true} {
+		t.Run("cancel="+strconv.FormatBool(cancelRun), func(t *testing.T) {
+			t.Parallel()
+			const n = 1000
+			ctx := t.Context()
+			srv := startServer(t)
+			_, js := connect(t, srv.url())
+			cons := setup(ctx, t, js, time.Hour, 500)
+			publish(ctx, t, js, n)
+			p := pipeline.New()
+			src := jetstream.NewSource(cons, itemCodec{}, jetstream.WithPullSize(50))
+			gate := make(chan struct{})
+			var entered, committed atomic.Int64
+			work := pipeline.Then(src.Stream(p), pipeline.NewStage("gated", 4, func(ctx context.Context, v item) (item, error) {
+				entered.Add(1)
+				select {
+				case <-gate:
+				case <-ctx.Done():
+					return v, ctx.Err()
+				}
+				return v, nil
+			}))
+			pipeline.To(work, pipeline.NewSink("count", 1, func(context.Context, item) error {
+				committed.Add(1)
+				return nil
+			}))
+			rctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			errc := make(chan error, 1)
+			go func() { errc <- p.Run(rctx) }()
+			eventually(t, time.Minute, "four items in the stage", func() bool { return entered.Load() == 4 })
+			if cancelRun {
+				cancel()
+				require.ErrorIs(t, <-errc, context.Canceled)
+			} else {
+				src.Stop()
+				close(gate)
+				require.NoError(t, <-errc)
+			}
+			st := src.Stats()
+			t.Logf("%+v", st)
+			assert.Equal(t, st.Delivered, st.Acked+st.NotProcessed, "every delivery settled")
+			assert.Equal(t, committed.Load(), st.Acked)
+			if cancelRun {
+				assert.Zero(t, st.Acked)
+			} else {
+				assert.GreaterOrEqual(t, st.Acked, int64(4), "the items in flight finished")
+			}
+			// Nothing is lost: a second run takes every message the first did not commit
+			// at once, without waiting for an AckWait (an hour).
+			q := pipeline.New()
+			again := jetstream.NewSource(cons, itemCodec{})
+			pipeline.To(again.Stream(q), pipeline.NewSink("count", 2, func(context.Context, item) error {
+				if committed.Add(1) == n {
+					again.Stop()
+				}
+				return nil
+			}))
+			qctx, qcancel := context.WithTimeout(ctx, time.Minute)
+			defer qcancel()
+			require.NoError(t, q.Run(qctx))
+			assert.Equal(t, int64(n), committed.Load())
+			eventually(t, time.Minute, "nothing unacknowledged", func() bool {
+				pending, unacked := consumerState(ctx, t, js)
+				return pending == 0 && unacked == 0
+			})
+		})
+	}
+}

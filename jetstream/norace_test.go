@@ -1,0 +1,5 @@
+//go:build !race
+
+package jetstream_test
+
+const raceEnabled = false

@@ -1,0 +1,514 @@
+package jetstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	natsjs "github.com/nats-io/nats.go/jetstream"
+
+	"github.com/gopipeline/pipeline"
+)
+
+// Headers of a dead-letter message ([WithDeadLetterSubject]). Its data is the original
+// message's data.
+const (
+	HeaderStage      = "Pipeline-Stage"       // the stage that set the item aside
+	HeaderClass      = "Pipeline-Class"       // its error class: "item", "transient", ...
+	HeaderErrType    = "Pipeline-Error-Type"  // the Go type of the last error
+	HeaderError      = "Pipeline-Error"       // the last error's message
+	HeaderFirstError = "Pipeline-First-Error" // the first attempt's error message
+	HeaderAttempts   = "Pipeline-Attempts"    // attempts made, in decimal
+	HeaderSubject    = "Pipeline-Subject"     // the original message's subject
+	HeaderStream     = "Pipeline-Stream"      // the original message's stream
+	HeaderSequence   = "Pipeline-Sequence"    // its stream sequence, in decimal
+	HeaderDeliveries = "Pipeline-Deliveries"  // how many times it was delivered, in decimal
+	HeaderTime       = "Pipeline-Time"        // when it was set aside, RFC 3339 with nanoseconds
+)
+
+// SourceOption configures a [Source]: [NewSource].
+type SourceOption interface{ sourceOption(*sourceConfig) }
+
+type sourceOpt func(*sourceConfig)
+
+func (f sourceOpt) sourceOption(c *sourceConfig) { f(c) }
+
+type sourceConfig struct {
+	name       string
+	pull       int
+	maxPending int
+	doubleAck  bool
+	dlJS       natsjs.JetStream
+	dlSubject  string
+	progress   time.Duration
+	ackTimeout time.Duration
+	backoff    pipeline.Backoff
+}
+
+// WithName names the source's row in the pipeline's report ("JetStream" by default).
+// It panics if name is empty.
+func WithName(name string) SourceOption {
+	if name == "" {
+		panic(`jetstream: WithName(""): empty name`)
+	}
+	return sourceOpt(func(c *sourceConfig) { c.name = name })
+}
+
+// WithPullSize sets how many messages the client asks the server for at a time and
+// buffers ([natsjs.PullMaxMessages]); the default is 256, or the consumer's max ack
+// pending when that is smaller. A message waits in that buffer, its AckWait running and
+// no InProgress sent for it, until the pipeline takes it: for a slow pipeline, keep the
+// buffer well under what it settles in one AckWait. It panics if n < 1.
+func WithPullSize(n int) SourceOption {
+	if n < 1 {
+		panic(fmt.Sprintf("jetstream: WithPullSize(%d): need at least 1", n))
+	}
+	return sourceOpt(func(c *sourceConfig) { c.pull = n })
+}
+
+// WithMaxPending bounds the messages the pipeline holds unsettled ([pipeline.WithMaxPending]);
+// the default is the consumer's max ack pending (1000 when the consumer has no limit).
+// It panics if n < 1.
+func WithMaxPending(n int) SourceOption {
+	if n < 1 {
+		panic(fmt.Sprintf("jetstream: WithMaxPending(%d): need at least 1", n))
+	}
+	return sourceOpt(func(c *sourceConfig) { c.maxPending = n })
+}
+
+// WithDoubleAck acknowledges a committed message with DoubleAck, which waits for the
+// server to confirm the acknowledgement (in the goroutine where the item settled: a
+// sink worker), instead of Ack, which only sends it. It costs a round trip per message.
+func WithDoubleAck() SourceOption {
+	return sourceOpt(func(c *sourceConfig) { c.doubleAck = true })
+}
+
+// WithDeadLetterSubject publishes each dead-lettered message to subject through js (a
+// subject of a stream, so that the publish is acknowledged), with the original data
+// and the Header* headers, and terminates the original ([natsjs.Msg.Term]) only after
+// the stream acknowledged the copy. The copy's Nats-Msg-Id is derived from the
+// original's stream and sequence, so that a redelivered message set aside again is not
+// stored twice. If the publish fails, the original is handed back (Nak) instead, to be
+// set aside on a later delivery. Without this option, a dead-lettered message is
+// terminated once the stage's own dead-letter destination ([pipeline.WithDeadLetter])
+// took the item. It panics if js is nil or subject empty.
+func WithDeadLetterSubject(js natsjs.JetStream, subject string) SourceOption {
+	if js == nil || subject == "" {
+		panic("jetstream: WithDeadLetterSubject needs a JetStream and a subject")
+	}
+	return sourceOpt(func(c *sourceConfig) { c.dlJS, c.dlSubject = js, subject })
+}
+
+// WithProgressEvery sets how often a message the pipeline holds gets an InProgress
+// signal, which restarts the server's AckWait timer; the default is a third of the
+// consumer's AckWait. It panics if d <= 0.
+func WithProgressEvery(d time.Duration) SourceOption {
+	if d <= 0 {
+		panic(fmt.Sprintf("jetstream: WithProgressEvery(%v): need a positive interval", d))
+	}
+	return sourceOpt(func(c *sourceConfig) { c.progress = d })
+}
+
+// WithAckTimeout bounds the waits of a settlement that needs a reply: DoubleAck, and
+// publishing a dead letter. The default is 5 s. It panics if d <= 0.
+func WithAckTimeout(d time.Duration) SourceOption {
+	if d <= 0 {
+		panic(fmt.Sprintf("jetstream: WithAckTimeout(%v): need a positive timeout", d))
+	}
+	return sourceOpt(func(c *sourceConfig) { c.ackTimeout = d })
+}
+
+// WithRedeliveryBackoff sets the delay of a handed-back message ([pipeline.WithHandBack])
+// from how many times it was delivered: NakWithDelay(b(deliveries)). Without it, the
+// delay is the stage's own backoff for its attempts ([pipeline.Settlement].Delay).
+// It panics if b is nil.
+func WithRedeliveryBackoff(b pipeline.Backoff) SourceOption {
+	if b == nil {
+		panic("jetstream: WithRedeliveryBackoff(nil)")
+	}
+	return sourceOpt(func(c *sourceConfig) { c.backoff = b })
+}
+
+// Stats counts what a [Source] did, over all its runs.
+type Stats struct {
+	Delivered    int64 // messages taken from the consumer
+	Redelivered  int64 // of them, deliveries after the first (the server's delivery count > 1)
+	Acked        int64 // committed: Ack (or DoubleAck) sent
+	HandedBack   int64 // handed back by a stage: NakWithDelay sent
+	NotProcessed int64 // the run stopped first, or the message arrived while stopping: Nak sent
+	DeadLettered int64 // set aside (published to the dead-letter subject, if any), then Term sent
+	Undecodable  int64 // of DeadLettered, messages the codec could not decode (never emitted)
+	InProgress   int64 // InProgress signals sent
+	AckErrors    int64 // settlements that could not be sent, counted here only (the server redelivers the message)
+	PullErrors   int64 // errors the consumer reported and the source went on after (missed heartbeats, ...)
+}
+
+// Source reads a durable pull consumer as the acknowledged source of a pipeline
+// ([pipeline.FromAcked]): one item per message, decoded by a codec, and one
+// acknowledgement per message when its item's fate is known:
+//
+//	committed      Ack (DoubleAck with WithDoubleAck)
+//	handed back    NakWithDelay: the stage's backoff, or WithRedeliveryBackoff
+//	dead-lettered  published to WithDeadLetterSubject with headers, then, after the
+//	               stream's PubAck, Term
+//	not processed  Nak: another consumer process takes it at once
+//
+// A message the codec cannot decode is dead-lettered at once (stage: the source's name,
+// class: item). A message the pipeline holds longer than [WithProgressEvery] gets an
+// InProgress signal, so the server does not redeliver it while a slow stage works.
+//
+// Backpressure: the pipeline holds at most [WithMaxPending] unsettled messages (by
+// default the consumer's MaxAckPending) and the client buffers at most [WithPullSize]
+// more; the server never has more than MaxAckPending unacknowledged messages out to all
+// processes together, so several processes share the work in proportion to how fast
+// each settles it.
+//
+// Shutdown: when the run stops or [Source.Stop] is called, the source stops pulling,
+// hands back (Nak) the messages still in the client's buffer, and lets the items in
+// flight finish (after Stop) or stop (on cancel), each acknowledged as it settles; every
+// acknowledgement has been handed to the connection when [pipeline.Pipeline.Run]
+// returns. Acks are sent asynchronously: flush or drain the connection before exit.
+//
+// A Source may serve one run at a time; it is safe for concurrent use.
+type Source[T any] struct {
+	cons  natsjs.Consumer
+	codec pipeline.Codec[T]
+	cfg   sourceConfig
+
+	delivered, redelivered, acked, handedBack, notProcessed, deadLettered atomic.Int64
+	undecodable, inProgress, ackErrors, pullErrors                        atomic.Int64
+
+	mu       sync.Mutex
+	it       natsjs.MessagesContext // the current run's, if any
+	stopping bool
+}
+
+// NewSource returns a source over cons (a durable pull consumer with explicit acks)
+// whose messages codec decodes; a [pipeline.JSONCodec] or [Bytes] will do. Attach it
+// to a pipeline with [Source.Stream]. It panics if cons or codec is nil.
+func NewSource[T any](cons natsjs.Consumer, codec pipeline.Codec[T], opts ...SourceOption) *Source[T] {
+	if cons == nil || codec == nil {
+		panic("jetstream: NewSource needs a consumer and a codec")
+	}
+	var cfg sourceConfig
+	for i, o := range opts {
+		if o == nil {
+			panic(fmt.Sprintf("jetstream: NewSource: option %d of %d is nil", i+1, len(opts)))
+		}
+		o.sourceOption(&cfg)
+	}
+	if cfg.name == "" {
+		cfg.name = "JetStream"
+	}
+	if cfg.ackTimeout == 0 {
+		cfg.ackTimeout = 5 * time.Second
+	}
+	info := cons.CachedInfo()
+	var ackWait time.Duration
+	maxAck := 0
+	if info != nil {
+		ackWait, maxAck = info.Config.AckWait, info.Config.MaxAckPending
+	}
+	if ackWait <= 0 {
+		ackWait = 30 * time.Second // the server's default
+	}
+	if cfg.progress == 0 {
+		cfg.progress = max(ackWait/3, time.Millisecond)
+	}
+	if cfg.maxPending == 0 {
+		cfg.maxPending = 1000
+		if maxAck > 0 {
+			cfg.maxPending = maxAck
+		}
+	}
+	if cfg.pull == 0 {
+		cfg.pull = 256
+		if maxAck > 0 {
+			cfg.pull = min(cfg.pull, maxAck)
+		}
+	}
+	return &Source[T]{cons: cons, codec: codec, cfg: cfg}
+}
+
+// Stream adds the source to p and returns its stream of items. p gets an acknowledged
+// source ([pipeline.FromAcked]): a pipeline may have only one, and Stream panics on a
+// second one.
+func (s *Source[T]) Stream(p *pipeline.Pipeline) *pipeline.Stream[T] {
+	return pipeline.FromAcked(p, s.run, pipeline.WithName(s.cfg.name), pipeline.WithMaxPending(s.cfg.maxPending))
+}
+
+// Stop ends the input of the current run, or of the next one if none is running: the
+// source stops pulling and hands back the buffered messages, the items in flight
+// finish and are acknowledged, and [pipeline.Pipeline.Run] then returns nil (unless
+// something failed). It does not wait.
+func (s *Source[T]) Stop() {
+	s.mu.Lock()
+	s.stopping = true
+	it := s.it
+	s.mu.Unlock()
+	if it != nil {
+		it.Drain()
+	}
+}
+
+// Stats returns the source's counts so far.
+func (s *Source[T]) Stats() Stats {
+	return Stats{
+		Delivered: s.delivered.Load(), Redelivered: s.redelivered.Load(), Acked: s.acked.Load(),
+		HandedBack: s.handedBack.Load(), NotProcessed: s.notProcessed.Load(),
+		DeadLettered: s.deadLettered.Load(), Undecodable: s.undecodable.Load(),
+		InProgress: s.inProgress.Load(), AckErrors: s.ackErrors.Load(), PullErrors: s.pullErrors.Load(),
+	}
+}
+
+// run is the body of the acknowledged source: one run's loop over the consumer.
+func (s *Source[T]) run(ctx context.Context, emit func(T, func(pipeline.Settlement)) error) error {
+	it, err := s.cons.Messages(natsjs.PullMaxMessages(s.cfg.pull))
+	if err != nil {
+		return fmt.Errorf("jetstream: consume: %w", err)
+	}
+	s.mu.Lock()
+	s.it = it
+	stopping := s.stopping
+	s.mu.Unlock()
+	if stopping {
+		it.Drain()
+	}
+	h := newHand(s.cfg.progress, &s.inProgress)
+	defer func() {
+		s.mu.Lock()
+		s.it, s.stopping = nil, false
+		s.mu.Unlock()
+		h.bodyDone()
+	}()
+	unwatch := context.AfterFunc(ctx, it.Drain) // stop pulling; Next returns what is buffered
+	defer unwatch()
+	stopped := false // emit refused: the run is stopping
+	for {
+		msg, err := it.Next()
+		if errors.Is(err, natsjs.ErrMsgIteratorClosed) {
+			if errors.Is(err, natsjs.ErrConnectionClosed) && !stopped && ctx.Err() == nil && !s.isStopping() {
+				return fmt.Errorf("jetstream: consume: %w", err)
+			}
+			return nil
+		}
+		if err != nil { // a missed heartbeat while the server restarts, ...: the iterator goes on
+			s.pullErrors.Add(1)
+			continue
+		}
+		meta, err := msg.Metadata()
+		if err != nil { // not a JetStream message: nothing to acknowledge
+			s.pullErrors.Add(1)
+			continue
+		}
+		s.delivered.Add(1)
+		if meta.NumDelivered > 1 {
+			s.redelivered.Add(1)
+		}
+		if stopped || ctx.Err() != nil || s.isStopping() { // buffered when the input ended
+			s.nak(msg)
+			continue
+		}
+		var v T
+		if err := s.codec.Unmarshal(msg.Data(), &v); err != nil {
+			s.undecodable.Add(1)
+			s.deadLetter(msg, meta, pipeline.DeadLetter[struct{}]{
+				Stage: s.cfg.name, Attempts: 1, Class: pipeline.ClassItem, ErrType: fmt.Sprintf("%T", err),
+				FirstError: err.Error(), LastError: err.Error(), Time: time.Now(),
+			})
+			continue
+		}
+		held := h.hold(msg)
+		if err := emit(v, func(st pipeline.Settlement) {
+			h.release(held)
+			s.settle(msg, meta, st)
+		}); err != nil {
+			stopped = true // emit settled v as not processed; hand back what is buffered
+			it.Drain()
+		}
+	}
+}
+
+func (s *Source[T]) isStopping() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stopping
+}
+
+// settle acknowledges msg according to st.
+func (s *Source[T]) settle(msg natsjs.Msg, meta *natsjs.MsgMetadata, st pipeline.Settlement) {
+	var (
+		err   error
+		count *atomic.Int64
+	)
+	switch st.Outcome {
+	case pipeline.Committed:
+		if s.cfg.doubleAck {
+			ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ackTimeout)
+			err = msg.DoubleAck(ctx)
+			cancel()
+		} else {
+			err = msg.Ack()
+		}
+		count = &s.acked
+	case pipeline.HandedBack:
+		d := st.Delay
+		if s.cfg.backoff != nil {
+			d = s.cfg.backoff(int(min(meta.NumDelivered, 1<<31)))
+		}
+		if d > 0 {
+			err = msg.NakWithDelay(d)
+		} else {
+			err = msg.Nak()
+		}
+		count = &s.handedBack
+	case pipeline.DeadLettered:
+		s.deadLetter(msg, meta, st.DeadLetter)
+		return
+	default:
+		s.nak(msg)
+		return
+	}
+	if err != nil {
+		s.ackErrors.Add(1)
+		return
+	}
+	count.Add(1)
+}
+
+func (s *Source[T]) nak(msg natsjs.Msg) {
+	if err := msg.Nak(); err != nil {
+		s.ackErrors.Add(1)
+		return
+	}
+	s.notProcessed.Add(1)
+}
+
+// deadLetter publishes a copy of msg with rec's headers, if a subject is set, and then
+// terminates msg; if the publish fails, it hands msg back instead.
+func (s *Source[T]) deadLetter(msg natsjs.Msg, meta *natsjs.MsgMetadata, rec pipeline.DeadLetter[struct{}]) {
+	if s.cfg.dlJS != nil {
+		dl := nats.NewMsg(s.cfg.dlSubject)
+		dl.Data = msg.Data()
+		h := dl.Header
+		h.Set(HeaderStage, rec.Stage)
+		h.Set(HeaderClass, rec.Class.String())
+		h.Set(HeaderErrType, rec.ErrType)
+		h.Set(HeaderError, rec.LastError)
+		h.Set(HeaderFirstError, rec.FirstError)
+		h.Set(HeaderAttempts, strconv.Itoa(rec.Attempts))
+		h.Set(HeaderSubject, msg.Subject())
+		h.Set(HeaderStream, meta.Stream)
+		h.Set(HeaderSequence, strconv.FormatUint(meta.Sequence.Stream, 10))
+		h.Set(HeaderDeliveries, strconv.FormatUint(meta.NumDelivered, 10))
+		h.Set(HeaderTime, rec.Time.UTC().Format(time.RFC3339Nano))
+		// The same message set aside twice (redelivered after a crash between the
+		// PubAck and the Term) is stored once.
+		h.Set(nats.MsgIdHdr, "dl:"+meta.Stream+":"+strconv.FormatUint(meta.Sequence.Stream, 10))
+		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ackTimeout)
+		_, err := s.cfg.dlJS.PublishMsg(ctx, dl)
+		cancel()
+		if err != nil {
+			s.ackErrors.Add(1)
+			s.nak(msg)
+			return
+		}
+	}
+	if err := msg.Term(); err != nil {
+		s.ackErrors.Add(1) // redelivered, and set aside again: the copy's Nats-Msg-Id keeps one
+		return
+	}
+	s.deadLettered.Add(1)
+}
+
+// hand keeps the messages a run holds and sends each an InProgress signal every
+// interval, from a goroutine that lives while the source's body runs or any message is
+// held (settlements come until the run ends; the last one stops it and waits for it).
+type hand struct {
+	every time.Duration
+	count *atomic.Int64
+
+	mu   sync.Mutex
+	held map[*heldMsg]struct{}
+	done bool // the source's body returned
+	quit chan struct{}
+	wg   sync.WaitGroup
+	once sync.Once
+}
+
+type heldMsg struct {
+	msg  natsjs.Msg
+	last time.Time // the delivery, or the last InProgress
+}
+
+func newHand(every time.Duration, count *atomic.Int64) *hand {
+	h := &hand{every: every, count: count, held: map[*heldMsg]struct{}{}, quit: make(chan struct{})}
+	h.wg.Go(h.loop)
+	return h
+}
+
+func (h *hand) loop() {
+	tick := time.NewTicker(max(h.every/2, time.Millisecond))
+	defer tick.Stop()
+	var due []*heldMsg
+	for {
+		select {
+		case <-h.quit:
+			return
+		case now := <-tick.C:
+			due = due[:0]
+			h.mu.Lock()
+			for m := range h.held {
+				if now.Sub(m.last) >= h.every {
+					m.last = now
+					due = append(due, m)
+				}
+			}
+			h.mu.Unlock()
+			for _, m := range due {
+				if m.msg.InProgress() == nil {
+					h.count.Add(1)
+				}
+			}
+			clear(due)
+		}
+	}
+}
+
+func (h *hand) hold(msg natsjs.Msg) *heldMsg {
+	m := &heldMsg{msg: msg, last: time.Now()}
+	h.mu.Lock()
+	h.held[m] = struct{}{}
+	h.mu.Unlock()
+	return m
+}
+
+func (h *hand) release(m *heldMsg) {
+	h.mu.Lock()
+	delete(h.held, m)
+	last := h.done && len(h.held) == 0
+	h.mu.Unlock()
+	if last {
+		h.stop()
+	}
+}
+
+func (h *hand) bodyDone() {
+	h.mu.Lock()
+	h.done = true
+	last := len(h.held) == 0
+	h.mu.Unlock()
+	if last {
+		h.stop()
+	}
+}
+
+func (h *hand) stop() {
+	h.once.Do(func() { close(h.quit) })
+	h.wg.Wait()
+}
