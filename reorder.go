@@ -74,7 +74,14 @@ func (o *reorder[Out]) admit(ctx context.Context, seq uint64) error {
 		return nil
 	}
 	o.mu.Lock()
-	for seq >= o.next+w {
+	defer o.mu.Unlock()
+	return o.waitLocked(ctx, seq)
+}
+
+// waitLocked waits while seq is beyond the window; o.mu is held when it is called and
+// when it returns (the run's cause if the run stops meanwhile).
+func (o *reorder[Out]) waitLocked(ctx context.Context, seq uint64) error {
+	for seq >= o.next+uint64(len(o.slots)) {
 		if o.wake == nil {
 			o.wake = make(chan struct{})
 		}
@@ -83,11 +90,11 @@ func (o *reorder[Out]) admit(ctx context.Context, seq uint64) error {
 		select {
 		case <-wake:
 		case <-ctx.Done():
+			o.mu.Lock()
 			return context.Cause(ctx)
 		}
 		o.mu.Lock()
 	}
-	o.mu.Unlock()
 	return nil
 }
 
@@ -103,18 +110,9 @@ func (o *reorder[Out]) admit(ctx context.Context, seq uint64) error {
 func (o *reorder[Out]) settle(ctx context.Context, stats *workerStats, seq, pos uint64, outs []Out, skip bool, onEntered func()) (entered bool, err error) {
 	w := uint64(len(o.slots))
 	o.mu.Lock()
-	for seq >= o.next+w {
-		if o.wake == nil {
-			o.wake = make(chan struct{})
-		}
-		wake := o.wake
+	if err := o.waitLocked(ctx, seq); err != nil {
 		o.mu.Unlock()
-		select {
-		case <-wake:
-		case <-ctx.Done():
-			return false, context.Cause(ctx)
-		}
-		o.mu.Lock()
+		return false, err
 	}
 	s := &o.slots[seq%w]
 	if skip {
