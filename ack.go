@@ -254,6 +254,8 @@ func (t *tracker) enter(ctx context.Context, pos uint64, settle func(Settlement)
 		case <-wake:
 		case <-ctx.Done():
 			return context.Cause(ctx)
+		case <-t.drain:
+			return errDraining
 		}
 		t.mu.Lock()
 	}
@@ -281,14 +283,20 @@ func (t *tracker) ackDone(pos uint64, m *ackMark) {
 	if len(fire) == 0 {
 		return
 	}
-	defer func() { // also after a panic in a callback: the run fails, and the source must not wait
+	i := 0
+	defer func() {
+		// A panic (or Goexit) in callback i: the run fails with it, but every other
+		// source item settled here still gets its call, and the source must not wait.
+		for i++; i < len(fire); i++ {
+			_ = callOnce(fire[i].settle, fire[i].s)
+		}
 		t.mu.Lock()
 		t.acks.firing -= len(fire)
 		t.roomLocked()
 		t.mu.Unlock()
 	}()
-	for _, f := range fire {
-		f.settle(f.s)
+	for ; i < len(fire); i++ {
+		fire[i].settle(fire[i].s)
 	}
 }
 
@@ -382,6 +390,17 @@ func callRecovered(settle func(Settlement)) (err error) {
 		}
 	}()
 	callSettle(settle, NotProcessed)
+	return nil
+}
+
+// callOnce calls settle with s and returns a panic as an error.
+func callOnce(settle func(Settlement), s Settlement) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = newPanicError(v)
+		}
+	}()
+	settle(s)
 	return nil
 }
 

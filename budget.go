@@ -101,16 +101,21 @@ func (w *worker[In, Out]) record(failed bool) error {
 		return nil
 	}
 	serr := &StageError{Stage: w.st.name, Err: be}
-	w.r.emit(Event{Kind: EventBudget, Stage: w.st.name, Err: serr})
 	if be.Drained {
-		// Stop taking new items here and upstream; what already passed this stage
-		// finishes downstream.
-		w.r.drained.CompareAndSwap(nil, serr)
+		// Stop taking new items here and upstream, before anything else (an observer
+		// may be slow): what already passed this stage finishes downstream. A tracked
+		// source waiting for room is woken to stop.
+		first := w.r.drained.CompareAndSwap(nil, serr)
 		w.row.drain.Store(true)
 		for _, up := range w.row.ups {
 			up.drain.Store(true)
 		}
+		if first {
+			close(w.r.drainCh)
+		}
+		w.r.emit(Event{Kind: EventBudget, Stage: w.st.name, Err: serr})
 		return nil
 	}
+	w.r.emit(Event{Kind: EventBudget, Stage: w.st.name, Err: serr})
 	return serr
 }

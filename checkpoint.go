@@ -209,6 +209,7 @@ type tracker struct {
 	// pokes the saver: hungry is closed while the source waits.
 	hungry   chan struct{}
 	starving bool
+	drain    <-chan struct{} // closed when a budget drains: a waiting source stops
 	// moved is closed when next advances; made only when a batch that judged a wait not
 	// to concern it watches for the head to move (it may then hold the new head).
 	moved chan struct{}
@@ -347,6 +348,8 @@ func (t *tracker) admit(ctx context.Context, pos uint64) (uint64, error) {
 		case <-wake:
 		case <-ctx.Done():
 			return 0, context.Cause(ctx)
+		case <-t.drain:
+			return 0, errDraining
 		}
 		t.mu.Lock()
 	}

@@ -33,6 +33,11 @@ type Progress struct {
 // its watermark (recorded through [Commit]'s [Progress]). A run resumed from such a
 // store calls LoadCommitted instead of Load and does not emit the items at those
 // positions again: they settle at once. Without it, a resumed run redoes them.
+//
+// Neither Save nor the progress a [Commit] writes may lower the stored position: keep
+// the larger one (pgpipe's Checkpoint writes GREATEST). The run's periodic Save of a
+// watermark read a moment earlier can reach the store after a Commit recorded a newer
+// one, and a store that took it as it is would make a resumed run redo committed items.
 type CommittedStore interface {
 	CheckpointStore
 	LoadCommitted(ctx context.Context) (pos int64, committed []PositionRange, err error)

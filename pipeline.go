@@ -171,6 +171,10 @@ func (p *Pipeline) exec(ctx context.Context, extra func(r *run), cur ...**run) (
 	if p.ack != nil { // an acknowledged source (ack.go)
 		r.track = newAckTracker(p.ack.source)
 	}
+	r.drainCh = make(chan struct{})
+	if r.track != nil {
+		r.track.drain = r.drainCh // a source waiting for room stops waiting when a budget drains
+	}
 	g, gctx := errgroup.WithContext(ctx)
 	r.ctx, r.g = gctx, g
 	if p.cfg.budget != nil {
@@ -282,6 +286,7 @@ type run struct {
 	rows      []*row
 	shared    *budgetState
 	drained   atomic.Pointer[StageError] // the error Run returns after a drain
+	drainCh   chan struct{}              // closed when a budget drains (after the rows' drain flags are set)
 	failure   atomic.Pointer[StageError] // a failure outside the goroutines' returns (an observer's panic)
 	cancel    context.CancelCauseFunc    // cancels the run with a cause
 	track     *tracker                   // the checkpoint's watermark, nil when none

@@ -86,11 +86,43 @@ func newKeyedLimiters[K comparable](perSecond float64, burst int) *keyedLimiters
 	}
 }
 
-// get returns key's limiter, making it on first use. Every idle interval, it drops the
-// limiters whose buckets are full again (no token owed, none taken since they refilled):
-// a new one would behave the same.
-func (k *keyedLimiters[K]) get(key K) Limiter {
+// get returns key's limiter: a Limiter whose Wait takes a token of key's bucket.
+func (k *keyedLimiters[K]) get(key K) Limiter { return keyWait[K]{k, key} }
+
+// keyWait is one key's Limiter. Its Wait reserves the token under the set's lock, so
+// that a sweep never drops a bucket between a caller finding it and taking from it (a
+// new bucket would then hand out a second burst).
+type keyWait[K comparable] struct {
+	k   *keyedLimiters[K]
+	key K
+}
+
+// Wait implements Limiter.
+func (w keyWait[K]) Wait(ctx context.Context) error {
 	now := time.Now()
+	r := w.k.reserve(w.key, now)
+	if !r.OK() {
+		return fmt.Errorf("pipeline: rate limit: a burst of %d cannot serve one attempt", w.k.burst)
+	}
+	d := r.DelayFrom(now)
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		r.Cancel() // give the token back to the key's bucket
+		return context.Cause(ctx)
+	}
+}
+
+// reserve takes a token of key's bucket at now, making the bucket on first use. Every
+// idle interval, it first drops the buckets that are full again (no token owed, none
+// taken since they refilled): a new one would behave the same.
+func (k *keyedLimiters[K]) reserve(key K, now time.Time) *rate.Reservation {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if now.Sub(k.swept) >= k.idle && len(k.m) > 0 {
@@ -106,7 +138,7 @@ func (k *keyedLimiters[K]) get(key K) Limiter {
 		l = rate.NewLimiter(k.limit, k.burst)
 		k.m[key] = l
 	}
-	return l
+	return l.ReserveN(now, 1)
 }
 
 // size returns how many keys have a limiter (tests).

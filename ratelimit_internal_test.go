@@ -23,7 +23,7 @@ func TestKeyedLimitersForget(t *testing.T) {
 		for range 20 { // key 7 is busy: its bucket empties, at 110 ms of virtual time
 			require.NoError(t, k.get(7).Wait(t.Context()))
 		}
-		k.get(8)
+		require.NoError(t, k.get(8).Wait(t.Context()))
 		assert.Equal(t, 2, k.size(), "every idle key but 7 (its bucket is not full yet) and 8 dropped")
 		time.Sleep(time.Second)
 		t0 := time.Now()

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"os"
 	"runtime"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -239,8 +240,12 @@ func TestReviewNextDuplicates(t *testing.T) {
 // goroutine silently: the source, waiting for a save (WithMaxRedo), waits for ever.
 func TestReviewObserverGoexitInSaverHangs(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
+		// Only the first save's event, which the saver goroutine sends: the final save's
+		// is sent from Run's own goroutine, where a Goexit ends the caller (as any call
+		// of its own would).
+		var once atomic.Bool
 		p := pipeline.New(pipeline.WithObserver(func(e pipeline.Event) {
-			if e.Kind == pipeline.EventCheckpoint {
+			if e.Kind == pipeline.EventCheckpoint && once.CompareAndSwap(false, true) {
 				runtime.Goexit()
 			}
 		}))
