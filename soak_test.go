@@ -368,8 +368,9 @@ func TestSoak11UndefinedClass(t *testing.T) {
 // S12: nil options, sequences, streams and stages panic with a "pipeline:" message.
 func TestSoak12NilArguments(t *testing.T) {
 	t.Parallel()
-	p := pipeline.New()
-	src := func() *pipeline.Stream[int] { return pipeline.FromSlice(p, ints(1)) }
+	// A pipeline of its own per call: the cases run in parallel, and building is not
+	// safe for concurrent use.
+	src := func() *pipeline.Stream[int] { return pipeline.FromSlice(pipeline.New(), ints(1)) }
 	sink := pipeline.NewSink("sink", 1, func(context.Context, []int) error { return nil })
 	var nilStream *pipeline.Stream[int]
 	var nilStage *pipeline.Stage[int, int]
@@ -381,9 +382,9 @@ func TestSoak12NilArguments(t *testing.T) {
 			pipeline.FromCheckpoint(pipeline.New(), &memStore{}, from(1), nil)
 		},
 		"NewStage(nil option)":  func() { pipeline.NewStage("s", 1, identity, nil) },
-		"FromSlice(nil option)": func() { pipeline.FromSlice(p, ints(1), nil) },
-		"FromSeq(nil)":          func() { pipeline.FromSeq[int](p, nil) },
-		"FromSeq2(nil)":         func() { pipeline.FromSeq2[int](p, nil) },
+		"FromSlice(nil option)": func() { pipeline.FromSlice(pipeline.New(), ints(1), nil) },
+		"FromSeq(nil)":          func() { pipeline.FromSeq[int](pipeline.New(), nil) },
+		"FromSeq2(nil)":         func() { pipeline.FromSeq2[int](pipeline.New(), nil) },
 		"FromSlice(nil p)":      func() { pipeline.FromSlice(nil, ints(1)) },
 		"Then(nil stream)":      func() { pipeline.Then(nilStream, pipeline.NewStage("x", 1, identity)) },
 		"Then(nil stage)":       func() { pipeline.Then(src(), nilStage) },
