@@ -103,7 +103,7 @@ func (p *Pipeline) Run(ctx context.Context) error {
 		panic(fmt.Sprintf("pipeline: Run on a pipeline that ends in %s (%s): run it with %s again", p.end.ctor, p.end.desc, p.end.ctor))
 	}
 	p.begin(false)
-	r, err := p.exec(ctx, nil)
+	r, err := p.exec(p.newRun(ctx), nil)
 	return p.finish(r, err)
 }
 
@@ -131,14 +131,15 @@ func (p *Pipeline) begin(extra bool) {
 	}
 }
 
-// exec wires and runs the graph, then waits for every goroutine. extra, when not nil,
-// attaches a terminal that is not part of the pipeline (the consumer of [All]). cur,
-// when not nil, gets the run as soon as it exists.
-func (p *Pipeline) exec(ctx context.Context, extra func(r *run), cur ...**run) (*run, error) {
-	r := &run{p: p, parent: ctx, started: time.Now()}
-	for _, c := range cur {
-		*c = r
-	}
+// newRun returns the state of a new run under the caller's ctx.
+func (p *Pipeline) newRun(ctx context.Context) *run {
+	return &run{p: p, parent: ctx, started: time.Now()}
+}
+
+// exec wires and runs the graph of run r, then waits for every goroutine. extra, when
+// not nil, attaches a terminal that is not part of the pipeline (the consumer of [All]).
+func (p *Pipeline) exec(r *run, extra func(r *run)) (*run, error) {
+	ctx := r.parent
 	p.mu.Lock()
 	p.runs++
 	r.number = p.runs
@@ -508,19 +509,19 @@ func collect[T any](ctx context.Context, s *Stream[T], ctor string, opts []Colle
 		)
 		p.begin(true)
 		go func() {
-			var r *run
+			r := p.newRun(ctx)
 			returned := false
 			defer func() {
 				if !returned { // runtime.Goexit in user code run here (a store's Load)
 					done <- result{r, &StageError{Stage: "checkpoint", Err: ErrGoexit}}
 				}
 			}()
-			r, err := p.exec(ctx, func(r *run) {
+			r, err := p.exec(r, func(r *run) {
 				rw, tr = r.newRow(name, kindSink, 1, buf, q), r.track
 				wireInput(r, rw, s, q.pusher(r.ctx), q.close)
 				r.addRow(rw)
 				close(wired)
-			}, &r)
+			})
 			returned = true
 			done <- result{r, err}
 		}()
