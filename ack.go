@@ -148,12 +148,13 @@ func FromAcked[T any](p *Pipeline, fn func(ctx context.Context, emit func(v T, s
 	name := p.rowName(cfg.name, "FromAcked")
 	s := newStream[T](p, "source "+name)
 	p.ack = &ackCfg{source: s, name: name, max: cfg.maxRedo}
-	s.open = func(r *run, push pushFunc[T], done func()) {
+	s.open = func(r *run, out outlet[T], done func()) {
 		rw := r.newRow(name, kindSource, 1, 0, nil)
 		r.addRow(rw)
 		r.feeds(rw)
 		st, t := &rw.workers[0], r.track
 		var pos uint64
+		var snd sender[T]
 		emit := func(v T, settle func(Settlement)) error {
 			if rw.drain.Load() { // not taken: the item is the source's still
 				callSettle(settle, NotProcessed)
@@ -170,14 +171,25 @@ func FromAcked[T any](p *Pipeline, fn func(ctx context.Context, emit func(v T, s
 				return err
 			}
 			st.received.inc()
-			err := push(v, pos)
-			st.succeeded.inc() // after push: a panic in an inline operator leaves it failed
+			err := snd.put(v, pos)
+			if ferr := snd.flush(); err == nil { // the next item may be long in coming
+				err = ferr
+			}
+			st.succeeded.inc() // after put: a panic in an inline operator leaves it failed
 			st.emitted.inc()
 			pos++
 			return err
 		}
 		r.goSafe(name, func() error {
+			snd = out(new(hand))
+			returned := false
+			defer func() {
+				if !returned {
+					snd.drop()
+				}
+			}()
 			err := fn(r.ctx, emit)
+			returned = true
 			switch {
 			case err == nil, isDraining(err):
 				done()
@@ -427,7 +439,7 @@ func (w *worker[In, Out]) handBack(ctx context.Context, attempts int, first, las
 		m.delay = b(attempts)
 	}
 	m.delay = max(m.delay, retryAfterOf(last)) // a delay the error asks for (retryafter.go)
-	w.stats.deadLettered.inc()
+	w.t.deadLettered++
 	w.row.addCause(typ, causeMessage(last))
 	w.row.addError(typ, func(e *ErrorCount) { e.DeadLettered++ })
 	w.r.track.ackDone(w.pos, m)

@@ -74,16 +74,16 @@ func Batch[T any](s *Stream[T], size int, opts ...BatchOption) *Stream[[]T] {
 	s.consume(desc)
 	buf := cfg.bufferOr(p.cfg.bufferOr(DefaultBuffer))
 	out := newStream[[]T](p, desc)
-	out.open = func(r *run, push pushFunc[[]T], done func()) {
-		q := newQueue[T](buf)
+	out.open = func(r *run, next outlet[[]T], done func()) {
+		q := newQueue[T](buf, 1)
 		rw := r.newRow(name, kindBatch, 1, buf, q)
 		rw.flushes, rw.extra, rw.unit = new(flushCounters), size, size
-		wireInput(r, rw, s, q.pusher(r.ctx), q.close)
+		wireInput(r, rw, s, q.outlet(r.ctx), q.close)
 		r.addRow(rw)
 		r.feeds(rw)
 		b := &batcher[T]{
-			ctx: r.ctx, ch: q.ch, size: size, maxBytes: cfg.maxBytes, sizer: sizer,
-			linger: cfg.linger, push: push, stats: &rw.workers[0], flushes: rw.flushes, track: r.track,
+			ctx: r.ctx, q: q, size: size, maxBytes: cfg.maxBytes, sizer: sizer, capacity: buf,
+			linger: cfg.linger, next: next, stats: &rw.workers[0], flushes: rw.flushes, track: r.track,
 		}
 		r.goSafe(name, func() error {
 			if err := b.loop(); err != nil {
@@ -98,12 +98,14 @@ func Batch[T any](s *Stream[T], size int, opts ...BatchOption) *Stream[[]T] {
 
 type batcher[T any] struct {
 	ctx      context.Context
-	ch       chan item[T]
+	q        *queue[T]
+	capacity int
 	size     int
 	maxBytes int
 	sizer    func(T) int
 	linger   time.Duration
-	push     pushFunc[[]T]
+	next     outlet[[]T]
+	out      sender[[]T]
 	stats    *workerStats
 	flushes  *flushCounters
 	track    *tracker
@@ -111,14 +113,23 @@ type batcher[T any] struct {
 	batch    []T
 	poss     []uint64 // positions of the batch's items (checkpointed runs)
 	bytes    int
+	run      []item[T] // the items taken from the queue at once
+	left     int       // items of the run not yet in a batch
 }
 
 func (b *batcher[T]) loop() error {
+	b.out = b.next(new(hand))
+	b.run = make([]item[T], chunk)
 	returned := false
 	defer func() {
 		if !returned { // user code (the sizer, or downstream of a flush) panicked or exited: fail what is in hand
 			s := b.stats
-			s.failed.add(s.received.load() - s.succeeded.load() - s.failed.load())
+			s.discarded.add(int64(b.left)) // taken, never batched: not started
+			if b.left > 0 {
+				b.q.started(b.left)
+			}
+			s.failed.add(s.received.load() - s.succeeded.load() - s.failed.load() - s.discarded.load())
+			b.out.drop()
 		}
 	}()
 	err := b.take()
@@ -134,52 +145,20 @@ func (b *batcher[T]) take() (err error) {
 		defer b.timer.Stop()
 		expired = b.timer.C
 	}
+	wt := newWaiter()
 	// judged is the hunger already judged not to concern this batch, moved closes when
 	// the head moves on after that judgement (then it is judged again).
 	var judged, moved <-chan struct{}
 	for {
-		var e item[T]
-		var ok bool
-		select {
-		case e, ok = <-b.ch:
-		default:
-			// A checkpointed source waiting for a save may be waiting for an item this
-			// batch holds: then flush it, whatever its size.
-			var hungry, headMoved <-chan struct{}
-			if b.track != nil && len(b.batch) > 0 {
-				if hungry = b.track.hungryChan(); hungry == judged {
-					hungry, headMoved = nil, moved
-				}
+		k, _, queued, closed := b.q.take(0, b.run)
+		if k > 0 {
+			b.stats.peak.max(int64(min(queued, b.capacity)))
+			if err := b.items(k, &judged, &moved); err != nil {
+				return err
 			}
-			select {
-			case e, ok = <-b.ch:
-			case <-headMoved:
-				judged, moved = nil, nil
-				continue
-			case <-hungry:
-				var holds bool
-				if holds, moved = b.track.holdsHead(b.poss); !holds {
-					judged = hungry // wait for input or the head to move; then judge again
-					continue
-				}
-				if err := b.flush(&b.flushes.checkpoint); err != nil {
-					return err
-				}
-				continue
-			case <-expired:
-				if len(b.batch) == 0 {
-					continue
-				}
-				if err := b.flush(&b.flushes.linger); err != nil {
-					return err
-				}
-				continue
-			case <-b.ctx.Done():
-				b.stats.failed.add(int64(len(b.batch)))
-				return context.Cause(b.ctx)
-			}
+			continue
 		}
-		if !ok {
+		if closed {
 			if len(b.batch) > 0 && b.ctx.Err() == nil {
 				return b.flush(&b.flushes.end)
 			}
@@ -189,14 +168,67 @@ func (b *batcher[T]) take() (err error) {
 			}
 			return nil
 		}
-		b.stats.peak.max(int64(min(len(b.ch)+1, cap(b.ch))))
-		b.stats.received.inc()
+		// A checkpointed source waiting for a save may be waiting for an item this
+		// batch holds: then flush it, whatever its size.
+		var hungry, headMoved <-chan struct{}
+		if b.track != nil && len(b.batch) > 0 {
+			if hungry = b.track.hungryChan(); hungry == judged {
+				hungry, headMoved = nil, moved
+			}
+		}
+		if !b.q.park(0, wt) {
+			continue
+		}
+		select {
+		case <-wt.ch:
+			continue
+		case <-headMoved:
+			b.q.unpark(0, wt)
+			judged, moved = nil, nil
+		case <-hungry:
+			b.q.unpark(0, wt)
+			var holds bool
+			if holds, moved = b.track.holdsHead(b.poss); !holds {
+				judged = hungry // wait for input or the head to move; then judge again
+				continue
+			}
+			if err := b.flush(&b.flushes.checkpoint); err != nil {
+				return err
+			}
+		case <-expired:
+			b.q.unpark(0, wt)
+			if len(b.batch) == 0 {
+				continue
+			}
+			if err := b.flush(&b.flushes.linger); err != nil {
+				return err
+			}
+		case <-b.ctx.Done():
+			b.q.unpark(0, wt)
+			b.stats.failed.add(int64(len(b.batch)))
+			return context.Cause(b.ctx)
+		}
+	}
+}
+
+// items adds the k items of b.run to batches, flushing each that is full.
+func (b *batcher[T]) items(k int, judged, moved *<-chan struct{}) error {
+	b.left = k
+	b.stats.received.add(int64(k))
+	defer func() { clear(b.run[:k]) }()
+	for j := range k {
+		e := b.run[j]
+		b.left--
+		b.q.started(1)
 		v := e.v
 		if b.sizer != nil {
 			n := b.sizer(v)
 			if len(b.batch) > 0 && b.bytes+n > b.maxBytes {
 				if err := b.flush(&b.flushes.bytes); err != nil {
 					b.stats.failed.inc() // v, which made room for itself, is in no batch
+					b.stats.discarded.add(int64(b.left)) // taken, never batched: not started
+					b.q.started(b.left)
+					b.left = 0
 					return err
 				}
 			}
@@ -211,14 +243,18 @@ func (b *batcher[T]) take() (err error) {
 		b.batch = append(b.batch, v)
 		if b.track != nil {
 			b.poss = append(b.poss, e.pos)
-			judged, moved = nil, nil
+			*judged, *moved = nil, nil
 		}
 		if len(b.batch) == b.size {
 			if err := b.flush(&b.flushes.size); err != nil {
+				b.stats.discarded.add(int64(b.left))
+				b.q.started(b.left)
+				b.left = 0
 				return err
 			}
 		}
 	}
+	return nil
 }
 
 // flush sends the current batch on; its items count as succeeded here, a batch at a
@@ -235,7 +271,10 @@ func (b *batcher[T]) flush(reason *counter) error {
 		b.poss = nil
 	}
 	b.batch, b.bytes = nil, 0
-	err := b.push(batch, pos) // counted after: a panic downstream leaves the items failed
+	err := b.out.put(batch, pos) // counted after: a panic downstream leaves the items failed
+	if ferr := b.out.flush(); err == nil {
+		err = ferr
+	}
 	b.stats.succeeded.add(n)
 	b.stats.emitted.inc()
 	return err
@@ -247,19 +286,25 @@ func Flatten[T any](s *Stream[[]T]) *Stream[T] {
 	s.check("Flatten")
 	s.consume("Flatten")
 	out := newStream[T](s.p, s.desc+" | Flatten")
-	out.open = func(r *run, push pushFunc[T], done func()) {
-		s.open(r, func(vs []T, pos uint64) error {
-			poss := r.track.ungroup(pos, len(vs))
-			var first error
-			for i, v := range vs {
-				if poss != nil {
-					pos = poss[i]
-				}
-				if err := push(v, pos); err != nil && first == nil {
-					first = err // offer the rest too, so that each is counted
-				}
+	out.open = func(r *run, next outlet[T], done func()) {
+		s.open(r, func(h *hand) sender[[]T] {
+			snd := next(h)
+			return sender[[]T]{
+				put: func(vs []T, pos uint64) error {
+					poss := r.track.ungroup(pos, len(vs))
+					var first error
+					for i, v := range vs {
+						if poss != nil {
+							pos = poss[i]
+						}
+						if err := snd.put(v, pos); err != nil && first == nil {
+							first = err // offer the rest too, so that each is counted
+						}
+					}
+					return first
+				},
+				flush: snd.flush, drop: snd.drop,
 			}
-			return first
 		}, done)
 	}
 	return out

@@ -341,7 +341,7 @@ func decodeDeadLetter[T any](b []byte, codec Codec[T]) (DeadLetter[T], error) {
 func Replay[T any](p *Pipeline, path, stage string, opts ...ReplayOption) *Stream[T] {
 	cfg := configure("Replay", opts, ReplayOption.replayOption)
 	codec := codecOf[T]("Replay", cfg)
-	return newSourceNamed(p, "Replay", cfg.name, nil, func(ctx context.Context, emit func(T) error) error {
+	return newSourceNamed(p, "Replay", cfg.name, nil, false, func(ctx context.Context, emit func(T) error) error {
 		dls, err := readDeadLetters(path, codec)
 		if err != nil {
 			return err
@@ -376,13 +376,13 @@ func (w *worker[In, Out]) deadLetter(ctx context.Context, v In, attempts int, cl
 		FirstError: firstMsg, LastError: msg, Time: time.Now(),
 	}
 	if err := w.st.dl(ctx, rec); err != nil {
-		w.stats.failed.inc()
+		w.t.failed++
 		if ctx.Err() != nil { // the run stopped meanwhile: its cause, not the destination's echo
 			return context.Cause(ctx)
 		}
 		return &StageError{Stage: w.st.name, Err: fmt.Errorf("dead-letter destination: %w", err)}
 	}
-	w.stats.deadLettered.inc()
+	w.t.deadLettered++
 	w.row.addCause(typ, causeMessage(last))
 	w.row.addError(typ, func(e *ErrorCount) { e.DeadLettered++ })
 	w.r.emit(Event{Kind: EventDeadLetter, Stage: w.st.name, Attempt: attempts, Err: last})

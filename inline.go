@@ -15,8 +15,14 @@ func Map[In, Out any](s *Stream[In], fn func(In) Out) *Stream[Out] {
 	}
 	s.consume("Map")
 	out := newStream[Out](s.p, s.desc+" | Map")
-	out.open = func(r *run, push pushFunc[Out], done func()) {
-		s.open(r, func(v In, pos uint64) error { return push(fn(v), pos) }, done)
+	out.open = func(r *run, next outlet[Out], done func()) {
+		s.open(r, func(h *hand) sender[In] {
+			snd := next(h)
+			return sender[In]{
+				put:   func(v In, pos uint64) error { return snd.put(fn(v), pos) },
+				flush: snd.flush, drop: snd.drop,
+			}
+		}, done)
 	}
 	return out
 }
@@ -24,8 +30,8 @@ func Map[In, Out any](s *Stream[In], fn func(In) Out) *Stream[Out] {
 // Filter returns a stream of the items of s for which keep returns true. Like [Map], it
 // runs inline. Dropped items are counted in the [Report], in a row of kind "filter"
 // named by [WithName], or else "Filter" ("Filter#2", ... when there are several); its
-// In is what reached it, its Out what it let through. Counting costs an atomic add per
-// item, and one more per dropped item.
+// In is what reached it, its Out what it let through. It counts them per chunk of
+// items, so an item costs no atomic operation.
 func Filter[T any](s *Stream[T], keep func(T) bool, opts ...FilterOption) *Stream[T] {
 	s.check("Filter")
 	if keep == nil {
@@ -35,28 +41,41 @@ func Filter[T any](s *Stream[T], keep func(T) bool, opts ...FilterOption) *Strea
 	s.consume("Filter")
 	name := s.p.rowName(cfg.name, "Filter")
 	out := newStream[T](s.p, s.desc+" | Filter")
-	out.open = func(r *run, push pushFunc[T], done func()) {
+	out.open = func(r *run, next outlet[T], done func()) {
 		rw := r.newRow(name, kindFilter, 0, 0, nil)
 		rw.filtered, rw.arrived = new(atomic.Int64), new(atomic.Int64)
-		wireInput(r, rw, s, func(v T, pos uint64) (err error) {
-			// A panic in keep, or in an inline operator after the filter, fails the item
-			// upstream (in the row whose goroutine runs it): then it never arrived here.
-			rw.arrived.Add(1)
-			returned := false
-			defer func() {
-				if !returned {
-					rw.arrived.Add(-1)
+		wireInput(r, rw, s, func(h *hand) sender[T] {
+			snd := next(h)
+			// arrived and filtered count the items of the producer's current chunk, added
+			// to the row when it flushes (or drops) them.
+			var arrived, filtered int64
+			commit := func() {
+				if arrived != 0 {
+					rw.arrived.Add(arrived)
 				}
-			}()
-			if keep(v) {
-				err = push(v, pos)
-				returned = true
-				return err
+				if filtered != 0 {
+					rw.filtered.Add(filtered)
+				}
+				arrived, filtered = 0, 0
 			}
-			returned = true
-			rw.filtered.Add(1)
-			r.track.done(pos)
-			return nil
+			return sender[T]{
+				put: func(v T, pos uint64) error {
+					// A panic in keep, or in an inline operator after the filter, fails the
+					// item upstream (in the row whose goroutine runs it): then it never
+					// arrived here.
+					if keep(v) {
+						err := snd.put(v, pos)
+						arrived++
+						return err
+					}
+					arrived++
+					filtered++
+					r.track.done(pos)
+					return nil
+				},
+				flush: func() error { err := snd.flush(); commit(); return err },
+				drop:  func() { snd.drop(); commit() },
+			}
 		}, done)
 		r.addRow(rw)
 		r.feeds(rw)

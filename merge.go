@@ -37,13 +37,13 @@ func Merge[T any](streams ...*Stream[T]) *Stream[T] {
 		s.consume(desc)
 	}
 	out := newStream[T](p, desc)
-	out.open = func(r *run, push pushFunc[T], done func()) {
+	out.open = func(r *run, next outlet[T], done func()) {
 		var left atomic.Int32
 		left.Store(int32(len(streams)))
 		var feeders []*row
 		for _, s := range streams {
 			r.feeders = nil
-			s.open(r, push, func() {
+			s.open(r, next, func() {
 				if left.Add(-1) == 0 {
 					done()
 				}
@@ -70,21 +70,21 @@ func Tee[T any](s *Stream[T], n int) []*Stream[T] {
 	// have given their push function, within one run.
 	var (
 		cur       *run
-		pushes    []pushFunc[T]
+		nexts     []outlet[T]
 		dones     []func()
 		consumers [][]*row // per branch, the first rows downstream of it
 	)
 	outs := make([]*Stream[T], n)
 	for i := range outs {
 		out := newStream[T](s.p, fmt.Sprintf("%s | Tee[%d]", s.desc, i))
-		out.open = func(r *run, push pushFunc[T], done func()) {
+		out.open = func(r *run, next outlet[T], done func()) {
 			if cur != r {
-				cur, pushes, dones, consumers = r, nil, nil, nil
+				cur, nexts, dones, consumers = r, nil, nil, nil
 			}
-			pushes = append(pushes, push)
+			nexts = append(nexts, next)
 			dones = append(dones, done)
 			consumers = append(consumers, r.consumers)
-			if len(pushes) < n {
+			if len(nexts) < n {
 				r.feeders = nil // known once the upstream is wired, below
 				return
 			}
@@ -100,19 +100,41 @@ func Tee[T any](s *Stream[T], n int) []*Stream[T] {
 					}
 				}
 			}()
-			ps, ds, cs := pushes, dones, consumers
+			ns, ds, cs := nexts, dones, consumers
 			prev := r.consumers // upstream of this Tee, every branch's first rows are fed
 			r.consumers = slices.Concat(cs...)
 			defer func() { r.consumers = prev }()
-			s.open(r, func(v T, pos uint64) error {
-				r.track.split(pos, len(ps))
-				var first error
-				for i, push := range ps {
-					if err := teePush(r, push, v, pos, cs, i); err != nil && first == nil {
-						first = err // offer it to every branch, so that each counts it
-					}
+			s.open(r, func(h *hand) sender[T] {
+				snds := make([]sender[T], len(ns))
+				for i, next := range ns {
+					snds[i] = next(h)
 				}
-				return first
+				return sender[T]{
+					put: func(v T, pos uint64) error {
+						r.track.split(pos, len(snds))
+						var first error
+						for i, snd := range snds {
+							if err := teePush(r, snd.put, v, pos, cs, i); err != nil && first == nil {
+								first = err // offer it to every branch, so that each counts it
+							}
+						}
+						return first
+					},
+					flush: func() error {
+						var first error
+						for _, snd := range snds {
+							if err := snd.flush(); err != nil && first == nil {
+								first = err
+							}
+						}
+						return first
+					},
+					drop: func() {
+						for _, snd := range snds {
+							snd.drop()
+						}
+					},
+				}
 			}, func() {
 				for _, d := range ds {
 					d()

@@ -283,7 +283,7 @@ func (w *worker[In, Out]) process(ctx context.Context, v In) error {
 			var err error
 			if w.tk, err = cl.acquire(ctx, v); err != nil {
 				if ctx.Err() != nil {
-					w.stats.failed.inc()
+					w.t.failed++
 					return context.Cause(ctx)
 				}
 				return w.fail(err, attempt-1, false)
@@ -300,9 +300,9 @@ func (w *worker[In, Out]) process(ctx context.Context, v In) error {
 			switch {
 			case !w.busy: // an ordered stage counted it when it entered the window
 			case handed:
-				w.stats.succeeded.inc()
+				w.t.succeeded++
 			default:
-				w.stats.failed.inc() // the run stopped before it could be handed on
+				w.t.failed++ // the run stopped before it could be handed on
 			}
 			if derr != nil {
 				return derr
@@ -310,7 +310,7 @@ func (w *worker[In, Out]) process(ctx context.Context, v In) error {
 			return w.record(false)
 		}
 		if ctx.Err() != nil {
-			w.stats.failed.inc() // interrupted: the run is stopping
+			w.t.failed++ // interrupted: the run is stopping
 			return context.Cause(ctx)
 		}
 		class, err := w.classOf(err)
@@ -325,11 +325,15 @@ func (w *worker[In, Out]) process(ctx context.Context, v In) error {
 			first = err
 		}
 		if class == ClassTransient && attempt < w.st.cfg.attempts {
-			w.stats.retried.inc()
+			w.t.retried++
 			w.row.addError(errTypeName(err), func(e *ErrorCount) { e.Retried++ })
 			w.r.emit(Event{Kind: EventRetry, Stage: w.st.name, Attempt: attempt, Err: err})
+			if err := w.hold(ctx); err != nil { // what the run finished goes on first
+				w.t.failed++
+				return err
+			}
 			if err := sleep(ctx, w.st.cfg.backoff, attempt, err); err != nil {
-				w.stats.failed.inc()
+				w.t.failed++
 				return err
 			}
 			continue

@@ -336,10 +336,10 @@ func (r *run) spawn(name string, fn func() error) {
 
 // wireInput opens s, the input of the consumer row rw: the rows that feed s directly
 // learn that they feed rw.
-func wireInput[T any](r *run, rw *row, s *Stream[T], push pushFunc[T], done func()) {
+func wireInput[T any](r *run, rw *row, s *Stream[T], out outlet[T], done func()) {
 	prev := r.consumers
 	r.consumers, r.feeders = []*row{rw}, nil
-	s.open(r, push, done)
+	s.open(r, out, done)
 	r.consumers = prev
 	for _, f := range r.feeders {
 		f.feed(rw)
@@ -496,7 +496,7 @@ func collect[T any](ctx context.Context, s *Stream[T], ctor string, opts []Colle
 	return func(yield func(T, error) bool) {
 		ctx, cancel := context.WithCancelCause(ctx)
 		defer cancel(nil)
-		q := newQueue[T](buf)
+		q := newQueue[T](buf, 1)
 		type result struct {
 			r   *run
 			err error
@@ -518,7 +518,7 @@ func collect[T any](ctx context.Context, s *Stream[T], ctor string, opts []Colle
 			}()
 			r, err := p.exec(r, func(r *run) {
 				rw, tr = r.newRow(name, kindSink, 1, buf, q), r.track
-				wireInput(r, rw, s, q.pusher(r.ctx), q.close)
+				wireInput(r, rw, s, q.outlet(r.ctx), q.close)
 				r.addRow(rw)
 				close(wired)
 			})
@@ -540,11 +540,21 @@ func collect[T any](ctx context.Context, s *Stream[T], ctor string, opts []Colle
 				return
 			}
 		}
+		var (
+			run     = make([]item[T], chunk) // taken from the queue at once
+			k, j    int                      // the run's length, and the next of it to yield
+			yielded int64                    // items of the run yielded, not yet counted
+		)
+		w := &rw.workers[0]
 		defer func() {
 			if !finished { // the loop body panicked: stop the run and wait for it
 				if inHand {
-					rw.workers[0].failed.inc()
+					w.failed.inc()
+					yielded--
 				}
+				w.succeeded.add(yielded)
+				w.discarded.add(int64(k - j)) // taken, never yielded: not started
+				q.started(k - j)
 				cancel(errStopped)
 				if !gotRes {
 					res = <-done
@@ -552,41 +562,66 @@ func collect[T any](ctx context.Context, s *Stream[T], ctor string, opts []Colle
 				_ = p.finish(res.r, nil)
 			}
 		}()
-		w := &rw.workers[0]
+		wt := newWaiter()
 		for {
 			// Take items until the queue is closed (the run succeeded, or drained) or
 			// the run has failed: after a failure the queue is not closed.
-			var e item[T]
-			var ok bool
 			if gotRes {
 				if d := res.r.drained.Load(); res.err != nil && (d == nil || res.err != error(d)) { //nolint:errorlint // identity: the very error a drain returns
-					break // failed: the queue is not closed; a drained run's is
+					w.discarded.add(int64(k - j)) // failed: the queue is not closed; a drained run's is
+					q.started(k - j)
+					break
 				}
-				e, ok = <-q.ch
-			} else {
-				select {
-				case e, ok = <-q.ch:
-				case res = <-done:
-					gotRes = true
+			}
+			if j == k {
+				w.succeeded.add(yielded)
+				yielded = 0
+				clear(run[:k])
+				n, _, queued, closed := q.take(0, run)
+				k, j = n, 0
+				if n == 0 {
+					if closed {
+						break
+					}
+					if !q.park(0, wt) {
+						continue
+					}
+					if gotRes { // every goroutine of the run has ended: nothing more will come
+						q.unpark(0, wt)
+						break
+					}
+					select {
+					case <-wt.ch:
+					case res = <-done:
+						gotRes = true
+						q.unpark(0, wt)
+					}
 					continue
 				}
+				w.peak.max(int64(min(queued, buf)))
+				w.received.add(int64(n))
 			}
-			if !ok {
-				break
-			}
-			w.peak.max(int64(min(len(q.ch)+1, cap(q.ch))))
-			w.received.inc()
+			e := run[j]
+			j++
+			q.started(1)
 			inHand = true
+			yielded++
 			more := yield(e.v, nil)
 			inHand = false
-			w.succeeded.inc()
 			if !more {
 				stopped = true
+				w.succeeded.add(yielded)
+				yielded = 0
+				w.discarded.add(int64(k - j)) // taken, never yielded: not started
+				q.started(k - j)
+				j = k
 				cancel(errStopped)
 				break
 			}
 			tr.done(e.pos) // the loop body is done with it: committed
 		}
+		w.succeeded.add(yielded)
+		yielded = 0
 		finished = true
 		if !gotRes {
 			res = <-done

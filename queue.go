@@ -3,18 +3,22 @@ package pipeline
 import (
 	"context"
 	"fmt"
+	"slices"
+	"sync"
 	"sync/atomic"
 )
 
 // DefaultBuffer is the capacity of a stage's input queue when neither the stage nor the
 // pipeline sets one with [WithBuffer]. With it, a pipeline of k stages holds at most
-// about k×64 items in its queues, plus one item per busy worker, whatever the input size.
+// about k×64 items in its queues, plus the items each producer and worker has in hand,
+// whatever the input size.
 const DefaultBuffer = 64
 
 // WithBuffer sets the capacity of a stage's input queue: at most n items wait for the
 // stage's workers, and a producer that finds the queue full blocks (backpressure). Zero
-// makes the queue unbuffered. Given to [New], it sets the default for every stage. It
-// panics if n is negative. The default is [DefaultBuffer].
+// makes the queue unbuffered: a producer waits until a worker has taken its item. Given
+// to [New], it sets the default for every stage. It panics if n is negative. The default
+// is [DefaultBuffer].
 func WithBuffer(n int) BufferOption {
 	if n < 0 {
 		panic(fmt.Sprintf("pipeline: WithBuffer(%d): the buffer must not be negative", n))
@@ -22,9 +26,14 @@ func WithBuffer(n int) BufferOption {
 	return BufferOption{n}
 }
 
+// chunk is the most items a producer holds before it hands them over, and the most a
+// worker takes from its queue at once. Moving items in runs is what keeps the cost of a
+// queue per item a fraction of a channel operation's: one lock per run, not per item.
+const chunk = 64
+
 // counter is a statistic with exactly one writer (the goroutine that owns it) and any
-// number of readers. The writer adds with a plain load and store, which on every
-// platform Go supports costs no locked instruction; readers see a recent value.
+// number of readers. The writer adds with a plain load and store; on amd64 the store is
+// an XCHG, a locked instruction, so hot paths add once per run of items, not per item.
 type counter struct{ v atomic.Int64 }
 
 func (c *counter) inc()        { c.v.Store(c.v.Load() + 1) }
@@ -33,23 +42,6 @@ func (c *counter) load() int64 { return c.v.Load() }
 func (c *counter) max(n int64) { // single writer, so no CAS loop is needed
 	if n > c.v.Load() {
 		c.v.Store(n)
-	}
-}
-
-// send puts v on ch, blocking while ch is full, and gives up when ctx is done. The
-// first, non-blocking attempt touches only ch's lock; only a full queue pays for the
-// select over ctx's done channel, which every goroutine of the run shares.
-func send[T any](ctx context.Context, ch chan<- T, v T) error {
-	select {
-	case ch <- v:
-		return nil
-	default:
-	}
-	select {
-	case ch <- v:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
 	}
 }
 
@@ -80,42 +72,462 @@ type item[T any] struct {
 	pos uint64
 }
 
-// push is how a producer hands an item to its consumer. It blocks while the consumer's
-// queue is full and returns the run's cause once the run is stopping.
+// pushFunc hands one item on. It blocks while the consumer's queue is full and returns
+// the run's cause once the run is stopping.
 type pushFunc[T any] = func(v T, pos uint64) error
 
-// inbox is a stage's bounded input: the upstream sends through pusher and calls close
-// after its last send; each worker receives from the channel bind gives it.
-type inbox[T any] interface {
-	queueLen
-	pusher(ctx context.Context) pushFunc[T]
-	close()
-	// bind returns worker i's channel: a plain one, or (ordered stages) one of items
-	// tagged with their sequence number.
-	bind(i int) (chan item[T], chan seqItem[T])
+// sender is one producing goroutine's way into the queue (or queues, through a Tee) of
+// its consumer: put hands an item on, or holds it until the next flush; flush hands over
+// everything held; drop counts what is held as never sent, for a goroutine that is
+// failing (a panic in user code). A sender belongs to one goroutine: it is not safe for
+// concurrent use. Every put is followed, sooner or later, by a flush or a drop.
+type sender[T any] struct {
+	put   pushFunc[T]
+	flush func() error
+	drop  func()
 }
 
-// queue is the plain inbox: one channel shared by all the stage's workers.
-type queue[T any] struct {
-	ch     chan item[T]
-	unsent atomic.Int64 // items the upstream had for this stage but could not send (run stopped)
-}
+// outlet makes a sender for each goroutine that produces a stream, given the
+// goroutine's hand. Inline operators wrap the outlet of their consumer.
+type outlet[T any] = func(h *hand) sender[T]
 
-func newQueue[T any](capacity int) *queue[T] {
-	return &queue[T]{ch: make(chan item[T], capacity)}
-}
+// hand is what one producing goroutine holds for the queues it sends into (several,
+// through a Tee): before it waits for room in one, it places what it holds for the
+// others, so that no item waits in the hand of a blocked goroutine when it could be in
+// a queue.
+type hand struct{ placers []func() }
 
-func (q *queue[T]) pusher(ctx context.Context) pushFunc[T] {
-	return func(v T, pos uint64) error {
-		if err := send(ctx, q.ch, item[T]{v, pos}); err != nil {
-			q.unsent.Add(1) // rare: only when the run is stopping
-			return err
-		}
-		return nil
+func (h *hand) placeAll() {
+	for _, place := range h.placers {
+		place()
 	}
 }
 
-func (q *queue[T]) close()                                   { close(q.ch) }
-func (q *queue[T]) bind(int) (chan item[T], chan seqItem[T]) { return q.ch, nil }
-func (q *queue[T]) length() int                              { return len(q.ch) }
-func (q *queue[T]) unsentCount() int64                       { return q.unsent.Load() }
+// waiter is how a goroutine sleeps on a queue: the queue wakes it with a token in ch.
+// Each goroutine has its own, so a wake is never lost to another waiter.
+type waiter struct{ ch chan struct{} }
+
+func newWaiter() *waiter { return &waiter{ch: make(chan struct{}, 1)} }
+
+func (w *waiter) wake() {
+	select {
+	case w.ch <- struct{}{}:
+	default: // a token is already there
+	}
+}
+
+// lane is one consumer group's part of a queue: the only one of a plain or ordered
+// stage, one per worker of a keyed stage.
+type lane[T any] struct {
+	buf     []item[T] // a ring
+	head, n int
+	takers  int       // the workers that take from it, for their fair share
+	waiting []*waiter // consumers waiting for an item
+}
+
+// queue is a stage's bounded input: a ring of items under one mutex, which producers
+// fill and workers empty in runs. capacity bounds the items in it: those waiting in
+// the ring, the room producers have reserved for items they hold, and the items workers
+// have taken in a run but not started yet. So a worker busy with an item holds one item
+// beyond its queue, and a producer waiting for room one item, as with a channel; 0 is a
+// rendezvous: a producer waits until a worker has taken its item.
+//
+// A producer reserves room for up to a chunk of items under the lock, then puts items
+// in its own buffer without it, and places them in the ring at the next reservation or
+// flush; a worker takes a run of items under the lock and gives back each item's room,
+// with an atomic add, as it starts the item. A keyed queue (hash) has a lane per worker;
+// items are numbered in the order they enter (ordered stages take from one lane).
+type queue[T any] struct {
+	mu        sync.Mutex
+	lanes     []lane[T]
+	capacity  int
+	n         int            // items in the ring
+	reserved  int            // room reserved by producers, not yet filled
+	used      atomic.Int64   // items in the ring, and taken by workers but not yet started
+	wakeAt    atomic.Int64   // wake the producers when used is at most this (-1: none waits)
+	hash      func(T) uint64 // WithKey: the lane of an item
+	seq       uint64         // the sequence number of the next item placed (ordered stages)
+	puts      uint64         // items placed, for a rendezvous
+	takes     uint64         // items taken
+	closed    bool
+	producers []*waiter // waiting for room, or for their item to be taken
+	unsent    atomic.Int64
+}
+
+// newQueue returns a queue of one lane taken by takers workers.
+func newQueue[T any](capacity, takers int) *queue[T] {
+	q := &queue[T]{capacity: capacity, lanes: make([]lane[T], 1)}
+	q.lanes[0] = lane[T]{buf: make([]item[T], max(capacity, 1)), takers: takers}
+	q.wakeAt.Store(-1)
+	return q
+}
+
+// newKeyedQueue returns a queue with a lane per worker, chosen by hash. Each lane can
+// hold the whole capacity (every item may have one key).
+func newKeyedQueue[T any](workers, capacity int, hash func(T) uint64) *queue[T] {
+	q := &queue[T]{capacity: capacity, lanes: make([]lane[T], workers), hash: hash}
+	for i := range q.lanes {
+		q.lanes[i] = lane[T]{buf: make([]item[T], max(capacity, 1)), takers: 1}
+	}
+	q.wakeAt.Store(-1)
+	return q
+}
+
+// limit is how many items the queue may hold at once: a rendezvous holds one, whose
+// producer waits for it to be taken.
+func (q *queue[T]) limit() int { return max(q.capacity, 1) }
+
+// grant is how much room a producer reserves at once: a chunk, or less in a small
+// queue, so that several producers share it.
+func (q *queue[T]) grant() int { return max(1, min(chunk, q.limit()/4)) }
+
+// wakeSome wakes up to n waiters of list.
+func wakeSome(list *[]*waiter, n int) {
+	for ; n > 0 && len(*list) > 0; n-- {
+		last := len(*list) - 1
+		(*list)[last].wake()
+		(*list)[last] = nil
+		*list = (*list)[:last]
+	}
+}
+
+// wakeProducersLocked wakes every producer that waits.
+func (q *queue[T]) wakeProducersLocked() {
+	q.wakeAt.Store(-1)
+	wakeSome(&q.producers, len(q.producers))
+}
+
+// reserve places items (for which room was reserved before) in the ring and reserves
+// room for up to want more, waiting until there is some: it returns the room reserved,
+// or the run's cause if the run stops first. lanes, for a keyed queue, has each item's
+// lane. w is the producer's waiter.
+func (q *queue[T]) reserve(ctx context.Context, w *waiter, items []item[T], lanes []uint32, want int, h *hand) (int, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.placeLocked(items, lanes)
+	placed := false // what the goroutine holds for other queues
+	for {
+		// The wake threshold is published before used is read: a worker that gives
+		// back room after this read sees it, and wakes the producers.
+		q.wakeAt.Store(max(q.wakeAt.Load(), int64(q.limit()-q.reserved-1)))
+		if room := q.limit() - q.reserved - int(q.used.Load()); room > 0 {
+			if len(q.producers) == 0 {
+				q.wakeAt.Store(-1)
+			}
+			r := min(room, want)
+			q.reserved += r
+			return r, nil
+		}
+		if !placed && h != nil && len(h.placers) > 1 { // place the rest first, unlocked
+			placed = true
+			q.mu.Unlock()
+			h.placeAll()
+			q.mu.Lock()
+			continue
+		}
+		q.producers = append(q.producers, w)
+		q.mu.Unlock()
+		select {
+		case <-w.ch:
+			q.mu.Lock()
+		case <-ctx.Done():
+			q.mu.Lock()
+			if i := slices.Index(q.producers, w); i >= 0 { // not woken: leave the list
+				q.producers = slices.Delete(q.producers, i, i+1)
+			}
+			return 0, context.Cause(ctx)
+		}
+	}
+}
+
+// placeLocked puts items, for which room was reserved, in the ring and wakes workers.
+func (q *queue[T]) placeLocked(items []item[T], lanes []uint32) {
+	if len(items) == 0 {
+		return
+	}
+	if q.closed {
+		panic("pipeline: internal error: an item was sent after its queue was closed")
+	}
+	for i, it := range items {
+		l := &q.lanes[0]
+		if lanes != nil {
+			l = &q.lanes[lanes[i]]
+		}
+		l.buf[(l.head+l.n)%len(l.buf)] = it
+		l.n++
+	}
+	k := len(items)
+	q.n += k
+	q.used.Add(int64(k))
+	q.reserved -= k
+	q.puts += uint64(k)
+	q.seq += uint64(k)
+	for i := range q.lanes {
+		if l := &q.lanes[i]; l.n > 0 && len(l.waiting) > 0 {
+			wakeSome(&l.waiting, l.n)
+		}
+	}
+}
+
+// finish places items and gives back unused room; for a rendezvous, it waits until a
+// worker has taken the last item placed (the run's cause if the run stops first: the
+// item is then taken back, and counted as unsent by the caller).
+func (q *queue[T]) finish(ctx context.Context, w *waiter, items []item[T], lanes []uint32, unused int, h *hand) (placed int, err error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.placeLocked(items, lanes)
+	if unused > 0 {
+		q.reserved -= unused
+		if len(q.producers) > 0 {
+			q.wakeProducersLocked()
+		}
+	}
+	if q.capacity > 0 || len(items) == 0 {
+		return len(items), nil
+	}
+	others := h != nil && len(h.placers) > 1
+	for mine := q.puts; q.takes < mine; {
+		if others { // place what the goroutine holds for other queues first, unlocked
+			others = false
+			q.mu.Unlock()
+			h.placeAll()
+			q.mu.Lock()
+			continue
+		}
+		q.producers = append(q.producers, w)
+		q.mu.Unlock()
+		select {
+		case <-w.ch:
+			q.mu.Lock()
+		case <-ctx.Done():
+			q.mu.Lock()
+			if i := slices.Index(q.producers, w); i >= 0 {
+				q.producers = slices.Delete(q.producers, i, i+1)
+			}
+			if q.takes < mine { // still there: the only item of the ring
+				for i := range q.lanes {
+					if l := &q.lanes[i]; l.n > 0 {
+						l.n--
+						l.buf[(l.head+l.n)%len(l.buf)] = item[T]{}
+					}
+				}
+				q.n--
+				q.used.Add(-1)
+				q.puts--
+				q.seq--
+				return len(items) - 1, context.Cause(ctx)
+			}
+			return len(items), nil
+		}
+	}
+	return len(items), nil
+}
+
+// take moves up to len(dst) items of lane i into dst without waiting: k items, the
+// first with sequence number seq (ordered stages), and queued, the items that were in
+// the queue before. closed is true when the lane is empty and no item will come. The
+// items keep their room until the worker starts them (started).
+func (q *queue[T]) take(i int, dst []item[T]) (k int, seq uint64, queued int, closed bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	l := &q.lanes[i]
+	if l.n == 0 {
+		return 0, 0, 0, q.closed
+	}
+	queued = int(q.used.Load())
+	seq = q.seq - uint64(q.n) // one lane when ordered: its head is the oldest item
+	// A fair share, so that the other workers of the lane get some of what waits.
+	k = min(len(dst), l.n, (l.n+l.takers-1)/l.takers)
+	for j := range k {
+		s := &l.buf[(l.head+j)%len(l.buf)]
+		dst[j] = *s
+		*s = item[T]{}
+	}
+	l.head = (l.head + k) % len(l.buf)
+	l.n -= k
+	q.n -= k
+	q.takes += uint64(k)
+	if l.n > 0 && len(l.waiting) > 0 {
+		wakeSome(&l.waiting, l.n)
+	}
+	if q.capacity == 0 && len(q.producers) > 0 {
+		q.wakeProducersLocked() // a rendezvous: the item is taken
+	}
+	return k, seq, queued, false
+}
+
+// started gives back the room of k items a worker took and has now started (or will
+// never start), waking the producers if they wait for it.
+func (q *queue[T]) started(k int) {
+	if u := q.used.Add(-int64(k)); u <= q.wakeAt.Load() {
+		q.mu.Lock()
+		q.wakeProducersLocked()
+		q.mu.Unlock()
+	}
+}
+
+// park puts w on lane i's waiting list, unless an item or the end is already there
+// (then it returns false: take again).
+func (q *queue[T]) park(i int, w *waiter) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	l := &q.lanes[i]
+	if l.n > 0 || q.closed {
+		return false
+	}
+	l.waiting = append(l.waiting, w)
+	return true
+}
+
+// unpark takes w off lane i's waiting list, if it is still there.
+func (q *queue[T]) unpark(i int, w *waiter) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	l := &q.lanes[i]
+	if j := slices.Index(l.waiting, w); j >= 0 {
+		l.waiting = slices.Delete(l.waiting, j, j+1)
+	}
+}
+
+// takeWait is take, waiting while lane i is empty. ok is false when the lane is closed
+// and drained, or (with the run's cause) when ctx is done first.
+func (q *queue[T]) takeWait(ctx context.Context, i int, w *waiter, dst []item[T]) (k int, seq uint64, queued int, ok bool, err error) {
+	for {
+		k, seq, queued, closed := q.take(i, dst)
+		if k > 0 {
+			return k, seq, queued, true, nil
+		}
+		if closed {
+			return 0, 0, 0, false, nil
+		}
+		if !q.park(i, w) {
+			continue
+		}
+		select {
+		case <-w.ch:
+		case <-ctx.Done():
+			q.unpark(i, w)
+			return 0, 0, 0, false, context.Cause(ctx)
+		}
+	}
+}
+
+// close marks the end of the input: the workers take what is left, then stop.
+func (q *queue[T]) close() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.closed = true
+	for i := range q.lanes {
+		l := &q.lanes[i]
+		wakeSome(&l.waiting, len(l.waiting))
+	}
+}
+
+// length returns the items waiting in the ring.
+func (q *queue[T]) length() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return min(q.n, q.capacity) // a rendezvous's item is its producer's, still
+}
+
+func (q *queue[T]) unsentCount() int64 { return q.unsent.Load() }
+
+// outlet returns the queue's outlet: each sender reserves room for a chunk of items at
+// once, holds them, and places them in the ring together.
+func (q *queue[T]) outlet(ctx context.Context) outlet[T] {
+	return func(h *hand) sender[T] {
+		s := &queueSender[T]{q: q, ctx: ctx, w: newWaiter(), h: h}
+		if h != nil {
+			h.placers = append(h.placers, s.place)
+		}
+		return sender[T]{put: s.put, flush: s.flush, drop: s.drop}
+	}
+}
+
+// queueSender is a producer's sender into one queue.
+type queueSender[T any] struct {
+	q     *queue[T]
+	ctx   context.Context
+	w     *waiter
+	buf   []item[T] // held, in reserved room
+	lanes []uint32  // keyed queues: the lane of each item of buf
+	avail int       // room reserved and not yet used
+	h     *hand
+	busy  bool // in reserve: its items are being placed
+}
+
+// place puts the items held in the ring, keeping the room reserved for more.
+func (s *queueSender[T]) place() {
+	if s.busy || len(s.buf) == 0 {
+		return
+	}
+	s.q.mu.Lock()
+	s.q.placeLocked(s.buf, s.lanes)
+	s.q.mu.Unlock()
+	s.reset()
+}
+
+func (s *queueSender[T]) put(v T, pos uint64) error {
+	var lane uint32
+	if s.q.hash != nil { // user code: in the producer's goroutine, outside the lock
+		lane = uint32(s.q.hash(v) % uint64(len(s.q.lanes)))
+	}
+	if s.avail == 0 {
+		if s.buf == nil {
+			s.buf = make([]item[T], 0, min(chunk, s.q.grant()))
+		}
+		s.busy = true
+		r, err := s.q.reserve(s.ctx, s.w, s.buf, s.lanes, s.q.grant(), s.h)
+		s.busy = false
+		s.reset()
+		if err != nil {
+			s.q.unsent.Add(1) // rare: only when the run is stopping
+			return err
+		}
+		s.avail = r
+	}
+	s.avail--
+	s.buf = append(s.buf, item[T]{v, pos})
+	if s.q.hash != nil {
+		s.lanes = append(s.lanes, lane)
+	}
+	if s.q.capacity == 0 { // a rendezvous: the put waits until a worker takes the item
+		return s.flush()
+	}
+	return nil
+}
+
+func (s *queueSender[T]) flush() error {
+	if len(s.buf) == 0 && s.avail == 0 {
+		return nil
+	}
+	n := len(s.buf)
+	s.busy = true
+	placed, err := s.q.finish(s.ctx, s.w, s.buf, s.lanes, s.avail, s.h)
+	s.busy = false
+	if placed < n {
+		s.q.unsent.Add(int64(n - placed))
+	}
+	s.avail = 0
+	s.reset()
+	return err
+}
+
+// drop gives back what the sender holds: its items are never sent.
+func (s *queueSender[T]) drop() {
+	if len(s.buf) == 0 && s.avail == 0 {
+		return
+	}
+	s.q.unsent.Add(int64(len(s.buf)))
+	s.q.mu.Lock()
+	s.q.reserved -= len(s.buf) + s.avail
+	s.q.wakeProducersLocked()
+	s.q.mu.Unlock()
+	s.avail = 0
+	s.reset()
+}
+
+func (s *queueSender[T]) reset() {
+	clear(s.buf)
+	s.buf, s.lanes = s.buf[:0], s.lanes[:0]
+}

@@ -21,7 +21,7 @@ import (
 // from the spread of the stage's latency, and pair ordering with [WithTimeout]. It
 // panics if window < 0.
 //
-// Ordering costs a mutex per item at the queue and one in the window, and an atomic
+// Ordering costs a lock in the window per run of items a worker takes, and an atomic
 // load before each item starts.
 func WithOrdered(window int) StageOption {
 	if window < 0 {
@@ -45,9 +45,18 @@ type slot[Out any] struct {
 	outs  []Out // flat stages: every output; one-to-one stages: one
 }
 
-// reorder is the window of an ordered stage. Workers settle each item with its
-// sequence number; whichever worker settles the head item flushes every consecutive
-// finished item downstream, in order, while the others go on.
+// entry is the outcome of one item of a one-to-one ordered stage, settled with the
+// other items of its worker's run.
+type entry[Out any] struct {
+	seq  uint64
+	pos  uint64
+	out  Out
+	skip bool // no output
+}
+
+// reorder is the window of an ordered stage. Workers settle each item (or run of
+// items) with its sequence number; whichever worker settles the head item flushes
+// every consecutive finished item downstream, in order, while the others go on.
 type reorder[Out any] struct {
 	head     atomic.Uint64 // next, for admit's check without the lock
 	mu       sync.Mutex
@@ -58,19 +67,21 @@ type reorder[Out any] struct {
 	held     atomic.Int64  // items settled with outputs but not yet pushed
 	scratch  []item[Out]   // the flusher's batch (only the flusher touches it)
 	lasts    []bool        // per output in scratch: the last of its item's outputs
-	push     pushFunc[Out]
+	out      sender[Out]   // used by the flusher only
 }
 
-func newReorder[Out any](window int, push pushFunc[Out]) *reorder[Out] {
-	return &reorder[Out]{slots: make([]slot[Out], window), push: push}
+func newReorder[Out any](window int, out sender[Out]) *reorder[Out] {
+	return &reorder[Out]{slots: make([]slot[Out], window), out: out}
 }
+
+// inside reports whether item seq is inside the window, with an atomic load.
+func (o *reorder[Out]) inside(seq uint64) bool { return seq < o.head.Load()+uint64(len(o.slots)) }
 
 // admit blocks while item seq is beyond the window, before a worker starts it: the
 // items started, finished and being pushed are at most the window. It returns the
 // run's cause if the run stops meanwhile. It costs an atomic load when seq is inside.
 func (o *reorder[Out]) admit(ctx context.Context, seq uint64) error {
-	w := uint64(len(o.slots))
-	if seq < o.head.Load()+w {
+	if o.inside(seq) {
 		return nil
 	}
 	o.mu.Lock()
@@ -131,11 +142,62 @@ func (o *reorder[Out]) settle(ctx context.Context, stats *workerStats, seq, pos 
 	o.flushing = true // claim the flush before unlocking, so that no one else starts one
 	o.mu.Unlock()
 	onEntered()
+	return true, o.flush(stats)
+}
+
+// settleRun is settle for the items of a run of a one-to-one stage, under one lock:
+// onEntered is told how many had an output.
+func (o *reorder[Out]) settleRun(ctx context.Context, stats *workerStats, es []entry[Out], onEntered func(ready int)) (entered bool, err error) {
+	w := uint64(len(o.slots))
+	o.mu.Lock()
+	last := es[0].seq
+	for _, e := range es {
+		last = max(last, e.seq)
+	}
+	if err := o.waitLocked(ctx, last); err != nil {
+		o.mu.Unlock()
+		return false, err
+	}
+	ready := 0
+	for _, e := range es {
+		s := &o.slots[e.seq%w]
+		if e.skip {
+			s.state = slotSkip
+			continue
+		}
+		s.state = slotReady
+		s.pos = e.pos
+		s.outs = append(s.outs[:0], e.out)
+		ready++
+	}
+	o.held.Add(int64(ready))
+	if o.flushing || o.slots[o.next%w].state == slotEmpty {
+		o.mu.Unlock()
+		onEntered(ready)
+		return true, nil
+	}
+	o.flushing = true
+	o.mu.Unlock()
+	onEntered(ready)
+	return true, o.flush(stats)
+}
+
+// flush pushes the finished items at the head of the window, in order, until the head
+// is unfinished; the caller has claimed the flush.
+func (o *reorder[Out]) flush(stats *workerStats) error {
+	w := uint64(len(o.slots))
 	// out counts the items of the batch being pushed that are out of the window; a
 	// panic (or Goexit) in an inline operator downstream, in the middle of a batch,
-	// leaves only the rest held.
-	var out int64
-	defer func() { o.held.Add(-out) }()
+	// leaves only the rest held, and what the sender holds unsent.
+	var out, emitted int64
+	returned := false
+	defer func() {
+		o.held.Add(-out)
+		stats.emitted.add(emitted)
+		if !returned {
+			o.out.drop()
+		}
+	}()
 	o.mu.Lock()
 	var first error
 	for {
@@ -165,17 +227,21 @@ func (o *reorder[Out]) settle(ctx context.Context, stats *workerStats, seq, pos 
 			o.flushing = false
 			o.scratch, o.lasts = batch, lasts
 			o.mu.Unlock()
-			return true, first
+			returned = true
+			return first
 		}
 		o.mu.Unlock()
 		for i, it := range batch {
-			if err := o.push(it.v, it.pos); err != nil && first == nil {
+			if err := o.out.put(it.v, it.pos); err != nil && first == nil {
 				first = err // offer the rest too, so that each is counted as sent or unsent
 			}
-			stats.emitted.inc()
+			emitted++
 			if lasts[i] {
 				out++
 			}
+		}
+		if err := o.out.flush(); err != nil && first == nil {
+			first = err
 		}
 		o.held.Add(-out)
 		out = 0
@@ -196,45 +262,3 @@ func (o *reorder[Out]) settle(ctx context.Context, stats *workerStats, seq, pos 
 // heldCount returns the outputs finished but not pushed: after a run, these were in the
 // window when it stopped.
 func (o *reorder[Out]) heldCount() int64 { return o.held.Load() }
-
-// seqItem is an item of an ordered stage, tagged with its place in the input order.
-type seqItem[T any] struct {
-	item[T]
-	seq uint64
-}
-
-// orderedQueue numbers items in the order they enter the channel. The number and the
-// send happen under one mutex, so that the channel's order is the numbers' order even
-// with several producers; a reorder window could otherwise wait for a number stuck
-// behind it in a full channel.
-type orderedQueue[T any] struct {
-	mu     sync.Mutex
-	next   uint64
-	ch     chan seqItem[T]
-	unsent atomic.Int64
-}
-
-func newOrderedQueue[T any](capacity int) *orderedQueue[T] {
-	return &orderedQueue[T]{ch: make(chan seqItem[T], capacity)}
-}
-
-func (q *orderedQueue[T]) pusher(ctx context.Context) pushFunc[T] {
-	return func(v T, pos uint64) error {
-		q.mu.Lock()
-		defer q.mu.Unlock()
-		if err := send(ctx, q.ch, seqItem[T]{item[T]{v, pos}, q.next}); err != nil {
-			q.unsent.Add(1)
-			return err
-		}
-		q.next++
-		return nil
-	}
-}
-
-func (q *orderedQueue[T]) close() { close(q.ch) }
-
-func (q *orderedQueue[T]) bind(int) (chan item[T], chan seqItem[T]) { return nil, q.ch }
-
-func (q *orderedQueue[T]) length() int { return len(q.ch) }
-
-func (q *orderedQueue[T]) unsentCount() int64 { return q.unsent.Load() }

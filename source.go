@@ -12,10 +12,11 @@ var errDraining = errors.New("pipeline: draining after the error budget tripped"
 
 // FromSlice returns a source of the items of a slice, in order. The slice is read
 // during each run and must not change meanwhile. Items not sent when a run stops are
-// counted as not started in the [Report].
+// counted as not started in the [Report]. Since every item is at hand, the source hands
+// them on in chunks.
 func FromSlice[T any](p *Pipeline, items []T, opts ...SourceOption) *Stream[T] {
 	n := int64(len(items))
-	return newSource(p, "FromSlice", opts, &n, func(_ context.Context, emit func(T) error) error {
+	return newSource(p, "FromSlice", opts, &n, true, func(_ context.Context, emit func(T) error) error {
 		for _, v := range items {
 			if err := emit(v); err != nil {
 				return err
@@ -32,7 +33,7 @@ func FromSeq[T any](p *Pipeline, seq iter.Seq[T], opts ...SourceOption) *Stream[
 	if seq == nil {
 		panic("pipeline: FromSeq(nil)")
 	}
-	return newSource(p, "FromSeq", opts, nil, func(_ context.Context, emit func(T) error) error {
+	return newSource(p, "FromSeq", opts, nil, false, func(_ context.Context, emit func(T) error) error {
 		for v := range seq {
 			if err := emit(v); err != nil {
 				return err
@@ -48,7 +49,7 @@ func FromSeq2[T any](p *Pipeline, seq iter.Seq2[T, error], opts ...SourceOption)
 	if seq == nil {
 		panic("pipeline: FromSeq2(nil)")
 	}
-	return newSource(p, "FromSeq2", opts, nil, func(_ context.Context, emit func(T) error) error {
+	return newSource(p, "FromSeq2", opts, nil, false, func(_ context.Context, emit func(T) error) error {
 		for v, err := range seq {
 			if err != nil {
 				return err
@@ -67,7 +68,7 @@ func FromChan[T any](p *Pipeline, ch <-chan T, opts ...SourceOption) *Stream[T] 
 	if ch == nil {
 		panic("pipeline: FromChan(nil)")
 	}
-	return newSource(p, "FromChan", opts, nil, func(ctx context.Context, emit func(T) error) error {
+	return newSource(p, "FromChan", opts, nil, false, func(ctx context.Context, emit func(T) error) error {
 		for {
 			v, ok, err := recv(ctx, ch)
 			if !ok {
@@ -89,25 +90,28 @@ func Generate[T any](p *Pipeline, fn func(ctx context.Context, emit func(T) erro
 	if fn == nil {
 		panic("pipeline: Generate(nil)")
 	}
-	return newSource(p, "Generate", opts, nil, fn)
+	return newSource(p, "Generate", opts, nil, false, fn)
 }
 
 // newSource makes a source stream named by [WithName], or else after ctor, its
 // constructor's name (numbered when the name is taken: FromSlice, FromSlice#2, ...).
 // given, when known, is how many items the source holds, for the not-started count.
-func newSource[T any](p *Pipeline, ctor string, opts []SourceOption, given *int64, body func(ctx context.Context, emit func(T) error) error) *Stream[T] {
+// chunked tells that body never waits between two items but on emit: then items are
+// handed on in chunks; otherwise each is handed on at once, since the next may be long
+// in coming.
+func newSource[T any](p *Pipeline, ctor string, opts []SourceOption, given *int64, chunked bool, body func(ctx context.Context, emit func(T) error) error) *Stream[T] {
 	cfg := configure(ctor, opts, SourceOption.sourceOption)
-	return newSourceNamed(p, ctor, cfg.name, given, body)
+	return newSourceNamed(p, ctor, cfg.name, given, chunked, body)
 }
 
 // newSourceNamed is newSource with the name already chosen by options.
-func newSourceNamed[T any](p *Pipeline, ctor, given string, n *int64, body func(ctx context.Context, emit func(T) error) error) *Stream[T] {
+func newSourceNamed[T any](p *Pipeline, ctor, given string, n *int64, chunked bool, body func(ctx context.Context, emit func(T) error) error) *Stream[T] {
 	if p == nil {
 		panic(fmt.Sprintf("pipeline: %s: nil *Pipeline", ctor))
 	}
 	name := p.rowName(given, ctor)
 	s := newStream[T](p, "source "+name)
-	s.open = func(r *run, push pushFunc[T], done func()) {
+	s.open = func(r *run, out outlet[T], done func()) {
 		rw := r.newRow(name, kindSource, 1, 0, nil)
 		if n != nil {
 			rw.given = *n
@@ -120,12 +124,26 @@ func newSourceNamed[T any](p *Pipeline, ctor, given string, n *int64, body func(
 		if r.track != nil && r.track.source == s {
 			track, pos, bound = r.track, r.track.start, 0
 		}
+		var snd sender[T]
+		// received and sent count the items of the current chunk, added to the row's
+		// counters when the chunk is handed on (and when the goroutine ends).
+		var received, sent int64
+		commit := func() {
+			if received != 0 {
+				st.received.add(received)
+			}
+			if sent != 0 {
+				st.succeeded.add(sent)
+				st.emitted.add(sent)
+			}
+			received, sent = 0, 0
+		}
 		emit := func(v T) error {
 			if rw.drain.Load() {
 				return errDraining
 			}
 			if r.ctx.Err() != nil { // the run is stopping: send nothing more
-				st.received.inc()
+				received++
 				st.discarded.inc() // taken from the input, never sent: not started
 				return context.Cause(r.ctx)
 			}
@@ -134,25 +152,46 @@ func newSourceNamed[T any](p *Pipeline, ctor, given string, n *int64, body func(
 				return nil
 			}
 			if pos >= bound && track != nil { // WithMaxRedo: wait for a save
-				var err error
+				err := snd.flush() // the save may wait for what the source holds
+				commit()
+				if err != nil {
+					return err
+				}
 				if bound, err = track.admit(r.ctx, pos); err != nil {
 					return err
 				}
 			}
-			st.received.inc()
-			err := push(v, pos)
-			st.succeeded.inc() // after push: a panic in an inline operator leaves it failed
-			st.emitted.inc()
+			received++
+			err := snd.put(v, pos)
+			sent++ // after put: a panic in an inline operator leaves it failed
 			if pos != noPos {
 				pos++
 			}
+			if !chunked || sent == chunk {
+				if ferr := snd.flush(); err == nil {
+					err = ferr
+				}
+				commit()
+			}
 			return err
 		}
-		r.goSafe(name, func() error {
+		r.goSafe(name, func() (err error) {
+			snd = out(new(hand))
+			returned := false
+			defer func() {
+				if !returned { // a panic or Goexit: what the source holds is never sent
+					snd.drop()
+				}
+				commit()
+			}()
 			// Only an input that ended closes the queue: after a failure (or a panic)
 			// the consumers stop with the run's context instead, and take nothing for an
 			// end of input.
-			err := body(r.ctx, emit)
+			err = body(r.ctx, emit)
+			if ferr := snd.flush(); err == nil && ferr != nil {
+				err = ferr
+			}
+			returned = true
 			switch {
 			case err == nil, errors.Is(err, errDraining):
 				done()

@@ -121,10 +121,11 @@ type Stream[T any] struct {
 	p        *Pipeline
 	desc     string
 	consumed bool
-	// open wires the stream into run r: from then on the producer calls push for every
-	// item, from any number of goroutines, and calls done exactly once after its last
-	// push (also when it fails).
-	open func(r *run, push pushFunc[T], done func())
+	// open wires the stream into run r: from then on each goroutine of the producer
+	// takes a sender from out and puts every item through it, flushing it before it
+	// waits for anything but its consumer; the producer calls done exactly once after
+	// its last flush (also when it fails).
+	open func(r *run, out outlet[T], done func())
 }
 
 func newStream[T any](p *Pipeline, desc string) *Stream[T] {
@@ -172,19 +173,16 @@ func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
 	if st.sink {
 		kind = kindSink
 	}
-	out.open = func(r *run, push pushFunc[Out], done func()) {
-		var q inbox[In]
-		switch {
-		case st.hash != nil:
+	out.open = func(r *run, next outlet[Out], done func()) {
+		var q *queue[In]
+		if st.hash != nil {
 			q = newKeyedQueue(st.workers, buf, st.hash)
-		case st.cfg.ordered:
-			q = newOrderedQueue[In](buf)
-		default:
-			q = newQueue[In](buf)
+		} else {
+			q = newQueue[In](buf, st.workers)
 		}
 		rw := r.newRow(name, kind, st.workers, buf, q)
 		rw.timeout = st.cfg.timeout
-		wireInput(r, rw, s, q.pusher(r.ctx), q.close)
+		wireInput(r, rw, s, q.outlet(r.ctx), q.close)
 		r.addRow(rw)
 		defer r.feeds(rw)
 		b := r.shared
@@ -197,7 +195,7 @@ func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
 			if window == 0 {
 				window = buf + 4*st.workers
 			}
-			ord = newReorder(window, push)
+			ord = newReorder(window, next(new(hand)))
 			rw.held, rw.extra = ord.heldCount, window
 		}
 		cl := newClient(r, rw, st) // client.go: nil without rate limit, breaker or adaptive workers
@@ -205,10 +203,15 @@ func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
 		left.Store(int32(st.workers))
 		var failed atomic.Bool // a worker failed: downstream sees no end of input
 		for i := range st.workers {
-			w := &worker[In, Out]{st: st, r: r, row: rw, stats: &rw.workers[i], push: push, budget: b, classify: classify, ord: ord, cl: cl, id: i}
-			w.ch, w.och = q.bind(i)
-			if kq, ok := q.(*keyedQueue[In]); ok {
-				w.slots = kq.slots
+			w := &worker[In, Out]{
+				st: st, r: r, row: rw, stats: &rw.workers[i], budget: b, classify: classify, ord: ord, cl: cl, id: i,
+				q: q, wt: newWaiter(), run: make([]item[In], chunk), runMax: 1,
+			}
+			if st.hash != nil {
+				w.lane = i
+			}
+			if ord == nil {
+				w.out = next(new(hand))
 			}
 			if st.flat != nil {
 				w.emit = func(o Out) { w.buf = append(w.buf, o) }
@@ -246,11 +249,42 @@ func To[T any](s *Stream[T], sink *Stage[T, struct{}]) {
 	out.consumed = true
 	s.p.terminals = append(s.p.terminals, func(r *run) {
 		// The sink's function returned nil: the item's effect is committed.
-		out.open(r, func(_ struct{}, pos uint64) error {
-			r.track.done(pos)
-			return nil
+		out.open(r, func(*hand) sender[struct{}] {
+			return sender[struct{}]{
+				put:   func(_ struct{}, pos uint64) error { r.track.done(pos); return nil },
+				flush: func() error { return nil },
+				drop:  func() {},
+			}
 		}, func() {})
 	})
+}
+
+// tally counts a worker's outcomes during a run of items; commit adds them to the
+// worker's statistics once per run, so that an item costs no locked instruction.
+type tally struct{ succeeded, emitted, retried, deadLettered, failed, discarded int64 }
+
+// commit adds the tally to the worker's statistics and clears it.
+func (w *worker[In, Out]) commit() {
+	t, s := &w.t, w.stats
+	if t.succeeded != 0 {
+		s.succeeded.add(t.succeeded)
+	}
+	if t.emitted != 0 {
+		s.emitted.add(t.emitted)
+	}
+	if t.retried != 0 {
+		s.retried.add(t.retried)
+	}
+	if t.deadLettered != 0 {
+		s.deadLettered.add(t.deadLettered)
+	}
+	if t.failed != 0 {
+		s.failed.add(t.failed)
+	}
+	if t.discarded != 0 {
+		s.discarded.add(t.discarded)
+	}
+	*t = tally{}
 }
 
 // worker is one goroutine of a stage in one run.
@@ -259,39 +293,64 @@ type worker[In, Out any] struct {
 	r        *run
 	row      *row
 	stats    *workerStats
-	push     pushFunc[Out]
+	t        tally // outcomes of the current run, not yet in stats
+	out      sender[Out]
 	budget   *budgetState
 	classify func(error) Class
-	buf      []Out            // outputs of the current attempt (flat stages)
-	emit     func(Out)        // appends to buf (flat stages)
-	ch       chan item[In]    // the worker's input: plain and keyed stages
-	slots    chan struct{}    // keyed stages: the stage's buffer, shared by its channels
-	och      chan seqItem[In] // the worker's input: ordered stages
-	pos      uint64           // the current item's source position (checkpointed runs)
-	seq      uint64           // the current item's sequence number (ordered stages)
-	ord      *reorder[Out]    // the reorder window (ordered stages)
-	one      [1]Out           // a one-to-one output handed to the window
-	slow     bool             // the last timed attempt took long: time every attempt
-	busy     bool             // an item is in hand and not yet counted: a panic fails it
-	ctxs     attemptSlab      // WithTimeout: fresh attempt contexts
-	cl       *client[In]      // rate limits, breaker, adaptive workers (client.go); nil without
-	id       int              // the worker's index in its stage
-	tk       ticket           // the current attempt's, from w.cl (client.go)
+	buf      []Out // outputs of the current attempt (flat stages)
+	emit     func(Out)
+	q        *queue[In]
+	lane     int           // the worker's lane of q (keyed stages)
+	wt       *waiter       // how the worker sleeps on q
+	run      []item[In]    // the run of items taken from q
+	left     int           // items of the run taken and not started
+	runMax   int           // the most items to take at once: fewer, the slower the function
+	n        uint64        // items started, for timing one in 16
+	pos      uint64        // the current item's source position (checkpointed runs)
+	seq      uint64        // the current item's sequence number (ordered stages)
+	ord      *reorder[Out] // the reorder window (ordered stages)
+	pend     []entry[Out]  // ordered one-to-one stages: the run's outcomes, settled together
+	one      [1]Out        // a flat ordered stage's single output
+	slow     bool          // the last timed attempt took long: time every attempt
+	busy     bool          // an item is in hand and not yet counted: a panic fails it
+	ctxs     attemptSlab   // WithTimeout: fresh attempt contexts
+	cl       *client[In]   // rate limits, breaker, adaptive workers (client.go); nil without
+	id       int           // the worker's index in its stage
+	tk       ticket        // the current attempt's, from w.cl (client.go)
 }
+
+// runBudget is about how long a worker's run of items may take: a worker takes as many
+// items at once as its function handles in that time (at least one, at most a chunk),
+// so that a slow function leaves the queued items to the other workers and outputs wait
+// little for the end of their run.
+const runBudget = 16 * time.Microsecond
 
 // loop takes items until the queue is closed and drained (nil) or the run stops (its
 // cause). A panic in user code fails the run as a *PanicError; the item in flight is
-// counted as failed.
+// counted as failed, the rest of its run as not started.
 func (w *worker[In, Out]) loop() (err error) {
 	returned := false
 	defer func() {
 		v := recover()
 		if v == nil && returned {
+			w.commit()
 			return
 		}
 		if w.busy {
-			w.stats.failed.inc()
+			w.t.failed++
 		}
+		for _, e := range w.pend { // finished, never in the window
+			if !e.skip {
+				w.t.failed++
+			}
+		}
+		w.pend = w.pend[:0]
+		w.t.discarded += int64(w.left)
+		w.clearRun(0)
+		if w.out.drop != nil {
+			w.out.drop()
+		}
+		w.commit()
 		if v == nil { // runtime.Goexit: the goroutine goes on ending; r.spawn fails the run
 			w.row.addError("goexit", func(e *ErrorCount) { e.Failed++ })
 			return
@@ -304,75 +363,130 @@ func (w *worker[In, Out]) loop() (err error) {
 	return err
 }
 
-// take is the worker's loop over its input.
+// take is the worker's loop over its input, a run of items at a time.
 func (w *worker[In, Out]) take(ctx context.Context) error {
-	var adapt *adaptive // WithAdaptiveWorkers (adaptive.go): nil, so one register test per item
+	var adapt *adaptive // WithAdaptiveWorkers (adaptive.go): nil, so one register test per run
 	if w.cl != nil {
 		adapt = w.cl.adapt
 	}
+	capacity := w.row.capacity
 	for {
-		var (
-			v      In
-			ok     bool
-			err    error
-			queued int
-		)
 		if adapt != nil { // above the adaptive limit: wait
 			if err := adapt.gate(ctx, w.id); err != nil {
 				return err
 			}
 		}
-		switch {
-		case w.slots != nil: // keyed: the slots count what waits in every worker's channel
-			var e item[In]
-			if e, ok, err = recv(ctx, w.ch); ok {
-				queued = len(w.slots)
-				<-w.slots
-			}
-			v, w.pos = e.v, e.pos
-		case w.och == nil:
-			var e item[In]
-			e, ok, err = recv(ctx, w.ch)
-			v, w.pos, queued = e.v, e.pos, min(len(w.ch)+1, cap(w.ch))
-		default:
-			var e seqItem[In]
-			e, ok, err = recv(ctx, w.och)
-			v, w.pos, w.seq, queued = e.v, e.pos, e.seq, min(len(w.och)+1, cap(w.och))
+		n := w.runMax
+		if w.cl != nil {
+			n = 1 // a rate limit, a breaker or an adaptive limit decides per item
 		}
+		k, seq, queued, ok, err := w.q.takeWait(ctx, w.lane, w.wt, w.run[:n])
 		if !ok {
 			if w.cl != nil {
 				w.cl.ended()
 			}
 			return err
 		}
-		w.stats.received.inc()
+		w.stats.received.add(int64(k))
+		w.stats.peak.max(int64(min(queued, capacity)))
+		w.stats.busy.v.Store(1)
+		err = w.items(ctx, k, seq)
+		w.stats.busy.v.Store(0)
+		if err != nil {
+			if w.out.drop != nil {
+				w.out.drop() // outputs in hand: never sent
+			}
+			return err
+		}
+		w.commit()
+	}
+}
+
+// items handles the run of k items in w.run, the first with sequence number seq.
+func (w *worker[In, Out]) items(ctx context.Context, k int, seq uint64) error {
+	w.left = k
+	for j := range k {
+		e := &w.run[j]
+		v := e.v
+		w.pos, w.seq = e.pos, seq+uint64(j)
+		*e = item[In]{}
+		w.left--
+		w.q.started(1) // its room in the queue is free: the item is in hand
 		if ctx.Err() != nil { // the run is stopping: start nothing new
-			w.stats.discarded.inc()
+			w.t.discarded += int64(1 + w.left)
+			w.clearRun(j + 1)
 			return context.Cause(ctx)
 		}
-		w.stats.peak.max(int64(queued))
-		if w.ord != nil { // start only what the reorder window has room for
+		if w.ord != nil && !w.ord.inside(w.seq) { // start only what the window has room for
+			if err := w.settle(ctx); err != nil { // the window may wait for this run's items
+				w.t.discarded += int64(1 + w.left)
+				w.clearRun(j + 1)
+				return err
+			}
 			if err := w.ord.admit(ctx, w.seq); err != nil {
-				w.stats.discarded.inc()
+				w.t.discarded += int64(1 + w.left)
+				w.clearRun(j + 1)
 				return err
 			}
 		}
 		if w.row.drain.Load() {
-			w.stats.discarded.inc() // a drained budget: start no new item
+			w.t.discarded++ // a drained budget: start no new item
 			if err := w.skip(ctx); err != nil {
+				w.t.discarded += int64(w.left)
+				w.clearRun(j + 1)
 				return err
 			}
 			continue
 		}
 		w.busy = true
-		w.stats.busy.v.Store(1)
-		err = w.process(ctx, v)
-		w.stats.busy.v.Store(0)
+		err := w.process(ctx, v)
 		w.busy = false
 		if err != nil {
+			w.t.discarded += int64(w.left)
+			w.clearRun(j + 1)
+			_ = w.settle(ctx)
 			return err
 		}
 	}
+	if err := w.settle(ctx); err != nil {
+		return err
+	}
+	if w.out.flush != nil {
+		return w.out.flush()
+	}
+	return nil
+}
+
+// clearRun forgets the items of the run from index j on (not started), and gives back
+// their room.
+func (w *worker[In, Out]) clearRun(j int) {
+	clear(w.run[j:])
+	if w.left > 0 {
+		w.q.started(w.left)
+	}
+	w.left = 0
+}
+
+// settle hands the run's finished items of an ordered one-to-one stage to the window.
+func (w *worker[In, Out]) settle(ctx context.Context) error {
+	if len(w.pend) == 0 {
+		return nil
+	}
+	pend := w.pend
+	entered, err := w.ord.settleRun(ctx, w.stats, pend, func(ready int) {
+		w.t.succeeded += int64(ready)
+		w.pend = w.pend[:0]
+	})
+	if !entered { // the run stopped before the window had room: never handed on
+		for _, e := range pend {
+			if !e.skip {
+				w.t.failed++
+			}
+		}
+		w.pend = w.pend[:0]
+	}
+	clear(pend)
+	return err
 }
 
 // attempt makes one call of the stage function, under the per-attempt timeout if any.
@@ -387,7 +501,8 @@ func (w *worker[In, Out]) attempt(ctx context.Context, v In) (out Out, err error
 	// Time one attempt in 16, or every one while they are slow enough for the clock's
 	// cost not to matter.
 	var t0 time.Time
-	timed := w.slow || w.stats.received.load()&15 == 0
+	timed := w.slow || w.n&15 == 0
+	w.n++
 	if timed {
 		t0 = time.Now()
 	}
@@ -406,6 +521,10 @@ func (w *worker[In, Out]) attempt(ctx context.Context, v In) (out Out, err error
 		d := time.Since(t0)
 		w.stats.lat.record(d)
 		w.slow = d > 20*time.Microsecond
+		w.runMax = chunk
+		if d > 0 {
+			w.runMax = int(min(max(runBudget/d, 1), chunk))
+		}
 	}
 	return out, err
 }
@@ -428,29 +547,33 @@ func (w *worker[In, Out]) call(ctx context.Context, v In) (Out, error) {
 // ordered stage whose run stopped while the item waited for room).
 func (w *worker[In, Out]) deliver(ctx context.Context, out Out) (handed bool, err error) {
 	if w.ord != nil {
-		outs := w.buf
-		if w.st.flat == nil {
-			w.one[0] = out
-			outs = w.one[:]
+		if w.st.flat == nil { // settled with the rest of the run (w.settle)
+			w.pend = append(w.pend, entry[Out]{seq: w.seq, pos: w.pos, out: out})
+			w.r.track.split(w.pos, 1)
+			w.busy = false // counted when it enters the window, or failed if it never does
+			return true, nil
 		}
-		w.r.track.split(w.pos, len(outs))
-		handed, err := w.ord.settle(ctx, w.stats, w.seq, w.pos, outs, false, w.enteredWindow)
-		clear(outs)
+		if err := w.settle(ctx); err != nil { // the run's earlier items go first
+			return false, err
+		}
+		w.r.track.split(w.pos, len(w.buf))
+		handed, err := w.ord.settle(ctx, w.stats, w.seq, w.pos, w.buf, false, w.enteredWindow)
+		clear(w.buf)
 		w.buf = w.buf[:0]
 		return handed, err
 	}
 	if w.st.flat == nil {
-		err := w.push(out, w.pos)
-		w.stats.emitted.inc()
+		err := w.out.put(out, w.pos)
+		w.t.emitted++
 		return true, err
 	}
 	w.r.track.split(w.pos, len(w.buf))
 	var first error
 	for _, o := range w.buf {
-		if err := w.push(o, w.pos); err != nil && first == nil {
+		if err := w.out.put(o, w.pos); err != nil && first == nil {
 			first = err
 		}
-		w.stats.emitted.inc()
+		w.t.emitted++
 	}
 	clear(w.buf)
 	w.buf = w.buf[:0]
@@ -460,7 +583,7 @@ func (w *worker[In, Out]) deliver(ctx context.Context, out Out) (handed bool, er
 // enteredWindow counts an ordered stage's item as succeeded once the reorder window
 // holds it: from then on the window accounts for it.
 func (w *worker[In, Out]) enteredWindow() {
-	w.stats.succeeded.inc()
+	w.t.succeeded++
 	w.busy = false
 }
 
@@ -468,7 +591,7 @@ func (w *worker[In, Out]) enteredWindow() {
 // stops the run; noDeadLetter tells that it would have been set aside had the stage a
 // destination.
 func (w *worker[In, Out]) fail(err error, attempts int, noDeadLetter bool) error {
-	w.stats.failed.inc()
+	w.t.failed++
 	w.row.addError(errTypeName(err), func(e *ErrorCount) { e.Failed++ })
 	return &StageError{Stage: w.st.name, Err: err, Attempts: attempts, NoDeadLetter: noDeadLetter}
 }
@@ -479,6 +602,25 @@ func (w *worker[In, Out]) skip(ctx context.Context) error {
 	if w.ord == nil {
 		return nil
 	}
+	if w.st.flat == nil {
+		w.pend = append(w.pend, entry[Out]{seq: w.seq, pos: w.pos, skip: true})
+		return nil
+	}
+	if err := w.settle(ctx); err != nil {
+		return err
+	}
 	_, err := w.ord.settle(ctx, w.stats, w.seq, w.pos, nil, true, func() { w.busy = false }) // counted already
 	return err
+}
+
+// hold is called before a worker waits for long with outputs of its run in hand (a
+// retry's backoff): it hands them on first.
+func (w *worker[In, Out]) hold(ctx context.Context) error {
+	if err := w.settle(ctx); err != nil {
+		return err
+	}
+	if w.out.flush != nil {
+		return w.out.flush()
+	}
+	return nil
 }
