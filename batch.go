@@ -225,7 +225,7 @@ func (b *batcher[T]) items(k int, judged, moved *<-chan struct{}) error {
 			n := b.sizer(v)
 			if len(b.batch) > 0 && b.bytes+n > b.maxBytes {
 				if err := b.flush(&b.flushes.bytes); err != nil {
-					b.stats.failed.inc() // v, which made room for itself, is in no batch
+					b.stats.failed.inc()                 // v, which made room for itself, is in no batch
 					b.stats.discarded.add(int64(b.left)) // taken, never batched: not started
 					b.q.started(b.left)
 					b.left = 0
