@@ -578,4 +578,6 @@ func BenchmarkS5Overhead(b *testing.B) {
 			})
 		}
 	}
+	s5CPUShape(b)     // s5_cpu_test.go
+	s5LatencyShape(b) // s5_cpu_test.go
 }

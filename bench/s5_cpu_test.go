@@ -1,0 +1,323 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/gopipeline/pipeline"
+)
+
+// S5 shape=cpu: real per-item work (parsing a CSV-like line, ~100–150 ns) through one
+// order-preserving stage of GOMAXPROCS workers, against impl=loop, one goroutine doing
+// the same work: the floor that concurrency must beat. shape=latency: items sent one at
+// a time through an idle 3-stage pipeline, each waited for at the sink before the next
+// is sent.
+
+const s5CPUItems = 1_000_000
+
+// csvRecord is what a line parses into.
+type csvRecord struct {
+	id    int
+	name  string
+	price float64
+	qty   int
+}
+
+// s5Lines generates n CSV-like lines: id, name, price, quantity.
+func s5Lines(n int) []string {
+	names := []string{"alice", "bob", "carol", "dave", "erin", "frank"}
+	lines := make([]string, n)
+	for i := range lines {
+		lines[i] = fmt.Sprintf("%d,%s,%d.%02d,%d", i, names[i%len(names)], i%1000, i%100, i%17)
+	}
+	return lines
+}
+
+// parse is the per-item work of shape=cpu.
+func parse(_ context.Context, line string) (csvRecord, error) {
+	var r csvRecord
+	f := strings.SplitN(line, ",", 4)
+	if len(f) != 4 {
+		return r, fmt.Errorf("line %q: want 4 fields", line)
+	}
+	var err error
+	if r.id, err = strconv.Atoi(f[0]); err != nil {
+		return r, err
+	}
+	r.name = f[1]
+	if r.price, err = strconv.ParseFloat(f[2], 64); err != nil {
+		return r, err
+	}
+	if r.qty, err = strconv.Atoi(f[3]); err != nil {
+		return r, err
+	}
+	return r, nil
+}
+
+// aggregate is the sink of shape=cpu: it checks the order and sums.
+type aggregate struct {
+	n     int
+	total float64
+}
+
+func (a *aggregate) add(r csvRecord) error {
+	if r.id != a.n {
+		return fmt.Errorf("out of order: csvRecord %d at position %d", r.id, a.n)
+	}
+	a.n++
+	a.total += r.price * float64(r.qty)
+	return nil
+}
+
+func s5CPUPipeline(ctx context.Context, lines []string) (s5Count, error) {
+	p := pipeline.New(pipeline.WithBuffer(s5Buffer))
+	s := pipeline.Then(pipeline.FromSlice(p, lines), pipeline.NewStage("parse", runtime.GOMAXPROCS(0), parse, pipeline.WithOrdered(0)))
+	var agg aggregate
+	pipeline.To(s, pipeline.NewSink("sum", 1, func(_ context.Context, r csvRecord) error { return agg.add(r) }))
+	err := p.Run(ctx)
+	return s5Count{items: agg.n}, err
+}
+
+func s5CPULoop(ctx context.Context, lines []string) (s5Count, error) {
+	var agg aggregate
+	for _, l := range lines {
+		r, err := parse(ctx, l)
+		if err != nil {
+			return s5Count{items: agg.n}, err
+		}
+		if err := agg.add(r); err != nil {
+			return s5Count{items: agg.n}, err
+		}
+	}
+	return s5Count{items: agg.n}, nil
+}
+
+// s5CPUHandwritten is the per-item baseline: the source numbers the lines, GOMAXPROCS
+// workers parse them over bounded channels, and a re-sequencer puts them back in order
+// in a ring of window slots, as s5OrderedHandwritten does.
+func s5CPUHandwritten(ctx context.Context, lines []string) (s5Count, error) {
+	workers := runtime.GOMAXPROCS(0)
+	window := s5Buffer + 4*workers
+	type seqLine struct {
+		seq  int
+		line string
+	}
+	type seqRec struct {
+		seq int
+		r   csvRecord
+	}
+	g, ctx := errgroup.WithContext(ctx)
+	sem := make(chan struct{}, window)
+	src := make(chan seqLine, s5Buffer)
+	g.Go(func() error {
+		defer close(src)
+		for i, l := range lines {
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			select {
+			case src <- seqLine{i, l}:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return nil
+	})
+	done := make(chan seqRec, s5Buffer)
+	var wg sync.WaitGroup
+	wg.Add(workers)
+	for range workers {
+		g.Go(func() error {
+			defer wg.Done()
+			for it := range src {
+				r, err := parse(ctx, it.line)
+				if err != nil {
+					return err
+				}
+				select {
+				case done <- seqRec{it.seq, r}:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			return nil
+		})
+	}
+	g.Go(func() error {
+		wg.Wait()
+		close(done)
+		return nil
+	})
+	out := make(chan csvRecord, s5Buffer)
+	g.Go(func() error {
+		defer close(out)
+		type slot struct {
+			r    csvRecord
+			full bool
+		}
+		ring := make([]slot, window)
+		next := 0
+		for it := range done {
+			ring[it.seq%window] = slot{it.r, true}
+			for ring[next%window].full {
+				s := &ring[next%window]
+				select {
+				case out <- s.r:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+				s.full = false
+				next++
+				<-sem
+			}
+		}
+		return nil
+	})
+	var agg aggregate
+	g.Go(func() error {
+		for r := range out {
+			if err := agg.add(r); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	err := g.Wait()
+	return s5Count{items: agg.n}, err
+}
+
+// s5CPUShape runs shape=cpu as sub-benchmarks of BenchmarkS5Overhead.
+func s5CPUShape(b *testing.B) {
+	lines := s5Lines(s5CPUItems)
+	for _, impl := range []struct {
+		name string
+		run  func(context.Context, []string) (s5Count, error)
+	}{
+		{"pipeline", s5CPUPipeline},
+		{"handwritten", s5CPUHandwritten},
+		{"loop", s5CPULoop},
+	} {
+		b.Run("shape=cpu/impl="+impl.name, func(b *testing.B) {
+			b.ReportAllocs()
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			for b.Loop() {
+				got, err := impl.run(b.Context(), lines)
+				if err != nil || got.items != len(lines) {
+					b.Fatalf("run = %+v, %v; want %d items", got, err, len(lines))
+				}
+			}
+			runtime.ReadMemStats(&after)
+			total := float64(b.N) * float64(len(lines))
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/total, "ns/item")
+			b.ReportMetric(float64(after.Mallocs-before.Mallocs)/total, "allocs/item")
+		})
+	}
+}
+
+// shape=latency: s5LatencyItems items, one at a time, through 3 identity stages.
+
+const s5LatencyItems = 2000
+
+// latencyRun sends each item on in and waits for it on out, timing each round trip.
+func latencyRun(in chan<- int, out <-chan int, lat []time.Duration) error {
+	for i := range lat {
+		t0 := time.Now()
+		in <- i
+		if v := <-out; v != i {
+			return fmt.Errorf("got %d, want %d", v, i)
+		}
+		lat[i] = time.Since(t0)
+	}
+	return nil
+}
+
+func s5LatencyPipeline(ctx context.Context, lat []time.Duration) error {
+	in, out := make(chan int), make(chan int)
+	p := pipeline.New(pipeline.WithBuffer(s5Buffer))
+	s := pipeline.FromChan(p, in)
+	for i := range 3 {
+		s = pipeline.Then(s, pipeline.NewStage(fmt.Sprintf("stage%d", i+1), 1, identity))
+	}
+	pipeline.To(s, pipeline.NewSink("sink", 1, func(_ context.Context, v int) error { out <- v; return nil }))
+	errc := make(chan error, 1)
+	go func() { errc <- p.Run(ctx) }()
+	err := latencyRun(in, out, lat)
+	close(in)
+	if rerr := <-errc; err == nil {
+		err = rerr
+	}
+	return err
+}
+
+func s5LatencyHandwritten(ctx context.Context, lat []time.Duration) error {
+	in, out := make(chan int), make(chan int)
+	g, ctx := errgroup.WithContext(ctx)
+	src := make(chan int, s5Buffer)
+	g.Go(func() error {
+		defer close(src)
+		for v := range in {
+			select {
+			case src <- v:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return nil
+	})
+	var c <-chan int = src
+	for range 3 {
+		c = handwrittenStage(ctx, g, 1, c)
+	}
+	g.Go(func() error {
+		for v := range c {
+			out <- v
+		}
+		return nil
+	})
+	err := latencyRun(in, out, lat)
+	close(in)
+	if gerr := g.Wait(); err == nil {
+		err = gerr
+	}
+	return err
+}
+
+// s5LatencyShape runs shape=latency as sub-benchmarks of BenchmarkS5Overhead.
+func s5LatencyShape(b *testing.B) {
+	for _, impl := range []struct {
+		name string
+		run  func(context.Context, []time.Duration) error
+	}{
+		{"pipeline", s5LatencyPipeline},
+		{"handwritten", s5LatencyHandwritten},
+	} {
+		b.Run("shape=latency/impl="+impl.name, func(b *testing.B) {
+			b.ReportAllocs()
+			var all []time.Duration
+			lat := make([]time.Duration, s5LatencyItems)
+			for b.Loop() {
+				if err := impl.run(b.Context(), lat); err != nil {
+					b.Fatal(err)
+				}
+				all = append(all, lat...)
+			}
+			slices.Sort(all)
+			total := float64(b.N) * s5LatencyItems
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/total, "ns/item")
+			b.ReportMetric(float64(all[len(all)/2].Nanoseconds())/1e3, "p50-us")
+			b.ReportMetric(float64(all[len(all)*99/100].Nanoseconds())/1e3, "p99-us")
+		})
+	}
+}
