@@ -191,6 +191,20 @@ func wakeSome(list *[]*waiter, n int) {
 	}
 }
 
+// rearmLocked sets the threshold at which workers wake the waiting producers for the
+// room reserved now (room is limit - reserved - used), and wakes them at once if a
+// worker gave back room before it could see the threshold.
+func (q *queue[T]) rearmLocked() {
+	if len(q.producers) == 0 {
+		return
+	}
+	t := int64(q.limit() - q.reserved - 1)
+	q.wakeAt.Store(t)
+	if q.used.Load() <= t {
+		q.wakeProducersLocked()
+	}
+}
+
 // wakeProducersLocked wakes every producer that waits.
 func (q *queue[T]) wakeProducersLocked() {
 	q.wakeAt.Store(-1)
@@ -262,6 +276,7 @@ func (q *queue[T]) placeLocked(items []item[T], lanes []uint32) {
 	q.reserved -= k
 	q.puts += uint64(k)
 	q.seq += uint64(k)
+	q.rearmLocked() // room is the same, but less of it is reserved: the threshold moves
 	for i := range q.lanes {
 		if l := &q.lanes[i]; l.n > 0 && len(l.waiting) > 0 {
 			wakeSome(&l.waiting, l.n)
@@ -328,10 +343,19 @@ func (q *queue[T]) finish(ctx context.Context, w *waiter, items []item[T], lanes
 // the queue before. closed is true when the lane is empty and no item will come. The
 // items keep their room until the worker starts them (started).
 func (q *queue[T]) take(i int, dst []item[T]) (k int, seq uint64, queued int, closed bool) {
+	return q.takeOrPark(i, dst, nil)
+}
+
+// takeOrPark is take that, finding lane i empty and open, also puts w (if not nil) on
+// its waiting list, under the same lock.
+func (q *queue[T]) takeOrPark(i int, dst []item[T], w *waiter) (k int, seq uint64, queued int, closed bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	l := &q.lanes[i]
 	if l.n == 0 {
+		if w != nil && !q.closed {
+			l.waiting = append(l.waiting, w)
+		}
 		return 0, 0, 0, q.closed
 	}
 	queued = int(q.used.Load())
@@ -393,15 +417,12 @@ func (q *queue[T]) unpark(i int, w *waiter) {
 // and drained, or (with the run's cause) when ctx is done first.
 func (q *queue[T]) takeWait(ctx context.Context, i int, w *waiter, dst []item[T]) (k int, seq uint64, queued int, ok bool, err error) {
 	for {
-		k, seq, queued, closed := q.take(i, dst)
+		k, seq, queued, closed := q.takeOrPark(i, dst, w)
 		if k > 0 {
 			return k, seq, queued, true, nil
 		}
 		if closed {
 			return 0, 0, 0, false, nil
-		}
-		if !q.park(i, w) {
-			continue
 		}
 		select {
 		case <-w.ch:
