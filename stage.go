@@ -310,7 +310,6 @@ type worker[In, Out any] struct {
 	seq      uint64        // the current item's sequence number (ordered stages)
 	ord      *reorder[Out] // the reorder window (ordered stages)
 	pend     []entry[Out]  // ordered one-to-one stages: the run's outcomes, settled together
-	one      [1]Out        // a flat ordered stage's single output
 	slow     bool          // the last timed attempt took long: time every attempt
 	busy     bool          // an item is in hand and not yet counted: a panic fails it
 	ctxs     attemptSlab   // WithTimeout: fresh attempt contexts

@@ -199,6 +199,7 @@ func s5CPUHandwritten(ctx context.Context, lines []string) (s5Count, error) {
 
 // s5CPUShape runs shape=cpu as sub-benchmarks of BenchmarkS5Overhead.
 func s5CPUShape(b *testing.B) {
+	b.Helper()
 	lines := s5Lines(s5CPUItems)
 	for _, impl := range []struct {
 		name string
@@ -296,6 +297,7 @@ func s5LatencyHandwritten(ctx context.Context, lat []time.Duration) error {
 
 // s5LatencyShape runs shape=latency as sub-benchmarks of BenchmarkS5Overhead.
 func s5LatencyShape(b *testing.B) {
+	b.Helper()
 	for _, impl := range []struct {
 		name string
 		run  func(context.Context, []time.Duration) error
