@@ -95,11 +95,19 @@ type outlet[T any] = func(h *hand) sender[T]
 // through a Tee): before it waits for room in one, it places what it holds for the
 // others, so that no item waits in the hand of a blocked goroutine when it could be in
 // a queue.
-type hand struct{ placers []func() }
+type hand struct {
+	placers []func()
+	waits   []func() // before the goroutine waits: publish its counts
+}
 
+// placeAll places what the goroutine holds for every queue, and publishes its counts:
+// it is about to wait.
 func (h *hand) placeAll() {
 	for _, place := range h.placers {
 		place()
+	}
+	for _, f := range h.waits {
+		f()
 	}
 }
 
@@ -232,7 +240,7 @@ func (q *queue[T]) reserve(ctx context.Context, w *waiter, items []item[T], lane
 			q.reserved += r
 			return r, nil
 		}
-		if !placed && h != nil && len(h.placers) > 1 { // place the rest first, unlocked
+		if !placed && h != nil { // place the rest first, unlocked
 			placed = true
 			q.mu.Unlock()
 			h.placeAll()
@@ -300,7 +308,7 @@ func (q *queue[T]) finish(ctx context.Context, w *waiter, items []item[T], lanes
 	if q.capacity > 0 || len(items) == 0 {
 		return len(items), nil
 	}
-	others := h != nil && len(h.placers) > 1
+	others := h != nil
 	for mine := q.puts; q.takes < mine; {
 		if others { // place what the goroutine holds for other queues first, unlocked
 			others = false
@@ -444,12 +452,16 @@ func (q *queue[T]) close() {
 	}
 }
 
-// length returns the items waiting in the ring.
+// length returns the items waiting in the ring, not yet taken by a worker.
 func (q *queue[T]) length() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return min(q.n, q.capacity) // a rendezvous's item is its producer's, still
 }
+
+// occupancy returns the items in the queue as its bound counts them: in the ring, and
+// taken by workers but not started.
+func (q *queue[T]) occupancy() int { return min(int(q.used.Load()), q.capacity) }
 
 func (q *queue[T]) unsentCount() int64 { return q.unsent.Load() }
 

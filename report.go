@@ -44,7 +44,8 @@ type workerStats struct {
 }
 
 type queueLen interface {
-	length() int
+	length() int    // waiting, not yet taken: for the accounting
+	occupancy() int // waiting or taken and not started: what the bound counts
 	unsentCount() int64
 }
 
@@ -423,7 +424,7 @@ func (r *run) report(err error, final bool) Report {
 			s.Flushes = rw.flushes.load()
 		}
 		if rw.q != nil {
-			s.QueueLen = rw.q.length()
+			s.QueueLen = rw.q.occupancy()
 		}
 		if rw.kind != kindFilter {
 			s.InFlight = received - discarded - s.Succeeded - s.DeadLettered - (s.Failed - rw.lost.Load())

@@ -176,7 +176,9 @@ func newSourceNamed[T any](p *Pipeline, ctor, given string, n *int64, chunked bo
 			return err
 		}
 		r.goSafe(name, func() (err error) {
-			snd = out(new(hand))
+			h := new(hand)
+			h.waits = append(h.waits, commit) // counts are current while the source waits
+			snd = out(h)
 			returned := false
 			defer func() {
 				if !returned { // a panic or Goexit: what the source holds is never sent

@@ -211,7 +211,8 @@ func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
 				w.lane = i
 			}
 			if ord == nil {
-				w.out = next(new(hand))
+				h := &hand{waits: []func(){w.commit}} // counts are current while the worker waits
+				w.out = next(h)
 			}
 			if st.flat != nil {
 				w.emit = func(o Out) { w.buf = append(w.buf, o) }
