@@ -126,7 +126,7 @@ func (b *batcher[T]) loop() error {
 			s := b.stats
 			s.discarded.add(int64(b.left)) // taken, never batched: not started
 			if b.left > 0 {
-				b.q.started(b.left)
+				b.q.started(0, b.left)
 			}
 			s.failed.add(s.received.load() - s.succeeded.load() - s.failed.load() - s.discarded.load())
 			b.out.drop()
@@ -219,7 +219,7 @@ func (b *batcher[T]) items(k int, judged, moved *<-chan struct{}) error {
 	for j := range k {
 		e := b.run[j]
 		b.left--
-		b.q.started(1)
+		b.q.started(0, 1)
 		v := e.v
 		if b.sizer != nil {
 			n := b.sizer(v)
@@ -227,7 +227,7 @@ func (b *batcher[T]) items(k int, judged, moved *<-chan struct{}) error {
 				if err := b.flush(&b.flushes.bytes); err != nil {
 					b.stats.failed.inc()                 // v, which made room for itself, is in no batch
 					b.stats.discarded.add(int64(b.left)) // taken, never batched: not started
-					b.q.started(b.left)
+					b.q.started(0, b.left)
 					b.left = 0
 					return err
 				}
@@ -248,7 +248,7 @@ func (b *batcher[T]) items(k int, judged, moved *<-chan struct{}) error {
 		if len(b.batch) == b.size {
 			if err := b.flush(&b.flushes.size); err != nil {
 				b.stats.discarded.add(int64(b.left))
-				b.q.started(b.left)
+				b.q.started(0, b.left)
 				b.left = 0
 				return err
 			}

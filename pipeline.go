@@ -554,7 +554,7 @@ func collect[T any](ctx context.Context, s *Stream[T], ctor string, opts []Colle
 				}
 				w.succeeded.add(yielded)
 				w.discarded.add(int64(k - j)) // taken, never yielded: not started
-				q.started(k - j)
+				q.started(0, k-j)
 				cancel(errStopped)
 				if !gotRes {
 					res = <-done
@@ -569,7 +569,7 @@ func collect[T any](ctx context.Context, s *Stream[T], ctor string, opts []Colle
 			if gotRes {
 				if d := res.r.drained.Load(); res.err != nil && (d == nil || res.err != error(d)) { //nolint:errorlint // identity: the very error a drain returns
 					w.discarded.add(int64(k - j)) // failed: the queue is not closed; a drained run's is
-					q.started(k - j)
+					q.started(0, k-j)
 					break
 				}
 			}
@@ -603,7 +603,7 @@ func collect[T any](ctx context.Context, s *Stream[T], ctor string, opts []Colle
 			}
 			e := run[j]
 			j++
-			q.started(1)
+			q.started(0, 1)
 			inHand = true
 			yielded++
 			more := yield(e.v, nil)
@@ -613,7 +613,7 @@ func collect[T any](ctx context.Context, s *Stream[T], ctor string, opts []Colle
 				w.succeeded.add(yielded)
 				yielded = 0
 				w.discarded.add(int64(k - j)) // taken, never yielded: not started
-				q.started(k - j)
+				q.started(0, k-j)
 				j = k
 				cancel(errStopped)
 				break

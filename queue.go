@@ -151,33 +151,38 @@ type queue[T any] struct {
 	capacity  int
 	n         int            // items in the ring
 	reserved  int            // room reserved by producers, not yet filled
-	used      atomic.Int64   // items in the ring, and taken by workers but not yet started
-	wakeAt    atomic.Int64   // wake the producers when used is at most this (-1: none waits)
+	starts    []startCount   // per worker: items taken and then started (or dropped)
+	pwait     atomic.Int32   // 1 while producers may wait for room: a worker that starts an item wakes them
 	hash      func(T) uint64 // WithKey: the lane of an item
 	seq       uint64         // the sequence number of the next item placed (ordered stages)
 	puts      uint64         // items placed, for a rendezvous
-	takes     uint64         // items taken
+	takes     uint64         // items taken by the workers
 	closed    bool
 	producers []*waiter // waiting for room, or for their item to be taken
 	unsent    atomic.Int64
 }
 
+// startCount is one worker's count of the items it started, on a cache line of its
+// own: written with a plain load and store by its worker alone, read by producers.
+type startCount struct {
+	v atomic.Int64
+	_ [56]byte
+}
+
 // newQueue returns a queue of one lane taken by takers workers.
 func newQueue[T any](capacity, takers int) *queue[T] {
-	q := &queue[T]{capacity: capacity, lanes: make([]lane[T], 1)}
+	q := &queue[T]{capacity: capacity, lanes: make([]lane[T], 1), starts: make([]startCount, takers)}
 	q.lanes[0] = lane[T]{buf: make([]item[T], max(capacity, 1)), takers: takers}
-	q.wakeAt.Store(-1)
 	return q
 }
 
 // newKeyedQueue returns a queue with a lane per worker, chosen by hash. Each lane can
 // hold the whole capacity (every item may have one key).
 func newKeyedQueue[T any](workers, capacity int, hash func(T) uint64) *queue[T] {
-	q := &queue[T]{capacity: capacity, lanes: make([]lane[T], workers), hash: hash}
+	q := &queue[T]{capacity: capacity, lanes: make([]lane[T], workers), hash: hash, starts: make([]startCount, workers)}
 	for i := range q.lanes {
 		q.lanes[i] = lane[T]{buf: make([]item[T], max(capacity, 1)), takers: 1}
 	}
-	q.wakeAt.Store(-1)
 	return q
 }
 
@@ -199,23 +204,19 @@ func wakeSome(list *[]*waiter, n int) {
 	}
 }
 
-// rearmLocked sets the threshold at which workers wake the waiting producers for the
-// room reserved now (room is limit - reserved - used), and wakes them at once if a
-// worker gave back room before it could see the threshold.
-func (q *queue[T]) rearmLocked() {
-	if len(q.producers) == 0 {
-		return
+// usedLocked is how many items the bound counts now: in the ring, and taken by
+// workers but not started.
+func (q *queue[T]) usedLocked() int {
+	var started int64
+	for i := range q.starts {
+		started += q.starts[i].v.Load()
 	}
-	t := int64(q.limit() - q.reserved - 1)
-	q.wakeAt.Store(t)
-	if q.used.Load() <= t {
-		q.wakeProducersLocked()
-	}
+	return q.n + int(int64(q.takes)-started)
 }
 
 // wakeProducersLocked wakes every producer that waits.
 func (q *queue[T]) wakeProducersLocked() {
-	q.wakeAt.Store(-1)
+	q.pwait.Store(0)
 	wakeSome(&q.producers, len(q.producers))
 }
 
@@ -229,12 +230,12 @@ func (q *queue[T]) reserve(ctx context.Context, w *waiter, items []item[T], lane
 	q.placeLocked(items, lanes)
 	placed := false // what the goroutine holds for other queues
 	for {
-		// The wake threshold is published before used is read: a worker that gives
-		// back room after this read sees it, and wakes the producers.
-		q.wakeAt.Store(max(q.wakeAt.Load(), int64(q.limit()-q.reserved-1)))
-		if room := q.limit() - q.reserved - int(q.used.Load()); room > 0 {
+		// pwait is set before the workers' counts are read: a worker that starts an
+		// item after this read sees it, and wakes the producers.
+		q.pwait.Store(1)
+		if room := q.limit() - q.reserved - q.usedLocked(); room > 0 {
 			if len(q.producers) == 0 {
-				q.wakeAt.Store(-1)
+				q.pwait.Store(0)
 			}
 			r := min(room, want)
 			q.reserved += r
@@ -280,14 +281,12 @@ func (q *queue[T]) placeLocked(items []item[T], lanes []uint32) {
 	}
 	k := len(items)
 	q.n += k
-	q.used.Add(int64(k))
 	q.reserved -= k
 	q.puts += uint64(k)
 	q.seq += uint64(k)
-	q.rearmLocked() // room is the same, but less of it is reserved: the threshold moves
 	for i := range q.lanes {
 		if l := &q.lanes[i]; l.n > 0 && len(l.waiting) > 0 {
-			wakeSome(&l.waiting, l.n)
+			wakeSome(&l.waiting, 1) // one worker; it wakes another if it leaves items
 		}
 	}
 }
@@ -335,7 +334,6 @@ func (q *queue[T]) finish(ctx context.Context, w *waiter, items []item[T], lanes
 					}
 				}
 				q.n--
-				q.used.Add(-1)
 				q.puts--
 				q.seq--
 				return len(items) - 1, context.Cause(ctx)
@@ -366,10 +364,11 @@ func (q *queue[T]) takeOrPark(i int, dst []item[T], w *waiter) (k int, seq uint6
 		}
 		return 0, 0, 0, q.closed
 	}
-	queued = int(q.used.Load())
+	queued = q.usedLocked()
 	seq = q.seq - uint64(q.n) // one lane when ordered: its head is the oldest item
-	// A fair share, so that the other workers of the lane get some of what waits.
-	k = min(len(dst), l.n, (l.n+l.takers-1)/l.takers)
+	// As much as the worker asked for: waking another worker costs more than a run of
+	// fast items, and a slow function asks for few (the rest goes to the next worker).
+	k = min(len(dst), l.n)
 	for j := range k {
 		s := &l.buf[(l.head+j)%len(l.buf)]
 		dst[j] = *s
@@ -380,7 +379,7 @@ func (q *queue[T]) takeOrPark(i int, dst []item[T], w *waiter) (k int, seq uint6
 	q.n -= k
 	q.takes += uint64(k)
 	if l.n > 0 && len(l.waiting) > 0 {
-		wakeSome(&l.waiting, l.n)
+		wakeSome(&l.waiting, 1) // items are left: the next worker, who wakes the next
 	}
 	if q.capacity == 0 && len(q.producers) > 0 {
 		q.wakeProducersLocked() // a rendezvous: the item is taken
@@ -388,10 +387,13 @@ func (q *queue[T]) takeOrPark(i int, dst []item[T], w *waiter) (k int, seq uint6
 	return k, seq, queued, false
 }
 
-// started gives back the room of k items a worker took and has now started (or will
-// never start), waking the producers if they wait for it.
-func (q *queue[T]) started(k int) {
-	if u := q.used.Add(-int64(k)); u <= q.wakeAt.Load() {
+// started gives back the room of k items worker i took and has now started (or will
+// never start), waking the producers if they wait for it. It costs a store on the
+// worker's own cache line and a load.
+func (q *queue[T]) started(i, k int) {
+	c := &q.starts[i].v
+	c.Store(c.Load() + int64(k))
+	if q.pwait.Load() != 0 {
 		q.mu.Lock()
 		q.wakeProducersLocked()
 		q.mu.Unlock()
@@ -461,7 +463,11 @@ func (q *queue[T]) length() int {
 
 // occupancy returns the items in the queue as its bound counts them: in the ring, and
 // taken by workers but not started.
-func (q *queue[T]) occupancy() int { return min(int(q.used.Load()), q.capacity) }
+func (q *queue[T]) occupancy() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return min(q.usedLocked(), q.capacity)
+}
 
 func (q *queue[T]) unsentCount() int64 { return q.unsent.Load() }
 

@@ -411,7 +411,7 @@ func (w *worker[In, Out]) items(ctx context.Context, k int, seq uint64) error {
 		w.pos, w.seq = e.pos, seq+uint64(j)
 		*e = item[In]{}
 		w.left--
-		w.q.started(1)        // its room in the queue is free: the item is in hand
+		w.q.started(w.id, 1)        // its room in the queue is free: the item is in hand
 		if ctx.Err() != nil { // the run is stopping: start nothing new
 			w.t.discarded += int64(1 + w.left)
 			w.clearRun(j + 1)
@@ -462,7 +462,7 @@ func (w *worker[In, Out]) items(ctx context.Context, k int, seq uint64) error {
 func (w *worker[In, Out]) clearRun(j int) {
 	clear(w.run[j:])
 	if w.left > 0 {
-		w.q.started(w.left)
+		w.q.started(w.id, w.left)
 	}
 	w.left = 0
 }
