@@ -152,7 +152,6 @@ type queue[T any] struct {
 	n         int            // items in the ring
 	reserved  int            // room reserved by producers, not yet filled
 	starts    []startCount   // per worker: items taken and then started (or dropped)
-	pwait     atomic.Int32   // 1 while producers may wait for room: a worker that starts an item wakes them
 	hash      func(T) uint64 // WithKey: the lane of an item
 	seq       uint64         // the sequence number of the next item placed (ordered stages)
 	puts      uint64         // items placed, for a rendezvous
@@ -160,6 +159,9 @@ type queue[T any] struct {
 	closed    bool
 	producers []*waiter // waiting for room, or for their item to be taken
 	unsent    atomic.Int64
+	_         [64]byte     // pwait is read by every worker for every item: a line of its own
+	pwait     atomic.Int32 // 1 while producers may wait for room: a worker that starts an item wakes them
+	_         [60]byte
 }
 
 // startCount is one worker's count of the items it started, on a cache line of its

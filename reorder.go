@@ -42,15 +42,14 @@ const (
 type slot[Out any] struct {
 	state slotState
 	pos   uint64
-	outs  []Out // flat stages: every output; one-to-one stages: one
+	out   Out   // one-to-one stages: the output
+	outs  []Out // flat stages: every output
 }
 
 // entry is the outcome of one item of a one-to-one ordered stage, settled with the
-// other items of its worker's run.
-type entry[Out any] struct {
+// other items of its worker's run; its output is in its slot already (fill).
+type entry struct {
 	seq  uint64
-	pos  uint64
-	out  Out
 	skip bool // no output
 }
 
@@ -65,13 +64,21 @@ type reorder[Out any] struct {
 	flushing bool          // a worker is pushing outputs downstream
 	wake     chan struct{} // closed when next advances, made only when someone waits
 	held     atomic.Int64  // items settled with outputs but not yet pushed
-	scratch  []item[Out]   // the flusher's batch (only the flusher touches it)
-	lasts    []bool        // per output in scratch: the last of its item's outputs
+	flat     bool          // outputs in slot.outs, not slot.out
 	out      sender[Out]   // used by the flusher only
 }
 
-func newReorder[Out any](window int, out sender[Out]) *reorder[Out] {
-	return &reorder[Out]{slots: make([]slot[Out], window), out: out}
+func newReorder[Out any](window int, out sender[Out], flat bool) *reorder[Out] {
+	return &reorder[Out]{slots: make([]slot[Out], window), out: out, flat: flat}
+}
+
+// fill records the output of admitted item seq of a one-to-one stage in its slot. The
+// slot is the worker's alone until it settles the item (settleRun): the item that had
+// it before was pushed and its slot emptied before the head passed it, and the head had
+// passed it when seq was admitted.
+func (o *reorder[Out]) fill(seq, pos uint64, out Out) {
+	s := &o.slots[seq%uint64(len(o.slots))]
+	s.pos, s.out = pos, out
 }
 
 // inside reports whether item seq is inside the window, with an atomic load.
@@ -147,7 +154,7 @@ func (o *reorder[Out]) settle(ctx context.Context, stats *workerStats, seq, pos 
 
 // settleRun is settle for the items of a run of a one-to-one stage, under one lock:
 // onEntered is told how many had an output.
-func (o *reorder[Out]) settleRun(ctx context.Context, stats *workerStats, es []entry[Out], onEntered func(ready int)) (entered bool, err error) {
+func (o *reorder[Out]) settleRun(ctx context.Context, stats *workerStats, es []entry, onEntered func(ready int)) (entered bool, err error) {
 	w := uint64(len(o.slots))
 	o.mu.Lock()
 	last := es[0].seq
@@ -165,9 +172,7 @@ func (o *reorder[Out]) settleRun(ctx context.Context, stats *workerStats, es []e
 			s.state = slotSkip
 			continue
 		}
-		s.state = slotReady
-		s.pos = e.pos
-		s.outs = append(s.outs[:0], e.out)
+		s.state = slotReady // its output was filled in before
 		ready++
 	}
 	o.held.Add(int64(ready))
@@ -183,12 +188,14 @@ func (o *reorder[Out]) settleRun(ctx context.Context, stats *workerStats, es []e
 }
 
 // flush pushes the finished items at the head of the window, in order, until the head
-// is unfinished; the caller has claimed the flush.
+// is unfinished; the caller has claimed the flush. The slots of the items being pushed
+// stay taken until they are pushed, so that the window holds at most its size, pushing
+// included; meanwhile only the flusher reads them (their workers are done with them).
 func (o *reorder[Out]) flush(stats *workerStats) error {
 	w := uint64(len(o.slots))
-	// out counts the items of the batch being pushed that are out of the window; a
-	// panic (or Goexit) in an inline operator downstream, in the middle of a batch,
-	// leaves only the rest held, and what the sender holds unsent.
+	// out counts the items pushed and not yet taken out of held; a panic (or Goexit)
+	// in an inline operator downstream, in the middle of a run of items, leaves only
+	// the rest held, and what the sender holds unsent.
 	var out, emitted int64
 	returned := false
 	defer func() {
@@ -201,57 +208,52 @@ func (o *reorder[Out]) flush(stats *workerStats) error {
 	o.mu.Lock()
 	var first error
 	for {
-		// Take the run of finished items at the head. Their slots stay taken until they
-		// are pushed, so that the window holds at most its size, pushing included.
 		end := o.next
-		batch, lasts := o.scratch[:0], o.lasts[:0]
-		for end-o.next < w {
-			h := &o.slots[end%w]
-			if h.state == slotEmpty {
-				break
-			}
-			if h.state == slotReady {
-				if len(h.outs) == 0 { // a flat stage's item with no output: nothing to push
-					o.held.Add(-1)
-				}
-				for i, v := range h.outs {
-					batch = append(batch, item[Out]{v, h.pos})
-					lasts = append(lasts, i == len(h.outs)-1)
-				}
-				clear(h.outs)
-				h.outs = h.outs[:0]
-			}
+		for end-o.next < w && o.slots[end%w].state != slotEmpty {
 			end++
 		}
 		if end == o.next { // nothing settled in order since the last pass
 			o.flushing = false
-			o.scratch, o.lasts = batch, lasts
 			o.mu.Unlock()
 			returned = true
 			return first
 		}
 		o.mu.Unlock()
-		for i, it := range batch {
-			if err := o.out.put(it.v, it.pos); err != nil && first == nil {
-				first = err // offer the rest too, so that each is counted as sent or unsent
+		for seq := o.next; seq < end; seq++ {
+			h := &o.slots[seq%w]
+			if h.state != slotReady {
+				continue
 			}
-			emitted++
-			if lasts[i] {
+			if !o.flat {
+				if err := o.out.put(h.out, h.pos); err != nil && first == nil {
+					first = err // offer the rest too, so that each is counted as sent or unsent
+				}
+				var zero Out
+				h.out = zero
+				emitted++
 				out++
+				continue
 			}
+			for _, v := range h.outs {
+				if err := o.out.put(v, h.pos); err != nil && first == nil {
+					first = err
+				}
+				emitted++
+			}
+			clear(h.outs)
+			h.outs = h.outs[:0]
+			out++ // a flat item with no output too: nothing to push, out of the window
 		}
 		if err := o.out.flush(); err != nil && first == nil {
 			first = err
 		}
 		o.held.Add(-out)
 		out = 0
-		clear(batch)
 		o.mu.Lock()
 		for ; o.next < end; o.next++ {
 			o.slots[o.next%w].state = slotEmpty
 		}
 		o.head.Store(o.next)
-		o.scratch, o.lasts = batch, lasts
 		if o.wake != nil {
 			close(o.wake)
 			o.wake = nil

@@ -195,7 +195,7 @@ func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
 			if window == 0 {
 				window = buf + 4*st.workers
 			}
-			ord = newReorder(window, next(new(hand)))
+			ord = newReorder(window, next(new(hand)), st.flat != nil)
 			rw.held, rw.extra = ord.heldCount, window
 		}
 		cl := newClient(r, rw, st) // client.go: nil without rate limit, breaker or adaptive workers
@@ -310,7 +310,7 @@ type worker[In, Out any] struct {
 	pos      uint64        // the current item's source position (checkpointed runs)
 	seq      uint64        // the current item's sequence number (ordered stages)
 	ord      *reorder[Out] // the reorder window (ordered stages)
-	pend     []entry[Out]  // ordered one-to-one stages: the run's outcomes, settled together
+	pend     []entry       // ordered one-to-one stages: the run's outcomes, settled together
 	slow     bool          // the last timed attempt took long: time every attempt
 	busy     bool          // an item is in hand and not yet counted: a panic fails it
 	ctxs     attemptSlab   // WithTimeout: fresh attempt contexts
@@ -411,7 +411,7 @@ func (w *worker[In, Out]) items(ctx context.Context, k int, seq uint64) error {
 		w.pos, w.seq = e.pos, seq+uint64(j)
 		*e = item[In]{}
 		w.left--
-		w.q.started(w.id, 1)        // its room in the queue is free: the item is in hand
+		w.q.started(w.id, 1)  // its room in the queue is free: the item is in hand
 		if ctx.Err() != nil { // the run is stopping: start nothing new
 			w.t.discarded += int64(1 + w.left)
 			w.clearRun(j + 1)
@@ -548,7 +548,8 @@ func (w *worker[In, Out]) call(ctx context.Context, v In) (Out, error) {
 func (w *worker[In, Out]) deliver(ctx context.Context, out Out) (handed bool, err error) {
 	if w.ord != nil {
 		if w.st.flat == nil { // settled with the rest of the run (w.settle)
-			w.pend = append(w.pend, entry[Out]{seq: w.seq, pos: w.pos, out: out})
+			w.ord.fill(w.seq, w.pos, out)
+			w.pend = append(w.pend, entry{seq: w.seq})
 			w.r.track.split(w.pos, 1)
 			w.busy = false // counted when it enters the window, or failed if it never does
 			return true, nil
@@ -603,7 +604,7 @@ func (w *worker[In, Out]) skip(ctx context.Context) error {
 		return nil
 	}
 	if w.st.flat == nil {
-		w.pend = append(w.pend, entry[Out]{seq: w.seq, pos: w.pos, skip: true})
+		w.pend = append(w.pend, entry{seq: w.seq, skip: true})
 		return nil
 	}
 	if err := w.settle(ctx); err != nil {
