@@ -380,6 +380,9 @@ func (w *worker[In, Out]) take(ctx context.Context) error {
 		if w.cl != nil {
 			n = 1 // a rate limit, a breaker or an adaptive limit decides per item
 		}
+		if w.ord != nil { // runs that leave the window room for every worker's next one
+			n = min(n, max(1, len(w.ord.slots)/(2*w.st.workers)))
+		}
 		k, seq, queued, ok, err := w.q.takeWait(ctx, w.lane, w.wt, w.run[:n])
 		if !ok {
 			if w.cl != nil {
