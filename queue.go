@@ -232,11 +232,15 @@ func (q *queue[T]) reserve(ctx context.Context, w *waiter, items []item[T], lane
 	q.placeLocked(items, lanes)
 	placed := false // what the goroutine holds for other queues
 	for {
-		// pwait is set before the workers' counts are read: a worker that starts an
-		// item after this read sees it, and wakes the producers.
-		q.pwait.Store(1)
-		if room := q.limit() - q.reserved - q.usedLocked(); room > 0 {
-			if len(q.producers) == 0 {
+		room := q.limit() - q.reserved - q.usedLocked()
+		if room <= 0 {
+			// pwait is set before the workers' counts are read again: a worker that
+			// starts an item after this read sees it, and wakes the producers.
+			q.pwait.Store(1)
+			room = q.limit() - q.reserved - q.usedLocked()
+		}
+		if room > 0 {
+			if len(q.producers) == 0 && q.pwait.Load() != 0 {
 				q.pwait.Store(0)
 			}
 			r := min(room, want)
