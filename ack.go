@@ -181,7 +181,7 @@ func FromAcked[T any](p *Pipeline, fn func(ctx context.Context, emit func(v T, s
 			return err
 		}
 		r.goSafe(name, func() error {
-			snd = out(new(hand))
+			snd = out(&hand{last: true}) // each item is handed over at once
 			returned := false
 			defer func() {
 				if !returned {

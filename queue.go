@@ -96,6 +96,7 @@ type outlet[T any] = func(h *hand) sender[T]
 // others, so that no item waits in the hand of a blocked goroutine when it could be in
 // a queue.
 type hand struct {
+	last    bool // the goroutine hands over its next item at once (the last of its run)
 	placers []func()
 	waits   []func() // before the goroutine waits: publish its counts
 }
@@ -227,6 +228,12 @@ func (q *queue[T]) wakeProducersLocked() {
 // or the run's cause if the run stops first. lanes, for a keyed queue, has each item's
 // lane. w is the producer's waiter.
 func (q *queue[T]) reserve(ctx context.Context, w *waiter, items []item[T], lanes []uint32, want int, h *hand) (int, error) {
+	return q.reservePlace(ctx, w, items, lanes, want, h, nil, 0)
+}
+
+// reservePlace is reserve that, once it has room, also places now (with its lane) in
+// it, under the same lock: an item a producer would hand over right after.
+func (q *queue[T]) reservePlace(ctx context.Context, w *waiter, items []item[T], lanes []uint32, want int, h *hand, now *item[T], nowLane uint32) (int, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.placeLocked(items, lanes)
@@ -245,6 +252,15 @@ func (q *queue[T]) reserve(ctx context.Context, w *waiter, items []item[T], lane
 			}
 			r := min(room, want)
 			q.reserved += r
+			if now != nil {
+				one, ln := [1]item[T]{*now}, [1]uint32{nowLane}
+				if lanes := ln[:]; q.hash == nil {
+					q.placeLocked(one[:], nil)
+				} else {
+					q.placeLocked(one[:], lanes)
+				}
+				r--
+			}
 			return r, nil
 		}
 		if !placed && h != nil { // place the rest first, unlocked
@@ -516,6 +532,15 @@ func (s *queueSender[T]) put(v T, pos uint64) error {
 	var lane uint32
 	if s.q.hash != nil { // user code: in the producer's goroutine, outside the lock
 		lane = uint32(s.q.hash(v) % uint64(len(s.q.lanes)))
+	}
+	if s.avail == 0 && len(s.buf) == 0 && s.h != nil && s.h.last && s.q.capacity > 0 {
+		// The item is handed over at once: reserve its room and place it in one lock.
+		it := item[T]{v, pos}
+		if _, err := s.q.reservePlace(s.ctx, s.w, nil, nil, 1, s.h, &it, lane); err != nil {
+			s.q.unsent.Add(1)
+			return err
+		}
+		return nil
 	}
 	if s.avail == 0 {
 		if s.buf == nil {

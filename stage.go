@@ -212,7 +212,7 @@ func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
 			}
 			if ord == nil {
 				h := &hand{waits: []func(){w.commit}} // counts are current while the worker waits
-				w.out = next(h)
+				w.out, w.hand = next(h), h
 			}
 			if st.flat != nil {
 				w.emit = func(o Out) { w.buf = append(w.buf, o) }
@@ -305,6 +305,7 @@ type worker[In, Out any] struct {
 	wt       *waiter       // how the worker sleeps on q
 	run      []item[In]    // the run of items taken from q
 	left     int           // items of the run taken and not started
+	hand     *hand         // the worker's, when it has a sender of its own
 	runMax   int           // the most items to take at once: fewer, the slower the function
 	n        uint64        // items started, for timing one in 16
 	pos      uint64        // the current item's source position (checkpointed runs)
@@ -440,6 +441,9 @@ func (w *worker[In, Out]) items(ctx context.Context, k int, seq uint64) error {
 				return err
 			}
 			continue
+		}
+		if w.hand != nil {
+			w.hand.last = w.left == 0 // its outputs go at once: the run ends with it
 		}
 		w.busy = true
 		err := w.process(ctx, v)
