@@ -76,6 +76,7 @@ func Batch[T any](s *Stream[T], size int, opts ...BatchOption) *Stream[[]T] {
 	out := newStream[[]T](p, desc)
 	out.open = func(r *run, next outlet[[]T], done func()) {
 		q := newQueue[T](buf, 1)
+		r.stoppers = append(r.stoppers, q.stop)
 		rw := r.newRow(name, kindBatch, 1, buf, q)
 		rw.flushes, rw.extra, rw.unit = new(flushCounters), size, size
 		wireInput(r, rw, s, q.outlet(r.ctx), q.close)

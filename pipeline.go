@@ -197,6 +197,15 @@ func (p *Pipeline) exec(r *run, extra func(r *run)) (*run, error) {
 	if p.ack != nil { // WithMaxPending, or the capacity in flight
 		r.track.acks.max = cmp.Or(p.ack.max, max(r.inflight(), 1))
 	}
+	// When the run stops, every goroutine sleeping on a queue is woken: they sleep on a
+	// channel of their own, not in a select over the run's done channel.
+	stopDone := make(chan struct{})
+	stopWake := context.AfterFunc(gctx, func() {
+		defer close(stopDone)
+		for _, stop := range r.stoppers {
+			stop()
+		}
+	})
 	p.cur.Store(r)
 	for _, fn := range r.pending {
 		g.Go(fn)
@@ -226,6 +235,9 @@ func (p *Pipeline) exec(r *run, extra func(r *run)) (*run, error) {
 		close(saverDone)
 	}
 	err := g.Wait()
+	if !stopWake() { // it ran, or runs: wait for it
+		<-stopDone
+	}
 	close(stop)
 	<-saverDone
 	if f := r.failure.Load(); f != nil && (err == nil || errors.Is(err, f)) {
@@ -292,6 +304,7 @@ type run struct {
 	cancel    context.CancelCauseFunc    // cancels the run with a cause
 	track     *tracker                   // the checkpoint's watermark, nil when none
 	pending   []func() error             // goroutines to start once the graph is wired
+	stoppers  []func()                   // the queues' stop: wake every sleeper when the run stops
 	consumers []*row                     // while wiring: the rows whose input is being opened (several through a Tee)
 	feeders   []*row                     // while wiring: the rows that feed the stream just opened
 }
@@ -518,6 +531,7 @@ func collect[T any](ctx context.Context, s *Stream[T], ctor string, opts []Colle
 			}()
 			r, err := p.exec(r, func(r *run) {
 				rw, tr = r.newRow(name, kindSink, 1, buf, q), r.track
+				r.stoppers = append(r.stoppers, q.stop)
 				wireInput(r, rw, s, q.outlet(r.ctx), q.close)
 				r.addRow(rw)
 				close(wired)

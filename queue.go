@@ -158,6 +158,7 @@ type queue[T any] struct {
 	puts      uint64         // items placed, for a rendezvous
 	takes     uint64         // items taken by the workers
 	closed    bool
+	stopped   bool      // the run is stopping: no one sleeps any more
 	producers []*waiter // waiting for room, or for their item to be taken
 	unsent    atomic.Int64
 	_         [64]byte     // pwait is read by every worker for every item: a line of its own
@@ -270,19 +271,37 @@ func (q *queue[T]) reservePlace(ctx context.Context, w *waiter, items []item[T],
 			q.mu.Lock()
 			continue
 		}
-		q.producers = append(q.producers, w)
-		q.mu.Unlock()
-		select {
-		case <-w.ch:
-			q.mu.Lock()
-		case <-ctx.Done():
-			q.mu.Lock()
-			if i := slices.Index(q.producers, w); i >= 0 { // not woken: leave the list
-				q.producers = slices.Delete(q.producers, i, i+1)
-			}
+		if !q.sleepLocked(ctx, w, &q.producers) {
 			return 0, context.Cause(ctx)
 		}
 	}
+}
+
+// sleepLocked puts w on list and sleeps until a waker takes it off and wakes it; q.mu
+// is held when it is called and when it returns. It returns false, without sleeping or
+// after waking, when the run is stopping (stop wakes every sleeper). A plain receive
+// costs less than a select over the run's done channel as well.
+func (q *queue[T]) sleepLocked(ctx context.Context, w *waiter, list *[]*waiter) bool {
+	if q.stopped || ctx.Err() != nil {
+		return false
+	}
+	*list = append(*list, w)
+	q.mu.Unlock()
+	<-w.ch
+	q.mu.Lock()
+	return !q.stopped && ctx.Err() == nil
+}
+
+// stop wakes every goroutine that sleeps on the queue, for good: the run is stopping.
+func (q *queue[T]) stop() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.stopped = true
+	for i := range q.lanes {
+		l := &q.lanes[i]
+		wakeSome(&l.waiting, len(l.waiting))
+	}
+	q.wakeProducersLocked()
 }
 
 // placeLocked puts items, for which room was reserved, in the ring and wakes workers.
@@ -338,16 +357,7 @@ func (q *queue[T]) finish(ctx context.Context, w *waiter, items []item[T], lanes
 			q.mu.Lock()
 			continue
 		}
-		q.producers = append(q.producers, w)
-		q.mu.Unlock()
-		select {
-		case <-w.ch:
-			q.mu.Lock()
-		case <-ctx.Done():
-			q.mu.Lock()
-			if i := slices.Index(q.producers, w); i >= 0 {
-				q.producers = slices.Delete(q.producers, i, i+1)
-			}
+		if !q.sleepLocked(ctx, w, &q.producers) {
 			if q.takes < mine { // still there: the only item of the ring
 				for i := range q.lanes {
 					if l := &q.lanes[i]; l.n > 0 {
@@ -371,20 +381,22 @@ func (q *queue[T]) finish(ctx context.Context, w *waiter, items []item[T], lanes
 // the queue before. closed is true when the lane is empty and no item will come. The
 // items keep their room until the worker starts them (started).
 func (q *queue[T]) take(i int, dst []item[T]) (k int, seq uint64, queued int, closed bool) {
-	return q.takeOrPark(i, dst, nil)
+	k, seq, queued, closed, _ = q.takeOrPark(nil, i, dst, nil)
+	return k, seq, queued, closed
 }
 
 // takeOrPark is take that, finding lane i empty and open, also puts w (if not nil) on
-// its waiting list, under the same lock.
-func (q *queue[T]) takeOrPark(i int, dst []item[T], w *waiter) (k int, seq uint64, queued int, closed bool) {
+// its waiting list, under the same lock (parked), unless the run is stopping.
+func (q *queue[T]) takeOrPark(ctx context.Context, i int, dst []item[T], w *waiter) (k int, seq uint64, queued int, closed, parked bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	l := &q.lanes[i]
 	if l.n == 0 {
-		if w != nil && !q.closed {
+		if w != nil && !q.closed && !q.stopped && ctx.Err() == nil {
 			l.waiting = append(l.waiting, w)
+			parked = true
 		}
-		return 0, 0, 0, q.closed
+		return 0, 0, 0, q.closed, parked
 	}
 	queued = q.usedLocked()
 	seq = q.seq - uint64(q.n) // one lane when ordered: its head is the oldest item
@@ -406,7 +418,7 @@ func (q *queue[T]) takeOrPark(i int, dst []item[T], w *waiter) (k int, seq uint6
 	if q.capacity == 0 && len(q.producers) > 0 {
 		q.wakeProducersLocked() // a rendezvous: the item is taken
 	}
-	return k, seq, queued, false
+	return k, seq, queued, false, false
 }
 
 // started gives back the room of k items worker i took and has now started (or will
@@ -449,19 +461,17 @@ func (q *queue[T]) unpark(i int, w *waiter) {
 // and drained, or (with the run's cause) when ctx is done first.
 func (q *queue[T]) takeWait(ctx context.Context, i int, w *waiter, dst []item[T]) (k int, seq uint64, queued int, ok bool, err error) {
 	for {
-		k, seq, queued, closed := q.takeOrPark(i, dst, w)
+		k, seq, queued, closed, parked := q.takeOrPark(ctx, i, dst, w)
 		if k > 0 {
 			return k, seq, queued, true, nil
 		}
 		if closed {
 			return 0, 0, 0, false, nil
 		}
-		select {
-		case <-w.ch:
-		case <-ctx.Done():
-			q.unpark(i, w)
+		if !parked { // the run is stopping
 			return 0, 0, 0, false, context.Cause(ctx)
 		}
+		<-w.ch // woken by a producer, by close, or by stop
 	}
 }
 

@@ -180,6 +180,7 @@ func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
 		} else {
 			q = newQueue[In](buf, st.workers)
 		}
+		r.stoppers = append(r.stoppers, q.stop)
 		rw := r.newRow(name, kind, st.workers, buf, q)
 		rw.timeout = st.cfg.timeout
 		wireInput(r, rw, s, q.outlet(r.ctx), q.close)
