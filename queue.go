@@ -381,7 +381,7 @@ func (q *queue[T]) finish(ctx context.Context, w *waiter, items []item[T], lanes
 // the queue before. closed is true when the lane is empty and no item will come. The
 // items keep their room until the worker starts them (started).
 func (q *queue[T]) take(i int, dst []item[T]) (k int, seq uint64, queued int, closed bool) {
-	k, seq, queued, closed, _ = q.takeOrPark(nil, i, dst, nil)
+	k, seq, queued, closed, _ = q.takeOrPark(context.Background(), i, dst, nil)
 	return k, seq, queued, closed
 }
 
