@@ -196,7 +196,7 @@ func (q *queue[T]) limit() int { return max(q.capacity, 1) }
 
 // grant is how much room a producer reserves at once: a chunk, or less in a small
 // queue, so that several producers share it.
-func (q *queue[T]) grant() int { return max(1, min(chunk, q.limit()/4)) }
+func (q *queue[T]) grant() int { return max(1, min(chunk, q.limit()/2)) }
 
 // wakeSome wakes up to n waiters of list.
 func wakeSome(list *[]*waiter, n int) {

@@ -308,7 +308,7 @@ type worker[In, Out any] struct {
 	left     int           // items of the run taken and not started
 	hand     *hand         // the worker's, when it has a sender of its own
 	runMax   int           // the most items to take at once: fewer, the slower the function
-	n        uint64        // items started, for timing one in 16
+	n        uint64        // items started, for timing one in 64
 	pos      uint64        // the current item's source position (checkpointed runs)
 	seq      uint64        // the current item's sequence number (ordered stages)
 	ord      *reorder[Out] // the reorder window (ordered stages)
@@ -506,10 +506,10 @@ func (w *worker[In, Out]) attempt(ctx context.Context, v In) (out Out, err error
 	if w.st.sink && w.r.track != nil && w.pos != noPos {
 		ctx = w.r.track.scope(ctx, &w.pos) // for Commit (commit.go)
 	}
-	// Time one attempt in 16, or every one while they are slow enough for the clock's
+	// Time one attempt in 64, or every one while they are slow enough for the clock's
 	// cost not to matter.
 	var t0 time.Time
-	timed := w.slow || w.n&15 == 0
+	timed := w.slow || w.n&63 == 0
 	w.n++
 	if timed {
 		t0 = time.Now()
