@@ -105,18 +105,29 @@ func sleep(ctx context.Context, backoff Backoff, attempt int, err error) error {
 
 // attemptCtx is the context of one attempt under WithTimeout. context.WithTimeout costs
 // a timer, a channel and several allocations per call, whether or not the function ever
-// looks at its context; this one costs a clock read. Its lock, channel and timer are
-// made only when the function calls Done or Err. Every attempt gets a context of its
+// looks at its context; this one costs nothing but a compare-and-swap when the function
+// does not look at it. Its start is the worker's last clock reading (taken once per run
+// of items, and after each timed attempt), checked when the function first looks at
+// its context (Done, Err, Deadline): a reading more than staleStart old is replaced by
+// that moment's. Its lock, channel and timer are made only when the function calls Done
+// or Err. Every attempt gets a context of its
 // own, never reused (a function may hand its context to a goroutine that outlives the
 // attempt, which must see it canceled, and nothing of a later attempt); workers carve
 // them out of slabs, one allocation per 64 attempts.
 type attemptCtx struct {
 	parent context.Context
 	base   time.Time     // the run's start, with its monotonic reading
-	due    time.Duration // the deadline, as an offset from base
+	due    time.Duration // the deadline, as an offset from base (estimated: from the worker's last clock reading)
+	d      time.Duration // the timeout
+	guess  bool          // due is estimated: fix it when the function first looks (anchor)
+	fixed  atomic.Int64  // the deadline once fixed, plus one (0: not yet)
 	state  atomic.Int32  // ctxLive, ctxArmed (Done or Err was called), ctxEnded (ended unarmed)
 	armed  atomic.Pointer[armedCtx]
 }
+
+// staleStart is how old the worker's clock reading may be for an attempt to take it
+// as its start.
+const staleStart = time.Millisecond
 
 const (
 	ctxLive int32 = iota
@@ -160,12 +171,40 @@ func (c *attemptCtx) start(parent context.Context, base time.Time, d time.Durati
 	c.parent, c.base, c.due = parent, base, time.Since(base)+d
 }
 
+// startAt begins an attempt of at most d that started about at offset now from base
+// (the worker's last clock reading): no clock read until the function looks.
+func (c *attemptCtx) startAt(parent context.Context, base time.Time, now, d time.Duration) {
+	c.parent, c.base, c.due, c.d, c.guess = parent, base, now+d, d, true
+}
+
+// deadline returns the deadline as an offset from base, fixing an estimated one the
+// first time: the estimate, unless the clock reading it came from is stale, then now.
+func (c *attemptCtx) deadline() time.Duration {
+	if !c.guess {
+		return c.due
+	}
+	if v := c.fixed.Load(); v != 0 {
+		return time.Duration(v - 1)
+	}
+	due := c.due
+	if now := time.Since(c.base); now-(due-c.d) > staleStart {
+		due = now + c.d
+	}
+	if c.fixed.CompareAndSwap(0, int64(due)+1) {
+		return due
+	}
+	return time.Duration(c.fixed.Load() - 1)
+}
+
+// looked reports whether the function looked at its context's deadline.
+func (c *attemptCtx) looked() bool { return !c.guess || c.fixed.Load() != 0 }
+
 // expired reports whether the deadline has passed.
-func (c *attemptCtx) expired() bool { return time.Since(c.base) >= c.due }
+func (c *attemptCtx) expired() bool { return time.Since(c.base) >= c.deadline() }
 
 // Deadline implements context.Context.
 func (c *attemptCtx) Deadline() (time.Time, bool) {
-	deadline := c.base.Add(c.due)
+	deadline := c.base.Add(c.deadline())
 	if d, ok := c.parent.Deadline(); ok && d.Before(deadline) {
 		return d, true
 	}
@@ -204,7 +243,7 @@ func (c *attemptCtx) Done() <-chan struct{} {
 	if c.expireLocked(a); a.err != nil { // closed it
 		return a.done
 	}
-	a.timer = time.AfterFunc(c.due-time.Since(c.base), func() { c.cancel(a, context.DeadlineExceeded) })
+	a.timer = time.AfterFunc(c.deadline()-time.Since(c.base), func() { c.cancel(a, context.DeadlineExceeded) })
 	a.stopParent = context.AfterFunc(c.parent, func() { c.cancel(a, c.parent.Err()) })
 	return a.done
 }
@@ -268,9 +307,10 @@ func (c *attemptCtx) end() {
 }
 
 // timedOut reports whether the attempt's deadline had passed while its parent was not
-// done: the attempt's error is then a timeout.
+// done: the attempt's error is then a timeout. A function that never looked at its
+// context (Done, Err, Deadline) did not see the deadline: its error is its own.
 func (c *attemptCtx) timedOut() bool {
-	return c.parent.Err() == nil && c.expired()
+	return c.looked() && c.parent.Err() == nil && c.expired()
 }
 
 // process runs every attempt of one item and settles its outcome: delivered, dead-
@@ -288,6 +328,7 @@ func (w *worker[In, Out]) process(ctx context.Context, v In) error {
 				}
 				return w.fail(err, attempt-1, false)
 			}
+			w.tick() // it may have waited for a token
 		}
 		out, err := w.attempt(ctx, v)
 		if err == nil {
@@ -336,6 +377,7 @@ func (w *worker[In, Out]) process(ctx context.Context, v In) error {
 				w.t.failed++
 				return err
 			}
+			w.tick()
 			continue
 		}
 		return w.deadLetter(ctx, v, attempt, class, first, err)

@@ -309,6 +309,7 @@ type worker[In, Out any] struct {
 	hand     *hand         // the worker's, when it has a sender of its own
 	runMax   int           // the most items to take at once: fewer, the slower the function
 	n        uint64        // items started, for timing one in 64
+	clock    time.Duration // the worker's last clock reading, as an offset from the run's start
 	pos      uint64        // the current item's source position (checkpointed runs)
 	seq      uint64        // the current item's sequence number (ordered stages)
 	ord      *reorder[Out] // the reorder window (ordered stages)
@@ -410,6 +411,7 @@ func (w *worker[In, Out]) take(ctx context.Context) error {
 // items handles the run of k items in w.run, the first with sequence number seq.
 func (w *worker[In, Out]) items(ctx context.Context, k int, seq uint64) error {
 	w.left = k
+	w.tick() // the start of the run's attempts
 	for j := range k {
 		e := &w.run[j]
 		v := e.v
@@ -465,6 +467,13 @@ func (w *worker[In, Out]) items(ctx context.Context, k int, seq uint64) error {
 	return nil
 }
 
+// tick reads the clock for the attempts that follow, under WithTimeout (see attemptCtx).
+func (w *worker[In, Out]) tick() {
+	if w.st.cfg.timeout > 0 {
+		w.clock = time.Since(w.r.started)
+	}
+}
+
 // clearRun forgets the items of the run from index j on (not started), and gives back
 // their room.
 func (w *worker[In, Out]) clearRun(j int) {
@@ -518,7 +527,7 @@ func (w *worker[In, Out]) attempt(ctx context.Context, v In) (out Out, err error
 		out, err = w.call(ctx, v)
 	} else {
 		a := w.ctxs.next()
-		a.start(ctx, w.r.started, d)
+		a.startAt(ctx, w.r.started, w.clock, d)
 		out, err = w.call(a, v)
 		if err != nil && a.timedOut() {
 			err = &timeoutError{after: d, err: err}
@@ -527,6 +536,7 @@ func (w *worker[In, Out]) attempt(ctx context.Context, v In) (out Out, err error
 	}
 	if timed {
 		d := time.Since(t0)
+		w.clock = t0.Sub(w.r.started) + d
 		w.stats.lat.record(d)
 		w.slow = d > 20*time.Microsecond
 		w.runMax = chunk
