@@ -17,9 +17,12 @@ import (
 // Waiting for room in the next queue happens after the attempt and never counts against
 // d. It panics if d <= 0.
 //
-// An attempt whose function never looks at its context costs a clock read and no
-// allocation of its own; one that calls Done costs a timer, as [context.WithTimeout]
-// does.
+// An attempt's start is read from the clock once per run of items a worker takes (and
+// after each wait); when the function first looks at its context (Done, Err, Deadline)
+// and that reading is over a millisecond old, the deadline counts from that moment
+// instead. An error of a function that never looked at its context is its own, not a
+// timeout. An attempt whose function never looks costs no clock read and no allocation
+// of its own; one that calls Done costs a timer, as [context.WithTimeout] does.
 func WithTimeout(d time.Duration) StageOption {
 	if d <= 0 {
 		panic(fmt.Sprintf("pipeline: WithTimeout(%v): the timeout must be positive", d))

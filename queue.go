@@ -381,13 +381,17 @@ func (q *queue[T]) finish(ctx context.Context, w *waiter, items []item[T], lanes
 // the queue before. closed is true when the lane is empty and no item will come. The
 // items keep their room until the worker starts them (started).
 func (q *queue[T]) take(i int, dst []item[T]) (k int, seq uint64, queued int, closed bool) {
-	k, seq, queued, closed, _ = q.takeOrPark(context.Background(), i, dst, nil)
+	k, seq, queued, closed, _ = q.takeOrPark(context.Background(), i, dst, nil, 0)
 	return k, seq, queued, closed
 }
 
 // takeOrPark is take that, finding lane i empty and open, also puts w (if not nil) on
 // its waiting list, under the same lock (parked), unless the run is stopping.
-func (q *queue[T]) takeOrPark(ctx context.Context, i int, dst []item[T], w *waiter) (k int, seq uint64, queued int, closed, parked bool) {
+//
+// share, when other workers of the lane wait, is the least run worth waking one of
+// them for: the worker then takes an equal share of what waits, but at least that, and
+// leaves the rest to them (0: take all it asked for).
+func (q *queue[T]) takeOrPark(ctx context.Context, i int, dst []item[T], w *waiter, share int) (k int, seq uint64, queued int, closed, parked bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	l := &q.lanes[i]
@@ -403,6 +407,9 @@ func (q *queue[T]) takeOrPark(ctx context.Context, i int, dst []item[T], w *wait
 	// As much as the worker asked for: waking another worker costs more than a run of
 	// fast items, and a slow function asks for few (the rest goes to the next worker).
 	k = min(len(dst), l.n)
+	if share > 0 && len(l.waiting) > 0 {
+		k = min(k, max(share, (l.n+len(l.waiting))/(len(l.waiting)+1)))
+	}
 	for j := range k {
 		s := &l.buf[(l.head+j)%len(l.buf)]
 		dst[j] = *s
@@ -459,9 +466,9 @@ func (q *queue[T]) unpark(i int, w *waiter) {
 
 // takeWait is take, waiting while lane i is empty. ok is false when the lane is closed
 // and drained, or (with the run's cause) when ctx is done first.
-func (q *queue[T]) takeWait(ctx context.Context, i int, w *waiter, dst []item[T]) (k int, seq uint64, queued int, ok bool, err error) {
+func (q *queue[T]) takeWait(ctx context.Context, i int, w *waiter, dst []item[T], share int) (k int, seq uint64, queued int, ok bool, err error) {
 	for {
-		k, seq, queued, closed, parked := q.takeOrPark(ctx, i, dst, w)
+		k, seq, queued, closed, parked := q.takeOrPark(ctx, i, dst, w, share)
 		if k > 0 {
 			return k, seq, queued, true, nil
 		}

@@ -206,7 +206,7 @@ func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
 		for i := range st.workers {
 			w := &worker[In, Out]{
 				st: st, r: r, row: rw, stats: &rw.workers[i], budget: b, classify: classify, ord: ord, cl: cl, id: i,
-				q: q, wt: newWaiter(), run: make([]item[In], chunk), runMax: 1,
+				q: q, wt: newWaiter(), run: make([]item[In], chunk), runMax: 1, share: 1,
 			}
 			if st.hash != nil {
 				w.lane = i
@@ -308,6 +308,7 @@ type worker[In, Out any] struct {
 	left     int           // items of the run taken and not started
 	hand     *hand         // the worker's, when it has a sender of its own
 	runMax   int           // the most items to take at once: fewer, the slower the function
+	share    int           // the least run worth waking another worker for (takeOrPark)
 	n        uint64        // items started, for timing one in 64
 	clock    time.Duration // the worker's last clock reading, as an offset from the run's start
 	pos      uint64        // the current item's source position (checkpointed runs)
@@ -327,6 +328,10 @@ type worker[In, Out any] struct {
 // so that a slow function leaves the queued items to the other workers and outputs wait
 // little for the end of their run.
 const runBudget = 16 * time.Microsecond
+
+// splitWork is about the least work worth waking another worker for: a worker leaves
+// waiting items to the workers that wait only when each share takes that long.
+const splitWork = time.Microsecond
 
 // loop takes items until the queue is closed and drained (nil) or the run stops (its
 // cause). A panic in user code fails the run as a *PanicError; the item in flight is
@@ -386,7 +391,7 @@ func (w *worker[In, Out]) take(ctx context.Context) error {
 		if w.ord != nil { // runs that leave the window room for every worker's next one
 			n = min(n, max(1, len(w.ord.slots)/(2*w.st.workers)))
 		}
-		k, seq, queued, ok, err := w.q.takeWait(ctx, w.lane, w.wt, w.run[:n])
+		k, seq, queued, ok, err := w.q.takeWait(ctx, w.lane, w.wt, w.run[:n], w.share)
 		if !ok {
 			if w.cl != nil {
 				w.cl.ended()
@@ -539,9 +544,10 @@ func (w *worker[In, Out]) attempt(ctx context.Context, v In) (out Out, err error
 		w.clock = t0.Sub(w.r.started) + d
 		w.stats.lat.record(d)
 		w.slow = d > 20*time.Microsecond
-		w.runMax = chunk
+		w.runMax, w.share = chunk, chunk
 		if d > 0 {
 			w.runMax = int(min(max(runBudget/d, 1), chunk))
+			w.share = int(min(max(splitWork/d, 1), chunk))
 		}
 	}
 	return out, err

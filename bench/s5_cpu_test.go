@@ -87,6 +87,20 @@ func s5CPUPipeline(ctx context.Context, lines []string) (s5Count, error) {
 	return s5Count{items: agg.n}, err
 }
 
+// s5CPUUnordered is s5CPUPipeline without the order: the sink sums what arrives.
+func s5CPUUnordered(ctx context.Context, lines []string) (s5Count, error) {
+	p := pipeline.New(pipeline.WithBuffer(s5Buffer))
+	s := pipeline.Then(pipeline.FromSlice(p, lines), pipeline.NewStage("parse", runtime.GOMAXPROCS(0), parse))
+	var agg aggregate
+	pipeline.To(s, pipeline.NewSink("sum", 1, func(_ context.Context, r csvRecord) error {
+		agg.n++
+		agg.total += r.price * float64(r.qty)
+		return nil
+	}))
+	err := p.Run(ctx)
+	return s5Count{items: agg.n}, err
+}
+
 func s5CPULoop(ctx context.Context, lines []string) (s5Count, error) {
 	var agg aggregate
 	for _, l := range lines {
@@ -206,6 +220,7 @@ func s5CPUShape(b *testing.B) {
 		run  func(context.Context, []string) (s5Count, error)
 	}{
 		{"pipeline", s5CPUPipeline},
+		{"unordered", s5CPUUnordered},
 		{"handwritten", s5CPUHandwritten},
 		{"loop", s5CPULoop},
 	} {
