@@ -324,6 +324,12 @@ func (w *worker[In, Out]) process(ctx context.Context, v In) error {
 	for attempt := 1; ; attempt++ {
 		if cl != nil {
 			var err error
+			if cl.brk != nil && !cl.brk.closed.Load() { // it may hold the attempt: what the run finished goes on first
+				if err := w.hold(ctx); err != nil {
+					w.t.failed++
+					return err
+				}
+			}
 			if w.tk, err = cl.acquire(ctx, v); err != nil {
 				if ctx.Err() != nil {
 					w.t.failed++

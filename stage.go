@@ -385,8 +385,8 @@ func (w *worker[In, Out]) take(ctx context.Context) error {
 			}
 		}
 		n := w.runMax
-		if w.cl != nil && (w.cl.lim != nil || w.cl.keyLim != nil || w.cl.brk != nil) {
-			n = 1 // a rate limit or a breaker may make an item wait: the rest stay queued for the other workers
+		if w.cl != nil && (w.cl.lim != nil || w.cl.keyLim != nil) {
+			n = 1 // an item may wait for a token: the rest stay queued for the other workers (other keys)
 		}
 		if w.ord != nil { // runs that leave the window room for every worker's next one
 			n = min(n, max(1, len(w.ord.slots)/(2*w.st.workers)))
