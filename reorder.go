@@ -57,7 +57,8 @@ type entry struct {
 // items) with its sequence number; whichever worker settles the head item flushes
 // every consecutive finished item downstream, in order, while the others go on.
 type reorder[Out any] struct {
-	head     atomic.Uint64 // next, for admit's check without the lock
+	head     atomic.Uint64 // next, for admit's check without the lock (read per item)
+	_        [56]byte      // head on a line of its own: the lock is written on every settle
 	mu       sync.Mutex
 	next     uint64 // sequence number of the oldest unsettled item
 	slots    []slot[Out]
