@@ -125,10 +125,7 @@ func (b *batcher[T]) loop() error {
 	defer func() {
 		if !returned { // user code (the sizer, or downstream of a flush) panicked or exited: fail what is in hand
 			s := b.stats
-			s.discarded.add(int64(b.left)) // taken, never batched: not started
-			if b.left > 0 {
-				b.q.started(0, b.left)
-			}
+			b.abandon()
 			s.failed.add(s.received.load() - s.succeeded.load() - s.failed.load() - s.discarded.load())
 			b.out.drop()
 		}
@@ -226,10 +223,8 @@ func (b *batcher[T]) items(k int, judged, moved *<-chan struct{}) error {
 			n := b.sizer(v)
 			if len(b.batch) > 0 && b.bytes+n > b.maxBytes {
 				if err := b.flush(&b.flushes.bytes); err != nil {
-					b.stats.failed.inc()                 // v, which made room for itself, is in no batch
-					b.stats.discarded.add(int64(b.left)) // taken, never batched: not started
-					b.q.started(0, b.left)
-					b.left = 0
+					b.stats.failed.inc() // v, which made room for itself, is in no batch
+					b.abandon()
 					return err
 				}
 			}
@@ -248,14 +243,22 @@ func (b *batcher[T]) items(k int, judged, moved *<-chan struct{}) error {
 		}
 		if len(b.batch) == b.size {
 			if err := b.flush(&b.flushes.size); err != nil {
-				b.stats.discarded.add(int64(b.left))
-				b.q.started(0, b.left)
-				b.left = 0
+				b.abandon()
 				return err
 			}
 		}
 	}
 	return nil
+}
+
+// abandon counts the items of the run not yet in a batch as not started, and gives
+// back their room.
+func (b *batcher[T]) abandon() {
+	if b.left > 0 {
+		b.stats.discarded.add(int64(b.left))
+		b.q.started(0, b.left)
+		b.left = 0
+	}
 }
 
 // flush sends the current batch on; its items count as succeeded here, a batch at a

@@ -560,6 +560,11 @@ func collect[T any](ctx context.Context, s *Stream[T], ctor string, opts []Colle
 			yielded int64                    // items of the run yielded, not yet counted
 		)
 		w := &rw.workers[0]
+		rest := func() { // the items of the run taken, never yielded: not started
+			w.discarded.add(int64(k - j))
+			q.started(0, k-j)
+			j = k
+		}
 		defer func() {
 			if !finished { // the loop body panicked: stop the run and wait for it
 				if inHand {
@@ -567,8 +572,7 @@ func collect[T any](ctx context.Context, s *Stream[T], ctor string, opts []Colle
 					yielded--
 				}
 				w.succeeded.add(yielded)
-				w.discarded.add(int64(k - j)) // taken, never yielded: not started
-				q.started(0, k-j)
+				rest()
 				cancel(errStopped)
 				if !gotRes {
 					res = <-done
@@ -582,8 +586,7 @@ func collect[T any](ctx context.Context, s *Stream[T], ctor string, opts []Colle
 			// the run has failed: after a failure the queue is not closed.
 			if gotRes {
 				if d := res.r.drained.Load(); res.err != nil && (d == nil || res.err != error(d)) { //nolint:errorlint // identity: the very error a drain returns
-					w.discarded.add(int64(k - j)) // failed: the queue is not closed; a drained run's is
-					q.started(0, k-j)
+					rest() // failed: the queue is not closed; a drained run's is
 					break
 				}
 			}
@@ -626,9 +629,7 @@ func collect[T any](ctx context.Context, s *Stream[T], ctor string, opts []Colle
 				stopped = true
 				w.succeeded.add(yielded)
 				yielded = 0
-				w.discarded.add(int64(k - j)) // taken, never yielded: not started
-				q.started(0, k-j)
-				j = k
+				rest()
 				cancel(errStopped)
 				break
 			}

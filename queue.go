@@ -130,7 +130,6 @@ func (w *waiter) wake() {
 type lane[T any] struct {
 	buf     []item[T] // a ring
 	head, n int
-	takers  int       // the workers that take from it, for their fair share
 	waiting []*waiter // consumers waiting for an item
 }
 
@@ -143,8 +142,8 @@ type lane[T any] struct {
 //
 // A producer reserves room for up to a chunk of items under the lock, then puts items
 // in its own buffer without it, and places them in the ring at the next reservation or
-// flush; a worker takes a run of items under the lock and gives back each item's room,
-// with an atomic add, as it starts the item. A keyed queue (hash) has a lane per worker;
+// flush; a worker takes a run of items under the lock and gives back each item's room
+// as it starts the item (a store to a count of its own, see started). A keyed queue (hash) has a lane per worker;
 // items are numbered in the order they enter (ordered stages take from one lane).
 type queue[T any] struct {
 	mu        sync.Mutex
@@ -154,8 +153,7 @@ type queue[T any] struct {
 	reserved  int            // room reserved by producers, not yet filled
 	starts    []startCount   // per worker: items taken and then started (or dropped)
 	hash      func(T) uint64 // WithKey: the lane of an item
-	seq       uint64         // the sequence number of the next item placed (ordered stages)
-	puts      uint64         // items placed, for a rendezvous
+	puts      uint64         // items placed: the sequence number of the next (ordered stages)
 	takes     uint64         // items taken by the workers
 	closed    bool
 	stopped   bool      // the run is stopping: no one sleeps any more
@@ -176,7 +174,7 @@ type startCount struct {
 // newQueue returns a queue of one lane taken by takers workers.
 func newQueue[T any](capacity, takers int) *queue[T] {
 	q := &queue[T]{capacity: capacity, lanes: make([]lane[T], 1), starts: make([]startCount, takers)}
-	q.lanes[0] = lane[T]{buf: make([]item[T], max(capacity, 1)), takers: takers}
+	q.lanes[0] = lane[T]{buf: make([]item[T], max(capacity, 1))}
 	return q
 }
 
@@ -185,7 +183,7 @@ func newQueue[T any](capacity, takers int) *queue[T] {
 func newKeyedQueue[T any](workers, capacity int, hash func(T) uint64) *queue[T] {
 	q := &queue[T]{capacity: capacity, lanes: make([]lane[T], workers), hash: hash, starts: make([]startCount, workers)}
 	for i := range q.lanes {
-		q.lanes[i] = lane[T]{buf: make([]item[T], max(capacity, 1)), takers: 1}
+		q.lanes[i] = lane[T]{buf: make([]item[T], max(capacity, 1))}
 	}
 	return q
 }
@@ -255,11 +253,11 @@ func (q *queue[T]) reservePlace(ctx context.Context, w *waiter, items []item[T],
 			q.reserved += r
 			if now != nil {
 				one, ln := [1]item[T]{*now}, [1]uint32{nowLane}
-				if lanes := ln[:]; q.hash == nil {
-					q.placeLocked(one[:], nil)
-				} else {
-					q.placeLocked(one[:], lanes)
+				var lanes []uint32
+				if q.hash != nil {
+					lanes = ln[:]
 				}
+				q.placeLocked(one[:], lanes)
 				r--
 			}
 			return r, nil
@@ -324,7 +322,6 @@ func (q *queue[T]) placeLocked(items []item[T], lanes []uint32) {
 	q.n += k
 	q.reserved -= k
 	q.puts += uint64(k)
-	q.seq += uint64(k)
 	for i := range q.lanes {
 		if l := &q.lanes[i]; l.n > 0 && len(l.waiting) > 0 {
 			wakeSome(&l.waiting, 1) // one worker; it wakes another if it leaves items
@@ -367,7 +364,6 @@ func (q *queue[T]) finish(ctx context.Context, w *waiter, items []item[T], lanes
 				}
 				q.n--
 				q.puts--
-				q.seq--
 				return len(items) - 1, context.Cause(ctx)
 			}
 			return len(items), nil
@@ -403,7 +399,7 @@ func (q *queue[T]) takeOrPark(ctx context.Context, i int, dst []item[T], w *wait
 		return 0, 0, 0, q.closed, parked
 	}
 	queued = q.usedLocked()
-	seq = q.seq - uint64(q.n) // one lane when ordered: its head is the oldest item
+	seq = q.puts - uint64(q.n) // one lane when ordered: its head is the oldest item
 	// As much as the worker asked for: waking another worker costs more than a run of
 	// fast items, and a slow function asks for few (the rest goes to the next worker).
 	k = min(len(dst), l.n)

@@ -127,30 +127,12 @@ func (o *reorder[Out]) waitLocked(ctx context.Context, seq uint64) error {
 // the item is the window's, and a panic while flushing (in an inline operator
 // downstream) must not count it again.
 func (o *reorder[Out]) settle(ctx context.Context, stats *workerStats, seq, pos uint64, outs []Out, skip bool, onEntered func()) (entered bool, err error) {
-	w := uint64(len(o.slots))
-	o.mu.Lock()
-	if err := o.waitLocked(ctx, seq); err != nil {
-		o.mu.Unlock()
-		return false, err
+	if !skip { // the slot is the worker's until it settles the item (see fill)
+		s := &o.slots[seq%uint64(len(o.slots))]
+		s.pos, s.outs = pos, append(s.outs[:0], outs...)
 	}
-	s := &o.slots[seq%w]
-	if skip {
-		s.state = slotSkip
-	} else {
-		s.state = slotReady
-		s.pos = pos
-		s.outs = append(s.outs[:0], outs...)
-		o.held.Add(1)
-	}
-	if o.flushing || seq != o.next {
-		o.mu.Unlock()
-		onEntered()
-		return true, nil
-	}
-	o.flushing = true // claim the flush before unlocking, so that no one else starts one
-	o.mu.Unlock()
-	onEntered()
-	return true, o.flush(stats)
+	one := [1]entry{{seq: seq, skip: skip}}
+	return o.settleRun(ctx, stats, one[:], func(int) { onEntered() })
 }
 
 // settleRun is settle for the items of a run of a one-to-one stage, under one lock:

@@ -425,28 +425,20 @@ func (w *worker[In, Out]) items(ctx context.Context, k int, seq uint64) error {
 		w.left--
 		w.q.started(w.id, 1)  // its room in the queue is free: the item is in hand
 		if ctx.Err() != nil { // the run is stopping: start nothing new
-			w.t.discarded += int64(1 + w.left)
-			w.clearRun(j + 1)
-			return context.Cause(ctx)
+			return w.abandon(j, 1, context.Cause(ctx))
 		}
 		if w.ord != nil && !w.ord.inside(w.seq) { // start only what the window has room for
 			if err := w.settle(ctx); err != nil { // the window may wait for this run's items
-				w.t.discarded += int64(1 + w.left)
-				w.clearRun(j + 1)
-				return err
+				return w.abandon(j, 1, err)
 			}
 			if err := w.ord.admit(ctx, w.seq); err != nil {
-				w.t.discarded += int64(1 + w.left)
-				w.clearRun(j + 1)
-				return err
+				return w.abandon(j, 1, err)
 			}
 		}
 		if w.row.drain.Load() {
 			w.t.discarded++ // a drained budget: start no new item
 			if err := w.skip(ctx); err != nil {
-				w.t.discarded += int64(w.left)
-				w.clearRun(j + 1)
-				return err
+				return w.abandon(j, 0, err)
 			}
 			continue
 		}
@@ -457,9 +449,8 @@ func (w *worker[In, Out]) items(ctx context.Context, k int, seq uint64) error {
 		err := w.process(ctx, v)
 		w.busy = false
 		if err != nil {
-			w.t.discarded += int64(w.left)
-			w.clearRun(j + 1)
-			_ = w.settle(ctx)
+			err = w.abandon(j, 0, err)
+			_ = w.settle(ctx) // what the run finished before it is the window's
 			return err
 		}
 	}
@@ -477,6 +468,14 @@ func (w *worker[In, Out]) tick() {
 	if w.st.cfg.timeout > 0 {
 		w.clock = time.Since(w.r.started)
 	}
+}
+
+// abandon ends the run at item j with err: the items after it, and j itself when
+// current is 1, are not started.
+func (w *worker[In, Out]) abandon(j, current int, err error) error {
+	w.t.discarded += int64(current + w.left)
+	w.clearRun(j + 1)
+	return err
 }
 
 // clearRun forgets the items of the run from index j on (not started), and gives back
@@ -578,9 +577,6 @@ func (w *worker[In, Out]) deliver(ctx context.Context, out Out) (handed bool, er
 			w.busy = false // counted when it enters the window, or failed if it never does
 			return true, nil
 		}
-		if err := w.settle(ctx); err != nil { // the run's earlier items go first
-			return false, err
-		}
 		w.r.track.split(w.pos, len(w.buf))
 		handed, err := w.ord.settle(ctx, w.stats, w.seq, w.pos, w.buf, false, w.enteredWindow)
 		clear(w.buf)
@@ -630,9 +626,6 @@ func (w *worker[In, Out]) skip(ctx context.Context) error {
 	if w.st.flat == nil {
 		w.pend = append(w.pend, entry{seq: w.seq, skip: true})
 		return nil
-	}
-	if err := w.settle(ctx); err != nil {
-		return err
 	}
 	_, err := w.ord.settle(ctx, w.stats, w.seq, w.pos, nil, true, func() { w.busy = false }) // counted already
 	return err

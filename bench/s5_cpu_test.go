@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -117,97 +116,11 @@ func s5CPULoop(ctx context.Context, lines []string) (s5Count, error) {
 
 // s5CPUHandwritten is the per-item baseline: the source numbers the lines, GOMAXPROCS
 // workers parse them over bounded channels, and a re-sequencer puts them back in order
-// in a ring of window slots, as s5OrderedHandwritten does.
+// (orderedHandwritten, with the window the library picks by default).
 func s5CPUHandwritten(ctx context.Context, lines []string) (s5Count, error) {
 	workers := runtime.GOMAXPROCS(0)
-	window := s5Buffer + 4*workers
-	type seqLine struct {
-		seq  int
-		line string
-	}
-	type seqRec struct {
-		seq int
-		r   csvRecord
-	}
-	g, ctx := errgroup.WithContext(ctx)
-	sem := make(chan struct{}, window)
-	src := make(chan seqLine, s5Buffer)
-	g.Go(func() error {
-		defer close(src)
-		for i, l := range lines {
-			select {
-			case sem <- struct{}{}:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-			select {
-			case src <- seqLine{i, l}:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
-		return nil
-	})
-	done := make(chan seqRec, s5Buffer)
-	var wg sync.WaitGroup
-	wg.Add(workers)
-	for range workers {
-		g.Go(func() error {
-			defer wg.Done()
-			for it := range src {
-				r, err := parse(ctx, it.line)
-				if err != nil {
-					return err
-				}
-				select {
-				case done <- seqRec{it.seq, r}:
-				case <-ctx.Done():
-					return ctx.Err()
-				}
-			}
-			return nil
-		})
-	}
-	g.Go(func() error {
-		wg.Wait()
-		close(done)
-		return nil
-	})
-	out := make(chan csvRecord, s5Buffer)
-	g.Go(func() error {
-		defer close(out)
-		type slot struct {
-			r    csvRecord
-			full bool
-		}
-		ring := make([]slot, window)
-		next := 0
-		for it := range done {
-			ring[it.seq%window] = slot{it.r, true}
-			for ring[next%window].full {
-				s := &ring[next%window]
-				select {
-				case out <- s.r:
-				case <-ctx.Done():
-					return ctx.Err()
-				}
-				s.full = false
-				next++
-				<-sem
-			}
-		}
-		return nil
-	})
 	var agg aggregate
-	g.Go(func() error {
-		for r := range out {
-			if err := agg.add(r); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	err := g.Wait()
+	err := orderedHandwritten(ctx, lines, workers, s5Buffer+4*workers, parse, agg.add)
 	return s5Count{items: agg.n}, err
 }
 
@@ -225,19 +138,7 @@ func s5CPUShape(b *testing.B) {
 		{"loop", s5CPULoop},
 	} {
 		b.Run("shape=cpu/impl="+impl.name, func(b *testing.B) {
-			b.ReportAllocs()
-			var before, after runtime.MemStats
-			runtime.ReadMemStats(&before)
-			for b.Loop() {
-				got, err := impl.run(b.Context(), lines)
-				if err != nil || got.items != len(lines) {
-					b.Fatalf("run = %+v, %v; want %d items", got, err, len(lines))
-				}
-			}
-			runtime.ReadMemStats(&after)
-			total := float64(b.N) * float64(len(lines))
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/total, "ns/item")
-			b.ReportMetric(float64(after.Mallocs-before.Mallocs)/total, "allocs/item")
+			s5Measure(b, len(lines), s5Count{items: len(lines)}, func(ctx context.Context) (s5Count, error) { return impl.run(ctx, lines) })
 		})
 	}
 }

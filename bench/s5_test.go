@@ -286,27 +286,37 @@ func s5OrderedPipeline(ctx context.Context, items []int) (s5Count, error) {
 	return s5Count{items: check.n}, err
 }
 
-// seqInt is an item with its sequence number, for the hand-written re-sequencer.
-type seqInt struct {
+// seqItem is an item with its sequence number, for the hand-written re-sequencer.
+type seqItem[T any] struct {
 	seq int
-	v   int
+	v   T
 }
 
 // s5OrderedHandwritten is the baseline for ordering: the source numbers the items,
 // 8 workers process them over bounded channels, and a single re-sequencing goroutine
-// puts them back in order in a ring of window slots keyed by sequence number. A
-// semaphore of window tokens bounds how far ahead items may run: the source takes one
+// puts them back in order (orderedHandwritten). The window is the stage's queue plus
+// the library's default reorder window (100 + 4 × 8): the same number of items the
+// library may hold between its source and the stage's output, so both bound memory
+// alike.
+func s5OrderedHandwritten(ctx context.Context, items []int) (s5Count, error) {
+	var check orderCheck
+	err := orderedHandwritten(ctx, items, s5OrderedWorkers, s5Buffer+4*s5OrderedWorkers, identity, check.see)
+	return s5Count{items: check.n}, err
+}
+
+// orderedHandwritten runs fn over items on workers goroutines and passes the results to
+// sink in input order, as a Go engineer writes it by hand: the source numbers the
+// items, the workers send them over bounded channels, and a single re-sequencing
+// goroutine puts them back in order in a ring of window slots keyed by sequence number.
+// A semaphore of window tokens bounds how far ahead items may run: the source takes one
 // before it sends an item, the re-sequencer gives it back when it emits the item in
 // order. So at most window items are between the source and the stage's output, their
 // sequence numbers all lie in [next, next+window), and a ring of window slots never
-// overwrites one. The window is the stage's queue plus the library's default reorder
-// window (100 + 4 × 8): the same number of items the library may hold between its
-// source and the stage's output, so both bound memory alike.
-func s5OrderedHandwritten(ctx context.Context, items []int) (s5Count, error) {
-	const window = s5Buffer + 4*s5OrderedWorkers
+// overwrites one.
+func orderedHandwritten[In, Out any](ctx context.Context, items []In, workers, window int, fn func(context.Context, In) (Out, error), sink func(Out) error) error {
 	g, ctx := errgroup.WithContext(ctx)
 	sem := make(chan struct{}, window) // a token per item sent and not yet emitted in order
-	src := make(chan seqInt, s5Buffer)
+	src := make(chan seqItem[In], s5Buffer)
 	g.Go(func() error {
 		defer close(src)
 		for i, v := range items {
@@ -316,26 +326,26 @@ func s5OrderedHandwritten(ctx context.Context, items []int) (s5Count, error) {
 				return ctx.Err()
 			}
 			select {
-			case src <- seqInt{i, v}:
+			case src <- seqItem[In]{i, v}:
 			case <-ctx.Done():
 				return ctx.Err()
 			}
 		}
 		return nil
 	})
-	done := make(chan seqInt, s5Buffer)
+	done := make(chan seqItem[Out], s5Buffer)
 	var wg sync.WaitGroup
-	wg.Add(s5OrderedWorkers)
-	for range s5OrderedWorkers {
+	wg.Add(workers)
+	for range workers {
 		g.Go(func() error {
 			defer wg.Done()
 			for it := range src {
-				w, err := identity(ctx, it.v)
+				w, err := fn(ctx, it.v)
 				if err != nil {
 					return err
 				}
 				select {
-				case done <- seqInt{it.seq, w}:
+				case done <- seqItem[Out]{it.seq, w}:
 				case <-ctx.Done():
 					return ctx.Err()
 				}
@@ -348,14 +358,14 @@ func s5OrderedHandwritten(ctx context.Context, items []int) (s5Count, error) {
 		close(done)
 		return nil
 	})
-	out := make(chan int, s5Buffer)
+	out := make(chan Out, s5Buffer)
 	g.Go(func() error {
 		defer close(out)
 		type slot struct {
-			v    int
+			v    Out
 			full bool
 		}
-		var ring [window]slot
+		ring := make([]slot, window)
 		next := 0 // sequence number of the next item to emit
 		for it := range done {
 			ring[it.seq%window] = slot{it.v, true}
@@ -366,24 +376,22 @@ func s5OrderedHandwritten(ctx context.Context, items []int) (s5Count, error) {
 				case <-ctx.Done():
 					return ctx.Err()
 				}
-				s.full = false
+				*s = slot{}
 				next++
 				<-sem // never blocks: the source took a token for this item
 			}
 		}
 		return nil
 	})
-	var check orderCheck
 	g.Go(func() error {
 		for v := range out {
-			if err := check.see(v); err != nil {
+			if err := sink(v); err != nil {
 				return err
 			}
 		}
 		return nil
 	})
-	err := g.Wait()
-	return s5Count{items: check.n}, err
+	return g.Wait()
 }
 
 // s5OrderedConc is the ordered shape written with conc v0.3.0's stream.Stream, the way
@@ -520,6 +528,25 @@ func s5BatchConc(ctx context.Context, items []int) (s5Count, error) {
 	return c, err
 }
 
+// s5Measure runs one sub-benchmark: run makes one whole run over items items, and must
+// count want; it reports the time and the allocations per item.
+func s5Measure(b *testing.B, items int, want s5Count, run func(context.Context) (s5Count, error)) {
+	b.Helper()
+	b.ReportAllocs()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for b.Loop() {
+		got, err := run(b.Context())
+		if err != nil || got != want {
+			b.Fatalf("run = %+v, %v; want %+v, nil", got, err, want)
+		}
+	}
+	runtime.ReadMemStats(&after)
+	total := float64(b.N) * float64(items)
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/total, "ns/item")
+	b.ReportMetric(float64(after.Mallocs-before.Mallocs)/total, "allocs/item")
+}
+
 func BenchmarkS5Overhead(b *testing.B) {
 	sh3x4 := s5Shape{name: "3x4", items: 200_000, stages: 3, workers: 4}
 	sh1xP := s5Shape{name: "1xP", items: 1_000_000, stages: 1, workers: runtime.GOMAXPROCS(0)}
@@ -562,19 +589,7 @@ func BenchmarkS5Overhead(b *testing.B) {
 		}
 		for _, impl := range c.impls {
 			b.Run(fmt.Sprintf("shape=%s/impl=%s", c.shape, impl.name), func(b *testing.B) {
-				b.ReportAllocs()
-				var before, after runtime.MemStats
-				runtime.ReadMemStats(&before)
-				for b.Loop() {
-					got, err := impl.run(b.Context(), items)
-					if err != nil || got != c.want {
-						b.Fatalf("run = %+v, %v; want %+v, nil", got, err, c.want)
-					}
-				}
-				runtime.ReadMemStats(&after)
-				total := float64(b.N) * float64(c.items)
-				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/total, "ns/item")
-				b.ReportMetric(float64(after.Mallocs-before.Mallocs)/total, "allocs/item")
+				s5Measure(b, c.items, c.want, func(ctx context.Context) (s5Count, error) { return impl.run(ctx, items) })
 			})
 		}
 	}
