@@ -140,7 +140,7 @@ type lane[T any] struct {
 // beyond its queue, and a producer waiting for room one item, as with a channel; 0 is a
 // rendezvous: a producer waits until a worker has taken its item.
 //
-// A producer reserves room for up to a chunk of items under the lock, then puts items
+// A producer reserves room for several items under the lock (grant), then puts items
 // in its own buffer without it, and places them in the ring at the next reservation or
 // flush; a worker takes a run of items under the lock and gives back each item's room
 // as it starts the item (a store to a count of its own, see started). A keyed queue (hash) has a lane per worker;

@@ -1,0 +1,133 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"testing/synctest"
+)
+
+// TestQueueExactlyOnceWithinBound drives a queue directly with several producers, each
+// with a sender of its own that flushes at random, and several workers that take runs
+// of random size and start their items one by one. Every item arrives exactly once, and
+// the room in use (in the ring, reserved by producers, taken and not started) never
+// exceeds the capacity.
+func TestQueueExactlyOnceWithinBound(t *testing.T) {
+	for _, capacity := range []int{0, 1, 3, 64} {
+		for _, keyed := range []bool{false, true} {
+			const producers, workers, perProducer = 3, 4, 2000
+			var q *queue[int]
+			if keyed {
+				q = newKeyedQueue(workers, capacity, func(v int) uint64 { return uint64(v) })
+			} else {
+				q = newQueue[int](capacity, workers)
+			}
+			ctx := t.Context()
+			out := q.outlet(ctx)
+			var over bool
+			check := func() {
+				q.mu.Lock()
+				if q.usedLocked()+q.reserved > q.limit() {
+					over = true
+				}
+				q.mu.Unlock()
+			}
+			var pwg, wwg sync.WaitGroup
+			for p := range producers {
+				pwg.Go(func() {
+					snd := out(new(hand))
+					r := rand.New(rand.NewPCG(uint64(p), 1))
+					for i := range perProducer {
+						if err := snd.put(p*perProducer+i, noPos); err != nil {
+							t.Errorf("put: %v", err)
+							return
+						}
+						if r.IntN(8) == 0 {
+							if err := snd.flush(); err != nil {
+								t.Errorf("flush: %v", err)
+								return
+							}
+						}
+						check()
+					}
+					if err := snd.flush(); err != nil {
+						t.Errorf("flush: %v", err)
+					}
+				})
+			}
+			seen := make([]int, producers*perProducer)
+			var mu sync.Mutex
+			for i := range workers {
+				wwg.Go(func() {
+					lane := 0
+					if keyed {
+						lane = i
+					}
+					r := rand.New(rand.NewPCG(uint64(i), 2))
+					run, w := make([]item[int], chunk), newWaiter()
+					for {
+						k, _, _, ok, err := q.takeWait(ctx, lane, w, run[:1+r.IntN(chunk)], r.IntN(3))
+						if err != nil {
+							t.Errorf("take: %v", err)
+						}
+						if !ok {
+							return
+						}
+						for _, it := range run[:k] {
+							q.started(i, 1)
+							check()
+							mu.Lock()
+							seen[it.v]++
+							mu.Unlock()
+						}
+					}
+				})
+			}
+			pwg.Wait()
+			q.close()
+			wwg.Wait()
+			if over {
+				t.Errorf("capacity %d, keyed %v: more room in use than the capacity", capacity, keyed)
+			}
+			for v, n := range seen {
+				if n != 1 {
+					t.Fatalf("capacity %d, keyed %v: item %d arrived %d times", capacity, keyed, v, n)
+				}
+			}
+			if q.unsentCount() != 0 || q.length() != 0 {
+				t.Errorf("unsent %d, left %d", q.unsentCount(), q.length())
+			}
+		}
+	}
+}
+
+// TestQueueRendezvousStopped checks an unbuffered queue whose run stops while a
+// producer waits for a worker to take its item: the put returns the run's cause, the
+// item is taken back out of the queue and counted as unsent, and nothing is left behind.
+func TestQueueRendezvousStopped(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := newQueue[int](0, 1)
+		ctx, cancel := context.WithCancelCause(t.Context())
+		snd := q.outlet(ctx)(new(hand))
+		errc := make(chan error, 1)
+		go func() { errc <- snd.put(7, noPos) }()
+		synctest.Wait() // the producer waits for a taker
+		if got := q.length(); got != 0 {
+			t.Fatalf("length %d: a rendezvous's item is its producer's", got)
+		}
+		cause := errors.New("stop")
+		cancel(cause)
+		q.stop()
+		if err := <-errc; !errors.Is(err, cause) {
+			t.Fatalf("put = %v, want the run's cause", err)
+		}
+		q.mu.Lock()
+		n, used := q.n, q.usedLocked()
+		q.mu.Unlock()
+		if n != 0 || used != 0 || q.unsentCount() != 1 {
+			t.Fatalf("n %d, used %d, unsent %d; want 0, 0, 1", n, used, q.unsentCount())
+		}
+	})
+}
