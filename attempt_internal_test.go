@@ -17,9 +17,8 @@ func TestAttemptCtx(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		parent, cancel := context.WithCancelCause(context.WithValue(context.Background(), key{}, "v"))
 		defer cancel(nil)
-		c := new(attemptCtx)
 		start := time.Now()
-		c.start(parent, start, time.Second)
+		c := newAttemptCtx(parent, start, time.Second)
 
 		if d, ok := c.Deadline(); !ok || d != start.Add(time.Second) {
 			t.Fatalf("Deadline = %v, %v", d, ok)
@@ -47,8 +46,7 @@ func TestAttemptCtx(t *testing.T) {
 		}
 
 		// Untouched until it ended: a late look finds it canceled, its Done closed.
-		u := new(attemptCtx)
-		u.start(parent, start, time.Second)
+		u := newAttemptCtx(parent, start, time.Second)
 		u.end()
 		if !errors.Is(u.Err(), context.Canceled) {
 			t.Fatalf("Err = %v after the end", u.Err())
@@ -56,8 +54,7 @@ func TestAttemptCtx(t *testing.T) {
 		<-u.Done()
 
 		// The parent's cancellation reaches Done, with the parent's cause.
-		p := new(attemptCtx)
-		p.start(parent, start, time.Hour)
+		p := newAttemptCtx(parent, start, time.Hour)
 		pd := p.Done()
 		cause := errors.New("stop")
 		cancel(cause)
@@ -73,8 +70,7 @@ func TestAttemptCtx(t *testing.T) {
 		// Ended before its deadline: Done is closed, Err is Canceled.
 		parent2, cancel2 := context.WithCancel(context.Background())
 		defer cancel2()
-		e := new(attemptCtx)
-		e.start(parent2, start, time.Hour)
+		e := newAttemptCtx(parent2, start, time.Hour)
 		ed := e.Done()
 		e.end()
 		select {
@@ -86,4 +82,97 @@ func TestAttemptCtx(t *testing.T) {
 			t.Fatalf("Err = %v after the end", e.Err())
 		}
 	})
+}
+
+// TestAttemptClock checks a worker's attempt contexts across slabs and epochs: each
+// finds its own slab and epoch, one first looked at after its attempt returned is
+// canceled once the worker publishes (and never shows a later attempt's deadline),
+// while the attempt in progress stays live.
+func TestAttemptClock(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		parent := context.Background()
+		base := time.Now()
+		var k attemptClock
+		var ctxs []*attemptCtx
+		var dues []time.Duration
+		for i := range 300 {
+			// A new clock reading now and then: a new epoch, and a new slab when a slab's
+			// epochs run out.
+			now := time.Duration(i/7) * 10 * runBudget
+			c := k.begin(parent, base, now, time.Second)
+			if s := c.slab(); s != k.slab || &s.slots[c.i] != c {
+				t.Fatalf("attempt %d: slab() does not find its slab", i)
+			}
+			ctxs, dues = append(ctxs, c), append(dues, now+time.Second)
+			if c.over() || c.Err() != nil && i%3 == 0 {
+				t.Fatalf("attempt %d: over before it returned", i)
+			}
+			c.finish()
+			if i%5 == 4 {
+				k.publish() // the end of a run
+			}
+		}
+		k.publish()
+		last := k.begin(parent, base, 0, time.Hour) // in progress
+		for i, c := range ctxs {
+			if !c.over() {
+				t.Fatalf("attempt %d: not over after publish", i)
+			}
+			if !errors.Is(c.Err(), context.Canceled) {
+				t.Fatalf("attempt %d: Err = %v after it returned", i, c.Err())
+			}
+			<-c.Done()
+			if d, _ := c.Deadline(); i%3 != 0 && d != base.Add(dues[i]) {
+				t.Fatalf("attempt %d: Deadline %v, want %v", i, d.Sub(base), dues[i])
+			}
+		}
+		if last.over() || last.Err() != nil {
+			t.Fatal("the attempt in progress is canceled")
+		}
+		last.finish()
+		k.publish()
+		if !errors.Is(last.Err(), context.Canceled) {
+			t.Fatalf("Err = %v after the last attempt", last.Err())
+		}
+	})
+}
+
+// TestAttemptClockLateLooks races goroutines that first look at attempt contexts after
+// their attempts returned with the worker publishing: once both are done, every context
+// is canceled (Done closed), whichever side saw the other.
+func TestAttemptClockLateLooks(t *testing.T) {
+	var k attemptClock
+	base := time.Now()
+	looks := make(chan *attemptCtx, 1000)
+	done := make(chan struct{})
+	var seen []<-chan struct{}
+	go func() {
+		defer close(done)
+		for c := range looks {
+			seen = append(seen, c.Done())
+		}
+	}()
+	var early []<-chan struct{} // looked at after the attempt, before the publish
+	for i := range 1000 {
+		c := k.begin(context.Background(), base, time.Since(base), time.Hour)
+		c.finish()
+		if i%2 == 0 {
+			early = append(early, c.Done())
+		} else {
+			looks <- c // handed to a goroutine that looks when it gets to it
+		}
+		if i%3 == 0 {
+			k.publish()
+		}
+	}
+	k.publish()
+	close(looks)
+	<-done
+	for i, d := range append(seen, early...) {
+		select {
+		case <-d:
+		default:
+			t.Fatalf("context %d: Done still open after its attempt returned and was published", i)
+		}
+	}
 }

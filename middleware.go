@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 )
 
 // WithTimeout bounds each attempt of the stage function at d: the function's context is
@@ -20,9 +21,15 @@ import (
 // An attempt's start is read from the clock once per run of items a worker takes (and
 // after each wait); when the function first looks at its context (Done, Err, Deadline)
 // and that reading is over a millisecond old, the deadline counts from that moment
-// instead. An error of a function that never looked at its context is its own, not a
-// timeout. An attempt whose function never looks costs no clock read and no allocation
-// of its own; one that calls Done costs a timer, as [context.WithTimeout] does.
+// instead (readings less than about 16 µs apart may count as one). An error of a
+// function that never looked at its context is its own, not a timeout.
+//
+// The context is canceled once its attempt returns: at once if the function looked at it
+// during the attempt; if it was handed on unlooked (to a goroutine, say) and first looked
+// at later, by the end of the worker's run of items, and at its deadline at the latest.
+// It never shows anything of a later attempt. An attempt whose function never looks
+// costs no clock read, no locked instruction and two bytes of a shared allocation; one
+// that calls Done costs a timer, as [context.WithTimeout] does.
 func WithTimeout(d time.Duration) StageOption {
 	if d <= 0 {
 		panic(fmt.Sprintf("pipeline: WithTimeout(%v): the timeout must be positive", d))
@@ -108,39 +115,88 @@ func sleep(ctx context.Context, backoff Backoff, attempt int, err error) error {
 
 // attemptCtx is the context of one attempt under WithTimeout. context.WithTimeout costs
 // a timer, a channel and several allocations per call, whether or not the function ever
-// looks at its context; this one costs nothing but a compare-and-swap when the function
-// does not look at it. Its start is the worker's last clock reading (taken once per run
-// of items, and after each timed attempt), checked when the function first looks at
-// its context (Done, Err, Deadline): a reading more than staleStart old is replaced by
-// that moment's. Its lock, channel and timer are made only when the function calls Done
-// or Err. Every attempt gets a context of its
-// own, never reused (a function may hand its context to a goroutine that outlives the
-// attempt, which must see it canceled, and nothing of a later attempt); workers carve
-// them out of slabs, one allocation per 64 attempts.
+// looks at its context; this one costs two bytes of a slab of 64 (about 200 bytes per
+// 64 attempts, with no pointer per attempt for the collector to follow) and no locked
+// instruction when the function does not look at it. Its start is the worker's last
+// clock reading (taken once per run of items, and after each timed attempt), checked
+// when the function first looks at its context (Done, Err, Deadline): a reading more
+// than staleStart old is replaced by that moment's. Its lock, channel and timer are made
+// only when the function looks.
+//
+// Every attempt gets a context of its own, never reused: a function may hand its
+// context to a goroutine that outlives the attempt, which must see it canceled, and
+// nothing of a later attempt. A context looked at during its attempt is canceled when
+// the attempt returns; one first looked at after that is canceled from the moment the
+// worker publishes the end of its attempts (attemptClock.publish: at the end of each run
+// of items and before the worker waits), and never later than its deadline.
+//
+// An attemptCtx lives in the slots of an attemptSlab, which holds what its attempts
+// share; a context finds its slab from its own address and index (slab).
 type attemptCtx struct {
+	i  uint8 // its index in the slab's slots
+	ep uint8 // its epoch's index in the slab's eps
+}
+
+// attemptSlab holds the contexts of up to 64 consecutive attempts of one worker.
+type attemptSlab struct {
+	clk   *attemptClock
+	n0    uint64           // the number of slots[0]'s attempt in the worker
+	eps   [4]*attemptEpoch // the epochs of its attempts (a new slab when they run out)
+	neps  int
+	armed atomic.Pointer[[64]atomic.Pointer[armedCtx]] // per slot, made at the first look at one
+	slots [64]attemptCtx
+}
+
+// slab returns the slab c is a slot of.
+func (c *attemptCtx) slab() *attemptSlab {
+	off := unsafe.Offsetof(attemptSlab{}.slots) + uintptr(c.i)*unsafe.Sizeof(attemptCtx{})
+	return (*attemptSlab)(unsafe.Add(unsafe.Pointer(c), -int(off)))
+}
+
+// epoch returns what c's attempt shares with the attempts begun at the same clock reading.
+func (c *attemptCtx) epoch() *attemptEpoch { return c.slab().eps[c.ep] }
+
+// slot returns where c's armed part is kept, making the slab's table of them if asked.
+func (c *attemptCtx) slot(make bool) *atomic.Pointer[armedCtx] {
+	s := c.slab()
+	t := s.armed.Load()
+	if t == nil {
+		if !make {
+			return nil
+		}
+		s.armed.CompareAndSwap(nil, new([64]atomic.Pointer[armedCtx]))
+		t = s.armed.Load()
+	}
+	return &t[c.i]
+}
+
+// attemptClock is what the attempt contexts of one worker share.
+type attemptClock struct {
+	ended atomic.Uint64 // attempts numbered below it have returned (published)
+	looks atomic.Bool   // an attempt context was looked at since the last publish
+	n     uint64        // attempts begun (the worker's alone, as are the fields below)
+	slab  *attemptSlab
+	i, fi int           // the next slot of slab; the first begun since the last publish
+	ep    *attemptEpoch // the latest attempts' epoch
+}
+
+// attemptEpoch is what the attempts begun at one clock reading with one parent share.
+type attemptEpoch struct {
 	parent context.Context
 	base   time.Time     // the run's start, with its monotonic reading
-	due    time.Duration // the deadline, as an offset from base (estimated: from the worker's last clock reading)
+	due    time.Duration // the deadline, as an offset from base (estimated: from a clock reading)
 	d      time.Duration // the timeout
-	guess  bool          // due is estimated: fix it when the function first looks (anchor)
-	fixed  atomic.Int64  // the deadline once fixed, plus one (0: not yet)
-	state  atomic.Int32  // ctxLive, ctxArmed (Done or Err was called), ctxEnded (ended unarmed)
-	armed  atomic.Pointer[armedCtx]
+	guess  bool          // due is estimated: fix it when the function first looks (armedCtx.due)
 }
 
 // staleStart is how old the worker's clock reading may be for an attempt to take it
 // as its start.
 const staleStart = time.Millisecond
 
-const (
-	ctxLive int32 = iota
-	ctxArmed
-	ctxEnded
-)
-
 // armedCtx is the part of an attemptCtx that only a function that looks at its context
 // needs.
 type armedCtx struct {
+	due        time.Duration // the deadline, fixed when the function first looked
 	mu         sync.Mutex
 	done       chan struct{}
 	err        error
@@ -148,87 +204,141 @@ type armedCtx struct {
 	stopParent func() bool
 }
 
-// closedChan is the Done channel of every attempt context that ended before anyone
-// asked for it.
-var closedChan = func() chan struct{} {
-	c := make(chan struct{})
-	close(c)
-	return c
-}()
-
-// attemptSlab hands out fresh attempt contexts, 64 per allocation.
-type attemptSlab []attemptCtx
-
-func (s *attemptSlab) next() *attemptCtx {
-	if len(*s) == 0 {
-		*s = make([]attemptCtx, 64)
+// begin returns the context of the worker's next attempt, of at most d from about
+// offset now from base (the worker's last clock reading: no clock read until the
+// function looks).
+func (k *attemptClock) begin(parent context.Context, base time.Time, now, d time.Duration) *attemptCtx {
+	// Attempts share an epoch while the worker's clock readings are within a run's
+	// budget of each other: each then starts at most that much earlier than it did.
+	ep := k.ep
+	fresh := ep == nil || ep.parent != parent || ep.d != d || ep.base != base || now-(ep.due-d) > runBudget
+	s := k.slab
+	if s == nil || k.i == len(s.slots) || fresh && s.neps == len(s.eps) {
+		k.publish() // what publish looks through stays in one slab
+		s = &attemptSlab{clk: k, n0: k.n}
+		k.slab, k.i, k.fi = s, 0, 0
+		if !fresh {
+			s.eps[0], s.neps = ep, 1
+		}
 	}
-	c := &(*s)[0]
-	*s = (*s)[1:]
+	if fresh {
+		ep = &attemptEpoch{parent: parent, base: base, due: now + d, d: d, guess: true}
+		k.ep = ep
+		s.eps[s.neps] = ep
+		s.neps++
+	}
+	c := &s.slots[k.i]
+	c.i, c.ep = uint8(k.i), uint8(s.neps-1)
+	k.i++
+	k.n++
 	return c
 }
 
-// start begins an attempt of at most d. Time is kept as an offset from base (the run's
-// start): time.Since reads only the monotonic clock, half the cost of time.Now.
-func (c *attemptCtx) start(parent context.Context, base time.Time, d time.Duration) {
-	c.parent, c.base, c.due = parent, base, time.Since(base)+d
+// publish tells every context of the attempts begun so far that its attempt returned
+// (the worker calls it between attempts): a context first looked at after its attempt
+// returned is canceled now.
+func (k *attemptClock) publish() {
+	if k.fi == k.i {
+		return
+	}
+	// An arm stores looks before it reads ended; publish stores ended before it reads
+	// looks: one of them sees the other, and cancels the context (endArmed is
+	// idempotent).
+	k.ended.Store(k.n)
+	if k.looks.Load() && k.looks.Swap(false) {
+		if t := k.slab.armed.Load(); t != nil {
+			for j := k.fi; j < k.i; j++ {
+				if a := t[j].Load(); a != nil {
+					k.slab.slots[j].endArmed(a)
+				}
+			}
+		}
+	}
+	k.fi = k.i
 }
 
-// startAt begins an attempt of at most d that started about at offset now from base
-// (the worker's last clock reading): no clock read until the function looks.
-func (c *attemptCtx) startAt(parent context.Context, base time.Time, now, d time.Duration) {
-	c.parent, c.base, c.due, c.d, c.guess = parent, base, now+d, d, true
+// newAttemptCtx returns a context of its own for one attempt of at most d from now
+// (tests, and callers outside a worker); end it with end.
+func newAttemptCtx(parent context.Context, base time.Time, d time.Duration) *attemptCtx {
+	k := &attemptClock{}
+	c := k.begin(parent, base, time.Since(base), d)
+	k.slab.eps[c.ep].guess = false // read from the clock just now
+	return c
 }
 
-// deadline returns the deadline as an offset from base, fixing an estimated one the
-// first time: the estimate, unless the clock reading it came from is stale, then now.
+// over reports whether the attempt returned, as published.
+func (c *attemptCtx) over() bool {
+	s := c.slab()
+	return s.n0+uint64(c.i) < s.clk.ended.Load()
+}
+
+// fixDue returns the deadline of an attempt whose function looks at it for the first
+// time, as an offset from base: the estimate, unless the clock reading it came from is
+// stale, then now.
+func (c *attemptCtx) fixDue() time.Duration {
+	ep := c.epoch()
+	if !ep.guess {
+		return ep.due
+	}
+	if now := time.Since(ep.base); now-(ep.due-ep.d) > staleStart {
+		return now + ep.d
+	}
+	return ep.due
+}
+
+// arm returns the armed part, making it on the first look; nil if the attempt had
+// returned before anyone looked (then the context is canceled, for good).
+func (c *attemptCtx) arm() *armedCtx {
+	if p := c.slot(false); p != nil {
+		if a := p.Load(); a != nil {
+			return a
+		}
+	}
+	if c.over() {
+		return nil
+	}
+	p := c.slot(true)
+	if !p.CompareAndSwap(nil, &armedCtx{due: c.fixDue()}) {
+		return p.Load()
+	}
+	a := p.Load()
+	c.slab().clk.looks.Store(true)
+	if c.over() { // it returned meanwhile, unpublished when publish read looks
+		c.endArmed(a)
+	}
+	return a
+}
+
+// deadline returns the deadline as an offset from base (the estimate, for a context
+// first looked at after its attempt returned).
 func (c *attemptCtx) deadline() time.Duration {
-	if !c.guess {
-		return c.due
+	if a := c.arm(); a != nil {
+		return a.due
 	}
-	if v := c.fixed.Load(); v != 0 {
-		return time.Duration(v - 1)
-	}
-	due := c.due
-	if now := time.Since(c.base); now-(due-c.d) > staleStart {
-		due = now + c.d
-	}
-	if c.fixed.CompareAndSwap(0, int64(due)+1) {
-		return due
-	}
-	return time.Duration(c.fixed.Load() - 1)
+	return c.epoch().due
 }
 
-// looked reports whether the function looked at its context's deadline.
-func (c *attemptCtx) looked() bool { return !c.guess || c.fixed.Load() != 0 }
+// looked reports whether the function looked at its context.
+func (c *attemptCtx) looked() bool {
+	p := c.slot(false)
+	return p != nil && p.Load() != nil
+}
 
 // expired reports whether the deadline has passed.
-func (c *attemptCtx) expired() bool { return time.Since(c.base) >= c.deadline() }
+func (c *attemptCtx) expired() bool { return time.Since(c.epoch().base) >= c.deadline() }
 
 // Deadline implements context.Context.
 func (c *attemptCtx) Deadline() (time.Time, bool) {
-	deadline := c.base.Add(c.deadline())
-	if d, ok := c.parent.Deadline(); ok && d.Before(deadline) {
+	ep := c.epoch()
+	deadline := ep.base.Add(c.deadline())
+	if d, ok := ep.parent.Deadline(); ok && d.Before(deadline) {
 		return d, true
 	}
 	return deadline, true
 }
 
 // Value implements context.Context.
-func (c *attemptCtx) Value(key any) any { return c.parent.Value(key) }
-
-// arm returns the armed part, making it on the first call; nil if the attempt ended
-// before anyone looked (then the context is canceled, for good).
-func (c *attemptCtx) arm() *armedCtx {
-	if !c.state.CompareAndSwap(ctxLive, ctxArmed) && c.state.Load() == ctxEnded {
-		return nil
-	}
-	if a := c.armed.Load(); a != nil {
-		return a
-	}
-	c.armed.CompareAndSwap(nil, new(armedCtx))
-	return c.armed.Load()
-}
+func (c *attemptCtx) Value(key any) any { return c.epoch().parent.Value(key) }
 
 // Done implements context.Context: the channel (and the timer that closes it) is made on
 // the first call.
@@ -246,10 +356,20 @@ func (c *attemptCtx) Done() <-chan struct{} {
 	if c.expireLocked(a); a.err != nil { // closed it
 		return a.done
 	}
-	a.timer = time.AfterFunc(c.deadline()-time.Since(c.base), func() { c.cancel(a, context.DeadlineExceeded) })
-	a.stopParent = context.AfterFunc(c.parent, func() { c.cancel(a, c.parent.Err()) })
+	ep := c.epoch()
+	parent := ep.parent
+	a.timer = time.AfterFunc(a.due-time.Since(ep.base), func() { c.cancel(a, context.DeadlineExceeded) })
+	a.stopParent = context.AfterFunc(parent, func() { c.cancel(a, parent.Err()) })
 	return a.done
 }
+
+// closedChan is the Done channel of every attempt context that ended before anyone
+// asked for it.
+var closedChan = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
 
 // Err implements context.Context.
 func (c *attemptCtx) Err() error {
@@ -267,9 +387,10 @@ func (c *attemptCtx) Err() error {
 // closes Done's channel if it was made: Err is non-nil only once Done is closed.
 func (c *attemptCtx) expireLocked(a *armedCtx) {
 	if a.err == nil {
-		if err := c.parent.Err(); err != nil {
+		ep := c.epoch()
+		if err := ep.parent.Err(); err != nil {
 			a.err = err
-		} else if c.expired() {
+		} else if time.Since(ep.base) >= a.due {
 			a.err = context.DeadlineExceeded
 		}
 	}
@@ -291,13 +412,24 @@ func (c *attemptCtx) cancel(a *armedCtx, err error) {
 	c.expireLocked(a)
 }
 
-// end cancels the context when its attempt returns and stops its timer, if any. A
-// context nobody looked at ends without a lock.
-func (c *attemptCtx) end() {
-	if c.state.CompareAndSwap(ctxLive, ctxEnded) {
-		return
+// finish is the worker's end of an attempt: a context looked at during it is canceled
+// now (and its timer stopped), any other when the worker next publishes.
+func (c *attemptCtx) finish() {
+	if p := c.slot(false); p != nil {
+		if a := p.Load(); a != nil {
+			c.endArmed(a)
+		}
 	}
-	a := c.arm()
+}
+
+// end ends the attempt of a context made by newAttemptCtx, at once.
+func (c *attemptCtx) end() {
+	c.finish()
+	c.slab().clk.publish()
+}
+
+// endArmed cancels a looked-at context whose attempt returned, and stops its timer.
+func (c *attemptCtx) endArmed(a *armedCtx) {
 	c.cancel(a, context.Canceled)
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -313,7 +445,7 @@ func (c *attemptCtx) end() {
 // done: the attempt's error is then a timeout. A function that never looked at its
 // context (Done, Err, Deadline) did not see the deadline: its error is its own.
 func (c *attemptCtx) timedOut() bool {
-	return c.looked() && c.parent.Err() == nil && c.expired()
+	return c.looked() && c.epoch().parent.Err() == nil && c.expired()
 }
 
 // process runs every attempt of one item and settles its outcome: delivered, dead-

@@ -10,8 +10,7 @@ import (
 // is not yet closed, Err returns nil").
 func TestRegressionAttemptCtxErrBeforeDone(t *testing.T) {
 	parent, cancel := context.WithCancel(context.Background())
-	c := new(attemptCtx)
-	c.start(parent, time.Now(), time.Hour)
+	c := newAttemptCtx(parent, time.Now(), time.Hour)
 	done := c.Done() // channel + AfterFunc on parent made here
 	cancel()
 	if c.Err() == nil {
@@ -27,8 +26,7 @@ func TestRegressionAttemptCtxErrBeforeDone(t *testing.T) {
 
 // R1b: same for the deadline: Err reports DeadlineExceeded while Done is open.
 func TestRegressionAttemptCtxErrBeforeDoneDeadline(t *testing.T) {
-	c := new(attemptCtx)
-	c.start(context.Background(), time.Now(), time.Millisecond)
+	c := newAttemptCtx(context.Background(), time.Now(), time.Millisecond)
 	done := c.Done()
 	for c.Err() == nil {
 	}

@@ -212,7 +212,7 @@ func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
 				w.lane = i
 			}
 			if ord == nil {
-				h := &hand{waits: []func(){w.commit}} // counts are current while the worker waits
+				h := &hand{waits: []func(){w.commit, w.ctxs.publish}} // counts and attempt contexts are current while the worker waits
 				w.out, w.hand = next(h), h
 			}
 			if st.flat != nil {
@@ -317,7 +317,7 @@ type worker[In, Out any] struct {
 	pend     []entry       // ordered one-to-one stages: the run's outcomes, settled together
 	slow     bool          // the last timed attempt took long: time every attempt
 	busy     bool          // an item is in hand and not yet counted: a panic fails it
-	ctxs     attemptSlab   // WithTimeout: fresh attempt contexts
+	ctxs     attemptClock  // WithTimeout: the attempts' contexts
 	cl       *client[In]   // rate limits, breaker, adaptive workers (client.go); nil without
 	id       int           // the worker's index in its stage
 	tk       ticket        // the current attempt's, from w.cl (client.go)
@@ -340,6 +340,7 @@ func (w *worker[In, Out]) loop() (err error) {
 	returned := false
 	defer func() {
 		v := recover()
+		w.ctxs.publish() // no attempt context of the worker stays live after it
 		if v == nil && returned {
 			w.commit()
 			return
@@ -402,6 +403,7 @@ func (w *worker[In, Out]) take(ctx context.Context) error {
 		w.stats.peak.max(int64(min(queued, capacity)))
 		w.stats.busy.v.Store(1)
 		err = w.items(ctx, k, seq)
+		w.ctxs.publish() // the run's attempts returned: tell their contexts
 		w.stats.busy.v.Store(0)
 		if err != nil {
 			if w.out.drop != nil {
@@ -490,6 +492,7 @@ func (w *worker[In, Out]) clearRun(j int) {
 
 // settle hands the run's finished items of an ordered one-to-one stage to the window.
 func (w *worker[In, Out]) settle(ctx context.Context) error {
+	w.ctxs.publish() // the window may wait
 	if len(w.pend) == 0 {
 		return nil
 	}
@@ -530,13 +533,12 @@ func (w *worker[In, Out]) attempt(ctx context.Context, v In) (out Out, err error
 	if d := w.st.cfg.timeout; d <= 0 {
 		out, err = w.call(ctx, v)
 	} else {
-		a := w.ctxs.next()
-		a.startAt(ctx, w.r.started, w.clock, d)
+		a := w.ctxs.begin(ctx, w.r.started, w.clock, d)
 		out, err = w.call(a, v)
 		if err != nil && a.timedOut() {
 			err = &timeoutError{after: d, err: err}
 		}
-		a.end()
+		a.finish()
 	}
 	if timed {
 		d := time.Since(t0)
@@ -578,6 +580,7 @@ func (w *worker[In, Out]) deliver(ctx context.Context, out Out) (handed bool, er
 			return true, nil
 		}
 		w.r.track.split(w.pos, len(w.buf))
+		w.ctxs.publish() // the window may wait
 		handed, err := w.ord.settle(ctx, w.stats, w.seq, w.pos, w.buf, false, w.enteredWindow)
 		clear(w.buf)
 		w.buf = w.buf[:0]
@@ -627,13 +630,16 @@ func (w *worker[In, Out]) skip(ctx context.Context) error {
 		w.pend = append(w.pend, entry{seq: w.seq, skip: true})
 		return nil
 	}
-	_, err := w.ord.settle(ctx, w.stats, w.seq, w.pos, nil, true, func() { w.busy = false }) // counted already
+	w.ctxs.publish() // the window may wait
+	// counted already
+	_, err := w.ord.settle(ctx, w.stats, w.seq, w.pos, nil, true, func() { w.busy = false })
 	return err
 }
 
 // hold is called before a worker waits for long with outputs of its run in hand (a
 // retry's backoff): it hands them on first.
 func (w *worker[In, Out]) hold(ctx context.Context) error {
+	w.ctxs.publish()
 	if err := w.settle(ctx); err != nil {
 		return err
 	}
