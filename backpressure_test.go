@@ -96,3 +96,62 @@ func TestBufferPerStage(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, pipeline.DefaultBuffer, row(t, p.Report(), "a").QueueCap)
 }
+
+// TestRoomAfterRun checks that a worker gives back the room of every item of a run it
+// finished before it waits for more: the first item of a run counts as started when
+// taken, the others are told to the queue lazily (when a producer waits, before the
+// worker waits, and at the end of the run). The stage's worker first takes a run of two
+// items (a and b) while no producer waits, then blocks on the first item of a burst:
+// the source must get rid of exactly one item in the worker, buf in the queue and one
+// in its hand, as if no run had come before.
+func TestRoomAfterRun(t *testing.T) {
+	t.Parallel()
+	for _, buf := range []int{2, 3, 8} {
+		t.Run(fmt.Sprintf("buf=%d", buf), func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				const first, burst = 1000, 2000 // the items the worker blocks on
+				gates := map[int]chan struct{}{first: make(chan struct{}), burst: make(chan struct{})}
+				phase2 := make(chan struct{})
+				var emitted atomic.Int64
+				p := pipeline.New(pipeline.WithBuffer(buf))
+				src := pipeline.Generate(p, func(ctx context.Context, emit func(int) error) error {
+					for _, v := range []int{first, 1, 2} { // 1 and 2 wait in the queue behind first
+						emitted.Add(1)
+						if err := emit(v); err != nil {
+							return err
+						}
+					}
+					<-phase2
+					for v := burst; v < burst+100; v++ {
+						emitted.Add(1)
+						if err := emit(v); err != nil {
+							return err
+						}
+					}
+					return nil
+				})
+				s := pipeline.Then(src, pipeline.NewStage("s1", 1, func(_ context.Context, v int) (int, error) {
+					if g, ok := gates[v]; ok {
+						<-g
+					}
+					return v, nil
+				}))
+				pipeline.To(s, pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+				errc := make(chan error, 1)
+				go func() { errc <- p.Run(t.Context()) }()
+
+				synctest.Wait() // the worker blocks on first; 1 and 2 are queued
+				close(gates[first])
+				synctest.Wait() // the run of 1 and 2 is done; the worker waits for items
+				emitted.Store(0)
+				close(phase2)
+				synctest.Wait() // the worker blocks on burst
+				assert.Equal(t, int64(1+buf+1), emitted.Load(), "items the source got rid of")
+				close(gates[burst])
+				require.NoError(t, <-errc)
+				checkReport(t, p.Report())
+			})
+		})
+	}
+}

@@ -143,8 +143,11 @@ type lane[T any] struct {
 // A producer reserves room for several items under the lock (grant), then puts items
 // in its own buffer without it, and places them in the ring at the next reservation or
 // flush; a worker takes a run of items under the lock and gives back each item's room
-// as it starts the item (a store to a count of its own, see started). A keyed queue (hash) has a lane per worker;
-// items are numbered in the order they enter (ordered stages take from one lane).
+// as it starts the item: the first at once (takeRun), the others with a store to a count
+// of its own (started), which a plain stage's worker makes only when a producer waits
+// for room, before it waits itself, and at the end of its run. A keyed queue (hash) has
+// a lane per worker; items are numbered in the order they enter (ordered stages take
+// from one lane).
 type queue[T any] struct {
 	mu        sync.Mutex
 	lanes     []lane[T]
@@ -155,6 +158,7 @@ type queue[T any] struct {
 	hash      func(T) uint64 // WithKey: the lane of an item
 	puts      uint64         // items placed: the sequence number of the next (ordered stages)
 	takes     uint64         // items taken by the workers
+	early     uint64         // items taken that counted as started at once (takeRun)
 	closed    bool
 	stopped   bool      // the run is stopping: no one sleeps any more
 	producers []*waiter // waiting for room, or for their item to be taken
@@ -213,7 +217,7 @@ func (q *queue[T]) usedLocked() int {
 	for i := range q.starts {
 		started += q.starts[i].v.Load()
 	}
-	return q.n + int(int64(q.takes)-started)
+	return q.n + int(int64(q.takes-q.early)-started)
 }
 
 // wakeProducersLocked wakes every producer that waits.
@@ -377,7 +381,7 @@ func (q *queue[T]) finish(ctx context.Context, w *waiter, items []item[T], lanes
 // the queue before. closed is true when the lane is empty and no item will come. The
 // items keep their room until the worker starts them (started).
 func (q *queue[T]) take(i int, dst []item[T]) (k int, seq uint64, queued int, closed bool) {
-	k, seq, queued, closed, _ = q.takeOrPark(context.Background(), i, dst, nil, 0)
+	k, seq, queued, closed, _ = q.takeOrPark(context.Background(), i, dst, nil, 0, false)
 	return k, seq, queued, closed
 }
 
@@ -386,8 +390,9 @@ func (q *queue[T]) take(i int, dst []item[T]) (k int, seq uint64, queued int, cl
 //
 // share, when other workers of the lane wait, is the least run worth waking one of
 // them for: the worker then takes an equal share of what waits, but at least that, and
-// leaves the rest to them (0: take all it asked for).
-func (q *queue[T]) takeOrPark(ctx context.Context, i int, dst []item[T], w *waiter, share int) (k int, seq uint64, queued int, closed, parked bool) {
+// leaves the rest to them (0: take all it asked for). With startFirst, the first item
+// taken counts as started at once (the worker starts it next): its room is free.
+func (q *queue[T]) takeOrPark(ctx context.Context, i int, dst []item[T], w *waiter, share int, startFirst bool) (k int, seq uint64, queued int, closed, parked bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	l := &q.lanes[i]
@@ -415,6 +420,12 @@ func (q *queue[T]) takeOrPark(ctx context.Context, i int, dst []item[T], w *wait
 	l.n -= k
 	q.n -= k
 	q.takes += uint64(k)
+	if startFirst {
+		q.early++
+		if len(q.producers) > 0 {
+			q.wakeProducersLocked()
+		}
+	}
 	if l.n > 0 && len(l.waiting) > 0 {
 		wakeSome(&l.waiting, 1) // items are left: the next worker, who wakes the next
 	}
@@ -463,8 +474,14 @@ func (q *queue[T]) unpark(i int, w *waiter) {
 // takeWait is take, waiting while lane i is empty. ok is false when the lane is closed
 // and drained, or (with the run's cause) when ctx is done first.
 func (q *queue[T]) takeWait(ctx context.Context, i int, w *waiter, dst []item[T], share int) (k int, seq uint64, queued int, ok bool, err error) {
+	return q.takeRun(ctx, i, w, dst, share, false)
+}
+
+// takeRun is takeWait for a worker, whose first item taken counts as started at once
+// when startFirst is set.
+func (q *queue[T]) takeRun(ctx context.Context, i int, w *waiter, dst []item[T], share int, startFirst bool) (k int, seq uint64, queued int, ok bool, err error) {
 	for {
-		k, seq, queued, closed, parked := q.takeOrPark(ctx, i, dst, w, share)
+		k, seq, queued, closed, parked := q.takeOrPark(ctx, i, dst, w, share, startFirst)
 		if k > 0 {
 			return k, seq, queued, true, nil
 		}

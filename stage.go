@@ -212,8 +212,10 @@ func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
 				w.lane = i
 			}
 			if ord == nil {
-				h := &hand{waits: []func(){w.commit, w.ctxs.publish}} // counts and attempt contexts are current while the worker waits
-				w.out, w.hand = next(h), h
+				// Counts, attempt contexts and the room of started items are current while
+				// the worker waits.
+				h := &hand{waits: []func(){w.commit, w.ctxs.publish, w.publishStarts}}
+				w.out, w.hand, w.lazy = next(h), h, true
 			}
 			if st.flat != nil {
 				w.emit = func(o Out) { w.buf = append(w.buf, o) }
@@ -306,6 +308,8 @@ type worker[In, Out any] struct {
 	wt       *waiter       // how the worker sleeps on q
 	run      []item[In]    // the run of items taken from q
 	left     int           // items of the run taken and not started
+	unpub    int           // items started whose room the queue was not told of yet (lazy)
+	lazy     bool          // a plain stage: tell the queue of started items only when it matters (items)
 	hand     *hand         // the worker's, when it has a sender of its own
 	runMax   int           // the most items to take at once: fewer, the slower the function
 	share    int           // the least run worth waking another worker for (takeOrPark)
@@ -392,7 +396,7 @@ func (w *worker[In, Out]) take(ctx context.Context) error {
 		if w.ord != nil { // runs that leave the window room for every worker's next one
 			n = min(n, max(1, len(w.ord.slots)/(2*w.st.workers)))
 		}
-		k, seq, queued, ok, err := w.q.takeWait(ctx, w.lane, w.wt, w.run[:n], w.share)
+		k, seq, queued, ok, err := w.q.takeRun(ctx, w.lane, w.wt, w.run[:n], w.share, true)
 		if !ok {
 			if w.cl != nil {
 				w.cl.ended()
@@ -425,7 +429,19 @@ func (w *worker[In, Out]) items(ctx context.Context, k int, seq uint64) error {
 		w.pos, w.seq = e.pos, seq+uint64(j)
 		*e = item[In]{}
 		w.left--
-		w.q.started(w.id, 1)  // its room in the queue is free: the item is in hand
+		// Its room in the queue is free: the item is in hand. The first item's counted
+		// when it was taken; a plain stage tells the others when a producer waits for
+		// the room, or before the worker waits, or at the end of the run (unpub).
+		switch {
+		case j == 0:
+		case w.lazy:
+			w.unpub++
+			if w.q.pwait.Load() != 0 {
+				w.publishStarts()
+			}
+		default:
+			w.q.started(w.id, 1)
+		}
 		if ctx.Err() != nil { // the run is stopping: start nothing new
 			return w.abandon(j, 1, context.Cause(ctx))
 		}
@@ -456,6 +472,7 @@ func (w *worker[In, Out]) items(ctx context.Context, k int, seq uint64) error {
 			return err
 		}
 	}
+	w.publishStarts()
 	if err := w.settle(ctx); err != nil {
 		return err
 	}
@@ -463,6 +480,15 @@ func (w *worker[In, Out]) items(ctx context.Context, k int, seq uint64) error {
 		return w.out.flush()
 	}
 	return nil
+}
+
+// publishStarts gives back the room of the items the worker started and has not told
+// its queue of yet (lazy workers: see items).
+func (w *worker[In, Out]) publishStarts() {
+	if w.unpub > 0 {
+		w.q.started(w.id, w.unpub)
+		w.unpub = 0
+	}
 }
 
 // tick reads the clock for the attempts that follow, under WithTimeout (see attemptCtx).
@@ -484,10 +510,9 @@ func (w *worker[In, Out]) abandon(j, current int, err error) error {
 // their room.
 func (w *worker[In, Out]) clearRun(j int) {
 	clear(w.run[j:])
-	if w.left > 0 {
-		w.q.started(w.id, w.left)
-	}
+	w.unpub += w.left
 	w.left = 0
+	w.publishStarts()
 }
 
 // settle hands the run's finished items of an ordered one-to-one stage to the window.
@@ -640,6 +665,7 @@ func (w *worker[In, Out]) skip(ctx context.Context) error {
 // retry's backoff): it hands them on first.
 func (w *worker[In, Out]) hold(ctx context.Context) error {
 	w.ctxs.publish()
+	w.publishStarts()
 	if err := w.settle(ctx); err != nil {
 		return err
 	}
