@@ -215,7 +215,7 @@ func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
 				// Counts, attempt contexts and the room of started items are current while
 				// the worker waits.
 				h := &hand{waits: []func(){w.commit, w.ctxs.publish, w.publishStarts}}
-				w.out, w.hand, w.lazy = next(h), h, true
+				w.out, w.hand = next(h), h
 			}
 			if st.flat != nil {
 				w.emit = func(o Out) { w.buf = append(w.buf, o) }
@@ -308,8 +308,7 @@ type worker[In, Out any] struct {
 	wt       *waiter       // how the worker sleeps on q
 	run      []item[In]    // the run of items taken from q
 	left     int           // items of the run taken and not started
-	unpub    int           // items started whose room the queue was not told of yet (lazy)
-	lazy     bool          // a plain stage: tell the queue of started items only when it matters (items)
+	unpub    int           // items started whose room the queue was not told of yet (see items)
 	hand     *hand         // the worker's, when it has a sender of its own
 	runMax   int           // the most items to take at once: fewer, the slower the function
 	share    int           // the least run worth waking another worker for (takeOrPark)
@@ -430,17 +429,13 @@ func (w *worker[In, Out]) items(ctx context.Context, k int, seq uint64) error {
 		*e = item[In]{}
 		w.left--
 		// Its room in the queue is free: the item is in hand. The first item's counted
-		// when it was taken; a plain stage tells the others when a producer waits for
-		// the room, or before the worker waits, or at the end of the run (unpub).
-		switch {
-		case j == 0:
-		case w.lazy:
+		// when it was taken; the worker tells its queue of the others when a producer
+		// waits for the room, before it waits itself, or at the end of the run (unpub).
+		if j > 0 {
 			w.unpub++
 			if w.q.pwait.Load() != 0 {
 				w.publishStarts()
 			}
-		default:
-			w.q.started(w.id, 1)
 		}
 		if ctx.Err() != nil { // the run is stopping: start nothing new
 			return w.abandon(j, 1, context.Cause(ctx))
@@ -483,7 +478,7 @@ func (w *worker[In, Out]) items(ctx context.Context, k int, seq uint64) error {
 }
 
 // publishStarts gives back the room of the items the worker started and has not told
-// its queue of yet (lazy workers: see items).
+// its queue of yet (see items).
 func (w *worker[In, Out]) publishStarts() {
 	if w.unpub > 0 {
 		w.q.started(w.id, w.unpub)
@@ -518,6 +513,7 @@ func (w *worker[In, Out]) clearRun(j int) {
 // settle hands the run's finished items of an ordered one-to-one stage to the window.
 func (w *worker[In, Out]) settle(ctx context.Context) error {
 	w.ctxs.publish() // the window may wait
+	w.publishStarts()
 	if len(w.pend) == 0 {
 		return nil
 	}
@@ -606,6 +602,7 @@ func (w *worker[In, Out]) deliver(ctx context.Context, out Out) (handed bool, er
 		}
 		w.r.track.split(w.pos, len(w.buf))
 		w.ctxs.publish() // the window may wait
+		w.publishStarts()
 		handed, err := w.ord.settle(ctx, w.stats, w.seq, w.pos, w.buf, false, w.enteredWindow)
 		clear(w.buf)
 		w.buf = w.buf[:0]
@@ -656,6 +653,7 @@ func (w *worker[In, Out]) skip(ctx context.Context) error {
 		return nil
 	}
 	w.ctxs.publish() // the window may wait
+	w.publishStarts()
 	// counted already
 	_, err := w.ord.settle(ctx, w.stats, w.seq, w.pos, nil, true, func() { w.busy = false })
 	return err
