@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -124,6 +125,44 @@ func s5CPUHandwritten(ctx context.Context, lines []string) (s5Count, error) {
 	return s5Count{items: agg.n}, err
 }
 
+// s5CPUBarrier is the floor of any concurrent version, for information: no streaming
+// at all. GOMAXPROCS goroutines parse chunks of 64 lines (an atomic counter hands them
+// out) into one slice of records, then one loop aggregates them in order. It costs one
+// atomic add per 64 lines and the slice of every record at once, which a streaming
+// pipeline does not keep.
+func s5CPUBarrier(ctx context.Context, lines []string) (s5Count, error) {
+	recs := make([]csvRecord, len(lines))
+	var next atomic.Int64
+	g, gctx := errgroup.WithContext(ctx)
+	for range runtime.GOMAXPROCS(0) {
+		g.Go(func() error {
+			for {
+				i := int(next.Add(64)) - 64
+				if i >= len(lines) {
+					return nil
+				}
+				for j := i; j < min(i+64, len(lines)); j++ {
+					r, err := parse(gctx, lines[j])
+					if err != nil {
+						return err
+					}
+					recs[j] = r
+				}
+			}
+		})
+	}
+	var agg aggregate
+	if err := g.Wait(); err != nil {
+		return s5Count{}, err
+	}
+	for _, r := range recs {
+		if err := agg.add(r); err != nil {
+			return s5Count{items: agg.n}, err
+		}
+	}
+	return s5Count{items: agg.n}, nil
+}
+
 // s5CPUShape runs shape=cpu as sub-benchmarks of BenchmarkS5Overhead.
 func s5CPUShape(b *testing.B) {
 	b.Helper()
@@ -136,6 +175,7 @@ func s5CPUShape(b *testing.B) {
 		{"unordered", s5CPUUnordered},
 		{"handwritten", s5CPUHandwritten},
 		{"loop", s5CPULoop},
+		{"barrier", s5CPUBarrier},
 	} {
 		b.Run("shape=cpu/impl="+impl.name, func(b *testing.B) {
 			s5Measure(b, len(lines), s5Count{items: len(lines)}, func(ctx context.Context) (s5Count, error) { return impl.run(ctx, lines) })
