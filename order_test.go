@@ -152,7 +152,7 @@ func TestOrderedSkipsDoNotStall(t *testing.T) {
 func TestOrderedWindowBoundsMemory(t *testing.T) {
 	t.Parallel()
 	const (
-		n   = 200 // more than any window + workers + buffer below
+		n   = 1000 // more than any window + workers + buffer below
 		buf = 4
 	)
 	for _, workers := range []int{1, 4, 8} {
@@ -184,7 +184,7 @@ func TestOrderedWindowBoundsMemory(t *testing.T) {
 					synctest.Wait() // every goroutine is blocked behind the head item
 					size := window
 					if size == 0 {
-						size = buf + 4*workers // the documented default
+						size = buf + 64*workers // the documented default
 					}
 					// Items start only inside the window: the head, and size-1 after it
 					// that finish and wait for it.

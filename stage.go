@@ -194,7 +194,7 @@ func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
 		if st.cfg.ordered {
 			window := st.cfg.window
 			if window == 0 {
-				window = buf + 4*st.workers
+				window = buf + chunk*st.workers // room for every worker's run (see WithOrdered)
 			}
 			ord = newReorder(window, next(new(hand)), st.flat != nil)
 			rw.held, rw.extra = ord.heldCount, window

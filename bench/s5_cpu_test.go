@@ -121,7 +121,7 @@ func s5CPULoop(ctx context.Context, lines []string) (s5Count, error) {
 func s5CPUHandwritten(ctx context.Context, lines []string) (s5Count, error) {
 	workers := runtime.GOMAXPROCS(0)
 	var agg aggregate
-	err := orderedHandwritten(ctx, lines, workers, s5Buffer+4*workers, parse, agg.add)
+	err := orderedHandwritten(ctx, lines, workers, s5Window(workers), parse, agg.add)
 	return s5Count{items: agg.n}, err
 }
 

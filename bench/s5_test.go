@@ -272,8 +272,9 @@ func (c *orderCheck) see(v int) error {
 }
 
 // s5OrderedPipeline runs the ordered shape through the library, with the default
-// window (4 × workers = 32 items finished or in flight beyond the oldest unfinished
-// one): the window the library picks for a user who does not choose one.
+// window (the buffer plus 64 × workers = 612 items finished, in flight or queued from
+// the oldest unfinished one): the window the library picks for a user who does not
+// choose one.
 func s5OrderedPipeline(ctx context.Context, items []int) (s5Count, error) {
 	p := pipeline.New(pipeline.WithBuffer(s5Buffer))
 	s := pipeline.FromSlice(p, items)
@@ -286,6 +287,10 @@ func s5OrderedPipeline(ctx context.Context, items []int) (s5Count, error) {
 	return s5Count{items: check.n}, err
 }
 
+// s5Window is the library's default reorder window for a stage of workers with a
+// queue of s5Buffer (WithOrdered): the hand-written re-sequencers use the same.
+func s5Window(workers int) int { return s5Buffer + 64*workers }
+
 // seqItem is an item with its sequence number, for the hand-written re-sequencer.
 type seqItem[T any] struct {
 	seq int
@@ -295,12 +300,12 @@ type seqItem[T any] struct {
 // s5OrderedHandwritten is the baseline for ordering: the source numbers the items,
 // 8 workers process them over bounded channels, and a single re-sequencing goroutine
 // puts them back in order (orderedHandwritten). The window is the stage's queue plus
-// the library's default reorder window (100 + 4 × 8): the same number of items the
+// the library's default reorder window (s5Window): the same number of items the
 // library may hold between its source and the stage's output, so both bound memory
 // alike.
 func s5OrderedHandwritten(ctx context.Context, items []int) (s5Count, error) {
 	var check orderCheck
-	err := orderedHandwritten(ctx, items, s5OrderedWorkers, s5Buffer+4*s5OrderedWorkers, identity, check.see)
+	err := orderedHandwritten(ctx, items, s5OrderedWorkers, s5Window(s5OrderedWorkers), identity, check.see)
 	return s5Count{items: check.n}, err
 }
 
