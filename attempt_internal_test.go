@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -173,6 +174,42 @@ func TestAttemptClockLateLooks(t *testing.T) {
 		case <-d:
 		default:
 			t.Fatalf("context %d: Done still open after its attempt returned and was published", i)
+		}
+	}
+}
+
+// TestAttemptCtxLateLooksAgree races two first looks at a context whose attempt just
+// returned with the worker publishing its end: whichever look comes first, both see one
+// Done channel, one deadline and a canceled context, now and on every later call.
+func TestAttemptCtxLateLooksAgree(t *testing.T) {
+	var k attemptClock
+	base := time.Now()
+	for i := range 20000 {
+		c := k.begin(context.Background(), base, time.Since(base), time.Hour)
+		c.finish()
+		type look struct {
+			done <-chan struct{}
+			dl   time.Time
+		}
+		var looks [2]look
+		var wg sync.WaitGroup
+		for g := range looks {
+			wg.Go(func() {
+				d, _ := c.Deadline()
+				looks[g] = look{c.Done(), d}
+			})
+		}
+		k.publish()
+		wg.Wait()
+		<-looks[0].done
+		for g, l := range looks {
+			d, _ := c.Deadline()
+			if l.done != c.Done() || l.done != looks[0].done || !l.dl.Equal(d) || !d.Equal(looks[0].dl) {
+				t.Fatalf("attempt %d, look %d: Done or Deadline changed between calls", i, g)
+			}
+		}
+		if !errors.Is(c.Err(), context.Canceled) {
+			t.Fatalf("attempt %d: Err = %v after its end", i, c.Err())
 		}
 	}
 }

@@ -98,12 +98,11 @@ func TestBufferPerStage(t *testing.T) {
 }
 
 // TestRoomAfterRun checks that a worker gives back the room of every item of a run it
-// finished before it waits for more: the first item of a run counts as started when
-// taken, the others are told to the queue lazily (when a producer waits, before the
-// worker waits, and at the end of the run). The stage's worker first takes a run of two
-// items (a and b) while no producer waits, then blocks on the first item of a burst:
-// the source must get rid of exactly one item in the worker, buf in the queue and one
-// in its hand, as if no run had come before.
+// finished: the first item of a run counts as started when taken, each other one before
+// its function is called. The stage's worker first takes a run of two items (1 and 2),
+// then blocks on the first item of a burst: the source must get rid of exactly one
+// item in the worker, buf in the queue and one in its hand, as if no run had come
+// before.
 func TestRoomAfterRun(t *testing.T) {
 	t.Parallel()
 	for _, buf := range []int{2, 3, 8} {
@@ -153,5 +152,78 @@ func TestRoomAfterRun(t *testing.T) {
 				checkReport(t, p.Report())
 			})
 		})
+	}
+}
+
+// TestRoomDuringRun blocks the worker on the second item of a run (y): y's room is free
+// while its function runs, so the source gets rid of buf items in the queue and one in
+// its hand; and a function that waits for the source to get that far does not wait
+// forever (as a stage joining what its own upstream sends elsewhere may).
+func TestRoomDuringRun(t *testing.T) {
+	t.Parallel()
+	for _, buf := range []int{2, 4} {
+		for _, waitsForSource := range []bool{false, true} {
+			t.Run(fmt.Sprintf("buf=%d/waitsForSource=%v", buf, waitsForSource), func(t *testing.T) {
+				t.Parallel()
+				synctest.Test(t, func(t *testing.T) {
+					const first, y, burst = 1000, 2, 2000
+					gateFirst, gateY, phase2 := make(chan struct{}), make(chan struct{}), make(chan struct{})
+					var emitted atomic.Int64
+					p := pipeline.New(pipeline.WithBuffer(buf))
+					src := pipeline.Generate(p, func(ctx context.Context, emit func(int) error) error {
+						for _, v := range []int{first, 1, y} { // 1 and y wait behind first: one run
+							if err := emit(v); err != nil {
+								return err
+							}
+						}
+						<-phase2
+						for v := burst; v < burst+100; v++ {
+							if emitted.Add(1) == int64(buf+1) && waitsForSource {
+								close(gateY) // the source got this far: y may finish
+							}
+							if err := emit(v); err != nil {
+								return err
+							}
+						}
+						return nil
+					})
+					s := pipeline.Then(src, pipeline.NewStage("s1", 1, func(ctx context.Context, v int) (int, error) {
+						g := map[int]chan struct{}{first: gateFirst, y: gateY}[v]
+						if g != nil {
+							select {
+							case <-g:
+							case <-ctx.Done():
+								return 0, ctx.Err()
+							}
+						}
+						return v, nil
+					}))
+					pipeline.To(s, pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+					ctx, cancel := context.WithCancel(t.Context())
+					defer cancel()
+					errc := make(chan error, 1)
+					go func() { errc <- p.Run(ctx) }()
+
+					synctest.Wait() // the worker blocks on first; 1 and y are queued
+					close(gateFirst)
+					synctest.Wait() // the worker blocks on y, the run's second item
+					close(phase2)
+					synctest.Wait()
+					if waitsForSource {
+						select {
+						case err := <-errc:
+							require.NoError(t, err)
+						default:
+							t.Fatal("y waits for the source, which waits for room that y's start freed")
+						}
+						return
+					}
+					assert.Equal(t, int64(buf+1), emitted.Load(), "items the source got rid of while y runs")
+					close(gateY)
+					require.NoError(t, <-errc)
+					checkReport(t, p.Report())
+				})
+			})
+		}
 	}
 }

@@ -376,7 +376,6 @@ func (w *worker[In, Out]) deadLetter(ctx context.Context, v In, attempts int, cl
 		FirstError: firstMsg, LastError: msg, Time: time.Now(),
 	}
 	w.ctxs.publish() // the destination may wait
-	w.publishStarts()
 	if err := w.st.dl(ctx, rec); err != nil {
 		w.t.failed++
 		if ctx.Err() != nil { // the run stopped meanwhile: its cause, not the destination's echo

@@ -238,7 +238,7 @@ func (k *attemptClock) begin(parent context.Context, base time.Time, now, d time
 // (the worker calls it between attempts): a context first looked at after its attempt
 // returned is canceled now.
 func (k *attemptClock) publish() {
-	if k.fi == k.i {
+	if k == nil || k.fi == k.i {
 		return
 	}
 	// An arm stores looks before it reads ended; publish stores ended before it reads
@@ -286,18 +286,20 @@ func (c *attemptCtx) fixDue() time.Duration {
 	return ep.due
 }
 
-// arm returns the armed part, making it on the first look; nil if the attempt had
-// returned before anyone looked (then the context is canceled, for good).
+// arm returns the armed part, making it on the first look. A context whose attempt had
+// returned before anyone looked gets one canceled for good, with the estimated deadline:
+// whichever look comes first, every look sees the same context.
 func (c *attemptCtx) arm() *armedCtx {
 	if p := c.slot(false); p != nil {
 		if a := p.Load(); a != nil {
 			return a
 		}
 	}
-	if c.over() {
-		return nil
-	}
 	p := c.slot(true)
+	if c.over() {
+		p.CompareAndSwap(nil, &armedCtx{due: c.epoch().due, done: closedChan, err: context.Canceled})
+		return p.Load()
+	}
 	if !p.CompareAndSwap(nil, &armedCtx{due: c.fixDue()}) {
 		return p.Load()
 	}
@@ -311,12 +313,7 @@ func (c *attemptCtx) arm() *armedCtx {
 
 // deadline returns the deadline as an offset from base (the estimate, for a context
 // first looked at after its attempt returned).
-func (c *attemptCtx) deadline() time.Duration {
-	if a := c.arm(); a != nil {
-		return a.due
-	}
-	return c.epoch().due
-}
+func (c *attemptCtx) deadline() time.Duration { return c.arm().due }
 
 // looked reports whether the function looked at its context.
 func (c *attemptCtx) looked() bool {
@@ -344,9 +341,6 @@ func (c *attemptCtx) Value(key any) any { return c.epoch().parent.Value(key) }
 // the first call.
 func (c *attemptCtx) Done() <-chan struct{} {
 	a := c.arm()
-	if a == nil {
-		return closedChan
-	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.done != nil {
@@ -374,9 +368,6 @@ var closedChan = func() chan struct{} {
 // Err implements context.Context.
 func (c *attemptCtx) Err() error {
 	a := c.arm()
-	if a == nil {
-		return context.Canceled
-	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	c.expireLocked(a)

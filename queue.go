@@ -143,11 +143,10 @@ type lane[T any] struct {
 // A producer reserves room for several items under the lock (grant), then puts items
 // in its own buffer without it, and places them in the ring at the next reservation or
 // flush; a worker takes a run of items under the lock and gives back each item's room
-// as it starts the item: the first at once (takeRun), the others with a store to a count
-// of its own (started), which a plain stage's worker makes only when a producer waits
-// for room, before it waits itself, and at the end of its run. A keyed queue (hash) has
-// a lane per worker; items are numbered in the order they enter (ordered stages take
-// from one lane).
+// as it starts the item: the first at once (takeRun), each other one with a store to a
+// count of its own (started) before its function is called, since the function may wait
+// for the producers. A keyed queue (hash) has a lane per worker; items are numbered in
+// the order they enter (ordered stages take from one lane).
 type queue[T any] struct {
 	mu        sync.Mutex
 	lanes     []lane[T]

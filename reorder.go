@@ -12,11 +12,12 @@ import (
 // item has finished (or was dead-lettered, filtered out or skipped, which never stalls
 // the window). window is how many items, counted from the oldest unfinished one, may be
 // in flight, finished, or being sent on; a worker waits before it starts an item beyond
-// it. 0 means the stage's buffer plus 64 × workers (a worker takes up to 64 waiting
-// items at once), which lets every queued item, and a full run of items for every
-// worker, go ahead of a slow one before anything waits. Memory is therefore bounded by
-// window items, whatever the input; the window's slots are made when the run starts,
-// so a stage with many workers and large outputs may want a smaller one.
+// it. 0 means the stage's buffer plus 64 × workers: a worker takes as many waiting items
+// at once as leave every worker's next run room in the window (at most 64), so this
+// lets every queued item go ahead of a slow one, and each worker take runs of 32 items
+// or more, before anything waits. Memory is therefore bounded by window items, whatever
+// the input; the window's slots are made when the run starts, so a stage with many
+// workers and large outputs may want a smaller one.
 //
 // A slow item at the head stalls the stage's output until it finishes (head-of-line
 // blocking), and with it, once the window is full, the stage itself: choose the window

@@ -194,7 +194,7 @@ func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
 		if st.cfg.ordered {
 			window := st.cfg.window
 			if window == 0 {
-				window = buf + chunk*st.workers // room for every worker's run (see WithOrdered)
+				window = buf + chunk*st.workers // runs of chunk/2 or more for every worker (see WithOrdered)
 			}
 			ord = newReorder(window, next(new(hand)), st.flat != nil)
 			rw.held, rw.extra = ord.heldCount, window
@@ -208,13 +208,15 @@ func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
 				st: st, r: r, row: rw, stats: &rw.workers[i], budget: b, classify: classify, ord: ord, cl: cl, id: i,
 				q: q, wt: newWaiter(), run: make([]item[In], chunk), runMax: 1, share: 1,
 			}
+			if st.cfg.timeout > 0 {
+				w.ctxs = new(attemptClock)
+			}
 			if st.hash != nil {
 				w.lane = i
 			}
 			if ord == nil {
-				// Counts, attempt contexts and the room of started items are current while
-				// the worker waits.
-				h := &hand{waits: []func(){w.commit, w.ctxs.publish, w.publishStarts}}
+				// Counts and attempt contexts are current while the worker waits.
+				h := &hand{waits: []func(){w.commit, w.ctxs.publish}}
 				w.out, w.hand = next(h), h
 			}
 			if st.flat != nil {
@@ -308,7 +310,6 @@ type worker[In, Out any] struct {
 	wt       *waiter       // how the worker sleeps on q
 	run      []item[In]    // the run of items taken from q
 	left     int           // items of the run taken and not started
-	unpub    int           // items started whose room the queue was not told of yet (see items)
 	hand     *hand         // the worker's, when it has a sender of its own
 	runMax   int           // the most items to take at once: fewer, the slower the function
 	share    int           // the least run worth waking another worker for (takeOrPark)
@@ -320,7 +321,7 @@ type worker[In, Out any] struct {
 	pend     []entry       // ordered one-to-one stages: the run's outcomes, settled together
 	slow     bool          // the last timed attempt took long: time every attempt
 	busy     bool          // an item is in hand and not yet counted: a panic fails it
-	ctxs     attemptClock  // WithTimeout: the attempts' contexts
+	ctxs     *attemptClock // WithTimeout: the attempts' contexts (nil without; a clock of its own, so that a context kept after its attempt keeps only it alive)
 	cl       *client[In]   // rate limits, breaker, adaptive workers (client.go); nil without
 	id       int           // the worker's index in its stage
 	tk       ticket        // the current attempt's, from w.cl (client.go)
@@ -429,13 +430,10 @@ func (w *worker[In, Out]) items(ctx context.Context, k int, seq uint64) error {
 		*e = item[In]{}
 		w.left--
 		// Its room in the queue is free: the item is in hand. The first item's counted
-		// when it was taken; the worker tells its queue of the others when a producer
-		// waits for the room, before it waits itself, or at the end of the run (unpub).
+		// when it was taken; each other one before its function is called, which may
+		// wait for its producers.
 		if j > 0 {
-			w.unpub++
-			if w.q.pwait.Load() != 0 {
-				w.publishStarts()
-			}
+			w.q.started(w.id, 1)
 		}
 		if ctx.Err() != nil { // the run is stopping: start nothing new
 			return w.abandon(j, 1, context.Cause(ctx))
@@ -467,7 +465,6 @@ func (w *worker[In, Out]) items(ctx context.Context, k int, seq uint64) error {
 			return err
 		}
 	}
-	w.publishStarts()
 	if err := w.settle(ctx); err != nil {
 		return err
 	}
@@ -475,15 +472,6 @@ func (w *worker[In, Out]) items(ctx context.Context, k int, seq uint64) error {
 		return w.out.flush()
 	}
 	return nil
-}
-
-// publishStarts gives back the room of the items the worker started and has not told
-// its queue of yet (see items).
-func (w *worker[In, Out]) publishStarts() {
-	if w.unpub > 0 {
-		w.q.started(w.id, w.unpub)
-		w.unpub = 0
-	}
 }
 
 // tick reads the clock for the attempts that follow, under WithTimeout (see attemptCtx).
@@ -505,15 +493,15 @@ func (w *worker[In, Out]) abandon(j, current int, err error) error {
 // their room.
 func (w *worker[In, Out]) clearRun(j int) {
 	clear(w.run[j:])
-	w.unpub += w.left
+	if w.left > 0 {
+		w.q.started(w.id, w.left)
+	}
 	w.left = 0
-	w.publishStarts()
 }
 
 // settle hands the run's finished items of an ordered one-to-one stage to the window.
 func (w *worker[In, Out]) settle(ctx context.Context) error {
 	w.ctxs.publish() // the window may wait
-	w.publishStarts()
 	if len(w.pend) == 0 {
 		return nil
 	}
@@ -602,7 +590,6 @@ func (w *worker[In, Out]) deliver(ctx context.Context, out Out) (handed bool, er
 		}
 		w.r.track.split(w.pos, len(w.buf))
 		w.ctxs.publish() // the window may wait
-		w.publishStarts()
 		handed, err := w.ord.settle(ctx, w.stats, w.seq, w.pos, w.buf, false, w.enteredWindow)
 		clear(w.buf)
 		w.buf = w.buf[:0]
@@ -653,7 +640,6 @@ func (w *worker[In, Out]) skip(ctx context.Context) error {
 		return nil
 	}
 	w.ctxs.publish() // the window may wait
-	w.publishStarts()
 	// counted already
 	_, err := w.ord.settle(ctx, w.stats, w.seq, w.pos, nil, true, func() { w.busy = false })
 	return err
@@ -663,7 +649,6 @@ func (w *worker[In, Out]) skip(ctx context.Context) error {
 // retry's backoff): it hands them on first.
 func (w *worker[In, Out]) hold(ctx context.Context) error {
 	w.ctxs.publish()
-	w.publishStarts()
 	if err := w.settle(ctx); err != nil {
 		return err
 	}
