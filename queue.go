@@ -85,6 +85,10 @@ type sender[T any] struct {
 	put   pushFunc[T]
 	flush func() error
 	drop  func()
+	// putRun, when not nil, puts untracked items vs as put would one by one, without
+	// user code in between (a plain queue's sender): it returns how many it took, all
+	// unless the run stops (the one it could not send is counted unsent, as by put).
+	putRun func(vs []T) (int, error)
 }
 
 // outlet makes a sender for each goroutine that produces a stream, given the
@@ -530,7 +534,11 @@ func (q *queue[T]) outlet(ctx context.Context) outlet[T] {
 		if h != nil {
 			h.placers = append(h.placers, s.place)
 		}
-		return sender[T]{put: s.put, flush: s.flush, drop: s.drop}
+		snd := sender[T]{put: s.put, flush: s.flush, drop: s.drop}
+		if q.hash == nil && q.capacity > 0 {
+			snd.putRun = s.putRun
+		}
+		return snd
 	}
 }
 
@@ -594,6 +602,35 @@ func (s *queueSender[T]) put(v T, pos uint64) error {
 		return s.flush()
 	}
 	return nil
+}
+
+// putRun is put for untracked items vs, into a plain queue with room for more than one
+// (see sender.putRun).
+func (s *queueSender[T]) putRun(vs []T) (int, error) {
+	done := 0
+	for done < len(vs) {
+		if s.avail == 0 {
+			if s.buf == nil {
+				s.buf = make([]item[T], 0, min(chunk, s.q.grant()))
+			}
+			s.busy = true
+			r, err := s.q.reserve(s.ctx, s.w, s.buf, s.lanes, s.q.grant(), s.h)
+			s.busy = false
+			s.reset()
+			if err != nil {
+				s.q.unsent.Add(1) // as put: the item it could not send (the run is stopping)
+				return done + 1, err
+			}
+			s.avail = r
+		}
+		n := min(s.avail, len(vs)-done)
+		for _, v := range vs[done : done+n] {
+			s.buf = append(s.buf, item[T]{v, noPos})
+		}
+		s.avail -= n
+		done += n
+	}
+	return done, nil
 }
 
 func (s *queueSender[T]) flush() error {

@@ -16,7 +16,7 @@ var errDraining = errors.New("pipeline: draining after the error budget tripped"
 // them on in chunks.
 func FromSlice[T any](p *Pipeline, items []T, opts ...SourceOption) *Stream[T] {
 	n := int64(len(items))
-	return newSource(p, "FromSlice", opts, &n, true, func(_ context.Context, emit func(T) error) error {
+	return newSourceOf(p, "FromSlice", opts, &n, items, func(_ context.Context, emit func(T) error) error {
 		for _, v := range items {
 			if err := emit(v); err != nil {
 				return err
@@ -24,6 +24,35 @@ func FromSlice[T any](p *Pipeline, items []T, opts ...SourceOption) *Stream[T] {
 		}
 		return nil
 	})
+}
+
+// sendRuns sends items a chunk at a time through snd.putRun, as emit would one by one:
+// it stops with errDraining once a drained budget has tripped, and with the run's cause
+// once the run stops (the item it was about to send counted as taken and not started).
+// received and sent are the source's counts of the current chunk, added by commit.
+func sendRuns[T any](ctx context.Context, rw *row, items []T, snd sender[T], received, sent *int64, commit func()) error {
+	st := &rw.workers[0]
+	for i := 0; i < len(items); i += chunk {
+		if rw.drain.Load() {
+			return errDraining
+		}
+		if ctx.Err() != nil {
+			*received++
+			st.discarded.inc()
+			return context.Cause(ctx)
+		}
+		n, err := snd.putRun(items[i:min(i+chunk, len(items))])
+		*received += int64(n)
+		*sent += int64(n)
+		if ferr := snd.flush(); err == nil {
+			err = ferr
+		}
+		commit()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // FromSeq returns a source of the values of seq. When the run stops early, the loop
@@ -101,11 +130,23 @@ func Generate[T any](p *Pipeline, fn func(ctx context.Context, emit func(T) erro
 // in coming.
 func newSource[T any](p *Pipeline, ctor string, opts []SourceOption, given *int64, chunked bool, body func(ctx context.Context, emit func(T) error) error) *Stream[T] {
 	cfg := configure(ctor, opts, SourceOption.sourceOption)
-	return newSourceNamed(p, ctor, cfg.name, given, chunked, body)
+	return newSourceNamed(p, ctor, cfg.name, given, chunked, nil, body)
 }
 
-// newSourceNamed is newSource with the name already chosen by options.
-func newSourceNamed[T any](p *Pipeline, ctor, given string, n *int64, chunked bool, body func(ctx context.Context, emit func(T) error) error) *Stream[T] {
+// newSourceOf is newSource for a source of the items of a slice (chunked): when its
+// consumer's sender takes runs of items and the source is not checkpointed, the items
+// go on a chunk at a time, with no call per item; otherwise body emits them.
+func newSourceOf[T any](p *Pipeline, ctor string, opts []SourceOption, given *int64, items []T, body func(ctx context.Context, emit func(T) error) error) *Stream[T] {
+	cfg := configure(ctor, opts, SourceOption.sourceOption)
+	if items == nil {
+		items = []T{}
+	}
+	return newSourceNamed(p, ctor, cfg.name, given, true, items, body)
+}
+
+// newSourceNamed is newSource with the name already chosen by options; items, when not
+// nil, are the source's items (newSourceOf).
+func newSourceNamed[T any](p *Pipeline, ctor, given string, n *int64, chunked bool, items []T, body func(ctx context.Context, emit func(T) error) error) *Stream[T] {
 	if p == nil {
 		panic(fmt.Sprintf("pipeline: %s: nil *Pipeline", ctor))
 	}
@@ -189,7 +230,11 @@ func newSourceNamed[T any](p *Pipeline, ctor, given string, n *int64, chunked bo
 			// Only an input that ended closes the queue: after a failure (or a panic)
 			// the consumers stop with the run's context instead, and take nothing for an
 			// end of input.
-			err = body(r.ctx, emit)
+			if items != nil && track == nil && snd.putRun != nil {
+				err = sendRuns(r.ctx, rw, items, snd, &received, &sent, commit)
+			} else {
+				err = body(r.ctx, emit)
+			}
 			if ferr := snd.flush(); err == nil && ferr != nil {
 				err = ferr
 			}
