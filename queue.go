@@ -88,7 +88,9 @@ type sender[T any] struct {
 	// putRun, when not nil, puts untracked items vs as put would one by one, without
 	// user code in between (a plain queue's sender): it returns how many it took, all
 	// unless the run stops (the one it could not send is counted unsent, as by put).
-	putRun func(vs []T) (int, error)
+	// Before it may wait for room to put vs[done], it calls before(done), so that the
+	// producer's counts show that item in flight while it waits.
+	putRun func(vs []T, before func(done int)) (int, error)
 }
 
 // outlet makes a sender for each goroutine that produces a stream, given the
@@ -606,10 +608,11 @@ func (s *queueSender[T]) put(v T, pos uint64) error {
 
 // putRun is put for untracked items vs, into a plain queue with room for more than one
 // (see sender.putRun).
-func (s *queueSender[T]) putRun(vs []T) (int, error) {
+func (s *queueSender[T]) putRun(vs []T, before func(done int)) (int, error) {
 	done := 0
 	for done < len(vs) {
 		if s.avail == 0 {
+			before(done)
 			if s.buf == nil {
 				s.buf = make([]item[T], 0, min(chunk, s.q.grant()))
 			}

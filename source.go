@@ -41,9 +41,16 @@ func sendRuns[T any](ctx context.Context, rw *row, items []T, snd sender[T], rec
 			st.discarded.inc()
 			return context.Cause(ctx)
 		}
-		n, err := snd.putRun(items[i:min(i+chunk, len(items))])
-		*received += int64(n)
-		*sent += int64(n)
+		// cr and cs are how many of the chunk received and sent count already: while the
+		// source waits for room for item done, that item is in flight (received, not sent).
+		var cr, cs int64
+		n, err := snd.putRun(items[i:min(i+chunk, len(items))], func(done int) {
+			*received += int64(done) + 1 - cr
+			*sent += int64(done) - cs
+			cr, cs = int64(done)+1, int64(done)
+		})
+		*received += int64(n) - cr
+		*sent += int64(n) - cs
 		if ferr := snd.flush(); err == nil {
 			err = ferr
 		}
