@@ -32,6 +32,8 @@ func FromSlice[T any](p *Pipeline, items []T, opts ...SourceOption) *Stream[T] {
 // received and sent are the source's counts of the current chunk, added by commit.
 func sendRuns[T any](ctx context.Context, rw *row, items []T, snd sender[T], received, sent *int64, commit func()) error {
 	st := &rw.workers[0]
+	c := &chunkCounts{received: received, sent: sent}
+	before := c.before // made once: putRun is called per chunk
 	for i := 0; i < len(items); i += chunk {
 		if rw.drain.Load() {
 			return errDraining
@@ -41,16 +43,10 @@ func sendRuns[T any](ctx context.Context, rw *row, items []T, snd sender[T], rec
 			st.discarded.inc()
 			return context.Cause(ctx)
 		}
-		// cr and cs are how many of the chunk received and sent count already: while the
-		// source waits for room for item done, that item is in flight (received, not sent).
-		var cr, cs int64
-		n, err := snd.putRun(items[i:min(i+chunk, len(items))], func(done int) {
-			*received += int64(done) + 1 - cr
-			*sent += int64(done) - cs
-			cr, cs = int64(done)+1, int64(done)
-		})
-		*received += int64(n) - cr
-		*sent += int64(n) - cs
+		c.cr, c.cs = 0, 0
+		n, err := snd.putRun(items[i:min(i+chunk, len(items))], before)
+		*received += int64(n) - c.cr
+		*sent += int64(n) - c.cs
 		if ferr := snd.flush(); err == nil {
 			err = ferr
 		}
@@ -60,6 +56,20 @@ func sendRuns[T any](ctx context.Context, rw *row, items []T, snd sender[T], rec
 		}
 	}
 	return nil
+}
+
+// chunkCounts keeps a source's received and sent counts current while it waits for room
+// in the middle of a chunk (sendRuns): cr and cs are how many of the chunk they count
+// already; the item it waits to put is in flight (received, not sent).
+type chunkCounts struct {
+	received, sent *int64
+	cr, cs         int64
+}
+
+func (c *chunkCounts) before(done int) {
+	*c.received += int64(done) + 1 - c.cr
+	*c.sent += int64(done) - c.cs
+	c.cr, c.cs = int64(done)+1, int64(done)
 }
 
 // FromSeq returns a source of the values of seq. When the run stops early, the loop
