@@ -157,11 +157,11 @@ func (c *attemptCtx) slab() *attemptSlab {
 func (c *attemptCtx) epoch() *attemptEpoch { return c.slab().eps[c.ep] }
 
 // slot returns where c's armed part is kept, making the slab's table of them if asked.
-func (c *attemptCtx) slot(make bool) *atomic.Pointer[armedCtx] {
+func (c *attemptCtx) slot(create bool) *atomic.Pointer[armedCtx] {
 	s := c.slab()
 	t := s.armed.Load()
 	if t == nil {
-		if !make {
+		if !create {
 			return nil
 		}
 		s.armed.CompareAndSwap(nil, new([64]atomic.Pointer[armedCtx]))

@@ -582,18 +582,9 @@ func (s *queueSender[T]) put(v T, pos uint64) error {
 		return nil
 	}
 	if s.avail == 0 {
-		if s.buf == nil {
-			s.buf = make([]item[T], 0, min(chunk, s.q.grant()))
-		}
-		s.busy = true
-		r, err := s.q.reserve(s.ctx, s.w, s.buf, s.lanes, s.q.grant(), s.h)
-		s.busy = false
-		s.reset()
-		if err != nil {
-			s.q.unsent.Add(1) // rare: only when the run is stopping
+		if err := s.refill(); err != nil {
 			return err
 		}
-		s.avail = r
 	}
 	s.avail--
 	s.buf = append(s.buf, item[T]{v, pos})
@@ -606,6 +597,24 @@ func (s *queueSender[T]) put(v T, pos uint64) error {
 	return nil
 }
 
+// refill places what the sender holds and reserves room for more, waiting for it; when
+// the run stops first, the item the caller was about to put is counted unsent (rare).
+func (s *queueSender[T]) refill() error {
+	if s.buf == nil {
+		s.buf = make([]item[T], 0, min(chunk, s.q.grant()))
+	}
+	s.busy = true
+	r, err := s.q.reserve(s.ctx, s.w, s.buf, s.lanes, s.q.grant(), s.h)
+	s.busy = false
+	s.reset()
+	if err != nil {
+		s.q.unsent.Add(1)
+		return err
+	}
+	s.avail = r
+	return nil
+}
+
 // putRun is put for untracked items vs, into a plain queue with room for more than one
 // (see sender.putRun).
 func (s *queueSender[T]) putRun(vs []T, before func(done int)) (int, error) {
@@ -613,18 +622,9 @@ func (s *queueSender[T]) putRun(vs []T, before func(done int)) (int, error) {
 	for done < len(vs) {
 		if s.avail == 0 {
 			before(done)
-			if s.buf == nil {
-				s.buf = make([]item[T], 0, min(chunk, s.q.grant()))
-			}
-			s.busy = true
-			r, err := s.q.reserve(s.ctx, s.w, s.buf, s.lanes, s.q.grant(), s.h)
-			s.busy = false
-			s.reset()
-			if err != nil {
-				s.q.unsent.Add(1) // as put: the item it could not send (the run is stopping)
+			if err := s.refill(); err != nil {
 				return done + 1, err
 			}
-			s.avail = r
 		}
 		n := min(s.avail, len(vs)-done)
 		for _, v := range vs[done : done+n] {

@@ -155,14 +155,11 @@ func newSource[T any](p *Pipeline, ctor string, opts []SourceOption, given *int6
 // go on a chunk at a time, with no call per item; otherwise body emits them.
 func newSourceOf[T any](p *Pipeline, ctor string, opts []SourceOption, given *int64, items []T, body func(ctx context.Context, emit func(T) error) error) *Stream[T] {
 	cfg := configure(ctor, opts, SourceOption.sourceOption)
-	if items == nil {
-		items = []T{}
-	}
 	return newSourceNamed(p, ctor, cfg.name, given, true, items, body)
 }
 
-// newSourceNamed is newSource with the name already chosen by options; items, when not
-// nil, are the source's items (newSourceOf).
+// newSourceNamed is newSource with the name already chosen by options; items are the
+// source's items, if it is a slice's (newSourceOf; an empty one emits nothing either way).
 func newSourceNamed[T any](p *Pipeline, ctor, given string, n *int64, chunked bool, items []T, body func(ctx context.Context, emit func(T) error) error) *Stream[T] {
 	if p == nil {
 		panic(fmt.Sprintf("pipeline: %s: nil *Pipeline", ctor))
@@ -247,7 +244,7 @@ func newSourceNamed[T any](p *Pipeline, ctor, given string, n *int64, chunked bo
 			// Only an input that ended closes the queue: after a failure (or a panic)
 			// the consumers stop with the run's context instead, and take nothing for an
 			// end of input.
-			if items != nil && track == nil && snd.putRun != nil {
+			if len(items) > 0 && track == nil && snd.putRun != nil {
 				err = sendRuns(r.ctx, rw, items, snd, &received, &sent, commit)
 			} else {
 				err = body(r.ctx, emit)
