@@ -442,27 +442,76 @@ func (c *attemptCtx) timedOut() bool {
 // process runs every attempt of one item and settles its outcome: delivered, dead-
 // lettered, or failed (returning the error that stops the worker).
 func (w *worker[In, Out]) process(ctx context.Context, v In) error {
+	return w.processFrom(ctx, v, nil)
+}
+
+// processPlain is process for a plain worker (see worker.plain): the first attempt is
+// the call alone (no trace region, client or Commit scope), and its output goes
+// straight to the sender; after a failed one, processFrom goes on.
+func (w *worker[In, Out]) processPlain(ctx context.Context, v In) error {
+	var out Out
+	var err error
+	if w.st.cfg.timeout > 0 {
+		out, err = w.timedCall(ctx, v)
+	} else { // timedCall without its calls: a call costs here
+		var t0 time.Time
+		timed := w.slow || w.n&63 == 0
+		w.n++
+		if timed {
+			t0 = time.Now()
+		}
+		out, err = w.st.fn(ctx, v)
+		if timed {
+			w.measured(t0)
+		}
+	}
+	if err != nil {
+		return w.processFrom(ctx, v, err)
+	}
+	if w.ord != nil { // as deliver and processFrom do
+		w.pendOrdered(out)
+	} else {
+		err = w.out.put(out, w.pos)
+		w.t.emitted++
+		w.t.succeeded++
+		if err != nil {
+			return err
+		}
+	}
+	if w.budget == nil {
+		return nil
+	}
+	return w.record(false)
+}
+
+// processFrom is process; failed, when not nil, is the error of the item's first
+// attempt, made already (processPlain).
+func (w *worker[In, Out]) processFrom(ctx context.Context, v In, failed error) error {
 	var first error
 	cl := w.cl // client.go: breaker, rate limits, adaptive limit; nil without them
 	for attempt := 1; ; attempt++ {
-		if cl != nil {
-			var err error
-			if cl.brk != nil && !cl.brk.closed.Load() { // it may hold the attempt: what the run finished goes on first
-				if err := w.hold(ctx); err != nil {
-					w.t.failed++
-					return err
+		var out Out
+		err := failed
+		failed = nil
+		if err == nil {
+			if cl != nil {
+				if cl.brk != nil && !cl.brk.closed.Load() { // it may hold the attempt: what the run finished goes on first
+					if err := w.hold(ctx); err != nil {
+						w.t.failed++
+						return err
+					}
 				}
-			}
-			if w.tk, err = cl.acquire(ctx, v); err != nil {
-				if ctx.Err() != nil {
-					w.t.failed++
-					return context.Cause(ctx)
+				if w.tk, err = cl.acquire(ctx, v); err != nil {
+					if ctx.Err() != nil {
+						w.t.failed++
+						return context.Cause(ctx)
+					}
+					return w.fail(err, attempt-1, false)
 				}
-				return w.fail(err, attempt-1, false)
+				w.tick() // it may have waited for a token
 			}
-			w.tick() // it may have waited for a token
+			out, err = w.attempt(ctx, v)
 		}
-		out, err := w.attempt(ctx, v)
 		if err == nil {
 			if cl != nil {
 				cl.settle(w.tk, nil, ClassItem)

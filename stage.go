@@ -207,6 +207,7 @@ func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
 			w := &worker[In, Out]{
 				st: st, r: r, row: rw, stats: &rw.workers[i], budget: b, classify: classify, ord: ord, cl: cl, id: i,
 				q: q, wt: newWaiter(), run: make([]item[In], chunk), runMax: 1, share: 1,
+				plain: cl == nil && st.flat == nil && !(st.sink && r.track != nil),
 			}
 			if st.cfg.timeout > 0 {
 				w.ctxs = new(attemptClock)
@@ -320,6 +321,7 @@ type worker[In, Out any] struct {
 	ord      *reorder[Out] // the reorder window (ordered stages)
 	pend     []entry       // ordered one-to-one stages: the run's outcomes, settled together
 	slow     bool          // the last timed attempt took long: time every attempt
+	plain    bool          // no client, no Commit scope, one output per item: processPlain
 	busy     bool          // an item is in hand and not yet counted: a panic fails it
 	ctxs     *attemptClock // WithTimeout: the attempts' contexts (nil without; a clock of its own, so that a context kept after its attempt keeps only it alive)
 	cl       *client[In]   // rate limits, breaker, adaptive workers (client.go); nil without
@@ -423,6 +425,7 @@ func (w *worker[In, Out]) take(ctx context.Context) error {
 func (w *worker[In, Out]) items(ctx context.Context, k int, seq uint64) error {
 	w.left = k
 	w.tick() // the start of the run's attempts
+	plain := w.plain && !trace.IsEnabled()
 	for j := range k {
 		e := &w.run[j]
 		v := e.v
@@ -457,7 +460,12 @@ func (w *worker[In, Out]) items(ctx context.Context, k int, seq uint64) error {
 			w.hand.last = w.left == 0 // its outputs go at once: the run ends with it
 		}
 		w.busy = true
-		err := w.process(ctx, v)
+		var err error
+		if plain {
+			err = w.processPlain(ctx, v)
+		} else {
+			err = w.process(ctx, v)
+		}
 		w.busy = false
 		if err != nil {
 			err = w.abandon(j, 0, err)
@@ -531,8 +539,13 @@ func (w *worker[In, Out]) attempt(ctx context.Context, v In) (out Out, err error
 	if w.st.sink && w.r.track != nil && w.pos != noPos {
 		ctx = w.r.track.scope(ctx, &w.pos) // for Commit (commit.go)
 	}
-	// Time one attempt in 64, or every one while they are slow enough for the clock's
-	// cost not to matter.
+	return w.timedCall(ctx, v)
+}
+
+// timedCall is attempt's call of the stage function, under the per-attempt timeout if
+// any: one call in 64 is timed, or every one while they are slow enough for the
+// clock's cost not to matter.
+func (w *worker[In, Out]) timedCall(ctx context.Context, v In) (out Out, err error) {
 	var t0 time.Time
 	timed := w.slow || w.n&63 == 0
 	w.n++
@@ -550,17 +563,23 @@ func (w *worker[In, Out]) attempt(ctx context.Context, v In) (out Out, err error
 		a.finish()
 	}
 	if timed {
-		d := time.Since(t0)
-		w.clock = t0.Sub(w.r.started) + d
-		w.stats.lat.record(d)
-		w.slow = d > 20*time.Microsecond
-		w.runMax, w.share = chunk, chunk
-		if d > 0 {
-			w.runMax = int(min(max(runBudget/d, 1), chunk))
-			w.share = int(min(max(splitWork/d, 1), chunk))
-		}
+		w.measured(t0)
 	}
 	return out, err
+}
+
+// measured records how long an attempt begun at t0 took: the latency histogram, the
+// worker's clock, and the runs it takes.
+func (w *worker[In, Out]) measured(t0 time.Time) {
+	d := time.Since(t0)
+	w.clock = t0.Sub(w.r.started) + d
+	w.stats.lat.record(d)
+	w.slow = d > 20*time.Microsecond
+	w.runMax, w.share = chunk, chunk
+	if d > 0 {
+		w.runMax = int(min(max(runBudget/d, 1), chunk))
+		w.share = int(min(max(splitWork/d, 1), chunk))
+	}
 }
 
 func (w *worker[In, Out]) call(ctx context.Context, v In) (Out, error) {
@@ -581,11 +600,8 @@ func (w *worker[In, Out]) call(ctx context.Context, v In) (Out, error) {
 // ordered stage whose run stopped while the item waited for room).
 func (w *worker[In, Out]) deliver(ctx context.Context, out Out) (handed bool, err error) {
 	if w.ord != nil {
-		if w.st.flat == nil { // settled with the rest of the run (w.settle)
-			w.ord.fill(w.seq, w.pos, out)
-			w.pend = append(w.pend, entry{seq: w.seq})
-			w.r.track.split(w.pos, 1)
-			w.busy = false // counted when it enters the window, or failed if it never does
+		if w.st.flat == nil {
+			w.pendOrdered(out)
 			return true, nil
 		}
 		w.r.track.split(w.pos, len(w.buf))
@@ -611,6 +627,15 @@ func (w *worker[In, Out]) deliver(ctx context.Context, out Out) (handed bool, er
 	clear(w.buf)
 	w.buf = w.buf[:0]
 	return true, first
+}
+
+// pendOrdered keeps the output of an ordered one-to-one stage's item in its slot of the
+// window, to be settled with the rest of the run (w.settle).
+func (w *worker[In, Out]) pendOrdered(out Out) {
+	w.ord.fill(w.seq, w.pos, out)
+	w.pend = append(w.pend, entry{seq: w.seq})
+	w.r.track.split(w.pos, 1)
+	w.busy = false // counted when it enters the window, or failed if it never does
 }
 
 // enteredWindow counts an ordered stage's item as succeeded once the reorder window

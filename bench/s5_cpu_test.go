@@ -174,6 +174,7 @@ func s5CPUShape(b *testing.B) {
 		{"pipeline", s5CPUPipeline},
 		{"unordered", s5CPUUnordered},
 		{"handwritten", s5CPUHandwritten},
+		{"chunked", s5CPUChunked},
 		{"loop", s5CPULoop},
 		{"barrier", s5CPUBarrier},
 	} {

@@ -573,6 +573,7 @@ func BenchmarkS5Overhead(b *testing.B) {
 		{sh1xP.name, sh1xP.items, s5Count{items: sh1xP.items}, []s5Impl{
 			linear("pipeline", sh1xP, s5Pipeline),
 			linear("handwritten", sh1xP, s5Handwritten),
+			linear("chunked", sh1xP, s5Chunked),
 			linear("conc", sh1xP, s5Conc),
 		}},
 		{sh1x8.name, sh1x8.items, s5Count{items: sh1x8.items}, []s5Impl{
