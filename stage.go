@@ -207,7 +207,7 @@ func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
 			w := &worker[In, Out]{
 				st: st, r: r, row: rw, stats: &rw.workers[i], budget: b, classify: classify, ord: ord, cl: cl, id: i,
 				q: q, wt: newWaiter(), run: make([]item[In], chunk), runMax: 1, share: 1,
-				plain: cl == nil && st.flat == nil && !(st.sink && r.track != nil),
+				plain: cl == nil && st.flat == nil && (!st.sink || r.track == nil),
 			}
 			if st.cfg.timeout > 0 {
 				w.ctxs = new(attemptClock)
