@@ -131,3 +131,45 @@ func TestQueueRendezvousStopped(t *testing.T) {
 		}
 	})
 }
+
+// TestLaneRing pushes and pops runs of random length through rings of several sizes,
+// wrapping around many times, against a slice: the items come out in order, and every
+// place an item left is cleared (nothing kept alive for the garbage collector).
+func TestLaneRing(t *testing.T) {
+	for _, size := range []int{1, 2, 5, 64, 100} {
+		rng := rand.New(rand.NewPCG(uint64(size), 7))
+		l := lane[int]{buf: make([]item[int], size)}
+		var model []int
+		next := 0
+		for range 2000 {
+			if rng.IntN(2) == 0 { // push what fits, or less
+				k := rng.IntN(size - l.n + 1)
+				items := make([]item[int], k)
+				for i := range items {
+					items[i] = item[int]{v: next, pos: uint64(next)}
+					model = append(model, next)
+					next++
+				}
+				l.push(items)
+			} else {
+				k := rng.IntN(l.n + 1)
+				dst := make([]item[int], k)
+				l.pop(dst)
+				for i, it := range dst {
+					if it.v != model[i] || it.pos != uint64(model[i]) {
+						t.Fatalf("size %d: got %v at %d of the run, want %d", size, it, i, model[i])
+					}
+				}
+				model = model[k:]
+			}
+			if l.n != len(model) {
+				t.Fatalf("size %d: %d items in the ring, want %d", size, l.n, len(model))
+			}
+			for i := range size { // the free places are zero
+				if (i-l.head+size)%size >= l.n && l.buf[i] != (item[int]{}) {
+					t.Fatalf("size %d: free place %d holds %v", size, i, l.buf[i])
+				}
+			}
+		}
+	}
+}
