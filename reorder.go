@@ -152,8 +152,17 @@ func (o *reorder[Out]) settleRun(ctx context.Context, stats *workerStats, es []e
 		return false, err
 	}
 	ready := 0
+	i, prev := es[0].seq%w, es[0].seq // the index of each slot, without a division when consecutive
 	for _, e := range es {
-		s := &o.slots[e.seq%w]
+		if e.seq == prev+1 {
+			if i++; i == w {
+				i = 0
+			}
+		} else if e.seq != prev {
+			i = e.seq % w
+		}
+		prev = e.seq
+		s := &o.slots[i]
 		if e.skip {
 			s.state = slotSkip
 			continue
@@ -193,10 +202,14 @@ func (o *reorder[Out]) flush(stats *workerStats) error {
 	}()
 	o.mu.Lock()
 	var first error
+	i0 := o.next % w // the head's slot; the others follow it, with no division each
 	for {
-		end := o.next
-		for end-o.next < w && o.slots[end%w].state != slotEmpty {
+		end, i := o.next, i0
+		for end-o.next < w && o.slots[i].state != slotEmpty {
 			end++
+			if i++; i == w {
+				i = 0
+			}
 		}
 		if end == o.next { // nothing settled in order since the last pass
 			o.flushing = false
@@ -205,8 +218,12 @@ func (o *reorder[Out]) flush(stats *workerStats) error {
 			return first
 		}
 		o.mu.Unlock()
-		for seq := o.next; seq < end; seq++ {
-			h := &o.slots[seq%w]
+		i = i0
+		for seq := o.next; seq < end; seq, i = seq+1, i+1 {
+			if i == w {
+				i = 0
+			}
+			h := &o.slots[i]
 			if h.state != slotReady {
 				continue
 			}
@@ -237,7 +254,10 @@ func (o *reorder[Out]) flush(stats *workerStats) error {
 		out = 0
 		o.mu.Lock()
 		for ; o.next < end; o.next++ {
-			o.slots[o.next%w].state = slotEmpty
+			o.slots[i0].state = slotEmpty
+			if i0++; i0 == w {
+				i0 = 0
+			}
 		}
 		o.head.Store(o.next)
 		if o.wake != nil {
