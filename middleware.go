@@ -445,47 +445,8 @@ func (w *worker[In, Out]) process(ctx context.Context, v In) error {
 	return w.processFrom(ctx, v, nil)
 }
 
-// processPlain is process for a plain worker (see worker.plain): the first attempt is
-// the call alone (no trace region, client or Commit scope), and its output goes
-// straight to the sender; after a failed one, processFrom goes on.
-func (w *worker[In, Out]) processPlain(ctx context.Context, v In) error {
-	var out Out
-	var err error
-	if w.st.cfg.timeout > 0 {
-		out, err = w.timedCall(ctx, v)
-	} else { // timedCall without its calls: a call costs here
-		var t0 time.Time
-		timed := w.slow || w.n&63 == 0
-		w.n++
-		if timed {
-			t0 = time.Now()
-		}
-		out, err = w.st.fn(ctx, v)
-		if timed {
-			w.measured(t0)
-		}
-	}
-	if err != nil {
-		return w.processFrom(ctx, v, err)
-	}
-	if w.ord != nil { // as deliver and processFrom do
-		w.pendOrdered(out)
-	} else {
-		err = w.out.put(out, w.pos)
-		w.t.emitted++
-		w.t.succeeded++
-		if err != nil {
-			return err
-		}
-	}
-	if w.budget == nil {
-		return nil
-	}
-	return w.record(false)
-}
-
 // processFrom is process; failed, when not nil, is the error of the item's first
-// attempt, made already (processPlain).
+// attempt, made already (a plain worker's, in items).
 func (w *worker[In, Out]) processFrom(ctx context.Context, v In, failed error) error {
 	var first error
 	cl := w.cl // client.go: breaker, rate limits, adaptive limit; nil without them

@@ -321,7 +321,7 @@ type worker[In, Out any] struct {
 	ord      *reorder[Out] // the reorder window (ordered stages)
 	pend     []entry       // ordered one-to-one stages: the run's outcomes, settled together
 	slow     bool          // the last timed attempt took long: time every attempt
-	plain    bool          // no client, no Commit scope, one output per item: processPlain
+	plain    bool          // no client, no Commit scope, one output per item: items calls the function itself
 	busy     bool          // an item is in hand and not yet counted: a panic fails it
 	ctxs     *attemptClock // WithTimeout: the attempts' contexts (nil without; a clock of its own, so that a context kept after its attempt keeps only it alive)
 	cl       *client[In]   // rate limits, breaker, adaptive workers (client.go); nil without
@@ -426,6 +426,7 @@ func (w *worker[In, Out]) items(ctx context.Context, k int, seq uint64) error {
 	w.left = k
 	w.tick() // the start of the run's attempts
 	plain := w.plain && !trace.IsEnabled()
+	fn, put, timeout := w.st.fn, w.out.put, w.st.cfg.timeout > 0
 	for j := range k {
 		e := &w.run[j]
 		v := e.v
@@ -461,8 +462,36 @@ func (w *worker[In, Out]) items(ctx context.Context, k int, seq uint64) error {
 		}
 		w.busy = true
 		var err error
-		if plain {
-			err = w.processPlain(ctx, v)
+		if plain { // process, with nothing between the function and the sender
+			var out Out
+			var ferr error
+			if timeout {
+				out, ferr = w.timedCall(ctx, v)
+			} else { // timedCall, without a call: a call costs here
+				var t0 time.Time
+				timed := w.slow || w.n&63 == 0
+				w.n++
+				if timed {
+					t0 = time.Now()
+				}
+				out, ferr = fn(ctx, v)
+				if timed {
+					w.measured(t0)
+				}
+			}
+			switch {
+			case ferr != nil:
+				err = w.processFrom(ctx, v, ferr)
+			case w.ord != nil: // as deliver and processFrom do
+				w.pendOrdered(out)
+			default:
+				err = put(out, w.pos)
+				w.t.emitted++
+				w.t.succeeded++
+			}
+			if ferr == nil && err == nil && w.budget != nil {
+				err = w.record(false)
+			}
 		} else {
 			err = w.process(ctx, v)
 		}
