@@ -31,6 +31,12 @@
 //	go test -run='^$' -bench=S5 -count=10 | tee s5.txt
 //	benchstat -col /impl s5.txt
 //
+// On a shared machine whose speed changes for tens of seconds at a time, run the whole
+// benchmark several times with -count=1 instead, so that every column's samples fall
+// in the same moments (bench/results/s5-runs.txt was made so):
+//
+//	for i in $(seq 10); do go test -run='^$' -bench=S5Overhead -count=1; done | tee s5.txt
+//
 // Vary the number of CPUs with -cpu=1,2,4; the benchmarks never set GOMAXPROCS.
 //
 // S6 writes into PostgreSQL through the postgres/ connector and needs DATABASE_URL:
