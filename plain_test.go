@@ -39,6 +39,7 @@ func TestPlainPathAgrees(t *testing.T) {
 		rows      []pipeline.StageReport
 	}
 	run := func(t *testing.T, ordered, timeout, budget, offPlain bool) result {
+		t.Helper()
 		const n = 3000
 		items := make([]int, n)
 		for i := range items {
