@@ -448,3 +448,42 @@ func TestKeyedMisuse(t *testing.T) {
 	assertPanicsPipeline(t, func() { pipeline.WithKey[int, int](nil) })
 	assertPanicsPipeline(t, func() { pipeline.WithOrdered(-1) })
 }
+
+// TestOrderedFlushSecondPass: the next item settles while the flusher is pushing the
+// one before it downstream (held in a Filter, which runs in the flusher's goroutine), so
+// the flusher must find it on its next pass through the window, with the window's head
+// moved on by the first.
+func TestOrderedFlushSecondPass(t *testing.T) {
+	t.Parallel()
+	for _, window := range []int{0, 2, 3} { // item 0 waits for item 1: at least 2
+		t.Run(fmt.Sprintf("window=%d", window), func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				started1, release1 := make(chan struct{}), make(chan struct{})
+				p := pipeline.New(pipeline.WithBuffer(4))
+				s := pipeline.Then(pipeline.FromSlice(p, []int{0, 1, 2}), pipeline.NewStage("s", 2, func(ctx context.Context, v int) (int, error) {
+					switch v {
+					case 0: // finishes once item 1 is under way in the other worker
+						<-started1
+					case 1:
+						close(started1)
+						<-release1
+					}
+					return v, nil
+				}, pipeline.WithOrdered(window)))
+				first := true
+				f := pipeline.Filter(s, func(v int) bool {
+					if first { // pushing item 0: item 1 settles meanwhile, and cannot flush
+						first = false
+						close(release1)
+						time.Sleep(time.Second) // virtual time: every other goroutine is blocked first
+					}
+					return true
+				})
+				got, err := pipeline.Collect(t.Context(), f)
+				require.NoError(t, err)
+				assert.Equal(t, []int{0, 1, 2}, got)
+			})
+		})
+	}
+}

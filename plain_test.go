@@ -19,7 +19,8 @@ import (
 // through stages that take the engine's plain path (a worker calls the function and
 // hands on its output itself) and through the same stages kept off it by a circuit
 // breaker that never opens: the outputs, the dead letters and every count agree, for
-// unordered and ordered stages, with and without a timeout and an error budget.
+// unordered and ordered stages, buffered, rendezvous and keyed queues, with and without
+// a timeout and an error budget.
 func TestPlainPathAgrees(t *testing.T) {
 	t.Parallel()
 	errBoom := errors.New("boom")
@@ -38,7 +39,7 @@ func TestPlainPathAgrees(t *testing.T) {
 		out, dead []int
 		rows      []pipeline.StageReport
 	}
-	run := func(t *testing.T, ordered, timeout, budget, offPlain bool) result {
+	run := func(t *testing.T, queue string, ordered, timeout, budget, offPlain bool) result {
 		t.Helper()
 		const n = 3000
 		items := make([]int, n)
@@ -63,13 +64,20 @@ func TestPlainPathAgrees(t *testing.T) {
 		if timeout {
 			opts = append(opts, pipeline.WithTimeout(time.Hour))
 		}
+		buf := 16
+		switch queue {
+		case "rendezvous":
+			buf = 0
+		case "keyed":
+			opts = append(opts, pipeline.WithKey(func(v int) int { return v % 5 }))
+		}
 		if budget { // it sees every settled item, and never trips here
 			opts = append(opts, pipeline.WithErrorBudget(pipeline.Budget{MaxRatio: 0.9, MinSample: 10, Window: 100}))
 		}
 		if offPlain {
 			opts = append(opts, pipeline.WithCircuitBreaker(pipeline.Breaker{Failures: 1 << 30}))
 		}
-		p := pipeline.New(pipeline.WithBuffer(16))
+		p := pipeline.New(pipeline.WithBuffer(buf))
 		s := pipeline.Then(pipeline.FromSlice(p, items), pipeline.NewStage("work", 3, func(ctx context.Context, v int) (int, error) {
 			attempts[v]++
 			if err := outcome(v, attempts[v]); err != nil {
@@ -96,18 +104,23 @@ func TestPlainPathAgrees(t *testing.T) {
 		slices.Sort(res.dead)
 		return res
 	}
-	for _, ordered := range []bool{false, true} {
-		for _, timeout := range []bool{false, true} {
-			for _, budget := range []bool{false, true} {
-				t.Run(fmt.Sprintf("ordered=%v/timeout=%v/budget=%v", ordered, timeout, budget), func(t *testing.T) {
-					t.Parallel()
-					plain := run(t, ordered, timeout, budget, false)
-					off := run(t, ordered, timeout, budget, true)
-					assert.NotEmpty(t, plain.dead, "the workload dead-letters some items")
-					assert.Equal(t, off.out, plain.out, "outputs")
-					assert.Equal(t, off.dead, plain.dead, "dead letters")
-					assert.Equal(t, off.rows, plain.rows, "counts")
-				})
+	for _, queue := range []string{"buffered", "rendezvous", "keyed"} {
+		for _, ordered := range []bool{false, true} {
+			for _, timeout := range []bool{false, true} {
+				for _, budget := range []bool{false, true} {
+					if queue == "keyed" && ordered {
+						continue // a keyed stage keeps each key's order already
+					}
+					t.Run(fmt.Sprintf("queue=%s/ordered=%v/timeout=%v/budget=%v", queue, ordered, timeout, budget), func(t *testing.T) {
+						t.Parallel()
+						plain := run(t, queue, ordered, timeout, budget, false)
+						off := run(t, queue, ordered, timeout, budget, true)
+						assert.NotEmpty(t, plain.dead, "the workload dead-letters some items")
+						assert.Equal(t, off.out, plain.out, "outputs")
+						assert.Equal(t, off.dead, plain.dead, "dead letters")
+						assert.Equal(t, off.rows, plain.rows, "counts")
+					})
+				}
 			}
 		}
 	}

@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -107,8 +108,17 @@ func TestQueueExactlyOnceWithinBound(t *testing.T) {
 // producer waits for a worker to take its item: the put returns the run's cause, the
 // item is taken back out of the queue and counted as unsent, and nothing is left behind.
 func TestQueueRendezvousStopped(t *testing.T) {
+	for _, keyed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("keyed=%v", keyed), func(t *testing.T) { rendezvousStopped(t, keyed) })
+	}
+}
+
+func rendezvousStopped(t *testing.T, keyed bool) {
 	synctest.Test(t, func(t *testing.T) {
 		q := newQueue[int](0, 1)
+		if keyed {
+			q = newKeyedQueue(3, 0, func(v int) uint64 { return uint64(v) })
+		}
 		ctx, cancel := context.WithCancelCause(t.Context())
 		snd := q.outlet(ctx)(new(hand))
 		errc := make(chan error, 1)
@@ -128,6 +138,11 @@ func TestQueueRendezvousStopped(t *testing.T) {
 		q.mu.Unlock()
 		if n != 0 || used != 0 || q.unsentCount() != 1 {
 			t.Fatalf("n %d, used %d, unsent %d; want 0, 0, 1", n, used, q.unsentCount())
+		}
+		for i := range q.lanes { // the item taken back keeps nothing alive
+			if l := &q.lanes[i]; l.n != 0 || l.buf[0] != (item[int]{}) {
+				t.Fatalf("lane %d: %d items, place %v; want 0 and empty", i, l.n, l.buf[0])
+			}
 		}
 	})
 }

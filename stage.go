@@ -425,7 +425,7 @@ func (w *worker[In, Out]) take(ctx context.Context) error {
 func (w *worker[In, Out]) items(ctx context.Context, k int, seq uint64) error {
 	w.left = k
 	w.tick() // the start of the run's attempts
-	plain := w.plain && !trace.IsEnabled()
+	plain := w.plain && !trace.IsEnabled() // per run: a trace started now has regions from the next
 	fn, put, timeout := w.st.fn, w.out.put, w.st.cfg.timeout > 0
 	for j := range k {
 		e := &w.run[j]
