@@ -114,6 +114,7 @@ func TestQueueRendezvousStopped(t *testing.T) {
 }
 
 func rendezvousStopped(t *testing.T, keyed bool) {
+	t.Helper()
 	synctest.Test(t, func(t *testing.T) {
 		q := newQueue[int](0, 1)
 		if keyed {

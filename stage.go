@@ -425,7 +425,8 @@ func (w *worker[In, Out]) take(ctx context.Context) error {
 func (w *worker[In, Out]) items(ctx context.Context, k int, seq uint64) error {
 	w.left = k
 	w.tick() // the start of the run's attempts
-	plain := w.plain && !trace.IsEnabled() // per run: a trace started now has regions from the next
+	// Per run: a trace started during the run has regions from the next one.
+	plain := w.plain && !trace.IsEnabled()
 	fn, put, timeout := w.st.fn, w.out.put, w.st.cfg.timeout > 0
 	for j := range k {
 		e := &w.run[j]
