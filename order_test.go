@@ -476,7 +476,7 @@ func TestOrderedFlushSecondPass(t *testing.T) {
 					if first { // pushing item 0: item 1 settles meanwhile, and cannot flush
 						first = false
 						close(release1)
-						time.Sleep(time.Second) // virtual time: every other goroutine is blocked first
+						synctest.Wait() // item 1 is settled, and its worker waits for more
 					}
 					return true
 				})

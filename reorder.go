@@ -152,16 +152,16 @@ func (o *reorder[Out]) settleRun(ctx context.Context, stats *workerStats, es []e
 		return false, err
 	}
 	ready := 0
-	i, prev := es[0].seq%w, es[0].seq // the index of each slot, without a division when consecutive
-	for _, e := range es {
-		if e.seq == prev+1 {
+	i := es[0].seq % w // a run's items are consecutive: each slot follows the last, with no division
+	for k, e := range es {
+		if e.seq != es[0].seq+uint64(k) {
+			panic("pipeline: internal error: a run's outcomes are not consecutive")
+		}
+		if k > 0 {
 			if i++; i == w {
 				i = 0
 			}
-		} else if e.seq != prev {
-			i = e.seq % w
 		}
-		prev = e.seq
 		s := &o.slots[i]
 		if e.skip {
 			s.state = slotSkip

@@ -468,7 +468,7 @@ func (w *worker[In, Out]) items(ctx context.Context, k int, seq uint64) error {
 			var ferr error
 			if timeout {
 				out, ferr = w.timedCall(ctx, v)
-			} else { // timedCall, without a call: a call costs here
+			} else { // timedCall, inline: even a helper for the timing costs 1xP 4 %
 				var t0 time.Time
 				timed := w.slow || w.n&63 == 0
 				w.n++
