@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"iter"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,10 +25,13 @@ type CheckpointStore interface {
 	Save(ctx context.Context, pos int64) error
 }
 
-// FileCheckpoint is a [CheckpointStore] in a file holding the position in decimal.
-// Save writes a temporary file in the same directory, syncs it, renames it over the
-// file and syncs the directory, so that the file always holds a whole position. It is
-// safe for concurrent use.
+// FileCheckpoint is a [CommittedStore] in a file: the position in decimal on the first
+// line, then one line "from to" per range of positions settled above it (committed,
+// dead-lettered or filtered out), so that a resumed run skips them. A file of an
+// earlier release, the position alone, reads as a position with no ranges. Each save
+// writes a temporary file in the same directory, syncs it, renames it over the file and
+// syncs the directory, so that the file always holds a whole save. It is safe for
+// concurrent use.
 type FileCheckpoint struct {
 	mu   sync.Mutex
 	path string
@@ -36,27 +41,68 @@ type FileCheckpoint struct {
 func NewFileCheckpoint(path string) *FileCheckpoint { return &FileCheckpoint{path: path} }
 
 // Load implements [CheckpointStore].
-func (f *FileCheckpoint) Load(context.Context) (int64, error) {
+func (f *FileCheckpoint) Load(ctx context.Context) (int64, error) {
+	pos, _, err := f.LoadCommitted(ctx)
+	return pos, err
+}
+
+// LoadCommitted implements [CommittedStore].
+func (f *FileCheckpoint) LoadCommitted(context.Context) (int64, []PositionRange, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	b, err := os.ReadFile(f.path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return 0, nil
+		return 0, nil, nil
 	}
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
-	pos, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	bad := func() (int64, []PositionRange, error) {
+		return 0, nil, fmt.Errorf("pipeline: checkpoint %s holds %q, not a position", f.path, b)
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	pos, err := strconv.ParseInt(strings.TrimSpace(lines[0]), 10, 64)
 	if err != nil || pos < 0 {
-		return 0, fmt.Errorf("pipeline: checkpoint %s holds %q, not a position", f.path, b)
+		return bad()
 	}
-	return pos, nil
+	var ranges []PositionRange
+	for _, l := range lines[1:] {
+		var r PositionRange
+		if _, err := fmt.Sscanf(l, "%d %d", &r.From, &r.To); err != nil || r.From < 0 || r.To <= r.From {
+			return bad()
+		}
+		ranges = append(ranges, r)
+	}
+	return pos, ranges, nil
 }
 
-// Save implements [CheckpointStore].
-func (f *FileCheckpoint) Save(_ context.Context, pos int64) error {
+// Save implements [CheckpointStore]: it writes pos and keeps the ranges above it.
+func (f *FileCheckpoint) Save(ctx context.Context, pos int64) error {
+	_, ranges, err := f.LoadCommitted(ctx)
+	if err != nil {
+		return err
+	}
+	return f.SaveCommitted(ctx, pos, ranges)
+}
+
+// SaveCommitted implements [CommittedStore]: it writes the larger of pos and the stored
+// position, and committed above it in place of the ranges the file held.
+func (f *FileCheckpoint) SaveCommitted(_ context.Context, pos int64, committed []PositionRange) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if old, err := os.ReadFile(f.path); err == nil {
+		first, _, _ := strings.Cut(string(old), "\n")
+		if p, err := strconv.ParseInt(strings.TrimSpace(first), 10, 64); err == nil && p > pos {
+			pos = p // never back: a position is only ever saved after what it covers settled
+		}
+	}
+	var b strings.Builder
+	b.WriteString(strconv.FormatInt(pos, 10) + "\n")
+	for _, r := range committed {
+		if r.To > pos {
+			fmt.Fprintf(&b, "%d %d\n", max(r.From, pos), r.To)
+		}
+	}
 	dir := filepath.Dir(f.path)
 	tmp, err := os.CreateTemp(dir, filepath.Base(f.path)+".tmp*")
 	if err != nil {
@@ -64,7 +110,7 @@ func (f *FileCheckpoint) Save(_ context.Context, pos int64) error {
 	}
 	// After a successful rename there is nothing left to remove: the error is expected.
 	defer func() { _ = os.Remove(tmp.Name()) }()
-	_, err = tmp.WriteString(strconv.FormatInt(pos, 10) + "\n")
+	_, err = tmp.WriteString(b.String())
 	if err == nil {
 		err = tmp.Sync()
 	}
@@ -215,6 +261,10 @@ type tracker struct {
 	moved chan struct{}
 	acks  *ackBook        // an acknowledged source's callbacks (ack.go); nil for a checkpoint
 	skip  []PositionRange // committed above start in an earlier run (commit.go); the source's own
+	prior []PositionRange // the same ranges, kept whole for every save (commit.go)
+	// above counts the positions that settled above next: a save of a CommittedStore
+	// is due when it changed since savedAbove (the saver's, then finish's, in turn).
+	above, savedAbove uint64
 }
 
 func newTracker(source any, start uint64, every int) *tracker {
@@ -262,6 +312,7 @@ func (t *tracker) settle(pos uint64) {
 	}
 	if pos != t.next {
 		t.settled[pos] = struct{}{}
+		t.above++
 		return
 	}
 	n := 1
@@ -432,17 +483,90 @@ func (t *tracker) saver(ctx context.Context, store CheckpointStore, interval tim
 		case <-t.poke:
 		case <-tick.C:
 		}
-		if w := t.watermark(); w != r.saved.Load() {
-			if err := store.Save(ctx, w); err != nil {
-				if ctx.Err() == nil { // else the run stopped for another reason first
-					r.fail(&StageError{Stage: "checkpoint", Err: err})
-				}
-				return
+		if _, err := r.saveProgress(ctx, store); err != nil {
+			if ctx.Err() == nil { // else the run stopped for another reason first
+				r.fail(&StageError{Stage: "checkpoint", Err: err})
 			}
-			r.saved.Store(w)
-			r.savedAt.Store(time.Now().UnixNano())
-			t.markSaved(w)
-			r.emit(Event{Kind: EventCheckpoint, Stage: "checkpoint", Position: w})
+			return
 		}
 	}
+}
+
+// progress returns what a save records: the watermark, the ranges settled above it when
+// ranges is set (those loaded at the start of the run included, for a CommittedStore),
+// and the count of positions settled above the watermark so far, which changes
+// whenever the ranges do.
+func (t *tracker) progress(ranges bool) (w int64, above []PositionRange, n uint64) {
+	t.mu.Lock()
+	next, n := t.next, t.above
+	var ps []uint64
+	if ranges {
+		ps = make([]uint64, 0, len(t.settled))
+		for p := range t.settled {
+			ps = append(ps, p)
+		}
+	}
+	t.mu.Unlock()
+	if !ranges {
+		return int64(next), nil, n
+	}
+	slices.Sort(ps)
+	for _, p := range ps {
+		if k := len(above); k > 0 && above[k-1].To == int64(p) {
+			above[k-1].To++
+			continue
+		}
+		above = append(above, PositionRange{From: int64(p), To: int64(p) + 1})
+	}
+	return int64(next), mergeRanges(above, t.prior, int64(next)), n
+}
+
+// mergeRanges returns the union of a and b (each sorted by From), cut below from, with
+// touching and overlapping ranges joined.
+func mergeRanges(a, b []PositionRange, from int64) []PositionRange {
+	all := make([]PositionRange, 0, len(a)+len(b))
+	for _, r := range slices.Concat(a, b) {
+		if r.From = max(r.From, from); r.From < r.To {
+			all = append(all, r)
+		}
+	}
+	slices.SortFunc(all, func(x, y PositionRange) int { return cmp.Compare(x.From, y.From) })
+	out := all[:0]
+	for _, r := range all {
+		if k := len(out); k > 0 && r.From <= out[k-1].To {
+			out[k-1].To = max(out[k-1].To, r.To)
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// saveProgress saves the run's progress to store if it moved since the last save: the
+// watermark, and for a [CommittedStore] the ranges settled above it. It is called by
+// the saver, then once more by finish when the run has ended, never at once.
+func (r *run) saveProgress(ctx context.Context, store CheckpointStore) (saved bool, err error) {
+	t := r.track
+	cs, committed := store.(CommittedStore)
+	w, above, n := t.progress(committed)
+	last := r.saved.Load()
+	if w == last && (!committed || n == t.savedAbove) {
+		return false, nil
+	}
+	if committed {
+		err = cs.SaveCommitted(ctx, w, above)
+	} else {
+		err = store.Save(ctx, w)
+	}
+	if err != nil {
+		return false, err
+	}
+	t.savedAbove = n
+	r.saved.Store(w)
+	r.savedAt.Store(time.Now().UnixNano())
+	t.markSaved(w)
+	if w != last {
+		r.emit(Event{Kind: EventCheckpoint, Stage: "checkpoint", Position: w})
+	}
+	return true, nil
 }

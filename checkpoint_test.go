@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -375,5 +376,163 @@ func TestCheckpointCrash(t *testing.T) {
 		default:
 			assert.True(t, got[i], "item %d has its effect", i)
 		}
+	}
+}
+
+// resumeRun runs a checkpointed pipeline of n items in which item 0 waits for the run
+// to stop (it holds the watermark at 0), every tenth item is dead-lettered, the rest
+// reach a sink, and the run is canceled once every other item settled. It returns how
+// often the stage function saw each item and the dead letters.
+func resumeRun(t *testing.T, store pipeline.CheckpointStore, n int, calls map[int]int, dead func(context.Context, pipeline.DeadLetter[int]) error, block bool) error {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var mu sync.Mutex
+	settled := 0
+	done := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if settled++; block && settled == n-1 {
+			cancel() // every item but 0 settled: stop, as SIGINT does
+		}
+	}
+	p := pipeline.New()
+	src := pipeline.FromCheckpoint(p, store, from(n), pipeline.WithSaveEvery(1000))
+	s := pipeline.Then(src, pipeline.NewStage("work", 4, func(ctx context.Context, i int) (int, error) {
+		mu.Lock()
+		calls[i]++
+		mu.Unlock()
+		switch {
+		case i == 0 && block:
+			<-ctx.Done()
+			return 0, ctx.Err()
+		case i%10 == 5:
+			return 0, pipeline.Permanent(fmt.Errorf("bad item %d", i))
+		}
+		return i, nil
+	}, pipeline.WithDeadLetter(func(ctx context.Context, dl pipeline.DeadLetter[int]) error {
+		if err := dead(ctx, dl); err != nil {
+			return err
+		}
+		done()
+		return nil
+	}), pipeline.WithErrorBudget(pipeline.Budget{MaxRatio: 0.5, MinSample: 4})))
+	pipeline.To(s, pipeline.NewSink("sink", 2, func(context.Context, int) error {
+		done()
+		return nil
+	}))
+	return p.Run(ctx)
+}
+
+// TestResumeSkipsDeadLettered checks that a run resumed after a stop neither redoes nor
+// dead-letters again the items the stopped run dead-lettered above its saved position
+// (they were redone, set aside twice, and bunched into the resumed run's error budget).
+func TestResumeSkipsDeadLettered(t *testing.T) {
+	t.Parallel()
+	const n = 200
+	store := pipeline.NewFileCheckpoint(filepath.Join(t.TempDir(), "ck"))
+	calls := map[int]int{}
+	letters := map[int]int{}
+	var mu sync.Mutex
+	dead := func(_ context.Context, dl pipeline.DeadLetter[int]) error {
+		mu.Lock()
+		defer mu.Unlock()
+		letters[dl.Item]++
+		return nil
+	}
+	err := resumeRun(t, store, n, calls, dead, true)
+	require.ErrorIs(t, err, context.Canceled)
+	pos, above, err := store.LoadCommitted(t.Context())
+	require.NoError(t, err)
+	assert.Zero(t, pos, "item 0 holds the watermark")
+	assert.Equal(t, []pipeline.PositionRange{{From: 1, To: n}}, above, "every other position is saved as settled")
+
+	require.NoError(t, resumeRun(t, store, n, calls, dead, false))
+	for i := range n {
+		want := 1
+		if i == 0 {
+			want = 2 // stopped in the first run, redone in the second
+		}
+		assert.Equal(t, want, calls[i], "calls of item %d", i)
+		if i%10 == 5 {
+			assert.Equal(t, 1, letters[i], "dead letters of item %d", i)
+		}
+	}
+	pos, above, err = store.LoadCommitted(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, int64(n), pos)
+	assert.Empty(t, above)
+}
+
+// crashStore is a CommittedStore that loses every save, as a process killed before
+// its first save does: only what a Commit recorded in its own "transaction" remains.
+type crashStore struct {
+	mu        sync.Mutex
+	pos       int64
+	committed []pipeline.PositionRange
+	crashed   bool
+}
+
+func (s *crashStore) Load(ctx context.Context) (int64, error) {
+	pos, _, err := s.LoadCommitted(ctx)
+	return pos, err
+}
+
+func (s *crashStore) LoadCommitted(context.Context) (int64, []pipeline.PositionRange, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.pos, slices.Clone(s.committed), nil
+}
+
+func (s *crashStore) Save(ctx context.Context, pos int64) error { return s.SaveCommitted(ctx, pos, nil) }
+
+func (s *crashStore) SaveCommitted(_ context.Context, pos int64, committed []pipeline.PositionRange) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.crashed {
+		return nil // lost
+	}
+	s.pos = max(s.pos, pos)
+	s.committed = committed
+	return nil
+}
+
+// record is one "transaction" of a destination: the letter and the progress together.
+func (s *crashStore) record(p pipeline.Progress) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if p.Checkpointed {
+		s.pos = max(s.pos, p.Watermark)
+		s.committed = append(s.committed, p.Committed...)
+	}
+}
+
+// TestDeadLetterCommitSurvivesCrash checks that a dead-letter destination that records
+// the run's progress with Commit keeps its items from being redone after a crash that
+// lost every save.
+func TestDeadLetterCommitSurvivesCrash(t *testing.T) {
+	t.Parallel()
+	const n = 200
+	store := &crashStore{crashed: true}
+	calls := map[int]int{}
+	letters := map[int]int{}
+	var mu sync.Mutex
+	dead := func(ctx context.Context, dl pipeline.DeadLetter[int]) error {
+		return pipeline.Commit(ctx, func(_ context.Context, p pipeline.Progress) error {
+			require.True(t, p.Checkpointed, "a dead-letter destination is given the item's progress")
+			mu.Lock()
+			letters[dl.Item]++
+			mu.Unlock()
+			store.record(p)
+			return nil
+		})
+	}
+	err := resumeRun(t, store, n, calls, dead, true)
+	require.ErrorIs(t, err, context.Canceled)
+	store.crashed = false
+	require.NoError(t, resumeRun(t, store, n, calls, dead, false))
+	for i := 5; i < n; i += 10 {
+		assert.Equal(t, 1, calls[i], "calls of dead-lettered item %d", i)
+		assert.Equal(t, 1, letters[i], "dead letters of item %d", i)
 	}
 }

@@ -29,18 +29,31 @@ type Progress struct {
 	Committed []PositionRange
 }
 
-// CommittedStore is a [CheckpointStore] that also keeps the positions committed above
-// its watermark (recorded through [Commit]'s [Progress]). A run resumed from such a
-// store calls LoadCommitted instead of Load and does not emit the items at those
-// positions again: they settle at once. Without it, a resumed run redoes them.
+// CommittedStore is a [CheckpointStore] that also keeps the positions settled above its
+// watermark: committed by a sink (recorded through [Commit]'s [Progress]), dead-lettered
+// (a destination took the item), or filtered out. A run resumed from such a store calls
+// LoadCommitted instead of Load and does not emit the items at those positions again:
+// they settle at once, and no stage sees them, so an item the previous run already
+// dead-lettered is neither set aside twice nor counted again by an error budget.
+// Without it, a resumed run redoes every item above the saved position.
 //
-// Neither Save nor the progress a [Commit] writes may lower the stored position: keep
-// the larger one (pgpipe's Checkpoint writes GREATEST). The run's periodic Save of a
-// watermark read a moment earlier can reach the store after a Commit recorded a newer
-// one, and a store that took it as it is would make a resumed run redo committed items.
+// The run saves with SaveCommitted instead of Save: the watermark and every range it
+// knows to be settled above it, the ranges loaded at its start included, so a store may
+// replace what it kept above pos with committed. Positions settled after the last save
+// are redone after a crash (a SIGKILL), unless their sink recorded them with [Commit]
+// in its own transaction; a dead-letter destination can do the same (pgpipe's
+// DeadLetterTable with a checkpoint does), which makes a resume exact for dead letters
+// too.
+//
+// Neither Save, SaveCommitted nor the progress a [Commit] writes may lower the stored
+// position: keep the larger one (pgpipe's Checkpoint writes GREATEST). The run's
+// periodic save of a watermark read a moment earlier can reach the store after a Commit
+// recorded a newer one, and a store that took it as it is would make a resumed run redo
+// committed items.
 type CommittedStore interface {
 	CheckpointStore
 	LoadCommitted(ctx context.Context) (pos int64, committed []PositionRange, err error)
+	SaveCommitted(ctx context.Context, pos int64, committed []PositionRange) error
 }
 
 // commitScope is the item a checkpointed sink's function is processing, reachable from
@@ -66,14 +79,16 @@ func (t *tracker) scope(ctx context.Context, pos *uint64) context.Context {
 // effects and the advanced checkpoint in one transaction: fn writes the progress (for
 // example into the same database transaction as the item's rows) and commits. Call it
 // from a sink's function ([NewSink]), with the context the function was given, at most
-// once per attempt; after it returned nil, the function should return nil too.
+// once per attempt; after it returned nil, the function should return nil too. A
+// stage's dead-letter destination ([WithDeadLetter]) may call it the same way, with the
+// context it was given, to record the dead-lettered item's position with the record.
 //
 // While fn runs, the run's checkpoint tracker is locked: no other item settles and no
 // other Commit runs, so that the progress fn records is exactly what settling the item
 // then does. fn should therefore do little more than write the progress and commit.
 //
 // Outside a checkpointed run ([FromCheckpoint]; an acknowledged one, [FromAcked], has no
-// progress to commit), or outside a sink's function, Commit calls fn
+// progress to commit), or outside a sink's function or a dead-letter destination, Commit calls fn
 // with the zero Progress and settles nothing. It returns fn's error.
 //
 // Exactness holds for items that reach the sink once per source position (no flat-map

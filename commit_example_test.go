@@ -26,6 +26,12 @@ func (s *bankStore) LoadCommitted(context.Context) (int64, []pipeline.PositionRa
 	return s.pos, s.committed, nil
 }
 
+func (s *bankStore) SaveCommitted(_ context.Context, pos int64, committed []pipeline.PositionRange) error {
+	s.pos = max(s.pos, pos)
+	s.committed = committed
+	return nil
+}
+
 // This example shows a sink that commits its rows and the advanced checkpoint in one
 // transaction: the progress handed to the function is what settling the batch records.
 func ExampleCommit() {

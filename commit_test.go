@@ -43,6 +43,14 @@ func (s *txStore) Save(_ context.Context, pos int64) error {
 	return nil
 }
 
+func (s *txStore) SaveCommitted(_ context.Context, pos int64, committed []pipeline.PositionRange) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pos = max(s.pos, pos)
+	s.committed = append(slices.DeleteFunc(s.committed, func(r pipeline.PositionRange) bool { return r.To <= s.pos }), committed...)
+	return nil
+}
+
 // commit is one transaction: the batch's effects and the progress.
 func (s *txStore) commit(p pipeline.Progress, batch []int) {
 	s.mu.Lock()

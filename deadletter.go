@@ -30,7 +30,10 @@ type DeadLetter[T any] struct {
 // WithDeadLetter sends each item that a stage sets aside (an item error, or a transient
 // error out of attempts) to fn, from the worker that handled it; fn may be called from
 // several workers at once. If fn returns an error, the item cannot be kept, so the run
-// stops with that error. T must be the stage's input type: the stage's constructor
+// stops with that error. In a checkpointed run ([FromCheckpoint]), fn may call [Commit]
+// with its ctx to write the record and the run's progress in one transaction, as a sink
+// does: then a crash after the record was written never sets the item aside twice
+// (pgpipe's DeadLetterTable does this when given the run's checkpoint). T must be the stage's input type: the stage's constructor
 // panics otherwise. A stage without WithDeadLetter has nowhere to set an item
 // aside, so there an item error (or a transient one out of attempts) stops the run:
 // failing fast stays the default until a destination is given.
@@ -376,7 +379,11 @@ func (w *worker[In, Out]) deadLetter(ctx context.Context, v In, attempts int, cl
 		FirstError: firstMsg, LastError: msg, Time: time.Now(),
 	}
 	w.ctxs.publish() // the destination may wait
-	if err := w.st.dl(ctx, rec); err != nil {
+	dctx := ctx
+	if w.pos != noPos && w.r.track != nil {
+		dctx = w.r.track.scope(ctx, &w.pos) // the destination may record it with Commit (commit.go)
+	}
+	if err := w.st.dl(dctx, rec); err != nil {
 		w.t.failed++
 		if ctx.Err() != nil { // the run stopped meanwhile: its cause, not the destination's echo
 			return context.Cause(ctx)
@@ -387,7 +394,7 @@ func (w *worker[In, Out]) deadLetter(ctx context.Context, v In, attempts int, cl
 	w.row.addCause(typ, causeMessage(last))
 	w.row.addError(typ, func(e *ErrorCount) { e.DeadLettered++ })
 	w.r.emit(Event{Kind: EventDeadLetter, Stage: w.st.name, Attempt: attempts, Err: last})
-	w.r.track.deadLettered(w.pos, stripItem(rec)) // set aside for good: the watermark may pass it
+	w.r.track.deadLettered(w.pos, stripItem(rec)) // set aside for good (a no-op once Commit settled it)
 	if err := w.skip(ctx); err != nil {
 		return err
 	}

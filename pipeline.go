@@ -166,7 +166,7 @@ func (p *Pipeline) exec(r *run, extra func(r *run)) (*run, error) {
 		}
 		ck.loaded = pos
 		r.track = newTracker(ck.source, uint64(pos), ck.every)
-		r.track.skip = skip
+		r.track.skip, r.track.prior = skip, slices.Clone(skip)
 		r.saved.Store(pos)
 	}
 	if p.ack != nil { // an acknowledged source (ack.go)
@@ -262,16 +262,11 @@ func (p *Pipeline) finish(r *run, err error) error {
 		err = rerr
 	}
 	if r.track != nil && p.ck != nil {
-		if w := r.track.watermark(); w != r.saved.Load() {
-			if serr := safely(func() error { return p.ck.store.Save(context.WithoutCancel(r.parent), w) }); serr != nil {
-				if err == nil {
-					err = &StageError{Stage: "checkpoint", Err: serr}
-				}
-			} else {
-				r.saved.Store(w)
-				r.savedAt.Store(time.Now().UnixNano())
-				r.emit(Event{Kind: EventCheckpoint, Stage: "checkpoint", Position: w})
-			}
+		if serr := safely(func() error {
+			_, err := r.saveProgress(context.WithoutCancel(r.parent), p.ck.store) // checkpoint.go
+			return err
+		}); serr != nil && err == nil {
+			err = &StageError{Stage: "checkpoint", Err: serr}
 		}
 	}
 	if f := r.failure.Load(); f != nil && err == nil { // an observer of the final save panicked

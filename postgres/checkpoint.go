@@ -131,13 +131,22 @@ func (c *Checkpoint) fenced(epoch int64) error {
 // (never back), fenced by the epoch of the last Load. It retries transient failures
 // (a lost connection, a restarting server) with backoff for about a minute.
 func (c *Checkpoint) Save(ctx context.Context, pos int64) error {
+	return c.SaveCommitted(ctx, pos, nil)
+}
+
+// SaveCommitted implements [pipeline.CommittedStore]: it advances the job's position to
+// pos (never back) and adds committed, the ranges the run knows settled above it (its
+// committed, dead-lettered and filtered items), to those the job keeps, so that a
+// resumed run skips them. Like Save, it is fenced by the epoch of the last Load and
+// retries transient failures for about a minute.
+func (c *Checkpoint) SaveCommitted(ctx context.Context, pos int64, committed []pipeline.PositionRange) error {
 	epoch, err := c.loaded()
 	if err != nil {
 		return err
 	}
 	backoff := pipeline.ExponentialBackoff(20*time.Millisecond, 2*time.Second)
 	for attempt := 1; ; attempt++ {
-		err := c.save(ctx, epoch, pos)
+		err := c.save(ctx, epoch, pos, committed)
 		if err == nil || errors.Is(err, ErrFenced) || !isConnError(err) || attempt >= 30 || ctx.Err() != nil {
 			return err
 		}
@@ -147,19 +156,36 @@ func (c *Checkpoint) Save(ctx context.Context, pos int64) error {
 	}
 }
 
-func (c *Checkpoint) save(ctx context.Context, epoch, pos int64) error {
+func (c *Checkpoint) save(ctx context.Context, epoch, pos int64, committed []pipeline.PositionRange) error {
 	b := &pgx.Batch{}
 	b.Queue(`UPDATE `+checkpointTable+` SET pos = GREATEST(pos, $3), updated_at = now() WHERE job = $1 AND epoch = $2`, c.job, epoch, pos)
-	b.Queue(`DELETE FROM `+committedTable+` WHERE job = $1 AND hi <= $2`, c.job, pos)
-	br := c.pool.SendBatch(ctx, b)
+	b.Queue(`DELETE FROM `+committedTable+` WHERE job = $1 AND hi <= (SELECT pos FROM `+checkpointTable+` WHERE job = $1)`, c.job)
+	queueRanges(b, c.job, epoch, committed)
+	br := c.pool.SendBatch(ctx, b) // one implicit transaction
 	tag, err := br.Exec()
 	if err == nil && tag.RowsAffected() == 0 {
 		err = c.fenced(epoch)
 	}
-	if err == nil {
+	for i := 1; err == nil && i < b.Len(); i++ {
 		_, err = br.Exec()
 	}
 	return errors.Join(err, br.Close())
+}
+
+// queueRanges queues the insert of ranges above the job's position into b, unless
+// another instance took the job over (epoch): a range whose start is kept already keeps
+// the larger end.
+func queueRanges(b *pgx.Batch, job string, epoch int64, ranges []pipeline.PositionRange) {
+	if len(ranges) == 0 {
+		return
+	}
+	lo, hi := make([]int64, len(ranges)), make([]int64, len(ranges))
+	for i, r := range ranges {
+		lo[i], hi[i] = r.From, r.To
+	}
+	b.Queue(`INSERT INTO `+committedTable+` (job, lo, hi) SELECT $1, l, h FROM unnest($2::bigint[], $3::bigint[]) AS r(l, h)
+		WHERE EXISTS (SELECT FROM `+checkpointTable+` WHERE job = $1 AND epoch = $4 AND pos < h)
+		ON CONFLICT (job, lo) DO UPDATE SET hi = GREATEST(`+committedTable+`.hi, EXCLUDED.hi)`, job, lo, hi, epoch)
 }
 
 // stamp records progress p in tx, fenced by the epoch, and returns the job's commit
@@ -173,14 +199,7 @@ func (c *Checkpoint) stamp(ctx context.Context, tx pgx.Tx, p pipeline.Progress) 
 	var seq int64
 	b.Queue(`UPDATE `+checkpointTable+` SET pos = GREATEST(pos, $3), seq = seq + 1, updated_at = now()
 		WHERE job = $1 AND epoch = $2 RETURNING seq`, c.job, epoch, p.Watermark)
-	if len(p.Committed) > 0 {
-		lo, hi := make([]int64, len(p.Committed)), make([]int64, len(p.Committed))
-		for i, r := range p.Committed {
-			lo[i], hi[i] = r.From, r.To
-		}
-		b.Queue(`INSERT INTO `+committedTable+` (job, lo, hi) SELECT $1, l, h FROM unnest($2::bigint[], $3::bigint[]) AS r(l, h)
-			ON CONFLICT (job, lo) DO UPDATE SET hi = GREATEST(`+committedTable+`.hi, EXCLUDED.hi)`, c.job, lo, hi)
-	}
+	queueRanges(b, c.job, epoch, p.Committed)
 	if p.Checkpointed {
 		b.Queue(`DELETE FROM `+committedTable+` WHERE job = $1 AND hi <= (SELECT pos FROM `+checkpointTable+` WHERE job = $1)`, c.job)
 	}

@@ -2,10 +2,13 @@ package pgpipe
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/gopipeline/pipeline"
@@ -22,6 +25,7 @@ type DeadLetterTable[T any] struct {
 	table string
 	ident pgx.Identifier
 	codec pipeline.Codec[T]
+	ck    *Checkpoint // WithCheckpoint: Add records the run's progress with the letter
 }
 
 var deadLetterColumns = []string{
@@ -62,8 +66,68 @@ func OpenDeadLetterTable[T any](ctx context.Context, pool *pgxpool.Pool, table s
 }
 
 // Add writes one dead letter. Its signature fits [pipeline.WithDeadLetter].
+//
+// On a table given a checkpoint ([DeadLetterTable.WithCheckpoint]), Add called by a
+// stage of a checkpointed run writes the letter and the run's progress (the item's
+// position, settled) in one transaction, through [pipeline.Commit]: a resumed run
+// then skips the item, even after a crash right after the letter was written, so that
+// no item is dead-lettered twice. Elsewhere it writes the letter alone.
 func (d *DeadLetterTable[T]) Add(ctx context.Context, dl pipeline.DeadLetter[T]) error {
-	return d.insert(ctx, d.pool, []pipeline.DeadLetter[T]{dl}, nil)
+	recs := []pipeline.DeadLetter[T]{dl}
+	if d.ck == nil || ctx.Value(inBatchKey{}) != nil {
+		return d.insert(ctx, d.pool, recs, nil)
+	}
+	return pipeline.Commit(ctx, func(ctx context.Context, p pipeline.Progress) error {
+		if !p.Checkpointed {
+			return d.insert(ctx, d.pool, recs, nil)
+		}
+		conn, err := d.pool.Acquire(ctx)
+		if err != nil {
+			return err
+		}
+		defer conn.Release()
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // a no-op after Commit
+		if err := d.insert(ctx, tx, recs, nil); err != nil {
+			return err
+		}
+		seq, err := d.ck.stamp(ctx, tx, p)
+		if err != nil {
+			return err
+		}
+		err = tx.Commit(ctx)
+		if err == nil {
+			return nil
+		}
+		if _, ok := errors.AsType[*pgconn.PgError](err); ok || errors.Is(err, pgx.ErrTxCommitRollback) || !isConnError(err) {
+			return err // refused: not committed
+		}
+		return d.ck.resolve(ctx, seq, err, config{attempts: 30, backoff: pipeline.ExponentialBackoff(20*time.Millisecond, 2*time.Second)})
+	})
+}
+
+// inBatchKey marks the context of a writer's dead-letter destination: the progress
+// belongs to the batch's own transaction, not to one of its rows.
+type inBatchKey struct{}
+
+// WithCheckpoint returns a copy of d whose Add, in a run checkpointed in ck (given to
+// [pipeline.FromCheckpoint]), writes each letter and the run's progress in one
+// transaction, so that a dead-lettered item is never redone by a resumed run. Give the
+// copy's Add to [pipeline.WithDeadLetter] of the stages that set items aside:
+//
+//	pipeline.WithDeadLetter(dead.WithCheckpoint(ck).Add)
+//
+// ck must be the store of the run's FromCheckpoint: the progress is fenced by its epoch.
+func (d *DeadLetterTable[T]) WithCheckpoint(ck *Checkpoint) *DeadLetterTable[T] {
+	if ck == nil {
+		panic("pgpipe: DeadLetterTable.WithCheckpoint(nil)")
+	}
+	c := *d
+	c.ck = ck
+	return &c
 }
 
 // copier is what a dead-letter insert needs: a pool or a transaction.

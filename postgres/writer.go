@@ -496,8 +496,9 @@ func (w *Writer[T]) deadLetter(ctx context.Context, tx pgx.Tx, stage string, bad
 		w.stats.roundTrips.Add(1)
 		return w.dlt.insert(ctx, tx, recs, errs)
 	}
+	dctx := context.WithValue(ctx, inBatchKey{}, true) // the batch commits the progress
 	for _, r := range recs {
-		if err := w.dl(ctx, r); err != nil {
+		if err := w.dl(dctx, r); err != nil {
 			return pipeline.Fatal(fmt.Errorf("pgpipe: dead-letter destination: %w", err))
 		}
 	}
