@@ -484,7 +484,9 @@ func (s *crashStore) LoadCommitted(context.Context) (int64, []pipeline.PositionR
 	return s.pos, slices.Clone(s.committed), nil
 }
 
-func (s *crashStore) Save(ctx context.Context, pos int64) error { return s.SaveCommitted(ctx, pos, nil) }
+func (s *crashStore) Save(ctx context.Context, pos int64) error {
+	return s.SaveCommitted(ctx, pos, nil)
+}
 
 func (s *crashStore) SaveCommitted(_ context.Context, pos int64, committed []pipeline.PositionRange) error {
 	s.mu.Lock()
