@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,6 +23,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/gopipeline/pipeline"
+	pgpipe "github.com/gopipeline/pipeline/postgres"
 )
 
 func TestMain(m *testing.M) {
@@ -168,11 +170,14 @@ func TestInterruptAndKillResume(t *testing.T) {
 	}
 }
 
-// TestPostgresKillResume runs the job into PostgreSQL (-db), kills it with SIGKILL in
-// the middle and resumes it: every record is in the table or among the dead letters,
-// exactly once. It needs DATABASE_URL (scripts/postgres.sh start prints one); with
-// CI=true a missing server fails the test.
-func TestPostgresKillResume(t *testing.T) {
+// TestPostgresInterruptAndKillResume runs the job into PostgreSQL (-db) with the default
+// error budget, stops it three times with SIGINT and three times with SIGKILL at
+// varying moments, resuming each time: every record is in the table or among the dead
+// letters (kept in the same database), exactly once, and every resume succeeds. (A
+// resumed run used to redo the records the stopped one had dead-lettered above its
+// checkpoint, set them aside again and trip the budget on them.) It needs DATABASE_URL
+// (scripts/postgres.sh start prints one); with CI=true a missing server fails the test.
+func TestPostgresInterruptAndKillResume(t *testing.T) {
 	url := os.Getenv("DATABASE_URL")
 	if url == "" {
 		if os.Getenv("CI") == "true" {
@@ -180,26 +185,43 @@ func TestPostgresKillResume(t *testing.T) {
 		}
 		t.Skip("DATABASE_URL is not set; start a server with scripts/postgres.sh start")
 	}
-	const n = 3000
+	const n = 5000
 	dir := filepath.Join(t.TempDir(), "out")
-	args := []string{"-n", strconv.Itoa(n), "-dir", dir, "-web", "", "-progress", "20ms", "-batch", "200", "-timeout", "2s", "-budget", "0.5", "-db", url}
-	cmd := exec.Command(binary(t), append(args, "-fresh")...)
-	stderr, err := cmd.StderrPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	ckpt := regexp.MustCompile(`ckpt=(\d+)`)
-	sc := bufio.NewScanner(stderr)
-	killed := false
-	for sc.Scan() {
-		if m := ckpt.FindStringSubmatch(sc.Text()); m != nil && !killed {
-			if pos, _ := strconv.Atoi(m[1]); pos > 0 && pos < n/2 {
-				require.NoError(t, cmd.Process.Kill())
-				killed = true
+	args := []string{"-n", strconv.Itoa(n), "-dir", dir, "-web", "", "-progress", "20ms", "-batch", "200", "-timeout", "2s", "-db", url}
+	ckpt := regexp.MustCompile(`ckpt=\d+`)
+	stops := []syscall.Signal{syscall.SIGINT, syscall.SIGKILL, syscall.SIGINT, syscall.SIGKILL, syscall.SIGINT, syscall.SIGKILL}
+	for i, sig := range stops {
+		run := args
+		if i == 0 {
+			run = append(slices.Clone(args), "-fresh")
+		}
+		cmd := exec.Command(binary(t), run...)
+		var stdout bytes.Buffer
+		cmd.Stdout = &stdout
+		stderr, err := cmd.StderrPipe()
+		require.NoError(t, err)
+		require.NoError(t, cmd.Start())
+		sc := bufio.NewScanner(stderr)
+		signaled := false
+		at := 5 + 37*i%35 // a moment of its own for each stop: 100 to 800 ms into the run
+		var lines []string
+		for sc.Scan() {
+			if ckpt.MatchString(sc.Text()) {
+				lines = append(lines, sc.Text())
+			}
+			if len(lines) == at && !signaled {
+				require.NoError(t, cmd.Process.Signal(sig))
+				signaled = true
 			}
 		}
+		err = cmd.Wait()
+		require.True(t, signaled, "run %d ended before it could be stopped (%v):\n%s", i, err, &stdout)
+		var ee *exec.ExitError
+		require.ErrorAs(t, err, &ee, "run %d", i)
+		if sig == syscall.SIGINT {
+			require.Equal(t, 1, ee.ExitCode(), "run %d, interrupted: %s", i, &stdout)
+		}
 	}
-	_ = cmd.Wait() // killed
-	require.True(t, killed, "the run ended before it could be killed")
 	code, out := exitCode(t, args...)
 	require.Equal(t, 0, code, out)
 
@@ -216,7 +238,9 @@ func TestPostgresKillResume(t *testing.T) {
 		seen[int(id)] = "written"
 	}
 	require.NoError(t, rows.Err())
-	dls, err := pipeline.ReadDeadLetters[record](filepath.Join(dir, "deadletters.jsonl"))
+	table, err := pgpipe.OpenDeadLetterTable[enriched](ctx, pool, pgDead, nil)
+	require.NoError(t, err)
+	dls, err := table.Read(ctx, "")
 	require.NoError(t, err)
 	for _, dl := range dls {
 		require.Empty(t, seen[dl.Item.ID], "record %d dead-lettered and %s", dl.Item.ID, seen[dl.Item.ID])

@@ -11,8 +11,11 @@
 //	load     batches appended to a JSON Lines file (idempotent: a record already in the
 //	         file is not written again, so a resumed run never duplicates one), or,
 //	         with -db, upserted into PostgreSQL by the postgres connector, with the
-//	         checkpoint committed in the same transactions (scripts/postgres.sh start
-//	         prints the URL of a throwaway server)
+//	         checkpoint committed in the same transactions and the dead letters in the
+//	         table etl_deadletters, each committed with the progress it makes, so that
+//	         a resumed run neither redoes nor sets aside again a record the last run
+//	         dead-lettered (scripts/postgres.sh start prints the URL of a throwaway
+//	         server)
 //
 // It prints live progress (one line refreshed in place on a terminal, plain lines
 // otherwise), serves the live web view of the pipeline on loopback (-web), and at the
@@ -175,18 +178,14 @@ func run(c config, stdout, stderr io.Writer) error {
 		store pipeline.CheckpointStore = pipeline.NewFileCheckpoint(filepath.Join(c.dir, "checkpoint"))
 		pg    *pgLoad
 	)
+	deadLetter := dead.add
 	if c.db != "" {
-		pg, err = openPG(ctx, c.db, c.fresh, c.batch, func(ctx context.Context, dl pipeline.DeadLetter[enriched]) error {
-			return dead.add(ctx, pipeline.DeadLetter[record]{
-				Stage: dl.Stage, Item: dl.Item.record, Attempts: dl.Attempts, Class: dl.Class, ErrType: dl.ErrType,
-				FirstError: dl.FirstError, LastError: dl.LastError, Time: dl.Time,
-			})
-		})
+		pg, err = openPG(ctx, c.db, c.fresh, c.batch)
 		if err != nil {
 			return err
 		}
 		defer pg.pool.Close()
-		store = pg.store
+		store, deadLetter = pg.store, pg.addDead
 	}
 
 	p := pipeline.New(pipeline.WithBuffer(2 * c.workers))
@@ -195,7 +194,7 @@ func run(c config, stdout, stderr io.Writer) error {
 		pipeline.WithTimeout(c.timeout),
 		pipeline.WithRetry(c.attempts, pipeline.ExponentialBackoff(20*time.Millisecond, time.Second)), // at least Retry-After
 		pipeline.WithClassifier(classify),
-		pipeline.WithDeadLetter(dead.add),
+		pipeline.WithDeadLetter(deadLetter),
 		pipeline.WithErrorBudget(pipeline.Budget{MaxRatio: c.budget, MinSample: 200}),
 	))
 	if pg != nil {
@@ -239,7 +238,11 @@ func run(c config, stdout, stderr io.Writer) error {
 		say(stdout, "output:       %s (%d records written this run)\n", out.path, out.writtenNow)
 		say(stdout, "checkpoint:   %s (position %d)\n", filepath.Join(c.dir, "checkpoint"), rep.Checkpoint)
 	}
-	say(stdout, "dead letters: %s (%d this run)\n", dead.path, dead.addedNow)
+	if pg != nil {
+		say(stdout, "dead letters: PostgreSQL table %s (%d this run)\n", pgDead, pg.added.Load()+pg.w.Stats().DeadLettered)
+	} else {
+		say(stdout, "dead letters: %s (%d this run)\n", dead.path, dead.addedNow)
+	}
 	switch {
 	case runErr == nil:
 		return nil

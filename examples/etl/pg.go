@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -11,27 +12,32 @@ import (
 	pgpipe "github.com/gopipeline/pipeline/postgres"
 )
 
-// The table the PostgreSQL mode writes, and the job's name in pgpipe's checkpoint table.
+// The tables the PostgreSQL mode writes, and the job's name in pgpipe's checkpoint table.
 const (
 	pgTable = "etl_enriched"
+	pgDead  = "etl_deadletters"
 	pgJob   = "examples-etl"
 )
 
 // pgLoad is the PostgreSQL mode: the batches are upserted by id into pgTable by a
-// pgpipe writer, and the checkpoint lives in the same database, committed with each
-// batch's rows, so a crash neither loses nor repeats a row.
+// pgpipe writer, and the checkpoint and the dead letters live in the same database,
+// committed with each batch's rows or with each dead letter, so that a crash neither
+// loses nor repeats a row or a dead letter, and a resumed run does not redo a record
+// that the run before it set aside.
 type pgLoad struct {
 	pool  *pgxpool.Pool
 	store *pgpipe.Checkpoint
+	dead  *pgpipe.DeadLetterTable[enriched] // with the checkpoint: Add commits the progress too
 	w     *pgpipe.Writer[enriched]
+	added atomic.Int64 // dead letters of the enrich stage this run
 }
 
-func openPG(ctx context.Context, url string, fresh bool, batch int, dead func(context.Context, pipeline.DeadLetter[enriched]) error) (*pgLoad, error) {
+func openPG(ctx context.Context, url string, fresh bool, batch int) (*pgLoad, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, &exitError{2, fmt.Errorf("-db: %w", err)}
 	}
-	cfg.MaxConns = 4
+	cfg.MaxConns = 6
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, err
@@ -41,6 +47,7 @@ func openPG(ctx context.Context, url string, fresh bool, batch int, dead func(co
 		score int NOT NULL, segment text NOT NULL)`}
 	if fresh {
 		stmts = append(stmts, `TRUNCATE `+pgTable,
+			`DROP TABLE IF EXISTS `+pgDead,
 			`DELETE FROM pgpipe_checkpoint WHERE job = '`+pgJob+`'`,
 			`DELETE FROM pgpipe_committed WHERE job = '`+pgJob+`'`)
 	}
@@ -51,12 +58,30 @@ func openPG(ctx context.Context, url string, fresh bool, batch int, dead func(co
 		}
 	}
 	store := pgpipe.NewCheckpoint(pool, pgJob)
+	dead, err := pgpipe.OpenDeadLetterTable[enriched](ctx, pool, pgDead, nil)
+	if err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("-db: %w", err)
+	}
 	m := pgpipe.Func([]string{"id", "name", "amount", "score", "segment"}, func(e enriched) []any {
 		return []any{int64(e.ID), e.Name, e.Amount, int32(e.Score), e.Segment}
 	})
 	w := pgpipe.NewWriter(pool, pgTable, m, pgpipe.WithUpsert("id"), pgpipe.WithCheckpoint(store),
-		pgpipe.WithDeadLetter(dead), pgpipe.WithChunk(batch, 0))
-	return &pgLoad{pool: pool, store: store, w: w}, nil
+		pgpipe.WithDeadLetterTable(dead), pgpipe.WithChunk(batch, 0))
+	return &pgLoad{pool: pool, store: store, dead: dead.WithCheckpoint(store), w: w}, nil
+}
+
+// addDead is the enrich stage's dead-letter destination in the PostgreSQL mode: the
+// letter and the run's progress in one transaction.
+func (l *pgLoad) addDead(ctx context.Context, dl pipeline.DeadLetter[record]) error {
+	err := l.dead.Add(ctx, pipeline.DeadLetter[enriched]{
+		Stage: dl.Stage, Item: enriched{record: dl.Item}, Attempts: dl.Attempts, Class: dl.Class, ErrType: dl.ErrType,
+		FirstError: dl.FirstError, LastError: dl.LastError, Time: dl.Time,
+	})
+	if err == nil {
+		l.added.Add(1)
+	}
+	return err
 }
 
 // missingTable tells an error of the fresh start's DELETE before pgpipe made its tables.
