@@ -85,7 +85,10 @@ func WithCheckpoint(store *Checkpoint) Option {
 
 // WithDeadLetter sends each row PostgreSQL rejects (see [RowError]) to fn, after the
 // batch's good rows are written and before they commit, so a crash may send a row
-// twice (at least once). T must be the writer's row type; [NewWriter] panics otherwise.
+// twice (at least once): the batch's transaction, not fn, records the rows' progress,
+// so fn must not call [pipeline.Commit] (a [DeadLetterTable.WithCheckpoint]'s Add
+// writes the letter alone here). T must be the writer's row type; [NewWriter] panics
+// otherwise.
 // Without a dead-letter destination, a rejected row fails its whole batch with an item
 // error, which stops the run unless the sink stage has [pipeline.WithDeadLetter].
 func WithDeadLetter[T any](fn func(ctx context.Context, dl pipeline.DeadLetter[T]) error) Option {
