@@ -47,6 +47,29 @@ func WithDeadLetter[T any](fn func(ctx context.Context, dl DeadLetter[T]) error)
 	return stageOpt(func(c *config) { c.deadLetter = fn })
 }
 
+// SetAside tells the run that the function of a sink ([NewSink]), called with ctx, set
+// aside one part of its current item itself, for cause: a row of a batch that a
+// database rejected and that the connector put in a dead-letter table of its own (the
+// postgres module's writer does this, once the batch committed). The report counts it
+// in the sink's row, as [StageReport.SetAside], with cause among the row's Causes and
+// Errors, and in [Report.DeadLettered]; the sink's own item (the batch) still counts
+// as succeeded, so that In = Succeeded + DeadLettered + Failed + NotStarted holds in
+// whole items. Call it once per part, after the part's fate is final; outside a sink's
+// function it does nothing.
+func SetAside(ctx context.Context, cause error) {
+	rw, _ := ctx.Value(setAsideKey{}).(*row)
+	if rw == nil || cause == nil {
+		return
+	}
+	typ := errTypeName(cause)
+	rw.setAside.Add(1)
+	rw.addCause(typ, causeMessage(cause))
+	rw.addError(typ, func(e *ErrorCount) { e.DeadLettered++ })
+}
+
+// setAsideKey is the context key of a sink worker's row, for SetAside.
+type setAsideKey struct{}
+
 // DeadLetterBuffer keeps dead letters in memory, up to a fixed number; the ones past it
 // are counted and dropped. It is safe for concurrent use.
 type DeadLetterBuffer[T any] struct {

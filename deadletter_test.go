@@ -373,3 +373,38 @@ func TestClassText(t *testing.T) {
 	require.Error(t, json.Unmarshal([]byte(`"sometimes"`), &c))
 	assert.Equal(t, "Class(9)", pipeline.Class(9).String())
 }
+
+// TestSetAside checks that the parts a sink's function sets aside itself (a database's
+// rejected rows) are in its row of the report, with their causes, apart from its own
+// items; and that SetAside outside a sink's function counts nothing.
+func TestSetAside(t *testing.T) {
+	t.Parallel()
+	errOdd := errors.New("odd row 7 rejected")
+	p := pipeline.New()
+	nums := pipeline.Then(pipeline.FromSlice(p, []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}), pipeline.NewStage("stage", 2, func(ctx context.Context, i int) (int, error) {
+		pipeline.SetAside(ctx, errOdd) // not a sink: nothing
+		return i, nil
+	}))
+	pipeline.ToBatches(nums, 4, pipeline.NewSink("load", 2, func(ctx context.Context, batch []int) error {
+		for _, i := range batch {
+			if i%2 == 1 {
+				pipeline.SetAside(ctx, errOdd)
+			}
+		}
+		return nil
+	}))
+	pipeline.SetAside(t.Context(), errOdd) // outside any run: nothing
+	require.NoError(t, p.Run(t.Context()))
+	rep := p.Report()
+	checkAccounting(t, rep)
+	load, _ := rep.Stage("load")
+	assert.Equal(t, int64(5), load.SetAside)
+	assert.Equal(t, int64(3), load.Succeeded, "the batches themselves succeeded")
+	assert.Zero(t, load.DeadLettered)
+	assert.Equal(t, []pipeline.Cause{{Type: "error", Message: "odd row # rejected", Count: 5}}, load.Causes)
+	assert.Equal(t, int64(5), rep.DeadLettered())
+	stage, _ := rep.Stage("stage")
+	assert.Zero(t, stage.SetAside)
+	assert.Empty(t, stage.Causes)
+	assert.Contains(t, rep.String(), "sink load: 5 parts of its items set aside by its own function")
+}

@@ -1502,6 +1502,28 @@ func ExampleWithBuffer() {
 	// most items sent ahead of the sink: 3
 }
 
+// This example shows a batch sink that sets aside the rows its database rejected
+// itself: the report counts them in the sink's row, apart from the batches.
+func ExampleSetAside() {
+	p := pipeline.New()
+	pipeline.ToBatches(pipeline.FromSlice(p, []int{1, 2, 3, 4, 5, 6}), 3, pipeline.NewSink("load", 1, func(ctx context.Context, rows []int) error {
+		for _, r := range rows {
+			if r == 4 { // say the database refused it, and it went to a dead-letter table
+				pipeline.SetAside(ctx, fmt.Errorf("row %d: value out of range", r))
+			}
+		}
+		return nil
+	}))
+	if err := p.Run(context.Background()); err != nil {
+		fmt.Println(err)
+		return
+	}
+	load, _ := p.Report().Stage("load")
+	fmt.Println("batches:", load.Succeeded, "rows set aside:", load.SetAside, "causes:", load.Causes)
+	// Output:
+	// batches: 2 rows set aside: 1 causes: [{error row #: value out of range 1}]
+}
+
 // This example shows a DeadLetterBuffer that keeps at most 2 dead letters: the rest
 // are counted as overflow, and the report still counts every item set aside.
 func ExampleDeadLetterBuffer() {

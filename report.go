@@ -67,6 +67,7 @@ type row struct {
 	drain    atomic.Bool    // a drained budget tripped here or downstream: start no new item
 	filtered *atomic.Int64  // filters: items dropped
 	arrived  *atomic.Int64  // filters: items that reached it
+	setAside atomic.Int64   // sinks: parts of their items their function set aside (SetAside)
 	lost     atomic.Int64   // items a Tee offered this row's branch that a panic in an inline operator of the branch stopped
 	liveIn   atomic.Int64   // the largest In a Snapshot reported, so that In only grows
 	liveOut  atomic.Int64   // filters: the largest Out a Snapshot reported
@@ -224,6 +225,11 @@ type StageReport struct {
 	Failed       int64 // items whose error stopped the run, or in flight when it stopped
 	NotStarted   int64 // items that reached the stage but were never started
 	Filtered     int64 // items a filter dropped
+	// SetAside counts, for a sink, the parts of its items (rows of a batch) that its
+	// function set aside itself, through [SetAside]: a database's rejected rows, kept
+	// in the connector's dead-letter table. They are not in In or DeadLettered, which
+	// count the sink's own items (the batches).
+	SetAside int64
 
 	QueueCap  int // the capacity of the stage's input queue
 	PeakQueue int // the longest the queue was when a worker took an item (at most QueueCap)
@@ -283,11 +289,12 @@ func (r Report) NotStarted() int64 {
 	return n
 }
 
-// DeadLettered returns the items set aside, over the whole run.
+// DeadLettered returns the items set aside, over the whole run: by the stages' error
+// policies, and by sinks' functions themselves ([StageReport.SetAside]).
 func (r Report) DeadLettered() int64 {
 	var n int64
 	for _, s := range r.Stages {
-		n += s.DeadLettered
+		n += s.DeadLettered + s.SetAside
 	}
 	return n
 }
@@ -334,6 +341,11 @@ func (r Report) String() string {
 		if f := s.Flushes; s.Kind == "batch" {
 			fmt.Fprintf(&b, "batch %s: %d batches: %d full, %d by bytes, %d by linger, %d at the end, %d for a checkpoint\n",
 				s.Name, s.Out, f.Size, f.Bytes, f.Linger, f.End, f.Checkpoint)
+		}
+	}
+	for _, s := range r.Stages {
+		if s.SetAside > 0 {
+			fmt.Fprintf(&b, "sink %s: %d parts of its items set aside by its own function\n", s.Name, s.SetAside)
 		}
 	}
 	b.WriteString(r.clientLines()) // client.go: breakers, adaptive limits
@@ -423,6 +435,7 @@ func (r *run) report(err error, final bool) Report {
 		if rw.flushes != nil {
 			s.Flushes = rw.flushes.load()
 		}
+		s.SetAside = rw.setAside.Load()
 		if rw.q != nil {
 			s.QueueLen = rw.q.occupancy()
 		}

@@ -373,7 +373,11 @@ func (w *worker[In, Out]) loop() (err error) {
 		w.row.addError("panic", func(e *ErrorCount) { e.Failed++ })
 		err = &StageError{Stage: w.st.name, Err: newPanicError(v)}
 	}()
-	err = w.take(w.r.ctx)
+	ctx := w.r.ctx
+	if w.st.sink {
+		ctx = context.WithValue(ctx, setAsideKey{}, w.row) // for SetAside (deadletter.go)
+	}
+	err = w.take(ctx)
 	returned = true
 	return err
 }

@@ -269,6 +269,54 @@ func ExampleCheckpoint_Save() {
 	fmt.Println(errors.Is(err, pgpipe.ErrFenced))
 }
 
+// This example shows the position and the ranges settled above it saved by hand (the
+// pipeline saves them itself, so that a resumed run skips them).
+func ExampleCheckpoint_SaveCommitted() {
+	ctx := context.Background()
+	pool := examplePool(ctx)
+	defer pool.Close()
+	c := pgpipe.NewCheckpoint(pool, "nightly-import")
+	if _, err := c.Load(ctx); err != nil {
+		panic(err)
+	}
+	err := c.SaveCommitted(ctx, 1000, []pipeline.PositionRange{{From: 1200, To: 1300}})
+	fmt.Println(err)
+}
+
+// This example shows a stage whose dead letters are committed with the run's progress:
+// a resumed run, even after a crash, never redoes or sets aside again an item it
+// dead-lettered.
+func ExampleDeadLetterTable_WithCheckpoint() {
+	ctx := context.Background()
+	pool := examplePool(ctx)
+	defer pool.Close()
+	dead, err := pgpipe.OpenDeadLetterTable[Order](ctx, pool, "orders_dead", nil)
+	if err != nil {
+		panic(err)
+	}
+	store := pgpipe.NewCheckpoint(pool, "check-orders")
+	all := orders(1000)
+	p := pipeline.New()
+	src := pipeline.FromCheckpoint(p, store, func(_ context.Context, pos int64) iter.Seq2[Order, error] {
+		return func(yield func(Order, error) bool) {
+			for _, o := range all[pos:] {
+				if !yield(o, nil) {
+					return
+				}
+			}
+		}
+	})
+	checked := pipeline.Then(src, pipeline.NewStage("check", 4, func(_ context.Context, o Order) (Order, error) {
+		if o.Cents == 0 {
+			return o, pipeline.Permanent(errors.New("free order"))
+		}
+		return o, nil
+	}, pipeline.WithDeadLetter(dead.WithCheckpoint(store).Add)))
+	w := pgpipe.NewWriter(pool, "orders", pgpipe.Struct[Order](), pgpipe.WithUpsert("id"), pgpipe.WithCheckpoint(store))
+	w.To(checked, "load", 2)
+	fmt.Println(p.Run(ctx))
+}
+
 // This example shows a checkpoint loaded through Load.
 func ExampleCheckpoint_Load() {
 	ctx := context.Background()

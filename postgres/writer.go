@@ -368,6 +368,9 @@ func (w *Writer[T]) writeOn(ctx context.Context, conn *pgx.Conn, stage string, r
 	w.stats.batches.Add(1)
 	w.stats.rows.Add(int64(len(rows) - len(b.bad)))
 	w.stats.dead.Add(int64(len(b.bad)))
+	for _, r := range b.bad { // committed: the run's report counts them in the sink's row
+		pipeline.SetAside(ctx, r.err)
+	}
 	return nil
 }
 

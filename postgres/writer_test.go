@@ -190,6 +190,20 @@ func testBadRows(t *testing.T, mode string) {
 		mode, len(want), n/batch, batch, st.RoundTrips, st.Bisected, bound)
 	assert.LessOrEqual(t, st.RoundTrips, bound)
 	assert.Equal(t, int64(len(want)), st.DeadLettered)
+
+	// The run's report says where the rejected rows went (it used to show none).
+	rep := p.Report()
+	load, ok := rep.Stage("load")
+	require.True(t, ok)
+	assert.Equal(t, int64(len(want)), load.SetAside, "rejected rows in the sink's row")
+	assert.Equal(t, int64(len(want)), rep.DeadLettered())
+	var causes int64
+	for _, c := range load.Causes {
+		assert.Equal(t, "*pgpipe.RowError", c.Type)
+		causes += c.Count
+	}
+	assert.Equal(t, int64(len(want)), causes, "every rejected row among the causes: %v", load.Causes)
+	assert.Contains(t, rep.String(), fmt.Sprintf("sink load: %d parts of its items set aside", len(want)))
 }
 
 // TestFatalErrors checks that what no retry can fix stops the run at once, with a
