@@ -172,7 +172,7 @@ func TestInterruptAndKillResume(t *testing.T) {
 
 // TestPostgresInterruptAndKillResume runs the job into PostgreSQL (-db) with the default
 // error budget, stops it three times with SIGINT and three times with SIGKILL at
-// varying moments, resuming each time: every record is in the table or among the dead
+// varying moments (ETL_STOPS sets how many stops in all), resuming each time: every record is in the table or among the dead
 // letters (kept in the same database), exactly once, and every resume succeeds. (A
 // resumed run used to redo the records the stopped one had dead-lettered above its
 // checkpoint, set them aside again and trip the budget on them.) It needs DATABASE_URL
@@ -185,11 +185,18 @@ func TestPostgresInterruptAndKillResume(t *testing.T) {
 		}
 		t.Skip("DATABASE_URL is not set; start a server with scripts/postgres.sh start")
 	}
-	const n = 5000
+	ckpt := regexp.MustCompile(`ckpt=\d+`)
+	// ETL_STOPS=20 makes it 10 of each (the measurement of the README); n grows to match.
+	stops := make([]syscall.Signal, 6)
+	if v, err := strconv.Atoi(os.Getenv("ETL_STOPS")); err == nil && v > 0 {
+		stops = make([]syscall.Signal, v)
+	}
+	for i := range stops {
+		stops[i] = []syscall.Signal{syscall.SIGINT, syscall.SIGKILL}[i%2]
+	}
+	n := 5000 * max(1, len(stops)/6)
 	dir := filepath.Join(t.TempDir(), "out")
 	args := []string{"-n", strconv.Itoa(n), "-dir", dir, "-web", "", "-progress", "20ms", "-batch", "200", "-timeout", "2s", "-db", url}
-	ckpt := regexp.MustCompile(`ckpt=\d+`)
-	stops := []syscall.Signal{syscall.SIGINT, syscall.SIGKILL, syscall.SIGINT, syscall.SIGKILL, syscall.SIGINT, syscall.SIGKILL}
 	for i, sig := range stops {
 		run := args
 		if i == 0 {
