@@ -29,6 +29,19 @@ func orders(n int) []Order {
 	return out
 }
 
+// fromPosition is a FromCheckpoint function over all: the orders from position pos on.
+func fromPosition(all []Order) func(context.Context, int64) iter.Seq2[Order, error] {
+	return func(_ context.Context, pos int64) iter.Seq2[Order, error] {
+		return func(yield func(Order, error) bool) {
+			for _, o := range all[pos:] {
+				if !yield(o, nil) {
+					return
+				}
+			}
+		}
+	}
+}
+
 // examplePool opens a pool on $DATABASE_URL; the examples need a server, so they are
 // compiled but not run (they have no Output comment).
 func examplePool(ctx context.Context) *pgxpool.Pool {
@@ -58,15 +71,7 @@ func Example() {
 
 	all := orders(100000)
 	p := pipeline.New()
-	src := pipeline.FromCheckpoint(p, store, func(_ context.Context, pos int64) iter.Seq2[Order, error] {
-		return func(yield func(Order, error) bool) {
-			for _, o := range all[pos:] {
-				if !yield(o, nil) {
-					return
-				}
-			}
-		}
-	})
+	src := pipeline.FromCheckpoint(p, store, fromPosition(all))
 	w.To(src, "load", 4)
 	if err := p.Run(ctx); errors.Is(err, pgpipe.ErrFenced) {
 		fmt.Println("another instance took the job over")
@@ -225,15 +230,7 @@ func ExampleWithCheckpoint() {
 	w := pgpipe.NewWriter(pool, "orders", pgpipe.Struct[Order](), pgpipe.WithCheckpoint(store))
 	p := pipeline.New()
 	all := orders(1000)
-	src := pipeline.FromCheckpoint(p, store, func(_ context.Context, pos int64) iter.Seq2[Order, error] {
-		return func(yield func(Order, error) bool) {
-			for _, o := range all[pos:] {
-				if !yield(o, nil) {
-					return
-				}
-			}
-		}
-	})
+	src := pipeline.FromCheckpoint(p, store, fromPosition(all))
 	w.To(src, "load", 4)
 	_ = p.Run(ctx)
 }
@@ -297,15 +294,7 @@ func ExampleDeadLetterTable_WithCheckpoint() {
 	store := pgpipe.NewCheckpoint(pool, "check-orders")
 	all := orders(1000)
 	p := pipeline.New()
-	src := pipeline.FromCheckpoint(p, store, func(_ context.Context, pos int64) iter.Seq2[Order, error] {
-		return func(yield func(Order, error) bool) {
-			for _, o := range all[pos:] {
-				if !yield(o, nil) {
-					return
-				}
-			}
-		}
-	})
+	src := pipeline.FromCheckpoint(p, store, fromPosition(all))
 	checked := pipeline.Then(src, pipeline.NewStage("check", 4, func(_ context.Context, o Order) (Order, error) {
 		if o.Cents == 0 {
 			return o, pipeline.Permanent(errors.New("free order"))
