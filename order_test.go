@@ -487,3 +487,55 @@ func TestOrderedFlushSecondPass(t *testing.T) {
 		})
 	}
 }
+
+// TestOrderedStopSettlesFinishedRun stops the run while an ordered one-to-one stage's
+// worker is between two items of a long run (the parent canceled, or the sink failed):
+// the items it had finished in that run were never settled nor counted, so the stage's
+// In did not add up.
+func TestOrderedStopSettlesFinishedRun(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"parent canceled", "sink fails"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				const n, stopAt = 300, 10
+				ctx, cancel := context.WithCancelCause(t.Context())
+				defer cancel(nil)
+				gate := make(chan struct{})
+				p := pipeline.New()
+				ord := pipeline.Then(pipeline.FromSlice(p, ints(n)), pipeline.NewStage("ord", 1, func(ctx context.Context, i int) (int, error) {
+					switch i {
+					case 0: // until the queue is full: the next run is long
+						<-gate
+					case stopAt: // the run stops while this item is under way; it finishes
+						if how == "parent canceled" {
+							cancel(errOrderStop)
+						}
+						<-ctx.Done()
+					}
+					return i, nil
+				}, pipeline.WithOrdered(0)))
+				pipeline.To(ord, pipeline.NewSink("sink", 1, func(context.Context, int) error {
+					if how == "sink fails" {
+						return errBoom
+					}
+					return nil
+				}))
+				errc := make(chan error, 1)
+				go func() { errc <- p.Run(ctx) }()
+				synctest.Wait() // the source waits for room: the queue is full
+				close(gate)
+				err := <-errc
+				if how == "parent canceled" {
+					require.ErrorIs(t, err, errOrderStop)
+				} else {
+					require.ErrorIs(t, err, errBoom)
+				}
+				rep := p.Report()
+				checkReport(t, rep)
+				o := row(t, rep, "ord")
+				assert.GreaterOrEqual(t, o.Succeeded+o.Failed, int64(stopAt+1), "the items the run finished\n%v", rep)
+			})
+		})
+	}
+}
