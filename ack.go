@@ -182,7 +182,7 @@ func FromAcked[T any](p *Pipeline, fn func(ctx context.Context, emit func(v T, s
 			return err
 		}
 		r.goSafe(name, func() error {
-			snd = out(&hand{last: true}) // each item is handed over at once
+			snd = out(&hand{row: rw, last: true}) // each item is handed over at once
 			returned := false
 			defer func() {
 				if !returned {

@@ -84,7 +84,7 @@ func Batch[T any](s *Stream[T], size int, opts ...BatchOption) *Stream[[]T] {
 		r.feeds(rw)
 		b := &batcher[T]{
 			ctx: r.ctx, q: q, size: size, maxBytes: cfg.maxBytes, sizer: sizer, capacity: buf,
-			linger: cfg.linger, next: next, stats: &rw.workers[0], flushes: rw.flushes, track: r.track,
+			linger: cfg.linger, next: next, row: rw, stats: &rw.workers[0], flushes: rw.flushes, track: r.track,
 		}
 		r.goSafe(name, func() error {
 			if err := b.loop(); err != nil {
@@ -107,6 +107,7 @@ type batcher[T any] struct {
 	linger   time.Duration
 	next     outlet[[]T]
 	out      sender[[]T]
+	row      *row
 	stats    *workerStats
 	flushes  *flushCounters
 	track    *tracker
@@ -119,7 +120,7 @@ type batcher[T any] struct {
 }
 
 func (b *batcher[T]) loop() error {
-	b.out = b.next(new(hand))
+	b.out = b.next(&hand{row: b.row})
 	b.run = make([]item[T], chunk)
 	returned := false
 	defer func() {

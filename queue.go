@@ -102,6 +102,7 @@ type outlet[T any] = func(h *hand) sender[T]
 // others, so that no item waits in the hand of a blocked goroutine when it could be in
 // a queue.
 type hand struct {
+	row     *row // the row whose goroutine this is: an inline operator's panic is its (nil: unknown)
 	last    bool // the goroutine hands over its next item at once (the last of its run)
 	placers []func()
 	waits   []func() // before the goroutine waits: publish its counts

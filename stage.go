@@ -196,7 +196,7 @@ func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
 			if window == 0 {
 				window = buf + chunk*st.workers // runs of chunk/2 or more for every worker (see WithOrdered)
 			}
-			ord = newReorder(window, next(new(hand)), st.flat != nil)
+			ord = newReorder(window, next(&hand{row: rw}), st.flat != nil)
 			rw.held, rw.extra = ord.heldCount, window
 		}
 		cl := newClient(r, rw, st) // client.go: nil without rate limit, breaker or adaptive workers
@@ -217,7 +217,7 @@ func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
 			}
 			if ord == nil {
 				// Counts and attempt contexts are current while the worker waits.
-				h := &hand{waits: []func(){w.commit, w.ctxs.publish}}
+				h := &hand{row: rw, waits: []func(){w.commit, w.ctxs.publish}}
 				w.out, w.hand = next(h), h
 			}
 			if st.flat != nil {
