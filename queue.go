@@ -160,11 +160,10 @@ type queue[T any] struct {
 	capacity  int
 	n         int            // items in the ring
 	reserved  int            // room reserved by producers, not yet filled
-	starts    []startCount   // per worker: items taken and then started (or dropped)
+	starts    []startCount   // per worker: items taken and then started (or dropped), the first of each run at once (takeRun)
 	hash      func(T) uint64 // WithKey: the lane of an item
 	puts      uint64         // items placed: the sequence number of the next (ordered stages)
 	takes     uint64         // items taken by the workers
-	early     uint64         // items taken that counted as started at once (takeRun)
 	closed    bool
 	stopped   bool      // the run is stopping: no one sleeps any more
 	producers []*waiter // waiting for room, or for their item to be taken
@@ -175,7 +174,8 @@ type queue[T any] struct {
 }
 
 // startCount is one worker's count of the items it started, on a cache line of its
-// own: written with a plain load and store by its worker alone, read by producers.
+// own: written with a plain load and store by its worker alone, read by producers and
+// by the report (a worker's items in flight, see row.inFlight).
 type startCount struct {
 	v atomic.Int64
 	_ [56]byte
@@ -223,7 +223,7 @@ func (q *queue[T]) usedLocked() int {
 	for i := range q.starts {
 		started += q.starts[i].v.Load()
 	}
-	return q.n + int(int64(q.takes-q.early)-started)
+	return q.n + int(int64(q.takes)-started)
 }
 
 // wakeProducersLocked wakes every producer that waits.
@@ -388,7 +388,7 @@ func (q *queue[T]) finish(ctx context.Context, w *waiter, items []item[T], lanes
 // the queue before. closed is true when the lane is empty and no item will come. The
 // items keep their room until the worker starts them (started).
 func (q *queue[T]) take(i int, dst []item[T]) (k int, seq uint64, queued int, closed bool) {
-	k, seq, queued, closed, _ = q.takeOrPark(context.Background(), i, dst, nil, 0, false)
+	k, seq, queued, closed, _ = q.takeOrPark(context.Background(), i, dst, nil, 0, -1)
 	return k, seq, queued, closed
 }
 
@@ -397,9 +397,10 @@ func (q *queue[T]) take(i int, dst []item[T]) (k int, seq uint64, queued int, cl
 //
 // share, when other workers of the lane wait, is the least run worth waking one of
 // them for: the worker then takes an equal share of what waits, but at least that, and
-// leaves the rest to them (0: take all it asked for). With startFirst, the first item
-// taken counts as started at once (the worker starts it next): its room is free.
-func (q *queue[T]) takeOrPark(ctx context.Context, i int, dst []item[T], w *waiter, share int, startFirst bool) (k int, seq uint64, queued int, closed, parked bool) {
+// leaves the rest to them (0: take all it asked for). With first >= 0, the first item
+// taken counts as started at once by worker first (who starts it next): its room is
+// free.
+func (q *queue[T]) takeOrPark(ctx context.Context, i int, dst []item[T], w *waiter, share int, first int) (k int, seq uint64, queued int, closed, parked bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	l := &q.lanes[i]
@@ -421,8 +422,9 @@ func (q *queue[T]) takeOrPark(ctx context.Context, i int, dst []item[T], w *wait
 	l.pop(dst[:k])
 	q.n -= k
 	q.takes += uint64(k)
-	if startFirst {
-		q.early++
+	if first >= 0 { // the taker is worker first: its count has no other writer
+		c := &q.starts[first].v
+		c.Store(c.Load() + 1)
 		if len(q.producers) > 0 {
 			q.wakeProducersLocked()
 		}
@@ -475,14 +477,14 @@ func (q *queue[T]) unpark(i int, w *waiter) {
 // takeWait is take, waiting while lane i is empty. ok is false when the lane is closed
 // and drained, or (with the run's cause) when ctx is done first.
 func (q *queue[T]) takeWait(ctx context.Context, i int, w *waiter, dst []item[T], share int) (k int, seq uint64, queued int, ok bool, err error) {
-	return q.takeRun(ctx, i, w, dst, share, false)
+	return q.takeRun(ctx, i, w, dst, share, -1)
 }
 
 // takeRun is takeWait for a worker, whose first item taken counts as started at once
-// when startFirst is set.
-func (q *queue[T]) takeRun(ctx context.Context, i int, w *waiter, dst []item[T], share int, startFirst bool) (k int, seq uint64, queued int, ok bool, err error) {
+// by worker first when first >= 0.
+func (q *queue[T]) takeRun(ctx context.Context, i int, w *waiter, dst []item[T], share int, first int) (k int, seq uint64, queued int, ok bool, err error) {
 	for {
-		k, seq, queued, closed, parked := q.takeOrPark(ctx, i, dst, w, share, startFirst)
+		k, seq, queued, closed, parked := q.takeOrPark(ctx, i, dst, w, share, first)
 		if k > 0 {
 			return k, seq, queued, true, nil
 		}
@@ -523,6 +525,9 @@ func (q *queue[T]) occupancy() int {
 }
 
 func (q *queue[T]) unsentCount() int64 { return q.unsent.Load() }
+
+// startedBy returns the items worker i took and then started or gave back.
+func (q *queue[T]) startedBy(i int) int64 { return q.starts[i].v.Load() }
 
 // outlet returns the queue's outlet: each sender reserves room for a chunk of items at
 // once, holds them, and places them in the ring together.

@@ -398,7 +398,7 @@ func (w *worker[In, Out]) take(ctx context.Context) error {
 		if w.ord != nil { // runs that leave the window room for every worker's next one
 			n = min(n, max(1, len(w.ord.slots)/(2*w.st.workers)))
 		}
-		k, seq, queued, ok, err := w.q.takeRun(ctx, w.lane, w.wt, w.run[:n], w.share, true)
+		k, seq, queued, ok, err := w.q.takeRun(ctx, w.lane, w.wt, w.run[:n], w.share, w.id)
 		if !ok {
 			if w.cl != nil {
 				w.cl.ended()
