@@ -150,9 +150,10 @@ func Tee[T any](s *Stream[T], n int) []*Stream[T] {
 // Flatten) fails the run under the name of the row v came from (whose goroutine h is),
 // like any inline panic, and not under another row that feeds the branch (a stream
 // merged in after the operator); the item counts as failed in the branch's first rows,
-// while the upstream, whose item other branches may already hold, counts it as sent. A runtime.Goexit in branch i ends the
-// offering: the item counts as lost in it and in the branches after it, and the run
-// fails with ErrGoexit (the upstream's worker, unwinding, counts the item as failed).
+// while the upstream, whose item other branches may already hold, counts it as sent.
+// A runtime.Goexit in branch i ends the offering: the item counts as lost in it and in
+// the branches after it, and the run fails with ErrGoexit (the upstream's worker,
+// unwinding, counts the item as failed).
 func teePush[T any](r *run, h *hand, push pushFunc[T], v T, pos uint64, branches [][]*row, i int) (err error) {
 	returned := false
 	defer func() {
