@@ -494,7 +494,7 @@ func TestOrderedFlushSecondPass(t *testing.T) {
 // In did not add up.
 func TestOrderedStopSettlesFinishedRun(t *testing.T) {
 	t.Parallel()
-	for _, how := range []string{"parent canceled", "sink fails"} {
+	for _, how := range []string{"parent canceled", "sink fails", "ordered sink"} {
 		t.Run(how, func(t *testing.T) {
 			t.Parallel()
 			synctest.Test(t, func(t *testing.T) {
@@ -502,34 +502,43 @@ func TestOrderedStopSettlesFinishedRun(t *testing.T) {
 				ctx, cancel := context.WithCancelCause(t.Context())
 				defer cancel(nil)
 				gate := make(chan struct{})
-				p := pipeline.New()
-				ord := pipeline.Then(pipeline.FromSlice(p, ints(n)), pipeline.NewStage("ord", 1, func(ctx context.Context, i int) (int, error) {
+				fn := func(ctx context.Context, i int) (int, error) {
 					switch i {
 					case 0: // until the queue is full: the next run is long
 						<-gate
 					case stopAt: // the run stops while this item is under way; it finishes
-						if how == "parent canceled" {
+						if how != "sink fails" {
 							cancel(errOrderStop)
 						}
 						<-ctx.Done()
 					}
 					return i, nil
-				}, pipeline.WithOrdered(0)))
-				pipeline.To(ord, pipeline.NewSink("sink", 1, func(context.Context, int) error {
-					if how == "sink fails" {
-						return errBoom
-					}
-					return nil
-				}))
+				}
+				p := pipeline.New()
+				src := pipeline.FromSlice(p, ints(n))
+				if how == "ordered sink" {
+					pipeline.To(src, pipeline.NewSink("ord", 1, func(ctx context.Context, i int) error {
+						_, err := fn(ctx, i)
+						return err
+					}, pipeline.WithOrdered(0)))
+				} else {
+					ord := pipeline.Then(src, pipeline.NewStage("ord", 1, fn, pipeline.WithOrdered(0)))
+					pipeline.To(ord, pipeline.NewSink("sink", 1, func(context.Context, int) error {
+						if how == "sink fails" {
+							return errBoom
+						}
+						return nil
+					}))
+				}
 				errc := make(chan error, 1)
 				go func() { errc <- p.Run(ctx) }()
 				synctest.Wait() // the source waits for room: the queue is full
 				close(gate)
 				err := <-errc
-				if how == "parent canceled" {
-					require.ErrorIs(t, err, errOrderStop)
-				} else {
+				if how == "sink fails" {
 					require.ErrorIs(t, err, errBoom)
+				} else {
+					require.ErrorIs(t, err, errOrderStop)
 				}
 				rep := p.Report()
 				checkReport(t, rep)
