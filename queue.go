@@ -160,10 +160,12 @@ type queue[T any] struct {
 	capacity  int
 	n         int            // items in the ring
 	reserved  int            // room reserved by producers, not yet filled
-	starts    []startCount   // per worker: items taken and then started (or dropped), the first of each run at once (takeRun)
+	starts    []startCount   // per worker: items taken and then started (or dropped)
 	hash      func(T) uint64 // WithKey: the lane of an item
 	puts      uint64         // items placed: the sequence number of the next (ordered stages)
 	takes     uint64         // items taken by the workers
+	early     uint64         // items taken that counted as started at once (takeRun)
+	earlyBy   []int64        // per worker: its part of early (for the report)
 	closed    bool
 	stopped   bool      // the run is stopping: no one sleeps any more
 	producers []*waiter // waiting for room, or for their item to be taken
@@ -183,7 +185,7 @@ type startCount struct {
 
 // newQueue returns a queue of one lane taken by takers workers.
 func newQueue[T any](capacity, takers int) *queue[T] {
-	q := &queue[T]{capacity: capacity, lanes: make([]lane[T], 1), starts: make([]startCount, takers)}
+	q := &queue[T]{capacity: capacity, lanes: make([]lane[T], 1), starts: make([]startCount, takers), earlyBy: make([]int64, takers)}
 	q.lanes[0] = lane[T]{buf: make([]item[T], max(capacity, 1))}
 	return q
 }
@@ -191,7 +193,7 @@ func newQueue[T any](capacity, takers int) *queue[T] {
 // newKeyedQueue returns a queue with a lane per worker, chosen by hash. Each lane can
 // hold the whole capacity (every item may have one key).
 func newKeyedQueue[T any](workers, capacity int, hash func(T) uint64) *queue[T] {
-	q := &queue[T]{capacity: capacity, lanes: make([]lane[T], workers), hash: hash, starts: make([]startCount, workers)}
+	q := &queue[T]{capacity: capacity, lanes: make([]lane[T], workers), hash: hash, starts: make([]startCount, workers), earlyBy: make([]int64, workers)}
 	for i := range q.lanes {
 		q.lanes[i] = lane[T]{buf: make([]item[T], max(capacity, 1))}
 	}
@@ -223,7 +225,7 @@ func (q *queue[T]) usedLocked() int {
 	for i := range q.starts {
 		started += q.starts[i].v.Load()
 	}
-	return q.n + int(int64(q.takes)-started)
+	return q.n + int(int64(q.takes-q.early)-started)
 }
 
 // wakeProducersLocked wakes every producer that waits.
@@ -422,9 +424,9 @@ func (q *queue[T]) takeOrPark(ctx context.Context, i int, dst []item[T], w *wait
 	l.pop(dst[:k])
 	q.n -= k
 	q.takes += uint64(k)
-	if first >= 0 { // the taker is worker first: its count has no other writer
-		c := &q.starts[first].v
-		c.Store(c.Load() + 1)
+	if first >= 0 {
+		q.early++
+		q.earlyBy[first]++
 		if len(q.producers) > 0 {
 			q.wakeProducersLocked()
 		}
@@ -526,8 +528,13 @@ func (q *queue[T]) occupancy() int {
 
 func (q *queue[T]) unsentCount() int64 { return q.unsent.Load() }
 
-// startedBy returns the items worker i took and then started or gave back.
-func (q *queue[T]) startedBy(i int) int64 { return q.starts[i].v.Load() }
+// startedBy returns the items worker i took and then started or gave back, the first
+// of each of its runs included (for the report).
+func (q *queue[T]) startedBy(i int) int64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.starts[i].v.Load() + q.earlyBy[i]
+}
 
 // outlet returns the queue's outlet: each sender reserves room for a chunk of items at
 // once, holds them, and places them in the ring together.
