@@ -544,6 +544,9 @@ func TestOrderedStopSettlesFinishedRun(t *testing.T) {
 				checkReport(t, rep)
 				o := row(t, rep, "ord")
 				assert.GreaterOrEqual(t, o.Succeeded+o.Failed, int64(stopAt+1), "the items the run finished\n%v", rep)
+				for _, s := range rep.Stages {
+					assert.Zerof(t, s.InFlight, "row %q: in flight once the run ended\n%v", s.Name, rep)
+				}
 			})
 		})
 	}
