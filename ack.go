@@ -3,6 +3,7 @@ package pipeline
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -181,7 +182,7 @@ func FromAcked[T any](p *Pipeline, fn func(ctx context.Context, emit func(v T, s
 			return err
 		}
 		r.goSafe(name, func() error {
-			snd = out(&hand{last: true}) // each item is handed over at once
+			snd = out(&hand{row: rw, last: true}) // each item is handed over at once
 			returned := false
 			defer func() {
 				if !returned {
@@ -203,7 +204,9 @@ func FromAcked[T any](p *Pipeline, fn func(ctx context.Context, emit func(v T, s
 	return s
 }
 
-func isDraining(err error) bool { return err == errDraining } //nolint:errorlint // the sentinel emit returns, unwrapped
+// isDraining reports whether err is, or wraps, the error emit returns after a drained
+// budget tripped: fn may wrap it (fmt.Errorf("read: %w", err)), as Generate's body may.
+func isDraining(err error) bool { return errors.Is(err, errDraining) }
 
 func callSettle(settle func(Settlement), o Outcome) {
 	if settle != nil {

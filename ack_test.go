@@ -3,6 +3,7 @@ package pipeline_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -190,4 +191,49 @@ func TestHandBackDelay(t *testing.T) {
 	rep := p.Report()
 	assert.Equal(t, int64(2), rep.Stages[1].DeadLettered)
 	checkAccounting(t, rep)
+}
+
+// TestFromAckedWrappedDrainingError: a FromAcked function that wraps emit's error under
+// a drained budget made Run return the source's internal draining error, not the
+// *BudgetError.
+func TestFromAckedWrappedDrainingError(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	outcomes := map[pipeline.Outcome]int{}
+	settle := func(s pipeline.Settlement) {
+		mu.Lock()
+		outcomes[s.Outcome]++
+		mu.Unlock()
+	}
+	offered := 0
+	p := pipeline.New()
+	src := pipeline.FromAcked(p, func(_ context.Context, emit func(int, func(pipeline.Settlement)) error) error {
+		for i := range 1000 {
+			offered++
+			if err := emit(i, settle); err != nil {
+				return fmt.Errorf("read %d: %w", i, err)
+			}
+		}
+		return nil
+	})
+	pipeline.To(src, pipeline.NewSink("s", 1, func(context.Context, int) error {
+		return pipeline.Permanent(errBoom) // every item: the budget trips at the first
+	}, pipeline.WithErrorBudget(pipeline.Budget{MinSample: 1, Drain: true}), discardDead[int]()))
+
+	err := p.Run(t.Context())
+
+	require.ErrorIs(t, err, pipeline.ErrBudgetExceeded)
+	be, ok := errors.AsType[*pipeline.BudgetError](err)
+	require.Truef(t, ok, "want a *BudgetError, got %v", err)
+	assert.True(t, be.Drained)
+	se, ok := errors.AsType[*pipeline.StageError](err)
+	require.True(t, ok)
+	assert.Equal(t, "s", se.Stage, "the stage whose budget drained, not the source")
+	total := 0
+	for _, c := range outcomes {
+		total += c
+	}
+	assert.Equal(t, offered, total, "every item offered is settled once")
+	assert.Positive(t, outcomes[pipeline.NotProcessed])
+	checkAccounting(t, p.Report())
 }

@@ -84,7 +84,7 @@ func Batch[T any](s *Stream[T], size int, opts ...BatchOption) *Stream[[]T] {
 		r.feeds(rw)
 		b := &batcher[T]{
 			ctx: r.ctx, q: q, size: size, maxBytes: cfg.maxBytes, sizer: sizer, capacity: buf,
-			linger: cfg.linger, next: next, stats: &rw.workers[0], flushes: rw.flushes, track: r.track,
+			linger: cfg.linger, next: next, row: rw, stats: &rw.workers[0], flushes: rw.flushes, track: r.track,
 		}
 		r.goSafe(name, func() error {
 			if err := b.loop(); err != nil {
@@ -107,6 +107,7 @@ type batcher[T any] struct {
 	linger   time.Duration
 	next     outlet[[]T]
 	out      sender[[]T]
+	row      *row
 	stats    *workerStats
 	flushes  *flushCounters
 	track    *tracker
@@ -119,7 +120,7 @@ type batcher[T any] struct {
 }
 
 func (b *batcher[T]) loop() error {
-	b.out = b.next(new(hand))
+	b.out = b.next(&hand{row: b.row})
 	b.run = make([]item[T], chunk)
 	returned := false
 	defer func() {
@@ -291,27 +292,53 @@ func Flatten[T any](s *Stream[[]T]) *Stream[T] {
 	s.consume("Flatten")
 	out := newStream[T](s.p, s.desc+" | Flatten")
 	out.open = func(r *run, next outlet[T], done func()) {
+		cs := r.consumers // the first rows downstream: they count what a panic kept from them
 		s.open(r, func(h *hand) sender[[]T] {
 			snd := next(h)
 			return sender[[]T]{
-				put: func(vs []T, pos uint64) error {
-					poss := r.track.ungroup(pos, len(vs))
-					var first error
-					for i, v := range vs {
-						if poss != nil {
-							pos = poss[i]
-						}
-						if err := snd.put(v, pos); err != nil && first == nil {
-							first = err // offer the rest too, so that each is counted
-						}
-					}
-					return first
-				},
+				put:   func(vs []T, pos uint64) error { return flattenPush(r, h, snd.put, vs, pos, cs) },
 				flush: snd.flush, drop: snd.drop,
 			}
 		}, done)
 	}
 	return out
+}
+
+// flattenPush hands the items of vs on one by one. A panic in the inline operators
+// after Flatten (a Map, a Filter's keep, the next stage's key function) at item i
+// fails the run under the name of the row vs came from (whose goroutine h is), like
+// one on a [Tee] branch: the upstream counts vs as sent, since items 0..i-1 already
+// reached the next rows, and items i and after, which the panic kept from them, count
+// as failed there. A runtime.Goexit goes on unwinding: the upstream fails vs.
+func flattenPush[T any](r *run, h *hand, push pushFunc[T], vs []T, pos uint64, next []*row) (err error) {
+	poss := r.track.ungroup(pos, len(vs))
+	i, returned := 0, false
+	defer func() {
+		if returned {
+			return
+		}
+		x := recover()
+		if x == nil { // Goexit: the goroutine goes on exiting
+			return
+		}
+		for _, c := range next {
+			c.lost.Add(int64(len(vs) - i))
+		}
+		serr := &StageError{Stage: r.producerOf(h, next), Err: newPanicError(x)}
+		r.fail(serr)
+		err = serr
+	}()
+	var first error
+	for ; i < len(vs); i++ {
+		if poss != nil {
+			pos = poss[i]
+		}
+		if err := push(vs[i], pos); err != nil && first == nil {
+			first = err // offer the rest too, so that each is counted
+		}
+	}
+	returned = true
+	return first
 }
 
 // ToBatches ends s in a sink that takes batches: Batch(s, size, opts...) then [To]. Give

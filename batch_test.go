@@ -456,3 +456,54 @@ func TestBatchMisuse(t *testing.T) {
 	assertPanicsPipeline(t, func() { pipeline.WithLinger(0) })
 	assertPanicsPipeline(t, func() { pipeline.WithLinger(-time.Second) })
 }
+
+// TestFlattenInlinePanicCountsHandedItems: after Batch and Flatten, a panic in the next
+// inline operator (a Map, a Filter's keep, the next stage's key function) counted the
+// whole batch as failed in the batch row, though its earlier items had already reached
+// the next row; as with a Tee branch, the batch counts as sent and the items the panic
+// kept from the next row count as failed there.
+func TestFlattenInlinePanicCountsHandedItems(t *testing.T) {
+	t.Parallel()
+	const n, size, panicAt = 12, 4, 2
+	for _, next := range []string{"map", "filter", "key"} {
+		t.Run(next, func(t *testing.T) {
+			t.Parallel()
+			p := pipeline.New()
+			s := pipeline.Flatten(pipeline.Batch(pipeline.FromSlice(p, ints(n)), size))
+			boom := func(i int) {
+				if i == panicAt {
+					panic("inline")
+				}
+			}
+			first := "sink" // the row after Flatten
+			var opts []pipeline.StageOption
+			switch next {
+			case "map":
+				s = pipeline.Map(s, func(i int) int { boom(i); return i })
+			case "filter":
+				s = pipeline.Filter(s, func(i int) bool { boom(i); return true }, pipeline.WithName("keep"))
+				first = "keep"
+			case "key":
+				opts = append(opts, pipeline.WithKey(func(i int) int { boom(i); return i }))
+			}
+			pipeline.To(s, pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }, opts...))
+
+			err := p.Run(t.Context())
+
+			_, isPanic := errors.AsType[*pipeline.PanicError](err)
+			require.Truef(t, isPanic, "want a panic, got %v", err)
+			se, ok := errors.AsType[*pipeline.StageError](err)
+			require.True(t, ok)
+			assert.Equal(t, "Batch", se.Stage, "the row the item came from")
+			rep := p.Report()
+			checkAccounting(t, rep)
+			checkConservation(t, rep)
+			b := checkBatchRow(t, rep, "Batch")
+			assert.Equal(t, int64(size), b.Succeeded, "the batch was handed on\n%v", rep)
+			assert.Zero(t, b.Failed, "no item of the batch failed in the batch row\n%v", rep)
+			f := row(t, rep, first)
+			assert.Equal(t, int64(size), f.In, "every item of the batch reached %s\n%v", first, rep)
+			assert.Equal(t, int64(size-panicAt), f.Failed, "the panicking item and those after it\n%v", rep)
+		})
+	}
+}

@@ -114,7 +114,7 @@ func Tee[T any](s *Stream[T], n int) []*Stream[T] {
 						r.track.split(pos, len(snds))
 						var first error
 						for i, snd := range snds {
-							if err := teePush(r, snd.put, v, pos, cs, i); err != nil && first == nil {
+							if err := teePush(r, h, snd.put, v, pos, cs, i); err != nil && first == nil {
 								first = err // offer it to every branch, so that each counts it
 							}
 						}
@@ -147,12 +147,14 @@ func Tee[T any](s *Stream[T], n int) []*Stream[T] {
 }
 
 // teePush hands v to one branch. A panic in the branch's inline operators (Map, Filter,
-// Flatten) fails the run under the upstream's name, like any inline panic; the item
-// counts as failed in the branch's first rows, while the upstream, whose item other
-// branches may already hold, counts it as sent. A runtime.Goexit in branch i ends the
-// offering: the item counts as lost in it and in the branches after it, and the run
-// fails with ErrGoexit (the upstream's worker, unwinding, counts the item as failed).
-func teePush[T any](r *run, push pushFunc[T], v T, pos uint64, branches [][]*row, i int) (err error) {
+// Flatten) fails the run under the name of the row v came from (whose goroutine h is),
+// like any inline panic, and not under another row that feeds the branch (a stream
+// merged in after the operator); the item counts as failed in the branch's first rows,
+// while the upstream, whose item other branches may already hold, counts it as sent.
+// A runtime.Goexit in branch i ends the offering: the item counts as lost in it and in
+// the branches after it, and the run fails with ErrGoexit (the upstream's worker,
+// unwinding, counts the item as failed).
+func teePush[T any](r *run, h *hand, push pushFunc[T], v T, pos uint64, branches [][]*row, i int) (err error) {
 	returned := false
 	defer func() {
 		if returned {
@@ -168,11 +170,12 @@ func teePush[T any](r *run, push pushFunc[T], v T, pos uint64, branches [][]*row
 				c.lost.Add(1)
 			}
 		}
+		from := r.producerOf(h, branches[i])
 		if x == nil {
-			r.fail(&StageError{Stage: r.feederOf(branches[i]), Err: ErrGoexit})
+			r.fail(&StageError{Stage: from, Err: ErrGoexit})
 			return
 		}
-		serr := &StageError{Stage: r.feederOf(branches[i]), Err: newPanicError(x)}
+		serr := &StageError{Stage: from, Err: newPanicError(x)}
 		r.fail(serr)
 		err = serr
 	}()

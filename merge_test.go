@@ -275,3 +275,45 @@ func TestTeeSlowestSetsPace(t *testing.T) {
 		}
 	}
 }
+
+// TestTeeInlinePanicNamesItsRow: a panic in an inline operator on a Tee branch was
+// reported under the first row feeding the branch's consumer, which can be a source
+// merged in after the operator that never saw the item; it names the row the item came
+// from (the Tee's upstream, a source or a stage).
+func TestTeeInlinePanicNamesItsRow(t *testing.T) {
+	t.Parallel()
+	for _, upstream := range []string{"src", "up", "ord"} {
+		t.Run(upstream, func(t *testing.T) {
+			t.Parallel()
+			p := pipeline.New()
+			other := pipeline.FromSlice(p, ints(5), pipeline.WithName("other")) // first in wiring order
+			s := pipeline.FromSlice(p, ints(20), pipeline.WithName("src"))
+			switch upstream {
+			case "up":
+				s = pipeline.Then(s, pipeline.NewStage("up", 2, identity))
+			case "ord":
+				s = pipeline.Then(s, pipeline.NewStage("ord", 2, identity, pipeline.WithOrdered(0)))
+			}
+			br := pipeline.Tee(s, 2)
+			m := pipeline.Map(br[0], func(i int) int {
+				if i == 7 {
+					panic("map")
+				}
+				return i
+			})
+			pipeline.To(pipeline.Merge(other, m), pipeline.NewSink("x", 1, func(context.Context, int) error { return nil }))
+			pipeline.To(br[1], pipeline.NewSink("y", 1, func(context.Context, int) error { return nil }))
+
+			err := p.Run(t.Context())
+
+			_, isPanic := errors.AsType[*pipeline.PanicError](err)
+			require.Truef(t, isPanic, "want a panic, got %v", err)
+			se, ok := errors.AsType[*pipeline.StageError](err)
+			require.True(t, ok)
+			assert.Equal(t, upstream, se.Stage, "the row the item came from: %v", err)
+			rep := p.Report()
+			checkAccounting(t, rep)
+			assert.Equal(t, int64(1), row(t, rep, "x").Failed, "the panicking item failed in the branch\n%v", rep)
+		})
+	}
+}

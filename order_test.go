@@ -487,3 +487,67 @@ func TestOrderedFlushSecondPass(t *testing.T) {
 		})
 	}
 }
+
+// TestOrderedStopSettlesFinishedRun stops the run while an ordered one-to-one stage's
+// worker is between two items of a long run (the parent canceled, or the sink failed):
+// the items it had finished in that run were never settled nor counted, so the stage's
+// In did not add up.
+func TestOrderedStopSettlesFinishedRun(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"parent canceled", "sink fails", "ordered sink"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				const n, stopAt = 300, 10
+				ctx, cancel := context.WithCancelCause(t.Context())
+				defer cancel(nil)
+				gate := make(chan struct{})
+				fn := func(ctx context.Context, i int) (int, error) {
+					switch i {
+					case 0: // until the queue is full: the next run is long
+						<-gate
+					case stopAt: // the run stops while this item is under way; it finishes
+						if how != "sink fails" {
+							cancel(errOrderStop)
+						}
+						<-ctx.Done()
+					}
+					return i, nil
+				}
+				p := pipeline.New()
+				src := pipeline.FromSlice(p, ints(n))
+				if how == "ordered sink" {
+					pipeline.To(src, pipeline.NewSink("ord", 1, func(ctx context.Context, i int) error {
+						_, err := fn(ctx, i)
+						return err
+					}, pipeline.WithOrdered(0)))
+				} else {
+					ord := pipeline.Then(src, pipeline.NewStage("ord", 1, fn, pipeline.WithOrdered(0)))
+					pipeline.To(ord, pipeline.NewSink("sink", 1, func(context.Context, int) error {
+						if how == "sink fails" {
+							return errBoom
+						}
+						return nil
+					}))
+				}
+				errc := make(chan error, 1)
+				go func() { errc <- p.Run(ctx) }()
+				synctest.Wait() // the source waits for room: the queue is full
+				close(gate)
+				err := <-errc
+				if how == "sink fails" {
+					require.ErrorIs(t, err, errBoom)
+				} else {
+					require.ErrorIs(t, err, errOrderStop)
+				}
+				rep := p.Report()
+				checkReport(t, rep)
+				o := row(t, rep, "ord")
+				assert.GreaterOrEqual(t, o.Succeeded+o.Failed, int64(stopAt+1), "the items the run finished\n%v", rep)
+				for _, s := range rep.Stages {
+					assert.Zerof(t, s.InFlight, "row %q: in flight once the run ended\n%v", s.Name, rep)
+				}
+			})
+		})
+	}
+}

@@ -424,6 +424,16 @@ func (r *run) feederOf(rows []*row) string {
 	return rows[0].name
 }
 
+// producerOf names the row whose goroutine h is, for an error of the inline operators
+// it runs: the row the item came from. Without one (a hand from no row), it falls back
+// on the row that feeds the first of rows.
+func (r *run) producerOf(h *hand, rows []*row) string {
+	if h != nil && h.row != nil {
+		return h.row.name
+	}
+	return r.feederOf(rows)
+}
+
 // feeds records, once rw's open is done, that rw produces the stream just opened.
 func (r *run) feeds(rw *row) { r.feeders = []*row{rw} }
 

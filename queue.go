@@ -102,6 +102,7 @@ type outlet[T any] = func(h *hand) sender[T]
 // others, so that no item waits in the hand of a blocked goroutine when it could be in
 // a queue.
 type hand struct {
+	row     *row // the row whose goroutine this is: an inline operator's panic is its (nil: unknown)
 	last    bool // the goroutine hands over its next item at once (the last of its run)
 	placers []func()
 	waits   []func() // before the goroutine waits: publish its counts
@@ -164,6 +165,7 @@ type queue[T any] struct {
 	puts      uint64         // items placed: the sequence number of the next (ordered stages)
 	takes     uint64         // items taken by the workers
 	early     uint64         // items taken that counted as started at once (takeRun)
+	earlyBy   []int64        // per worker: its part of early (for the report)
 	closed    bool
 	stopped   bool      // the run is stopping: no one sleeps any more
 	producers []*waiter // waiting for room, or for their item to be taken
@@ -174,7 +176,8 @@ type queue[T any] struct {
 }
 
 // startCount is one worker's count of the items it started, on a cache line of its
-// own: written with a plain load and store by its worker alone, read by producers.
+// own: written with a plain load and store by its worker alone, read by producers and
+// by the report (a worker's items in flight, see row.inFlight).
 type startCount struct {
 	v atomic.Int64
 	_ [56]byte
@@ -182,7 +185,7 @@ type startCount struct {
 
 // newQueue returns a queue of one lane taken by takers workers.
 func newQueue[T any](capacity, takers int) *queue[T] {
-	q := &queue[T]{capacity: capacity, lanes: make([]lane[T], 1), starts: make([]startCount, takers)}
+	q := &queue[T]{capacity: capacity, lanes: make([]lane[T], 1), starts: make([]startCount, takers), earlyBy: make([]int64, takers)}
 	q.lanes[0] = lane[T]{buf: make([]item[T], max(capacity, 1))}
 	return q
 }
@@ -190,7 +193,7 @@ func newQueue[T any](capacity, takers int) *queue[T] {
 // newKeyedQueue returns a queue with a lane per worker, chosen by hash. Each lane can
 // hold the whole capacity (every item may have one key).
 func newKeyedQueue[T any](workers, capacity int, hash func(T) uint64) *queue[T] {
-	q := &queue[T]{capacity: capacity, lanes: make([]lane[T], workers), hash: hash, starts: make([]startCount, workers)}
+	q := &queue[T]{capacity: capacity, lanes: make([]lane[T], workers), hash: hash, starts: make([]startCount, workers), earlyBy: make([]int64, workers)}
 	for i := range q.lanes {
 		q.lanes[i] = lane[T]{buf: make([]item[T], max(capacity, 1))}
 	}
@@ -387,7 +390,7 @@ func (q *queue[T]) finish(ctx context.Context, w *waiter, items []item[T], lanes
 // the queue before. closed is true when the lane is empty and no item will come. The
 // items keep their room until the worker starts them (started).
 func (q *queue[T]) take(i int, dst []item[T]) (k int, seq uint64, queued int, closed bool) {
-	k, seq, queued, closed, _ = q.takeOrPark(context.Background(), i, dst, nil, 0, false)
+	k, seq, queued, closed, _ = q.takeOrPark(context.Background(), i, dst, nil, 0, -1)
 	return k, seq, queued, closed
 }
 
@@ -396,9 +399,10 @@ func (q *queue[T]) take(i int, dst []item[T]) (k int, seq uint64, queued int, cl
 //
 // share, when other workers of the lane wait, is the least run worth waking one of
 // them for: the worker then takes an equal share of what waits, but at least that, and
-// leaves the rest to them (0: take all it asked for). With startFirst, the first item
-// taken counts as started at once (the worker starts it next): its room is free.
-func (q *queue[T]) takeOrPark(ctx context.Context, i int, dst []item[T], w *waiter, share int, startFirst bool) (k int, seq uint64, queued int, closed, parked bool) {
+// leaves the rest to them (0: take all it asked for). With first >= 0, the first item
+// taken counts as started at once by worker first (who starts it next): its room is
+// free.
+func (q *queue[T]) takeOrPark(ctx context.Context, i int, dst []item[T], w *waiter, share int, first int) (k int, seq uint64, queued int, closed, parked bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	l := &q.lanes[i]
@@ -420,8 +424,9 @@ func (q *queue[T]) takeOrPark(ctx context.Context, i int, dst []item[T], w *wait
 	l.pop(dst[:k])
 	q.n -= k
 	q.takes += uint64(k)
-	if startFirst {
+	if first >= 0 {
 		q.early++
+		q.earlyBy[first]++
 		if len(q.producers) > 0 {
 			q.wakeProducersLocked()
 		}
@@ -474,14 +479,14 @@ func (q *queue[T]) unpark(i int, w *waiter) {
 // takeWait is take, waiting while lane i is empty. ok is false when the lane is closed
 // and drained, or (with the run's cause) when ctx is done first.
 func (q *queue[T]) takeWait(ctx context.Context, i int, w *waiter, dst []item[T], share int) (k int, seq uint64, queued int, ok bool, err error) {
-	return q.takeRun(ctx, i, w, dst, share, false)
+	return q.takeRun(ctx, i, w, dst, share, -1)
 }
 
 // takeRun is takeWait for a worker, whose first item taken counts as started at once
-// when startFirst is set.
-func (q *queue[T]) takeRun(ctx context.Context, i int, w *waiter, dst []item[T], share int, startFirst bool) (k int, seq uint64, queued int, ok bool, err error) {
+// by worker first when first >= 0.
+func (q *queue[T]) takeRun(ctx context.Context, i int, w *waiter, dst []item[T], share int, first int) (k int, seq uint64, queued int, ok bool, err error) {
 	for {
-		k, seq, queued, closed, parked := q.takeOrPark(ctx, i, dst, w, share, startFirst)
+		k, seq, queued, closed, parked := q.takeOrPark(ctx, i, dst, w, share, first)
 		if k > 0 {
 			return k, seq, queued, true, nil
 		}
@@ -522,6 +527,14 @@ func (q *queue[T]) occupancy() int {
 }
 
 func (q *queue[T]) unsentCount() int64 { return q.unsent.Load() }
+
+// startedBy returns the items worker i took and then started or gave back, the first
+// of each of its runs included (for the report).
+func (q *queue[T]) startedBy(i int) int64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.starts[i].v.Load() + q.earlyBy[i]
+}
 
 // outlet returns the queue's outlet: each sender reserves room for a chunk of items at
 // once, holds them, and places them in the ring together.

@@ -47,6 +47,7 @@ type queueLen interface {
 	length() int    // waiting, not yet taken: for the accounting
 	occupancy() int // waiting or taken and not started: what the bound counts
 	unsentCount() int64
+	startedBy(worker int) int64 // items the worker took and then started or gave back
 }
 
 // row is one source, stage, sink or filter of a run.
@@ -439,7 +440,13 @@ func (r *run) report(err error, final bool) Report {
 		if rw.q != nil {
 			s.QueueLen = rw.q.occupancy()
 		}
-		if rw.kind != kindFilter {
+		switch {
+		case rw.kind == kindFilter:
+		case rw.q != nil:
+			var taken int64                   // taken by a worker, not started yet: not started, of the moment
+			s.InFlight, taken = rw.inFlight() // stats.go
+			s.NotStarted += taken
+		default:
 			s.InFlight = received - discarded - s.Succeeded - s.DeadLettered - (s.Failed - rw.lost.Load())
 		}
 		s.Latency = latencyOf(rw.workers)

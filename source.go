@@ -231,8 +231,8 @@ func newSourceNamed[T any](p *Pipeline, ctor, given string, n *int64, chunked bo
 			return err
 		}
 		r.goSafe(name, func() (err error) {
-			h := &hand{last: !chunked}        // a source that may wait hands each item over at once
-			h.waits = append(h.waits, commit) // counts are current while the source waits
+			h := &hand{row: rw, last: !chunked} // a source that may wait hands each item over at once
+			h.waits = append(h.waits, commit)   // counts are current while the source waits
 			snd = out(h)
 			returned := false
 			defer func() {

@@ -196,7 +196,7 @@ func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
 			if window == 0 {
 				window = buf + chunk*st.workers // runs of chunk/2 or more for every worker (see WithOrdered)
 			}
-			ord = newReorder(window, next(new(hand)), st.flat != nil)
+			ord = newReorder(window, next(&hand{row: rw}), st.flat != nil)
 			rw.held, rw.extra = ord.heldCount, window
 		}
 		cl := newClient(r, rw, st) // client.go: nil without rate limit, breaker or adaptive workers
@@ -217,7 +217,7 @@ func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
 			}
 			if ord == nil {
 				// Counts and attempt contexts are current while the worker waits.
-				h := &hand{waits: []func(){w.commit, w.ctxs.publish}}
+				h := &hand{row: rw, waits: []func(){w.commit, w.ctxs.publish}}
 				w.out, w.hand = next(h), h
 			}
 			if st.flat != nil {
@@ -402,7 +402,7 @@ func (w *worker[In, Out]) take(ctx context.Context) error {
 		if w.ord != nil { // runs that leave the window room for every worker's next one
 			n = min(n, max(1, len(w.ord.slots)/(2*w.st.workers)))
 		}
-		k, seq, queued, ok, err := w.q.takeRun(ctx, w.lane, w.wt, w.run[:n], w.share, true)
+		k, seq, queued, ok, err := w.q.takeRun(ctx, w.lane, w.wt, w.run[:n], w.share, w.id)
 		if !ok {
 			if w.cl != nil {
 				w.cl.ended()
@@ -445,20 +445,20 @@ func (w *worker[In, Out]) items(ctx context.Context, k int, seq uint64) error {
 			w.q.started(w.id, 1)
 		}
 		if ctx.Err() != nil { // the run is stopping: start nothing new
-			return w.abandon(j, 1, context.Cause(ctx))
+			return w.abandon(ctx, j, 1, context.Cause(ctx))
 		}
 		if w.ord != nil && !w.ord.inside(w.seq) { // start only what the window has room for
 			if err := w.settle(ctx); err != nil { // the window may wait for this run's items
-				return w.abandon(j, 1, err)
+				return w.abandon(ctx, j, 1, err)
 			}
 			if err := w.ord.admit(ctx, w.seq); err != nil {
-				return w.abandon(j, 1, err)
+				return w.abandon(ctx, j, 1, err)
 			}
 		}
 		if w.row.drain.Load() {
 			w.t.discarded++ // a drained budget: start no new item
 			if err := w.skip(ctx); err != nil {
-				return w.abandon(j, 0, err)
+				return w.abandon(ctx, j, 0, err)
 			}
 			continue
 		}
@@ -502,9 +502,7 @@ func (w *worker[In, Out]) items(ctx context.Context, k int, seq uint64) error {
 		}
 		w.busy = false
 		if err != nil {
-			err = w.abandon(j, 0, err)
-			_ = w.settle(ctx) // what the run finished before it is the window's
-			return err
+			return w.abandon(ctx, j, 0, err)
 		}
 	}
 	if err := w.settle(ctx); err != nil {
@@ -524,10 +522,15 @@ func (w *worker[In, Out]) tick() {
 }
 
 // abandon ends the run at item j with err: the items after it, and j itself when
-// current is 1, are not started.
-func (w *worker[In, Out]) abandon(j, current int, err error) error {
+// current is 1, are not started. What the run finished before (an ordered one-to-one
+// stage's outcomes, kept to be settled together) is the window's all the same, so that
+// each item is counted once: settled into the window, or failed if it never enters.
+func (w *worker[In, Out]) abandon(ctx context.Context, j, current int, err error) error {
 	w.t.discarded += int64(current + w.left)
 	w.clearRun(j + 1)
+	if len(w.pend) > 0 {
+		_ = w.settle(ctx) // err, the run's cause or the item's, is what the run returns
+	}
 	return err
 }
 

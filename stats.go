@@ -119,6 +119,28 @@ func (rw *row) addError(typ string, f func(*ErrorCount)) {
 	f(e)
 }
 
+// inFlight returns, for a row with an input queue, the items its workers started and
+// have not settled, and those they took in a run and have not started yet. A worker
+// counts the items it takes when it takes its run, and its outcomes once per run: until
+// the run ends, the difference holds the run's items not started yet (which the
+// queue's count of started items, written per item anyway, tells apart) and those
+// finished since the worker last published its counts. A stage's worker handles one
+// item at a time, so it has one in flight at most; a batch, the items of its batch.
+// Both are 0 once the run has ended.
+func (rw *row) inFlight() (inFlight, taken int64) {
+	for i := range rw.workers {
+		w := &rw.workers[i]
+		started := rw.q.startedBy(i)
+		v := started - w.discarded.load() - w.succeeded.load() - w.deadLettered.load() - w.failed.load()
+		if rw.kind != kindBatch {
+			v = min(v, 1)
+		}
+		inFlight += max(v, 0)
+		taken += max(w.received.load()-started, 0) // an instant below 0 while a run is taken
+	}
+	return inFlight, taken
+}
+
 // Snapshot returns the state of the run in progress, as a [Report] whose Running is
 // true: counts so far, queue lengths, busy workers, latency percentiles, and each stage's
 // rate over the last second or so (measured between snapshots: from the most recent

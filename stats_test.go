@@ -157,3 +157,96 @@ func TestObserverMisuse(t *testing.T) {
 	assertPanicsPipeline(t, func() { pipeline.WithObserver(nil) })
 	assertPanicsPipeline(t, func() { pipeline.WithLogger(nil) })
 }
+
+// TestSnapshotInFlightCountsStartedItems: a Snapshot's InFlight counted the items a
+// worker had taken in its run but not started (about 60 for one worker blocked in its
+// 6th item), and those a Batch had taken and not yet put in a batch; it counts the items
+// started and not settled: one per busy worker, a batch's items.
+func TestSnapshotInFlightCountsStartedItems(t *testing.T) {
+	t.Parallel()
+	for _, kind := range []string{"plain", "ordered", "flat", "sink"} {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				const n, blockAt = 300, 5
+				gate, block := make(chan struct{}), make(chan struct{})
+				wait := func(i int) {
+					switch i {
+					case 0: // until the queue is full: the next run is long
+						<-gate
+					case blockAt:
+						<-block
+					}
+				}
+				p := pipeline.New()
+				src := pipeline.FromSlice(p, ints(n))
+				switch kind {
+				case "plain", "ordered":
+					var opts []pipeline.StageOption
+					if kind == "ordered" {
+						opts = append(opts, pipeline.WithOrdered(0))
+					}
+					s := pipeline.Then(src, pipeline.NewStage("work", 1, func(_ context.Context, i int) (int, error) {
+						wait(i)
+						return i, nil
+					}, opts...))
+					pipeline.To(s, nopSink())
+				case "flat":
+					s := pipeline.Then(src, pipeline.NewFlatStage("work", 1, func(_ context.Context, i int, emit func(int)) error {
+						wait(i)
+						emit(i)
+						return nil
+					}))
+					pipeline.To(s, nopSink())
+				case "sink":
+					pipeline.To(src, pipeline.NewSink("work", 1, func(_ context.Context, i int) error {
+						wait(i)
+						return nil
+					}))
+				}
+				errc := make(chan error, 1)
+				go func() { errc <- p.Run(t.Context()) }()
+				synctest.Wait() // the source waits for room
+				close(gate)
+				synctest.Wait() // the worker waits in item blockAt, its run's other items in hand
+				w := row(t, p.Snapshot(), "work")
+				assert.Equal(t, 1, w.Busy)
+				assert.Equal(t, int64(1), w.InFlight, "items started and not settled\n%+v", w)
+				close(block)
+				require.NoError(t, <-errc)
+				rep := p.Report()
+				checkReport(t, rep)
+				assert.Zero(t, row(t, rep, "work").InFlight)
+			})
+		})
+	}
+	t.Run("batch", func(t *testing.T) {
+		t.Parallel()
+		synctest.Test(t, func(t *testing.T) {
+			const n, size = 300, 2
+			block := make(chan struct{})
+			p := pipeline.New()
+			b := pipeline.Batch(pipeline.FromSlice(p, ints(n)), size)
+			first := true
+			pipeline.To(b, pipeline.NewSink("sink", 1, func(context.Context, []int) error {
+				if first { // the batcher waits to hand the second batch over
+					first = false
+					<-block
+				}
+				return nil
+			}, pipeline.WithBuffer(0)))
+			errc := make(chan error, 1)
+			go func() { errc <- p.Run(t.Context()) }()
+			synctest.Wait()
+			bt := row(t, p.Snapshot(), "Batch")
+			assert.Equal(t, int64(size), bt.InFlight, "the batch being handed over\n%+v", bt)
+			assert.Equal(t, bt.In, bt.Succeeded+bt.Failed+bt.NotStarted+bt.InFlight,
+				"the items taken and not in a batch are not started\n%+v", bt)
+			close(block)
+			require.NoError(t, <-errc)
+			rep := p.Report()
+			checkAccounting(t, rep)
+			assert.Zero(t, row(t, rep, "Batch").InFlight)
+		})
+	})
+}
