@@ -304,9 +304,9 @@ func (s *Source[T]) Stream(p *pipeline.Pipeline) *pipeline.Stream[T] {
 }
 
 // Stop ends the input of the current run, or of the next one if none is running: the
-// source stops pulling and hands back the buffered messages, the items in flight
-// finish and are acknowledged, and [pipeline.Pipeline.Run] then returns nil (unless
-// something failed). It does not wait.
+// source stops pulling and hands back the messages waiting for the pipeline, the items
+// in flight finish and are acknowledged, and [pipeline.Pipeline.Run] then returns nil
+// (unless something failed). It does not wait.
 func (s *Source[T]) Stop() {
 	s.mu.Lock()
 	s.stopping = true
