@@ -108,7 +108,9 @@ func TestSlowStageNoRedelivery(t *testing.T) {
 	cons := setup(ctx, t, js, ackWait, 1000)
 	publish(ctx, t, js, n)
 	p := pipeline.New()
-	src := jetstream.NewSource(cons, itemCodec{})
+	// The default pull size; InProgress more often than the default third of AckWait,
+	// so that a machine slowed down by the race detector does not miss AckWait.
+	src := jetstream.NewSource(cons, itemCodec{}, jetstream.WithProgressEvery(ackWait/10))
 	var done atomic.Int64
 	var mu sync.Mutex
 	seen := map[int]int{}
