@@ -145,7 +145,9 @@ func WithProgressEvery(d time.Duration) SourceOption {
 // consumer is deleted, but a busy run has no pull waiting. Two answers in a row that the
 // consumer or its stream is not found fail the run with a [*ConsumerError]; an answer
 // that does not come in time ([WithAckTimeout]) or another error (a server restarting)
-// counts as neither. It panics if d <= 0.
+// counts as neither. A run, busy or not, also checks at once when the client
+// reports an error it goes on after (a missed heartbeat: a pull sent to a consumer that
+// no longer exists gets no answer). It panics if d <= 0.
 func WithConsumerCheck(d time.Duration) SourceOption {
 	if d <= 0 {
 		panic(fmt.Sprintf("jetstream: WithConsumerCheck(%v): need a positive interval", d))
