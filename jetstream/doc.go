@@ -22,8 +22,19 @@
 // # Backpressure
 //
 // A pipeline holds at most [WithMaxPending] unsettled messages (the consumer's
-// MaxAckPending by default), and the client buffers at most [WithPullSize] more; the
-// server hands out at most MaxAckPending unacknowledged messages to all processes
-// together. A message held longer than a third of AckWait gets InProgress signals
-// ([WithProgressEvery]), so that a slow stage does not cause a redelivery.
+// MaxAckPending by default), and at most [WithPullSize] more wait for it: the source
+// takes each message from the client as it arrives and asks the server for more only
+// when there is room. The server hands out at most MaxAckPending unacknowledged
+// messages to all processes together. Every message a run holds, in the pipeline or
+// waiting for it, gets an InProgress signal every third of AckWait
+// ([WithProgressEvery]), so that a slow stage does not cause a redelivery, whatever
+// the pull size.
+//
+// # Failures
+//
+// A deleted consumer, or a deleted stream, fails the run with a [*ConsumerError] that
+// names them (errors.Is natsjs.ErrConsumerDeleted): at once when the run waits for
+// messages, within two [WithConsumerCheck] intervals when it is busy (see [Source]).
+// A closed connection fails the run too; a server that restarts does not: the client
+// reconnects and the run goes on.
 package jetstream

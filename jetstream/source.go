@@ -2,7 +2,6 @@ package jetstream
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -31,6 +30,26 @@ const (
 	HeaderTime       = "Pipeline-Time"        // when it was set aside, RFC 3339 with nanoseconds
 )
 
+// ConsumerError is the error with which a run fails when its consumer can no longer
+// deliver messages: it was deleted, or its stream was, or the client ended the pull
+// with another error it treats as terminal. Err is that error: for a consumer that is
+// gone, it wraps [natsjs.ErrConsumerDeleted] (whether the server said so to the pull or
+// the source's check found it missing, then with [natsjs.ErrConsumerNotFound] or
+// [natsjs.ErrStreamNotFound] too); otherwise it is the client's error, such as
+// [natsjs.ErrBadRequest].
+type ConsumerError struct {
+	Stream   string // the consumer's stream
+	Consumer string // the consumer's name
+	Err      error
+}
+
+func (e *ConsumerError) Error() string {
+	return fmt.Sprintf("jetstream: consumer %q of stream %q: %v", e.Consumer, e.Stream, e.Err)
+}
+
+// Unwrap returns Err.
+func (e *ConsumerError) Unwrap() error { return e.Err }
+
 // SourceOption configures a [Source]: [NewSource].
 type SourceOption interface{ sourceOption(*sourceConfig) }
 
@@ -46,6 +65,7 @@ type sourceConfig struct {
 	dlJS       natsjs.JetStream
 	dlSubject  string
 	progress   time.Duration
+	check      time.Duration
 	ackTimeout time.Duration
 	backoff    pipeline.Backoff
 }
@@ -59,11 +79,16 @@ func WithName(name string) SourceOption {
 	return sourceOpt(func(c *sourceConfig) { c.name = name })
 }
 
-// WithPullSize sets how many messages the client asks the server for at a time and
-// buffers ([natsjs.PullMaxMessages]); the default is 256, or the consumer's max ack
-// pending when that is smaller. A message waits in that buffer, its AckWait running and
-// no InProgress sent for it, until the pipeline takes it: for a slow pipeline, keep the
-// buffer well under what it settles in one AckWait. It panics if n < 1.
+// WithPullSize bounds the messages a run has taken from the consumer and the pipeline
+// has not taken yet: the client asks the server for half of n at a time
+// ([natsjs.PullMaxMessages], at least 1), and the source asks for more only while the
+// messages waiting for the pipeline leave room for a whole request; the default is 256,
+// or the consumer's max ack pending when that is smaller. A waiting message gets
+// InProgress signals ([WithProgressEvery]) like the messages the pipeline holds, so a
+// slow pipeline does not cause redeliveries; it is not offered to other processes that
+// share the consumer meanwhile. After a reconnect or a missed heartbeat the client asks
+// again without knowing whether its last request still stands, so one more request
+// (half of n) may come. It panics if n < 1.
 func WithPullSize(n int) SourceOption {
 	if n < 1 {
 		panic(fmt.Sprintf("jetstream: WithPullSize(%d): need at least 1", n))
@@ -114,8 +139,25 @@ func WithProgressEvery(d time.Duration) SourceOption {
 	return sourceOpt(func(c *sourceConfig) { c.progress = d })
 }
 
-// WithAckTimeout bounds the waits of a settlement that needs a reply: DoubleAck, and
-// publishing a dead letter. The default is 5 s. It panics if d <= 0.
+// WithConsumerCheck sets how often a run that holds messages (in the pipeline, or
+// waiting for it) asks the server whether its consumer still exists (consumer info: one
+// request per interval); the default is 1 s. The server tells a pull that waits when its
+// consumer is deleted, but a busy run has no pull waiting. Two answers in a row that the
+// consumer or its stream is not found fail the run with a [*ConsumerError]; an answer
+// that does not come in time ([WithAckTimeout]) or another error (a server restarting)
+// counts as neither. A run, busy or not, also checks at once when the client
+// reports an error it goes on after (a missed heartbeat: a pull sent to a consumer that
+// no longer exists gets no answer). It panics if d <= 0.
+func WithConsumerCheck(d time.Duration) SourceOption {
+	if d <= 0 {
+		panic(fmt.Sprintf("jetstream: WithConsumerCheck(%v): need a positive interval", d))
+	}
+	return sourceOpt(func(c *sourceConfig) { c.check = d })
+}
+
+// WithAckTimeout bounds the waits of a settlement that needs a reply (DoubleAck, and
+// publishing a dead letter) and of a check that the consumer still exists
+// ([WithConsumerCheck]). The default is 5 s. It panics if d <= 0.
 func WithAckTimeout(d time.Duration) SourceOption {
 	if d <= 0 {
 		panic(fmt.Sprintf("jetstream: WithAckTimeout(%v): need a positive timeout", d))
@@ -159,20 +201,38 @@ type Stats struct {
 //	not processed  Nak: another consumer process takes it at once
 //
 // A message the codec cannot decode is dead-lettered at once (stage: the source's name,
-// class: item). A message the pipeline holds longer than [WithProgressEvery] gets an
-// InProgress signal, so the server does not redeliver it while a slow stage works.
+// class: item). Every message a run has taken from the consumer and not settled, in
+// the pipeline or waiting for it, gets an InProgress signal every [WithProgressEvery],
+// so the server does not redeliver it however slow the pipeline is: only a message
+// the client received and the source has not yet taken (some microseconds, or while the
+// source drains the client to stop) goes without, and a process that stops sending
+// them (a crash, a lost connection) has its messages redelivered after AckWait.
 //
 // Backpressure: the pipeline holds at most [WithMaxPending] unsettled messages (by
-// default the consumer's MaxAckPending) and the client buffers at most [WithPullSize]
-// more; the server never has more than MaxAckPending unacknowledged messages out to all
-// processes together, so several processes share the work in proportion to how fast
-// each settles it.
+// default the consumer's MaxAckPending), and at most [WithPullSize] more wait for it;
+// the source asks the server for more only when there is room for them. The server
+// never has more than MaxAckPending unacknowledged messages out to all processes
+// together, so several processes share the work in proportion to how fast each
+// settles it.
+//
+// A consumer that is deleted, or whose stream is, fails the run with a
+// [*ConsumerError] (errors.Is natsjs.ErrConsumerDeleted): at once when a pull of the
+// run waits (the server tells it), otherwise within two [WithConsumerCheck] intervals
+// (2 s by default) while the run holds messages. So does an error the client treats
+// as ending the pull (natsjs.ErrBadRequest). The run fails when the source next has
+// control: at once if it waits for messages, or when the pipeline next takes an item
+// from it; a pipeline whose first stage stays full (every worker stuck) holds the
+// source until then, as it would hold a cancellation of the run (the run's context
+// ends that wait). Other errors of the consumer (a missed heartbeat while the server
+// restarts, ...) are counted in [Stats].PullErrors and the run goes on; a closed
+// connection fails it.
 //
 // Shutdown: when the run stops or [Source.Stop] is called, the source stops pulling,
-// hands back (Nak) the messages still in the client's buffer, and lets the items in
-// flight finish (after Stop) or stop (on cancel), each acknowledged as it settles; every
-// acknowledgement has been handed to the connection when [pipeline.Pipeline.Run]
-// returns. Acks are sent asynchronously: flush or drain the connection before exit.
+// hands back (Nak) the messages waiting for the pipeline and those the client still
+// delivers, and lets the items in flight finish (after Stop) or stop (on cancel), each
+// acknowledged as it settles; every acknowledgement has been handed to the connection
+// when [pipeline.Pipeline.Run] returns. Acks are sent asynchronously: flush or drain
+// the connection before exit.
 //
 // A Source may serve one run at a time; it is safe for concurrent use.
 type Source[T any] struct {
@@ -184,7 +244,7 @@ type Source[T any] struct {
 	undecodable, inProgress, ackErrors, pullErrors                        atomic.Int64
 
 	mu       sync.Mutex
-	it       natsjs.MessagesContext // the current run's, if any
+	feed     *feed // the current run's, if any
 	stopping bool
 }
 
@@ -207,6 +267,9 @@ func NewSource[T any](cons natsjs.Consumer, codec pipeline.Codec[T], opts ...Sou
 	}
 	if cfg.ackTimeout == 0 {
 		cfg.ackTimeout = 5 * time.Second
+	}
+	if cfg.check == 0 {
+		cfg.check = time.Second
 	}
 	info := cons.CachedInfo()
 	var ackWait time.Duration
@@ -243,16 +306,16 @@ func (s *Source[T]) Stream(p *pipeline.Pipeline) *pipeline.Stream[T] {
 }
 
 // Stop ends the input of the current run, or of the next one if none is running: the
-// source stops pulling and hands back the buffered messages, the items in flight
-// finish and are acknowledged, and [pipeline.Pipeline.Run] then returns nil (unless
-// something failed). It does not wait.
+// source stops pulling and hands back the messages waiting for the pipeline, the items
+// in flight finish and are acknowledged, and [pipeline.Pipeline.Run] then returns nil
+// (unless something failed). It does not wait.
 func (s *Source[T]) Stop() {
 	s.mu.Lock()
 	s.stopping = true
-	it := s.it
+	f := s.feed
 	s.mu.Unlock()
-	if it != nil {
-		it.Drain()
+	if f != nil {
+		f.stop()
 	}
 }
 
@@ -268,76 +331,81 @@ func (s *Source[T]) Stats() Stats {
 
 // run is the body of the acknowledged source: one run's loop over the consumer.
 func (s *Source[T]) run(ctx context.Context, emit func(T, func(pipeline.Settlement)) error) error {
-	it, err := s.cons.Messages(natsjs.PullMaxMessages(s.cfg.pull))
-	if err != nil {
-		return fmt.Errorf("jetstream: consume: %w", err)
-	}
+	h := newHand(s.cfg.progress, &s.inProgress)
+	f := s.newFeed(h)
 	s.mu.Lock()
-	s.it = it
+	s.feed = f
 	stopping := s.stopping
 	s.mu.Unlock()
 	if stopping {
-		it.Drain()
+		f.stop()
 	}
-	h := newHand(s.cfg.progress, &s.inProgress)
+	f.start()
+	unwatch := context.AfterFunc(ctx, f.stop) // stop pulling; hand back what waits
 	defer func() {
+		unwatch()
+		f.stop()
+		f.wait() // the reader has handed back what came after, the watcher returned
+		for _, m := range f.rest() {
+			h.release(m.held)
+			s.nak(m.msg)
+		}
 		s.mu.Lock()
-		s.it, s.stopping = nil, false
+		s.feed, s.stopping = nil, false
 		s.mu.Unlock()
 		h.bodyDone()
 	}()
-	unwatch := context.AfterFunc(ctx, it.Drain) // stop pulling; Next returns what is buffered
-	defer unwatch()
-	stopped := false // emit refused: the run is stopping
 	for {
-		msg, err := it.Next()
-		if errors.Is(err, natsjs.ErrMsgIteratorClosed) {
-			if errors.Is(err, natsjs.ErrConnectionClosed) && !stopped && ctx.Err() == nil && !s.isStopping() {
-				return fmt.Errorf("jetstream: consume: %w", err)
-			}
-			return nil
+		m, ok, err := f.next()
+		if !ok {
+			return err
 		}
-		if err != nil { // a missed heartbeat while the server restarts, ...: the iterator goes on
-			s.pullErrors.Add(1)
-			continue
-		}
-		meta, err := msg.Metadata()
-		if err != nil { // not a JetStream message: nothing to acknowledge
-			s.pullErrors.Add(1)
-			continue
-		}
-		s.delivered.Add(1)
-		if meta.NumDelivered > 1 {
-			s.redelivered.Add(1)
-		}
-		if stopped || ctx.Err() != nil || s.isStopping() { // buffered when the input ended
-			s.nak(msg)
+		if f.isStopped() { // waiting when the input ended
+			h.release(m.held)
+			s.nak(m.msg)
 			continue
 		}
 		var v T
-		if err := s.codec.Unmarshal(msg.Data(), &v); err != nil {
+		if err := s.codec.Unmarshal(m.msg.Data(), &v); err != nil {
+			h.release(m.held)
 			s.undecodable.Add(1)
-			s.deadLetter(msg, meta, pipeline.DeadLetter[struct{}]{
+			s.deadLetter(m.msg, m.meta, pipeline.DeadLetter[struct{}]{
 				Stage: s.cfg.name, Attempts: 1, Class: pipeline.ClassItem, ErrType: fmt.Sprintf("%T", err),
 				FirstError: err.Error(), LastError: err.Error(), Time: time.Now(),
 			})
 			continue
 		}
-		held := h.hold(msg)
 		if err := emit(v, func(st pipeline.Settlement) {
-			h.release(held)
-			s.settle(msg, meta, st)
+			h.release(m.held)
+			s.settle(m.msg, m.meta, st)
 		}); err != nil {
-			stopped = true // emit settled v as not processed; hand back what is buffered
-			it.Drain()
+			f.stop() // emit settled v as not processed; hand back what waits
 		}
 	}
 }
 
-func (s *Source[T]) isStopping() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.stopping
+// newFeed returns the feed of one run, not started.
+func (s *Source[T]) newFeed(h *hand) *feed {
+	f := &feed{
+		cons: s.cons, h: h, pull: s.cfg.pull, batch: (s.cfg.pull + 1) / 2,
+		check: s.cfg.check, timeout: s.cfg.ackTimeout,
+		delivery: func(meta *natsjs.MsgMetadata) {
+			s.delivered.Add(1)
+			if meta.NumDelivered > 1 {
+				s.redelivered.Add(1)
+			}
+		},
+		nak:       s.nak,
+		pullError: func() { s.pullErrors.Add(1) },
+		poke:      make(chan struct{}, 1),
+		quit:      make(chan struct{}),
+	}
+	f.cond.L = &f.mu
+	f.ctx, f.cancel = context.WithCancel(context.Background())
+	if info := s.cons.CachedInfo(); info != nil {
+		f.stream, f.name = info.Stream, info.Name
+	}
+	return f
 }
 
 // settle acknowledges msg according to st.
@@ -486,6 +554,13 @@ func (h *hand) hold(msg natsjs.Msg) *heldMsg {
 	h.held[m] = struct{}{}
 	h.mu.Unlock()
 	return m
+}
+
+// idle reports whether h holds no message.
+func (h *hand) idle() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.held) == 0
 }
 
 func (h *hand) release(m *heldMsg) {

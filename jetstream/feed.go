@@ -1,0 +1,273 @@
+package jetstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	natsjs "github.com/nats-io/nats.go/jetstream"
+)
+
+// feed is one run's reading of the consumer. Its reader takes each message from the
+// client as it arrives and keeps it waiting for the run's body (next), held by the
+// run's hand, which sends it InProgress signals like the messages the pipeline holds:
+// no delivered message waits unseen in the client's buffer while its AckWait runs. The
+// reader asks the server for more only while there is room: the client asks for batch
+// messages at a time, and the reader reads it only while at most pull-batch messages
+// wait; past that, it drains the client (taking what was already asked for) and opens a
+// new one once the body has taken enough. So at most pull messages wait.
+//
+// The watcher checks, every check interval while the run holds messages, that the
+// consumer still exists (the server tells a pull that waits, not a run busy with what
+// it has): two answers in a row that it or its stream is not found end the feed with a
+// [*ConsumerError], as does a terminal error of the client.
+type feed struct {
+	cons         natsjs.Consumer
+	stream, name string
+	h            *hand
+	pull, batch  int
+	check        time.Duration
+	timeout      time.Duration // of a check
+	delivery     func(*natsjs.MsgMetadata)
+	nak          func(natsjs.Msg)
+	pullError    func()
+
+	mu       sync.Mutex
+	cond     sync.Cond // on mu: a message waits or was taken, the feed stopped, the reader returned
+	waiting  []waitingMsg
+	it       natsjs.MessagesContext // the reader's client, if any
+	ours     bool                   // it was drained or stopped here: its end is expected
+	stopped  bool                   // the input ended: pull no more
+	err      error                  // why the feed ended, if it failed
+	readDone bool
+
+	poke   chan struct{}      // the reader asks the watcher to check now
+	quit   chan struct{}      // closed when the run's body returns
+	cancel context.CancelFunc // of ctx, the watcher's checks: when the body returns
+	ctx    context.Context
+	wg     sync.WaitGroup
+}
+
+// waitingMsg is a message delivered to a run and not yet taken by its body.
+type waitingMsg struct {
+	msg  natsjs.Msg
+	meta *natsjs.MsgMetadata
+	held *heldMsg
+}
+
+func (f *feed) start() {
+	f.wg.Go(f.read)
+	f.wg.Go(f.watch)
+}
+
+// wait ends the watcher and waits for it and for the reader, which must be stopping.
+func (f *feed) wait() {
+	close(f.quit)
+	f.cancel()
+	f.wg.Wait()
+}
+
+// stop ends the input: the reader drains the client (handing back what it still
+// delivers) and returns. It does not wait.
+func (f *feed) stop() {
+	f.mu.Lock()
+	f.stopped = true
+	it := f.it
+	f.ours = true
+	f.cond.Broadcast()
+	f.mu.Unlock()
+	if it != nil {
+		it.Drain()
+	}
+}
+
+// fail ends the feed with err, unless the input ended already: what the client still
+// buffers is dropped (the server redelivers it, if it can), next returns err at once.
+func (f *feed) fail(err error) {
+	f.mu.Lock()
+	if f.stopped {
+		f.mu.Unlock()
+		return
+	}
+	f.err, f.stopped, f.ours = err, true, true
+	it := f.it
+	f.cond.Broadcast()
+	f.mu.Unlock()
+	if it != nil {
+		it.Stop()
+	}
+}
+
+func (f *feed) isStopped() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.stopped
+}
+
+// next returns the next waiting message, waiting for one; false once the reader
+// returned and nothing waits (with the feed's error, if it failed), or at once when it
+// failed.
+func (f *feed) next() (waitingMsg, bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for {
+		if f.err != nil {
+			return waitingMsg{}, false, f.err
+		}
+		if len(f.waiting) > 0 {
+			m := f.waiting[0]
+			f.waiting[0] = waitingMsg{}
+			f.waiting = f.waiting[1:]
+			f.cond.Broadcast() // room for the reader
+			return m, true, nil
+		}
+		if f.readDone {
+			return waitingMsg{}, false, nil
+		}
+		f.cond.Wait()
+	}
+}
+
+// rest returns what still waits, once the reader returned.
+func (f *feed) rest() []waitingMsg {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	rest := f.waiting
+	f.waiting = nil
+	return rest
+}
+
+// consumerError is err about f's consumer.
+func (f *feed) consumerError(err error) *ConsumerError {
+	return &ConsumerError{Stream: f.stream, Consumer: f.name, Err: err}
+}
+
+// read opens a client on the consumer whenever there is room for a batch and reads it
+// until it ends.
+func (f *feed) read() {
+	defer func() {
+		f.mu.Lock()
+		f.readDone = true
+		f.cond.Broadcast()
+		f.mu.Unlock()
+	}()
+	for {
+		f.mu.Lock()
+		for !f.stopped && len(f.waiting) > f.pull-f.batch {
+			f.cond.Wait()
+		}
+		if f.stopped {
+			f.mu.Unlock()
+			return
+		}
+		f.mu.Unlock()
+		it, err := f.cons.Messages(natsjs.PullMaxMessages(f.batch))
+		if err != nil {
+			f.fail(fmt.Errorf("jetstream: consume: %w", err))
+			return
+		}
+		f.mu.Lock()
+		f.it, f.ours = it, false
+		stopped := f.stopped
+		f.mu.Unlock()
+		if stopped { // stop found no client to drain
+			it.Drain()
+		}
+		if !f.readClient(it) {
+			return
+		}
+	}
+}
+
+// readClient reads it until it ends: true if it was drained for room and the reader
+// goes on.
+func (f *feed) readClient(it natsjs.MessagesContext) bool {
+	for {
+		msg, err := it.Next()
+		if errors.Is(err, natsjs.ErrMsgIteratorClosed) {
+			f.mu.Lock()
+			f.it = nil
+			ours, stopped := f.ours, f.stopped
+			f.mu.Unlock()
+			switch {
+			case stopped:
+				return false
+			case errors.Is(err, natsjs.ErrConnectionClosed):
+				f.fail(fmt.Errorf("jetstream: consume: %w", err))
+				return false
+			case ours: // drained for room
+				return true
+			}
+			f.fail(f.consumerError(err)) // closed by the client itself
+			return false
+		}
+		if errors.Is(err, natsjs.ErrConsumerDeleted) || errors.Is(err, natsjs.ErrBadRequest) {
+			f.fail(f.consumerError(err)) // the client stopped: it treats these as terminal
+			return false
+		}
+		if err != nil { // a missed heartbeat while the server restarts, ...: the client goes on
+			f.pullError()
+			select { // is the consumer still there?
+			case f.poke <- struct{}{}:
+			default:
+			}
+			continue
+		}
+		meta, err := msg.Metadata()
+		if err != nil { // not a JetStream message: nothing to acknowledge
+			f.pullError()
+			continue
+		}
+		f.delivery(meta)
+		f.mu.Lock()
+		if f.stopped { // delivered while stopping
+			f.mu.Unlock()
+			f.nak(msg)
+			continue
+		}
+		f.waiting = append(f.waiting, waitingMsg{msg: msg, meta: meta, held: f.h.hold(msg)})
+		full := len(f.waiting) > f.pull-f.batch
+		if full {
+			f.ours = true
+		}
+		f.cond.Broadcast()
+		f.mu.Unlock()
+		if full { // take what the client asked for, ask no more
+			it.Drain()
+		}
+	}
+}
+
+// watch checks, every check interval while the run holds messages (or at once when the
+// reader asks), that the consumer exists, and fails the feed once two answers in a row
+// said that it or its stream is not found.
+func (f *feed) watch() {
+	tick := time.NewTicker(f.check)
+	defer tick.Stop()
+	misses := 0
+	for {
+		select {
+		case <-f.quit:
+			return
+		case <-f.poke:
+		case <-tick.C:
+			if misses == 0 && f.h.idle() { // a pull waits: the server tells it
+				continue
+			}
+		}
+		cctx, ccancel := context.WithTimeout(f.ctx, f.timeout)
+		_, err := f.cons.Info(cctx)
+		ccancel()
+		switch {
+		case err == nil:
+			misses = 0
+		case errors.Is(err, natsjs.ErrConsumerNotFound), errors.Is(err, natsjs.ErrStreamNotFound):
+			if misses++; misses >= 2 {
+				f.fail(f.consumerError(fmt.Errorf("%w: %w", natsjs.ErrConsumerDeleted, err)))
+				return
+			}
+		}
+	}
+}

@@ -1,0 +1,164 @@
+package jetstream_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	natsjs "github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gopipeline/pipeline"
+	"github.com/gopipeline/pipeline/jetstream"
+)
+
+// TestDeletedConsumerFailsRun deletes the consumer (or its stream) under a running
+// pipeline, idle or busy with a slow stage; the run used to return nil at once (idle)
+// or not at all (busy), and must now fail with a ConsumerError naming both.
+func TestDeletedConsumerFailsRun(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name         string
+		busy         bool
+		deleteStream bool
+	}{
+		{name: "idle"},
+		{name: "busy", busy: true},
+		{name: "idle stream deleted", deleteStream: true},
+		{name: "busy stream deleted", busy: true, deleteStream: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := t.Context()
+			srv := startServer(t)
+			_, js := connect(t, srv.url())
+			cons := setup(ctx, t, js, 30*time.Second, 1000)
+			n := 5
+			if tc.busy {
+				n = 2000 // far more than the pipeline and the source's buffer hold
+			}
+			publish(ctx, t, js, n)
+			p := pipeline.New()
+			src := jetstream.NewSource(cons, itemCodec{})
+			var done atomic.Int64
+			work := pipeline.Then(src.Stream(p), pipeline.NewStage("slow", 4, func(ctx context.Context, v item) (item, error) {
+				if tc.busy { // each item takes a while: the source waits for room
+					select {
+					case <-time.After(50 * time.Millisecond):
+					case <-ctx.Done():
+						return v, ctx.Err()
+					}
+				}
+				return v, nil
+			}))
+			pipeline.To(work, pipeline.NewSink("count", 1, func(context.Context, item) error {
+				done.Add(1)
+				return nil
+			}))
+			rctx, cancel := context.WithTimeout(ctx, 30*time.Second) // the failure guard
+			defer cancel()
+			errc := make(chan error, 1)
+			go func() { errc <- p.Run(rctx) }()
+			if tc.busy {
+				eventually(t, time.Minute, "the pipeline busy", func() bool { return done.Load() >= 8 })
+			} else {
+				eventually(t, time.Minute, "every item done", func() bool { return src.Stats().Acked == int64(n) })
+			}
+			deleted := time.Now()
+			if tc.deleteStream {
+				require.NoError(t, js.DeleteStream(ctx, "IN"))
+			} else {
+				require.NoError(t, js.DeleteConsumer(ctx, "IN", "work"))
+			}
+			err := <-errc
+			require.Error(t, err)
+			require.NotErrorIs(t, err, context.DeadlineExceeded, "the run did not notice")
+			assert.ErrorIs(t, err, natsjs.ErrConsumerDeleted)
+			var ce *jetstream.ConsumerError
+			require.ErrorAs(t, err, &ce)
+			assert.Equal(t, "IN", ce.Stream)
+			assert.Equal(t, "work", ce.Consumer)
+			assert.Contains(t, err.Error(), `"work"`)
+			assert.Contains(t, err.Error(), `"IN"`)
+			if tc.busy {
+				assert.Less(t, done.Load(), int64(n), "the run stopped before the backlog was done")
+			}
+			t.Logf("returned %v after the delete: %v; %+v", time.Since(deleted).Round(time.Millisecond), err, src.Stats())
+		})
+	}
+}
+
+// TestSlowStageNoRedelivery runs a stage slower than AckWait with the default pull
+// size and a backlog larger than the pipeline holds: the messages waiting in the
+// client's buffer got no InProgress and were redelivered; now every message is
+// delivered once and acked once.
+func TestSlowStageNoRedelivery(t *testing.T) {
+	t.Parallel()
+	const (
+		n       = 40
+		ackWait = time.Second
+		workers = 8
+	)
+	ctx := t.Context()
+	srv := startServer(t)
+	_, js := connect(t, srv.url())
+	cons := setup(ctx, t, js, ackWait, 1000)
+	publish(ctx, t, js, n)
+	p := pipeline.New()
+	// The default pull size; InProgress more often than the default third of AckWait,
+	// so that a machine slowed down by the race detector does not miss AckWait.
+	src := jetstream.NewSource(cons, itemCodec{}, jetstream.WithProgressEvery(ackWait/10))
+	var done atomic.Int64
+	var mu sync.Mutex
+	seen := map[int]int{}
+	work := pipeline.Then(src.Stream(p), pipeline.NewStage("slow", workers, func(ctx context.Context, v item) (item, error) {
+		mu.Lock()
+		seen[v.ID]++
+		mu.Unlock()
+		select { // the work of a slow stage: longer than AckWait
+		case <-time.After(3 * ackWait / 2):
+		case <-ctx.Done():
+			return v, ctx.Err()
+		}
+		return v, nil
+	}, pipeline.WithBuffer(4))) // the pipeline holds some 12 items: the rest wait for it
+	pipeline.To(work, pipeline.NewSink("count", 1, func(context.Context, item) error {
+		done.Add(1)
+		return nil
+	}))
+	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- p.Run(rctx) }()
+	var redelivered int // the most the server counted at once
+	eventually(t, time.Minute, "every item done", func() bool {
+		c, err := js.Consumer(ctx, "IN", "work")
+		require.NoError(t, err)
+		ci, err := c.Info(ctx)
+		require.NoError(t, err)
+		redelivered = max(redelivered, ci.NumRedelivered)
+		return done.Load() >= n
+	})
+	src.Stop()
+	require.NoError(t, <-errc)
+	st := src.Stats()
+	t.Logf("%+v", st)
+	assert.Zero(t, redelivered, "the server redelivered")
+	assert.Zero(t, st.Redelivered, "the source saw redeliveries")
+	assert.Equal(t, int64(n), st.Delivered)
+	assert.Equal(t, int64(n), st.Acked, "every message acked once")
+	assert.Equal(t, int64(n), done.Load())
+	assert.Zero(t, st.NotProcessed+st.HandedBack+st.DeadLettered+st.AckErrors)
+	mu.Lock()
+	defer mu.Unlock()
+	for i := range n {
+		assert.Equal(t, 1, seen[i], "item %d worked", i)
+	}
+	eventually(t, time.Minute, "nothing unacknowledged", func() bool {
+		pending, unacked := consumerState(ctx, t, js)
+		return pending == 0 && unacked == 0
+	})
+}
