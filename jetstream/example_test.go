@@ -321,3 +321,41 @@ func ExampleBytes() {
 	// Output:
 	// raw
 }
+
+// This example shows a consumer deleted while the pipeline runs: Run fails with a
+// ConsumerError that names it, within two WithConsumerCheck intervals when the run is
+// busy (at once when a pull waits).
+func ExampleConsumerError() {
+	env := newExampleEnv(3)
+	defer env.close()
+
+	p := pipeline.New()
+	src := jetstream.NewSource(env.cons, jetstream.Bytes{}, jetstream.WithConsumerCheck(100*time.Millisecond))
+	deleted := false
+	pipeline.To(src.Stream(p), pipeline.NewSink("store", 1, func(ctx context.Context, _ []byte) error {
+		if !deleted {
+			deleted = true
+			return env.js.DeleteConsumer(ctx, "ORDERS", "shipping")
+		}
+		return nil
+	}))
+	err := p.Run(context.Background())
+	var ce *jetstream.ConsumerError
+	fmt.Println(errors.As(err, &ce), ce.Stream, ce.Consumer, errors.Is(err, natsjs.ErrConsumerDeleted))
+	// Output:
+	// true ORDERS shipping true
+}
+
+// This example shows WithConsumerCheck: how often a busy source asks the server
+// whether its consumer still exists (two "not found" answers in a row fail the run).
+func ExampleWithConsumerCheck() {
+	env := newExampleEnv(1)
+	defer env.close()
+
+	p := pipeline.New()
+	src := jetstream.NewSource(env.cons, jetstream.Bytes{}, jetstream.WithConsumerCheck(5*time.Second))
+	pipeline.To(src.Stream(p), pipeline.NewSink("store", 1, stopAfter(src, 1)))
+	fmt.Println(p.Run(context.Background()))
+	// Output:
+	// <nil>
+}
