@@ -50,6 +50,11 @@ func (f *FileCheckpoint) Load(ctx context.Context) (int64, error) {
 func (f *FileCheckpoint) LoadCommitted(context.Context) (int64, []PositionRange, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	return f.load()
+}
+
+// load reads the file; f.mu must be held.
+func (f *FileCheckpoint) load() (int64, []PositionRange, error) {
 	b, err := os.ReadFile(f.path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return 0, nil, nil
@@ -78,30 +83,23 @@ func (f *FileCheckpoint) LoadCommitted(context.Context) (int64, []PositionRange,
 
 // Save implements [CheckpointStore]: it writes pos and keeps the ranges above it.
 func (f *FileCheckpoint) Save(ctx context.Context, pos int64) error {
-	_, ranges, err := f.LoadCommitted(ctx)
-	if err != nil {
-		return err
-	}
-	return f.SaveCommitted(ctx, pos, ranges)
+	return f.SaveCommitted(ctx, pos, nil)
 }
 
 // SaveCommitted implements [CommittedStore]: it writes the larger of pos and the stored
-// position, and committed above it in place of the ranges the file held.
+// position, and the union of committed and the ranges the file held, above it.
 func (f *FileCheckpoint) SaveCommitted(_ context.Context, pos int64, committed []PositionRange) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if old, err := os.ReadFile(f.path); err == nil {
-		first, _, _ := strings.Cut(string(old), "\n")
-		if p, err := strconv.ParseInt(strings.TrimSpace(first), 10, 64); err == nil && p > pos {
-			pos = p // never back: a position is only ever saved after what it covers settled
-		}
+	old, ranges, err := f.load()
+	if err != nil {
+		return err
 	}
+	pos = max(pos, old) // never back: a position is only ever saved after what it covers settled
 	var b strings.Builder
 	b.WriteString(strconv.FormatInt(pos, 10) + "\n")
-	for _, r := range committed {
-		if r.To > pos {
-			fmt.Fprintf(&b, "%d %d\n", max(r.From, pos), r.To)
-		}
+	for _, r := range mergeRanges(committed, ranges, pos) {
+		fmt.Fprintf(&b, "%d %d\n", r.From, r.To)
 	}
 	dir := filepath.Dir(f.path)
 	tmp, err := os.CreateTemp(dir, filepath.Base(f.path)+".tmp*")

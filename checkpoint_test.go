@@ -495,7 +495,7 @@ func (s *crashStore) SaveCommitted(_ context.Context, pos int64, committed []pip
 		return nil // lost
 	}
 	s.pos = max(s.pos, pos)
-	s.committed = committed
+	s.committed = append(s.committed, committed...)
 	return nil
 }
 

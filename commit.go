@@ -38,8 +38,10 @@ type Progress struct {
 // Without it, a resumed run redoes every item above the saved position.
 //
 // The run saves with SaveCommitted instead of Save: the watermark and every range it
-// knows to be settled above it, the ranges loaded at its start included, so a store may
-// replace what it kept above pos with committed. Positions settled after the last save
+// knows to be settled above it, the ranges loaded at its start included. SaveCommitted
+// must add committed to the ranges the store keeps, never drop one above pos: a
+// [Commit] may record a range in its own transaction while a save of a moment earlier,
+// which does not know it yet, is on its way. Positions settled after the last save
 // are redone after a crash (a SIGKILL), unless their sink recorded them with [Commit]
 // in its own transaction; a dead-letter destination can do the same (pgpipe's
 // DeadLetterTable with a checkpoint does), which makes a resume exact for dead letters
@@ -83,9 +85,13 @@ func (t *tracker) scope(ctx context.Context, pos *uint64) context.Context {
 // stage's dead-letter destination ([WithDeadLetter]) may call it the same way, with the
 // context it was given, to record the dead-lettered item's position with the record.
 //
-// While fn runs, the run's checkpoint tracker is locked: no other item settles and no
-// other Commit runs, so that the progress fn records is exactly what settling the item
-// then does. fn should therefore do little more than write the progress and commit.
+// fn runs with no lock of the run held: other items settle and other Commits run
+// meanwhile (several writers commit at once, and none waits on another's
+// transaction). The progress fn is given is what settling the item would record at the
+// moment Commit was called; it may lag what settling it then does (a position that
+// another item settles meanwhile is recorded by that item's own Commit, or by the run's
+// next save), but it never covers a position whose effects are not committed: a store
+// that keeps the larger watermark and the union of the ranges stays exact.
 //
 // Outside a checkpointed run ([FromCheckpoint]; an acknowledged one, [FromAcked], has no
 // progress to commit), or outside a sink's function or a dead-letter destination, Commit calls fn
@@ -102,12 +108,14 @@ func Commit(ctx context.Context, fn func(ctx context.Context, p Progress) error)
 	}
 	t := cs.t
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	p := t.preview(*cs.pos)
-	if err := fn(ctx, p); err != nil {
+	t.mu.Unlock()
+	if err := fn(ctx, p); err != nil { // no lock held: the user's transaction stalls no one
 		return err
 	}
+	t.mu.Lock()
 	t.settle(*cs.pos)
+	t.mu.Unlock()
 	*cs.pos = noPos // settled: the worker's settle after the function returns is skipped
 	return nil
 }
