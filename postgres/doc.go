@@ -20,7 +20,9 @@
 // Errors are mapped onto the pipeline's classes. A lost connection, a server shutting
 // down or restarting, too many connections, a serialization failure, a deadlock or a
 // lock timeout are transient: the batch is retried with backoff on a fresh connection
-// ([WithRetry]). Data errors (SQLSTATE class 22) and constraint violations (class 23)
+// ([WithRetry]). So is an attempt that ran past the sink's [pipeline.WithTimeout] (it
+// waited for a lock, for another writer's [pipeline.Commit], for a slow server): nothing
+// of it committed, or its COMMIT's outcome was read back (see Exactly once). Data errors (SQLSTATE class 22) and constraint violations (class 23)
 // belong to rows: the writer bisects the batch inside its transaction with savepoints,
 // commits the good rows and dead-letters only the rejected ones ([WithDeadLetterTable],
 // [WithDeadLetter]) with PostgreSQL's message, code and constraint, in O(k·log n) round

@@ -116,15 +116,22 @@ var transientCodes = map[string]bool{
 // connection or a lost race as transient, anything else as fatal with a message that
 // names what is missing (the table, a column, the role's right, the database). what
 // names the table written to; role and database come from the pool's configuration.
+//
+// An error met after the attempt's context ended keeps the class it was given (the
+// outcome of a COMMIT read back, a fence), or else is transient: the attempt ran past
+// its own deadline ([pipeline.WithTimeout]) waiting for a lock, for [pipeline.Commit]'s
+// turn or for a slow server, and nothing of it committed, so the batch is written again.
+// When the run itself is stopping, the pipeline ignores the class and returns the run's
+// cause.
 func (w *writerCore) classify(ctx context.Context, err error) error {
-	switch {
-	case err == nil:
+	if err == nil {
 		return nil
-	case ctx.Err() != nil:
-		return err // the run is stopping: its cause, not ours
 	}
 	if _, ok := pipeline.ClassOf(err); ok {
 		return err
+	}
+	if ctx.Err() != nil {
+		return pipeline.Transient(err)
 	}
 	if re := rowError(err); re != nil {
 		return pipeline.Permanent(re)

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
@@ -36,6 +37,9 @@ type job struct {
 	gate func(ctx context.Context, pos int64) error
 	// mapping, when set, replaces the plain struct mapping.
 	mapping *pgpipe.Mapping[event]
+	// popts and sopts are given to the pipeline and to the sink stage.
+	popts []pipeline.PipelineOption
+	sopts []pipeline.StageOption
 }
 
 func (j *job) run(ctx context.Context) (*pgpipe.Writer[event], error) {
@@ -46,7 +50,7 @@ func (j *job) run(ctx context.Context) (*pgpipe.Writer[event], error) {
 // runReport runs the job and returns the writer, the run's report and its error.
 func (j *job) runReport(ctx context.Context) (*pgpipe.Writer[event], pipeline.Report, error) {
 	store := pgpipe.NewCheckpoint(j.pool, j.name)
-	p := pipeline.New(pipeline.WithBuffer(256))
+	p := pipeline.New(append([]pipeline.PipelineOption{pipeline.WithBuffer(256)}, j.popts...)...)
 	src := pipeline.FromCheckpoint(p, store, func(ctx context.Context, pos int64) iter.Seq2[event, error] {
 		return func(yield func(event, error) bool) {
 			for i := pos; i < int64(j.n); i++ {
@@ -71,7 +75,7 @@ func (j *job) runReport(ctx context.Context) (*pgpipe.Writer[event], pipeline.Re
 		m = *j.mapping
 	}
 	w := pgpipe.NewWriter(j.pool, j.table, m, opts...)
-	w.To(src, "load", j.workers)
+	w.To(src, "load", j.workers, j.sopts...)
 	err := p.Run(ctx)
 	return w, p.Report(), err
 }
@@ -388,4 +392,57 @@ func TestFaultCommitAckLost(t *testing.T) {
 	assert.Zero(t, retried(rep), "the committed batch is not written again")
 	j.pool = direct
 	j.check(t)
+}
+
+// retriedOnce returns an observer option and a channel closed at the first retry of the
+// sink stage "load".
+func retriedOnce() (pipeline.PipelineOption, <-chan struct{}) {
+	ch := make(chan struct{})
+	var once sync.Once
+	return pipeline.WithObserver(func(e pipeline.Event) {
+		if e.Kind == pipeline.EventRetry && e.Stage == "load" {
+			once.Do(func() { close(ch) })
+		}
+	}), ch
+}
+
+// TestFaultAttemptTimeoutRetried holds the job's checkpoint row (as a periodic Save, or
+// another writer's slow COMMIT, does) past the sink's attempt timeout: the attempt's
+// own deadline is transient, and the batch is written again once the row is free. It
+// used to fail the run ("item failed (1 attempt)").
+func TestFaultAttemptTimeoutRetried(t *testing.T) {
+	pool := newPool(t, 8)
+	j := newJob(t, pool, false, 6000, 1000, 2)
+	obs, retried1 := retriedOnce()
+	j.popts = []pipeline.PipelineOption{obs}
+	j.sopts = []pipeline.StageOption{pipeline.WithTimeout(300 * time.Millisecond)}
+	reached, release := make(chan struct{}), make(chan struct{})
+	j.gate = gateAt(0, reached, release) // the checkpoint is loaded: its row exists
+	done := make(chan error, 1)
+	var rep pipeline.Report
+	go func() {
+		var err error
+		_, rep, err = j.runReport(t.Context())
+		done <- err
+	}()
+	select {
+	case <-reached:
+	case err := <-done:
+		t.Fatalf("the run ended before it started: %v", err)
+	}
+	holder, err := pool.Begin(t.Context())
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(context.Background()) }()
+	_, err = holder.Exec(t.Context(), "SELECT 1 FROM pgpipe_checkpoint WHERE job = $1 FOR UPDATE", j.name)
+	require.NoError(t, err)
+	close(release)
+	select {
+	case <-retried1: // a writer's attempt timed out waiting for the row
+	case err := <-done:
+		t.Fatalf("the run ended while the checkpoint row was held: %v", err)
+	}
+	require.NoError(t, holder.Rollback(t.Context()))
+	require.NoError(t, <-done)
+	j.check(t)
+	assert.Positive(t, retried(rep))
 }
