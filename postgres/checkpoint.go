@@ -21,24 +21,31 @@ const (
 	committedTable  = "pgpipe_committed"  // per job, ranges of positions committed above it
 )
 
-const schemaSQL = `
-CREATE TABLE IF NOT EXISTS ` + checkpointTable + ` (
+// The statements that create the checkpoint tables; Load runs each only when its table
+// is missing, so that a role with no right to create tables can use tables made for it.
+const (
+	createCheckpointSQL = `CREATE TABLE IF NOT EXISTS ` + checkpointTable + ` (
 	job        text PRIMARY KEY,
 	pos        bigint NOT NULL,
 	epoch      bigint NOT NULL,
 	seq        bigint NOT NULL,
 	updated_at timestamptz NOT NULL DEFAULT now()
-);
-CREATE TABLE IF NOT EXISTS ` + committedTable + ` (
+)`
+	createCommittedSQL = `CREATE TABLE IF NOT EXISTS ` + committedTable + ` (
 	job text   NOT NULL,
 	lo  bigint NOT NULL,
 	hi  bigint NOT NULL,
 	PRIMARY KEY (job, lo)
 )`
+)
 
 // Checkpoint is a [pipeline.CommittedStore] kept in PostgreSQL, for one job: the
 // job's watermark and the ranges of positions committed above it, in the tables
-// pgpipe_checkpoint and pgpipe_committed (created by Load when missing).
+// pgpipe_checkpoint and pgpipe_committed, found on the connection's search path.
+// Load creates a table that is missing (in the first schema of the search path, which
+// needs the CREATE privilege there); once both exist, the role needs only SELECT,
+// INSERT and UPDATE on pgpipe_checkpoint and SELECT, INSERT, UPDATE and DELETE on
+// pgpipe_committed.
 //
 // Give it to [pipeline.FromCheckpoint] and to the writer ([WithCheckpoint]): each batch's
 // transaction then records the progress with the rows. Load takes the job over: it
@@ -100,16 +107,47 @@ func (c *Checkpoint) LoadCommitted(ctx context.Context) (int64, []pipeline.Posit
 	return pos, ranges, nil
 }
 
+// ensureSchema creates the checkpoint tables that are missing (found on the search
+// path); with both there it needs no right on the schema. When a table is missing and
+// the role may not create it, the error names the role, the schema and the right.
 func (c *Checkpoint) ensureSchema(ctx context.Context) error {
-	for attempt := 0; ; attempt++ {
-		_, err := c.pool.Exec(ctx, schemaSQL)
-		if err == nil {
-			return nil
+	var (
+		role, schema        string
+		haveCk, haveCommitd bool
+	)
+	err := c.pool.QueryRow(ctx, `SELECT current_user, coalesce(current_schema(), ''), to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL`,
+		checkpointTable, committedTable).Scan(&role, &schema, &haveCk, &haveCommitd)
+	if err != nil {
+		return fmt.Errorf("pgpipe: look for the checkpoint tables: %w", err)
+	}
+	for _, t := range []struct {
+		have      bool
+		name, sql string
+	}{{haveCk, checkpointTable, createCheckpointSQL}, {haveCommitd, committedTable, createCommittedSQL}} {
+		if t.have {
+			continue
 		}
-		// Two instances creating the tables at once: one loses the race on the catalog.
+		err := c.create(ctx, t.sql)
+		if pe, ok := errors.AsType[*pgconn.PgError](err); ok && pe.Code == pgerrcode.InsufficientPrivilege {
+			return fmt.Errorf("pgpipe: the checkpoint table %s does not exist, and role %q may not create it in schema %q: "+
+				"it needs the CREATE privilege on the schema, or the table created beforehand by a role that has it: %w",
+				t.name, role, schema, err)
+		}
+		if err != nil {
+			return fmt.Errorf("pgpipe: create the checkpoint table %s in schema %q: %w", t.name, schema, err)
+		}
+	}
+	return nil
+}
+
+// create runs a CREATE TABLE IF NOT EXISTS, once more if it lost a race with another
+// instance creating the same table (on the catalog).
+func (c *Checkpoint) create(ctx context.Context, sql string) error {
+	for attempt := 0; ; attempt++ {
+		_, err := c.pool.Exec(ctx, sql)
 		pe, ok := errors.AsType[*pgconn.PgError](err)
-		if attempt > 0 || !ok || (pe.Code != pgerrcode.UniqueViolation && pe.Code != pgerrcode.DuplicateTable) {
-			return fmt.Errorf("pgpipe: create the checkpoint tables: %w", err)
+		if err == nil || attempt > 0 || !ok || (pe.Code != pgerrcode.UniqueViolation && pe.Code != pgerrcode.DuplicateTable) {
+			return err
 		}
 	}
 }
