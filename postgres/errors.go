@@ -40,8 +40,8 @@ type RowError struct {
 	Detail     string
 	Constraint string // the violated constraint, if any
 	Table      string
-	Column     string
-	Err        error // the driver's error
+	Column     string // the column, when PostgreSQL names it, or for an encoding error
+	Err        error  // the driver's error
 }
 
 // Error implements error.
@@ -73,7 +73,7 @@ func rowError(err error) *RowError {
 		return re
 	}
 	if ee, ok := errors.AsType[*encodeError](err); ok {
-		return &RowError{Message: ee.err.Error(), Err: err}
+		return &RowError{Message: ee.err.Error(), Column: ee.column, Err: err}
 	}
 	pe, ok := errors.AsType[*pgconn.PgError](err)
 	if !ok {

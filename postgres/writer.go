@@ -541,7 +541,7 @@ func (w *Writer[T]) copyRows(ctx context.Context, conn *pgx.Conn, table pgx.Iden
 		return err
 	}
 	r := &copyReader[T]{
-		rows: rows, fill: w.mapping.fill, m: conn.TypeMap(), oids: oids,
+		rows: rows, cols: w.columns, fill: w.mapping.fill, m: conn.TypeMap(), oids: oids,
 		plans: make([]columnPlan, len(oids)), vals: make([]any, 0, len(oids)),
 		buf: make([]byte, 0, 64<<10),
 	}

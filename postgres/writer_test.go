@@ -1,6 +1,7 @@
 package pgpipe_test
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"net/url"
@@ -312,4 +313,46 @@ func TestStructTypes(t *testing.T) {
 	require.Len(t, dl.Items(), 1)
 	assert.Contains(t, dl.Items()[0].LastError, "out of range for int2")
 	assert.Equal(t, int64(2), w.Stats().Rows)
+}
+
+// TestEncodeErrorNamesColumn writes an int4 overflow, which the driver rejects before
+// sending, through a struct mapping and a func mapping: the error names the column
+// ("small"), where it used to give its index ("column 2").
+func TestEncodeErrorNamesColumn(t *testing.T) {
+	pool := newPool(t, 2)
+	table := tableName("enc")
+	mustExec(t, pool, "CREATE TABLE "+table+" (id bigint, name text, small int4)")
+	t.Cleanup(func() { mustExec(t, pool, "DROP TABLE IF EXISTS "+table) })
+	type row struct {
+		ID    int64  `db:"id"`
+		Name  string `db:"name"`
+		Small int64  `db:"small"`
+	}
+	mappings := map[string]pgpipe.Mapping[row]{
+		"struct": pgpipe.Struct[row](),
+		"func": pgpipe.Func([]string{"id", "name", "small"}, func(r row) []any {
+			return []any{r.ID, r.Name, r.Small}
+		}),
+	}
+	for name, m := range mappings {
+		t.Run(name, func(t *testing.T) {
+			in := []row{{1, "a", 1}, {2, "b", math.MaxInt32 + 1}, {3, "c", 3}}
+			dl := pipeline.NewDeadLetterBuffer[row](10)
+			w := pgpipe.NewWriter(pool, table, m, pgpipe.WithDeadLetter(dl.Add))
+			p := pipeline.New()
+			w.To(pipeline.FromSlice(p, in), "load", 1)
+			require.NoError(t, p.Run(t.Context()))
+			require.Len(t, dl.Items(), 1)
+			assert.Contains(t, dl.Items()[0].LastError, `column "small"`)
+
+			w = pgpipe.NewWriter(pool, table, m) // no dead-letter destination: the run fails
+			p = pipeline.New()
+			w.To(pipeline.FromSlice(p, in), "load", 1)
+			err := p.Run(t.Context())
+			re, ok := errors.AsType[*pgpipe.RowError](err)
+			require.True(t, ok, "%v", err)
+			assert.Equal(t, "small", re.Column)
+			assert.Contains(t, re.Error(), `column "small"`)
+		})
+	}
 }
