@@ -237,11 +237,16 @@ func (c *Checkpoint) stamp(ctx context.Context, tx pgx.Tx, p pipeline.Progress) 
 // the job's row back on a new connection (see readBack): the commit happened if the
 // job's commit count reached seq under the same epoch. It returns nil when the commit happened, a
 // transient error when it did not (the batch is written again), [ErrFenced] when
-// another instance took over, and a fatal error when the server stays unreachable.
+// another instance took over, and a fatal error when the server stays unreachable, or
+// when the transaction of backend pid (the lost connection's) has not ended within a
+// minute: its outcome is still open, and only the next run's Load will know it.
+//
+// The caller's connection must be closed: the server then ends the transaction (it
+// rolls it back, unless its COMMIT got there first).
 //
 // It reads on even when ctx is done (a canceled run, an attempt's timeout), for up to
 // a minute: an answer settles the batch, while giving up would leave it unknown.
-func (c *Checkpoint) resolve(ctx context.Context, seq int64, cause error, cfg config) error {
+func (c *Checkpoint) resolve(ctx context.Context, seq int64, pid uint32, cause error, cfg config) error {
 	epoch, err := c.loaded()
 	if err != nil {
 		return err
@@ -258,10 +263,10 @@ func (c *Checkpoint) resolve(ctx context.Context, seq int64, cause error, cfg co
 		case err == nil:
 			return pipeline.Transient(fmt.Errorf("pgpipe: COMMIT failed, the batch was not committed: %w", cause))
 		case !isConnError(err) || attempt >= cfg.attempts || ctx.Err() != nil:
-			return pipeline.Fatal(fmt.Errorf("%w; reading the checkpoint back failed: %w", ErrCommitUnknown, err))
+			return pipeline.Fatal(fmt.Errorf("%w (the transaction of backend %d may still be running); reading the checkpoint back failed: %w", ErrCommitUnknown, pid, err))
 		}
 		if werr := wait(ctx, cfg.backoff(attempt)); werr != nil {
-			return pipeline.Fatal(fmt.Errorf("%w; reading the checkpoint back failed: %w", ErrCommitUnknown, err))
+			return pipeline.Fatal(fmt.Errorf("%w (the transaction of backend %d may still be running); reading the checkpoint back failed: %w", ErrCommitUnknown, pid, err))
 		}
 	}
 }
@@ -269,14 +274,29 @@ func (c *Checkpoint) resolve(ctx context.Context, seq int64, cause error, cfg co
 // readBack reads the job's epoch and commit count on a connection of its own, outside
 // the pool: the pool's connections may all be held by writers waiting for the commit
 // being resolved.
+//
+// It reads the row FOR SHARE, which waits until the transaction being resolved has
+// ended: that transaction updated the row (in stamp), so it holds the row's lock until
+// it commits or rolls back, and a plain read could see the row as it was while the
+// transaction is still in progress. Such a transaction may be alive well after its
+// client gave up: a COMMIT waiting for a synchronous standby (its commit record is
+// flushed locally, but it is neither visible nor has it released its locks until the
+// standby answers or the wait is canceled, and then it commits), a backend that has
+// not yet noticed its connection closed. Once the lock is free the row read is the
+// transaction's outcome. The read's own transaction is rolled back, so that it does not
+// wait for a standby itself.
 func (c *Checkpoint) readBack(ctx context.Context) (epoch, seq int64, err error) {
 	conn, err := pgx.ConnectConfig(ctx, c.pool.Config().ConnConfig.Copy())
 	if err != nil {
 		return 0, 0, err
 	}
 	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
-	err = conn.QueryRow(ctx, `SELECT epoch, seq FROM `+checkpointTable+` WHERE job = $1`, c.job).Scan(&epoch, &seq)
-	return epoch, seq, err
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	err = tx.QueryRow(ctx, `SELECT epoch, seq FROM `+checkpointTable+` WHERE job = $1 FOR SHARE`, c.job).Scan(&epoch, &seq)
+	return epoch, seq, errors.Join(err, tx.Rollback(ctx))
 }
 
 // wait waits d, or until ctx is done.

@@ -38,7 +38,13 @@
 // without its rows, so a resumed run neither loses nor repeats a row, even in insert
 // mode, even when four writers commit out of order. Loading the checkpoint takes the
 // job over; the previous instance's next commit fails with [ErrFenced]. A COMMIT whose
-// connection was lost is settled by reading the checkpoint back, never by guessing.
+// connection was lost (or whose attempt timed out) is settled by reading the checkpoint
+// back, never by guessing, and only once its transaction has ended: the read waits for
+// the lock the transaction holds on the job's checkpoint row until it commits or rolls
+// back, so a transaction still in progress on the server (a COMMIT waiting for a
+// synchronous standby, a backend that has not yet seen its client go) is not read as
+// "not committed". If it has not ended within a minute, the commit fails with
+// [ErrCommitUnknown], fatal, and the next run's Load learns the outcome.
 // Dead letters written to a [DeadLetterTable] commit with their batch; other
 // destinations are at least once.
 package pgpipe

@@ -25,8 +25,10 @@ var ErrFenced = errors.New("pgpipe: another instance of the job took over its ch
 // learnt: the connection was lost during COMMIT. Without a [Checkpoint] to read the
 // outcome back from, the error is transient and the batch is written again, which in
 // insert mode may duplicate its rows (the upsert modes are exact). With one, the
-// outcome is read back; only when that fails for a minute is the error returned, as
-// fatal: the next run's Load then learns what was committed.
+// outcome is read back once the transaction has ended on the server; only when that
+// fails for a minute (the server unreachable, or the transaction still running, as a
+// COMMIT waiting for a synchronous standby that never answers) is the error returned,
+// as fatal: the next run's Load then learns what was committed.
 var ErrCommitUnknown = errors.New("pgpipe: the outcome of COMMIT is unknown (the connection was lost)")
 
 // RowError is PostgreSQL's rejection of one row: a data error (SQLSTATE class 22, such

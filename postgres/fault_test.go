@@ -37,6 +37,8 @@ type job struct {
 	gate func(ctx context.Context, pos int64) error
 	// mapping, when set, replaces the plain struct mapping.
 	mapping *pgpipe.Mapping[event]
+	// copts are given to the source, after WithSaveEvery(batch).
+	copts []pipeline.CheckpointOption
 	// popts and sopts are given to the pipeline and to the sink stage.
 	popts []pipeline.PipelineOption
 	sopts []pipeline.StageOption
@@ -65,7 +67,7 @@ func (j *job) runReport(ctx context.Context) (*pgpipe.Writer[event], pipeline.Re
 				}
 			}
 		}
-	}, pipeline.WithSaveEvery(j.batch))
+	}, append([]pipeline.CheckpointOption{pipeline.WithSaveEvery(j.batch)}, j.copts...)...)
 	opts := []pgpipe.Option{pgpipe.WithCheckpoint(store), pgpipe.WithChunk(j.batch, 0)}
 	if j.upsert {
 		opts = append(opts, pgpipe.WithUpsert("id"))
@@ -445,4 +447,69 @@ func TestFaultAttemptTimeoutRetried(t *testing.T) {
 	require.NoError(t, <-done)
 	j.check(t)
 	assert.Positive(t, retried(rep))
+}
+
+// TestFaultCommitWaitsForStandby makes every COMMIT wait for a synchronous standby that
+// does not exist (synchronous_standby_names = 'nobody') past the sink's attempt
+// timeout, for several batches. pgx then closes the connection and cancels the query,
+// asynchronously; the cancel ends the wait and the transaction commits (it was
+// committed locally already). The writer's read-back used to run before that, see the
+// checkpoint row as it was, conclude "not committed" and write the batch again (insert
+// mode: 1,000 rows twice); it now waits for the transaction to end.
+func TestFaultCommitWaitsForStandby(t *testing.T) {
+	pool := newPool(t, 8)
+	var super bool
+	require.NoError(t, pool.QueryRow(t.Context(), "SELECT rolsuper FROM pg_roles WHERE rolname = current_user").Scan(&super))
+	if !super {
+		t.Skip("ALTER SYSTEM needs a superuser")
+	}
+	j := newJob(t, pool, false, 20000, 1000, 1)
+	// No periodic Save: it would wait for the standby too, with nobody to cancel it,
+	// and hold the source up.
+	j.copts = []pipeline.CheckpointOption{pipeline.WithSaveEvery(1 << 30), pipeline.WithSaveInterval(time.Hour)}
+	j.sopts = []pipeline.StageOption{pipeline.WithTimeout(300 * time.Millisecond)}
+	reached, release := make(chan struct{}), make(chan struct{})
+	j.gate = gateAt(5000, reached, release)
+	standby := func(names string) {
+		if names == "" {
+			mustExec(t, pool, "ALTER SYSTEM RESET synchronous_standby_names")
+		} else {
+			mustExec(t, pool, "ALTER SYSTEM SET synchronous_standby_names = '"+names+"'")
+		}
+		mustExec(t, pool, "SELECT pg_reload_conf()")
+	}
+	t.Cleanup(func() { standby("") })
+	done := make(chan error, 1)
+	go func() {
+		_, err := j.run(t.Context())
+		done <- err
+	}()
+	select {
+	case <-reached:
+	case err := <-done:
+		t.Fatalf("the run ended before the fault: %v", err)
+	}
+	standby("nobody")
+	close(release)
+	// The server's processes take the new setting in their own time: from the first
+	// COMMIT seen waiting for the standby on, each one waits, times out and is resolved.
+	waitFor(t, "a COMMIT waiting for the standby", func() bool {
+		var n int
+		require.NoError(t, pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event = 'SyncRep' AND lower(query) = 'commit' AND datname = current_database()`).Scan(&n))
+		return len(done) > 0 || n > 0
+	})
+	before := j.commits(t.Context())
+	const stalled = 6
+	waitFor(t, "commits that waited for the standby", func() bool {
+		return len(done) > 0 || j.commits(t.Context()) >= before+stalled
+	})
+	if len(done) > 0 {
+		t.Fatalf("the run ended while COMMIT waited for the standby: %v", <-done)
+	}
+	standby("")
+	require.NoError(t, <-done)
+	rows, distinct := count(t, pool, j.table)
+	t.Logf("%d commits waited for the standby; rows %d, distinct %d: %d duplicated", stalled, rows, distinct, rows-distinct)
+	j.check(t)
 }

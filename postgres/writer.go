@@ -523,6 +523,8 @@ func (w *Writer[T]) commit(ctx context.Context, tx pgx.Tx) error {
 		if err != nil {
 			return err
 		}
+		pc := tx.Conn().PgConn()
+		pid := pc.PID()
 		err = tx.Commit(ctx)
 		if err == nil {
 			return nil
@@ -530,7 +532,15 @@ func (w *Writer[T]) commit(ctx context.Context, tx pgx.Tx) error {
 		if _, ok := errors.AsType[*pgconn.PgError](err); ok || errors.Is(err, pgx.ErrTxCommitRollback) || !isConnError(err) {
 			return err // refused: not committed
 		}
-		return ck.resolve(ctx, seq, err, w.cfg)
+		// The outcome is unknown. pgx closed the connection (a COMMIT that failed
+		// otherwise leaves no transaction open); make sure, so that the server ends the
+		// transaction, which the read-back waits for.
+		if !pc.IsClosed() {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			_ = pc.Close(cctx)
+			cancel()
+		}
+		return ck.resolve(ctx, seq, pid, err, w.cfg)
 	})
 }
 
