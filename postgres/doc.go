@@ -13,7 +13,9 @@
 // By default a batch is a plain COPY into the table. [WithUpsert] and
 // [WithSkipExisting] copy it into a temporary table in the same transaction and move it
 // with INSERT … SELECT … ON CONFLICT, after de-duplicating the batch by key (the last
-// row wins) and sorting it by key, so that concurrent writers cannot deadlock.
+// row wins) and sorting it by key, so that concurrent writers cannot deadlock. With
+// several writers, [Writer.To] gives each key to one writer (a lane, by a hash of the
+// key) so that each key holds its last row in source order, across retries and resumes.
 //
 // # Errors
 //

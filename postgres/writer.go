@@ -53,6 +53,16 @@ type config struct {
 // in one statement, and sorted by key, so that writers running at once take their row
 // locks in the same order and cannot deadlock each other. The key must be a unique
 // index or constraint of the table. It panics if key is empty.
+//
+// Each key then holds the value of its last row in source order. With several workers,
+// [Writer.To] keeps that order by giving each key to one worker (a lane chosen by a
+// hash of the key's values; keys are equal when their Go values are, as in the
+// de-duplication): a lane's parts of batches are written one after the other, retries
+// included, and a checkpointed run records a batch only once every earlier batch is
+// written, so a resumed run never writes an older row over a newer one. A batch part
+// set aside by the sink's [pipeline.WithDeadLetter] does not hold its lane up: its keys
+// keep what they held. [Writer.Sink] alone, with several workers, does not order
+// batches: concurrent batches with the same key commit in any order.
 func WithUpsert(key ...string) Option {
 	if len(key) == 0 {
 		panic("pgpipe: WithUpsert: no key columns")
@@ -268,12 +278,24 @@ func (w *Writer[T]) Sink(name string, workers int, opts ...pipeline.StageOption)
 
 // To ends s in the writer: batches of [WithChunk]'s size, written by a [Writer.Sink]
 // stage of the given name and workers.
+//
+// In the upsert modes with more than one worker, each batch is split by a hash of the
+// key into one part per worker's lane (see [WithUpsert]), and the sink stage gets
+// [pipeline.WithKey] on the lane, which it may not be given [pipeline.WithOrdered]
+// with: every key's rows are written by one worker, in source order (the order of s).
 func (w *Writer[T]) To(s *pipeline.Stream[T], name string, workers int, opts ...pipeline.StageOption) {
 	var bopts []pipeline.BatchOption
 	if w.cfg.bytes > 0 {
 		bopts = append(bopts, pipeline.WithMaxBytes(w.cfg.bytes, w.size))
 	}
-	pipeline.ToBatches(s, w.cfg.rows, w.Sink(name, workers, opts...), bopts...)
+	if w.cfg.mode == modeInsert || workers <= 1 {
+		pipeline.ToBatches(s, w.cfg.rows, w.Sink(name, workers, opts...), bopts...)
+		return
+	}
+	l := newLanes(w, workers)
+	parts := pipeline.Flatten(pipeline.Map(pipeline.Batch(s, w.cfg.rows, bopts...), l.split))
+	keyed := append(slices.Clip(opts), pipeline.WithKey(l.lane))
+	pipeline.To(parts, w.Sink(name, workers, keyed...))
 }
 
 // size estimates the bytes of v's values.

@@ -1,11 +1,15 @@
 package pgpipe_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"math"
+	"math/rand/v2"
 	"net/url"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -353,6 +357,90 @@ func TestEncodeErrorNamesColumn(t *testing.T) {
 			require.True(t, ok, "%v", err)
 			assert.Equal(t, "small", re.Column)
 			assert.Contains(t, re.Error(), `column "small"`)
+		})
+	}
+}
+
+// repeatedKeys returns n rows whose ids repeat: about share of them reuse an earlier
+// id. Each row's name is its position, so the last row of each id is known.
+func repeatedKeys(n int, share float64) (rows []event, last map[int64]string) {
+	r := rand.New(rand.NewPCG(1, 2))
+	rows = make([]event, n)
+	last = map[int64]string{}
+	next := int64(0)
+	for i := range rows {
+		id := next
+		if i > 0 && r.Float64() < share {
+			id = r.Int64N(next) // an earlier id
+		} else {
+			next++
+		}
+		rows[i] = event{ID: id, Name: "pos " + strconv.Itoa(i), Score: float64(i)}
+		last[id] = rows[i].Name
+	}
+	return rows, last
+}
+
+// staleKeys returns how many ids of table do not hold their last value.
+func staleKeys(t *testing.T, pool *pgxpool.Pool, table string, last map[int64]string) int {
+	t.Helper()
+	rows, err := pool.Query(t.Context(), "SELECT id, name FROM "+table)
+	require.NoError(t, err)
+	got := map[int64]string{}
+	for rows.Next() {
+		var (
+			id   int64
+			name string
+		)
+		require.NoError(t, rows.Scan(&id, &name))
+		got[id] = name
+	}
+	require.NoError(t, rows.Err())
+	require.Len(t, got, len(last), "every id is in the table")
+	stale := 0
+	for id, want := range last {
+		if got[id] != want {
+			stale++
+		}
+	}
+	return stale
+}
+
+// TestUpsertKeepsLastValuePerKey upserts 20,000 rows, 30 % of them repeating an earlier
+// id, with 4 writers, with and without a checkpoint: every id holds the value of its
+// last row in source order. Batches went to whichever writer was free, so a later
+// batch could commit before an earlier one with the same id, and thousands of ids held
+// an older value.
+func TestUpsertKeepsLastValuePerKey(t *testing.T) {
+	for _, checkpointed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("checkpoint=%v", checkpointed), func(t *testing.T) {
+			pool := newPool(t, 8)
+			table := createEvents(t, pool, true)
+			in, last := repeatedKeys(20000, 0.3)
+			p := pipeline.New()
+			opts := []pgpipe.Option{pgpipe.WithUpsert("id"), pgpipe.WithChunk(500, 0)}
+			var src *pipeline.Stream[event]
+			if checkpointed {
+				store := pgpipe.NewCheckpoint(pool, tableName("job"))
+				opts = append(opts, pgpipe.WithCheckpoint(store))
+				src = pipeline.FromCheckpoint(p, store, func(_ context.Context, pos int64) iter.Seq2[event, error] {
+					return func(yield func(event, error) bool) {
+						for _, e := range in[pos:] {
+							if !yield(e, nil) {
+								return
+							}
+						}
+					}
+				})
+			} else {
+				src = pipeline.FromSlice(p, in)
+			}
+			w := pgpipe.NewWriter(pool, table, pgpipe.Struct[event](), opts...)
+			w.To(src, "load", 4)
+			require.NoError(t, p.Run(t.Context()))
+			stale := staleKeys(t, pool, table, last)
+			t.Logf("%d ids, %d hold an older value; %+v", len(last), stale, w.Stats())
+			assert.Zero(t, stale, "ids holding an older value")
 		})
 	}
 }
