@@ -37,6 +37,9 @@ type job struct {
 	gate func(ctx context.Context, pos int64) error
 	// mapping, when set, replaces the plain struct mapping.
 	mapping *pgpipe.Mapping[event]
+	// events, when set, are the source's items instead of events 0..n-1 (n is then
+	// len(events)).
+	events []event
 	// copts are given to the source, after WithSaveEvery(batch).
 	copts []pipeline.CheckpointOption
 	// popts and sopts are given to the pipeline and to the sink stage.
@@ -62,7 +65,11 @@ func (j *job) runReport(ctx context.Context) (*pgpipe.Writer[event], pipeline.Re
 						return
 					}
 				}
-				if !yield(event{ID: i, Name: "event " + strconv.FormatInt(i, 10), Score: float64(i)}, nil) {
+				e := event{ID: i, Name: "event " + strconv.FormatInt(i, 10), Score: float64(i)}
+				if j.events != nil {
+					e = j.events[i]
+				}
+				if !yield(e, nil) {
 					return
 				}
 			}
@@ -319,11 +326,36 @@ func TestFaultCrashResume(t *testing.T) {
 	}
 	pool := newPool(t, 4)
 	j := newJob(t, pool, false, 100000, 500, 4)
+	crashResume(t, j, nil)
+	j.check(t)
+}
+
+// TestFaultCrashResumeUpsert is TestFaultCrashResume in upsert mode, with 30 % of the
+// rows repeating an earlier id: after the kills and resumes, every id holds the value
+// of its last row in source order (a resume must never write an older row over a
+// newer one).
+func TestFaultCrashResumeUpsert(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts child processes")
+	}
+	pool := newPool(t, 4)
+	events, last := repeatedKeys(40000, 0.3)
+	j := newJob(t, pool, true, len(events), 500, 4)
+	crashResume(t, j, []string{"PGPIPE_CRASH_UPSERT=1"})
+	assert.Zero(t, staleKeys(t, pool, j.table, last), "ids holding an older value")
+	assert.Equal(t, int64(j.n), j.position(t), "the checkpoint")
+}
+
+// crashResume runs j in child processes (TestCrashChild), killing the first five at
+// random commits, until one finishes.
+func crashResume(t *testing.T, j *job, env []string) {
+	t.Helper()
 	kills := 0
 	for attempt := 0; ; attempt++ {
 		require.Less(t, attempt, 20, "the job never finished")
 		cmd := exec.Command(os.Args[0], "-test.run=^TestCrashChild$", "-test.count=1", "-test.cpu=4")
 		cmd.Env = append(os.Environ(), "PGPIPE_CRASH_TABLE="+j.table, "PGPIPE_CRASH_JOB="+j.name, "PGPIPE_CRASH_N="+strconv.Itoa(j.n))
+		cmd.Env = append(cmd.Env, env...)
 		cmd.Stderr = os.Stderr
 		require.NoError(t, cmd.Start())
 		waited := make(chan error, 1)
@@ -356,10 +388,10 @@ func TestFaultCrashResume(t *testing.T) {
 		t.Logf("run %d killed at commit %d (position %d)", attempt, j.commits(t.Context()), j.position(t))
 	}
 	assert.Equal(t, 5, kills)
-	j.check(t)
 }
 
-// TestCrashChild is the job of TestFaultCrashResume, run in a child process.
+// TestCrashChild is the job of TestFaultCrashResume (and TestFaultCrashResumeUpsert),
+// run in a child process.
 func TestCrashChild(t *testing.T) {
 	table := os.Getenv("PGPIPE_CRASH_TABLE")
 	if table == "" {
@@ -369,6 +401,10 @@ func TestCrashChild(t *testing.T) {
 	require.NoError(t, err)
 	pool := newPool(t, 8)
 	j := &job{pool: pool, table: table, name: os.Getenv("PGPIPE_CRASH_JOB"), n: n, batch: 500, workers: 4}
+	if os.Getenv("PGPIPE_CRASH_UPSERT") != "" {
+		j.upsert = true
+		j.events, _ = repeatedKeys(n, 0.3)
+	}
 	_, err = j.run(context.Background())
 	require.NoError(t, err)
 }
