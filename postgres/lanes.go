@@ -8,11 +8,13 @@ import (
 )
 
 // In the upsert modes, a key's rows must be written in source order, also when several
-// writers run: [Writer.To] splits each batch into one part per lane, by a hash of the
-// key, and gives the sink [pipeline.WithKey] on the part's lane, so that each lane's
-// parts are written by one worker, one after the other, in batch order (a part being
-// retried holds up the lane's later parts; a part set aside lets them go). A key's rows
-// are all in one lane, so its last row in source order is written last.
+// writers run: [Writer.To] makes batches of [WithChunk]'s rows (and bytes) times the
+// lanes, one per worker, splits each by a hash of the key into its lanes' parts of at
+// most the chunk's rows, and gives the sink [pipeline.WithKey] on the part's lane, so
+// that each lane's parts are written by one worker, one after the other, in batch order
+// (a part being retried holds up the lane's later parts; a part set aside lets them
+// go). A key's rows are all in one lane, so its last row in source order is written
+// last.
 //
 // Every batch has a part in every lane, empty ones included: a batch's positions settle
 // when its last part is written, so a batch can only settle after every earlier batch
@@ -23,31 +25,39 @@ import (
 // lanes splits batches of T into parts by the hash of their key.
 type lanes[T any] struct {
 	w     *Writer[T]
-	n     int
+	n     int // lanes
+	max   int // rows in a part
 	seed  maphash.Seed
 	empty [][]T // empty[i] is lane i's empty part: its capacity, i+1, tells its lane
 }
 
 func newLanes[T any](w *Writer[T], n int) *lanes[T] {
-	l := &lanes[T]{w: w, n: n, seed: maphash.MakeSeed(), empty: make([][]T, n)}
+	l := &lanes[T]{w: w, n: n, max: w.cfg.rows, seed: maphash.MakeSeed(), empty: make([][]T, n)}
 	for i := range l.empty {
 		l.empty[i] = make([]T, 0, i+1)
 	}
 	return l
 }
 
-// split returns batch's parts, one per lane, in lane order, each in batch order.
+// split returns batch's parts: each lane's rows in batch order, in parts of at most
+// max rows (an empty part for a lane without rows), lane after lane.
 func (l *lanes[T]) split(batch []T) [][]T {
-	parts := make([][]T, l.n)
+	byLane := make([][]T, l.n)
 	buf := make([]any, 0, len(l.w.columns))
 	for i := range batch {
 		var k int
 		k, buf = l.of(&batch[i], buf)
-		parts[k] = append(parts[k], batch[i])
+		byLane[k] = append(byLane[k], batch[i])
 	}
-	for i, p := range parts {
-		if len(p) == 0 {
-			parts[i] = l.empty[i]
+	parts := make([][]T, 0, l.n+1)
+	for i, rows := range byLane {
+		if len(rows) == 0 {
+			parts = append(parts, l.empty[i])
+		}
+		for len(rows) > 0 {
+			n := min(len(rows), l.max)
+			parts = append(parts, rows[:n:n])
+			rows = rows[n:]
 		}
 	}
 	if len(parts) == len(batch) {

@@ -118,7 +118,9 @@ func WithDeadLetterTable[T any](t *DeadLetterTable[T]) Option {
 // WithChunk sets the size of the batches [Writer.To] makes: at most rows rows and, when
 // bytes > 0, at most about bytes bytes of column values (the estimate costs one mapping
 // of each row in the batching goroutine). The default is 5,000 rows and no byte
-// bound. It panics if rows < 1 or bytes < 0.
+// bound. In the upsert modes with several workers, the batch written in one
+// transaction is a lane's part of a larger batch (see [Writer.To]): at most rows rows,
+// and bytes on average. It panics if rows < 1 or bytes < 0.
 func WithChunk(rows, bytes int) Option {
 	if rows < 1 || bytes < 0 {
 		panic(fmt.Sprintf("pgpipe: WithChunk(%d, %d): need rows >= 1 and bytes >= 0", rows, bytes))
@@ -279,10 +281,13 @@ func (w *Writer[T]) Sink(name string, workers int, opts ...pipeline.StageOption)
 // To ends s in the writer: batches of [WithChunk]'s size, written by a [Writer.Sink]
 // stage of the given name and workers.
 //
-// In the upsert modes with more than one worker, each batch is split by a hash of the
-// key into one part per worker's lane (see [WithUpsert]), and the sink stage gets
-// [pipeline.WithKey] on the lane, which it may not be given [pipeline.WithOrdered]
-// with: every key's rows are written by one worker, in source order (the order of s).
+// In the upsert modes with more than one worker, the rows are batched workers times
+// [WithChunk]'s rows (and bytes) at a time, and each batch is split by a hash of the
+// key into parts of at most the chunk's rows, for one lane per worker (see
+// [WithUpsert]); the sink stage gets [pipeline.WithKey] on the lane, which it may not
+// be given [pipeline.WithOrdered] with: every key's rows are written by one worker, in
+// source order (the order of s). A part's bytes are about the chunk's bytes on
+// average, not at most.
 func (w *Writer[T]) To(s *pipeline.Stream[T], name string, workers int, opts ...pipeline.StageOption) {
 	var bopts []pipeline.BatchOption
 	if w.cfg.bytes > 0 {
@@ -293,7 +298,10 @@ func (w *Writer[T]) To(s *pipeline.Stream[T], name string, workers int, opts ...
 		return
 	}
 	l := newLanes(w, workers)
-	parts := pipeline.Flatten(pipeline.Map(pipeline.Batch(s, w.cfg.rows, bopts...), l.split))
+	if w.cfg.bytes > 0 {
+		bopts = []pipeline.BatchOption{pipeline.WithMaxBytes(w.cfg.bytes*workers, w.size)}
+	}
+	parts := pipeline.Flatten(pipeline.Map(pipeline.Batch(s, w.cfg.rows*workers, bopts...), l.split))
 	keyed := append(slices.Clip(opts), pipeline.WithKey(l.lane))
 	pipeline.To(parts, w.Sink(name, workers, keyed...))
 }

@@ -407,20 +407,34 @@ func staleKeys(t *testing.T, pool *pgxpool.Pool, table string, last map[int64]st
 }
 
 // TestUpsertKeepsLastValuePerKey upserts 20,000 rows, 30 % of them repeating an earlier
-// id, with 4 writers, with and without a checkpoint: every id holds the value of its
-// last row in source order. Batches went to whichever writer was free, so a later
-// batch could commit before an earlier one with the same id, and thousands of ids held
-// an older value.
+// id, with 4 writers: without a checkpoint, with one, and with one while a trigger
+// fails some batches now and then with a serialization failure (retried): every id
+// holds the value of its last row in source order. Batches went to whichever writer
+// was free, so a later batch could commit before an earlier one with the same id, and
+// hundreds of ids held an older value.
 func TestUpsertKeepsLastValuePerKey(t *testing.T) {
-	for _, checkpointed := range []bool{false, true} {
-		t.Run(fmt.Sprintf("checkpoint=%v", checkpointed), func(t *testing.T) {
+	for _, variant := range []string{"plain", "checkpoint", "retries"} {
+		t.Run(variant, func(t *testing.T) {
 			pool := newPool(t, 8)
 			table := createEvents(t, pool, true)
+			if variant == "retries" {
+				seq := table + "_fail"
+				mustExec(t, pool, "CREATE SEQUENCE "+seq) // not transactional: each retry draws anew
+				mustExec(t, pool, fmt.Sprintf(`CREATE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+					IF NEW.id %% 50 = 0 AND nextval('%s') %% 20 = 0 THEN RAISE EXCEPTION 'injected' USING ERRCODE = '40001'; END IF;
+					RETURN NEW; END $$`, seq, seq))
+				mustExec(t, pool, fmt.Sprintf("CREATE TRIGGER %s BEFORE INSERT ON %s FOR EACH ROW EXECUTE FUNCTION %s()", seq, table, seq))
+				t.Cleanup(func() {
+					mustExec(t, pool, "DROP TABLE IF EXISTS "+table)
+					mustExec(t, pool, "DROP FUNCTION IF EXISTS "+seq+"()")
+					mustExec(t, pool, "DROP SEQUENCE IF EXISTS "+seq)
+				})
+			}
 			in, last := repeatedKeys(20000, 0.3)
 			p := pipeline.New()
-			opts := []pgpipe.Option{pgpipe.WithUpsert("id"), pgpipe.WithChunk(500, 0)}
+			opts := []pgpipe.Option{pgpipe.WithUpsert("id"), pgpipe.WithChunk(500, 0), pgpipe.WithRetry(30, pipeline.ConstantBackoff(time.Millisecond))}
 			var src *pipeline.Stream[event]
-			if checkpointed {
+			if variant != "plain" {
 				store := pgpipe.NewCheckpoint(pool, tableName("job"))
 				opts = append(opts, pgpipe.WithCheckpoint(store))
 				src = pipeline.FromCheckpoint(p, store, func(_ context.Context, pos int64) iter.Seq2[event, error] {
@@ -439,8 +453,12 @@ func TestUpsertKeepsLastValuePerKey(t *testing.T) {
 			w.To(src, "load", 4)
 			require.NoError(t, p.Run(t.Context()))
 			stale := staleKeys(t, pool, table, last)
-			t.Logf("%d ids, %d hold an older value; %+v", len(last), stale, w.Stats())
+			st, _ := p.Report().Stage("load")
+			t.Logf("%d ids, %d hold an older value; %d parts retried; %+v", len(last), stale, st.Retried, w.Stats())
 			assert.Zero(t, stale, "ids holding an older value")
+			if variant == "retries" {
+				assert.Positive(t, st.Retried, "the trigger failed some parts")
+			}
 		})
 	}
 }
