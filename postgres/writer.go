@@ -270,7 +270,9 @@ func quoteAll(names []string) string {
 // [WithRetry]); opts are given to [pipeline.NewSink] after that, so a
 // [pipeline.WithRetry] there replaces it. Rejected rows go to the writer's dead-letter
 // destination; the stage's own [pipeline.WithDeadLetter] receives whole batches that
-// failed otherwise. Size the pool for at least workers connections.
+// failed otherwise. Size the pool for at least workers connections. In the upsert
+// modes with several workers, batches given to Sink directly commit in any order, so a
+// key's older row may win; [Writer.To] keeps source order per key.
 func (w *Writer[T]) Sink(name string, workers int, opts ...pipeline.StageOption) *pipeline.Stage[[]T, struct{}] {
 	all := append([]pipeline.StageOption{pipeline.WithRetry(w.cfg.attempts, w.cfg.backoff)}, opts...)
 	return pipeline.NewSink(name, workers, func(ctx context.Context, batch []T) error {
