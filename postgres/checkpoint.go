@@ -44,8 +44,9 @@ const (
 // pgpipe_checkpoint and pgpipe_committed, found on the connection's search path.
 // Load creates a table that is missing (in the first schema of the search path, which
 // needs the CREATE privilege there); once both exist, the role needs only SELECT,
-// INSERT and UPDATE on pgpipe_checkpoint and SELECT, INSERT, UPDATE and DELETE on
-// pgpipe_committed.
+// INSERT and UPDATE on pgpipe_checkpoint (UPDATE also lets the read-back of a COMMIT of
+// unknown outcome lock the job's row FOR SHARE) and SELECT, INSERT, UPDATE and DELETE
+// on pgpipe_committed.
 //
 // Give it to [pipeline.FromCheckpoint] and to the writer ([WithCheckpoint]): each batch's
 // transaction then records the progress with the rows. Load takes the job over: it

@@ -132,7 +132,8 @@ func WithChunk(rows, bytes int) Option {
 // connection, a restarted server, a serialization failure or deadlock, too many
 // connections, an attempt that ran past the sink's [pipeline.WithTimeout]): attempts
 // in all, waiting backoff between them. The default is 30 attempts with exponential
-// backoff from 20 ms to 2 s, which rides out a server restart of about a minute. It panics like [pipeline.WithRetry].
+// backoff from 20 ms to 2 s, which rides out a server restart of about a minute. It
+// panics like [pipeline.WithRetry].
 func WithRetry(attempts int, backoff pipeline.Backoff) Option {
 	pipeline.WithRetry(attempts, backoff) // its checks
 	return optionFunc(func(c *config) { c.attempts, c.backoff = attempts, backoff })
