@@ -2,6 +2,7 @@ package pgpipe_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"iter"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -494,11 +496,7 @@ func TestFaultAttemptTimeoutRetried(t *testing.T) {
 // mode: 1,000 rows twice); it now waits for the transaction to end.
 func TestFaultCommitWaitsForStandby(t *testing.T) {
 	pool := newPool(t, 8)
-	var super bool
-	require.NoError(t, pool.QueryRow(t.Context(), "SELECT rolsuper FROM pg_roles WHERE rolname = current_user").Scan(&super))
-	if !super {
-		t.Skip("ALTER SYSTEM needs a superuser")
-	}
+	standby := syncStandby(t, pool)
 	j := newJob(t, pool, false, 20000, 1000, 1)
 	// No periodic Save: it would wait for the standby too, with nobody to cancel it,
 	// and hold the source up.
@@ -506,15 +504,6 @@ func TestFaultCommitWaitsForStandby(t *testing.T) {
 	j.sopts = []pipeline.StageOption{pipeline.WithTimeout(300 * time.Millisecond)}
 	reached, release := make(chan struct{}), make(chan struct{})
 	j.gate = gateAt(5000, reached, release)
-	standby := func(names string) {
-		if names == "" {
-			mustExec(t, pool, "ALTER SYSTEM RESET synchronous_standby_names")
-		} else {
-			mustExec(t, pool, "ALTER SYSTEM SET synchronous_standby_names = '"+names+"'")
-		}
-		mustExec(t, pool, "SELECT pg_reload_conf()")
-	}
-	t.Cleanup(func() { standby("") })
 	done := make(chan error, 1)
 	go func() {
 		_, err := j.run(t.Context())
@@ -530,10 +519,7 @@ func TestFaultCommitWaitsForStandby(t *testing.T) {
 	// The server's processes take the new setting in their own time: from the first
 	// COMMIT seen waiting for the standby on, each one waits, times out and is resolved.
 	waitFor(t, "a COMMIT waiting for the standby", func() bool {
-		var n int
-		require.NoError(t, pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity
-			WHERE wait_event = 'SyncRep' AND lower(query) = 'commit' AND datname = current_database()`).Scan(&n))
-		return len(done) > 0 || n > 0
+		return len(done) > 0 || standbyWaiter(t, pool) != 0
 	})
 	before := j.commits(t.Context())
 	const stalled = 6
@@ -548,4 +534,78 @@ func TestFaultCommitWaitsForStandby(t *testing.T) {
 	rows, distinct := count(t, pool, j.table)
 	t.Logf("%d commits waited for the standby; rows %d, distinct %d: %d duplicated", stalled, rows, distinct, rows-distinct)
 	j.check(t)
+}
+
+// syncStandby returns a function that sets synchronous_standby_names ("" resets it) and
+// reloads the configuration; the setting is reset when the test ends. It skips the
+// test unless the role is a superuser (ALTER SYSTEM).
+func syncStandby(t *testing.T, pool *pgxpool.Pool) func(names string) {
+	t.Helper()
+	var super bool
+	require.NoError(t, pool.QueryRow(t.Context(), "SELECT rolsuper FROM pg_roles WHERE rolname = current_user").Scan(&super))
+	if !super {
+		t.Skip("ALTER SYSTEM needs a superuser")
+	}
+	set := func(names string) {
+		if names == "" {
+			mustExec(t, pool, "ALTER SYSTEM RESET synchronous_standby_names")
+		} else {
+			mustExec(t, pool, "ALTER SYSTEM SET synchronous_standby_names = '"+names+"'")
+		}
+		mustExec(t, pool, "SELECT pg_reload_conf()")
+	}
+	t.Cleanup(func() { set("") })
+	return set
+}
+
+// standbyWaiter returns the pid of a backend whose COMMIT waits for a synchronous
+// standby, or 0.
+func standbyWaiter(t *testing.T, pool *pgxpool.Pool) int32 {
+	t.Helper()
+	var pid int32
+	err := pool.QueryRow(t.Context(), `SELECT pid FROM pg_stat_activity
+		WHERE wait_event = 'SyncRep' AND lower(query) = 'commit' AND datname = current_database() LIMIT 1`).Scan(&pid)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0
+	}
+	require.NoError(t, err)
+	return pid
+}
+
+// TestFaultTerminateDuringStandbyWait kills the writer's backend while its COMMIT waits
+// for a synchronous standby. The transaction was committed locally, so it commits as
+// the backend exits (with a warning): the writer, which lost its connection, reads the
+// checkpoint back, learns that the batch committed, and does not write it again.
+func TestFaultTerminateDuringStandbyWait(t *testing.T) {
+	pool := newPool(t, 8)
+	standby := syncStandby(t, pool)
+	j := newJob(t, pool, false, 10000, 1000, 1)
+	j.copts = []pipeline.CheckpointOption{pipeline.WithSaveEvery(1 << 30), pipeline.WithSaveInterval(time.Hour)}
+	reached, release := make(chan struct{}), make(chan struct{})
+	j.gate = gateAt(5000, reached, release)
+	done := make(chan error, 1)
+	var rep pipeline.Report
+	go func() {
+		var err error
+		_, rep, err = j.runReport(t.Context())
+		done <- err
+	}()
+	select {
+	case <-reached:
+	case err := <-done:
+		t.Fatalf("the run ended before the fault: %v", err)
+	}
+	standby("nobody")
+	close(release)
+	var pid int32
+	waitFor(t, "a COMMIT waiting for the standby", func() bool {
+		pid = standbyWaiter(t, pool)
+		return len(done) > 0 || pid != 0
+	})
+	require.NotZero(t, pid, "the run ended first")
+	mustExec(t, pool, "SELECT pg_terminate_backend($1)", pid)
+	standby("")
+	require.NoError(t, <-done)
+	j.check(t)
+	assert.Zero(t, retried(rep), "the batch committed as its backend exited: it is not written again")
 }
