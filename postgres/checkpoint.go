@@ -21,24 +21,32 @@ const (
 	committedTable  = "pgpipe_committed"  // per job, ranges of positions committed above it
 )
 
-const schemaSQL = `
-CREATE TABLE IF NOT EXISTS ` + checkpointTable + ` (
+// The statements that create the checkpoint tables; Load runs each only when its table
+// is missing, so that a role with no right to create tables can use tables made for it.
+const (
+	createCheckpointSQL = `CREATE TABLE IF NOT EXISTS ` + checkpointTable + ` (
 	job        text PRIMARY KEY,
 	pos        bigint NOT NULL,
 	epoch      bigint NOT NULL,
 	seq        bigint NOT NULL,
 	updated_at timestamptz NOT NULL DEFAULT now()
-);
-CREATE TABLE IF NOT EXISTS ` + committedTable + ` (
+)`
+	createCommittedSQL = `CREATE TABLE IF NOT EXISTS ` + committedTable + ` (
 	job text   NOT NULL,
 	lo  bigint NOT NULL,
 	hi  bigint NOT NULL,
 	PRIMARY KEY (job, lo)
 )`
+)
 
 // Checkpoint is a [pipeline.CommittedStore] kept in PostgreSQL, for one job: the
 // job's watermark and the ranges of positions committed above it, in the tables
-// pgpipe_checkpoint and pgpipe_committed (created by Load when missing).
+// pgpipe_checkpoint and pgpipe_committed, found on the connection's search path.
+// Load creates a table that is missing (in the first schema of the search path, which
+// needs the CREATE privilege there); once both exist, the role needs only SELECT,
+// INSERT and UPDATE on pgpipe_checkpoint (UPDATE also lets the read-back of a COMMIT of
+// unknown outcome lock the job's row FOR SHARE) and SELECT, INSERT, UPDATE and DELETE
+// on pgpipe_committed.
 //
 // Give it to [pipeline.FromCheckpoint] and to the writer ([WithCheckpoint]): each batch's
 // transaction then records the progress with the rows. Load takes the job over: it
@@ -100,16 +108,47 @@ func (c *Checkpoint) LoadCommitted(ctx context.Context) (int64, []pipeline.Posit
 	return pos, ranges, nil
 }
 
+// ensureSchema creates the checkpoint tables that are missing (found on the search
+// path); with both there it needs no right on the schema. When a table is missing and
+// the role may not create it, the error names the role, the schema and the right.
 func (c *Checkpoint) ensureSchema(ctx context.Context) error {
-	for attempt := 0; ; attempt++ {
-		_, err := c.pool.Exec(ctx, schemaSQL)
-		if err == nil {
-			return nil
+	var (
+		role, schema        string
+		haveCk, haveCommitd bool
+	)
+	err := c.pool.QueryRow(ctx, `SELECT current_user, coalesce(current_schema(), ''), to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL`,
+		checkpointTable, committedTable).Scan(&role, &schema, &haveCk, &haveCommitd)
+	if err != nil {
+		return fmt.Errorf("pgpipe: look for the checkpoint tables: %w", err)
+	}
+	for _, t := range []struct {
+		have      bool
+		name, sql string
+	}{{haveCk, checkpointTable, createCheckpointSQL}, {haveCommitd, committedTable, createCommittedSQL}} {
+		if t.have {
+			continue
 		}
-		// Two instances creating the tables at once: one loses the race on the catalog.
+		err := c.create(ctx, t.sql)
+		if pe, ok := errors.AsType[*pgconn.PgError](err); ok && pe.Code == pgerrcode.InsufficientPrivilege {
+			return fmt.Errorf("pgpipe: the checkpoint table %s does not exist, and role %q may not create it in schema %q: "+
+				"it needs the CREATE privilege on the schema, or the table created beforehand by a role that has it: %w",
+				t.name, role, schema, err)
+		}
+		if err != nil {
+			return fmt.Errorf("pgpipe: create the checkpoint table %s in schema %q: %w", t.name, schema, err)
+		}
+	}
+	return nil
+}
+
+// create runs a CREATE TABLE IF NOT EXISTS, once more if it lost a race with another
+// instance creating the same table (on the catalog).
+func (c *Checkpoint) create(ctx context.Context, sql string) error {
+	for attempt := 0; ; attempt++ {
+		_, err := c.pool.Exec(ctx, sql)
 		pe, ok := errors.AsType[*pgconn.PgError](err)
-		if attempt > 0 || !ok || (pe.Code != pgerrcode.UniqueViolation && pe.Code != pgerrcode.DuplicateTable) {
-			return fmt.Errorf("pgpipe: create the checkpoint tables: %w", err)
+		if err == nil || attempt > 0 || !ok || (pe.Code != pgerrcode.UniqueViolation && pe.Code != pgerrcode.DuplicateTable) {
+			return err
 		}
 	}
 }
@@ -218,11 +257,16 @@ func (c *Checkpoint) stamp(ctx context.Context, tx pgx.Tx, p pipeline.Progress) 
 // the job's row back on a new connection (see readBack): the commit happened if the
 // job's commit count reached seq under the same epoch. It returns nil when the commit happened, a
 // transient error when it did not (the batch is written again), [ErrFenced] when
-// another instance took over, and a fatal error when the server stays unreachable.
+// another instance took over, and a fatal error when the server stays unreachable, or
+// when the transaction of backend pid (the lost connection's) has not ended within a
+// minute: its outcome is still open, and only the next run's Load will know it.
+//
+// The caller's connection must be closed: the server then ends the transaction (it
+// rolls it back, unless its COMMIT got there first).
 //
 // It reads on even when ctx is done (a canceled run, an attempt's timeout), for up to
 // a minute: an answer settles the batch, while giving up would leave it unknown.
-func (c *Checkpoint) resolve(ctx context.Context, seq int64, cause error, cfg config) error {
+func (c *Checkpoint) resolve(ctx context.Context, seq int64, pid uint32, cause error, cfg config) error {
 	epoch, err := c.loaded()
 	if err != nil {
 		return err
@@ -239,10 +283,10 @@ func (c *Checkpoint) resolve(ctx context.Context, seq int64, cause error, cfg co
 		case err == nil:
 			return pipeline.Transient(fmt.Errorf("pgpipe: COMMIT failed, the batch was not committed: %w", cause))
 		case !isConnError(err) || attempt >= cfg.attempts || ctx.Err() != nil:
-			return pipeline.Fatal(fmt.Errorf("%w; reading the checkpoint back failed: %w", ErrCommitUnknown, err))
+			return pipeline.Fatal(fmt.Errorf("%w (the transaction of backend %d may still be running); reading the checkpoint back failed: %w", ErrCommitUnknown, pid, err))
 		}
 		if werr := wait(ctx, cfg.backoff(attempt)); werr != nil {
-			return pipeline.Fatal(fmt.Errorf("%w; reading the checkpoint back failed: %w", ErrCommitUnknown, err))
+			return pipeline.Fatal(fmt.Errorf("%w (the transaction of backend %d may still be running); reading the checkpoint back failed: %w", ErrCommitUnknown, pid, err))
 		}
 	}
 }
@@ -250,14 +294,29 @@ func (c *Checkpoint) resolve(ctx context.Context, seq int64, cause error, cfg co
 // readBack reads the job's epoch and commit count on a connection of its own, outside
 // the pool: the pool's connections may all be held by writers waiting for the commit
 // being resolved.
+//
+// It reads the row FOR SHARE, which waits until the transaction being resolved has
+// ended: that transaction updated the row (in stamp), so it holds the row's lock until
+// it commits or rolls back, and a plain read could see the row as it was while the
+// transaction is still in progress. Such a transaction may be alive well after its
+// client gave up: a COMMIT waiting for a synchronous standby (its commit record is
+// flushed locally, but it is neither visible nor has it released its locks until the
+// standby answers or the wait is canceled, and then it commits), a backend that has
+// not yet noticed its connection closed. Once the lock is free the row read is the
+// transaction's outcome. The read's own transaction is rolled back, so that it does not
+// wait for a standby itself.
 func (c *Checkpoint) readBack(ctx context.Context) (epoch, seq int64, err error) {
 	conn, err := pgx.ConnectConfig(ctx, c.pool.Config().ConnConfig.Copy())
 	if err != nil {
 		return 0, 0, err
 	}
 	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
-	err = conn.QueryRow(ctx, `SELECT epoch, seq FROM `+checkpointTable+` WHERE job = $1`, c.job).Scan(&epoch, &seq)
-	return epoch, seq, err
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	err = tx.QueryRow(ctx, `SELECT epoch, seq FROM `+checkpointTable+` WHERE job = $1 FOR SHARE`, c.job).Scan(&epoch, &seq)
+	return epoch, seq, errors.Join(err, tx.Rollback(ctx))
 }
 
 // wait waits d, or until ctx is done.

@@ -23,10 +23,11 @@ import (
 // copyHeader starts a binary COPY stream: the signature, no flags, no extension.
 var copyHeader = []byte("PGCOPY\n\377\r\n\000\000\000\000\000\000\000\000\000")
 
-// encodeError is a value of row index that the driver could not encode.
+// encodeError is a value of row index, for column, that the driver could not encode.
 type encodeError struct {
-	index int
-	err   error
+	index  int
+	column string
+	err    error
 }
 
 func (e *encodeError) Error() string { return e.err.Error() }
@@ -70,6 +71,7 @@ func (w *writerCore) columnOIDs(ctx context.Context, conn *pgx.Conn, table pgx.I
 type copyReader[T any] struct {
 	rows  []T
 	next  int
+	cols  []string // the columns' names, for errors
 	fill  func(*T, []any) []any
 	m     *pgtype.Map
 	oids  []uint32
@@ -172,7 +174,7 @@ func (r *copyReader[T]) encodeRow(buf []byte, i int) (out []byte, err error) {
 			enc, err = r.fromText(c, v, buf, err)
 		}
 		if err != nil {
-			return buf, &encodeError{index: i, err: fmt.Errorf("column %s: %w", strconv.Itoa(c), err)}
+			return buf, r.encodeError(i, c, err)
 		}
 		if enc != nil {
 			buf = enc
@@ -180,6 +182,15 @@ func (r *copyReader[T]) encodeRow(buf []byte, i int) (out []byte, err error) {
 		}
 	}
 	return buf, nil
+}
+
+// encodeError is the error of row i's value for column c.
+func (r *copyReader[T]) encodeError(i, c int, err error) *encodeError {
+	name := strconv.Itoa(c)
+	if c < len(r.cols) {
+		name = r.cols[c]
+	}
+	return &encodeError{index: i, column: name, err: fmt.Errorf("column %q: %w", name, err)}
 }
 
 // encodeValue encodes v for column c, falling back to text for a string.
@@ -239,7 +250,7 @@ func (r *copyReader[T]) encodeFields(buf []byte, i int) ([]byte, error) {
 			}
 		}
 		if err != nil {
-			return buf, &encodeError{index: i, err: fmt.Errorf("column %s: %w", strconv.Itoa(c), err)}
+			return buf, r.encodeError(i, c, err)
 		}
 		if enc != nil {
 			buf = enc

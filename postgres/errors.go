@@ -25,8 +25,10 @@ var ErrFenced = errors.New("pgpipe: another instance of the job took over its ch
 // learnt: the connection was lost during COMMIT. Without a [Checkpoint] to read the
 // outcome back from, the error is transient and the batch is written again, which in
 // insert mode may duplicate its rows (the upsert modes are exact). With one, the
-// outcome is read back; only when that fails for a minute is the error returned, as
-// fatal: the next run's Load then learns what was committed.
+// outcome is read back once the transaction has ended on the server; only when that
+// fails for a minute (the server unreachable, or the transaction still running, as a
+// COMMIT waiting for a synchronous standby that never answers) is the error returned,
+// as fatal: the next run's Load then learns what was committed.
 var ErrCommitUnknown = errors.New("pgpipe: the outcome of COMMIT is unknown (the connection was lost)")
 
 // RowError is PostgreSQL's rejection of one row: a data error (SQLSTATE class 22, such
@@ -40,8 +42,8 @@ type RowError struct {
 	Detail     string
 	Constraint string // the violated constraint, if any
 	Table      string
-	Column     string
-	Err        error // the driver's error
+	Column     string // the column, when PostgreSQL names it, or for an encoding error
+	Err        error  // the driver's error
 }
 
 // Error implements error.
@@ -73,7 +75,7 @@ func rowError(err error) *RowError {
 		return re
 	}
 	if ee, ok := errors.AsType[*encodeError](err); ok {
-		return &RowError{Message: ee.err.Error(), Err: err}
+		return &RowError{Message: ee.err.Error(), Column: ee.column, Err: err}
 	}
 	pe, ok := errors.AsType[*pgconn.PgError](err)
 	if !ok {
@@ -116,15 +118,22 @@ var transientCodes = map[string]bool{
 // connection or a lost race as transient, anything else as fatal with a message that
 // names what is missing (the table, a column, the role's right, the database). what
 // names the table written to; role and database come from the pool's configuration.
+//
+// An error met after the attempt's context ended keeps the class it was given (the
+// outcome of a COMMIT read back, a fence), or else is transient: the attempt ran past
+// its own deadline ([pipeline.WithTimeout]) waiting for a lock, for [pipeline.Commit]'s
+// turn or for a slow server, and nothing of it committed, so the batch is written again.
+// When the run itself is stopping, the pipeline ignores the class and returns the run's
+// cause.
 func (w *writerCore) classify(ctx context.Context, err error) error {
-	switch {
-	case err == nil:
+	if err == nil {
 		return nil
-	case ctx.Err() != nil:
-		return err // the run is stopping: its cause, not ours
 	}
 	if _, ok := pipeline.ClassOf(err); ok {
 		return err
+	}
+	if ctx.Err() != nil {
+		return pipeline.Transient(err)
 	}
 	if re := rowError(err); re != nil {
 		return pipeline.Permanent(re)

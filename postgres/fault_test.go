@@ -2,6 +2,7 @@ package pgpipe_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"iter"
 	"os"
@@ -10,7 +11,9 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -36,6 +39,14 @@ type job struct {
 	gate func(ctx context.Context, pos int64) error
 	// mapping, when set, replaces the plain struct mapping.
 	mapping *pgpipe.Mapping[event]
+	// events, when set, are the source's items instead of events 0..n-1 (n is then
+	// len(events)).
+	events []event
+	// copts are given to the source, after WithSaveEvery(batch).
+	copts []pipeline.CheckpointOption
+	// popts and sopts are given to the pipeline and to the sink stage.
+	popts []pipeline.PipelineOption
+	sopts []pipeline.StageOption
 }
 
 func (j *job) run(ctx context.Context) (*pgpipe.Writer[event], error) {
@@ -46,7 +57,7 @@ func (j *job) run(ctx context.Context) (*pgpipe.Writer[event], error) {
 // runReport runs the job and returns the writer, the run's report and its error.
 func (j *job) runReport(ctx context.Context) (*pgpipe.Writer[event], pipeline.Report, error) {
 	store := pgpipe.NewCheckpoint(j.pool, j.name)
-	p := pipeline.New(pipeline.WithBuffer(256))
+	p := pipeline.New(append([]pipeline.PipelineOption{pipeline.WithBuffer(256)}, j.popts...)...)
 	src := pipeline.FromCheckpoint(p, store, func(ctx context.Context, pos int64) iter.Seq2[event, error] {
 		return func(yield func(event, error) bool) {
 			for i := pos; i < int64(j.n); i++ {
@@ -56,12 +67,16 @@ func (j *job) runReport(ctx context.Context) (*pgpipe.Writer[event], pipeline.Re
 						return
 					}
 				}
-				if !yield(event{ID: i, Name: "event " + strconv.FormatInt(i, 10), Score: float64(i)}, nil) {
+				e := event{ID: i, Name: "event " + strconv.FormatInt(i, 10), Score: float64(i)}
+				if j.events != nil {
+					e = j.events[i]
+				}
+				if !yield(e, nil) {
 					return
 				}
 			}
 		}
-	}, pipeline.WithSaveEvery(j.batch))
+	}, append([]pipeline.CheckpointOption{pipeline.WithSaveEvery(j.batch)}, j.copts...)...)
 	opts := []pgpipe.Option{pgpipe.WithCheckpoint(store), pgpipe.WithChunk(j.batch, 0)}
 	if j.upsert {
 		opts = append(opts, pgpipe.WithUpsert("id"))
@@ -71,7 +86,7 @@ func (j *job) runReport(ctx context.Context) (*pgpipe.Writer[event], pipeline.Re
 		m = *j.mapping
 	}
 	w := pgpipe.NewWriter(j.pool, j.table, m, opts...)
-	w.To(src, "load", j.workers)
+	w.To(src, "load", j.workers, j.sopts...)
 	err := p.Run(ctx)
 	return w, p.Report(), err
 }
@@ -313,11 +328,36 @@ func TestFaultCrashResume(t *testing.T) {
 	}
 	pool := newPool(t, 4)
 	j := newJob(t, pool, false, 100000, 500, 4)
+	crashResume(t, j, nil)
+	j.check(t)
+}
+
+// TestFaultCrashResumeUpsert is TestFaultCrashResume in upsert mode, with 30 % of the
+// rows repeating an earlier id: after the kills and resumes, every id holds the value
+// of its last row in source order (a resume must never write an older row over a
+// newer one).
+func TestFaultCrashResumeUpsert(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts child processes")
+	}
+	pool := newPool(t, 4)
+	events, last := repeatedKeys(40000, 0.3)
+	j := newJob(t, pool, true, len(events), 500, 4)
+	crashResume(t, j, []string{"PGPIPE_CRASH_UPSERT=1"})
+	assert.Zero(t, staleKeys(t, pool, j.table, last), "ids holding an older value")
+	assert.Equal(t, int64(j.n), j.position(t), "the checkpoint")
+}
+
+// crashResume runs j in child processes (TestCrashChild), killing the first five at
+// random commits, until one finishes.
+func crashResume(t *testing.T, j *job, env []string) {
+	t.Helper()
 	kills := 0
 	for attempt := 0; ; attempt++ {
 		require.Less(t, attempt, 20, "the job never finished")
 		cmd := exec.Command(os.Args[0], "-test.run=^TestCrashChild$", "-test.count=1", "-test.cpu=4")
 		cmd.Env = append(os.Environ(), "PGPIPE_CRASH_TABLE="+j.table, "PGPIPE_CRASH_JOB="+j.name, "PGPIPE_CRASH_N="+strconv.Itoa(j.n))
+		cmd.Env = append(cmd.Env, env...)
 		cmd.Stderr = os.Stderr
 		require.NoError(t, cmd.Start())
 		waited := make(chan error, 1)
@@ -350,10 +390,10 @@ func TestFaultCrashResume(t *testing.T) {
 		t.Logf("run %d killed at commit %d (position %d)", attempt, j.commits(t.Context()), j.position(t))
 	}
 	assert.Equal(t, 5, kills)
-	j.check(t)
 }
 
-// TestCrashChild is the job of TestFaultCrashResume, run in a child process.
+// TestCrashChild is the job of TestFaultCrashResume (and TestFaultCrashResumeUpsert),
+// run in a child process.
 func TestCrashChild(t *testing.T) {
 	table := os.Getenv("PGPIPE_CRASH_TABLE")
 	if table == "" {
@@ -363,6 +403,10 @@ func TestCrashChild(t *testing.T) {
 	require.NoError(t, err)
 	pool := newPool(t, 8)
 	j := &job{pool: pool, table: table, name: os.Getenv("PGPIPE_CRASH_JOB"), n: n, batch: 500, workers: 4}
+	if os.Getenv("PGPIPE_CRASH_UPSERT") != "" {
+		j.upsert = true
+		j.events, _ = repeatedKeys(n, 0.3)
+	}
 	_, err = j.run(context.Background())
 	require.NoError(t, err)
 }
@@ -388,4 +432,180 @@ func TestFaultCommitAckLost(t *testing.T) {
 	assert.Zero(t, retried(rep), "the committed batch is not written again")
 	j.pool = direct
 	j.check(t)
+}
+
+// retriedOnce returns an observer option and a channel closed at the first retry of the
+// sink stage "load".
+func retriedOnce() (pipeline.PipelineOption, <-chan struct{}) {
+	ch := make(chan struct{})
+	var once sync.Once
+	return pipeline.WithObserver(func(e pipeline.Event) {
+		if e.Kind == pipeline.EventRetry && e.Stage == "load" {
+			once.Do(func() { close(ch) })
+		}
+	}), ch
+}
+
+// TestFaultAttemptTimeoutRetried holds the job's checkpoint row (as a periodic Save, or
+// another writer's slow COMMIT, does) past the sink's attempt timeout: the attempt's
+// own deadline is transient, and the batch is written again once the row is free. It
+// used to fail the run ("item failed (1 attempt)").
+func TestFaultAttemptTimeoutRetried(t *testing.T) {
+	pool := newPool(t, 8)
+	j := newJob(t, pool, false, 6000, 1000, 2)
+	obs, retried1 := retriedOnce()
+	j.popts = []pipeline.PipelineOption{obs}
+	j.sopts = []pipeline.StageOption{pipeline.WithTimeout(300 * time.Millisecond)}
+	reached, release := make(chan struct{}), make(chan struct{})
+	j.gate = gateAt(0, reached, release) // the checkpoint is loaded: its row exists
+	done := make(chan error, 1)
+	var rep pipeline.Report
+	go func() {
+		var err error
+		_, rep, err = j.runReport(t.Context())
+		done <- err
+	}()
+	select {
+	case <-reached:
+	case err := <-done:
+		t.Fatalf("the run ended before it started: %v", err)
+	}
+	holder, err := pool.Begin(t.Context())
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(context.Background()) }()
+	_, err = holder.Exec(t.Context(), "SELECT 1 FROM pgpipe_checkpoint WHERE job = $1 FOR UPDATE", j.name)
+	require.NoError(t, err)
+	close(release)
+	select {
+	case <-retried1: // a writer's attempt timed out waiting for the row
+	case err := <-done:
+		t.Fatalf("the run ended while the checkpoint row was held: %v", err)
+	}
+	require.NoError(t, holder.Rollback(t.Context()))
+	require.NoError(t, <-done)
+	j.check(t)
+	assert.Positive(t, retried(rep))
+}
+
+// TestFaultCommitWaitsForStandby makes every COMMIT wait for a synchronous standby that
+// does not exist (synchronous_standby_names = 'nobody') past the sink's attempt
+// timeout, for several batches. pgx then closes the connection and cancels the query,
+// asynchronously; the cancel ends the wait and the transaction commits (it was
+// committed locally already). The writer's read-back used to run before that, see the
+// checkpoint row as it was, conclude "not committed" and write the batch again (insert
+// mode: 1,000 rows twice); it now waits for the transaction to end.
+func TestFaultCommitWaitsForStandby(t *testing.T) {
+	pool := newPool(t, 8)
+	standby := syncStandby(t, pool)
+	j := newJob(t, pool, false, 20000, 1000, 1)
+	// No periodic Save: it would wait for the standby too, with nobody to cancel it,
+	// and hold the source up.
+	j.copts = []pipeline.CheckpointOption{pipeline.WithSaveEvery(1 << 30), pipeline.WithSaveInterval(time.Hour)}
+	j.sopts = []pipeline.StageOption{pipeline.WithTimeout(300 * time.Millisecond)}
+	reached, release := make(chan struct{}), make(chan struct{})
+	j.gate = gateAt(5000, reached, release)
+	done := make(chan error, 1)
+	go func() {
+		_, err := j.run(t.Context())
+		done <- err
+	}()
+	select {
+	case <-reached:
+	case err := <-done:
+		t.Fatalf("the run ended before the fault: %v", err)
+	}
+	standby("nobody")
+	close(release)
+	// The server's processes take the new setting in their own time: from the first
+	// COMMIT seen waiting for the standby on, each one waits, times out and is resolved.
+	waitFor(t, "a COMMIT waiting for the standby", func() bool {
+		return len(done) > 0 || standbyWaiter(t, pool) != 0
+	})
+	before := j.commits(t.Context())
+	const stalled = 6
+	waitFor(t, "commits that waited for the standby", func() bool {
+		return len(done) > 0 || j.commits(t.Context()) >= before+stalled
+	})
+	if len(done) > 0 {
+		t.Fatalf("the run ended while COMMIT waited for the standby: %v", <-done)
+	}
+	standby("")
+	require.NoError(t, <-done)
+	rows, distinct := count(t, pool, j.table)
+	t.Logf("%d commits waited for the standby; rows %d, distinct %d: %d duplicated", stalled, rows, distinct, rows-distinct)
+	j.check(t)
+}
+
+// syncStandby returns a function that sets synchronous_standby_names ("" resets it) and
+// reloads the configuration; the setting is reset when the test ends. It skips the
+// test unless the role is a superuser (ALTER SYSTEM).
+func syncStandby(t *testing.T, pool *pgxpool.Pool) func(names string) {
+	t.Helper()
+	var super bool
+	require.NoError(t, pool.QueryRow(t.Context(), "SELECT rolsuper FROM pg_roles WHERE rolname = current_user").Scan(&super))
+	if !super {
+		t.Skip("ALTER SYSTEM needs a superuser")
+	}
+	set := func(names string) {
+		if names == "" {
+			mustExec(t, pool, "ALTER SYSTEM RESET synchronous_standby_names")
+		} else {
+			mustExec(t, pool, "ALTER SYSTEM SET synchronous_standby_names = '"+names+"'")
+		}
+		mustExec(t, pool, "SELECT pg_reload_conf()")
+	}
+	t.Cleanup(func() { set("") })
+	return set
+}
+
+// standbyWaiter returns the pid of a backend whose COMMIT waits for a synchronous
+// standby, or 0.
+func standbyWaiter(t *testing.T, pool *pgxpool.Pool) int32 {
+	t.Helper()
+	var pid int32
+	err := pool.QueryRow(t.Context(), `SELECT pid FROM pg_stat_activity
+		WHERE wait_event = 'SyncRep' AND lower(query) = 'commit' AND datname = current_database() LIMIT 1`).Scan(&pid)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0
+	}
+	require.NoError(t, err)
+	return pid
+}
+
+// TestFaultTerminateDuringStandbyWait kills the writer's backend while its COMMIT waits
+// for a synchronous standby. The transaction was committed locally, so it commits as
+// the backend exits (with a warning): the writer, which lost its connection, reads the
+// checkpoint back, learns that the batch committed, and does not write it again.
+func TestFaultTerminateDuringStandbyWait(t *testing.T) {
+	pool := newPool(t, 8)
+	standby := syncStandby(t, pool)
+	j := newJob(t, pool, false, 10000, 1000, 1)
+	j.copts = []pipeline.CheckpointOption{pipeline.WithSaveEvery(1 << 30), pipeline.WithSaveInterval(time.Hour)}
+	reached, release := make(chan struct{}), make(chan struct{})
+	j.gate = gateAt(5000, reached, release)
+	done := make(chan error, 1)
+	var rep pipeline.Report
+	go func() {
+		var err error
+		_, rep, err = j.runReport(t.Context())
+		done <- err
+	}()
+	select {
+	case <-reached:
+	case err := <-done:
+		t.Fatalf("the run ended before the fault: %v", err)
+	}
+	standby("nobody")
+	close(release)
+	var pid int32
+	waitFor(t, "a COMMIT waiting for the standby", func() bool {
+		pid = standbyWaiter(t, pool)
+		return len(done) > 0 || pid != 0
+	})
+	require.NotZero(t, pid, "the run ended first")
+	mustExec(t, pool, "SELECT pg_terminate_backend($1)", pid)
+	standby("")
+	require.NoError(t, <-done)
+	j.check(t)
+	assert.Zero(t, retried(rep), "the batch committed as its backend exited: it is not written again")
 }

@@ -53,6 +53,16 @@ type config struct {
 // in one statement, and sorted by key, so that writers running at once take their row
 // locks in the same order and cannot deadlock each other. The key must be a unique
 // index or constraint of the table. It panics if key is empty.
+//
+// Each key then holds the value of its last row in source order. With several workers,
+// [Writer.To] keeps that order by giving each key to one worker (a lane chosen by a
+// hash of the key's values; keys are equal when their Go values are, as in the
+// de-duplication): a lane's parts of batches are written one after the other, retries
+// included, and a checkpointed run records a batch only once every earlier batch is
+// written, so a resumed run never writes an older row over a newer one. A batch part
+// set aside by the sink's [pipeline.WithDeadLetter] does not hold its lane up: its keys
+// keep what they held. [Writer.Sink] alone, with several workers, does not order
+// batches: concurrent batches with the same key commit in any order.
 func WithUpsert(key ...string) Option {
 	if len(key) == 0 {
 		panic("pgpipe: WithUpsert: no key columns")
@@ -111,7 +121,9 @@ func WithDeadLetterTable[T any](t *DeadLetterTable[T]) Option {
 // WithChunk sets the size of the batches [Writer.To] makes: at most rows rows and, when
 // bytes > 0, at most about bytes bytes of column values (the estimate costs one mapping
 // of each row in the batching goroutine). The default is 5,000 rows and no byte
-// bound. It panics if rows < 1 or bytes < 0.
+// bound. In the upsert modes with several workers, the batch written in one
+// transaction is a lane's part of a larger batch (see [Writer.To]): at most rows rows,
+// and bytes on average. It panics if rows < 1 or bytes < 0.
 func WithChunk(rows, bytes int) Option {
 	if rows < 1 || bytes < 0 {
 		panic(fmt.Sprintf("pgpipe: WithChunk(%d, %d): need rows >= 1 and bytes >= 0", rows, bytes))
@@ -121,9 +133,10 @@ func WithChunk(rows, bytes int) Option {
 
 // WithRetry sets how the sink retries a batch after a transient failure (a lost
 // connection, a restarted server, a serialization failure or deadlock, too many
-// connections): attempts in all, waiting backoff between them. The default is 30
-// attempts with exponential backoff from 20 ms to 2 s, which rides out a server restart
-// of about a minute. It panics like [pipeline.WithRetry].
+// connections, an attempt that ran past the sink's [pipeline.WithTimeout]): attempts
+// in all, waiting backoff between them. The default is 30 attempts with exponential
+// backoff from 20 ms to 2 s, which rides out a server restart of about a minute. It
+// panics like [pipeline.WithRetry].
 func WithRetry(attempts int, backoff pipeline.Backoff) Option {
 	pipeline.WithRetry(attempts, backoff) // its checks
 	return optionFunc(func(c *config) { c.attempts, c.backoff = attempts, backoff })
@@ -261,7 +274,9 @@ func quoteAll(names []string) string {
 // [WithRetry]); opts are given to [pipeline.NewSink] after that, so a
 // [pipeline.WithRetry] there replaces it. Rejected rows go to the writer's dead-letter
 // destination; the stage's own [pipeline.WithDeadLetter] receives whole batches that
-// failed otherwise. Size the pool for at least workers connections.
+// failed otherwise. Size the pool for at least workers connections. In the upsert
+// modes with several workers, batches given to Sink directly commit in any order, so a
+// key's older row may win; [Writer.To] keeps source order per key.
 func (w *Writer[T]) Sink(name string, workers int, opts ...pipeline.StageOption) *pipeline.Stage[[]T, struct{}] {
 	all := append([]pipeline.StageOption{pipeline.WithRetry(w.cfg.attempts, w.cfg.backoff)}, opts...)
 	return pipeline.NewSink(name, workers, func(ctx context.Context, batch []T) error {
@@ -271,12 +286,30 @@ func (w *Writer[T]) Sink(name string, workers int, opts ...pipeline.StageOption)
 
 // To ends s in the writer: batches of [WithChunk]'s size, written by a [Writer.Sink]
 // stage of the given name and workers.
+//
+// In the upsert modes with more than one worker, the rows are batched workers times
+// [WithChunk]'s rows (and bytes) at a time, and each batch is split by a hash of the
+// key into parts of at most the chunk's rows, for one lane per worker (see
+// [WithUpsert]); the sink stage gets [pipeline.WithKey] on the lane, which it may not
+// be given [pipeline.WithOrdered] with: every key's rows are written by one worker, in
+// source order (the order of s). A part's bytes are about the chunk's bytes on
+// average, not at most.
 func (w *Writer[T]) To(s *pipeline.Stream[T], name string, workers int, opts ...pipeline.StageOption) {
 	var bopts []pipeline.BatchOption
 	if w.cfg.bytes > 0 {
 		bopts = append(bopts, pipeline.WithMaxBytes(w.cfg.bytes, w.size))
 	}
-	pipeline.ToBatches(s, w.cfg.rows, w.Sink(name, workers, opts...), bopts...)
+	if w.cfg.mode == modeInsert || workers <= 1 {
+		pipeline.ToBatches(s, w.cfg.rows, w.Sink(name, workers, opts...), bopts...)
+		return
+	}
+	l := newLanes(w, workers)
+	if w.cfg.bytes > 0 {
+		bopts = []pipeline.BatchOption{pipeline.WithMaxBytes(w.cfg.bytes*workers, w.size)}
+	}
+	parts := pipeline.Flatten(pipeline.Map(pipeline.Batch(s, w.cfg.rows*workers, bopts...), l.split))
+	keyed := append(slices.Clip(opts), pipeline.WithKey(l.lane))
+	pipeline.To(parts, w.Sink(name, workers, keyed...))
 }
 
 // size estimates the bytes of v's values.
@@ -530,6 +563,8 @@ func (w *Writer[T]) commit(ctx context.Context, tx pgx.Tx) error {
 		if err != nil {
 			return err
 		}
+		pc := tx.Conn().PgConn()
+		pid := pc.PID()
 		err = tx.Commit(ctx)
 		if err == nil {
 			return nil
@@ -537,7 +572,15 @@ func (w *Writer[T]) commit(ctx context.Context, tx pgx.Tx) error {
 		if _, ok := errors.AsType[*pgconn.PgError](err); ok || errors.Is(err, pgx.ErrTxCommitRollback) || !isConnError(err) {
 			return err // refused: not committed
 		}
-		return ck.resolve(ctx, seq, err, w.cfg)
+		// The outcome is unknown. pgx closed the connection (a COMMIT that failed
+		// otherwise leaves no transaction open); make sure, so that the server ends the
+		// transaction, which the read-back waits for.
+		if !pc.IsClosed() {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			_ = pc.Close(cctx)
+			cancel()
+		}
+		return ck.resolve(ctx, seq, pid, err, w.cfg)
 	})
 }
 
@@ -548,7 +591,7 @@ func (w *Writer[T]) copyRows(ctx context.Context, conn *pgx.Conn, table pgx.Iden
 		return err
 	}
 	r := &copyReader[T]{
-		rows: rows, fill: w.mapping.fill, m: conn.TypeMap(), oids: oids,
+		rows: rows, cols: w.columns, fill: w.mapping.fill, m: conn.TypeMap(), oids: oids,
 		plans: make([]columnPlan, len(oids)), vals: make([]any, 0, len(oids)),
 		buf: make([]byte, 0, 64<<10),
 	}
