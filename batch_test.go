@@ -507,3 +507,25 @@ func TestFlattenInlinePanicCountsHandedItems(t *testing.T) {
 		})
 	}
 }
+
+// A panicking WithMaxBytes size function is recovered, and the items of the partial batch
+// and the item being sized stay in the accounting (they vanished from it).
+func TestBatchSizerPanicKeepsItemsCounted(t *testing.T) {
+	p := pipeline.New()
+	src := pipeline.FromSlice(p, []int{1, 2, 3})
+	size := func(v int) int {
+		if v == 3 {
+			panic("sizer")
+		}
+		return 1
+	}
+	pipeline.ToBatches(src, 10, pipeline.NewSink("sink", 1, func(context.Context, []int) error { return nil }),
+		pipeline.WithMaxBytes(100, size))
+	err := p.Run(context.Background())
+	var pe *pipeline.PanicError
+	require.ErrorAs(t, err, &pe)
+	rep := p.Report()
+	b := row(t, rep, "Batch")
+	assert.Equal(t, row(t, rep, "FromSlice").Out, b.In, "batch In != what the source sent\n%v", rep)
+	assert.Equal(t, b.In, b.Succeeded+b.DeadLettered+b.Failed+b.NotStarted, "%v", rep)
+}

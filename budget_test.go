@@ -210,3 +210,52 @@ func TestBudgetIgnoresSuccessfulRetries(t *testing.T) {
 	require.NoError(t, p.Run(t.Context()))
 	assert.Equal(t, int64(100), row(t, p.Report(), "work").Retried)
 }
+
+// A drained error budget on a stage behind Tee stops an endless source. It never reached
+// the source, which was not in the stage's upstream rows (Tee opens its upstream only from
+// the LAST branch): with a finite source every item still went through; with an endless
+// Generate the run never ended.
+func TestBudgetDrainBehindTeeStopsSource(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := pipeline.New()
+		var produced atomic.Int64
+		src := pipeline.Generate(p, func(ctx context.Context, emit func(int) error) error {
+			for i := 0; ; i++ {
+				if err := emit(i); err != nil {
+					return err
+				}
+				produced.Add(1)
+			}
+		})
+		br := pipeline.Tee(src, 2)
+		bad := pipeline.NewSink("bad", 1, func(context.Context, int) error { return pipeline.Permanent(errBoom) },
+			discardDead[int](), pipeline.WithErrorBudget(pipeline.Budget{MaxRatio: 0.1, MinSample: 5, Drain: true}))
+		pipeline.To(br[0], bad)
+		pipeline.To(br[1], pipeline.NewSink("good", 1, func(context.Context, int) error { return nil }))
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		err := p.Run(ctx)
+		require.ErrorIs(t, err, pipeline.ErrBudgetExceeded, "produced %d items; report:\n%v", produced.Load(), p.Report())
+	})
+}
+
+// The same graph with the drained stage first in line stops promptly: the control for
+// TestBudgetDrainBehindTeeStopsSource.
+func TestBudgetDrainStopsSource(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := pipeline.New()
+		src := pipeline.Generate(p, func(ctx context.Context, emit func(int) error) error {
+			for i := 0; ; i++ {
+				if err := emit(i); err != nil {
+					return err
+				}
+			}
+		})
+		bad := pipeline.NewSink("bad", 1, func(context.Context, int) error { return pipeline.Permanent(errBoom) },
+			discardDead[int](), pipeline.WithErrorBudget(pipeline.Budget{MaxRatio: 0.1, MinSample: 5, Drain: true}))
+		pipeline.To(src, bad)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		require.ErrorIs(t, p.Run(ctx), pipeline.ErrBudgetExceeded)
+	})
+}

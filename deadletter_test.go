@@ -408,3 +408,22 @@ func TestSetAside(t *testing.T) {
 	assert.Empty(t, stage.Causes)
 	assert.Contains(t, rep.String(), "sink load: 5 parts of its items set aside by its own function")
 }
+
+// The parent context is canceled (with a cause) while a dead-letter destination runs, and
+// the destination gives up with ctx.Err(): Run returns context.Cause(parent) (doc: "the
+// run's context is done: the item counts as failed, Run returns the cause").
+func TestDeadLetterDestinationCanceledReturnsParentCause(t *testing.T) {
+	errShutdown := errors.New("shutdown")
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	p := pipeline.New()
+	src := pipeline.FromSlice(p, []int{1})
+	pipeline.To(src, pipeline.NewSink("sink", 1, func(context.Context, int) error { return pipeline.Permanent(errBoom) },
+		pipeline.WithDeadLetter(func(ctx context.Context, _ pipeline.DeadLetter[int]) error {
+			cancel(errShutdown) // e.g. SIGINT while the dead letter is being written
+			<-ctx.Done()
+			return ctx.Err()
+		})))
+	err := p.Run(ctx)
+	assert.ErrorIs(t, err, errShutdown, "got %v", err)
+}

@@ -551,3 +551,19 @@ func TestOrderedStopSettlesFinishedRun(t *testing.T) {
 		})
 	}
 }
+
+// A panic in an inline operator after an ordered stage counts the item failed once. It was
+// counted failed by its worker AND, still "held" in the reorder window, moved again from
+// Succeeded to Failed by the final report: Succeeded went negative.
+func TestOrderedInlinePanicCountsItemOnce(t *testing.T) {
+	p := pipeline.New()
+	src := pipeline.FromSlice(p, []int{1})
+	st := pipeline.Then(src, pipeline.NewStage("ord", 1, func(_ context.Context, v int) (int, error) { return v, nil },
+		pipeline.WithOrdered(0)))
+	m := pipeline.Map(st, func(int) int { panic("map") })
+	pipeline.To(m, pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+	err := p.Run(context.Background())
+	var pe *pipeline.PanicError
+	require.ErrorAs(t, err, &pe)
+	checkAccounting(t, p.Report())
+}
