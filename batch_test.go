@@ -529,3 +529,29 @@ func TestBatchSizerPanicKeepsItemsCounted(t *testing.T) {
 	assert.Equal(t, row(t, rep, "FromSlice").Out, b.In, "batch In != what the source sent\n%v", rep)
 	assert.Equal(t, b.In, b.Succeeded+b.DeadLettered+b.Failed+b.NotStarted, "%v", rep)
 }
+
+// When the run stops during a byte-limit flush, the item that triggered the flush is
+// counted (failed), so the batch row adds up.
+func TestBatchByteFlushUnderCancelCountsItem(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithCancelCause(t.Context())
+		defer cancel(nil)
+		p := pipeline.New()
+		batches := pipeline.Batch(pipeline.FromSlice(p, ints(6)), 10,
+			pipeline.WithMaxBytes(2, func(int) int { return 1 }), pipeline.WithBuffer(0))
+		pipeline.To(batches, pipeline.NewSink("sink", 1, func(ctx context.Context, _ []int) error {
+			<-ctx.Done()
+			return ctx.Err()
+		}, pipeline.WithBuffer(0)))
+		errc := make(chan error, 1)
+		go func() { errc <- p.Run(ctx) }()
+		synctest.Wait() // the sink holds [0 1]; the batch pushes [2 3], made room for by 4
+		cancel(errBoom)
+		require.ErrorIs(t, <-errc, errBoom)
+		rep := p.Report()
+		checkAccounting(t, rep)
+		b := row(t, rep, "Batch")
+		assert.Equal(t, b.In, b.Succeeded+b.Failed+b.NotStarted, "batch row\n%v", rep)
+	})
+}

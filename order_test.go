@@ -567,3 +567,62 @@ func TestOrderedInlinePanicCountsItemOnce(t *testing.T) {
 	require.ErrorAs(t, err, &pe)
 	checkAccounting(t, p.Report())
 }
+
+// A keyed stage's queue holds at most what WithBuffer says, whatever the workers.
+func TestKeyedQueueWithinBuffer(t *testing.T) {
+	t.Parallel()
+	for _, buf := range []int{0, 1, 3} {
+		synctest.Test(t, func(t *testing.T) {
+			release := make(chan struct{})
+			p := pipeline.New()
+			s := pipeline.Then(pipeline.FromSlice(p, ints(100)), pipeline.NewStage("keyed", 4,
+				func(ctx context.Context, i int) (int, error) {
+					select {
+					case <-release:
+					case <-ctx.Done():
+					}
+					return i, nil
+				}, pipeline.WithKey(func(i int) int { return i }), pipeline.WithBuffer(buf)))
+			pipeline.To(s, pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+			errc := make(chan error, 1)
+			go func() { errc <- p.Run(t.Context()) }()
+			synctest.Wait()
+			k := row(t, p.Snapshot(), "keyed")
+			assert.Equal(t, buf, k.QueueCap)
+			assert.LessOrEqual(t, k.QueueLen, buf, "items waiting in a keyed stage's queues")
+			close(release)
+			require.NoError(t, <-errc)
+			assert.LessOrEqual(t, row(t, p.Report(), "keyed").PeakQueue, buf)
+		})
+	}
+}
+
+// An ordered stage holds at most its window of finished or started items, also while the
+// window's items are being pushed to a slow consumer.
+func TestOrderedWindowBoundWithSlowConsumer(t *testing.T) {
+	t.Parallel()
+	for _, window := range []int{1, 4, 16} {
+		synctest.Test(t, func(t *testing.T) {
+			release := make(chan struct{})
+			var started, taken atomic.Int64
+			p := pipeline.New()
+			s := pipeline.Then(pipeline.FromSlice(p, ints(200)), pipeline.NewStage("ord", 4,
+				func(_ context.Context, i int) (int, error) { started.Add(1); return i, nil },
+				pipeline.WithOrdered(window)))
+			pipeline.To(s, pipeline.NewSink("sink", 1, func(ctx context.Context, _ int) error {
+				taken.Add(1)
+				select {
+				case <-release:
+				case <-ctx.Done():
+				}
+				return nil
+			}, pipeline.WithBuffer(0)))
+			errc := make(chan error, 1)
+			go func() { errc <- p.Run(t.Context()) }()
+			synctest.Wait() // the sink holds one item; the window fills behind it
+			assert.LessOrEqual(t, started.Load()-taken.Load(), int64(window), "items started and not yet taken by the sink")
+			close(release)
+			require.NoError(t, <-errc)
+		})
+	}
+}

@@ -330,3 +330,38 @@ func tail(b []byte) string {
 	}
 	return string(b)
 }
+
+// During a run, every row's In only grows between two Snapshots.
+func TestSnapshotInOnlyGrows(t *testing.T) {
+	t.Parallel()
+	for range 15 { // a race: one run in three showed it
+		snapshotInGrows(t)
+	}
+}
+
+func snapshotInGrows(t *testing.T) {
+	t.Helper()
+	p := pipeline.New(pipeline.WithBuffer(4))
+	s := pipeline.Then(pipeline.FromSlice(p, ints(5000)), pipeline.NewStage("a", 2, identity))
+	s = pipeline.Then(s, pipeline.NewStage("b", 3, identity, pipeline.WithKey(func(i int) int { return i % 5 })))
+	s = pipeline.Then(s, pipeline.NewStage("c", 2, identity, pipeline.WithOrdered(8)))
+	pipeline.To(s, pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+	done := make(chan error)
+	go func() { done <- p.Run(t.Context()) }()
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Go(func() {
+			last := map[string]int64{}
+			for range 500 {
+				for _, r := range p.Snapshot().Stages {
+					if !assert.GreaterOrEqual(t, r.In, last[r.Name], "row %q: In went down", r.Name) {
+						return
+					}
+					last[r.Name] = r.In
+				}
+			}
+		})
+	}
+	require.NoError(t, <-done)
+	wg.Wait()
+}
