@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -554,4 +555,41 @@ func TestBatchByteFlushUnderCancelCountsItem(t *testing.T) {
 		b := row(t, rep, "Batch")
 		assert.Equal(t, b.In, b.Succeeded+b.Failed+b.NotStarted, "batch row\n%v", rep)
 	})
+}
+
+// A Filter after Flatten counts items as its In (it was taken from its feeder's Out, which
+// counts batches).
+func TestFilterAfterFlattenCountsItemsIn(t *testing.T) {
+	p := pipeline.New()
+	src := pipeline.FromSlice(p, ints(10))
+	f := pipeline.Filter(pipeline.Flatten(pipeline.Batch(src, 5)), func(v int) bool { return v%2 == 0 }, pipeline.WithName("even"))
+	pipeline.To(f, pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+	require.NoError(t, p.Run(context.Background()))
+	rep := p.Report()
+	t.Log("\n", rep)
+	ev := row(t, rep, "even")
+	assert.Equal(t, int64(10), ev.In)
+	assert.Equal(t, int64(5), ev.Out)
+	assert.Equal(t, row(t, rep, "sink").In, ev.Out)
+}
+
+// runtime.Goexit in a Batch's sizer fails the run with ErrGoexit and the item in hand is
+// counted (it was counted nowhere).
+func TestBatchSizerGoexitCountsItem(t *testing.T) {
+	p := pipeline.New()
+	src := pipeline.FromSlice(p, ints(3))
+	b := pipeline.Batch(src, 10, pipeline.WithMaxBytes(100, func(v int) int {
+		if v == 1 {
+			runtime.Goexit()
+		}
+		return 1
+	}))
+	pipeline.To(b, pipeline.NewSink("sink", 1, func(context.Context, []int) error { return nil }))
+	err := p.Run(context.Background())
+	require.ErrorIs(t, err, pipeline.ErrGoexit)
+	rep := p.Report()
+	t.Log("\n", rep)
+	checkAccounting(t, rep)
+	bt := row(t, rep, "Batch")
+	assert.Equal(t, bt.In, bt.Succeeded+bt.Failed+bt.NotStarted, "batch row")
 }

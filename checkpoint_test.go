@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -589,5 +590,69 @@ func TestCheckpointNegativePositionFailsRun(t *testing.T) {
 			pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
 		err := runWithin(t, p, time.Hour)
 		require.ErrorIs(t, err, pipeline.ErrBadCheckpoint)
+	})
+}
+
+type panicStore struct{ load, save bool }
+
+func (s panicStore) Load(context.Context) (int64, error) {
+	if s.load {
+		panic("load")
+	}
+	return 0, nil
+}
+
+func (s panicStore) Save(context.Context, int64) error {
+	if s.save {
+		panic("save")
+	}
+	return nil
+}
+
+// A CheckpointStore whose Save panics, called by the saver goroutine, fails the run with a
+// *PanicError (it was not recovered).
+func TestCheckpointSavePanicFailsRun(t *testing.T) {
+	p := pipeline.New()
+	src := pipeline.FromCheckpoint(p, panicStore{save: true}, from(100), pipeline.WithSaveEvery(1))
+	pipeline.To(src, pipeline.NewSink("s", 1, func(context.Context, int) error { return nil }))
+	err := p.Run(context.Background())
+	_, isPanic := errors.AsType[*pipeline.PanicError](err)
+	assert.True(t, isPanic, "want the store's panic as the run's error, got %v", err)
+}
+
+// A CheckpointStore whose Load panics, under Collect (where exec runs in a goroutine), fails
+// the run with a *PanicError.
+func TestCheckpointLoadPanicFailsCollect(t *testing.T) {
+	p := pipeline.New()
+	src := pipeline.FromCheckpoint(p, panicStore{load: true}, from(10))
+	_, err := pipeline.Collect(context.Background(), src)
+	_, isPanic := errors.AsType[*pipeline.PanicError](err)
+	assert.True(t, isPanic, "want the store's panic as the run's error, got %v", err)
+}
+
+// An observer that calls runtime.Goexit (t.FailNow) on EventCheckpoint in the saver goroutine
+// does not hang the run (it ended the saver silently: the source, waiting for a save under
+// WithMaxRedo, waited for ever).
+func TestCheckpointObserverGoexitInSaverDoesNotHang(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		// Only the first save's event, which the saver goroutine sends: the final save's
+		// is sent from Run's own goroutine, where a Goexit ends the caller (as any call
+		// of its own would).
+		var once atomic.Bool
+		p := pipeline.New(pipeline.WithObserver(func(e pipeline.Event) {
+			if e.Kind == pipeline.EventCheckpoint && once.CompareAndSwap(false, true) {
+				runtime.Goexit()
+			}
+		}))
+		src := pipeline.FromCheckpoint(p, &memStore{}, from(100), pipeline.WithSaveEvery(1), pipeline.WithMaxRedo(2))
+		pipeline.To(src, pipeline.NewSink("s", 1, func(context.Context, int) error { return nil }))
+		done := make(chan error, 1)
+		go func() { done <- p.Run(context.Background()) }()
+		select {
+		case err := <-done:
+			t.Log("run ended:", err)
+		case <-time.After(time.Hour):
+			t.Fatal("run hangs")
+		}
 	})
 }

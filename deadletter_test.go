@@ -463,3 +463,13 @@ func TestUndefinedClassFailsRunAndFileStaysReadable(t *testing.T) {
 	require.ErrorAs(t, err, &rerr, "Replay names the malformed lines")
 	assert.Empty(t, got, "before it sends anything")
 }
+
+// A dead-letter line as v0.1 wrote it (class as a number) is still read.
+func TestReadDeadLettersNumericClass(t *testing.T) {
+	path := t.TempDir() + "/dl.jsonl"
+	line := `{"stage":"s","item":1,"attempts":1,"class":1,"err_type":"error","first_error":"x","last_error":"x","time":"2026-01-01T00:00:00Z"}` + "\n"
+	require.NoError(t, os.WriteFile(path, []byte(line), 0o644))
+	dls, err := pipeline.ReadDeadLetters[int](path)
+	require.NoError(t, err)
+	assert.Len(t, dls, 1)
+}

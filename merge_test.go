@@ -397,3 +397,40 @@ func TestTeeReportRowsUpstreamFirst(t *testing.T) {
 	assert.Equal(t, []string{"b"}, row(t, rep, "mid").Next)
 	assert.Empty(t, row(t, rep, "a").Next)
 }
+
+// A panic in an inline operator of a nested Tee's branch, when the outer Tee's other branch
+// is wired last: the StageError names the source (it named no stage).
+func TestNestedTeeInlinePanicNamesSource(t *testing.T) {
+	p := pipeline.New()
+	src := pipeline.FromSlice(p, ints(3))
+	a := pipeline.Tee(src, 2)
+	b := pipeline.Tee(a[0], 2)
+	sink := func(n string) *pipeline.Stage[int, struct{}] {
+		return pipeline.NewSink(n, 1, func(context.Context, int) error { return nil })
+	}
+	pipeline.To(pipeline.Map(b[0], func(int) int { panic("map") }), sink("b0"))
+	pipeline.To(b[1], sink("b1"))
+	pipeline.To(a[1], sink("a1"))
+	err := p.Run(context.Background())
+	var se *pipeline.StageError
+	if assert.ErrorAs(t, err, &se) {
+		assert.Equal(t, "FromSlice", se.Stage, "err: %v", err)
+	}
+	rep := p.Report()
+	t.Log("\n", rep)
+	for _, s := range rep.Stages {
+		t.Logf("%s next=%v", s.Name, s.Next)
+	}
+	checkAccounting(t, rep)
+}
+
+// A Tee whose branches Merge back into one sink: the source row's Next names that sink once.
+func TestTeeMergedBackNamesNextOnce(t *testing.T) {
+	p := pipeline.New()
+	br := pipeline.Tee(pipeline.FromSlice(p, ints(3)), 2)
+	pipeline.To(pipeline.Merge(br[0], br[1]), pipeline.NewSink("s", 1, func(context.Context, int) error { return nil }))
+	require.NoError(t, p.Run(context.Background()))
+	rep := p.Report()
+	t.Log("\n", rep)
+	assert.Equal(t, []string{"s"}, row(t, rep, "FromSlice").Next)
+}

@@ -221,3 +221,15 @@ func TestNilArgumentsPanic(t *testing.T) {
 		})
 	}
 }
+
+// Run(nil) panics with context's message, and the pipeline can run again after it (the
+// panic came after Run had marked the pipeline as running).
+func TestRunNilContextLeavesPipelineRunnable(t *testing.T) {
+	p := pipeline.New()
+	pipeline.To(pipeline.FromSlice(p, ints(3)), pipeline.NewSink("s", 1, func(context.Context, int) error { return nil }))
+	func() {
+		defer func() { t.Logf("panic: %v", recover()) }()
+		_ = p.Run(nil) //nolint:staticcheck // a nil context is the misuse under test
+	}()
+	assert.NotPanics(t, func() { _ = p.Run(context.Background()) })
+}

@@ -626,3 +626,93 @@ func TestOrderedWindowBoundWithSlowConsumer(t *testing.T) {
 		})
 	}
 }
+
+// An inline panic while the reorder window flushes a run of several items: the items pushed
+// before the panic are counted once (they stayed "held" and were counted Failed in the
+// ordered row, while downstream received them).
+func TestOrderedFlushInlinePanicCountsPushedItemsOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := pipeline.New()
+		src := pipeline.FromSlice(p, []int{0, 1, 2})
+		st := pipeline.Then(src, pipeline.NewStage("ord", 3, func(_ context.Context, v int) (int, error) {
+			if v == 0 {
+				time.Sleep(10 * time.Millisecond)
+			}
+			return v, nil
+		}, pipeline.WithOrdered(0)))
+		m := pipeline.Map(st, func(v int) int {
+			if v == 1 {
+				panic("map")
+			}
+			return v
+		})
+		pipeline.To(m, pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+		_ = p.Run(context.Background())
+		rep := p.Report()
+		t.Log("\n", rep)
+		checkAccounting(t, rep)
+		ord, sink := row(t, rep, "ord"), row(t, rep, "sink")
+		assert.Equal(t, ord.Out, sink.In, "ord sent = sink In")
+		assert.LessOrEqual(t, ord.Out, ord.Succeeded, "one-to-one stage: Out <= Succeeded")
+		assert.Equal(t, int64(3), ord.Failed+ord.Succeeded-ord.Out+sink.In, "each item once")
+	})
+}
+
+// A keyed stage with WithBuffer(n): no more than n items wait, whatever the keys.
+func TestKeyedBufferBoundsWaitingItems(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := pipeline.New()
+		src := pipeline.FromSlice(p, ints(50))
+		var snaps []pipeline.StageReport
+		st := pipeline.NewSink("k", 3, func(ctx context.Context, v int) error {
+			time.Sleep(time.Millisecond)
+			return nil
+		}, pipeline.WithBuffer(2), pipeline.WithKey(func(v int) int { return v % 2 }))
+		pipeline.To(src, st)
+		done := make(chan error)
+		go func() { done <- p.Run(context.Background()) }()
+		for {
+			select {
+			case err := <-done:
+				require.NoError(t, err)
+				for _, s := range snaps {
+					assert.LessOrEqual(t, s.QueueLen, 2)
+				}
+				checkAccounting(t, p.Report())
+				return
+			case <-time.After(300 * time.Microsecond):
+				if s, ok := p.Snapshot().Stage("k"); ok {
+					snaps = append(snaps, s)
+				}
+			}
+		}
+	})
+}
+
+// runtime.Goexit in an inline operator while the reorder window flushes a run fails the run
+// with ErrGoexit, and the ordered row's Out stays within its Succeeded.
+func TestOrderedFlushGoexitKeepsOutWithinSucceeded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := pipeline.New()
+		src := pipeline.FromSlice(p, []int{0, 1, 2})
+		st := pipeline.Then(src, pipeline.NewStage("ord", 3, func(_ context.Context, v int) (int, error) {
+			if v == 0 {
+				time.Sleep(10 * time.Millisecond)
+			}
+			return v, nil
+		}, pipeline.WithOrdered(0)))
+		m := pipeline.Map(st, func(v int) int {
+			if v == 1 {
+				runtime.Goexit()
+			}
+			return v
+		})
+		pipeline.To(m, pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+		err := p.Run(context.Background())
+		require.ErrorIs(t, err, pipeline.ErrGoexit)
+		rep := p.Report()
+		t.Log("\n", rep)
+		ord := row(t, rep, "ord")
+		assert.LessOrEqual(t, ord.Out, ord.Succeeded, "one-to-one stage: Out <= Succeeded")
+	})
+}
