@@ -656,3 +656,117 @@ func TestCheckpointObserverGoexitInSaverDoesNotHang(t *testing.T) {
 		}
 	})
 }
+
+// A checkpointed run through a tripping circuit breaker into batches saves the final position.
+func TestCheckpointBreakerBatchSavesFinalPosition(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const n = 40
+		st := &memStore{}
+		p := pipeline.New()
+		src := pipeline.FromCheckpoint(p, st, from(n), pipeline.WithSaveEvery(1), pipeline.WithMaxRedo(3))
+		var calls atomic.Int64
+		s := pipeline.Then(src, pipeline.NewStage("svc", 2, func(_ context.Context, i int) (int, error) {
+			if k := calls.Add(1); k > 5 && k < 15 {
+				return 0, pipeline.Transient(errBoom)
+			}
+			return i, nil
+		}, pipeline.WithRetry(3, nil), pipeline.WithCircuitBreaker(pipeline.Breaker{Failures: 2, OpenFor: time.Second}), discardDead[int]()))
+		pipeline.ToBatches(s, 10, pipeline.NewSink("s", 1, func(context.Context, []int) error { return nil }))
+		require.NoError(t, runWithin(t, p, time.Hour))
+		assert.Equal(t, int64(n), st.pos)
+		checkAccounting(t, p.Report())
+	})
+}
+
+// A checkpointed run whose items are dead-lettered (slowly) while later ones wait in a Batch
+// saves the final position.
+func TestCheckpointHeadDeadLetteredBatchSavesFinalPosition(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const n = 40
+		st := &memStore{}
+		p := pipeline.New()
+		src := pipeline.FromCheckpoint(p, st, from(n), pipeline.WithSaveEvery(1), pipeline.WithMaxRedo(2))
+		s := pipeline.Then(src, pipeline.NewStage("dl", 3, func(_ context.Context, i int) (int, error) {
+			if i%3 == 0 {
+				time.Sleep(time.Millisecond)
+				return 0, pipeline.Permanent(errBoom)
+			}
+			return i, nil
+		}, discardDead[int]()))
+		pipeline.ToBatches(s, 10, pipeline.NewSink("s", 1, func(context.Context, []int) error { return nil }))
+		require.NoError(t, runWithin(t, p, time.Hour))
+		assert.Equal(t, int64(n), st.pos)
+		checkAccounting(t, p.Report())
+	})
+}
+
+// Checkpointed runs through Tee, Batch+Flatten, flat, ordered and nested-Batch shapes, with
+// dead letters and Commit, save the final position, whatever WithMaxRedo.
+func TestCheckpointShapesSaveFinalPosition(t *testing.T) {
+	const n = 60
+	dlEvery := func(k int) *pipeline.Stage[int, int] {
+		return pipeline.NewStage("dl", 3, func(_ context.Context, i int) (int, error) {
+			time.Sleep(time.Duration(i%5) * time.Millisecond)
+			if i%k == 0 {
+				return 0, pipeline.Permanent(errBoom)
+			}
+			return i, nil
+		}, discardDead[int]())
+	}
+	okSink := func(name string) *pipeline.Stage[[]int, struct{}] {
+		return pipeline.NewSink(name, 2, func(ctx context.Context, _ []int) error {
+			return pipeline.Commit(ctx, func(context.Context, pipeline.Progress) error { return nil })
+		})
+	}
+	shapes := map[string]func(p *pipeline.Pipeline, s *pipeline.Stream[int]){
+		"tee2batches": func(p *pipeline.Pipeline, s *pipeline.Stream[int]) {
+			br := pipeline.Tee(s, 2)
+			pipeline.ToBatches(pipeline.Filter(br[0], func(i int) bool { return i%2 == 0 }), 7, okSink("a"))
+			pipeline.ToBatches(pipeline.Then(br[1], dlEvery(3)), 5, okSink("b"))
+		},
+		"batchflattenbatch": func(p *pipeline.Pipeline, s *pipeline.Stream[int]) {
+			b := pipeline.Flatten(pipeline.Batch(s, 4))
+			pipeline.ToBatches(pipeline.Then(b, dlEvery(4)), 6, okSink("a"))
+		},
+		"flat": func(p *pipeline.Pipeline, s *pipeline.Stream[int]) {
+			f := pipeline.Then(s, pipeline.NewFlatStage("flat", 2, func(_ context.Context, i int, emit func(int)) error {
+				for k := range i % 3 {
+					emit(i*10 + k)
+				}
+				return nil
+			}))
+			pipeline.ToBatches(f, 8, okSink("a"))
+		},
+		"ordered": func(p *pipeline.Pipeline, s *pipeline.Stream[int]) {
+			o := pipeline.Then(s, pipeline.NewStage("o", 3, func(_ context.Context, i int) (int, error) {
+				time.Sleep(time.Duration(7-i%7) * time.Millisecond)
+				if i%6 == 0 {
+					return 0, pipeline.Permanent(errBoom)
+				}
+				return i, nil
+			}, pipeline.WithOrdered(3), discardDead[int]()))
+			pipeline.ToBatches(o, 9, okSink("a"))
+		},
+		"batchofbatch": func(p *pipeline.Pipeline, s *pipeline.Stream[int]) {
+			b := pipeline.Batch(pipeline.Batch(pipeline.Then(s, dlEvery(5)), 3), 4)
+			pipeline.To(b, pipeline.NewSink("a", 1, func(ctx context.Context, _ [][]int) error {
+				return pipeline.Commit(ctx, func(context.Context, pipeline.Progress) error { return nil })
+			}))
+		},
+	}
+	for name, shape := range shapes {
+		for _, redo := range []int{2, 3, 6} {
+			t.Run(name, func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					st := &memStore{}
+					p := pipeline.New()
+					src := pipeline.FromCheckpoint(p, st, from(n), pipeline.WithSaveEvery(1), pipeline.WithMaxRedo(redo))
+					shape(p, src)
+					require.NoError(t, runWithin(t, p, time.Hour))
+					assert.Equal(t, int64(n), st.pos)
+					checkAccounting(t, p.Report())
+				})
+			})
+		}
+	}
+}
