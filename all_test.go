@@ -2,6 +2,7 @@ package pipeline_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -40,4 +41,19 @@ func TestAllBudgetAbortEnds(t *testing.T) {
 		require.ErrorIs(t, err, pipeline.ErrBudgetExceeded)
 		checkReport(t, p.Report())
 	}
+}
+
+// A panic in the loop body of All keeps the report whole: the "All" row kept the item in
+// neither Succeeded nor Failed (In != Succeeded+DeadLettered+Failed+NotStarted).
+func TestAllLoopBodyPanicKeepsAccounting(t *testing.T) {
+	p := pipeline.New()
+	src := pipeline.FromSlice(p, []int{1, 2, 3})
+	seq := pipeline.All(context.Background(), src)
+	func() {
+		defer func() { _ = recover() }()
+		for _, err := range seq {
+			panic(fmt.Sprint("body ", err))
+		}
+	}()
+	checkAccounting(t, p.Report())
 }

@@ -213,3 +213,36 @@ func TestAttemptCtxLateLooksAgree(t *testing.T) {
 		}
 	}
 }
+
+// Err() could return non-nil while Done() was still open, against the context contract
+// ("If Done is not yet closed, Err returns nil"): after the parent's cancel, Done is
+// closed by the time Err is non-nil.
+func TestAttemptCtxErrOnlyOnceDoneIsClosed(t *testing.T) {
+	parent, cancel := context.WithCancel(context.Background())
+	c := newAttemptCtx(parent, time.Now(), time.Hour)
+	done := c.Done() // channel + AfterFunc on parent made here
+	cancel()
+	if c.Err() == nil {
+		t.Skip("Err still nil")
+	}
+	select {
+	case <-done:
+	default:
+		t.Fatalf("Err() = %v but Done() is not closed", c.Err())
+	}
+	c.end()
+}
+
+// The same for the deadline: Err reported DeadlineExceeded while Done was open.
+func TestAttemptCtxDeadlineErrOnlyOnceDoneIsClosed(t *testing.T) {
+	c := newAttemptCtx(context.Background(), time.Now(), time.Millisecond)
+	done := c.Done()
+	for c.Err() == nil {
+	}
+	select {
+	case <-done:
+	default:
+		t.Fatalf("Err() = %v but Done() is not closed", c.Err())
+	}
+	c.end()
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -506,4 +507,89 @@ func TestFlattenInlinePanicCountsHandedItems(t *testing.T) {
 			assert.Equal(t, int64(size-panicAt), f.Failed, "the panicking item and those after it\n%v", rep)
 		})
 	}
+}
+
+// A panicking WithMaxBytes size function is recovered, and the items of the partial batch
+// and the item being sized stay in the accounting (they vanished from it).
+func TestBatchSizerPanicKeepsItemsCounted(t *testing.T) {
+	p := pipeline.New()
+	src := pipeline.FromSlice(p, []int{1, 2, 3})
+	size := func(v int) int {
+		if v == 3 {
+			panic("sizer")
+		}
+		return 1
+	}
+	pipeline.ToBatches(src, 10, pipeline.NewSink("sink", 1, func(context.Context, []int) error { return nil }),
+		pipeline.WithMaxBytes(100, size))
+	err := p.Run(context.Background())
+	var pe *pipeline.PanicError
+	require.ErrorAs(t, err, &pe)
+	rep := p.Report()
+	b := row(t, rep, "Batch")
+	assert.Equal(t, row(t, rep, "FromSlice").Out, b.In, "batch In != what the source sent\n%v", rep)
+	assert.Equal(t, b.In, b.Succeeded+b.DeadLettered+b.Failed+b.NotStarted, "%v", rep)
+}
+
+// When the run stops during a byte-limit flush, the item that triggered the flush is
+// counted (failed), so the batch row adds up.
+func TestBatchByteFlushUnderCancelCountsItem(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithCancelCause(t.Context())
+		defer cancel(nil)
+		p := pipeline.New()
+		batches := pipeline.Batch(pipeline.FromSlice(p, ints(6)), 10,
+			pipeline.WithMaxBytes(2, func(int) int { return 1 }), pipeline.WithBuffer(0))
+		pipeline.To(batches, pipeline.NewSink("sink", 1, func(ctx context.Context, _ []int) error {
+			<-ctx.Done()
+			return ctx.Err()
+		}, pipeline.WithBuffer(0)))
+		errc := make(chan error, 1)
+		go func() { errc <- p.Run(ctx) }()
+		synctest.Wait() // the sink holds [0 1]; the batch pushes [2 3], made room for by 4
+		cancel(errBoom)
+		require.ErrorIs(t, <-errc, errBoom)
+		rep := p.Report()
+		checkAccounting(t, rep)
+		b := row(t, rep, "Batch")
+		assert.Equal(t, b.In, b.Succeeded+b.Failed+b.NotStarted, "batch row\n%v", rep)
+	})
+}
+
+// A Filter after Flatten counts items as its In (it was taken from its feeder's Out, which
+// counts batches).
+func TestFilterAfterFlattenCountsItemsIn(t *testing.T) {
+	p := pipeline.New()
+	src := pipeline.FromSlice(p, ints(10))
+	f := pipeline.Filter(pipeline.Flatten(pipeline.Batch(src, 5)), func(v int) bool { return v%2 == 0 }, pipeline.WithName("even"))
+	pipeline.To(f, pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+	require.NoError(t, p.Run(context.Background()))
+	rep := p.Report()
+	t.Log("\n", rep)
+	ev := row(t, rep, "even")
+	assert.Equal(t, int64(10), ev.In)
+	assert.Equal(t, int64(5), ev.Out)
+	assert.Equal(t, row(t, rep, "sink").In, ev.Out)
+}
+
+// runtime.Goexit in a Batch's sizer fails the run with ErrGoexit and the item in hand is
+// counted (it was counted nowhere).
+func TestBatchSizerGoexitCountsItem(t *testing.T) {
+	p := pipeline.New()
+	src := pipeline.FromSlice(p, ints(3))
+	b := pipeline.Batch(src, 10, pipeline.WithMaxBytes(100, func(v int) int {
+		if v == 1 {
+			runtime.Goexit()
+		}
+		return 1
+	}))
+	pipeline.To(b, pipeline.NewSink("sink", 1, func(context.Context, []int) error { return nil }))
+	err := p.Run(context.Background())
+	require.ErrorIs(t, err, pipeline.ErrGoexit)
+	rep := p.Report()
+	t.Log("\n", rep)
+	checkAccounting(t, rep)
+	bt := row(t, rep, "Batch")
+	assert.Equal(t, bt.In, bt.Succeeded+bt.Failed+bt.NotStarted, "batch row")
 }

@@ -210,3 +210,149 @@ func TestBudgetIgnoresSuccessfulRetries(t *testing.T) {
 	require.NoError(t, p.Run(t.Context()))
 	assert.Equal(t, int64(100), row(t, p.Report(), "work").Retried)
 }
+
+// A drained error budget on a stage behind Tee stops an endless source. It never reached
+// the source, which was not in the stage's upstream rows (Tee opens its upstream only from
+// the LAST branch): with a finite source every item still went through; with an endless
+// Generate the run never ended.
+func TestBudgetDrainBehindTeeStopsSource(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := pipeline.New()
+		var produced atomic.Int64
+		src := pipeline.Generate(p, func(ctx context.Context, emit func(int) error) error {
+			for i := 0; ; i++ {
+				if err := emit(i); err != nil {
+					return err
+				}
+				produced.Add(1)
+			}
+		})
+		br := pipeline.Tee(src, 2)
+		bad := pipeline.NewSink("bad", 1, func(context.Context, int) error { return pipeline.Permanent(errBoom) },
+			discardDead[int](), pipeline.WithErrorBudget(pipeline.Budget{MaxRatio: 0.1, MinSample: 5, Drain: true}))
+		pipeline.To(br[0], bad)
+		pipeline.To(br[1], pipeline.NewSink("good", 1, func(context.Context, int) error { return nil }))
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		err := p.Run(ctx)
+		require.ErrorIs(t, err, pipeline.ErrBudgetExceeded, "produced %d items; report:\n%v", produced.Load(), p.Report())
+	})
+}
+
+// The same graph with the drained stage first in line stops promptly: the control for
+// TestBudgetDrainBehindTeeStopsSource.
+func TestBudgetDrainStopsSource(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := pipeline.New()
+		src := pipeline.Generate(p, func(ctx context.Context, emit func(int) error) error {
+			for i := 0; ; i++ {
+				if err := emit(i); err != nil {
+					return err
+				}
+			}
+		})
+		bad := pipeline.NewSink("bad", 1, func(context.Context, int) error { return pipeline.Permanent(errBoom) },
+			discardDead[int](), pipeline.WithErrorBudget(pipeline.Budget{MaxRatio: 0.1, MinSample: 5, Drain: true}))
+		pipeline.To(src, bad)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		require.ErrorIs(t, p.Run(ctx), pipeline.ErrBudgetExceeded)
+	})
+}
+
+// A drained budget while the tracked source waits for room: the items the drained stage
+// discards settle, so the source wakes (they never settled, and the source never woke).
+func TestBudgetDrainWakesWaitingSource(t *testing.T) {
+	budget := pipeline.WithErrorBudget(pipeline.Budget{MaxRatio: 0.1, MinSample: 1, Drain: true})
+	for _, pend := range []int{1, 2, 3, 5} {
+		t.Run("ack", func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				c := newAckCounter()
+				var emitted atomic.Int64
+				p := pipeline.New()
+				src := pipeline.FromAcked(p, func(_ context.Context, emit func(int, func(pipeline.Settlement)) error) error {
+					for i := range 100 {
+						emitted.Add(1)
+						if err := emit(i, c.settle(i)); err != nil {
+							return err
+						}
+					}
+					return nil
+				}, pipeline.WithMaxPending(pend))
+				s := pipeline.Then(src, pipeline.NewStage("a", 1, func(_ context.Context, i int) (int, error) {
+					if i == 3 {
+						return 0, pipeline.Permanent(errBoom)
+					}
+					return i, nil
+				}, discardDead[int](), budget))
+				pipeline.To(s, pipeline.NewSink("s", 1, func(context.Context, int) error { return nil }))
+				err := runWithin(t, p, time.Hour)
+				t.Log(pend, err)
+				c.check(t, int(emitted.Load()))
+				checkAccounting(t, p.Report())
+			})
+		})
+		t.Run("checkpoint", func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				st := &memStore{}
+				p := pipeline.New()
+				src := pipeline.FromCheckpoint(p, st, from(100), pipeline.WithSaveEvery(1), pipeline.WithMaxRedo(pend+1))
+				s := pipeline.Then(src, pipeline.NewStage("a", 1, func(_ context.Context, i int) (int, error) {
+					if i == 3 {
+						return 0, pipeline.Permanent(errBoom)
+					}
+					return i, nil
+				}, discardDead[int](), budget))
+				pipeline.To(s, pipeline.NewSink("s", 1, func(context.Context, int) error { return nil }))
+				err := runWithin(t, p, time.Hour)
+				t.Log(pend, err, st.pos)
+				checkAccounting(t, p.Report())
+			})
+		})
+	}
+}
+
+// A slow observer of the budget's event does not hang a drained run. The event was emitted
+// before the drain flag was set: the source refilled its pending items into the drained
+// stage's queue and waited for room; those items were discarded without settling, and the
+// source waited for ever.
+func TestBudgetDrainSlowObserverDoesNotHang(t *testing.T) {
+	budget := pipeline.WithErrorBudget(pipeline.Budget{MaxRatio: 0.1, MinSample: 1, Drain: true})
+	slowObserver := pipeline.WithObserver(func(e pipeline.Event) {
+		if e.Kind == pipeline.EventBudget {
+			time.Sleep(time.Millisecond) // a logger writing somewhere slow
+		}
+	})
+	t.Run("ack", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			c := newAckCounter()
+			p := pipeline.New(slowObserver)
+			src := pipeline.FromAcked(p, ackBody(100, c.settle), pipeline.WithMaxPending(3))
+			s := pipeline.Then(src, pipeline.NewStage("a", 1, func(_ context.Context, i int) (int, error) {
+				if i == 3 {
+					return 0, pipeline.Permanent(errBoom)
+				}
+				return i, nil
+			}, discardDead[int](), budget))
+			pipeline.To(s, pipeline.NewSink("s", 1, func(context.Context, int) error { return nil }))
+			err := runWithin(t, p, time.Hour)
+			t.Log(err)
+		})
+	})
+	t.Run("checkpoint", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			st := &memStore{}
+			p := pipeline.New(slowObserver)
+			src := pipeline.FromCheckpoint(p, st, from(100), pipeline.WithSaveEvery(1), pipeline.WithMaxRedo(3))
+			s := pipeline.Then(src, pipeline.NewStage("a", 1, func(_ context.Context, i int) (int, error) {
+				if i == 3 {
+					return 0, pipeline.Permanent(errBoom)
+				}
+				return i, nil
+			}, discardDead[int](), budget))
+			pipeline.To(s, pipeline.NewSink("s", 1, func(context.Context, int) error { return nil }))
+			err := runWithin(t, p, time.Hour)
+			t.Log(err, st.pos)
+		})
+	})
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -407,4 +408,68 @@ func TestSetAside(t *testing.T) {
 	assert.Zero(t, stage.SetAside)
 	assert.Empty(t, stage.Causes)
 	assert.Contains(t, rep.String(), "sink load: 5 parts of its items set aside by its own function")
+}
+
+// The parent context is canceled (with a cause) while a dead-letter destination runs, and
+// the destination gives up with ctx.Err(): Run returns context.Cause(parent) (doc: "the
+// run's context is done: the item counts as failed, Run returns the cause").
+func TestDeadLetterDestinationCanceledReturnsParentCause(t *testing.T) {
+	errShutdown := errors.New("shutdown")
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	p := pipeline.New()
+	src := pipeline.FromSlice(p, []int{1})
+	pipeline.To(src, pipeline.NewSink("sink", 1, func(context.Context, int) error { return pipeline.Permanent(errBoom) },
+		pipeline.WithDeadLetter(func(ctx context.Context, _ pipeline.DeadLetter[int]) error {
+			cancel(errShutdown) // e.g. SIGINT while the dead letter is being written
+			<-ctx.Done()
+			return ctx.Err()
+		})))
+	err := p.Run(ctx)
+	assert.ErrorIs(t, err, errShutdown, "got %v", err)
+}
+
+// A classifier's undefined class fails the run clearly, and one bad record never makes a
+// dead-letter file unreadable.
+func TestUndefinedClassFailsRunAndFileStaysReadable(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	f, err := pipeline.OpenDeadLetterFile[int](filepath.Join(dir, "dead.jsonl"))
+	require.NoError(t, err)
+	p := pipeline.New()
+	pipeline.To(pipeline.FromSlice(p, ints(3)), pipeline.NewSink("s", 1, func(context.Context, int) error { return errBoom },
+		pipeline.WithClassifier(func(error) pipeline.Class { return pipeline.Class(7) }),
+		pipeline.WithDeadLetter(f.Add)))
+	err = p.Run(t.Context())
+	require.ErrorIs(t, err, errBoom)
+	assert.Contains(t, err.Error(), "undefined")
+	assert.Zero(t, p.Report().DeadLettered())
+	require.NoError(t, f.Close())
+
+	// A file with one record the reader cannot decode among good ones.
+	good := `{"stage":"s","item":1,"attempts":1,"class":"item","err_type":"error","first_error":"x","last_error":"x","time":"2026-01-01T00:00:00Z"}` + "\n"
+	bad := strings.Replace(good, `"item"`, `"Class(7)"`, 1)
+	bad = strings.Replace(bad, `"item":1`, `"item":2`, 1)
+	bad = strings.Replace(bad, `"class":"item"`, `"class":"Class(7)"`, 1)
+	path := filepath.Join(dir, "mixed.jsonl")
+	require.NoError(t, os.WriteFile(path, []byte(good+bad+good), 0o600))
+	dls, err := pipeline.ReadDeadLetters[int](path)
+	var rerr *pipeline.DeadLetterReadError
+	require.ErrorAs(t, err, &rerr)
+	assert.Equal(t, []int{2}, rerr.Lines)
+	assert.Len(t, dls, 2, "the good records are read")
+	q := pipeline.New()
+	got, err := pipeline.Collect(t.Context(), pipeline.Replay[int](q, path, ""))
+	require.ErrorAs(t, err, &rerr, "Replay names the malformed lines")
+	assert.Empty(t, got, "before it sends anything")
+}
+
+// A dead-letter line as v0.1 wrote it (class as a number) is still read.
+func TestReadDeadLettersNumericClass(t *testing.T) {
+	path := t.TempDir() + "/dl.jsonl"
+	line := `{"stage":"s","item":1,"attempts":1,"class":1,"err_type":"error","first_error":"x","last_error":"x","time":"2026-01-01T00:00:00Z"}` + "\n"
+	require.NoError(t, os.WriteFile(path, []byte(line), 0o644))
+	dls, err := pipeline.ReadDeadLetters[int](path)
+	require.NoError(t, err)
+	assert.Len(t, dls, 1)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"runtime"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -196,3 +197,68 @@ func TestInlineOperatorPanicAccounting(t *testing.T) {
 }
 
 func identity(_ context.Context, v int) (int, error) { return v, nil }
+
+// A stage, sink or source function calling runtime.Goexit (as t.FailNow does) fails the run
+// with ErrGoexit instead of losing items silently.
+func TestGoexitFailsRun(t *testing.T) {
+	t.Parallel()
+	for _, where := range []string{"stage", "sink", "source"} {
+		p := pipeline.New()
+		var src *pipeline.Stream[int]
+		if where == "source" {
+			src = pipeline.Generate(p, func(ctx context.Context, emit func(int) error) error {
+				if err := emit(0); err != nil {
+					return err
+				}
+				runtime.Goexit()
+				return nil
+			})
+		} else {
+			src = pipeline.FromSlice(p, ints(3))
+		}
+		s := pipeline.Then(src, pipeline.NewStage("work", 1, func(_ context.Context, i int) (int, error) {
+			if where == "stage" && i == 1 {
+				runtime.Goexit()
+			}
+			return i, nil
+		}))
+		pipeline.To(s, pipeline.NewSink("sink", 1, func(_ context.Context, i int) error {
+			if where == "sink" && i == 1 {
+				runtime.Goexit()
+			}
+			return nil
+		}))
+		err := p.Run(t.Context())
+		require.ErrorIs(t, err, pipeline.ErrGoexit, where)
+		checkAccounting(t, p.Report())
+	}
+}
+
+// An item's error that stops the run says how many attempts were made and, when that is
+// why, that the stage has no WithDeadLetter.
+func TestItemErrorMessageNamesAttempts(t *testing.T) {
+	t.Parallel()
+	flaky := func(_ context.Context, i int) (int, error) { return 0, pipeline.Transient(fmt.Errorf("flaky %d", i)) }
+	for _, tc := range []struct {
+		opts []pipeline.StageOption
+		want string
+	}{
+		{
+			[]pipeline.StageOption{pipeline.WithRetry(3, nil)},
+			`pipeline: stage "x": item failed after 3 attempts, and the stage has no WithDeadLetter to set it aside: flaky 0`,
+		},
+		{nil, `pipeline: stage "x": item failed (1 attempt), and the stage has no WithDeadLetter to set it aside: flaky 0`},
+	} {
+		p := pipeline.New()
+		pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(1)), pipeline.NewStage("x", 1, flaky, tc.opts...)),
+			pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+		err := p.Run(t.Context())
+		require.EqualError(t, err, tc.want)
+		serr, ok := errors.AsType[*pipeline.StageError](err)
+		require.True(t, ok)
+		assert.True(t, serr.NoDeadLetter)
+	}
+	p := pipeline.New()
+	pipeline.To(pipeline.FromSlice(p, ints(1)), pipeline.NewSink("x", 1, func(context.Context, int) error { return errBoom }))
+	require.EqualError(t, p.Run(t.Context()), `pipeline: stage "x": boom`, "a fatal error on the first attempt")
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -119,4 +120,23 @@ func row(t *testing.T, rep pipeline.Report, name string) pipeline.StageReport {
 // at all (without one, an item error stops the run).
 func discardDead[T any]() pipeline.StageOption {
 	return pipeline.WithDeadLetter(func(context.Context, pipeline.DeadLetter[T]) error { return nil })
+}
+
+// runWithin runs p inside a synctest bubble and fails the test if the run takes longer
+// than d of virtual time: a hung run that a ticker keeps from looking deadlocked (the
+// checkpoint saver's) fails at once instead of at the test binary's timeout.
+func runWithin(t *testing.T, p *pipeline.Pipeline, d time.Duration) error {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- p.Run(ctx) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-time.After(d):
+		cancel()
+		t.Fatalf("the run hung for %v (then returned %v)", d, <-errc)
+		return nil
+	}
 }

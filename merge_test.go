@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -316,4 +317,120 @@ func TestTeeInlinePanicNamesItsRow(t *testing.T) {
 			assert.Equal(t, int64(1), row(t, rep, "x").Failed, "the panicking item failed in the branch\n%v", rep)
 		})
 	}
+}
+
+// A Tee branch read by All, with another branch ending in To, runs when ranged; Run on such
+// a pipeline panics instead of waiting for its context; a second All panics.
+func TestTeeBranchReadByAllRunsWhenRanged(t *testing.T) {
+	t.Parallel()
+	p := pipeline.New()
+	b := pipeline.Tee(pipeline.FromSlice(p, ints(50)), 2)
+	var sunk atomic.Int64
+	pipeline.To(b[0], pipeline.NewSink("sink", 2, func(context.Context, int) error { sunk.Add(1); return nil }))
+	out, err := pipeline.Collect(t.Context(), b[1])
+	require.NoError(t, err)
+	assert.ElementsMatch(t, ints(50), out)
+	assert.Equal(t, int64(50), sunk.Load())
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute) // a hang fails, not waits
+	defer cancel()
+	msg := assertPanicsPipeline(t, func() { _ = p.Run(ctx) })
+	assert.Contains(t, msg, "Collect")
+	out, err = pipeline.Collect(t.Context(), b[1]) // and again: a pipeline runs any number of times
+	require.NoError(t, err)
+	assert.Len(t, out, 50)
+	assertPanicsPipeline(t, func() { pipeline.All(t.Context(), b[0]) })
+}
+
+// An inline operator panicking on one Tee branch after another branch took the item: the
+// upstream counts it as sent, the failing branch's row as failed.
+func TestTeeInlinePanicAfterOtherBranchTookItem(t *testing.T) {
+	t.Parallel()
+	for _, filter := range []bool{false, true} {
+		p := pipeline.New()
+		b := pipeline.Tee(pipeline.FromSlice(p, ints(3)), 2)
+		pipeline.To(b[0], pipeline.NewSink("a", 1, func(context.Context, int) error { return nil }))
+		s := b[1]
+		if filter {
+			s = pipeline.Filter(s, func(int) bool { return true }, pipeline.WithName("keep"))
+		}
+		s = pipeline.Map(s, func(i int) int {
+			if i == 0 {
+				panic("boom")
+			}
+			return i
+		})
+		pipeline.To(s, pipeline.NewSink("b", 1, func(context.Context, int) error { return nil }))
+		err := p.Run(t.Context())
+		_, isPanic := errors.AsType[*pipeline.PanicError](err)
+		require.True(t, isPanic, "want a panic, got %v", err)
+		rep := p.Report()
+		checkAccounting(t, rep)
+		src, a := row(t, rep, "FromSlice"), row(t, rep, "a")
+		assert.Equal(t, src.Out, a.In, "what the source sent reached branch a\n%v", rep)
+		first := "b"
+		if filter {
+			first = "keep"
+		}
+		fb := row(t, rep, first)
+		assert.Equal(t, src.Out, fb.In, "what the source sent reached branch b\n%v", rep)
+		assert.Equal(t, int64(1), fb.Failed, "the panicking item failed on branch b\n%v", rep)
+		assert.GreaterOrEqual(t, fb.Out, int64(0))
+	}
+}
+
+// The report lists rows upstream first across a Tee, and Next names every row a row feeds.
+func TestTeeReportRowsUpstreamFirst(t *testing.T) {
+	t.Parallel()
+	p := pipeline.New()
+	b := pipeline.Tee(pipeline.FromSlice(p, ints(5), pipeline.WithName("src")), 2)
+	pipeline.To(b[0], pipeline.NewSink("a", 1, func(context.Context, int) error { return nil }))
+	mid := pipeline.Then(b[1], pipeline.NewStage("mid", 1, identity))
+	pipeline.To(mid, pipeline.NewSink("b", 1, func(context.Context, int) error { return nil }))
+	require.NoError(t, p.Run(t.Context()))
+	rep := p.Report()
+	var names []string
+	for _, s := range rep.Stages {
+		names = append(names, s.Name)
+	}
+	assert.Equal(t, []string{"src", "a", "mid", "b"}, names)
+	assert.ElementsMatch(t, []string{"a", "mid"}, row(t, rep, "src").Next)
+	assert.Equal(t, []string{"b"}, row(t, rep, "mid").Next)
+	assert.Empty(t, row(t, rep, "a").Next)
+}
+
+// A panic in an inline operator of a nested Tee's branch, when the outer Tee's other branch
+// is wired last: the StageError names the source (it named no stage).
+func TestNestedTeeInlinePanicNamesSource(t *testing.T) {
+	p := pipeline.New()
+	src := pipeline.FromSlice(p, ints(3))
+	a := pipeline.Tee(src, 2)
+	b := pipeline.Tee(a[0], 2)
+	sink := func(n string) *pipeline.Stage[int, struct{}] {
+		return pipeline.NewSink(n, 1, func(context.Context, int) error { return nil })
+	}
+	pipeline.To(pipeline.Map(b[0], func(int) int { panic("map") }), sink("b0"))
+	pipeline.To(b[1], sink("b1"))
+	pipeline.To(a[1], sink("a1"))
+	err := p.Run(context.Background())
+	var se *pipeline.StageError
+	if assert.ErrorAs(t, err, &se) {
+		assert.Equal(t, "FromSlice", se.Stage, "err: %v", err)
+	}
+	rep := p.Report()
+	t.Log("\n", rep)
+	for _, s := range rep.Stages {
+		t.Logf("%s next=%v", s.Name, s.Next)
+	}
+	checkAccounting(t, rep)
+}
+
+// A Tee whose branches Merge back into one sink: the source row's Next names that sink once.
+func TestTeeMergedBackNamesNextOnce(t *testing.T) {
+	p := pipeline.New()
+	br := pipeline.Tee(pipeline.FromSlice(p, ints(3)), 2)
+	pipeline.To(pipeline.Merge(br[0], br[1]), pipeline.NewSink("s", 1, func(context.Context, int) error { return nil }))
+	require.NoError(t, p.Run(context.Background()))
+	rep := p.Report()
+	t.Log("\n", rep)
+	assert.Equal(t, []string{"s"}, row(t, rep, "FromSlice").Next)
 }

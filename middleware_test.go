@@ -519,3 +519,37 @@ func TestClassOf(t *testing.T) {
 type codeError struct{ code int }
 
 func (e *codeError) Error() string { return fmt.Sprintf("status %d", e.code) }
+
+// A WithTimeout attempt context that a goroutine first looks at after the attempt returned
+// was reused for the worker's next attempt; its timer (armed with the OLD deadline) then
+// canceled the next attempt, which started already "deadline exceeded".
+func TestTimeoutAttemptCtxNotReusedAfterEscape(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := pipeline.New()
+		var bg sync.WaitGroup
+		src := pipeline.Generate(p, func(ctx context.Context, emit func(int) error) error {
+			if err := emit(0); err != nil {
+				return err
+			}
+			time.Sleep(100 * time.Millisecond) // longer than the timeout: item 0's ctx expires
+			return emit(1)
+		})
+		var errAt1 error
+		st := pipeline.NewStage("s", 1, func(ctx context.Context, v int) (int, error) {
+			if v == 0 {
+				bg.Go(func() { // fire-and-forget work that watches ctx, started a little later
+					time.Sleep(5 * time.Millisecond)
+					<-ctx.Done()
+				})
+				return v, nil
+			}
+			errAt1 = ctx.Err() // a brand-new attempt: its 20ms have not started to run
+			return v, ctx.Err()
+		}, pipeline.WithTimeout(20*time.Millisecond))
+		pipeline.To(pipeline.Then(src, st), pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+		err := p.Run(context.Background())
+		bg.Wait()
+		assert.NoError(t, errAt1, "item 1's fresh attempt context is already done")
+		assert.NoError(t, err)
+	})
+}

@@ -181,3 +181,55 @@ func TestWorkersNeededExactProducts(t *testing.T) {
 	assert.Equal(t, 14, pipeline.WorkersNeeded(200, 70*time.Millisecond, 1))
 	assert.Equal(t, 7, pipeline.WorkersNeeded(1000, 7*time.Millisecond, 1))
 }
+
+// Nil options, sequences, streams and stages panic with a "pipeline:" message.
+func TestNilArgumentsPanic(t *testing.T) {
+	t.Parallel()
+	// A pipeline of its own per call: the cases run in parallel, and building is not
+	// safe for concurrent use.
+	src := func() *pipeline.Stream[int] { return pipeline.FromSlice(pipeline.New(), ints(1)) }
+	sink := pipeline.NewSink("sink", 1, func(context.Context, []int) error { return nil })
+	var nilStream *pipeline.Stream[int]
+	var nilStage *pipeline.Stage[int, int]
+	for name, f := range map[string]func(){
+		"New(nil)":              func() { pipeline.New(nil) },
+		"Batch(nil option)":     func() { pipeline.Batch(src(), 2, nil) },
+		"ToBatches(nil option)": func() { pipeline.ToBatches(src(), 2, sink, nil) },
+		"FromCheckpoint(nil option)": func() {
+			pipeline.FromCheckpoint(pipeline.New(), &memStore{}, from(1), nil)
+		},
+		"NewStage(nil option)":  func() { pipeline.NewStage("s", 1, identity, nil) },
+		"FromSlice(nil option)": func() { pipeline.FromSlice(pipeline.New(), ints(1), nil) },
+		"FromSeq(nil)":          func() { pipeline.FromSeq[int](pipeline.New(), nil) },
+		"FromSeq2(nil)":         func() { pipeline.FromSeq2[int](pipeline.New(), nil) },
+		"FromSlice(nil p)":      func() { pipeline.FromSlice(nil, ints(1)) },
+		"Then(nil stream)":      func() { pipeline.Then(nilStream, pipeline.NewStage("x", 1, identity)) },
+		"Then(nil stage)":       func() { pipeline.Then(src(), nilStage) },
+		"To(nil sink)":          func() { pipeline.To(src(), nil) },
+		"Map(nil stream)":       func() { pipeline.Map(nilStream, func(i int) int { return i }) },
+		"Filter(nil stream)":    func() { pipeline.Filter(nilStream, func(int) bool { return true }) },
+		"Batch(nil stream)":     func() { pipeline.Batch(nilStream, 2) },
+		"Tee(nil stream)":       func() { pipeline.Tee(nilStream, 2) },
+		"Merge(nil stream)":     func() { pipeline.Merge(src(), nilStream) },
+		"Collect(nil stream)":   func() { _, _ = pipeline.Collect(context.Background(), nilStream) },
+		"WithName(empty)":       func() { pipeline.WithName("") },
+		"WithCodec(nil)":        func() { pipeline.WithCodec[int](nil) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			assertPanicsPipeline(t, f)
+		})
+	}
+}
+
+// Run(nil) panics with context's message, and the pipeline can run again after it (the
+// panic came after Run had marked the pipeline as running).
+func TestRunNilContextLeavesPipelineRunnable(t *testing.T) {
+	p := pipeline.New()
+	pipeline.To(pipeline.FromSlice(p, ints(3)), pipeline.NewSink("s", 1, func(context.Context, int) error { return nil }))
+	func() {
+		defer func() { t.Logf("panic: %v", recover()) }()
+		_ = p.Run(nil) //nolint:staticcheck // a nil context is the misuse under test
+	}()
+	assert.NotPanics(t, func() { _ = p.Run(context.Background()) })
+}

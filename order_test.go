@@ -551,3 +551,168 @@ func TestOrderedStopSettlesFinishedRun(t *testing.T) {
 		})
 	}
 }
+
+// A panic in an inline operator after an ordered stage counts the item failed once. It was
+// counted failed by its worker AND, still "held" in the reorder window, moved again from
+// Succeeded to Failed by the final report: Succeeded went negative.
+func TestOrderedInlinePanicCountsItemOnce(t *testing.T) {
+	p := pipeline.New()
+	src := pipeline.FromSlice(p, []int{1})
+	st := pipeline.Then(src, pipeline.NewStage("ord", 1, func(_ context.Context, v int) (int, error) { return v, nil },
+		pipeline.WithOrdered(0)))
+	m := pipeline.Map(st, func(int) int { panic("map") })
+	pipeline.To(m, pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+	err := p.Run(context.Background())
+	var pe *pipeline.PanicError
+	require.ErrorAs(t, err, &pe)
+	checkAccounting(t, p.Report())
+}
+
+// A keyed stage's queue holds at most what WithBuffer says, whatever the workers.
+func TestKeyedQueueWithinBuffer(t *testing.T) {
+	t.Parallel()
+	for _, buf := range []int{0, 1, 3} {
+		synctest.Test(t, func(t *testing.T) {
+			release := make(chan struct{})
+			p := pipeline.New()
+			s := pipeline.Then(pipeline.FromSlice(p, ints(100)), pipeline.NewStage("keyed", 4,
+				func(ctx context.Context, i int) (int, error) {
+					select {
+					case <-release:
+					case <-ctx.Done():
+					}
+					return i, nil
+				}, pipeline.WithKey(func(i int) int { return i }), pipeline.WithBuffer(buf)))
+			pipeline.To(s, pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+			errc := make(chan error, 1)
+			go func() { errc <- p.Run(t.Context()) }()
+			synctest.Wait()
+			k := row(t, p.Snapshot(), "keyed")
+			assert.Equal(t, buf, k.QueueCap)
+			assert.LessOrEqual(t, k.QueueLen, buf, "items waiting in a keyed stage's queues")
+			close(release)
+			require.NoError(t, <-errc)
+			assert.LessOrEqual(t, row(t, p.Report(), "keyed").PeakQueue, buf)
+		})
+	}
+}
+
+// An ordered stage holds at most its window of finished or started items, also while the
+// window's items are being pushed to a slow consumer.
+func TestOrderedWindowBoundWithSlowConsumer(t *testing.T) {
+	t.Parallel()
+	for _, window := range []int{1, 4, 16} {
+		synctest.Test(t, func(t *testing.T) {
+			release := make(chan struct{})
+			var started, taken atomic.Int64
+			p := pipeline.New()
+			s := pipeline.Then(pipeline.FromSlice(p, ints(200)), pipeline.NewStage("ord", 4,
+				func(_ context.Context, i int) (int, error) { started.Add(1); return i, nil },
+				pipeline.WithOrdered(window)))
+			pipeline.To(s, pipeline.NewSink("sink", 1, func(ctx context.Context, _ int) error {
+				taken.Add(1)
+				select {
+				case <-release:
+				case <-ctx.Done():
+				}
+				return nil
+			}, pipeline.WithBuffer(0)))
+			errc := make(chan error, 1)
+			go func() { errc <- p.Run(t.Context()) }()
+			synctest.Wait() // the sink holds one item; the window fills behind it
+			assert.LessOrEqual(t, started.Load()-taken.Load(), int64(window), "items started and not yet taken by the sink")
+			close(release)
+			require.NoError(t, <-errc)
+		})
+	}
+}
+
+// An inline panic while the reorder window flushes a run of several items: the items pushed
+// before the panic are counted once (they stayed "held" and were counted Failed in the
+// ordered row, while downstream received them).
+func TestOrderedFlushInlinePanicCountsPushedItemsOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := pipeline.New()
+		src := pipeline.FromSlice(p, []int{0, 1, 2})
+		st := pipeline.Then(src, pipeline.NewStage("ord", 3, func(_ context.Context, v int) (int, error) {
+			if v == 0 {
+				time.Sleep(10 * time.Millisecond)
+			}
+			return v, nil
+		}, pipeline.WithOrdered(0)))
+		m := pipeline.Map(st, func(v int) int {
+			if v == 1 {
+				panic("map")
+			}
+			return v
+		})
+		pipeline.To(m, pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+		_ = p.Run(context.Background())
+		rep := p.Report()
+		t.Log("\n", rep)
+		checkAccounting(t, rep)
+		ord, sink := row(t, rep, "ord"), row(t, rep, "sink")
+		assert.Equal(t, ord.Out, sink.In, "ord sent = sink In")
+		assert.LessOrEqual(t, ord.Out, ord.Succeeded, "one-to-one stage: Out <= Succeeded")
+		assert.Equal(t, int64(3), ord.Failed+ord.Succeeded-ord.Out+sink.In, "each item once")
+	})
+}
+
+// A keyed stage with WithBuffer(n): no more than n items wait, whatever the keys.
+func TestKeyedBufferBoundsWaitingItems(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := pipeline.New()
+		src := pipeline.FromSlice(p, ints(50))
+		var snaps []pipeline.StageReport
+		st := pipeline.NewSink("k", 3, func(ctx context.Context, v int) error {
+			time.Sleep(time.Millisecond)
+			return nil
+		}, pipeline.WithBuffer(2), pipeline.WithKey(func(v int) int { return v % 2 }))
+		pipeline.To(src, st)
+		done := make(chan error)
+		go func() { done <- p.Run(context.Background()) }()
+		for {
+			select {
+			case err := <-done:
+				require.NoError(t, err)
+				for _, s := range snaps {
+					assert.LessOrEqual(t, s.QueueLen, 2)
+				}
+				checkAccounting(t, p.Report())
+				return
+			case <-time.After(300 * time.Microsecond):
+				if s, ok := p.Snapshot().Stage("k"); ok {
+					snaps = append(snaps, s)
+				}
+			}
+		}
+	})
+}
+
+// runtime.Goexit in an inline operator while the reorder window flushes a run fails the run
+// with ErrGoexit, and the ordered row's Out stays within its Succeeded.
+func TestOrderedFlushGoexitKeepsOutWithinSucceeded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := pipeline.New()
+		src := pipeline.FromSlice(p, []int{0, 1, 2})
+		st := pipeline.Then(src, pipeline.NewStage("ord", 3, func(_ context.Context, v int) (int, error) {
+			if v == 0 {
+				time.Sleep(10 * time.Millisecond)
+			}
+			return v, nil
+		}, pipeline.WithOrdered(0)))
+		m := pipeline.Map(st, func(v int) int {
+			if v == 1 {
+				runtime.Goexit()
+			}
+			return v
+		})
+		pipeline.To(m, pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+		err := p.Run(context.Background())
+		require.ErrorIs(t, err, pipeline.ErrGoexit)
+		rep := p.Report()
+		t.Log("\n", rep)
+		ord := row(t, rep, "ord")
+		assert.LessOrEqual(t, ord.Out, ord.Succeeded, "one-to-one stage: Out <= Succeeded")
+	})
+}

@@ -673,3 +673,23 @@ func TestAllCanceledParentBeforeRun(t *testing.T) {
 	assert.Zero(t, calls.Load())
 	checkReport(t, p.Report())
 }
+
+// Every row a user creates can be named, and the names must be unique.
+func TestRowNamesSettableAndUnique(t *testing.T) {
+	t.Parallel()
+	p := pipeline.New()
+	a := pipeline.Generate(p, func(ctx context.Context, emit func(int) error) error { return emit(1) }, pipeline.WithName("gen-a"))
+	b := pipeline.Generate(p, func(ctx context.Context, emit func(int) error) error { return emit(2) }, pipeline.WithName("gen-b"))
+	m := pipeline.Filter(pipeline.Merge(a, b), func(int) bool { return true }, pipeline.WithName("keep"))
+	batches := pipeline.Batch(m, 5, pipeline.WithName("group"), pipeline.WithLinger(time.Second))
+	got, err := pipeline.Collect(t.Context(), batches, pipeline.WithName("out"))
+	require.NoError(t, err)
+	assert.Len(t, got, 1)
+	var names []string
+	for _, s := range p.Report().Stages {
+		names = append(names, s.Name)
+	}
+	assert.ElementsMatch(t, []string{"gen-a", "gen-b", "keep", "group", "out"}, names)
+	msg := assertPanicsPipeline(t, func() { pipeline.FromSlice(p, ints(1), pipeline.WithName("keep")) })
+	assert.Contains(t, msg, `"keep"`)
+}

@@ -3,7 +3,13 @@ package pipeline_test
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
+	"iter"
 	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -249,4 +255,113 @@ func TestSnapshotInFlightCountsStartedItems(t *testing.T) {
 			assert.Zero(t, row(t, rep, "Batch").InFlight)
 		})
 	})
+}
+
+// An observer that panics on EventDeadLetter fails the run like a stage panic, and the item
+// is counted once (it was counted both DeadLettered and Failed).
+func TestObserverPanicOnDeadLetterCountsItemOnce(t *testing.T) {
+	p := pipeline.New(pipeline.WithObserver(func(e pipeline.Event) {
+		if e.Kind == pipeline.EventDeadLetter {
+			panic("observer")
+		}
+	}))
+	src := pipeline.FromSlice(p, []int{1})
+	pipeline.To(src, pipeline.NewSink("sink", 1, func(context.Context, int) error {
+		return pipeline.Permanent(errBoom)
+	}, discardDead[int]()))
+	err := p.Run(context.Background())
+	var pe *pipeline.PanicError
+	require.ErrorAs(t, err, &pe)
+	s := row(t, p.Report(), "sink")
+	assert.Equal(t, s.In, s.Succeeded+s.DeadLettered+s.Failed+s.NotStarted, "%v", p.Report())
+}
+
+// An observer that panics on EventStageDone (or EventCheckpoint) fails the run like a panic
+// in a stage, as WithObserver's doc says; it crashed the whole process (the event was
+// emitted outside any recover).
+func TestObserverPanicFailsRunNotProcess(t *testing.T) {
+	for _, kind := range []string{"stage-done", "checkpoint"} {
+		t.Run(kind, func(t *testing.T) {
+			if os.Getenv("OBSERVER_PANIC_CHILD") == kind {
+				childObserverPanic(kind)
+				return
+			}
+			cmd := exec.Command(os.Args[0], "-test.run=^TestObserverPanicFailsRunNotProcess$/^"+kind+"$", "-test.v")
+			cmd.Env = append(os.Environ(), "OBSERVER_PANIC_CHILD="+kind)
+			out, err := cmd.CombinedOutput()
+			assert.NoError(t, err, "the child process crashed:\n%s", tail(out))
+		})
+	}
+}
+
+func childObserverPanic(kind string) {
+	p := pipeline.New(pipeline.WithObserver(func(e pipeline.Event) {
+		if e.Kind.String() == kind {
+			panic("observer")
+		}
+	}))
+	var src *pipeline.Stream[int]
+	if kind == "checkpoint" {
+		store := pipeline.NewFileCheckpoint(filepath.Join(os.TempDir(), fmt.Sprintf("observer-panic-ck-%d", os.Getpid())))
+		defer func() { _ = os.Remove(filepath.Join(os.TempDir(), fmt.Sprintf("observer-panic-ck-%d", os.Getpid()))) }()
+		src = pipeline.FromCheckpoint(p, store, func(ctx context.Context, pos int64) iter.Seq2[int, error] {
+			return func(yield func(int, error) bool) {
+				for i := pos; i < 5000; i++ {
+					if !yield(int(i), nil) {
+						return
+					}
+				}
+			}
+		}, pipeline.WithSaveEvery(10))
+	} else {
+		src = pipeline.FromSlice(p, []int{1, 2, 3})
+	}
+	pipeline.To(src, pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+	err := p.Run(context.Background())
+	if _, ok := errors.AsType[*pipeline.PanicError](err); !ok {
+		fmt.Println("run returned", err, "- want a *PanicError")
+		os.Exit(3)
+	}
+}
+
+func tail(b []byte) string {
+	if len(b) > 1500 {
+		b = b[:1500]
+	}
+	return string(b)
+}
+
+// During a run, every row's In only grows between two Snapshots.
+func TestSnapshotInOnlyGrows(t *testing.T) {
+	t.Parallel()
+	for range 15 { // a race: one run in three showed it
+		snapshotInGrows(t)
+	}
+}
+
+func snapshotInGrows(t *testing.T) {
+	t.Helper()
+	p := pipeline.New(pipeline.WithBuffer(4))
+	s := pipeline.Then(pipeline.FromSlice(p, ints(5000)), pipeline.NewStage("a", 2, identity))
+	s = pipeline.Then(s, pipeline.NewStage("b", 3, identity, pipeline.WithKey(func(i int) int { return i % 5 })))
+	s = pipeline.Then(s, pipeline.NewStage("c", 2, identity, pipeline.WithOrdered(8)))
+	pipeline.To(s, pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+	done := make(chan error)
+	go func() { done <- p.Run(t.Context()) }()
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Go(func() {
+			last := map[string]int64{}
+			for range 500 {
+				for _, r := range p.Snapshot().Stages {
+					if !assert.GreaterOrEqual(t, r.In, last[r.Name], "row %q: In went down", r.Name) {
+						return
+					}
+					last[r.Name] = r.In
+				}
+			}
+		})
+	}
+	require.NoError(t, <-done)
+	wg.Wait()
 }
