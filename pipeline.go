@@ -19,7 +19,8 @@ import (
 // functions ([FromSlice], [Then], [To], ...) and executed by [Pipeline.Run] or, when
 // it ends in a stream read by the caller, by [Collect] or [All]. Building is not safe
 // for concurrent use; a built pipeline may be run any number of times, one run at a
-// time (by Run, or by Collect or All on the same stream again), as long as its sources
+// time (by Run, or by Collect or All on the same stream again; one called while a run is
+// in progress returns [ErrRunning]), as long as its sources
 // can be read again (a slice or an [iter.Seq] can, a channel cannot). Each run has its
 // own queues, workers and counters. The zero value is not usable: call [New].
 type Pipeline struct {
@@ -92,9 +93,10 @@ func (p *Pipeline) claim(name string, unique bool) string {
 // when an error budget tripped; or [context.Cause] of ctx when ctx was canceled first.
 // The [Pipeline.Report] of the run is ready when Run returns.
 //
-// Run panics when some stream has no consumer, when no sink was attached, when the
-// pipeline ends in [Collect] or [All] (which run it themselves), or when the pipeline is
-// already running.
+// When the pipeline is already running (one run at a time), Run returns [ErrRunning] at
+// once. Run panics when some stream has no consumer, when no sink was attached, or when
+// the pipeline ends in [Collect] or [All] (which run it themselves): mistakes in how the
+// pipeline was built.
 func (p *Pipeline) Run(ctx context.Context) error {
 	if ctx == nil {
 		panic("pipeline: Run(nil): need a context")
@@ -102,7 +104,9 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	if p.end != nil {
 		panic(fmt.Sprintf("pipeline: Run on a pipeline that ends in %s (%s): run it with %s again", p.end.ctor, p.end.desc, p.end.ctor))
 	}
-	p.begin(false)
+	if err := p.begin(false); err != nil {
+		return err
+	}
 	r, err := p.exec(p.newRun(ctx), nil)
 	return p.finish(r, err)
 }
@@ -117,7 +121,8 @@ func (p *Pipeline) Report() Report {
 
 // begin checks the graph and marks the pipeline as running; misuse panics here, in the
 // caller's goroutine. extra tells whether a terminal outside p.terminals will be added.
-func (p *Pipeline) begin(extra bool) {
+// It returns [ErrRunning], and marks nothing, when the pipeline is already running.
+func (p *Pipeline) begin(extra bool) error {
 	for _, s := range p.streams {
 		if !s.isConsumed() {
 			panic(fmt.Sprintf("pipeline: the output of %s is never consumed; end it with To, Collect or All", s.describe()))
@@ -127,8 +132,9 @@ func (p *Pipeline) begin(extra bool) {
 		panic("pipeline: Run on a pipeline without a sink; end it with To, Collect or All")
 	}
 	if !p.running.CompareAndSwap(false, true) {
-		panic("pipeline: Run called while the pipeline is already running")
+		return ErrRunning
 	}
+	return nil
 }
 
 // newRun returns the state of a new run under the caller's ctx.
@@ -464,7 +470,8 @@ type collectEnd struct {
 
 // Collect runs the pipeline that s belongs to, with s as its last stream, and returns
 // the items that reached the end, in arrival order. On failure it returns the items
-// collected so far with the run's error (see [Pipeline.Run]). Memory grows with the
+// collected so far with the run's error (see [Pipeline.Run]; [ErrRunning] when the
+// pipeline is running already). Memory grows with the
 // output: for large outputs, use [All] or [To]. Like All, it may be called again on the
 // same stream for another run (the options of the first call stay); options:
 // [WithName] (the end's row, "Collect" by default) and [WithBuffer].
@@ -481,7 +488,8 @@ func Collect[T any](ctx context.Context, s *Stream[T], opts ...CollectOption) ([
 
 // All runs the pipeline that s belongs to, with s as its last stream, and yields each
 // item that reaches the end, in arrival order, with a nil error. If the run fails, the
-// last pair yielded is a zero value with the run's error (see [Pipeline.Run]).
+// last pair yielded is a zero value with the run's error (see [Pipeline.Run]); when the
+// pipeline is running already, the only pair is a zero value with [ErrRunning].
 //
 // The loop body runs in the caller's goroutine while the stages run in their own; a
 // slow body applies backpressure through the whole pipeline. Breaking out of the loop
@@ -525,7 +533,10 @@ func collect[T any](ctx context.Context, s *Stream[T], ctor string, opts []Colle
 			wired = make(chan struct{})
 			done  = make(chan result, 1)
 		)
-		p.begin(true)
+		if err := p.begin(true); err != nil {
+			yield(*new(T), err)
+			return
+		}
 		go func() {
 			r := p.newRun(ctx)
 			returned := false

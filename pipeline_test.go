@@ -630,25 +630,59 @@ func TestWorkersBoundConcurrency(t *testing.T) {
 	}
 }
 
-// TestRunWhileRunning checks that a second Run of a pipeline that is running panics.
-func TestRunWhileRunning(t *testing.T) {
+// TestRunWhileRunningReturnsErrRunning checks that a second Run of a pipeline that is
+// running returns ErrRunning at once, and leaves the run in progress and its report alone.
+func TestRunWhileRunningReturnsErrRunning(t *testing.T) {
 	t.Parallel()
 	started, release := make(chan struct{}), make(chan struct{})
+	var first sync.Once
 	p := pipeline.New()
 	pipeline.To(pipeline.FromSlice(p, []int{1}), pipeline.NewSink("sink", 1, func(context.Context, int) error {
-		close(started)
-		<-release
+		first.Do(func() {
+			close(started)
+			<-release
+		})
 		return nil
 	}))
 	errc := make(chan error, 1)
 	go func() { errc <- p.Run(t.Context()) }()
 	<-started
-	msg := assertPanicsPipeline(t, func() { _ = p.Run(t.Context()) })
-	assert.Contains(t, msg, "already running")
+	var err error
+	assert.NotPanics(t, func() { err = p.Run(t.Context()) })
+	require.ErrorIs(t, err, pipeline.ErrRunning)
 	assert.Empty(t, p.Report().Stages, "during the first run, Report is the zero Report")
 	close(release)
 	require.NoError(t, <-errc)
 	assert.Len(t, p.Report().Stages, 2)
+	require.NoError(t, p.Run(t.Context()), "once the first run is over, the pipeline runs again")
+}
+
+// TestCollectAndAllWhileRunningReturnErrRunning checks that Collect, and a loop over
+// All, of a pipeline that is running (from the body of a loop over All of the same
+// stream) return ErrRunning and leave the run in progress alone.
+func TestCollectAndAllWhileRunningReturnErrRunning(t *testing.T) {
+	t.Parallel()
+	p := pipeline.New()
+	s := pipeline.Then(pipeline.FromSlice(p, ints(3)), pipeline.NewStage("s", 1, func(_ context.Context, v int) (int, error) { return v, nil }))
+	var got []int
+	for v, err := range pipeline.All(t.Context(), s) {
+		require.NoError(t, err)
+		got = append(got, v)
+		var out []int
+		assert.NotPanics(t, func() { out, err = pipeline.Collect(t.Context(), s) })
+		require.ErrorIs(t, err, pipeline.ErrRunning)
+		assert.Empty(t, out)
+		var errs []error
+		assert.NotPanics(t, func() {
+			for _, err := range pipeline.All(t.Context(), s) {
+				errs = append(errs, err)
+			}
+		})
+		require.Len(t, errs, 1)
+		require.ErrorIs(t, errs[0], pipeline.ErrRunning)
+	}
+	assert.Equal(t, []int{0, 1, 2}, got)
+	checkReport(t, p.Report())
 }
 
 // TestAllCanceledParentBeforeRun checks that a loop over All with an already canceled
