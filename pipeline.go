@@ -8,6 +8,7 @@ import (
 	"iter"
 	"runtime/trace"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -466,6 +467,7 @@ type collectEnd struct {
 	desc   string
 	name   string
 	buf    int
+	opts   config // the options of the first call: a later one gives the same, or none
 }
 
 // Collect runs the pipeline that s belongs to, with s as its last stream, and returns
@@ -473,8 +475,9 @@ type collectEnd struct {
 // collected so far with the run's error (see [Pipeline.Run]; [ErrRunning] when the
 // pipeline is running already). Memory grows with the
 // output: for large outputs, use [All] or [To]. Like All, it may be called again on the
-// same stream for another run (the options of the first call stay); options:
-// [WithName] (the end's row, "Collect" by default) and [WithBuffer].
+// same stream for another run, with the options of the first call or none (the first
+// call's stay); other options panic. Options: [WithName] (the end's row, "Collect" by
+// default) and [WithBuffer].
 func Collect[T any](ctx context.Context, s *Stream[T], opts ...CollectOption) ([]T, error) {
 	var out []T
 	for v, err := range collect(ctx, s, "Collect", opts) {
@@ -495,13 +498,34 @@ func Collect[T any](ctx context.Context, s *Stream[T], opts ...CollectOption) ([
 // slow body applies backpressure through the whole pipeline. Breaking out of the loop
 // cancels the run, and the loop statement returns only after every goroutine of the run
 // has exited. Each range over the sequence is a new run, and so is a later All or
-// [Collect] of the same stream.
+// [Collect] of the same stream: it takes the options of the first call, or none (the
+// first call's stay); other options panic.
 //
 // A pipeline has at most one stream read by All or Collect, and is run by them, not by
 // [Pipeline.Run]; its other ends ([To]) run with it. Options: [WithName] (the end's row
 // in the report, "All" by default) and [WithBuffer] (its queue).
 func All[T any](ctx context.Context, s *Stream[T], opts ...CollectOption) iter.Seq2[T, error] {
 	return collect(ctx, s, "All", opts)
+}
+
+// sameCollectOptions reports whether two calls of Collect or All gave the same options.
+func sameCollectOptions(a, b config) bool {
+	return a.name == b.name && a.bufferSet == b.bufferSet && (!a.bufferSet || a.buffer == b.buffer)
+}
+
+// describeCollectOptions names the options of a call of Collect or All, for a panic.
+func describeCollectOptions(c config) string {
+	var parts []string
+	if c.name != "" {
+		parts = append(parts, fmt.Sprintf("WithName(%q)", c.name))
+	}
+	if c.bufferSet {
+		parts = append(parts, fmt.Sprintf("WithBuffer(%d)", c.buffer))
+	}
+	if len(parts) == 0 {
+		return "no option"
+	}
+	return strings.Join(parts, ", ")
 }
 
 func collect[T any](ctx context.Context, s *Stream[T], ctor string, opts []CollectOption) iter.Seq2[T, error] {
@@ -513,10 +537,13 @@ func collect[T any](ctx context.Context, s *Stream[T], ctor string, opts []Colle
 	cfg := configure(ctor, opts, CollectOption.collectOption)
 	if e := p.end; e == nil {
 		s.consume(ctor)
-		p.end = &collectEnd{stream: s, ctor: ctor, desc: s.desc, name: p.rowName(cfg.name, ctor), buf: cfg.bufferOr(p.cfg.bufferOr(DefaultBuffer))}
+		p.end = &collectEnd{stream: s, ctor: ctor, desc: s.desc, name: p.rowName(cfg.name, ctor), buf: cfg.bufferOr(p.cfg.bufferOr(DefaultBuffer)), opts: cfg}
 	} else if e.stream != any(s) {
 		panic(fmt.Sprintf("pipeline: %s of %s: the pipeline already ends in %s of %s; a pipeline has one end read by Collect or All (use Tee and To for others)",
 			ctor, s.desc, e.ctor, e.desc))
+	} else if len(opts) > 0 && !sameCollectOptions(cfg, e.opts) {
+		panic(fmt.Sprintf("pipeline: %s of %s with %s: the first %s of this stream had %s, and its end keeps them; pass the same options again, or none",
+			ctor, s.desc, describeCollectOptions(cfg), e.ctor, describeCollectOptions(e.opts)))
 	}
 	name, buf := p.end.name, p.end.buf
 	return func(yield func(T, error) bool) {

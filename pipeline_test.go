@@ -685,6 +685,42 @@ func TestCollectAndAllWhileRunningReturnErrRunning(t *testing.T) {
 	checkReport(t, p.Report())
 }
 
+// TestCollectAgainWithOtherOptionsPanics checks that a later Collect or All of the same
+// stream with options other than the first call's panics instead of ignoring them, and
+// that the same options, or none, run again.
+func TestCollectAgainWithOtherOptionsPanics(t *testing.T) {
+	t.Parallel()
+	p := pipeline.New()
+	s := pipeline.Then(pipeline.FromSlice(p, ints(3)), pipeline.NewStage("s", 1, func(_ context.Context, v int) (int, error) { return v, nil }))
+	got, err := pipeline.Collect(t.Context(), s, pipeline.WithName("end"), pipeline.WithBuffer(4))
+	require.NoError(t, err)
+	assert.Len(t, got, 3)
+	for name, opts := range map[string][]pipeline.CollectOption{
+		"another name":                  {pipeline.WithName("other")},
+		"another buffer":                {pipeline.WithName("end"), pipeline.WithBuffer(8)},
+		"part of the options":           {pipeline.WithName("end")},
+		"the same buffer, another name": {pipeline.WithBuffer(4), pipeline.WithName("other")},
+	} {
+		msg := assertPanicsPipeline(t, func() { _, _ = pipeline.Collect(t.Context(), s, opts...) })
+		assert.Contains(t, msg, `WithName("end"), WithBuffer(4)`, name)
+		assertPanicsPipeline(t, func() { pipeline.All(t.Context(), s, opts...) })
+	}
+	for _, opts := range [][]pipeline.CollectOption{nil, {pipeline.WithBuffer(4), pipeline.WithName("end")}} {
+		got, err := pipeline.Collect(t.Context(), s, opts...)
+		require.NoError(t, err)
+		assert.Len(t, got, 3)
+		n := 0
+		for _, err := range pipeline.All(t.Context(), s, opts...) {
+			require.NoError(t, err)
+			n++
+		}
+		assert.Equal(t, 3, n)
+		end, ok := p.Report().Stage("end")
+		require.True(t, ok)
+		assert.Equal(t, 4, end.QueueCap)
+	}
+}
+
 // TestAllCanceledParentBeforeRun checks that a loop over All with an already canceled
 // parent ends at once, with the parent's cause, and starts no item.
 func TestAllCanceledParentBeforeRun(t *testing.T) {
