@@ -237,7 +237,7 @@ func then[In, Out any](s *Stream[In], st *Stage[In, Out], sink bool) *Stream[Out
 						failed.Store(true)
 					}
 					if left.Add(-1) == 0 {
-						r.emit(Event{Kind: EventStageDone, Stage: name}) // before the next stage can end
+						r.emit(r.ctx, Event{Kind: EventStageDone, Stage: name}) // before the next stage can end
 						if !failed.Load() {
 							done()
 						}
