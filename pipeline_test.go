@@ -189,6 +189,75 @@ func TestFlatStageRetrySendsNothingFromFailedAttempts(t *testing.T) {
 	assert.Equal(t, int64(1), row(t, p.Report(), "split").Retried)
 }
 
+// TestFlatStageEmitAfterReturnPanics checks that a flat stage's emit called after the
+// function returned panics with a "pipeline:" message instead of recording an output
+// that goes nowhere (or with another item), and that emit called from goroutines the
+// function starts, taking turns and waited for, records every output.
+func TestFlatStageEmitAfterReturnPanics(t *testing.T) {
+	t.Parallel()
+	var kept func(int)
+	p := pipeline.New()
+	s := pipeline.Then(pipeline.FromSlice(p, ints(10)), pipeline.NewFlatStage("split", 2, func(_ context.Context, v int, emit func(int)) error {
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for k := range 3 {
+			wg.Go(func() {
+				mu.Lock()
+				defer mu.Unlock()
+				emit(10*v + k)
+			})
+		}
+		wg.Wait()
+		if v == 0 {
+			kept = emit
+		}
+		return nil
+	}))
+	got, err := pipeline.Collect(t.Context(), s)
+	require.NoError(t, err)
+	assert.Len(t, got, 30)
+	require.NotNil(t, kept)
+	msg := assertPanicsPipeline(t, func() { kept(-1) })
+	assert.Contains(t, msg, "after the stage's function returned")
+}
+
+// TestGenerateEmitAfterReturnPanics checks that Generate's emit called after the
+// source's function returned panics with a "pipeline:" message instead of returning an
+// error or sending an item after the source's end, and that emit called from goroutines
+// the function starts, taking turns and waited for, sends every item.
+func TestGenerateEmitAfterReturnPanics(t *testing.T) {
+	t.Parallel()
+	var kept func(int) error
+	p := pipeline.New()
+	s := pipeline.Generate(p, func(_ context.Context, emit func(int) error) error {
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		errs := make([]error, 4)
+		for k := range 4 {
+			wg.Go(func() {
+				for i := range 25 {
+					mu.Lock()
+					err := emit(100*k + i)
+					mu.Unlock()
+					if err != nil {
+						errs[k] = err
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		kept = emit
+		return errors.Join(errs...)
+	})
+	got, err := pipeline.Collect(t.Context(), s)
+	require.NoError(t, err)
+	assert.Len(t, got, 100)
+	require.NotNil(t, kept)
+	msg := assertPanicsPipeline(t, func() { _ = kept(-1) })
+	assert.Contains(t, msg, "after the source's function returned")
+}
+
 // TestMapFilter checks the inline operators: Map transforms every item, Filter drops
 // some, and the report counts what the filter dropped.
 func TestMapFilter(t *testing.T) {

@@ -51,8 +51,14 @@ func NewStage[In, Out any](name string, workers int, fn func(ctx context.Context
 // (none filters the item out; several flat-map it). emit only records an output: the
 // outputs of an attempt are sent downstream after fn returns nil, in emit order, so a
 // failed or retried attempt sends nothing and waiting on a full queue never counts
-// against [WithTimeout]. emit must not be used after fn returns. The outputs of one item
-// are held in memory until sent.
+// against [WithTimeout]. The outputs of one item are held in memory until sent.
+//
+// emit is not safe for concurrent use: call it from fn's goroutine, or from goroutines
+// that fn starts if they take turns (under a mutex, say) and fn waits for them before it
+// returns. Concurrent calls are a data race that loses outputs (the race detector
+// reports it). emit must not be called once fn has returned: a call while the worker is
+// not in fn panics (one made while the worker already runs fn for its next item cannot
+// be told apart, and goes with that item).
 //
 // It panics like [NewStage].
 func NewFlatStage[In, Out any](name string, workers int, fn func(ctx context.Context, item In, emit func(Out)) error, opts ...StageOption) *Stage[In, Out] {
@@ -228,7 +234,12 @@ func then[In, Out any](s *Stream[In], st *Stage[In, Out], sink bool) *Stream[Out
 				w.out, w.hand = next(h), h
 			}
 			if st.flat != nil {
-				w.emit = func(o Out) { w.buf = append(w.buf, o) }
+				w.emit = func(o Out) {
+					if !w.inFlat {
+						panic(fmt.Sprintf("pipeline: NewFlatStage(%q): emit called after the stage's function returned", st.name))
+					}
+					w.buf = append(w.buf, o)
+				}
 			}
 			r.spawn(name, func() (err error) {
 				returned := false
@@ -337,6 +348,7 @@ type worker[In, Out any] struct {
 	slow     bool          // the last timed attempt took long: time every attempt
 	plain    bool          // no client, no Commit scope, one output per item: items calls the function itself
 	sink     bool          // the stage is a sink (NewSink, or attached by To): Commit and SetAside work
+	inFlat   bool          // a flat stage's function is running: its emit may be called
 	busy     bool          // an item is in hand and not yet counted: a panic fails it
 	ctxs     *attemptClock // WithTimeout: the attempts' contexts (nil without; a clock of its own, so that a context kept after its attempt keeps only it alive)
 	cl       *client[In]   // rate limits, breaker, adaptive workers (client.go); nil without
@@ -641,7 +653,10 @@ func (w *worker[In, Out]) call(ctx context.Context, v In) (Out, error) {
 	clear(w.buf)
 	w.buf = w.buf[:0]
 	var zero Out
-	return zero, w.st.flat(ctx, v, w.emit)
+	w.inFlat = true
+	err := w.st.flat(ctx, v, w.emit)
+	w.inFlat = false
+	return zero, err
 }
 
 // deliver sends an item's outputs downstream. If the run stops midway, every remaining
