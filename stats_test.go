@@ -153,8 +153,8 @@ type ctxHandler struct {
 }
 
 func (h ctxHandler) Enabled(context.Context, slog.Level) bool { return true }
-func (h ctxHandler) WithAttrs([]slog.Attr) slog.Handler        { return h }
-func (h ctxHandler) WithGroup(string) slog.Handler             { return h }
+func (h ctxHandler) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h ctxHandler) WithGroup(string) slog.Handler            { return h }
 func (h ctxHandler) Handle(ctx context.Context, r slog.Record) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
