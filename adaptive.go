@@ -153,7 +153,7 @@ func (a *adaptive) end(r *run, stage string, began time.Time, failed bool) {
 	}
 	a.mu.Unlock()
 	if change != nil {
-		r.emit(Event{Kind: EventLimit, Stage: stage, Limit: change.Limit})
+		r.emit(r.ctx, Event{Kind: EventLimit, Stage: stage, Limit: change.Limit})
 	}
 }
 

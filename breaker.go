@@ -369,7 +369,7 @@ func (b *breakerState) wakeLocked() {
 func (b *breakerState) emit(events []Event) {
 	for _, e := range events {
 		if e.Kind != 0 {
-			b.r.emit(e)
+			b.r.emit(b.r.ctx, e)
 		}
 	}
 }

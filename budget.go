@@ -113,9 +113,9 @@ func (w *worker[In, Out]) record(failed bool) error {
 		if first {
 			close(w.r.drainCh)
 		}
-		w.r.emit(Event{Kind: EventBudget, Stage: w.st.name, Err: serr})
+		w.r.emit(w.r.ctx, Event{Kind: EventBudget, Stage: w.st.name, Err: serr})
 		return nil
 	}
-	w.r.emit(Event{Kind: EventBudget, Stage: w.st.name, Err: serr})
+	w.r.emit(w.r.ctx, Event{Kind: EventBudget, Stage: w.st.name, Err: serr})
 	return serr
 }

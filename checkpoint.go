@@ -564,7 +564,7 @@ func (r *run) saveProgress(ctx context.Context, store CheckpointStore) (saved bo
 	r.savedAt.Store(time.Now().UnixNano())
 	t.markSaved(w)
 	if w != last {
-		r.emit(Event{Kind: EventCheckpoint, Stage: "checkpoint", Position: w})
+		r.emit(ctx, Event{Kind: EventCheckpoint, Stage: "checkpoint", Position: w})
 	}
 	return true, nil
 }

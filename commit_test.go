@@ -101,6 +101,54 @@ func TestCommitOutsideCheckpointedRun(t *testing.T) {
 	}))
 }
 
+// TestToTreatsNewStageAsSink checks that a NewStage with the output type struct{}
+// attached by To is a sink exactly as a NewSink: Commit records its progress, SetAside
+// counts in its row, and the row is a "sink".
+func TestToTreatsNewStageAsSink(t *testing.T) {
+	t.Parallel()
+	errRow := errors.New("row rejected")
+	for _, ctor := range []string{"NewSink", "NewStage"} {
+		t.Run(ctor, func(t *testing.T) {
+			t.Parallel()
+			const n = 20
+			store := newTxStore()
+			p := pipeline.New()
+			src := pipeline.FromCheckpoint(p, store, from(n), pipeline.WithSaveEvery(1000))
+			var checkpointed, uncovered int
+			write := func(ctx context.Context, v int) error {
+				if v%5 == 0 {
+					pipeline.SetAside(ctx, errRow)
+				}
+				return pipeline.Commit(ctx, func(_ context.Context, pr pipeline.Progress) error {
+					if pr.Checkpointed {
+						checkpointed++
+					}
+					store.commit(pr, []int{v})
+					if !store.covered(v) {
+						uncovered++
+					}
+					return nil
+				})
+			}
+			sink := pipeline.NewSink("write", 1, write)
+			if ctor == "NewStage" {
+				sink = pipeline.NewStage("write", 1, func(ctx context.Context, v int) (struct{}, error) { return struct{}{}, write(ctx, v) })
+			}
+			pipeline.To(src, sink)
+			require.NoError(t, p.Run(t.Context()))
+			assert.Equal(t, n, checkpointed, "every item's Commit saw the checkpoint's progress")
+			assert.Zero(t, uncovered, "each commit covered its item")
+			rep := p.Report()
+			checkAccounting(t, rep)
+			row, ok := rep.Stage("write")
+			require.True(t, ok)
+			assert.Equal(t, "sink", row.Kind)
+			assert.Equal(t, int64(n/5), row.SetAside)
+			assert.Equal(t, int64(n), store.pos)
+		})
+	}
+}
+
 // TestCommitProgressIsExact checks, at every commit of batches committed out of order by
 // several writers, that the progress recorded covers exactly the items committed so far.
 func TestCommitProgressIsExact(t *testing.T) {

@@ -416,7 +416,7 @@ func (w *worker[In, Out]) deadLetter(ctx context.Context, v In, attempts int, cl
 	w.t.deadLettered++
 	w.row.addCause(typ, causeMessage(last))
 	w.row.addError(typ, func(e *ErrorCount) { e.DeadLettered++ })
-	w.r.emit(Event{Kind: EventDeadLetter, Stage: w.st.name, Attempt: attempts, Err: last})
+	w.r.emit(ctx, Event{Kind: EventDeadLetter, Stage: w.st.name, Attempt: attempts, Err: last})
 	w.r.track.deadLettered(w.pos, stripItem(rec)) // set aside for good (a no-op once Commit settled it)
 	if err := w.skip(ctx); err != nil {
 		return err

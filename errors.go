@@ -30,6 +30,11 @@ var ErrBadCheckpoint = errors.New("pipeline: the checkpoint store loaded an inva
 // run fails rather than lose the item it held.
 var ErrGoexit = errors.New("pipeline: user code called runtime.Goexit (t.FailNow or t.Fatal in a stage?)")
 
+// ErrRunning is the error [Pipeline.Run], [Collect] and [All] return, at once and
+// without touching the run in progress or its report, when the pipeline is already
+// running: a pipeline runs one run at a time. Match it with [errors.Is].
+var ErrRunning = errors.New("pipeline: the pipeline is already running (one run at a time)")
+
 // StageError is the error a run returns when a stage (or a source, or a sink) fails the
 // run. Stage is the name of the stage; Err is the cause: the stage function's error, a
 // [*PanicError], or a [*BudgetError].

@@ -648,6 +648,21 @@ func ExamplePipeline_Run() {
 	// consumed before stopping: 4
 }
 
+// This example shows ErrRunning: a pipeline runs one run at a time, and a Run called
+// while it is running (here from its own sink) returns ErrRunning at once, leaving the
+// run in progress alone.
+func ExampleErrRunning() {
+	p := pipeline.New()
+	var second error
+	pipeline.To(pipeline.FromSlice(p, []int{1}), pipeline.NewSink("sink", 1, func(ctx context.Context, _ int) error {
+		second = p.Run(ctx)
+		return nil
+	}))
+	err := p.Run(context.Background())
+	fmt.Println(err, errors.Is(second, pipeline.ErrRunning))
+	// Output: <nil> true
+}
+
 // This example shows FromSlice: a source of a slice's items, in order. One worker in
 // the sink keeps that order.
 func ExampleFromSlice() {

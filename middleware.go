@@ -510,7 +510,7 @@ func (w *worker[In, Out]) processFrom(ctx context.Context, v In, failed error) e
 		if class == ClassTransient && attempt < w.st.cfg.attempts {
 			w.t.retried++
 			w.row.addError(errTypeName(err), func(e *ErrorCount) { e.Retried++ })
-			w.r.emit(Event{Kind: EventRetry, Stage: w.st.name, Attempt: attempt, Err: err})
+			w.r.emit(ctx, Event{Kind: EventRetry, Stage: w.st.name, Attempt: attempt, Err: err})
 			if err := w.hold(ctx); err != nil { // what the run finished goes on first
 				w.t.failed++
 				return err

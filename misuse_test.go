@@ -67,6 +67,9 @@ func TestMisusePanics(t *testing.T) {
 			pipeline.Map(s, func(v int) int { return v })
 			pipeline.Then(s, pipeline.NewStage("b", 1, fn))
 		}},
+		{"To of a NewFlatStage", func(ctx context.Context) {
+			pipeline.To(pipeline.FromSlice(pipeline.New(), []int{1}), pipeline.NewFlatStage("s", 1, func(context.Context, int, func(struct{})) error { return nil }))
+		}},
 		{"two streams read by All", func(ctx context.Context) {
 			b := pipeline.Tee(pipeline.FromSlice(pipeline.New(), []int{1}), 2)
 			pipeline.All(ctx, b[0])

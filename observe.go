@@ -79,20 +79,32 @@ func WithObserver(fn func(Event)) PipelineOption {
 	if fn == nil {
 		panic("pipeline: WithObserver(nil)")
 	}
-	return pipelineOpt(func(c *config) { c.observers = append(c.observers, fn) })
+	return pipelineOpt(func(c *config) {
+		c.observers = append(c.observers, func(_ context.Context, e Event) { fn(e) })
+	})
 }
 
 // WithLogger logs every [Event] of a pipeline's runs to l: retries and adaptive limit
 // changes at Debug, dead letters and an opening circuit breaker at Warn, a tripped
 // budget at Error, checkpoints, finished stages and a breaker's other transitions at
 // Info.
-// It is a pipeline option ([New]), built on [WithObserver].
+//
+// Each record is logged with the context of the event: for an item's event (a retry, a
+// dead letter, a tripped budget) the context its stage's function was given, less its
+// per-attempt deadline; for the others the run's. Both carry the values of the context
+// given to [Pipeline.Run], [Collect] or [All], so a handler finds there what the caller
+// put in it (a trace's span, a request ID). It is a pipeline option ([New]), called like
+// a [WithObserver] function, in order with them.
 func WithLogger(l *slog.Logger) PipelineOption {
 	if l == nil {
 		panic("pipeline: WithLogger(nil)")
 	}
-	return WithObserver(func(e Event) {
-		ctx := context.Background()
+	return pipelineOpt(func(c *config) { c.observers = append(c.observers, logEvent(l)) })
+}
+
+// logEvent returns the observer of [WithLogger]: it logs e to l with ctx.
+func logEvent(l *slog.Logger) func(context.Context, Event) {
+	return func(ctx context.Context, e Event) {
 		switch e.Kind {
 		case EventRetry:
 			l.LogAttrs(ctx, slog.LevelDebug, "pipeline: retrying item", slog.String("stage", e.Stage),
@@ -118,13 +130,15 @@ func WithLogger(l *slog.Logger) PipelineOption {
 			l.LogAttrs(ctx, slog.LevelDebug, "pipeline: adaptive limit changed", slog.String("stage", e.Stage),
 				slog.Int("limit", e.Limit))
 		}
-	})
+	}
 }
 
 // emit sends e to the pipeline's observers, if any. A panic in an observer does not
 // unwind the goroutine that sent the event (a worker mid-count, the saver, Run itself):
-// it is recovered here and fails the run as a *PanicError of the stage "observer".
-func (r *run) emit(e Event) {
+// it is recovered here and fails the run as a *PanicError of the stage "observer". ctx
+// is the context of the event's item (the one its stage's function was given), or the
+// run's; [WithLogger] logs with it.
+func (r *run) emit(ctx context.Context, e Event) {
 	if len(r.p.cfg.observers) == 0 {
 		return
 	}
@@ -134,7 +148,7 @@ func (r *run) emit(e Event) {
 		}
 	}()
 	for _, fn := range r.p.cfg.observers {
-		fn(e)
+		fn(ctx, e)
 	}
 }
 

@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"context"
 	"fmt"
 	"time"
 )
@@ -59,7 +60,7 @@ type config struct {
 	maxBytes     int
 	sizer        any // func(T) int, checked by Batch
 	saveEvery    int
-	observers    []func(Event)
+	observers    []func(context.Context, Event) // WithObserver, WithLogger: called with the context of the event's item, or of the run
 	maxRedo      int
 	saveInterval time.Duration
 	codec        any // Codec[T], checked by its user

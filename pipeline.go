@@ -8,6 +8,7 @@ import (
 	"iter"
 	"runtime/trace"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,7 +20,8 @@ import (
 // functions ([FromSlice], [Then], [To], ...) and executed by [Pipeline.Run] or, when
 // it ends in a stream read by the caller, by [Collect] or [All]. Building is not safe
 // for concurrent use; a built pipeline may be run any number of times, one run at a
-// time (by Run, or by Collect or All on the same stream again), as long as its sources
+// time (by Run, or by Collect or All on the same stream again; one called while a run is
+// in progress returns [ErrRunning]), as long as its sources
 // can be read again (a slice or an [iter.Seq] can, a channel cannot). Each run has its
 // own queues, workers and counters. The zero value is not usable: call [New].
 type Pipeline struct {
@@ -92,9 +94,10 @@ func (p *Pipeline) claim(name string, unique bool) string {
 // when an error budget tripped; or [context.Cause] of ctx when ctx was canceled first.
 // The [Pipeline.Report] of the run is ready when Run returns.
 //
-// Run panics when some stream has no consumer, when no sink was attached, when the
-// pipeline ends in [Collect] or [All] (which run it themselves), or when the pipeline is
-// already running.
+// When the pipeline is already running (one run at a time), Run returns [ErrRunning] at
+// once. Run panics when some stream has no consumer, when no sink was attached, or when
+// the pipeline ends in [Collect] or [All] (which run it themselves): mistakes in how the
+// pipeline was built.
 func (p *Pipeline) Run(ctx context.Context) error {
 	if ctx == nil {
 		panic("pipeline: Run(nil): need a context")
@@ -102,7 +105,9 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	if p.end != nil {
 		panic(fmt.Sprintf("pipeline: Run on a pipeline that ends in %s (%s): run it with %s again", p.end.ctor, p.end.desc, p.end.ctor))
 	}
-	p.begin(false)
+	if err := p.begin(false); err != nil {
+		return err
+	}
 	r, err := p.exec(p.newRun(ctx), nil)
 	return p.finish(r, err)
 }
@@ -117,7 +122,8 @@ func (p *Pipeline) Report() Report {
 
 // begin checks the graph and marks the pipeline as running; misuse panics here, in the
 // caller's goroutine. extra tells whether a terminal outside p.terminals will be added.
-func (p *Pipeline) begin(extra bool) {
+// It returns [ErrRunning], and marks nothing, when the pipeline is already running.
+func (p *Pipeline) begin(extra bool) error {
 	for _, s := range p.streams {
 		if !s.isConsumed() {
 			panic(fmt.Sprintf("pipeline: the output of %s is never consumed; end it with To, Collect or All", s.describe()))
@@ -127,8 +133,9 @@ func (p *Pipeline) begin(extra bool) {
 		panic("pipeline: Run on a pipeline without a sink; end it with To, Collect or All")
 	}
 	if !p.running.CompareAndSwap(false, true) {
-		panic("pipeline: Run called while the pipeline is already running")
+		return ErrRunning
 	}
+	return nil
 }
 
 // newRun returns the state of a new run under the caller's ctx.
@@ -460,14 +467,17 @@ type collectEnd struct {
 	desc   string
 	name   string
 	buf    int
+	opts   config // the options of the first call: a later one gives the same, or none
 }
 
 // Collect runs the pipeline that s belongs to, with s as its last stream, and returns
 // the items that reached the end, in arrival order. On failure it returns the items
-// collected so far with the run's error (see [Pipeline.Run]). Memory grows with the
+// collected so far with the run's error (see [Pipeline.Run]; [ErrRunning] when the
+// pipeline is running already). Memory grows with the
 // output: for large outputs, use [All] or [To]. Like All, it may be called again on the
-// same stream for another run (the options of the first call stay); options:
-// [WithName] (the end's row, "Collect" by default) and [WithBuffer].
+// same stream for another run, with the options of the first call or none (the first
+// call's stay); other options panic. Options: [WithName] (the end's row, "Collect" by
+// default) and [WithBuffer].
 func Collect[T any](ctx context.Context, s *Stream[T], opts ...CollectOption) ([]T, error) {
 	var out []T
 	for v, err := range collect(ctx, s, "Collect", opts) {
@@ -481,19 +491,41 @@ func Collect[T any](ctx context.Context, s *Stream[T], opts ...CollectOption) ([
 
 // All runs the pipeline that s belongs to, with s as its last stream, and yields each
 // item that reaches the end, in arrival order, with a nil error. If the run fails, the
-// last pair yielded is a zero value with the run's error (see [Pipeline.Run]).
+// last pair yielded is a zero value with the run's error (see [Pipeline.Run]); when the
+// pipeline is running already, the only pair is a zero value with [ErrRunning].
 //
 // The loop body runs in the caller's goroutine while the stages run in their own; a
 // slow body applies backpressure through the whole pipeline. Breaking out of the loop
 // cancels the run, and the loop statement returns only after every goroutine of the run
 // has exited. Each range over the sequence is a new run, and so is a later All or
-// [Collect] of the same stream.
+// [Collect] of the same stream: it takes the options of the first call, or none (the
+// first call's stay); other options panic.
 //
 // A pipeline has at most one stream read by All or Collect, and is run by them, not by
 // [Pipeline.Run]; its other ends ([To]) run with it. Options: [WithName] (the end's row
 // in the report, "All" by default) and [WithBuffer] (its queue).
 func All[T any](ctx context.Context, s *Stream[T], opts ...CollectOption) iter.Seq2[T, error] {
 	return collect(ctx, s, "All", opts)
+}
+
+// sameCollectOptions reports whether two calls of Collect or All gave the same options.
+func sameCollectOptions(a, b config) bool {
+	return a.name == b.name && a.bufferSet == b.bufferSet && (!a.bufferSet || a.buffer == b.buffer)
+}
+
+// describeCollectOptions names the options of a call of Collect or All, for a panic.
+func describeCollectOptions(c config) string {
+	var parts []string
+	if c.name != "" {
+		parts = append(parts, fmt.Sprintf("WithName(%q)", c.name))
+	}
+	if c.bufferSet {
+		parts = append(parts, fmt.Sprintf("WithBuffer(%d)", c.buffer))
+	}
+	if len(parts) == 0 {
+		return "no option"
+	}
+	return strings.Join(parts, ", ")
 }
 
 func collect[T any](ctx context.Context, s *Stream[T], ctor string, opts []CollectOption) iter.Seq2[T, error] {
@@ -505,10 +537,13 @@ func collect[T any](ctx context.Context, s *Stream[T], ctor string, opts []Colle
 	cfg := configure(ctor, opts, CollectOption.collectOption)
 	if e := p.end; e == nil {
 		s.consume(ctor)
-		p.end = &collectEnd{stream: s, ctor: ctor, desc: s.desc, name: p.rowName(cfg.name, ctor), buf: cfg.bufferOr(p.cfg.bufferOr(DefaultBuffer))}
+		p.end = &collectEnd{stream: s, ctor: ctor, desc: s.desc, name: p.rowName(cfg.name, ctor), buf: cfg.bufferOr(p.cfg.bufferOr(DefaultBuffer)), opts: cfg}
 	} else if e.stream != any(s) {
 		panic(fmt.Sprintf("pipeline: %s of %s: the pipeline already ends in %s of %s; a pipeline has one end read by Collect or All (use Tee and To for others)",
 			ctor, s.desc, e.ctor, e.desc))
+	} else if len(opts) > 0 && !sameCollectOptions(cfg, e.opts) {
+		panic(fmt.Sprintf("pipeline: %s of %s with %s: the first %s of this stream had %s, and its end keeps them; pass the same options again, or none",
+			ctor, s.desc, describeCollectOptions(cfg), e.ctor, describeCollectOptions(e.opts)))
 	}
 	name, buf := p.end.name, p.end.buf
 	return func(yield func(T, error) bool) {
@@ -525,7 +560,10 @@ func collect[T any](ctx context.Context, s *Stream[T], ctor string, opts []Colle
 			wired = make(chan struct{})
 			done  = make(chan result, 1)
 		)
-		p.begin(true)
+		if err := p.begin(true); err != nil {
+			yield(*new(T), err)
+			return
+		}
 		go func() {
 			r := p.newRun(ctx)
 			returned := false

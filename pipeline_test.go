@@ -189,6 +189,75 @@ func TestFlatStageRetrySendsNothingFromFailedAttempts(t *testing.T) {
 	assert.Equal(t, int64(1), row(t, p.Report(), "split").Retried)
 }
 
+// TestFlatStageEmitAfterReturnPanics checks that a flat stage's emit called after the
+// function returned panics with a "pipeline:" message instead of recording an output
+// that goes nowhere (or with another item), and that emit called from goroutines the
+// function starts, taking turns and waited for, records every output.
+func TestFlatStageEmitAfterReturnPanics(t *testing.T) {
+	t.Parallel()
+	var kept func(int)
+	p := pipeline.New()
+	s := pipeline.Then(pipeline.FromSlice(p, ints(10)), pipeline.NewFlatStage("split", 2, func(_ context.Context, v int, emit func(int)) error {
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for k := range 3 {
+			wg.Go(func() {
+				mu.Lock()
+				defer mu.Unlock()
+				emit(10*v + k)
+			})
+		}
+		wg.Wait()
+		if v == 0 {
+			kept = emit
+		}
+		return nil
+	}))
+	got, err := pipeline.Collect(t.Context(), s)
+	require.NoError(t, err)
+	assert.Len(t, got, 30)
+	require.NotNil(t, kept)
+	msg := assertPanicsPipeline(t, func() { kept(-1) })
+	assert.Contains(t, msg, "after the stage's function returned")
+}
+
+// TestGenerateEmitAfterReturnPanics checks that Generate's emit called after the
+// source's function returned panics with a "pipeline:" message instead of returning an
+// error or sending an item after the source's end, and that emit called from goroutines
+// the function starts, taking turns and waited for, sends every item.
+func TestGenerateEmitAfterReturnPanics(t *testing.T) {
+	t.Parallel()
+	var kept func(int) error
+	p := pipeline.New()
+	s := pipeline.Generate(p, func(_ context.Context, emit func(int) error) error {
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		errs := make([]error, 4)
+		for k := range 4 {
+			wg.Go(func() {
+				for i := range 25 {
+					mu.Lock()
+					err := emit(100*k + i)
+					mu.Unlock()
+					if err != nil {
+						errs[k] = err
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		kept = emit
+		return errors.Join(errs...)
+	})
+	got, err := pipeline.Collect(t.Context(), s)
+	require.NoError(t, err)
+	assert.Len(t, got, 100)
+	require.NotNil(t, kept)
+	msg := assertPanicsPipeline(t, func() { _ = kept(-1) })
+	assert.Contains(t, msg, "after the source's function returned")
+}
+
 // TestMapFilter checks the inline operators: Map transforms every item, Filter drops
 // some, and the report counts what the filter dropped.
 func TestMapFilter(t *testing.T) {
@@ -630,25 +699,95 @@ func TestWorkersBoundConcurrency(t *testing.T) {
 	}
 }
 
-// TestRunWhileRunning checks that a second Run of a pipeline that is running panics.
-func TestRunWhileRunning(t *testing.T) {
+// TestRunWhileRunningReturnsErrRunning checks that a second Run of a pipeline that is
+// running returns ErrRunning at once, and leaves the run in progress and its report alone.
+func TestRunWhileRunningReturnsErrRunning(t *testing.T) {
 	t.Parallel()
 	started, release := make(chan struct{}), make(chan struct{})
+	var first sync.Once
 	p := pipeline.New()
 	pipeline.To(pipeline.FromSlice(p, []int{1}), pipeline.NewSink("sink", 1, func(context.Context, int) error {
-		close(started)
-		<-release
+		first.Do(func() {
+			close(started)
+			<-release
+		})
 		return nil
 	}))
 	errc := make(chan error, 1)
 	go func() { errc <- p.Run(t.Context()) }()
 	<-started
-	msg := assertPanicsPipeline(t, func() { _ = p.Run(t.Context()) })
-	assert.Contains(t, msg, "already running")
+	var err error
+	assert.NotPanics(t, func() { err = p.Run(t.Context()) })
+	require.ErrorIs(t, err, pipeline.ErrRunning)
 	assert.Empty(t, p.Report().Stages, "during the first run, Report is the zero Report")
 	close(release)
 	require.NoError(t, <-errc)
 	assert.Len(t, p.Report().Stages, 2)
+	require.NoError(t, p.Run(t.Context()), "once the first run is over, the pipeline runs again")
+}
+
+// TestCollectAndAllWhileRunningReturnErrRunning checks that Collect, and a loop over
+// All, of a pipeline that is running (from the body of a loop over All of the same
+// stream) return ErrRunning and leave the run in progress alone.
+func TestCollectAndAllWhileRunningReturnErrRunning(t *testing.T) {
+	t.Parallel()
+	p := pipeline.New()
+	s := pipeline.Then(pipeline.FromSlice(p, ints(3)), pipeline.NewStage("s", 1, func(_ context.Context, v int) (int, error) { return v, nil }))
+	var got []int
+	for v, err := range pipeline.All(t.Context(), s) {
+		require.NoError(t, err)
+		got = append(got, v)
+		var out []int
+		assert.NotPanics(t, func() { out, err = pipeline.Collect(t.Context(), s) })
+		require.ErrorIs(t, err, pipeline.ErrRunning)
+		assert.Empty(t, out)
+		var errs []error
+		assert.NotPanics(t, func() {
+			for _, err := range pipeline.All(t.Context(), s) {
+				errs = append(errs, err)
+			}
+		})
+		require.Len(t, errs, 1)
+		require.ErrorIs(t, errs[0], pipeline.ErrRunning)
+	}
+	assert.Equal(t, []int{0, 1, 2}, got)
+	checkReport(t, p.Report())
+}
+
+// TestCollectAgainWithOtherOptionsPanics checks that a later Collect or All of the same
+// stream with options other than the first call's panics instead of ignoring them, and
+// that the same options, or none, run again.
+func TestCollectAgainWithOtherOptionsPanics(t *testing.T) {
+	t.Parallel()
+	p := pipeline.New()
+	s := pipeline.Then(pipeline.FromSlice(p, ints(3)), pipeline.NewStage("s", 1, func(_ context.Context, v int) (int, error) { return v, nil }))
+	got, err := pipeline.Collect(t.Context(), s, pipeline.WithName("end"), pipeline.WithBuffer(4))
+	require.NoError(t, err)
+	assert.Len(t, got, 3)
+	for name, opts := range map[string][]pipeline.CollectOption{
+		"another name":                  {pipeline.WithName("other")},
+		"another buffer":                {pipeline.WithName("end"), pipeline.WithBuffer(8)},
+		"part of the options":           {pipeline.WithName("end")},
+		"the same buffer, another name": {pipeline.WithBuffer(4), pipeline.WithName("other")},
+	} {
+		msg := assertPanicsPipeline(t, func() { _, _ = pipeline.Collect(t.Context(), s, opts...) })
+		assert.Contains(t, msg, `WithName("end"), WithBuffer(4)`, name)
+		assertPanicsPipeline(t, func() { pipeline.All(t.Context(), s, opts...) })
+	}
+	for _, opts := range [][]pipeline.CollectOption{nil, {pipeline.WithBuffer(4), pipeline.WithName("end")}} {
+		got, err := pipeline.Collect(t.Context(), s, opts...)
+		require.NoError(t, err)
+		assert.Len(t, got, 3)
+		n := 0
+		for _, err := range pipeline.All(t.Context(), s, opts...) {
+			require.NoError(t, err)
+			n++
+		}
+		assert.Equal(t, 3, n)
+		end, ok := p.Report().Stage("end")
+		require.True(t, ok)
+		assert.Equal(t, 4, end.QueueCap)
+	}
 }
 
 // TestAllCanceledParentBeforeRun checks that a loop over All with an already canceled

@@ -132,6 +132,12 @@ func FromChan[T any](p *Pipeline, ch <-chan T, opts ...SourceOption) *Stream[T] 
 // the run is stopping; fn should then return that error (or nil). An error fn returns
 // otherwise stops the run as a [*StageError] of the source. ctx is canceled when the run
 // stops.
+//
+// emit is not safe for concurrent use: call it from fn's goroutine, or from goroutines
+// that fn starts if they take turns (under a mutex, say) and fn waits for them before it
+// returns; for several independent producers, use a source each and [Merge]. Concurrent
+// calls are a data race that loses or mixes up items (the race detector reports it).
+// emit must not be called once fn has returned: it panics then.
 func Generate[T any](p *Pipeline, fn func(ctx context.Context, emit func(T) error) error, opts ...SourceOption) *Stream[T] {
 	if fn == nil {
 		panic("pipeline: Generate(nil)")
@@ -183,6 +189,7 @@ func newSourceNamed[T any](p *Pipeline, ctor, given string, n *int64, chunked bo
 		// received and sent count the items of the current chunk, added to the row's
 		// counters when the chunk is handed on (and when the goroutine ends).
 		var received, sent int64
+		var ended bool // body returned: emit is misused after
 		commit := func() {
 			if received != 0 {
 				st.received.add(received)
@@ -194,6 +201,9 @@ func newSourceNamed[T any](p *Pipeline, ctor, given string, n *int64, chunked bo
 			received, sent = 0, 0
 		}
 		emit := func(v T) error {
+			if ended {
+				panic(fmt.Sprintf("pipeline: %s: emit called after the source's function returned", name))
+			}
 			if rw.drain.Load() {
 				return errDraining
 			}
@@ -236,6 +246,7 @@ func newSourceNamed[T any](p *Pipeline, ctor, given string, n *int64, chunked bo
 			snd = out(h)
 			returned := false
 			defer func() {
+				ended = true
 				if !returned { // a panic or Goexit: what the source holds is never sent
 					snd.drop()
 				}

@@ -51,8 +51,14 @@ func NewStage[In, Out any](name string, workers int, fn func(ctx context.Context
 // (none filters the item out; several flat-map it). emit only records an output: the
 // outputs of an attempt are sent downstream after fn returns nil, in emit order, so a
 // failed or retried attempt sends nothing and waiting on a full queue never counts
-// against [WithTimeout]. emit must not be used after fn returns. The outputs of one item
-// are held in memory until sent.
+// against [WithTimeout]. The outputs of one item are held in memory until sent.
+//
+// emit is not safe for concurrent use: call it from fn's goroutine, or from goroutines
+// that fn starts if they take turns (under a mutex, say) and fn waits for them before it
+// returns. Concurrent calls are a data race that loses outputs (the race detector
+// reports it). emit must not be called once fn has returned: a call while the worker is
+// not in fn panics (one made while the worker already runs fn for its next item cannot
+// be told apart, and goes with that item).
 //
 // It panics like [NewStage].
 func NewFlatStage[In, Out any](name string, workers int, fn func(ctx context.Context, item In, emit func(Out)) error, opts ...StageOption) *Stage[In, Out] {
@@ -159,6 +165,13 @@ func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
 	if st == nil {
 		panic("pipeline: Then: nil *Stage")
 	}
+	return then(s, st, st.sink)
+}
+
+// then is [Then]; sink tells that the stage's row is a sink (made by [NewSink], or
+// attached by [To]): its function may call [Commit] and [SetAside], and its row is a
+// "sink" in the report.
+func then[In, Out any](s *Stream[In], st *Stage[In, Out], sink bool) *Stream[Out] {
 	p := s.p
 	name := p.claim(st.name, true)
 	desc := fmt.Sprintf("stage %q", name)
@@ -170,7 +183,7 @@ func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
 		classify = p.cfg.classify
 	}
 	kind := kindStage
-	if st.sink {
+	if sink {
 		kind = kindSink
 	}
 	out.open = func(r *run, next outlet[Out], done func()) {
@@ -206,8 +219,8 @@ func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
 		for i := range st.workers {
 			w := &worker[In, Out]{
 				st: st, r: r, row: rw, stats: &rw.workers[i], budget: b, classify: classify, ord: ord, cl: cl, id: i,
-				q: q, wt: newWaiter(), run: make([]item[In], chunk), runMax: 1, share: 1,
-				plain: cl == nil && st.flat == nil && (!st.sink || r.track == nil),
+				q: q, wt: newWaiter(), run: make([]item[In], chunk), runMax: 1, share: 1, sink: sink,
+				plain: cl == nil && st.flat == nil && (!sink || r.track == nil),
 			}
 			if st.cfg.timeout > 0 {
 				w.ctxs = new(attemptClock)
@@ -221,7 +234,12 @@ func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
 				w.out, w.hand = next(h), h
 			}
 			if st.flat != nil {
-				w.emit = func(o Out) { w.buf = append(w.buf, o) }
+				w.emit = func(o Out) {
+					if !w.inFlat {
+						panic(fmt.Sprintf("pipeline: NewFlatStage(%q): emit called after the stage's function returned", st.name))
+					}
+					w.buf = append(w.buf, o)
+				}
 			}
 			r.spawn(name, func() (err error) {
 				returned := false
@@ -230,7 +248,7 @@ func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
 						failed.Store(true)
 					}
 					if left.Add(-1) == 0 {
-						r.emit(Event{Kind: EventStageDone, Stage: name}) // before the next stage can end
+						r.emit(r.ctx, Event{Kind: EventStageDone, Stage: name}) // before the next stage can end
 						if !failed.Load() {
 							done()
 						}
@@ -246,13 +264,20 @@ func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
 }
 
 // To ends stream s in sink: every item of s is passed to the sink's function. Use
-// [NewSink] to make one. It panics like [Then].
+// [NewSink] to make one. A stage made by [NewStage] with the output type struct{} is a
+// sink all the same once To attaches it: its function may call [Commit] and [SetAside],
+// and its row is a "sink" in the report, exactly as with NewSink. It panics like [Then],
+// and when sink was made by [NewFlatStage] (its emit would have nowhere to go: use
+// NewSink).
 func To[T any](s *Stream[T], sink *Stage[T, struct{}]) {
 	s.check("To")
 	if sink == nil {
 		panic("pipeline: To: nil *Stage")
 	}
-	out := Then(s, sink)
+	if sink.flat != nil {
+		panic(fmt.Sprintf("pipeline: To: stage %q was made by NewFlatStage: a sink emits nothing; make it with NewSink", sink.name))
+	}
+	out := then(s, sink, true)
 	out.consumed = true
 	s.p.terminals = append(s.p.terminals, func(r *run) {
 		// The sink's function returned nil: the item's effect is committed.
@@ -322,6 +347,8 @@ type worker[In, Out any] struct {
 	pend     []entry       // ordered one-to-one stages: the run's outcomes, settled together
 	slow     bool          // the last timed attempt took long: time every attempt
 	plain    bool          // no client, no Commit scope, one output per item: items calls the function itself
+	sink     bool          // the stage is a sink (NewSink, or attached by To): Commit and SetAside work
+	inFlat   bool          // a flat stage's function is running: its emit may be called
 	busy     bool          // an item is in hand and not yet counted: a panic fails it
 	ctxs     *attemptClock // WithTimeout: the attempts' contexts (nil without; a clock of its own, so that a context kept after its attempt keeps only it alive)
 	cl       *client[In]   // rate limits, breaker, adaptive workers (client.go); nil without
@@ -374,7 +401,7 @@ func (w *worker[In, Out]) loop() (err error) {
 		err = &StageError{Stage: w.st.name, Err: newPanicError(v)}
 	}()
 	ctx := w.r.ctx
-	if w.st.sink {
+	if w.sink {
 		ctx = context.WithValue(ctx, setAsideKey{}, w.row) // for SetAside (deadletter.go)
 	}
 	err = w.take(ctx)
@@ -573,7 +600,7 @@ func (w *worker[In, Out]) attempt(ctx context.Context, v In) (out Out, err error
 	if trace.IsEnabled() {
 		defer trace.StartRegion(ctx, w.st.name).End()
 	}
-	if w.st.sink && w.r.track != nil && w.pos != noPos {
+	if w.sink && w.r.track != nil && w.pos != noPos {
 		ctx = w.r.track.scope(ctx, &w.pos) // for Commit (commit.go)
 	}
 	return w.timedCall(ctx, v)
@@ -626,7 +653,10 @@ func (w *worker[In, Out]) call(ctx context.Context, v In) (Out, error) {
 	clear(w.buf)
 	w.buf = w.buf[:0]
 	var zero Out
-	return zero, w.st.flat(ctx, v, w.emit)
+	w.inFlat = true
+	err := w.st.flat(ctx, v, w.emit)
+	w.inFlat = false
+	return zero, err
 }
 
 // deliver sends an item's outputs downstream. If the run stops midway, every remaining

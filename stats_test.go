@@ -147,6 +147,63 @@ func TestWithLogger(t *testing.T) {
 	assert.Equal(t, 3, strings.Count(out, "dead-lettered"), "items 2, 3 and 4 fail; the budget trips at 3/5 > 0.5")
 }
 
+// ctxKey is the key of the value TestWithLoggerLogsWithItsContext puts in the run's
+// context.
+type ctxKey struct{}
+
+// ctxHandler is a slog.Handler that records, for each message, the ctxKey value of the
+// context it was given.
+type ctxHandler struct {
+	mu   *sync.Mutex
+	seen map[string][]any
+}
+
+func (h ctxHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h ctxHandler) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h ctxHandler) WithGroup(string) slog.Handler            { return h }
+func (h ctxHandler) Handle(ctx context.Context, r slog.Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.seen[r.Message] = append(h.seen[r.Message], ctx.Value(ctxKey{}))
+	return nil
+}
+
+// TestWithLoggerLogsWithItsContext checks that WithLogger logs each event with a context
+// that carries the values of the run's context (a trace's span, say), for the events of
+// an item (retry, dead letter, budget) and of the run (checkpoint, stage done).
+func TestWithLoggerLogsWithItsContext(t *testing.T) {
+	t.Parallel()
+	h := ctxHandler{mu: new(sync.Mutex), seen: map[string][]any{}}
+	// Drain: the items before the budget trips settle, so the final save moves.
+	p := pipeline.New(pipeline.WithLogger(slog.New(h)), pipeline.WithErrorBudget(pipeline.Budget{MaxRatio: 0.5, MinSample: 4, Drain: true}))
+	src := pipeline.FromCheckpoint(p, newTxStore(), from(10), pipeline.WithSaveEvery(1))
+	tries := map[int]int{}
+	st := pipeline.NewStage("st", 1, func(_ context.Context, v int) (int, error) {
+		tries[v]++
+		if v == 1 && tries[v] == 1 {
+			return 0, pipeline.Transient(errBoom)
+		}
+		if v >= 2 {
+			return 0, pipeline.Permanent(errBoom)
+		}
+		return v, nil
+	}, pipeline.WithRetry(2, nil), pipeline.WithDeadLetter(pipeline.NewDeadLetterBuffer[int](10).Add))
+	pipeline.To(pipeline.Then(src, st), pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+	ctx := context.WithValue(t.Context(), ctxKey{}, "trace-42")
+	require.ErrorIs(t, p.Run(ctx), pipeline.ErrBudgetExceeded)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, msg := range []string{
+		"pipeline: retrying item", "pipeline: item dead-lettered", "pipeline: error budget tripped",
+		"pipeline: checkpoint saved", "pipeline: stage done",
+	} {
+		require.NotEmpty(t, h.seen[msg], msg)
+		for _, v := range h.seen[msg] {
+			assert.Equal(t, "trace-42", v, msg)
+		}
+	}
+}
+
 type lockedWriter struct {
 	mu *sync.Mutex
 	w  *bytes.Buffer
