@@ -253,6 +253,33 @@ func (c *Checkpoint) stamp(ctx context.Context, tx pgx.Tx, p pipeline.Progress) 
 	return seq, errors.Join(err, br.Close())
 }
 
+// commit records progress p in tx (see stamp) and commits tx: a COMMIT whose outcome is
+// unknown (its connection was lost, or its attempt timed out) is read back (resolve).
+func (c *Checkpoint) commit(ctx context.Context, tx pgx.Tx, p pipeline.Progress, cfg config) error {
+	seq, err := c.stamp(ctx, tx, p)
+	if err != nil {
+		return err
+	}
+	pc := tx.Conn().PgConn()
+	pid := pc.PID()
+	err = tx.Commit(ctx)
+	if err == nil {
+		return nil
+	}
+	if _, ok := errors.AsType[*pgconn.PgError](err); ok || errors.Is(err, pgx.ErrTxCommitRollback) || !isConnError(err) {
+		return err // refused: not committed
+	}
+	// The outcome is unknown. pgx closed the connection (a COMMIT that failed otherwise
+	// leaves no transaction open); make sure, so that the server ends the transaction,
+	// which the read-back waits for.
+	if !pc.IsClosed() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		_ = pc.Close(cctx)
+		cancel()
+	}
+	return c.resolve(ctx, seq, pid, err, cfg)
+}
+
 // resolve learns the outcome of a COMMIT whose connection was lost (cause), by reading
 // the job's row back on a new connection (see readBack): the commit happened if the
 // job's commit count reached seq under the same epoch. It returns nil when the commit happened, a

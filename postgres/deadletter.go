@@ -2,13 +2,10 @@ package pgpipe
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/gopipeline/pipeline"
@@ -94,18 +91,7 @@ func (d *DeadLetterTable[T]) Add(ctx context.Context, dl pipeline.DeadLetter[T])
 		if err := d.insert(ctx, tx, recs, nil); err != nil {
 			return err
 		}
-		seq, err := d.ck.stamp(ctx, tx, p)
-		if err != nil {
-			return err
-		}
-		err = tx.Commit(ctx)
-		if err == nil {
-			return nil
-		}
-		if _, ok := errors.AsType[*pgconn.PgError](err); ok || errors.Is(err, pgx.ErrTxCommitRollback) || !isConnError(err) {
-			return err // refused: not committed
-		}
-		return d.ck.resolve(ctx, seq, err, config{attempts: 30, backoff: pipeline.ExponentialBackoff(20*time.Millisecond, 2*time.Second)})
+		return d.ck.commit(ctx, tx, p, defaultConfig()) // a writer's retries of the read-back
 	})
 }
 

@@ -46,6 +46,12 @@ type config struct {
 	backoff  pipeline.Backoff
 }
 
+// defaultConfig is a writer's configuration before its options: batches of 5,000 rows,
+// 30 attempts with backoff from 20 ms to 2 s.
+func defaultConfig() config {
+	return config{rows: 5000, attempts: 30, backoff: pipeline.ExponentialBackoff(20*time.Millisecond, 2*time.Second)}
+}
+
 // WithUpsert makes the writer upsert on the key columns: each batch is copied into a
 // temporary table in the same transaction, then moved with INSERT … SELECT … ON
 // CONFLICT (key) DO UPDATE of every other column. Before that the batch is
@@ -200,7 +206,7 @@ func NewWriter[T any](pool *pgxpool.Pool, table string, m Mapping[T], opts ...Op
 	if pool == nil || table == "" || m.fill == nil {
 		panic(fmt.Sprintf("pgpipe: NewWriter(%q): need a pool, a table and a Mapping", table))
 	}
-	cfg := config{rows: 5000, attempts: 30, backoff: pipeline.ExponentialBackoff(20*time.Millisecond, 2*time.Second)}
+	cfg := defaultConfig()
 	for _, o := range opts {
 		if o == nil {
 			panic(fmt.Sprintf("pgpipe: NewWriter(%q): nil Option", table))
@@ -558,29 +564,8 @@ func (w *Writer[T]) commit(ctx context.Context, tx pgx.Tx) error {
 		return nil
 	}
 	return pipeline.Commit(ctx, func(ctx context.Context, p pipeline.Progress) error {
-		seq, err := ck.stamp(ctx, tx, p)
 		w.stats.roundTrips.Add(2)
-		if err != nil {
-			return err
-		}
-		pc := tx.Conn().PgConn()
-		pid := pc.PID()
-		err = tx.Commit(ctx)
-		if err == nil {
-			return nil
-		}
-		if _, ok := errors.AsType[*pgconn.PgError](err); ok || errors.Is(err, pgx.ErrTxCommitRollback) || !isConnError(err) {
-			return err // refused: not committed
-		}
-		// The outcome is unknown. pgx closed the connection (a COMMIT that failed
-		// otherwise leaves no transaction open); make sure, so that the server ends the
-		// transaction, which the read-back waits for.
-		if !pc.IsClosed() {
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			_ = pc.Close(cctx)
-			cancel()
-		}
-		return ck.resolve(ctx, seq, pid, err, w.cfg)
+		return ck.commit(ctx, tx, p, w.cfg)
 	})
 }
 
