@@ -210,7 +210,7 @@ func ExampleFilter() {
 	out, err := pipeline.Collect(context.Background(), even)
 	fmt.Println(out, err)
 	for _, s := range p.Report().Stages {
-		if s.Kind == "filter" {
+		if s.Kind == pipeline.KindFilter {
 			fmt.Println("filtered out:", s.Filtered)
 		}
 	}
@@ -728,7 +728,7 @@ func ExampleMerge() {
 	slices.Sort(out)
 	fmt.Println(out)
 	for _, s := range p.Report().Stages {
-		if s.Kind == "source" {
+		if s.Kind == pipeline.KindSource {
 			fmt.Printf("%s sent %d\n", s.Name, s.Out)
 		}
 	}
