@@ -280,9 +280,9 @@ func TestAdaptiveCancel(t *testing.T) {
 func TestAdaptiveBottleneck(t *testing.T) {
 	t.Parallel()
 	rep := pipeline.Report{Stages: []pipeline.StageReport{
-		{Name: "src", Kind: "source", Next: []string{"call"}},
+		{Name: "src", Kind: pipeline.KindSource, Next: []string{"call"}},
 		{
-			Name: "call", Kind: "stage", Workers: 32, Limit: 8, QueueCap: 100, PeakQueue: 100,
+			Name: "call", Kind: pipeline.KindStage, Workers: 32, Limit: 8, QueueCap: 100, PeakQueue: 100,
 			Latency:      pipeline.Latency{Count: 1000, P50: 10 * time.Millisecond, P99: 10 * time.Millisecond},
 			LimitHistory: []pipeline.LimitChange{{At: time.Second, Limit: 8, Reason: "latency"}},
 		},

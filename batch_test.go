@@ -29,7 +29,7 @@ func flushTotal(f pipeline.Flushes) int64 {
 func checkBatchRow(t *testing.T, rep pipeline.Report, name string) pipeline.StageReport {
 	t.Helper()
 	b := row(t, rep, name)
-	assert.Equal(t, "batch", b.Kind)
+	assert.Equal(t, pipeline.KindBatch, b.Kind)
 	for _, c := range []int64{b.In, b.Succeeded, b.Out, b.Failed, b.NotStarted, b.DeadLettered, b.Retried} {
 		assert.GreaterOrEqualf(t, c, int64(0), "batch row %q has a negative count\n%v", name, rep)
 	}

@@ -142,7 +142,7 @@ func TestToTreatsNewStageAsSink(t *testing.T) {
 			checkAccounting(t, rep)
 			row, ok := rep.Stage("write")
 			require.True(t, ok)
-			assert.Equal(t, "sink", row.Kind)
+			assert.Equal(t, pipeline.KindSink, row.Kind)
 			assert.Equal(t, int64(n/5), row.SetAside)
 			assert.Equal(t, int64(n), store.pos)
 		})

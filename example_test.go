@@ -2,6 +2,7 @@ package pipeline_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"iter"
@@ -210,7 +211,7 @@ func ExampleFilter() {
 	out, err := pipeline.Collect(context.Background(), even)
 	fmt.Println(out, err)
 	for _, s := range p.Report().Stages {
-		if s.Kind == "filter" {
+		if s.Kind == pipeline.KindFilter {
 			fmt.Println("filtered out:", s.Filtered)
 		}
 	}
@@ -538,6 +539,41 @@ func ExamplePipeline_Report() {
 	// 2 × *strconv.NumError "invalid syntax"
 }
 
+// This example shows the kinds of the rows of a report: a switch on StageReport.Kind
+// with the Kind constants picks each row's telling figures. A Kind is a string: it
+// prints, and marshals to JSON, as its name.
+func ExampleKind() {
+	p := pipeline.New()
+	even := pipeline.Filter(pipeline.FromSlice(p, []int{1, 2, 3, 4, 5, 6, 7, 8}), func(v int) bool { return v%2 == 0 })
+	squares := pipeline.Then(even, pipeline.NewStage("square", 2, func(_ context.Context, v int) (int, error) { return v * v, nil }))
+	pipeline.ToBatches(squares, 2, pipeline.NewSink("save", 1, func(context.Context, []int) error { return nil }))
+	if err := p.Run(context.Background()); err != nil {
+		fmt.Println("error:", err)
+		return
+	}
+	for _, s := range p.Report().Stages {
+		switch s.Kind {
+		case pipeline.KindSource:
+			fmt.Printf("%-9s %-6s sent %d\n", s.Name, s.Kind, s.Out)
+		case pipeline.KindFilter:
+			fmt.Printf("%-9s %-6s dropped %d\n", s.Name, s.Kind, s.Filtered)
+		case pipeline.KindBatch:
+			fmt.Printf("%-9s %-6s %d items in %d batches\n", s.Name, s.Kind, s.In, s.Out)
+		case pipeline.KindStage, pipeline.KindSink:
+			fmt.Printf("%-9s %-6s workers=%d ok=%d\n", s.Name, s.Kind, s.Workers, s.Succeeded)
+		}
+	}
+	b, _ := json.Marshal(struct{ Kind pipeline.Kind }{pipeline.KindBatch})
+	fmt.Println(string(b))
+	// Output:
+	// FromSlice source sent 8
+	// Filter    filter dropped 4
+	// square    stage  workers=2 ok=4
+	// Batch     batch  4 items in 2 batches
+	// save      sink   workers=1 ok=2
+	// {"Kind":"batch"}
+}
+
 // This example shows WorkersNeeded sizing a stage by Little's law: 750 items/s at 20 ms
 // each keep 15 items in service, 19 with 25 % headroom.
 func ExampleWorkersNeeded() {
@@ -728,7 +764,7 @@ func ExampleMerge() {
 	slices.Sort(out)
 	fmt.Println(out)
 	for _, s := range p.Report().Stages {
-		if s.Kind == "source" {
+		if s.Kind == pipeline.KindSource {
 			fmt.Printf("%s sent %d\n", s.Name, s.Out)
 		}
 	}

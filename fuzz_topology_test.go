@@ -98,7 +98,7 @@ func runTopology(t *testing.T, data []byte) {
 			switch {
 			case r.In < lastIn[r.Name]:
 				snapErr = fmt.Errorf("row %q: In went down from %d to %d", r.Name, lastIn[r.Name], r.In)
-			case r.Kind != "source" && r.Kind != "filter" && r.QueueLen > r.QueueCap:
+			case r.Kind != pipeline.KindSource && r.Kind != pipeline.KindFilter && r.QueueLen > r.QueueCap:
 				snapErr = fmt.Errorf("row %q: %d queued, capacity %d", r.Name, r.QueueLen, r.QueueCap)
 			case bd.window[r.Name] > 0 && r.Window > bd.window[r.Name]:
 				snapErr = fmt.Errorf("row %q: window holds %d, size %d", r.Name, r.Window, bd.window[r.Name])
@@ -217,7 +217,7 @@ func runTopology(t *testing.T, data []byte) {
 		}
 	}
 	for _, r := range rep.Stages {
-		if (r.Kind == "stage" || r.Kind == "sink" || r.Kind == "batch") && !crossesFlatten[r.Name] && r.In != fed[r.Name] {
+		if (r.Kind == pipeline.KindStage || r.Kind == pipeline.KindSink || r.Kind == pipeline.KindBatch) && !crossesFlatten[r.Name] && r.In != fed[r.Name] {
 			t.Fatalf("row %q: In %d, its feeders sent %d\n%v", r.Name, r.In, fed[r.Name], rep)
 		}
 	}

@@ -53,10 +53,10 @@ func checkAccounting(t *testing.T, rep pipeline.Report) {
 			assert.GreaterOrEqualf(t, c, int64(0), "row %q has a negative count\n%v", s.Name, rep)
 		}
 		switch s.Kind {
-		case "stage", "sink", "batch":
+		case pipeline.KindStage, pipeline.KindSink, pipeline.KindBatch:
 			assert.Equalf(t, s.In, s.Succeeded+s.DeadLettered+s.Failed+s.NotStarted,
 				"row %q: In != Succeeded+DeadLettered+Failed+NotStarted\n%v", s.Name, rep)
-		case "source":
+		case pipeline.KindSource:
 			assert.Equalf(t, s.In, s.Succeeded+s.Failed+s.NotStarted, "source %q: In != Succeeded+Failed+NotStarted\n%v", s.Name, rep)
 			assert.Equalf(t, s.Succeeded, s.Out, "source %q: Out != Succeeded\n%v", s.Name, rep)
 		}
@@ -69,13 +69,13 @@ func checkAccounting(t *testing.T, rep pipeline.Report) {
 func checkChain(t *testing.T, rep pipeline.Report) {
 	t.Helper()
 	require.NotEmpty(t, rep.Stages)
-	require.Equal(t, "source", rep.Stages[0].Kind, "the first row of a chain is its source")
+	require.Equal(t, pipeline.KindSource, rep.Stages[0].Kind, "the first row of a chain is its source")
 	flow := rep.Stages[0].Succeeded
 	for _, s := range rep.Stages[1:] {
 		switch s.Kind {
-		case "filter":
+		case pipeline.KindFilter:
 			flow -= s.Filtered
-		case "stage", "sink":
+		case pipeline.KindStage, pipeline.KindSink:
 			assert.Equalf(t, flow, s.In, "row %q: In != what its upstream sent\n%v", s.Name, rep)
 			flow = s.Out
 		default:

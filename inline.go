@@ -28,7 +28,7 @@ func Map[In, Out any](s *Stream[In], fn func(In) Out) *Stream[Out] {
 }
 
 // Filter returns a stream of the items of s for which keep returns true. Like [Map], it
-// runs inline. Dropped items are counted in the [Report], in a row of kind "filter"
+// runs inline. Dropped items are counted in the [Report], in a row of kind [KindFilter]
 // named by [WithName], or else "Filter" ("Filter#2", ... when there are several); its
 // In is what reached it, its Out what it let through. It counts them per chunk of
 // items, so an item costs no atomic operation.

@@ -110,7 +110,7 @@ func TestEveryItemOnce(t *testing.T) {
 				require.NoError(t, rep.Err)
 				checkReport(t, rep)
 				last := rep.Stages[len(rep.Stages)-1]
-				assert.Equal(t, "sink", last.Kind)
+				assert.Equal(t, pipeline.KindSink, last.Kind)
 				assert.Equal(t, int64(n), last.Succeeded)
 				assert.Zero(t, rep.NotStarted())
 				assert.Zero(t, rep.DeadLettered())
@@ -283,7 +283,7 @@ func TestMapFilter(t *testing.T) {
 			checkReport(t, rep)
 			var filters []pipeline.StageReport
 			for _, s := range rep.Stages {
-				if s.Kind == "filter" {
+				if s.Kind == pipeline.KindFilter {
 					filters = append(filters, s)
 				}
 			}

@@ -96,9 +96,9 @@ func TestRateLimit(t *testing.T) {
 func TestRateLimitBottleneck(t *testing.T) {
 	t.Parallel()
 	rep := pipeline.Report{Elapsed: 10 * time.Second, Stages: []pipeline.StageReport{
-		{Name: "src", Kind: "source", Next: []string{"call"}},
+		{Name: "src", Kind: pipeline.KindSource, Next: []string{"call"}},
 		{
-			Name: "call", Kind: "stage", Workers: 4, Limit: 4, QueueCap: 100, PeakQueue: 100, Throttled: 36 * time.Second,
+			Name: "call", Kind: pipeline.KindStage, Workers: 4, Limit: 4, QueueCap: 100, PeakQueue: 100, Throttled: 36 * time.Second,
 			Latency: pipeline.Latency{Count: 1000, P50: time.Millisecond, P99: time.Millisecond},
 		},
 	}}

@@ -11,6 +11,34 @@ import (
 	"time"
 )
 
+// Kind is what a row of a [Report] is ([StageReport.Kind]): a source, a stage, a sink,
+// a filter or a batch. It is a string type, so that a Kind prints, marshals to JSON and
+// labels a metric as its name ("source", "stage", ...); compare it with the constants.
+type Kind string
+
+// The kinds of rows in a [Report].
+const (
+	// KindSource is a source (FromSlice, Generate, FromSeq, FromChan, FromAcked,
+	// FromCheckpoint, ...): it has no input queue and no workers (Workers is 0); its In
+	// is the items it holds when known, else the items it produced.
+	KindSource Kind = "source"
+	// KindStage is a stage attached by [Then] (made by [NewStage] or [NewFlatStage]):
+	// workers taking items from an input queue.
+	KindStage Kind = "stage"
+	// KindSink is a sink: a stage attached by [To] or [ToBatches], or the row through
+	// which [Collect] and [All] read a stream. Its function may call [Commit] and
+	// [SetAside].
+	KindSink Kind = "sink"
+	// KindFilter is a [Filter]: it runs inline in the row before it, with no queue and no
+	// workers; Filtered counts the items it dropped.
+	KindFilter Kind = "filter"
+	// KindBatch is a [Batch] (also the batching row of [ToBatches]): one worker filling
+	// batches from an input queue; its Out counts batches and Flushes their reasons.
+	KindBatch Kind = "batch"
+)
+
+// rowKind is the tag a row's constructor gives it (newRow): its Kind as a byte, named
+// by rowKinds. A new kind is a rowKind, a Kind and their entry in rowKinds.
 type rowKind uint8
 
 const (
@@ -19,11 +47,16 @@ const (
 	kindSink
 	kindFilter
 	kindBatch
+	numKinds // the number of kinds
 )
 
-func (k rowKind) String() string {
-	return [...]string{"source", "stage", "sink", "filter", "batch"}[k]
-}
+// rowKinds names every rowKind: a missing entry does not compile (a shorter array) or
+// fails TestRowKinds (an empty one).
+var rowKinds = [...]Kind{kindSource: KindSource, kindStage: KindStage, kindSink: KindSink, kindFilter: KindFilter, kindBatch: KindBatch}
+
+var _ [len(rowKinds) - int(numKinds)]struct{} // rowKinds has an entry per rowKind
+
+func (k rowKind) kind() Kind { return rowKinds[k] }
 
 // workerStats are one worker's counters. Each worker writes only its own, so counting
 // costs no lock and no contended atomic; the padding keeps two workers' counters off
@@ -50,7 +83,7 @@ type queueLen interface {
 	startedBy(worker int) int64 // items the worker took and then started or gave back
 }
 
-// row is one source, stage, sink or filter of a run.
+// row is one row of a run's report: a source, stage, sink, filter or batch (see [Kind]).
 type row struct {
 	name     string
 	kind     rowKind
@@ -212,10 +245,11 @@ type Report struct {
 	Elapsed         time.Duration // since the run started
 }
 
-// StageReport is the account of one source, stage, sink or filter in a run.
+// StageReport is the account of one row of a run: a source, stage, sink, filter or
+// batch, as its Kind says.
 type StageReport struct {
 	Name    string
-	Kind    string // "source", "stage", "sink", "filter" or "batch"
+	Kind    Kind // KindSource, KindStage, KindSink, KindFilter or KindBatch
 	Workers int
 
 	In           int64 // items that reached the stage (for a source: items it holds, when known, else items it produced)
@@ -332,14 +366,14 @@ func (r Report) String() string {
 		"stage", "kind", "wrk", "in", "ok", "out", "retried", "dead", "failed", "notstart", "dropped", "queue")
 	for _, s := range r.Stages {
 		q := "-"
-		if s.Kind != "source" && s.Kind != "filter" {
+		if s.Kind != KindSource && s.Kind != KindFilter {
 			q = fmt.Sprintf("%d/%d", s.PeakQueue, s.QueueCap)
 		}
 		fmt.Fprintf(&b, "%-16s %-6s %4d %9d %9d %9d %8d %8d %8d %8d %8d %11s\n",
 			s.Name, s.Kind, s.Workers, s.In, s.Succeeded, s.Out, s.Retried, s.DeadLettered, s.Failed, s.NotStarted, s.Filtered, q)
 	}
 	for _, s := range r.Stages {
-		if f := s.Flushes; s.Kind == "batch" {
+		if f := s.Flushes; s.Kind == KindBatch {
 			fmt.Fprintf(&b, "batch %s: %d batches: %d full, %d by bytes, %d by linger, %d at the end, %d for a checkpoint\n",
 				s.Name, s.Out, f.Size, f.Bytes, f.Linger, f.End, f.Checkpoint)
 		}
@@ -375,7 +409,7 @@ func (r *run) report(err error, final bool) Report {
 		}
 	}
 	for _, rw := range r.rows {
-		s := StageReport{Name: rw.name, Kind: rw.kind.String(), Workers: len(rw.workers), QueueCap: rw.capacity}
+		s := StageReport{Name: rw.name, Kind: rw.kind.kind(), Workers: len(rw.workers), QueueCap: rw.capacity}
 		var received, discarded int64
 		for i := range rw.workers {
 			w := &rw.workers[i]

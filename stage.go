@@ -266,9 +266,9 @@ func then[In, Out any](s *Stream[In], st *Stage[In, Out], sink bool) *Stream[Out
 // To ends stream s in sink: every item of s is passed to the sink's function. Use
 // [NewSink] to make one. A stage made by [NewStage] with the output type struct{} is a
 // sink all the same once To attaches it: its function may call [Commit] and [SetAside],
-// and its row is a "sink" in the report, exactly as with NewSink. It panics like [Then],
-// and when sink was made by [NewFlatStage] (its emit would have nowhere to go: use
-// NewSink).
+// and its row is a [KindSink] in the report, exactly as with NewSink. It panics like
+// [Then], and when sink was made by [NewFlatStage] (its emit would have nowhere to go:
+// use NewSink).
 func To[T any](s *Stream[T], sink *Stage[T, struct{}]) {
 	s.check("To")
 	if sink == nil {

@@ -222,7 +222,7 @@ func (r Report) Bottleneck(targetPerSecond float64) Bottleneck {
 			b.Warnings = append(b.Warnings, fmt.Sprintf("stage %q: p99 latency %v is close to its timeout %v",
 				s.Name, s.Latency.P99.Round(time.Microsecond), s.Timeout))
 		}
-		if s.Kind == "source" || s.Kind == "filter" || s.QueueCap == 0 {
+		if s.Kind == KindSource || s.Kind == KindFilter || s.QueueCap == 0 {
 			continue
 		}
 		fill := float64(s.QueueLen) / float64(s.QueueCap)
@@ -298,7 +298,7 @@ func (b Bottleneck) String() string {
 func (r Report) Line() string {
 	var b strings.Builder
 	for _, s := range r.Stages {
-		if s.Kind == "source" || s.Kind == "filter" {
+		if s.Kind == KindSource || s.Kind == KindFilter {
 			continue
 		}
 		if b.Len() > 0 {

@@ -68,7 +68,7 @@ func settle(rep pipeline.Report) (outcome, error) {
 	var problems []string
 	for i, s := range rep.Stages {
 		switch s.Kind {
-		case "source":
+		case pipeline.KindSource:
 			o.given += s.In
 			o.notStarted += s.NotStarted
 			if s.In != s.Out+s.NotStarted {

@@ -159,7 +159,7 @@ func TestJSONSchema(t *testing.T) {
 	}
 	for i, v := range stages {
 		s, want := obj(v), rep.Stages[i]
-		if want.Kind == "batch" {
+		if want.Kind == pipeline.KindBatch {
 			assert.ElementsMatch(t, append(slices.Clone(stageKeys), "flushes"), keys(s))
 			assert.Equal(t, []string{"bytes", "checkpoint", "end", "linger", "size"}, keys(s["flushes"]))
 			assert.Equal(t, float64(want.Flushes.Size), obj(s["flushes"])["size"])
@@ -169,7 +169,7 @@ func TestJSONSchema(t *testing.T) {
 		assert.Equal(t, []string{"cap", "fill", "len", "peak"}, keys(s["queue"]))
 		assert.Equal(t, []string{"count", "max_seconds", "p50_seconds", "p90_seconds", "p99_seconds"}, keys(s["latency"]))
 		assert.Equal(t, want.Name, s["name"])
-		assert.Equal(t, want.Kind, s["kind"])
+		assert.Equal(t, string(want.Kind), s["kind"])
 		assert.Equal(t, float64(want.In), s["in"], want.Name)
 		assert.Equal(t, float64(want.DeadLettered), s["dead_lettered"], want.Name)
 		assert.Equal(t, float64(want.PeakQueue), obj(s["queue"])["peak"], want.Name)
@@ -229,13 +229,13 @@ func TestEdges(t *testing.T) {
 		got = append(got, s)
 	}
 	t.Log(rep.Stages)
-	kind := map[string]string{}
+	kind := map[string]pipeline.Kind{}
 	for _, s := range rep.Stages {
 		kind[s.Name] = s.Kind
 	}
 	for _, e := range v.Data.Edges {
-		assert.NotEqual(t, "source", kind[e.To], e)
-		assert.NotEqual(t, "sink", kind[e.From], e)
+		assert.NotEqual(t, pipeline.KindSource, kind[e.To], e)
+		assert.NotEqual(t, pipeline.KindSink, kind[e.From], e)
 		from := slices.IndexFunc(v.Graph.Nodes, func(n node) bool { return n.Stage.Name == e.From })
 		to := slices.IndexFunc(v.Graph.Nodes, func(n node) bool { return n.Stage.Name == e.To })
 		assert.Less(t, v.Graph.Nodes[from].X, v.Graph.Nodes[to].X, "%v goes right", e)
@@ -433,7 +433,7 @@ func TestSchemaDocumented(t *testing.T) {
 
 	c := newCounter()
 	c.rep.Err, c.rep.Checkpoint, c.rep.Started = errMalformed, 7, time.Now()
-	c.rep.Stages = append(c.rep.Stages, pipeline.StageReport{Name: "b", Kind: "batch", Workers: 1, QueueCap: 4})
+	c.rep.Stages = append(c.rep.Stages, pipeline.StageReport{Name: "b", Kind: pipeline.KindBatch, Workers: 1, QueueCap: 4})
 	c.rep.Stages[1].Errors = []pipeline.ErrorCount{{Type: "error", DeadLettered: 1}}
 	c.rep.Stages[1].Causes = []pipeline.Cause{{Type: "error", Message: "bad", Count: 1}}
 	h := New()

@@ -68,7 +68,7 @@
 //	    "bottleneck": {"stage": "fetch", "why": "...", "workers": 16, "warnings": []},
 //	    "edges": [{"from": "fetch", "to": "save", "inferred": false}],
 //	    "stages": [{                         in the order of the report
-//	      "name": "fetch", "kind": "stage",  source, stage, sink, filter or batch
+//	      "name": "fetch", "kind": "stage",  a pipeline.Kind: source, stage, sink, filter or batch
 //	      "workers": 16, "busy": 16,
 //	      "in": 1000, "succeeded": 900, "out": 900, "retried": 12,
 //	      "dead_lettered": 3, "failed": 0, "not_started": 0, "filtered": 0,

@@ -45,29 +45,29 @@ type (
 		Inferred bool   `json:"inferred"`
 	}
 	stageJSON struct {
-		Name         string       `json:"name"`
-		Kind         string       `json:"kind"`
-		Workers      int          `json:"workers"`
-		Busy         int          `json:"busy"`
-		In           int64        `json:"in"`
-		Succeeded    int64        `json:"succeeded"`
-		Out          int64        `json:"out"`
-		Retried      int64        `json:"retried"`
-		DeadLettered int64        `json:"dead_lettered"`
-		Failed       int64        `json:"failed"`
-		NotStarted   int64        `json:"not_started"`
-		Filtered     int64        `json:"filtered"`
-		InFlight     int64        `json:"in_flight"`
-		Window       int64        `json:"window"`
-		Queue        queueJSON    `json:"queue"`
-		Rate         float64      `json:"rate_per_second"`
-		Latency      latencyJSON  `json:"latency"`
-		Timeout      float64      `json:"timeout_seconds"`
-		Next         []string     `json:"next"`
-		Bottleneck   bool         `json:"bottleneck"`
-		Flushes      *flushesJSON `json:"flushes,omitempty"`
-		Errors       []errorJSON  `json:"errors"`
-		Causes       []causeJSON  `json:"causes"`
+		Name         string        `json:"name"`
+		Kind         pipeline.Kind `json:"kind"`
+		Workers      int           `json:"workers"`
+		Busy         int           `json:"busy"`
+		In           int64         `json:"in"`
+		Succeeded    int64         `json:"succeeded"`
+		Out          int64         `json:"out"`
+		Retried      int64         `json:"retried"`
+		DeadLettered int64         `json:"dead_lettered"`
+		Failed       int64         `json:"failed"`
+		NotStarted   int64         `json:"not_started"`
+		Filtered     int64         `json:"filtered"`
+		InFlight     int64         `json:"in_flight"`
+		Window       int64         `json:"window"`
+		Queue        queueJSON     `json:"queue"`
+		Rate         float64       `json:"rate_per_second"`
+		Latency      latencyJSON   `json:"latency"`
+		Timeout      float64       `json:"timeout_seconds"`
+		Next         []string      `json:"next"`
+		Bottleneck   bool          `json:"bottleneck"`
+		Flushes      *flushesJSON  `json:"flushes,omitempty"`
+		Errors       []errorJSON   `json:"errors"`
+		Causes       []causeJSON   `json:"causes"`
 	}
 	queueJSON struct {
 		Len  int     `json:"len"`
@@ -181,7 +181,7 @@ func newPipelineView(name string, rep pipeline.Report) pipelineView {
 				d.Edges = append(d.Edges, edgeJSON{From: s.Name, To: n})
 			}
 		}
-		if len(next) == 0 && s.Kind != "sink" && i+1 < len(rep.Stages) && rep.Stages[i+1].Kind != "source" {
+		if len(next) == 0 && s.Kind != pipeline.KindSink && i+1 < len(rep.Stages) && rep.Stages[i+1].Kind != pipeline.KindSource {
 			d.Edges = append(d.Edges, edgeJSON{From: s.Name, To: rep.Stages[i+1].Name, Inferred: true})
 		}
 	}
@@ -205,7 +205,7 @@ func newStageJSON(s pipeline.StageReport, bottleneck bool) stageJSON {
 	if s.QueueCap > 0 {
 		j.Queue.Fill = float64(s.QueueLen) / float64(s.QueueCap)
 	}
-	if s.Kind == "batch" {
+	if s.Kind == pipeline.KindBatch {
 		f := s.Flushes
 		j.Flushes = &flushesJSON{Size: f.Size, Bytes: f.Bytes, Linger: f.Linger, End: f.End, Checkpoint: f.Checkpoint}
 	}
@@ -283,7 +283,7 @@ func layout(d pipelineJSON, index map[string]int) graph {
 		}
 		nd.Dead = s.DeadLettered > 0 || s.Failed > 0
 		nd.Lines = nodeLines(s)
-		if s.Queue.Cap > 0 && s.Kind != "source" && s.Kind != "filter" {
+		if s.Queue.Cap > 0 && s.Kind != pipeline.KindSource && s.Kind != pipeline.KindFilter {
 			nd.HasQueue = true
 			fill := min(max(s.Queue.Fill, 0), 1)
 			nd.QueueW = fill * (nodeW - 20)
@@ -318,9 +318,9 @@ func layout(d pipelineJSON, index map[string]int) graph {
 func nodeLines(s *stageJSON) [3]string {
 	var l [3]string
 	switch s.Kind {
-	case "source":
+	case pipeline.KindSource:
 		l[0] = fmt.Sprintf("out %s · %s", count(s.Out), rate(s.Rate))
-	case "filter":
+	case pipeline.KindFilter:
 		l[0] = fmt.Sprintf("filtered %s", count(s.Filtered))
 		if s.In > 0 { // v0.1 counts only what a filter dropped
 			l[0] = fmt.Sprintf("out %s · filtered %s", count(s.Out), count(s.Filtered))

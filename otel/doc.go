@@ -17,7 +17,7 @@
 // Names and attributes follow the OpenTelemetry semantic-convention style: dot-separated
 // namespaces, units in UCUM with annotations in braces, and no unit or "total" in the
 // name. Every stage instrument has the attribute pipeline.stage, the name of the source,
-// stage, sink, filter or batch row of the [pipeline.Report].
+// stage, sink, filter or batch row of the [pipeline.Report] (its [pipeline.Kind]).
 //
 //	name                             instrument     unit       attributes (and what)
 //	pipeline.run.active              UpDownCounter  {run}      (1 while a run is in progress, else 0)

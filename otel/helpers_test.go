@@ -108,7 +108,7 @@ func checkValues(t *testing.T, got map[string]point, want map[string]float64) {
 
 // rowName returns the name of the first row of the given kind in p's report: the
 // pipeline names the rows it adds itself (sources, filters, batches).
-func rowName(t *testing.T, p *pipeline.Pipeline, kind string) string {
+func rowName(t *testing.T, p *pipeline.Pipeline, kind pipeline.Kind) string {
 	t.Helper()
 	r := p.Snapshot()
 	for _, s := range r.Stages {

@@ -172,7 +172,7 @@ func observe(o metric.Observer, in *instruments, r pipeline.Report, base []attri
 	for i := range r.Stages {
 		s := &r.Stages[i]
 		stage := keyStage.String(s.Name)
-		if s.Kind == "filter" {
+		if s.Kind == pipeline.KindFilter {
 			count(in.items, s.Filtered, stage, keyOutcome.String("filtered"))
 			continue
 		}
@@ -184,7 +184,7 @@ func observe(o metric.Observer, in *instruments, r pipeline.Report, base []attri
 		count(in.input, s.In, stage)
 		count(in.output, s.Out, stage)
 		count(in.inFlight, inFlight, stage)
-		if s.Kind == "source" {
+		if s.Kind == pipeline.KindSource {
 			continue
 		}
 
@@ -201,7 +201,7 @@ func observe(o metric.Observer, in *instruments, r pipeline.Report, base []attri
 		count(in.workers, int64(s.Busy), stage, keyWorkerState.String("busy"))
 		count(in.workers, int64(s.Workers-s.Busy), stage, keyWorkerState.String("idle"))
 		observeClient(in, s, stage, count, seconds)
-		if s.Kind == "batch" {
+		if s.Kind == pipeline.KindBatch {
 			count(in.flushes, s.Flushes.Size, stage, keyReason.String("size"))
 			count(in.flushes, s.Flushes.Bytes, stage, keyReason.String("bytes"))
 			count(in.flushes, s.Flushes.Linger, stage, keyReason.String("linger"))

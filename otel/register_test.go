@@ -35,7 +35,7 @@ func TestS1Retry(t *testing.T) {
 		require.NoError(t, p.Run(t.Context()))
 
 		got := collect(t, reader)
-		src := rowName(t, p, "source")
+		src := rowName(t, p, pipeline.KindSource)
 		checkValues(t, got, map[string]float64{
 			`pipeline.stage.input{pipeline.stage=` + src + `}`:                                               10_000,
 			`pipeline.stage.output{pipeline.stage=` + src + `}`:                                              10_000,
@@ -184,7 +184,7 @@ func TestFilterAndBatch(t *testing.T) {
 	_, err := pipelineotel.Register(p, provider.Meter("test"))
 	require.NoError(t, err)
 	got := collect(t, reader)
-	filter, batch := rowName(t, p, "filter"), rowName(t, p, "batch")
+	filter, batch := rowName(t, p, pipeline.KindFilter), rowName(t, p, pipeline.KindBatch)
 	checkValues(t, got, map[string]float64{
 		`pipeline.stage.items{pipeline.outcome=filtered,pipeline.stage=` + filter + `}`:     3,
 		`pipeline.batch.flushes{pipeline.flush.reason=size,pipeline.stage=` + batch + `}`:   1,

@@ -188,8 +188,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	for i := range r.Stages {
 		s := &r.Stages[i]
 		name := s.Name
-		gauge(c.info, 1, name, s.Kind)
-		if s.Kind == "filter" {
+		gauge(c.info, 1, name, string(s.Kind))
+		if s.Kind == pipeline.KindFilter {
 			counter(c.items, s.Filtered, name, "filtered")
 			continue
 		}
@@ -201,7 +201,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.in, float64(s.In), name)
 		gauge(c.notStarted, float64(s.NotStarted), name)
 		gauge(c.inFlight, float64(inFlight), name)
-		if s.Kind == "source" {
+		if s.Kind == pipeline.KindSource {
 			continue
 		}
 
@@ -217,7 +217,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.workers, float64(s.Workers), name)
 		gauge(c.busy, float64(s.Busy), name)
 		c.collectClient(ch, s)
-		if s.Kind == "batch" {
+		if s.Kind == pipeline.KindBatch {
 			counter(c.flushes, s.Flushes.Size, name, "size")
 			counter(c.flushes, s.Flushes.Bytes, name, "bytes")
 			counter(c.flushes, s.Flushes.Linger, name, "linger")

@@ -50,7 +50,7 @@ func TestS1Retry(t *testing.T) {
 		// durably blocked, so they would keep the bubble's clock from advancing.
 		text := scrape(t, serve(t, reg))
 		got, types := samples(t, text)
-		src := rowName(t, p, "source")
+		src := rowName(t, p, pipeline.KindSource)
 		checkSamples(t, got, map[string]float64{
 			`pipeline_stage_info{kind="source",stage="` + src + `"}`: 1,
 			`pipeline_stage_in_items{stage="` + src + `"}`:           10_000,
@@ -127,7 +127,7 @@ func TestScrapeDuringRun(t *testing.T) {
 		// (not durably blocked) cannot hold up the bubble's clock.
 		text := scrape(t, serve(t, reg))
 		got, _ := samples(t, text)
-		src := rowName(t, p, "source")
+		src := rowName(t, p, pipeline.KindSource)
 		checkSamples(t, got, map[string]float64{
 			`pipeline_stage_in_items{stage="` + src + `"}`: 100,
 			// The item the source is handing on is in flight, not failed as in the report.
@@ -279,8 +279,8 @@ pipeline_stage_workers{pipeline="squares",stage="$batch"} 1
 pipeline_stage_workers{pipeline="squares",stage="save"} 1
 pipeline_stage_workers{pipeline="squares",stage="square"} 2
 `
-	names := strings.NewReplacer(`"$source"`, `"`+rowName(t, p, "source")+`"`,
-		`"$filter"`, `"`+rowName(t, p, "filter")+`"`, `"$batch"`, `"`+rowName(t, p, "batch")+`"`)
+	names := strings.NewReplacer(`"$source"`, `"`+rowName(t, p, pipeline.KindSource)+`"`,
+		`"$filter"`, `"`+rowName(t, p, pipeline.KindFilter)+`"`, `"$batch"`, `"`+rowName(t, p, pipeline.KindBatch)+`"`)
 	err := testutil.ScrapeAndCompare(serve(t, reg), strings.NewReader(names.Replace(want)),
 		"pipeline_running", "pipeline_stage_info", "pipeline_stage_in_items", "pipeline_stage_not_started_items", "pipeline_stage_out_total",
 		"pipeline_stage_items_total", "pipeline_batch_flushes_total", "pipeline_stage_queue_capacity",

@@ -11,8 +11,8 @@
 // # Metrics
 //
 // Every stage metric has a "stage" label: the name of the source, stage, sink, filter
-// or batch row of the [pipeline.Report]. Counters end in _total, durations are in
-// seconds.
+// or batch row of the [pipeline.Report]; pipeline_stage_info's "kind" label is the
+// row's [pipeline.Kind]. Counters end in _total, durations are in seconds.
 //
 //	name                                     type     labels               what
 //	pipeline_running                         gauge                         1 while a run is in progress, else 0

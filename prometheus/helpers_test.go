@@ -117,7 +117,7 @@ func samples(t *testing.T, text string) (map[string]float64, map[string]dto.Metr
 
 // rowName returns the name of the first row of the given kind in p's report: the
 // pipeline names the rows it adds itself (sources, filters, batches).
-func rowName(t *testing.T, p *pipeline.Pipeline, kind string) string {
+func rowName(t *testing.T, p *pipeline.Pipeline, kind pipeline.Kind) string {
 	t.Helper()
 	r := p.Snapshot()
 	for _, s := range r.Stages {
