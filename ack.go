@@ -303,7 +303,7 @@ func (t *tracker) ackDone(pos uint64, m *ackMark) {
 		// A panic (or Goexit) in callback i: the run fails with it, but every other
 		// source item settled here still gets its call, and the source must not wait.
 		for i++; i < len(fire); i++ {
-			_ = callOnce(fire[i].settle, fire[i].s)
+			_ = safely(func() error { fire[i].settle(fire[i].s); return nil })
 		}
 		t.mu.Lock()
 		t.acks.firing -= len(fire)
@@ -391,32 +391,11 @@ func (t *tracker) release(source string) (err error) {
 	clear(t.acks.entries)
 	t.mu.Unlock()
 	for _, settle := range settles {
-		if perr := callRecovered(settle); perr != nil && err == nil {
+		if perr := safely(func() error { callSettle(settle, NotProcessed); return nil }); perr != nil && err == nil {
 			err = &StageError{Stage: source, Err: perr}
 		}
 	}
 	return err
-}
-
-func callRecovered(settle func(Settlement)) (err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			err = newPanicError(v)
-		}
-	}()
-	callSettle(settle, NotProcessed)
-	return nil
-}
-
-// callOnce calls settle with s and returns a panic as an error.
-func callOnce(settle func(Settlement), s Settlement) (err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			err = newPanicError(v)
-		}
-	}()
-	settle(s)
-	return nil
 }
 
 // stripItem returns rec without its item, for a [Settlement].

@@ -312,22 +312,15 @@ func Flatten[T any](s *Stream[[]T]) *Stream[T] {
 // as failed there. A runtime.Goexit goes on unwinding: the upstream fails vs.
 func flattenPush[T any](r *run, h *hand, push pushFunc[T], vs []T, pos uint64, next []*row) (err error) {
 	poss := r.track.ungroup(pos, len(vs))
-	i, returned := 0, false
-	defer func() {
-		if returned {
-			return
-		}
-		x := recover()
-		if x == nil { // Goexit: the goroutine goes on exiting
-			return
-		}
+	i := 0
+	defer guard(nil, func(perr error) { // a panic only: a Goexit goes on unwinding
 		for _, c := range next {
 			c.lost.Add(int64(len(vs) - i))
 		}
-		serr := &StageError{Stage: r.producerOf(h, next), Err: newPanicError(x)}
+		serr := &StageError{Stage: r.producerOf(h, next), Err: perr}
 		r.fail(serr)
 		err = serr
-	}()
+	})
 	var first error
 	for ; i < len(vs); i++ {
 		if poss != nil {
@@ -337,7 +330,6 @@ func flattenPush[T any](r *run, h *hand, push pushFunc[T], vs []T, pos uint64, n
 			first = err // offer the rest too, so that each is counted
 		}
 	}
-	returned = true
 	return first
 }
 

@@ -80,6 +80,41 @@ func newPanicError(v any) *PanicError {
 	return &PanicError{Value: v, Stack: debug.Stack()}
 }
 
+// guard is the engine's one recovery from user code that does not return: deferred, as
+//
+//	done := false
+//	defer guard(&done, func(err error) { … })
+//	… // calls user code
+//	done = true
+//
+// it calls failed when the code did not return: with a *PanicError (the panic's value,
+// and the stack of the panicking goroutine) once the panic is recovered, or with
+// [ErrGoexit] itself (see isGoexit) for a runtime.Goexit, which cannot be stopped and
+// goes on ending the goroutine after the deferred calls. With a nil done, a Goexit is
+// not told from a return: failed is called for a panic only. failed does the site's
+// own accounting, and may set the named results of the function that deferred guard.
+// guard itself neither allocates nor calls failed when the code returned.
+func guard(done *bool, failed func(err error)) {
+	if done != nil && *done {
+		return
+	}
+	v := recover() // guard is the deferred call itself: recover works only there
+	if v == nil && done == nil {
+		return // returned (or a Goexit, which the site does not handle)
+	}
+	err := ErrGoexit
+	if v != nil {
+		err = newPanicError(v)
+	}
+	failed(err)
+}
+
+// isGoexit reports whether err, given by [guard], is a runtime.Goexit rather than a
+// panic (whose value may itself be or wrap ErrGoexit: errors.Is would see through it).
+func isGoexit(err error) bool {
+	return err == ErrGoexit //nolint:errorlint // identity: guard gives ErrGoexit itself, never wrapped
+}
+
 // Error implements error. It includes the value but not the stack; print Stack for that.
 func (e *PanicError) Error() string {
 	return fmt.Sprintf("panic: %v", e.Value)

@@ -156,13 +156,10 @@ func Tee[T any](s *Stream[T], n int) []*Stream[T] {
 // unwinding, counts the item as failed).
 func teePush[T any](r *run, h *hand, push pushFunc[T], v T, pos uint64, branches [][]*row, i int) (err error) {
 	returned := false
-	defer func() {
-		if returned {
-			return
-		}
-		x := recover()
+	defer guard(&returned, func(perr error) {
+		goexit := isGoexit(perr)
 		lost := branches[i : i+1]
-		if x == nil { // Goexit: the goroutine goes on exiting; no later branch is offered v
+		if goexit { // the goroutine goes on exiting; no later branch is offered v
 			lost = branches[i:]
 		}
 		for _, b := range lost {
@@ -170,15 +167,12 @@ func teePush[T any](r *run, h *hand, push pushFunc[T], v T, pos uint64, branches
 				c.lost.Add(1)
 			}
 		}
-		from := r.producerOf(h, branches[i])
-		if x == nil {
-			r.fail(&StageError{Stage: from, Err: ErrGoexit})
-			return
-		}
-		serr := &StageError{Stage: from, Err: newPanicError(x)}
+		serr := &StageError{Stage: r.producerOf(h, branches[i]), Err: perr}
 		r.fail(serr)
-		err = serr
-	}()
+		if !goexit {
+			err = serr
+		}
+	})
 	err = push(v, pos)
 	returned = true
 	return err

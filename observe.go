@@ -142,11 +142,7 @@ func (r *run) emit(ctx context.Context, e Event) {
 	if len(r.p.cfg.observers) == 0 {
 		return
 	}
-	defer func() {
-		if v := recover(); v != nil {
-			r.fail(&StageError{Stage: "observer", Err: newPanicError(v)})
-		}
-	}()
+	defer guard(nil, func(err error) { r.fail(&StageError{Stage: "observer", Err: err}) })
 	for _, fn := range r.p.cfg.observers {
 		fn(ctx, e)
 	}

@@ -225,16 +225,7 @@ func (p *Pipeline) exec(r *run, extra func(r *run)) (*run, error) {
 			// A panic or a runtime.Goexit in the store or in an observer of the saves
 			// fails the run, as in any goroutine of the run.
 			returned := false
-			defer func() {
-				if returned {
-					return
-				}
-				err := ErrGoexit
-				if v := recover(); v != nil {
-					err = newPanicError(v)
-				}
-				r.fail(&StageError{Stage: "checkpoint", Err: err})
-			}()
+			defer guard(&returned, func(err error) { r.fail(&StageError{Stage: "checkpoint", Err: err}) })
 			r.track.saver(gctx, p.ck.store, p.ck.interval, stop, r)
 			returned = true
 		}()
@@ -312,13 +303,10 @@ type run struct {
 }
 
 // safely calls fn, user code that runs in the run's own goroutines (a store's Load and
-// Save), and returns a panic as a *PanicError.
+// Save, an acknowledged source's settle callbacks), and returns a panic as a
+// *PanicError. A runtime.Goexit goes on unwinding.
 func safely(fn func() error) (err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			err = newPanicError(v)
-		}
-	}()
+	defer guard(nil, func(perr error) { err = perr })
 	return fn()
 }
 
@@ -335,14 +323,12 @@ func (r *run) fail(err *StageError) {
 func (r *run) spawn(name string, fn func() error) {
 	r.pending = append(r.pending, func() error {
 		returned := false
-		defer func() {
-			if !returned {
-				if v := recover(); v != nil {
-					panic(v) // not user code's: every user call is recovered closer to it
-				}
-				r.fail(&StageError{Stage: name, Err: ErrGoexit})
+		defer guard(&returned, func(err error) {
+			if pe, ok := errors.AsType[*PanicError](err); ok {
+				panic(pe.Value) // not user code's: every user call is recovered closer to it
 			}
-		}()
+			r.fail(&StageError{Stage: name, Err: err})
+		})
 		err := fn()
 		returned = true
 		return err
@@ -448,11 +434,7 @@ func (r *run) feeds(rw *row) { r.feeders = []*row{rw} }
 // given name.
 func (r *run) goSafe(name string, fn func() error) {
 	r.spawn(name, func() (err error) {
-		defer func() {
-			if v := recover(); v != nil {
-				err = &StageError{Stage: name, Err: newPanicError(v)}
-			}
-		}()
+		defer guard(nil, func(perr error) { err = &StageError{Stage: name, Err: perr} })
 		return fn()
 	})
 }

@@ -371,13 +371,8 @@ const splitWork = time.Microsecond
 // counted as failed, the rest of its run as not started.
 func (w *worker[In, Out]) loop() (err error) {
 	returned := false
-	defer func() {
-		v := recover()
+	defer guard(&returned, func(perr error) {
 		w.ctxs.publish() // no attempt context of the worker stays live after it
-		if v == nil && returned {
-			w.commit()
-			return
-		}
 		if w.busy {
 			w.t.failed++
 		}
@@ -393,19 +388,21 @@ func (w *worker[In, Out]) loop() (err error) {
 			w.out.drop()
 		}
 		w.commit()
-		if v == nil { // runtime.Goexit: the goroutine goes on ending; r.spawn fails the run
+		if isGoexit(perr) { // the goroutine goes on ending; r.spawn fails the run
 			w.row.addError("goexit", func(e *ErrorCount) { e.Failed++ })
 			return
 		}
 		w.row.addError("panic", func(e *ErrorCount) { e.Failed++ })
-		err = &StageError{Stage: w.st.name, Err: newPanicError(v)}
-	}()
+		err = &StageError{Stage: w.st.name, Err: perr}
+	})
 	ctx := w.r.ctx
 	if w.sink {
 		ctx = context.WithValue(ctx, setAsideKey{}, w.row) // for SetAside (deadletter.go)
 	}
 	err = w.take(ctx)
 	returned = true
+	w.ctxs.publish() // no attempt context of the worker stays live after it
+	w.commit()
 	return err
 }
 
