@@ -444,6 +444,48 @@ func TestAckSettlePanicSettlesEveryMadeItem(t *testing.T) {
 	}
 }
 
+// TestAckSettlePanicOnDeadLetterCountsOnce checks that a settle callback panicking for
+// an item a stage dead-lettered or handed back counts the item once (it was counted
+// dead-lettered, then failed by the worker's panic guard).
+func TestAckSettlePanicOnDeadLetterCountsOnce(t *testing.T) {
+	for _, handBack := range []bool{false, true} {
+		t.Run(fmt.Sprint("handBack=", handBack), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				const n = 20
+				c := newAckCounter()
+				var made sync.Map
+				p := pipeline.New()
+				src := pipeline.FromAcked(p, ackBody(n, func(i int) func(pipeline.Settlement) {
+					f := c.settle(i)
+					made.Store(i, true)
+					return func(s pipeline.Settlement) {
+						f(s)
+						if i == 4 && s.Outcome != pipeline.NotProcessed {
+							panic("settle")
+						}
+					}
+				}))
+				opts := []pipeline.StageOption{pipeline.WithDeadLetter(pipeline.DiscardDeadLetter[int])}
+				if handBack {
+					opts = append(opts, pipeline.WithHandBack())
+				}
+				s := pipeline.Then(src, pipeline.NewStage("check", 1, func(_ context.Context, i int) (int, error) {
+					if i == 4 {
+						return 0, pipeline.Transient(errBoom)
+					}
+					return i, nil
+				}, opts...))
+				pipeline.To(s, pipeline.NewSink("s", 1, func(context.Context, int) error { return nil }))
+				err := runWithin(t, p, time.Hour)
+				var pe *pipeline.PanicError
+				require.ErrorAs(t, err, &pe)
+				c.checkMade(t, &made)
+				checkAccounting(t, p.Report())
+			})
+		})
+	}
+}
+
 // Acknowledged items through a hand-back stage whose breaker stays open (up to MaxOpen),
 // with adaptive workers, each settle exactly once.
 func TestAckBreakerMaxOpenSettlesEveryItem(t *testing.T) {

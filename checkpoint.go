@@ -176,7 +176,7 @@ func WithSaveInterval(d time.Duration) CheckpointOption {
 // when the run ends, however it ends; a failing Save fails the run.
 //
 // After a crash, the next run redoes the items after the saved position: at most
-// [WithMaxRedo] items, by default the save interval plus the items in flight (in queues,
+// [WithMaxRedo] items, by default the save count plus the items in flight (in queues,
 // workers, reorder windows and batches). Sinks must therefore be idempotent: write with
 // a key derived from the item (an upsert, a file named by the item's id) rather than
 // appending. The watermark takes

@@ -413,11 +413,13 @@ func (w *worker[In, Out]) deadLetter(ctx context.Context, v In, attempts int, cl
 		}
 		return &StageError{Stage: w.st.name, Err: fmt.Errorf("dead-letter destination: %w", err)}
 	}
+	// Settled first: a panic in a settle callback (FromAcked) leaves the item failed, as
+	// after a sink, not counted twice.
+	w.r.track.deadLettered(w.pos, stripItem(rec)) // set aside for good (a no-op once Commit settled it)
 	w.t.deadLettered++
 	w.row.addCause(typ, causeMessage(last))
 	w.row.addError(typ, func(e *ErrorCount) { e.DeadLettered++ })
 	w.r.emit(ctx, Event{Kind: EventDeadLetter, Stage: w.st.name, Attempt: attempts, Err: last})
-	w.r.track.deadLettered(w.pos, stripItem(rec)) // set aside for good (a no-op once Commit settled it)
 	if err := w.skip(ctx); err != nil {
 		return err
 	}

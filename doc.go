@@ -60,8 +60,8 @@
 //     retried, dead-lettered or counted by a budget.
 //   - On success, queues are closed in stage order, so every item that entered has
 //     reached its sink (or was filtered or dead-lettered) before Run returns nil.
-//   - Only the sender closes a channel, and every send and receive also waits on the
-//     run's context, so no goroutine stays blocked once the run stops.
+//   - Only the sender closes a queue, and when the run stops every goroutine sleeping
+//     on a queue is woken, so no goroutine stays blocked once the run stops.
 //
 // Stage functions must honour their context: a function that ignores cancellation
 // keeps its run from returning until it does.

@@ -396,7 +396,6 @@ func (r Report) String() string {
 	return b.String()
 }
 
-// report sums the counters of a finished run.
 // report sums the counters of the run. final applies the end-of-run rules (items still
 // held in a reorder window, or in a source's hand, failed); a live report counts them
 // as in flight, so that its counts only grow.

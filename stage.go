@@ -130,7 +130,8 @@ type Stream[T any] struct {
 	// open wires the stream into run r: from then on each goroutine of the producer
 	// takes a sender from out and puts every item through it, flushing it before it
 	// waits for anything but its consumer; the producer calls done exactly once after
-	// its last flush (also when it fails).
+	// its last flush when it ends well (its input ended, or a budget drained it), and
+	// never when it fails: then the run is stopping, and the consumer sees no end.
 	open func(r *run, out outlet[T], done func())
 }
 
