@@ -421,7 +421,8 @@ func (w *worker[In, Out]) handBack(ctx context.Context, attempts int, first, las
 		m.delay = b(attempts)
 	}
 	m.delay = max(m.delay, retryAfterOf(last)) // a delay the error asks for (retryafter.go)
-	w.r.track.ackDone(w.pos, m)                // first: a panic in the settle callback leaves the item failed, counted once
+	// Settled first: a panic in the settle callback leaves the item failed, counted once.
+	w.r.track.ackDone(w.pos, m)
 	w.t.deadLettered++
 	w.row.addCause(typ, causeMessage(last))
 	w.row.addError(typ, func(e *ErrorCount) { e.DeadLettered++ })
