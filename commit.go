@@ -85,13 +85,11 @@ func (t *tracker) scope(ctx context.Context, pos *uint64) context.Context {
 // stage's dead-letter destination ([WithDeadLetter]) may call it the same way, with the
 // context it was given, to record the dead-lettered item's position with the record.
 //
-// fn runs with no lock of the run held: other items settle and other Commits run
-// meanwhile (several writers commit at once, and none waits on another's
-// transaction). The progress fn is given is what settling the item would record at the
-// moment Commit was called; it may lag what settling it then does (a position that
-// another item settles meanwhile is recorded by that item's own Commit, or by the run's
-// next save), but it never covers a position whose effects are not committed: a store
-// that keeps the larger watermark and the union of the ranges stays exact.
+// While fn runs, the run's checkpoint tracker is locked: no other item settles and no
+// other Commit runs, so that the progress fn records is exactly what settling the item
+// then does, and so that a store can tell an unknown commit's outcome by a count of
+// commits (pgpipe does: no other commit can land between a lost COMMIT and its
+// read-back). fn should therefore do little more than write the progress and commit.
 //
 // Outside a checkpointed run ([FromCheckpoint]; an acknowledged one, [FromAcked], has no
 // progress to commit), or outside a sink's function or a dead-letter destination, Commit calls fn
@@ -108,14 +106,12 @@ func Commit(ctx context.Context, fn func(ctx context.Context, p Progress) error)
 	}
 	t := cs.t
 	t.mu.Lock()
+	defer t.mu.Unlock()
 	p := t.preview(*cs.pos)
-	t.mu.Unlock()
-	if err := fn(ctx, p); err != nil { // no lock held: the user's transaction stalls no one
+	if err := fn(ctx, p); err != nil {
 		return err
 	}
-	t.mu.Lock()
 	t.settle(*cs.pos)
-	t.mu.Unlock()
 	*cs.pos = noPos // settled: the worker's settle after the function returns is skipped
 	return nil
 }

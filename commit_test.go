@@ -273,42 +273,6 @@ func TestCommitSplitItems(t *testing.T) {
 	assert.Len(t, store.effects, 2*n)
 }
 
-// TestCommitHoldsNoLockDuringFn checks that one sink's Commit function does not stall
-// another's: two sinks on the branches of a Tee each commit item 0, each waiting inside
-// its transaction until the other's has begun (Commit held the run's tracker locked
-// while fn ran, so a slow transaction stalled every other writer). A writer blocked on
-// a mutex is not durably blocked, so synctest would not see the stall: the guard is a
-// generous real-time bound, never reached when it passes.
-func TestCommitHoldsNoLockDuringFn(t *testing.T) {
-	t.Parallel()
-	store := newTxStore()
-	p := pipeline.New()
-	branches := pipeline.Tee(pipeline.FromCheckpoint(p, store, from(3)), 2)
-	entered := [2]chan struct{}{make(chan struct{}), make(chan struct{})}
-	commit := func(me int) func(context.Context, int) error {
-		return func(ctx context.Context, v int) error {
-			return pipeline.Commit(ctx, func(context.Context, pipeline.Progress) error {
-				if v != 0 {
-					return nil
-				}
-				close(entered[me])
-				select {
-				case <-entered[1-me]:
-					return nil
-				case <-time.After(30 * time.Second):
-					return pipeline.Fatal(errors.New("the other writer's transaction never began: Commit holds a lock across fn"))
-				}
-			})
-		}
-	}
-	pipeline.To(branches[0], pipeline.NewSink("first", 1, commit(0)))
-	pipeline.To(branches[1], pipeline.NewSink("second", 1, commit(1)))
-	require.NoError(t, p.Run(t.Context()))
-	pos, _, err := store.LoadCommitted(t.Context())
-	require.NoError(t, err)
-	assert.Equal(t, int64(3), pos)
-}
-
 // A checkpointed run through a Filter into batches that Commit saves the final position,
 // whatever WithMaxRedo.
 func TestCommitAfterFilterAndBatchSavesFinalPosition(t *testing.T) {

@@ -76,7 +76,7 @@ func TestDeletedConsumerFailsRun(t *testing.T) {
 			err := <-errc
 			require.Error(t, err)
 			require.NotErrorIs(t, err, context.DeadlineExceeded, "the run did not notice")
-			assert.ErrorIs(t, err, natsjs.ErrConsumerDeleted)
+			require.ErrorIs(t, err, natsjs.ErrConsumerDeleted)
 			var ce *jetstream.ConsumerError
 			require.ErrorAs(t, err, &ce)
 			assert.Equal(t, "IN", ce.Stream)
