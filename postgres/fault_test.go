@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -131,15 +132,62 @@ func newJob(t *testing.T, pool *pgxpool.Pool, upsert bool, n, batch, workers int
 }
 
 // waitFor polls cond against the server, a bounded number of times (each poll is a
-// round trip to the server, which paces the loop).
+// round trip to the server, which paces the loop) and for at most hangGuard, a bound
+// that only a stalled run reaches: it then fails with what the server's backends do.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
+	stop := time.Now().Add(hangGuard)
 	for range 200000 {
 		if cond() {
 			return
 		}
+		if time.Now().After(stop) {
+			break
+		}
 	}
-	t.Fatalf("timed out waiting for %s", what)
+	t.Fatalf("timed out waiting for %s; the server's backends:\n%s", what, activity(t))
+}
+
+// hangGuard bounds a fault test's waits: far above what a passing run takes, far below
+// the package's timeout, so that a stall fails the test (and its cleanup restores the
+// server's settings) instead of timing out the whole package.
+const hangGuard = 3 * time.Minute
+
+// awaitRun waits for the run that reports on done, for at most hangGuard.
+func awaitRun(t *testing.T, done <-chan error) error {
+	t.Helper()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(hangGuard):
+		t.Fatalf("the run did not end; the server's backends:\n%s", activity(t))
+		return nil
+	}
+}
+
+// activity describes the server's client backends, for a stalled test's message.
+func activity(t *testing.T) string {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), dbURL(t))
+	if err != nil {
+		return err.Error()
+	}
+	defer func() { _ = conn.Close(context.Background()) }()
+	rows, err := conn.Query(context.Background(), `SELECT pid, state, coalesce(wait_event, ''), left(query, 80)
+		FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()`)
+	if err != nil {
+		return err.Error()
+	}
+	var b strings.Builder
+	for rows.Next() {
+		var pid int32
+		var state, wait, query string
+		if err := rows.Scan(&pid, &state, &wait, &query); err != nil {
+			return err.Error()
+		}
+		fmt.Fprintf(&b, "  %d %s %s %q\n", pid, state, wait, query)
+	}
+	return b.String()
 }
 
 // gateAt returns a gate that stops the source before position at until release is
@@ -530,7 +578,7 @@ func TestFaultCommitWaitsForStandby(t *testing.T) {
 		t.Fatalf("the run ended while COMMIT waited for the standby: %v", <-done)
 	}
 	standby("")
-	require.NoError(t, <-done)
+	require.NoError(t, awaitRun(t, done))
 	rows, distinct := count(t, pool, j.table)
 	t.Logf("%d commits waited for the standby; rows %d, distinct %d: %d duplicated", stalled, rows, distinct, rows-distinct)
 	j.check(t)
@@ -605,7 +653,7 @@ func TestFaultTerminateDuringStandbyWait(t *testing.T) {
 	require.NotZero(t, pid, "the run ended first")
 	mustExec(t, pool, "SELECT pg_terminate_backend($1)", pid)
 	standby("")
-	require.NoError(t, <-done)
+	require.NoError(t, awaitRun(t, done))
 	j.check(t)
 	assert.Zero(t, retried(rep), "the batch committed as its backend exited: it is not written again")
 }
