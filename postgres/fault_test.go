@@ -190,6 +190,35 @@ func activity(t *testing.T) string {
 	return b.String()
 }
 
+// gatedRun is a run of a job in a goroutine of its own, started by startGated: release
+// lets its source go on; done reports the run's end, after w and rep are set.
+type gatedRun struct {
+	release chan struct{}
+	done    chan error
+	w       *pgpipe.Writer[event]
+	rep     pipeline.Report
+}
+
+// startGated starts j with its source stopped before position at, and returns once the
+// source got there.
+func (j *job) startGated(t *testing.T, at int64) *gatedRun {
+	t.Helper()
+	reached := make(chan struct{})
+	g := &gatedRun{release: make(chan struct{}), done: make(chan error, 1)}
+	j.gate = gateAt(at, reached, g.release)
+	go func() {
+		w, rep, err := j.runReport(t.Context())
+		g.w, g.rep = w, rep
+		g.done <- err
+	}()
+	select {
+	case <-reached:
+	case err := <-g.done:
+		t.Fatalf("the run ended before its source reached position %d: %v", at, err)
+	}
+	return g
+}
+
 // gateAt returns a gate that stops the source before position at until release is
 // closed, and closes reached when it gets there.
 func gateAt(at int64, reached, release chan struct{}) func(context.Context, int64) error {
@@ -216,30 +245,14 @@ func TestFaultServerRestart(t *testing.T) {
 		t.Run(fmt.Sprintf("upsert=%v", upsert), func(t *testing.T) {
 			pool := newPool(t, 8)
 			j := newJob(t, pool, upsert, 60000, 1000, 4)
-			reached, release := make(chan struct{}), make(chan struct{})
-			j.gate = gateAt(int64(j.n/2), reached, release)
-			done := make(chan error, 1)
-			var (
-				w   *pgpipe.Writer[event]
-				rep pipeline.Report
-			)
-			go func() {
-				var err error
-				w, rep, err = j.runReport(t.Context())
-				done <- err
-			}()
-			select {
-			case <-reached:
-			case err := <-done:
-				t.Fatalf("the run ended before the restart: %v", err)
-			}
+			g := j.startGated(t, int64(j.n/2))
 			server(t, script, "crash") // writers may be mid-COPY or mid-COMMIT
-			close(release)             // the second half meets a server that is down
+			close(g.release)           // the second half meets a server that is down
 			server(t, script, "start")
-			require.NoError(t, <-done)
+			require.NoError(t, awaitRun(t, g.done))
 			j.check(t)
-			assert.Positive(t, retried(rep), "the writers met the server down")
-			t.Logf("after the restart: %d batches retried, %+v", retried(rep), w.Stats())
+			assert.Positive(t, retried(g.rep), "the writers met the server down")
+			t.Logf("after the restart: %d batches retried, %+v", retried(g.rep), g.w.Stats())
 		})
 	}
 }
@@ -504,35 +517,22 @@ func TestFaultAttemptTimeoutRetried(t *testing.T) {
 	obs, retried1 := retriedOnce()
 	j.popts = []pipeline.PipelineOption{obs}
 	j.sopts = []pipeline.StageOption{pipeline.WithTimeout(300 * time.Millisecond)}
-	reached, release := make(chan struct{}), make(chan struct{})
-	j.gate = gateAt(0, reached, release) // the checkpoint is loaded: its row exists
-	done := make(chan error, 1)
-	var rep pipeline.Report
-	go func() {
-		var err error
-		_, rep, err = j.runReport(t.Context())
-		done <- err
-	}()
-	select {
-	case <-reached:
-	case err := <-done:
-		t.Fatalf("the run ended before it started: %v", err)
-	}
+	g := j.startGated(t, 0) // the checkpoint is loaded: its row exists
 	holder, err := pool.Begin(t.Context())
 	require.NoError(t, err)
 	defer func() { _ = holder.Rollback(context.Background()) }()
 	_, err = holder.Exec(t.Context(), "SELECT 1 FROM pgpipe_checkpoint WHERE job = $1 FOR UPDATE", j.name)
 	require.NoError(t, err)
-	close(release)
+	close(g.release)
 	select {
 	case <-retried1: // a writer's attempt timed out waiting for the row
-	case err := <-done:
+	case err := <-g.done:
 		t.Fatalf("the run ended while the checkpoint row was held: %v", err)
 	}
 	require.NoError(t, holder.Rollback(t.Context()))
-	require.NoError(t, <-done)
+	require.NoError(t, awaitRun(t, g.done))
 	j.check(t)
-	assert.Positive(t, retried(rep))
+	assert.Positive(t, retried(g.rep))
 }
 
 // TestFaultCommitWaitsForStandby makes every COMMIT wait for a synchronous standby that
@@ -550,20 +550,10 @@ func TestFaultCommitWaitsForStandby(t *testing.T) {
 	// and hold the source up.
 	j.copts = []pipeline.CheckpointOption{pipeline.WithSaveEvery(1 << 30), pipeline.WithSaveInterval(time.Hour)}
 	j.sopts = []pipeline.StageOption{pipeline.WithTimeout(300 * time.Millisecond)}
-	reached, release := make(chan struct{}), make(chan struct{})
-	j.gate = gateAt(5000, reached, release)
-	done := make(chan error, 1)
-	go func() {
-		_, err := j.run(t.Context())
-		done <- err
-	}()
-	select {
-	case <-reached:
-	case err := <-done:
-		t.Fatalf("the run ended before the fault: %v", err)
-	}
+	g := j.startGated(t, 5000)
+	done := g.done
 	standby("nobody")
-	close(release)
+	close(g.release)
 	// The server's processes take the new setting in their own time: from the first
 	// COMMIT seen waiting for the standby on, each one waits, times out and is resolved.
 	waitFor(t, "a COMMIT waiting for the standby", func() bool {
@@ -629,22 +619,10 @@ func TestFaultTerminateDuringStandbyWait(t *testing.T) {
 	standby := syncStandby(t, pool)
 	j := newJob(t, pool, false, 10000, 1000, 1)
 	j.copts = []pipeline.CheckpointOption{pipeline.WithSaveEvery(1 << 30), pipeline.WithSaveInterval(time.Hour)}
-	reached, release := make(chan struct{}), make(chan struct{})
-	j.gate = gateAt(5000, reached, release)
-	done := make(chan error, 1)
-	var rep pipeline.Report
-	go func() {
-		var err error
-		_, rep, err = j.runReport(t.Context())
-		done <- err
-	}()
-	select {
-	case <-reached:
-	case err := <-done:
-		t.Fatalf("the run ended before the fault: %v", err)
-	}
+	g := j.startGated(t, 5000)
+	done := g.done
 	standby("nobody")
-	close(release)
+	close(g.release)
 	var pid int32
 	waitFor(t, "a COMMIT waiting for the standby", func() bool {
 		pid = standbyWaiter(t, pool)
@@ -655,5 +633,5 @@ func TestFaultTerminateDuringStandbyWait(t *testing.T) {
 	standby("")
 	require.NoError(t, awaitRun(t, done))
 	j.check(t)
-	assert.Zero(t, retried(rep), "the batch committed as its backend exited: it is not written again")
+	assert.Zero(t, retried(g.rep), "the batch committed as its backend exited: it is not written again")
 }
