@@ -501,12 +501,13 @@ func TestOrderedStopSettlesFinishedRun(t *testing.T) {
 				const n, stopAt = 300, 10
 				ctx, cancel := context.WithCancelCause(t.Context())
 				defer cancel(nil)
-				gate := make(chan struct{})
+				gate, reached := make(chan struct{}), make(chan struct{})
 				fn := func(ctx context.Context, i int) (int, error) {
 					switch i {
 					case 0: // until the queue is full: the next run is long
 						<-gate
 					case stopAt: // the run stops while this item is under way; it finishes
+						close(reached)
 						if how != "sink fails" {
 							cancel(errOrderStop)
 						}
@@ -525,6 +526,7 @@ func TestOrderedStopSettlesFinishedRun(t *testing.T) {
 					ord := pipeline.Then(src, pipeline.NewStage("ord", 1, fn, pipeline.WithOrdered(0)))
 					pipeline.To(ord, pipeline.NewSink("sink", 1, func(context.Context, int) error {
 						if how == "sink fails" {
+							<-reached // fail once the stage is inside item stopAt, not before
 							return errBoom
 						}
 						return nil
