@@ -1,6 +1,6 @@
 // Package bench holds the end-to-end benchmarks of github.com/gopipeline/pipeline: the
-// scenarios of shared/scenarios.md (S1 to S6), written through the library's public API
-// exactly as a user would write them, beside hand-written baselines (goroutines, bounded
+// scenarios S1 to S7 (each described at its benchmark), written through the library's
+// public API exactly as a user would write them, beside hand-written baselines (goroutines, bounded
 // channels and errgroup) and the peer library github.com/sourcegraph/conc. It is a
 // nested module, so that the core module never depends on conc; the go.work at the
 // repository root ties the two together, and the replace directive in go.mod makes the
@@ -49,15 +49,15 @@
 //
 // # Figures
 //
-// Each scenario reports its figures with b.ReportMetric, in the units that
-// shared/scenarios.md fixes (processed, deadlettered, lost, wall-s, items/s,
+// Each scenario reports its figures with b.ReportMetric, in fixed units (processed,
+// deadlettered, lost, wall-s, items/s,
 // peak-heap-KiB, ns/item, allocs/item, ...); when an iteration runs more than once,
 // a figure is the mean over the iterations. Counts are checked on every iteration with
 // b.Fatalf, wall times never are. "lost" is the number of items given to a pipeline
 // that no part of its Report accounts for; it must be 0.
 //
-// The failing items come from testdata/items.json (a copy of shared/fixtures/items.json),
-// generated with SplitMix64; TestFixtures checks the file against a Go port of the
+// The failing items come from testdata/items.json (the project's fixture of failing
+// items), generated with SplitMix64; TestFixtures checks the file against a Go port of the
 // generator.
 //
 // Peak heap figures are live memory: during a second, untimed run of the same pipeline,
