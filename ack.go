@@ -150,7 +150,7 @@ func FromAcked[T any](p *Pipeline, fn func(ctx context.Context, emit func(v T, s
 	s := newStream[T](p, "source "+name)
 	p.ack = &ackCfg{source: s, name: name, max: cfg.maxRedo}
 	s.open = func(r *run, out outlet[T], done func()) {
-		rw := r.newRow(name, kindSource, 1, 0, nil)
+		rw := r.newRow(name, KindSource, 1, 0, nil)
 		r.addRow(rw)
 		r.feeds(rw)
 		st, t := &rw.workers[0], r.track

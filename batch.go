@@ -77,7 +77,7 @@ func Batch[T any](s *Stream[T], size int, opts ...BatchOption) *Stream[[]T] {
 	out.open = func(r *run, next outlet[[]T], done func()) {
 		q := newQueue[T](buf, 1)
 		r.stoppers = append(r.stoppers, q.stop)
-		rw := r.newRow(name, kindBatch, 1, buf, q)
+		rw := r.newRow(name, KindBatch, 1, buf, q)
 		rw.flushes, rw.extra, rw.unit = new(flushCounters), size, size
 		wireInput(r, rw, s, q.outlet(r.ctx), q.close)
 		r.addRow(rw)

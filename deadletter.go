@@ -33,8 +33,8 @@ type DeadLetter[T any] struct {
 // stops with that error. In a checkpointed run ([FromCheckpoint]), fn may call [Commit]
 // with its ctx to write the record and the run's progress in one transaction, as a sink
 // does: then a crash after the record was written never sets the item aside twice
-// (pgpipe's DeadLetterTable does this when given the run's checkpoint). T must be the stage's input type: the stage's constructor
-// panics otherwise. A stage without WithDeadLetter has nowhere to set an item
+// (pgpipe's DeadLetterTable does this when given the run's checkpoint). T must be the
+// stage's input type: the stage's constructor panics otherwise. A stage without WithDeadLetter has nowhere to set an item
 // aside, so there an item error (or a transient one out of attempts) stops the run:
 // failing fast stays the default until a destination is given.
 //

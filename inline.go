@@ -42,7 +42,7 @@ func Filter[T any](s *Stream[T], keep func(T) bool, opts ...FilterOption) *Strea
 	name := s.p.rowName(cfg.name, "Filter")
 	out := newStream[T](s.p, s.desc+" | Filter")
 	out.open = func(r *run, next outlet[T], done func()) {
-		rw := r.newRow(name, kindFilter, 0, 0, nil)
+		rw := r.newRow(name, KindFilter, 0, 0, nil)
 		rw.filtered, rw.arrived = new(atomic.Int64), new(atomic.Int64)
 		wireInput(r, rw, s, func(h *hand) sender[T] {
 			snd := next(h)

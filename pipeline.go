@@ -555,7 +555,7 @@ func collect[T any](ctx context.Context, s *Stream[T], ctor string, opts []Colle
 				}
 			}()
 			r, err := p.exec(r, func(r *run) {
-				rw, tr = r.newRow(name, kindSink, 1, buf, q), r.track
+				rw, tr = r.newRow(name, KindSink, 1, buf, q), r.track
 				r.stoppers = append(r.stoppers, q.stop)
 				wireInput(r, rw, s, q.outlet(r.ctx), q.close)
 				r.addRow(rw)

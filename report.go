@@ -37,27 +37,6 @@ const (
 	KindBatch Kind = "batch"
 )
 
-// rowKind is the tag a row's constructor gives it (newRow): its Kind as a byte, named
-// by rowKinds. A new kind is a rowKind, a Kind and their entry in rowKinds.
-type rowKind uint8
-
-const (
-	kindSource rowKind = iota
-	kindStage
-	kindSink
-	kindFilter
-	kindBatch
-	numKinds // the number of kinds
-)
-
-// rowKinds names every rowKind: a missing entry does not compile (a shorter array) or
-// fails TestRowKinds (an empty one).
-var rowKinds = [...]Kind{kindSource: KindSource, kindStage: KindStage, kindSink: KindSink, kindFilter: KindFilter, kindBatch: KindBatch}
-
-var _ [len(rowKinds) - int(numKinds)]struct{} // rowKinds has an entry per rowKind
-
-func (k rowKind) kind() Kind { return rowKinds[k] }
-
 // workerStats are one worker's counters. Each worker writes only its own, so counting
 // costs no lock and no contended atomic; the padding keeps two workers' counters off
 // one cache line.
@@ -86,7 +65,7 @@ type queueLen interface {
 // row is one row of a run's report: a source, stage, sink, filter or batch (see [Kind]).
 type row struct {
 	name     string
-	kind     rowKind
+	kind     Kind
 	capacity int
 	q        queueLen
 	given    int64 // items a source holds, -1 when unknown
@@ -128,7 +107,7 @@ func grow(seen *atomic.Int64, v int64) int64 {
 	}
 }
 
-func (r *run) newRow(name string, kind rowKind, workers, capacity int, q queueLen) *row {
+func (r *run) newRow(name string, kind Kind, workers, capacity int, q queueLen) *row {
 	return &row{name: name, kind: kind, capacity: capacity, q: q, given: -1, workers: make([]workerStats, workers)}
 }
 
@@ -408,7 +387,7 @@ func (r *run) report(err error, final bool) Report {
 		}
 	}
 	for _, rw := range r.rows {
-		s := StageReport{Name: rw.name, Kind: rw.kind.kind(), Workers: len(rw.workers), QueueCap: rw.capacity}
+		s := StageReport{Name: rw.name, Kind: rw.kind, Workers: len(rw.workers), QueueCap: rw.capacity}
 		var received, discarded int64
 		for i := range rw.workers {
 			w := &rw.workers[i]
@@ -423,7 +402,7 @@ func (r *run) report(err error, final bool) Report {
 			s.Busy += int(w.busy.load())
 		}
 		switch rw.kind {
-		case kindSource:
+		case KindSource:
 			s.Workers = 0
 			s.In = received
 			s.NotStarted = discarded
@@ -434,7 +413,7 @@ func (r *run) report(err error, final bool) Report {
 			if final {
 				s.Failed = received - discarded - s.Succeeded // an inline operator after it panicked
 			}
-		case kindFilter:
+		case KindFilter:
 			s.Workers = 0
 			s.Filtered = rw.filtered.Load()
 			s.Failed = rw.lost.Load()
@@ -474,7 +453,7 @@ func (r *run) report(err error, final bool) Report {
 			s.QueueLen = rw.q.occupancy()
 		}
 		switch {
-		case rw.kind == kindFilter:
+		case rw.kind == KindFilter:
 		case rw.q != nil:
 			var taken int64                   // taken by a worker, not started yet: not started, of the moment
 			s.InFlight, taken = rw.inFlight() // stats.go

@@ -173,7 +173,7 @@ func newSourceNamed[T any](p *Pipeline, ctor, given string, n *int64, chunked bo
 	name := p.rowName(given, ctor)
 	s := newStream[T](p, "source "+name)
 	s.open = func(r *run, out outlet[T], done func()) {
-		rw := r.newRow(name, kindSource, 1, 0, nil)
+		rw := r.newRow(name, KindSource, 1, 0, nil)
 		if n != nil {
 			rw.given = *n
 		}

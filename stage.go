@@ -183,9 +183,9 @@ func then[In, Out any](s *Stream[In], st *Stage[In, Out], sink bool) *Stream[Out
 	if classify == nil {
 		classify = p.cfg.classify
 	}
-	kind := kindStage
+	kind := KindStage
 	if sink {
-		kind = kindSink
+		kind = KindSink
 	}
 	out.open = func(r *run, next outlet[Out], done func()) {
 		var q *queue[In]

@@ -132,7 +132,7 @@ func (rw *row) inFlight() (inFlight, taken int64) {
 		w := &rw.workers[i]
 		started := rw.q.startedBy(i)
 		v := started - w.discarded.load() - w.succeeded.load() - w.deadLettered.load() - w.failed.load()
-		if rw.kind != kindBatch {
+		if rw.kind != KindBatch {
 			v = min(v, 1)
 		}
 		inFlight += max(v, 0)
