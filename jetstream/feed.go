@@ -100,31 +100,29 @@ func (f *feed) fail(err error) {
 	}
 }
 
-func (f *feed) isStopped() bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.stopped
-}
-
-// next returns the next waiting message, waiting for one; false once the reader
-// returned and nothing waits (with the feed's error, if it failed), or at once when it
-// failed.
-func (f *feed) next() (waitingMsg, bool, error) {
+// next returns the next waiting message, waiting for one, and whether the feed was
+// stopped (the message is then to be handed back); false once the reader returned and
+// nothing waits (with the feed's error, if it failed), or at once when it failed.
+func (f *feed) next() (m waitingMsg, stopped, ok bool, err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for {
 		if f.err != nil {
-			return waitingMsg{}, false, f.err
+			return waitingMsg{}, false, false, f.err
 		}
 		if len(f.waiting) > 0 {
 			m := f.waiting[0]
 			f.waiting[0] = waitingMsg{}
-			f.waiting = f.waiting[1:]
+			if len(f.waiting) == 1 {
+				f.waiting = f.waiting[:0] // keep the array: no allocation per message when the body keeps up
+			} else {
+				f.waiting = f.waiting[1:]
+			}
 			f.cond.Broadcast() // room for the reader
-			return m, true, nil
+			return m, f.stopped, true, nil
 		}
 		if f.readDone {
-			return waitingMsg{}, false, nil
+			return waitingMsg{}, false, false, nil
 		}
 		f.cond.Wait()
 	}

@@ -356,11 +356,11 @@ func (s *Source[T]) run(ctx context.Context, emit func(T, func(pipeline.Settleme
 		h.bodyDone()
 	}()
 	for {
-		m, ok, err := f.next()
+		m, stopped, ok, err := f.next()
 		if !ok {
 			return err
 		}
-		if f.isStopped() { // waiting when the input ended
+		if stopped { // waiting when the input ended
 			h.release(m.held)
 			s.nak(m.msg)
 			continue
