@@ -74,22 +74,25 @@ func (d *DeadLetterTable[T]) Add(ctx context.Context, dl pipeline.DeadLetter[T])
 	if d.ck == nil || ctx.Value(inBatchKey{}) != nil {
 		return d.insert(ctx, d.pool, recs, nil)
 	}
+	// The letter is written before Commit, which holds the run's tracker while its
+	// function runs: waiting there for a connection of a pool the writers hold (they
+	// wait for the tracker) would never end.
+	conn, err := d.ck.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // a no-op after Commit
+	if err := d.insert(ctx, tx, recs, nil); err != nil {
+		return err
+	}
 	return pipeline.Commit(ctx, func(ctx context.Context, p pipeline.Progress) error {
 		if !p.Checkpointed {
-			return d.insert(ctx, d.pool, recs, nil)
-		}
-		conn, err := d.pool.Acquire(ctx)
-		if err != nil {
-			return err
-		}
-		defer conn.Release()
-		tx, err := conn.Begin(ctx)
-		if err != nil {
-			return err
-		}
-		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // a no-op after Commit
-		if err := d.insert(ctx, tx, recs, nil); err != nil {
-			return err
+			return tx.Commit(ctx)
 		}
 		return d.ck.commit(ctx, tx, p, defaultConfig()) // a writer's retries of the read-back
 	})
@@ -107,6 +110,8 @@ type inBatchKey struct{}
 //	pipeline.WithDeadLetter(dead.WithCheckpoint(ck).Add)
 //
 // ck must be the store of the run's FromCheckpoint: the progress is fenced by its epoch.
+// The letter and the progress are written on a connection of ck's pool, so the table
+// must be in ck's database.
 func (d *DeadLetterTable[T]) WithCheckpoint(ck *Checkpoint) *DeadLetterTable[T] {
 	if ck == nil {
 		panic("pgpipe: DeadLetterTable.WithCheckpoint(nil)")

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -37,13 +38,12 @@ func (s *lostSaves) SaveCommitted(ctx context.Context, pos int64, committed []pi
 // and upserts the others into table. With block, event 0 waits for the run to stop,
 // holding the checkpoint at 0, and the run is canceled once every other event is in
 // the table or among the dead letters.
-func dlJob(t *testing.T, store *lostSaves, ck *pgpipe.Checkpoint, dead *pgpipe.DeadLetterTable[event], table string, n int, calls map[int64]int, block bool) error {
+func dlJob(t *testing.T, pool *pgxpool.Pool, store *lostSaves, ck *pgpipe.Checkpoint, dead *pgpipe.DeadLetterTable[event], table string, n int, calls map[int64]int, block bool) error {
 	t.Helper()
 	add := dead.Add
 	if ck != nil {
 		add = dead.WithCheckpoint(ck).Add
 	}
-	pool := newPool(t, 4)
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	var mu sync.Mutex
@@ -100,7 +100,10 @@ func TestDeadLetterTableWithCheckpoint(t *testing.T) {
 	}{{"stop", false, false}, {"stop, letters with checkpoint", true, false}, {"crash, letters with checkpoint", true, true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			const n = 200
-			pool := newPool(t, 4)
+			// One pool for the writers, the checkpoint and the letters, with a connection
+			// per writer: a letter that waited for a connection while holding the run's
+			// tracker (which the writers, holding every connection, wait for) hung.
+			pool := newPool(t, 2)
 			table := createEvents(t, pool, true)
 			name := tableName("dead")
 			dead, err := pgpipe.OpenDeadLetterTable[event](t.Context(), pool, name, nil)
@@ -112,9 +115,9 @@ func TestDeadLetterTableWithCheckpoint(t *testing.T) {
 				ck = store.Checkpoint
 			}
 			calls := map[int64]int{}
-			require.ErrorIs(t, dlJob(t, store, ck, dead, table, n, calls, true), context.Canceled)
+			require.ErrorIs(t, dlJob(t, pool, store, ck, dead, table, n, calls, true), context.Canceled)
 			store.lose = false
-			require.NoError(t, dlJob(t, store, ck, dead, table, n, calls, false))
+			require.NoError(t, dlJob(t, pool, store, ck, dead, table, n, calls, false))
 
 			letters, err := dead.Read(t.Context(), "")
 			require.NoError(t, err)

@@ -3,7 +3,6 @@ package pgpipe
 import (
 	"fmt"
 	"hash/maphash"
-	"reflect"
 	"time"
 )
 
@@ -93,12 +92,18 @@ func (l *lanes[T]) of(v *T, buf []any) (int, []any) {
 			h.Write(x)
 		case time.Time:
 			maphash.WriteComparable(&h, x.UnixNano()) // equal instants in any location
-		default:
-			if reflect.TypeOf(x).Comparable() {
-				maphash.WriteComparable(&h, x)
-			} else {
-				_, _ = fmt.Fprint(&h, x) // a maphash.Hash never fails
-			}
+		case int:
+			maphash.WriteComparable(&h, x)
+		case int64:
+			maphash.WriteComparable(&h, x)
+		case int32:
+			maphash.WriteComparable(&h, x)
+		case uint64:
+			maphash.WriteComparable(&h, x)
+		case float64:
+			maphash.WriteComparable(&h, x)
+		default: // what compareValues compares: the printed value (== may differ, or panic)
+			_, _ = fmt.Fprint(&h, x) // a maphash.Hash never fails
 		}
 		h.WriteByte(0xff)
 	}

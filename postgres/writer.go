@@ -327,6 +327,24 @@ func (w *Writer[T]) size(v T) int {
 	return n
 }
 
+// settleEmpty settles an empty batch (an upsert lane's empty part, see lanes.go): with a
+// checkpoint, the progress it makes (its batch's positions, when it is the last part)
+// is saved before it settles, as a batch's transaction would record it, so that a crash
+// never has a resumed run redo a batch whose later neighbours were committed.
+func (w *Writer[T]) settleEmpty(ctx context.Context) error {
+	ck := w.cfg.ck
+	if ck == nil {
+		return nil
+	}
+	return pipeline.Commit(ctx, func(ctx context.Context, p pipeline.Progress) error {
+		if !p.Checkpointed {
+			return nil
+		}
+		w.stats.roundTrips.Add(1)
+		return w.classify(ctx, ck.SaveCommitted(ctx, p.Watermark, p.Committed))
+	})
+}
+
 // badRow is a row PostgreSQL rejected.
 type badRow[T any] struct {
 	v   T
@@ -337,7 +355,7 @@ type badRow[T any] struct {
 // checkpoint, one COPY); the error it returns is classified for the pipeline.
 func (w *Writer[T]) write(ctx context.Context, stage string, batch []T) error {
 	if len(batch) == 0 {
-		return nil
+		return w.settleEmpty(ctx)
 	}
 	rows := batch
 	if w.cfg.mode != modeInsert {
