@@ -149,10 +149,10 @@ func FromAcked[T any](p *Pipeline, fn func(ctx context.Context, emit func(v T, s
 	name := p.rowName(cfg.name, "FromAcked")
 	s := newStream[T](p, "source "+name)
 	p.ack = &ackCfg{source: s, name: name, max: cfg.maxRedo}
-	s.open = func(r *run, out outlet[T], done func()) {
+	s.open = func(r *run, c into[T]) []*row {
+		out, done := c.out, c.done
 		rw := r.newRow(name, KindSource, 1, 0, nil)
 		r.addRow(rw)
-		r.feeds(rw)
 		st, t := &rw.workers[0], r.track
 		var pos uint64
 		var snd sender[T]
@@ -200,6 +200,7 @@ func FromAcked[T any](p *Pipeline, fn func(ctx context.Context, emit func(v T, s
 			}
 			return &StageError{Stage: name, Err: err}
 		})
+		return []*row{rw}
 	}
 	return s
 }

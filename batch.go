@@ -74,14 +74,14 @@ func Batch[T any](s *Stream[T], size int, opts ...BatchOption) *Stream[[]T] {
 	s.consume(desc)
 	buf := cfg.bufferOr(p.cfg.bufferOr(DefaultBuffer))
 	out := newStream[[]T](p, desc)
-	out.open = func(r *run, next outlet[[]T], done func()) {
+	out.open = func(r *run, c into[[]T]) []*row {
+		next, done := c.out, c.done
 		q := newQueue[T](buf, 1)
 		r.stoppers = append(r.stoppers, q.stop)
 		rw := r.newRow(name, KindBatch, 1, buf, q)
 		rw.flushes, rw.extra, rw.unit = new(flushCounters), size, size
 		wireInput(r, rw, s, q.outlet(r.ctx), q.close)
 		r.addRow(rw)
-		r.feeds(rw)
 		b := &batcher[T]{
 			ctx: r.ctx, q: q, size: size, maxBytes: cfg.maxBytes, sizer: sizer, capacity: buf,
 			linger: cfg.linger, next: next, row: rw, stats: &rw.workers[0], flushes: rw.flushes, track: r.track,
@@ -93,6 +93,7 @@ func Batch[T any](s *Stream[T], size int, opts ...BatchOption) *Stream[[]T] {
 			done()
 			return nil
 		})
+		return []*row{rw}
 	}
 	return out
 }
@@ -291,15 +292,15 @@ func Flatten[T any](s *Stream[[]T]) *Stream[T] {
 	s.check("Flatten")
 	s.consume("Flatten")
 	out := newStream[T](s.p, s.desc+" | Flatten")
-	out.open = func(r *run, next outlet[T], done func()) {
-		cs := r.consumers // the first rows downstream: they count what a panic kept from them
-		s.open(r, func(h *hand) sender[[]T] {
-			snd := next(h)
+	out.open = func(r *run, c into[T]) []*row {
+		cs := c.rows // the first rows downstream: they count what a panic kept from them
+		return s.open(r, into[[]T]{out: func(h *hand) sender[[]T] {
+			snd := c.out(h)
 			return sender[[]T]{
 				put:   func(vs []T, pos uint64) error { return flattenPush(r, h, snd.put, vs, pos, cs) },
 				flush: snd.flush, drop: snd.drop,
 			}
-		}, done)
+		}, done: c.done, rows: c.rows})
 	}
 	return out
 }

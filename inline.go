@@ -15,14 +15,14 @@ func Map[In, Out any](s *Stream[In], fn func(In) Out) *Stream[Out] {
 	}
 	s.consume("Map")
 	out := newStream[Out](s.p, s.desc+" | Map")
-	out.open = func(r *run, next outlet[Out], done func()) {
-		s.open(r, func(h *hand) sender[In] {
-			snd := next(h)
+	out.open = func(r *run, c into[Out]) []*row {
+		return s.open(r, into[In]{out: func(h *hand) sender[In] {
+			snd := c.out(h)
 			return sender[In]{
 				put:   func(v In, pos uint64) error { return snd.put(fn(v), pos) },
 				flush: snd.flush, drop: snd.drop,
 			}
-		}, done)
+		}, done: c.done, rows: c.rows})
 	}
 	return out
 }
@@ -41,7 +41,8 @@ func Filter[T any](s *Stream[T], keep func(T) bool, opts ...FilterOption) *Strea
 	s.consume("Filter")
 	name := s.p.rowName(cfg.name, "Filter")
 	out := newStream[T](s.p, s.desc+" | Filter")
-	out.open = func(r *run, next outlet[T], done func()) {
+	out.open = func(r *run, c into[T]) []*row {
+		next, done := c.out, c.done
 		rw := r.newRow(name, KindFilter, 0, 0, nil)
 		rw.filtered, rw.arrived = new(atomic.Int64), new(atomic.Int64)
 		wireInput(r, rw, s, func(h *hand) sender[T] {
@@ -78,7 +79,7 @@ func Filter[T any](s *Stream[T], keep func(T) bool, opts ...FilterOption) *Strea
 			}
 		}, done)
 		r.addRow(rw)
-		r.feeds(rw)
+		return []*row{rw}
 	}
 	return out
 }

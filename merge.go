@@ -37,20 +37,19 @@ func Merge[T any](streams ...*Stream[T]) *Stream[T] {
 		s.consume(desc)
 	}
 	out := newStream[T](p, desc)
-	out.open = func(r *run, next outlet[T], done func()) {
-		var left atomic.Int32
+	out.open = func(r *run, c into[T]) []*row {
+		left := new(atomic.Int32) // this run's inputs not ended yet
 		left.Store(int32(len(streams)))
+		end := func() {
+			if left.Add(-1) == 0 {
+				c.done()
+			}
+		}
 		var feeders []*row
 		for _, s := range streams {
-			r.feeders = nil
-			s.open(r, next, func() {
-				if left.Add(-1) == 0 {
-					done()
-				}
-			})
-			feeders = append(feeders, r.feeders...)
+			feeders = append(feeders, s.open(r, into[T]{out: c.out, done: end, rows: c.rows})...)
 		}
-		r.feeders = feeders
+		return feeders
 	}
 	return out
 }
@@ -66,84 +65,94 @@ func Tee[T any](s *Stream[T], n int) []*Stream[T] {
 		panic(fmt.Sprintf("pipeline: Tee(%d): need at least one branch", n))
 	}
 	s.consume("Tee")
-	// Each branch is opened by its own consumer; the upstream is opened once all n
-	// have given their push function, within one run.
-	var (
-		cur       *run
-		nexts     []outlet[T]
-		dones     []func()
-		consumers [][]*row // per branch, the first rows downstream of it
-	)
+	t := &tee[T]{s: s, n: n}
 	outs := make([]*Stream[T], n)
 	for i := range outs {
 		out := newStream[T](s.p, fmt.Sprintf("%s | Tee[%d]", s.desc, i))
-		out.open = func(r *run, next outlet[T], done func()) {
-			if cur != r {
-				cur, nexts, dones, consumers = r, nil, nil, nil
-			}
-			nexts = append(nexts, next)
-			dones = append(dones, done)
-			consumers = append(consumers, r.consumers)
-			if len(nexts) < n {
-				r.feeders = nil // known once the upstream is wired, below
-				return
-			}
-			// The upstream is wired below, inside the last branch's wiring: the rows of
-			// the earlier branches learn their upstream here (a drained budget must reach
-			// the source through any branch, and the report orders rows upstream first).
-			defer func() {
-				for _, cs := range consumers[:n-1] {
-					for _, c := range cs {
-						for _, f := range r.feeders {
-							f.feed(c)
-						}
-					}
-				}
-			}()
-			ns, ds, cs := nexts, dones, consumers
-			prev := r.consumers // upstream of this Tee, every branch's first rows are fed
-			r.consumers = slices.Concat(cs...)
-			defer func() { r.consumers = prev }()
-			s.open(r, func(h *hand) sender[T] {
-				snds := make([]sender[T], len(ns))
-				for i, next := range ns {
-					snds[i] = next(h)
-				}
-				return sender[T]{
-					put: func(v T, pos uint64) error {
-						r.track.split(pos, len(snds))
-						var first error
-						for i, snd := range snds {
-							if err := teePush(r, h, snd.put, v, pos, cs, i); err != nil && first == nil {
-								first = err // offer it to every branch, so that each counts it
-							}
-						}
-						return first
-					},
-					flush: func() error {
-						var first error
-						for _, snd := range snds {
-							if err := snd.flush(); err != nil && first == nil {
-								first = err
-							}
-						}
-						return first
-					},
-					drop: func() {
-						for _, snd := range snds {
-							snd.drop()
-						}
-					},
-				}
-			}, func() {
-				for _, d := range ds {
-					d()
-				}
-			})
-		}
+		out.open = func(r *run, c into[T]) []*row { return t.open(r, c) }
 		outs[i] = out
 	}
 	return outs
+}
+
+// tee is the definition of a [Tee]: its upstream and its number of branches. What a
+// run's wiring collects from the branches is the run's (teeWiring, in run.tees).
+type tee[T any] struct {
+	s *Stream[T]
+	n int
+}
+
+// teeWiring is what one run has collected of a Tee's branches while it wires them.
+type teeWiring[T any] struct{ branches []into[T] }
+
+// open wires one branch into run r. Each branch is opened by its own consumer; the
+// upstream is opened once all n have given theirs, inside the last branch's wiring.
+// The earlier branches learn the rows that feed them only then, so their open
+// returns none and the last one feeds their first rows itself: a drained budget must
+// reach the source through any branch, and the report orders rows upstream first.
+func (t *tee[T]) open(r *run, c into[T]) []*row {
+	if r.tees == nil {
+		r.tees = make(map[any]any)
+	}
+	tw, _ := r.tees[t].(*teeWiring[T])
+	if tw == nil {
+		tw = new(teeWiring[T])
+		r.tees[t] = tw
+	}
+	tw.branches = append(tw.branches, c)
+	if len(tw.branches) < t.n {
+		return nil
+	}
+	delete(r.tees, t)
+	bs := tw.branches
+	rows := make([][]*row, len(bs)) // per branch, its first rows downstream
+	for i, b := range bs {
+		rows[i] = b.rows
+	}
+	feeders := t.s.open(r, into[T]{out: func(h *hand) sender[T] {
+		snds := make([]sender[T], len(bs))
+		for i, b := range bs {
+			snds[i] = b.out(h)
+		}
+		return sender[T]{
+			put: func(v T, pos uint64) error {
+				r.track.split(pos, len(snds))
+				var first error
+				for i, snd := range snds {
+					if err := teePush(r, h, snd.put, v, pos, rows, i); err != nil && first == nil {
+						first = err // offer it to every branch, so that each counts it
+					}
+				}
+				return first
+			},
+			flush: func() error {
+				var first error
+				for _, snd := range snds {
+					if err := snd.flush(); err != nil && first == nil {
+						first = err
+					}
+				}
+				return first
+			},
+			drop: func() {
+				for _, snd := range snds {
+					snd.drop()
+				}
+			},
+		}
+	}, done: func() {
+		for _, b := range bs {
+			b.done()
+		}
+	}, rows: slices.Concat(rows...)})
+	for _, cs := range rows[:t.n-1] {
+		for _, c := range cs {
+			for _, f := range feeders {
+				f.feed(c)
+			}
+		}
+	}
+	return feeders
 }
 
 // teePush hands v to one branch. A panic in the branch's inline operators (Map, Filter,

@@ -434,3 +434,52 @@ func TestTeeMergedBackNamesNextOnce(t *testing.T) {
 	t.Log("\n", rep)
 	assert.Equal(t, []string{"s"}, row(t, rep, "FromSlice").Next)
 }
+
+// TestTeeMergeRunsAgain runs one graph of nested Tees merged back together three times
+// (a pipeline may run again once a run has returned), one run stopped by a failure
+// first: wiring keeps nothing of a run in the graph's definitions, so each later run
+// delivers every item to every branch and reports the same rows and edges.
+func TestTeeMergeRunsAgain(t *testing.T) {
+	t.Parallel()
+	const n = 200
+	var fail atomic.Bool
+	fail.Store(true)
+	p := pipeline.New(pipeline.WithBuffer(4))
+	outer := pipeline.Tee(pipeline.FromSlice(p, ints(n), pipeline.WithName("src")), 2)
+	inner := pipeline.Tee(pipeline.Then(outer[1], pipeline.NewStage("mid", 2, func(_ context.Context, v int) (int, error) {
+		if v == n/2 && fail.Load() {
+			return 0, errors.New("boom")
+		}
+		return v, nil
+	})), 2)
+	var c collector[int]
+	pipeline.To(pipeline.Merge(outer[0], inner[0], inner[1]), pipeline.NewSink("sink", 2, c.add))
+	require.Error(t, p.Run(t.Context()))
+	fail.Store(false)
+	var first pipeline.Report
+	for i := range 2 {
+		c.mu.Lock()
+		c.items = nil
+		c.mu.Unlock()
+		require.NoError(t, p.Run(t.Context()), "run %d", i+2)
+		want := slices.Concat(ints(n), ints(n), ints(n))
+		assert.ElementsMatch(t, want, c.got(), "run %d", i+2)
+		rep := p.Report()
+		checkAccounting(t, rep)
+		assert.Equal(t, int64(3*n), row(t, rep, "sink").In, "run %d", i+2)
+		assert.ElementsMatch(t, []string{"mid", "sink"}, row(t, rep, "src").Next, "run %d", i+2)
+		assert.Equal(t, []string{"sink"}, row(t, rep, "mid").Next, "run %d", i+2)
+		if i == 0 {
+			first = rep
+			continue
+		}
+		var a, b []string
+		for _, s := range first.Stages {
+			a = append(a, s.Name)
+		}
+		for _, s := range rep.Stages {
+			b = append(b, s.Name)
+		}
+		assert.Equal(t, a, b, "the rows of the third run")
+	}
+}

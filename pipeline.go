@@ -281,25 +281,24 @@ func (p *Pipeline) finish(r *run, err error) error {
 
 // run is the state of one execution: its context, its goroutines and its counters.
 type run struct {
-	p         *Pipeline
-	parent    context.Context // the caller's context, for the final checkpoint save
-	saved     atomic.Int64    // the last position saved (checkpointed runs)
-	savedAt   atomic.Int64    // when, in Unix nanoseconds
-	started   time.Time
-	number    uint64 // 1 for the pipeline's first run
-	ctx       context.Context
-	g         *errgroup.Group
-	rows      []*row
-	shared    *budgetState
-	drained   atomic.Pointer[StageError] // the error Run returns after a drain
-	drainCh   chan struct{}              // closed when a budget drains (after the rows' drain flags are set)
-	failure   atomic.Pointer[StageError] // a failure outside the goroutines' returns (an observer's panic)
-	cancel    context.CancelCauseFunc    // cancels the run with a cause
-	track     *tracker                   // the checkpoint's watermark, nil when none
-	pending   []func() error             // goroutines to start once the graph is wired
-	stoppers  []func()                   // the queues' stop: wake every sleeper when the run stops
-	consumers []*row                     // while wiring: the rows whose input is being opened (several through a Tee)
-	feeders   []*row                     // while wiring: the rows that feed the stream just opened
+	p        *Pipeline
+	parent   context.Context // the caller's context, for the final checkpoint save
+	saved    atomic.Int64    // the last position saved (checkpointed runs)
+	savedAt  atomic.Int64    // when, in Unix nanoseconds
+	started  time.Time
+	number   uint64 // 1 for the pipeline's first run
+	ctx      context.Context
+	g        *errgroup.Group
+	rows     []*row
+	shared   *budgetState
+	drained  atomic.Pointer[StageError] // the error Run returns after a drain
+	drainCh  chan struct{}              // closed when a budget drains (after the rows' drain flags are set)
+	failure  atomic.Pointer[StageError] // a failure outside the goroutines' returns (an observer's panic)
+	cancel   context.CancelCauseFunc    // cancels the run with a cause
+	track    *tracker                   // the checkpoint's watermark, nil when none
+	pending  []func() error             // goroutines to start once the graph is wired
+	stoppers []func()                   // the queues' stop: wake every sleeper when the run stops
+	tees     map[any]any                // while wiring: each Tee's branches opened so far (*teeWiring[T] by *tee[T])
 }
 
 // safely calls fn, user code that runs in the run's own goroutines (a store's Load and
@@ -338,11 +337,7 @@ func (r *run) spawn(name string, fn func() error) {
 // wireInput opens s, the input of the consumer row rw: the rows that feed s directly
 // learn that they feed rw.
 func wireInput[T any](r *run, rw *row, s *Stream[T], out outlet[T], done func()) {
-	prev := r.consumers
-	r.consumers, r.feeders = []*row{rw}, nil
-	s.open(r, out, done)
-	r.consumers = prev
-	for _, f := range r.feeders {
+	for _, f := range s.open(r, into[T]{out: out, done: done, rows: []*row{rw}}) {
 		f.feed(rw)
 	}
 }
@@ -426,9 +421,6 @@ func (r *run) producerOf(h *hand, rows []*row) string {
 	}
 	return r.feederOf(rows)
 }
-
-// feeds records, once rw's open is done, that rw produces the stream just opened.
-func (r *run) feeds(rw *row) { r.feeders = []*row{rw} }
 
 // goSafe spawns fn; a panic in fn becomes a [*PanicError] that fails the run under the
 // given name.

@@ -172,13 +172,13 @@ func newSourceNamed[T any](p *Pipeline, ctor, given string, n *int64, chunked bo
 	}
 	name := p.rowName(given, ctor)
 	s := newStream[T](p, "source "+name)
-	s.open = func(r *run, out outlet[T], done func()) {
+	s.open = func(r *run, c into[T]) []*row {
+		out, done := c.out, c.done
 		rw := r.newRow(name, KindSource, 1, 0, nil)
 		if n != nil {
 			rw.given = *n
 		}
 		r.addRow(rw)
-		r.feeds(rw)
 		st := &rw.workers[0]
 		pos, bound := noPos, noPos // untracked, unless this is the checkpointed source
 		var track *tracker
@@ -273,6 +273,7 @@ func newSourceNamed[T any](p *Pipeline, ctor, given string, n *int64, chunked bo
 			}
 			return &StageError{Stage: name, Err: err}
 		})
+		return []*row{rw}
 	}
 	return s
 }

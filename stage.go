@@ -127,12 +127,26 @@ type Stream[T any] struct {
 	p        *Pipeline
 	desc     string
 	consumed bool
-	// open wires the stream into run r: from then on each goroutine of the producer
-	// takes a sender from out and puts every item through it, flushing it before it
-	// waits for anything but its consumer; the producer calls done exactly once after
-	// its last flush when it ends well (its input ended, or a budget drained it), and
-	// never when it fails: then the run is stopping, and the consumer sees no end.
-	open func(r *run, out outlet[T], done func())
+	// open wires the stream into run r for the consumer c, and returns the rows that
+	// produce the stream directly (the rows its items come from; none yet for all but
+	// the last branch of a Tee, see tee.open). From then on each goroutine of the
+	// producer takes a sender from c.out and puts every item through it, flushing it
+	// before it waits for anything but its consumer; the producer calls c.done exactly
+	// once after its last flush when it ends well (its input ended, or a budget drained
+	// it), and never when it fails: then the run is stopping, and the consumer sees no
+	// end. Wiring keeps no state outside the run: a definition can be opened by many
+	// runs, one after the other.
+	open func(r *run, c into[T]) []*row
+}
+
+// into is what a consumer gives the stream it opens: the outlet its producers take
+// senders from, the function they call when the stream ends, and the rows that consume
+// the stream directly (one, or the first rows of every branch of a Tee): they count
+// what a panic in an inline operator between them kept from them.
+type into[T any] struct {
+	out  outlet[T]
+	done func()
+	rows []*row
 }
 
 func newStream[T any](p *Pipeline, desc string) *Stream[T] {
@@ -187,7 +201,8 @@ func then[In, Out any](s *Stream[In], st *Stage[In, Out], sink bool) *Stream[Out
 	if sink {
 		kind = KindSink
 	}
-	out.open = func(r *run, next outlet[Out], done func()) {
+	out.open = func(r *run, c into[Out]) []*row {
+		next, done := c.out, c.done
 		var q *queue[In]
 		if st.hash != nil {
 			q = newKeyedQueue(st.workers, buf, st.hash)
@@ -199,7 +214,6 @@ func then[In, Out any](s *Stream[In], st *Stage[In, Out], sink bool) *Stream[Out
 		rw.timeout = st.cfg.timeout
 		wireInput(r, rw, s, q.outlet(r.ctx), q.close)
 		r.addRow(rw)
-		defer r.feeds(rw)
 		b := r.shared
 		if st.cfg.budget != nil {
 			b = newBudgetState(*st.cfg.budget)
@@ -260,6 +274,7 @@ func then[In, Out any](s *Stream[In], st *Stage[In, Out], sink bool) *Stream[Out
 				return err
 			})
 		}
+		return []*row{rw}
 	}
 	return out
 }
@@ -282,13 +297,13 @@ func To[T any](s *Stream[T], sink *Stage[T, struct{}]) {
 	out.consumed = true
 	s.p.terminals = append(s.p.terminals, func(r *run) {
 		// The sink's function returned nil: the item's effect is committed.
-		out.open(r, func(*hand) sender[struct{}] {
+		out.open(r, into[struct{}]{out: func(*hand) sender[struct{}] {
 			return sender[struct{}]{
 				put:   func(_ struct{}, pos uint64) error { r.track.done(pos); return nil },
 				flush: func() error { return nil },
 				drop:  func() {},
 			}
-		}, func() {})
+		}, done: func() {}})
 	})
 }
 
