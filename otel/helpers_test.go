@@ -106,16 +106,10 @@ func checkValues(t *testing.T, got map[string]point, want map[string]float64) {
 	}
 }
 
-// rowName returns the name of the first row of the given kind in p's report: the
-// pipeline names the rows it adds itself (sources, filters, batches).
+// rowName returns the name of the first row of the given kind in p's report.
 func rowName(t *testing.T, p *pipeline.Pipeline, kind pipeline.Kind) string {
 	t.Helper()
-	r := p.Snapshot()
-	for _, s := range r.Stages {
-		if s.Kind == kind {
-			return s.Name
-		}
-	}
-	t.Fatalf("no row of kind %s in\n%v", kind, r)
-	return ""
+	name, ok := scenario.RowName(p, kind)
+	require.True(t, ok, "no row of kind %s in\n%v", kind, p.Snapshot())
+	return name
 }

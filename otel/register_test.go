@@ -136,19 +136,7 @@ func TestCollectDuringRun(t *testing.T) {
 func TestCollectOrderedDuringRun(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
-		p := pipeline.New()
-		ordered := pipeline.Then(pipeline.FromSlice(p, []int{0, 1, 2, 3}), pipeline.NewStage("ordered", 4,
-			func(ctx context.Context, i int) (int, error) {
-				if i == 0 { // the head item is slow: the others wait in the window
-					select {
-					case <-release:
-					case <-ctx.Done():
-						return 0, ctx.Err()
-					}
-				}
-				return i, nil
-			}, pipeline.WithOrdered(0)))
-		pipeline.To(ordered, pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+		p := scenario.OrderedHeadHeld(release) // the head item is slow: the others wait in the window
 		reader, provider := newReader(t)
 		_, err := pipelineotel.Register(p, provider.Meter("test"))
 		require.NoError(t, err)
@@ -174,10 +162,7 @@ func TestCollectOrderedDuringRun(t *testing.T) {
 // TestFilterAndBatch: a filter's dropped items and a batch's flushes by reason.
 func TestFilterAndBatch(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	p := pipeline.New()
-	odd := pipeline.Filter(pipeline.FromSlice(p, []int{1, 2, 3, 4, 5, 6}), func(i int) bool { return i%2 == 1 })
-	squares := pipeline.Then(odd, pipeline.NewStage("square", 2, func(_ context.Context, i int) (int, error) { return i * i, nil }))
-	pipeline.ToBatches(squares, 2, pipeline.NewSink("save", 1, func(context.Context, []int) error { return nil }))
+	p := scenario.FilterBatch()
 	require.NoError(t, p.Run(t.Context()))
 
 	reader, provider := newReader(t)

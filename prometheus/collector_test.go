@@ -168,19 +168,7 @@ func TestScrapeDuringRun(t *testing.T) {
 func TestScrapeOrderedDuringRun(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
-		p := pipeline.New()
-		ordered := pipeline.Then(pipeline.FromSlice(p, []int{0, 1, 2, 3}), pipeline.NewStage("ordered", 4,
-			func(ctx context.Context, i int) (int, error) {
-				if i == 0 { // the head item is slow: the others wait in the window
-					select {
-					case <-release:
-					case <-ctx.Done():
-						return 0, ctx.Err()
-					}
-				}
-				return i, nil
-			}, pipeline.WithOrdered(0)))
-		pipeline.To(ordered, pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+		p := scenario.OrderedHeadHeld(release) // the head item is slow: the others wait in the window
 		reg := prometheus.NewPedanticRegistry()
 		reg.MustRegister(pipelineprom.NewCollector(p))
 
@@ -210,10 +198,7 @@ func TestScrapeOrderedDuringRun(t *testing.T) {
 // any bubble, and compares the exposition text with the expected one.
 func TestScrapeHTTP(t *testing.T) {
 	t.Cleanup(func() { goleak.VerifyNone(t) }) // after the server's Cleanup, which runs first
-	p := pipeline.New(pipeline.WithBuffer(8))
-	odd := pipeline.Filter(pipeline.FromSlice(p, []int{1, 2, 3, 4, 5, 6}), func(i int) bool { return i%2 == 1 })
-	squares := pipeline.Then(odd, pipeline.NewStage("square", 2, func(_ context.Context, i int) (int, error) { return i * i, nil }))
-	pipeline.ToBatches(squares, 2, pipeline.NewSink("save", 1, func(context.Context, []int) error { return nil }))
+	p := scenario.FilterBatch(pipeline.WithBuffer(8))
 	require.NoError(t, p.Run(t.Context()))
 
 	reg := prometheus.NewPedanticRegistry()

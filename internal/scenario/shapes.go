@@ -1,0 +1,51 @@
+package scenario
+
+import (
+	"context"
+
+	"github.com/gopipeline/pipeline"
+)
+
+// OrderedHeadHeld builds a pipeline whose ordered stage "ordered" (4 workers) holds the
+// head item 0 until release is closed (or its context is done), so that items 1..3
+// finish and wait in the reorder window; a sink "sink" takes them after it. During the
+// run the window holds 3 items and 1 is in flight; at the end all 4 have succeeded.
+func OrderedHeadHeld(release <-chan struct{}) *pipeline.Pipeline {
+	p := pipeline.New()
+	ordered := pipeline.Then(pipeline.FromSlice(p, []int{0, 1, 2, 3}), pipeline.NewStage("ordered", 4,
+		func(ctx context.Context, i int) (int, error) {
+			if i == 0 {
+				select {
+				case <-release:
+				case <-ctx.Done():
+					return 0, ctx.Err()
+				}
+			}
+			return i, nil
+		}, pipeline.WithOrdered(0)))
+	pipeline.To(ordered, pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+	return p
+}
+
+// FilterBatch builds a pipeline of 1..6 through a Filter of the odd ones (3 dropped),
+// a stage "square" of 2 workers, and batches of 2 into a sink "save": 2 batches, one
+// flushed by size and one at the end. opts go to pipeline.New.
+func FilterBatch(opts ...pipeline.PipelineOption) *pipeline.Pipeline {
+	p := pipeline.New(opts...)
+	odd := pipeline.Filter(pipeline.FromSlice(p, []int{1, 2, 3, 4, 5, 6}), func(i int) bool { return i%2 == 1 })
+	squares := pipeline.Then(odd, pipeline.NewStage("square", 2, func(_ context.Context, i int) (int, error) { return i * i, nil }))
+	pipeline.ToBatches(squares, 2, pipeline.NewSink("save", 1, func(context.Context, []int) error { return nil }))
+	return p
+}
+
+// RowName returns the name of the first row of the given kind in p's snapshot (the
+// pipeline names the rows it adds itself: sources, filters, batches), and false when
+// there is none.
+func RowName(p *pipeline.Pipeline, kind pipeline.Kind) (string, bool) {
+	for _, s := range p.Snapshot().Stages {
+		if s.Kind == kind {
+			return s.Name, true
+		}
+	}
+	return "", false
+}
