@@ -165,3 +165,14 @@ func checkAll(b *testing.B, p *pipeline.Pipeline, err error, done *atomic.Int64,
 	done.Store(0)
 	return rep
 }
+
+// send sends v on ch, or returns ctx's error once ctx is done: the select every
+// hand-written stage makes for each item.
+func send[T any](ctx context.Context, ch chan<- T, v T) error {
+	select {
+	case ch <- v:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

@@ -59,10 +59,8 @@ func s3Handwritten(ctx context.Context, ids []int, buf int) float64 {
 	g.Go(func() error {
 		defer close(in)
 		for _, id := range ids {
-			select {
-			case in <- id:
-			case <-ctx.Done():
-				return ctx.Err()
+			if err := send(ctx, in, id); err != nil {
+				return err
 			}
 		}
 		return nil

@@ -37,15 +37,11 @@ func chunkedHandwritten[In, Out any](ctx context.Context, items []In, workers in
 	g.Go(func() error {
 		defer close(src)
 		for c := 0; c*s5Chunk < len(items); c++ {
-			select {
-			case sem <- struct{}{}:
-			case <-ctx.Done():
-				return ctx.Err()
+			if err := send(ctx, sem, struct{}{}); err != nil {
+				return err
 			}
-			select {
-			case src <- c:
-			case <-ctx.Done():
-				return ctx.Err()
+			if err := send(ctx, src, c); err != nil {
+				return err
 			}
 		}
 		return nil
@@ -70,10 +66,8 @@ func chunkedHandwritten[In, Out any](ctx context.Context, items []In, workers in
 					}
 					buf = append(buf, w)
 				}
-				select {
-				case done <- outChunk[Out]{c, buf}:
-				case <-ctx.Done():
-					return ctx.Err()
+				if err := send(ctx, done, outChunk[Out]{c, buf}); err != nil {
+					return err
 				}
 			}
 			return nil

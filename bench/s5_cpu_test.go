@@ -226,10 +226,8 @@ func s5LatencyHandwritten(ctx context.Context, lat []time.Duration) error {
 	g.Go(func() error {
 		defer close(src)
 		for v := range in {
-			select {
-			case src <- v:
-			case <-ctx.Done():
-				return ctx.Err()
+			if err := send(ctx, src, v); err != nil {
+				return err
 			}
 		}
 		return nil

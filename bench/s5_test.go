@@ -114,10 +114,8 @@ func s5Handwritten(ctx context.Context, sh s5Shape, items []int) (int, error) {
 	g.Go(func() error {
 		defer close(src)
 		for _, v := range items {
-			select {
-			case src <- v:
-			case <-ctx.Done():
-				return ctx.Err()
+			if err := send(ctx, src, v); err != nil {
+				return err
 			}
 		}
 		return nil
@@ -151,10 +149,8 @@ func handwrittenStage(ctx context.Context, g *errgroup.Group, workers int, in <-
 				if err != nil {
 					return err
 				}
-				select {
-				case out <- w:
-				case <-ctx.Done():
-					return ctx.Err()
+				if err := send(ctx, out, w); err != nil {
+					return err
 				}
 			}
 			return nil
@@ -183,10 +179,8 @@ func s5Conc(ctx context.Context, sh s5Shape, items []int) (int, error) {
 	g.Go(func(ctx context.Context) error {
 		defer close(src)
 		for _, v := range items {
-			select {
-			case src <- v:
-			case <-ctx.Done():
-				return ctx.Err()
+			if err := send(ctx, src, v); err != nil {
+				return err
 			}
 		}
 		return nil
@@ -325,15 +319,11 @@ func orderedHandwritten[In, Out any](ctx context.Context, items []In, workers, w
 	g.Go(func() error {
 		defer close(src)
 		for i, v := range items {
-			select {
-			case sem <- struct{}{}:
-			case <-ctx.Done():
-				return ctx.Err()
+			if err := send(ctx, sem, struct{}{}); err != nil {
+				return err
 			}
-			select {
-			case src <- seqItem[In]{i, v}:
-			case <-ctx.Done():
-				return ctx.Err()
+			if err := send(ctx, src, seqItem[In]{i, v}); err != nil {
+				return err
 			}
 		}
 		return nil
@@ -349,10 +339,8 @@ func orderedHandwritten[In, Out any](ctx context.Context, items []In, workers, w
 				if err != nil {
 					return err
 				}
-				select {
-				case done <- seqItem[Out]{it.seq, w}:
-				case <-ctx.Done():
-					return ctx.Err()
+				if err := send(ctx, done, seqItem[Out]{it.seq, w}); err != nil {
+					return err
 				}
 			}
 			return nil
@@ -376,10 +364,8 @@ func orderedHandwritten[In, Out any](ctx context.Context, items []In, workers, w
 			ring[it.seq%window] = slot{it.v, true}
 			for ring[next%window].full {
 				s := &ring[next%window]
-				select {
-				case out <- s.v:
-				case <-ctx.Done():
-					return ctx.Err()
+				if err := send(ctx, out, s.v); err != nil {
+					return err
 				}
 				*s = slot{}
 				next++
@@ -455,10 +441,8 @@ func s5BatchPipeline(ctx context.Context, items []int) (s5Count, error) {
 func batchSource(ctx context.Context, items []int, out chan<- int) error {
 	defer close(out)
 	for _, v := range items {
-		select {
-		case out <- v:
-		case <-ctx.Done():
-			return ctx.Err()
+		if err := send(ctx, out, v); err != nil {
+			return err
 		}
 	}
 	return nil
