@@ -7,7 +7,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/gopipeline/pipeline"
@@ -36,12 +35,7 @@ func FuzzAck(f *testing.F) {
 	f.Add([]byte{50, 6, 1, 5, 6, 7, 3, 1, 2, 4, 5, 6, 0})
 	f.Add([]byte{64, 9, 6, 2, 6, 4, 8, 3, 5, 0, 6, 1})
 	f.Add([]byte{30, 1, 8, 5, 1, 7, 6, 0, 6, 3, 4, 3})
-	f.Fuzz(func(t *testing.T, data []byte) {
-		if len(data) > 40 {
-			data = data[:40]
-		}
-		synctest.Test(t, func(t *testing.T) { runAckTopology(t, data) })
-	})
+	fuzzShape(f, runAckTopology)
 }
 
 func runAckTopology(t *testing.T, data []byte) {
