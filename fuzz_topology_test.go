@@ -53,6 +53,7 @@ func FuzzTopology(f *testing.F) {
 // run, in a synctest bubble; data beyond its first 40 bytes is ignored (it would only
 // make the corpus grow).
 func fuzzShape(f *testing.F, run func(t *testing.T, data []byte)) {
+	f.Helper()
 	f.Fuzz(func(t *testing.T, data []byte) {
 		if len(data) > 40 {
 			data = data[:40]
