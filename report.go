@@ -262,6 +262,16 @@ type StageReport struct {
 	Timeout  time.Duration // the stage's WithTimeout, 0 if none
 	Next     []string      // the rows this one feeds directly (several after a Tee)
 
+	// Recent is, in a Snapshot, Latency over the last 10 s or so: the attempts timed
+	// since the most recent earlier Snapshot at least 10 s old (or since the start of
+	// the run), so that a change of latency shows beside the whole run's figures. Its
+	// Max is within the histogram's 12.5 %. It is zero in a final report.
+	Recent Latency
+
+	// Total is, for a source that knows it ([FromSlice]), how many items it holds; 0
+	// when unknown. With the source's Out it gives a run's progress.
+	Total int64
+
 	Errors []ErrorCount // errors by type and outcome
 
 	Causes []Cause // dead letters grouped by cause, most common first
@@ -407,7 +417,7 @@ func (r *run) report(err error, final bool) Report {
 			s.In = received
 			s.NotStarted = discarded
 			if rw.given >= 0 {
-				s.In = rw.given
+				s.In, s.Total = rw.given, rw.given
 				s.NotStarted += rw.given - received
 			}
 			if final {
