@@ -191,7 +191,7 @@ func errTypeName(err error) string {
 	}
 	for err != nil {
 		switch t := fmt.Sprintf("%T", err); t {
-		case "*pipeline.classified", "*fmt.wrapError", "*fmt.wrapErrors", "*errors.errorString", "*errors.joinError":
+		case "*pipeline.classified", "*pipeline.retryAfterError", "*fmt.wrapError", "*fmt.wrapErrors", "*errors.errorString", "*errors.joinError":
 		default:
 			return t
 		}
