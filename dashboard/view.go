@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/gopipeline/pipeline"
 )
@@ -174,6 +175,7 @@ const (
 	gapX, gapY   = 56, 24
 	margin       = 18
 	maxLabel     = 18 // runes of a stage name drawn in a node (the rest is in its tooltip)
+	maxControl   = 34 // runes of the controls' line of a node
 )
 
 type graph struct {
@@ -432,7 +434,7 @@ func nodeLines(s *stageJSON) [4]string {
 		l[0] = fmt.Sprintf("busy %d/%d · %s", s.Busy, s.Workers, rate(s.Rate))
 		switch {
 		case s.Recent.Count > 0:
-			l[1] = fmt.Sprintf("10 s: p50 %s · p99 %s", seconds(s.Recent.P50), seconds(s.Recent.P99))
+			l[1] = fmt.Sprintf("10s: p50 %s p99 %s", seconds(s.Recent.P50), seconds(s.Recent.P99))
 		case s.Latency.Count > 0:
 			l[1] = fmt.Sprintf("p50 %s · p99 %s", seconds(s.Latency.P50), seconds(s.Latency.P99))
 		}
@@ -457,16 +459,14 @@ func nodeLines(s *stageJSON) [4]string {
 	return l
 }
 
-// controlLine says, in a node, the state of the stage's controls: its breaker, its
-// adaptive limit, the time its workers waited for rate-limit tokens.
+// controlLine says, in a node, the state of the stage's controls, most telling first
+// and as many as fit: a breaker not closed, the adaptive limit, the time the workers
+// waited for rate-limit tokens, a closed breaker (the controls table has them all).
 func controlLine(s *stageJSON) string {
 	var parts []string
-	if b := s.Breaker; b != nil {
-		p := "breaker " + b.State
-		if b.State != pipeline.BreakerClosed.String() {
-			p += fmt.Sprintf(" (%s open, %s held)", seconds(b.Open), count(b.Held))
-		}
-		parts = append(parts, p)
+	b := s.Breaker
+	if b != nil && b.State != pipeline.BreakerClosed.String() {
+		parts = append(parts, fmt.Sprintf("breaker %s %s, %s held", b.State, seconds(b.Open), count(b.Held)))
 	}
 	if s.LimitHistory != nil {
 		parts = append(parts, fmt.Sprintf("limit %d/%d", s.Limit, s.Workers))
@@ -474,7 +474,21 @@ func controlLine(s *stageJSON) string {
 	if s.Throttled > 0 {
 		parts = append(parts, "rate-limited "+seconds(s.Throttled))
 	}
-	return strings.Join(parts, " · ")
+	if b != nil && b.State == pipeline.BreakerClosed.String() {
+		parts = append(parts, "breaker closed")
+	}
+	line := ""
+	for _, p := range parts {
+		next := p
+		if line != "" {
+			next = line + " · " + p
+		}
+		if utf8.RuneCountInString(next) > maxControl && line != "" {
+			break
+		}
+		line = next
+	}
+	return line
 }
 
 // errorName names an error type (a report's [pipeline.ErrorCount].Type or
