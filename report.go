@@ -363,8 +363,12 @@ func (r Report) String() string {
 	}
 	for _, s := range r.Stages {
 		if f := s.Flushes; s.Kind == KindBatch {
-			fmt.Fprintf(&b, "batch %s: %d batches: %d full, %d by bytes, %d by linger, %d at the end, %d for a checkpoint\n",
-				s.Name, s.Out, f.Size, f.Bytes, f.Linger, f.End, f.Checkpoint)
+			label := "batch " + s.Name
+			if strings.HasPrefix(strings.ToLower(s.Name), "batch") { // not "batch batch: 48 batches"
+				label = s.Name
+			}
+			fmt.Fprintf(&b, "%s: %d batches: %d full, %d by bytes, %d by linger, %d at the end, %d for a checkpoint\n",
+				label, s.Out, f.Size, f.Bytes, f.Linger, f.End, f.Checkpoint)
 		}
 	}
 	for _, s := range r.Stages {

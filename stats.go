@@ -372,7 +372,8 @@ func (b Bottleneck) String() string {
 }
 
 // Line formats the report on one line, for progress output: per stage, its recent rate,
-// queue length and busy workers, then the number of items set aside or failed so far:
+// queue length and busy workers, then the number of items set aside or failed so far,
+// its breaker's state and adaptive limit when it has them, and its retries so far:
 //
 //	fetch 781/s q=100/100 busy=16/16 | write 781/s q=2/100 busy=1/4
 func (r Report) Line() string {
@@ -392,6 +393,9 @@ func (r Report) Line() string {
 			fmt.Fprintf(&b, " failed=%d", s.Failed)
 		}
 		b.WriteString(s.clientLine()) // client.go: breaker=open, limit=8/32
+		if s.Retried > 0 {
+			fmt.Fprintf(&b, " retried=%d", s.Retried)
+		}
 	}
 	return b.String()
 }

@@ -463,3 +463,24 @@ func snapshotInGrows(t *testing.T) {
 	require.NoError(t, <-done)
 	wg.Wait()
 }
+
+// TestReportWords: Line counts a stage's retries (progress lines showed none), and
+// String does not say "batch batch" for a batch row named batch.
+func TestReportWords(t *testing.T) {
+	t.Parallel()
+	p := pipeline.New()
+	var calls atomic.Int64
+	work := pipeline.Then(pipeline.FromSlice(p, ints(10)), pipeline.NewStage("work", 1, func(_ context.Context, v int) (int, error) {
+		if calls.Add(1) == 1 {
+			return 0, pipeline.Transient(errors.New("once"))
+		}
+		return v, nil
+	}, pipeline.WithRetry(2, nil)))
+	pipeline.ToBatches(work, 4, pipeline.NewSink("save", 1, func(context.Context, []int) error { return nil }), pipeline.WithName("batch"))
+	require.NoError(t, p.Run(t.Context()))
+	rep := p.Report()
+	assert.Contains(t, rep.Line(), "work ", rep.Line())
+	assert.Contains(t, rep.Line(), " retried=1 |", "the work stage's retries")
+	assert.Contains(t, rep.String(), "\nbatch: 3 batches: 2 full,")
+	assert.NotContains(t, rep.String(), "batch batch")
+}
