@@ -172,7 +172,7 @@ func TestBrowserETL(t *testing.T) {
 	rows, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](
 		`Array.from(document.querySelectorAll('`+section+` table.history tbody tr'), tr => tr.dataset.stage)`))
 	require.NoError(t, err)
-	assert.Equal(t, []string{"read", "enrich", "batch", "load"}, rows)
+	assert.Equal(t, []string{"read", "enrich", "Batch", "load"}, rows)
 
 	names := poll[[]string](t, ctx, 30*time.Second,
 		`(() => { const n = Array.from(document.querySelectorAll('`+section+` table.errors td:nth-child(2)'), td => td.textContent); return n.includes("status error") && n; })()`,
