@@ -60,7 +60,7 @@ func TestDocs(t *testing.T) {
 				continue
 			}
 			_, err := os.Stat(filepath.Join(filepath.Dir(page), target))
-			assert.NoError(t, err, "%s links to %s", page, target)
+			assert.False(t, os.IsNotExist(err), "%s links to %s, which is not in the repository", page, target)
 		}
 		if filepath.Dir(page) != "docs" || page == "docs/contributing.md" {
 			continue
