@@ -157,7 +157,7 @@ func TestJSONSchema(t *testing.T) {
 	stageKeys := []string{
 		"bottleneck", "busy", "causes", "dead_lettered", "errors", "failed", "filtered", "in", "in_flight",
 		"kind", "latency", "limit", "name", "next", "not_started", "out", "queue", "rate_per_second",
-		"recent_latency", "retried", "succeeded", "throttled_seconds", "timeout_seconds", "window", "workers",
+		"recent_latency", "retried", "set_aside", "succeeded", "throttled_seconds", "timeout_seconds", "window", "workers",
 	}
 	for i, v := range stages {
 		s, want := obj(v), rep.Stages[i]

@@ -85,6 +85,9 @@
 //	      "workers": 16, "busy": 16,
 //	      "in": 1000, "succeeded": 900, "out": 900, "retried": 12,
 //	      "dead_lettered": 3, "failed": 0, "not_started": 0, "filtered": 0,
+//	      "set_aside": 0,                    sinks: parts of their items they set aside
+//	                                         themselves (pipeline.SetAside: a database's
+//	                                         rejected rows), not in in or dead_lettered
 //	      "in_flight": 16, "window": 0,
 //	      "queue": {"len": 64, "cap": 64, "peak": 64, "fill": 1},
 //	      "rate_per_second": 781.2,

@@ -81,6 +81,7 @@ type (
 		Failed       int64         `json:"failed"`
 		NotStarted   int64         `json:"not_started"`
 		Filtered     int64         `json:"filtered"`
+		SetAside     int64         `json:"set_aside"`
 		InFlight     int64         `json:"in_flight"`
 		Window       int64         `json:"window"`
 		Queue        queueJSON     `json:"queue"`
@@ -278,7 +279,7 @@ func newStageJSON(s pipeline.StageReport, bottleneck bool) stageJSON {
 	j := stageJSON{
 		Name: s.Name, Kind: s.Kind, Workers: s.Workers, Busy: s.Busy,
 		In: s.In, Succeeded: s.Succeeded, Out: s.Out, Retried: s.Retried, DeadLettered: s.DeadLettered,
-		Failed: s.Failed, NotStarted: s.NotStarted, Filtered: s.Filtered, InFlight: s.InFlight, Window: s.Window,
+		Failed: s.Failed, NotStarted: s.NotStarted, Filtered: s.Filtered, SetAside: s.SetAside, InFlight: s.InFlight, Window: s.Window,
 		Queue:   queueJSON{Len: s.QueueLen, Cap: s.QueueCap, Peak: s.PeakQueue},
 		Rate:    s.Rate,
 		Latency: latencyOf(s.Latency), Recent: latencyOf(s.Recent),
@@ -384,7 +385,7 @@ func layout(d pipelineJSON, index map[string]int) graph {
 		if rs := []rune(s.Name); len(rs) > maxLabel {
 			nd.Label = string(rs[:maxLabel-1]) + "…"
 		}
-		nd.Dead = s.DeadLettered > 0 || s.Failed > 0
+		nd.Dead = s.DeadLettered > 0 || s.Failed > 0 || s.SetAside > 0
 		nd.Lines = nodeLines(s)
 		nd.Control = s.Breaker != nil && s.Breaker.State != pipeline.BreakerClosed.String()
 		if hasQueue(s.Kind, s.Queue.Cap) {
@@ -445,6 +446,9 @@ func nodeLines(s *stageJSON) [4]string {
 		}
 		if s.Failed > 0 {
 			fmt.Fprintf(&b, " · failed %s", count(s.Failed))
+		}
+		if s.SetAside > 0 { // parts of its items a sink set aside: a database's rejected rows
+			fmt.Fprintf(&b, " · set aside %s", count(s.SetAside))
 		}
 		if s.Retried > 0 {
 			fmt.Fprintf(&b, " · retried %s", count(s.Retried))
