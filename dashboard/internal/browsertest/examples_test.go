@@ -95,7 +95,7 @@ func poll[T any](t *testing.T, ctx context.Context, timeout time.Duration, expr,
 func TestBrowserOutage(t *testing.T) {
 	ctx := browser(t)
 	bin := build(t, "examples/outage")
-	url, stop := start(t, bin, "-n", "12000", "-down", "2s", "-wait", "-web", "127.0.0.1:0")
+	url, stop := start(t, bin, "-n", "6000", "-down", "1s", "-wait", "-web", "127.0.0.1:0")
 
 	const section = `section[data-pipeline="outage"]`
 	require.NoError(t, chromedp.Do(ctx,
@@ -133,7 +133,7 @@ func TestBrowserOutage(t *testing.T) {
 	progress := poll[string](t, ctx, time.Minute,
 		`(() => { const p = document.querySelector('`+section+` [data-field="progress"]'); return p && p.dataset.fraction == "1" && p.textContent; })()`,
 		"the progress did not reach 100 %")
-	assert.Contains(t, progress, "read 12,000 of 12,000 (100 %)")
+	assert.Contains(t, progress, "read 6,000 of 6,000 (100 %)")
 	poll[bool](t, ctx, 20*time.Second, `document.querySelector('`+section+` .meta').textContent.includes("finished")`, "the run did not finish")
 	heads, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](
 		`Array.from(document.querySelectorAll('`+section+` table.history th'), th => th.textContent)`))
