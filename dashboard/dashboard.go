@@ -130,8 +130,9 @@ func (h *Handler) add(name string, snap func() pipeline.Report) {
 
 // Close ends every events stream now and for good (the page then shows that it is
 // reconnecting) and stops the refresher, waiting for it to exit; the page and
-// data.json still work (the history no longer grows, but for data.json requests). Close is idempotent; register it with
-// [http.Server.RegisterOnShutdown].
+// data.json still work (the history then grows only with data.json requests). Close
+// is idempotent; register it with [http.Server.RegisterOnShutdown]. A handler with
+// history that is never closed keeps its refresher running.
 func (h *Handler) Close() {
 	h.close.Do(func() { close(h.closed) })
 	h.mu.Lock()
