@@ -39,6 +39,9 @@ type Pipeline struct {
 	report  Report
 	runs    uint64       // runs started
 	samples []rateSample // recent Snapshots of the current run, for rates
+
+	recent    []latencySample // Snapshots' latency histograms, for StageReport.Recent (stats.go)
+	recentRun *run            // the run they are of
 }
 
 // New returns an empty pipeline. Options given here apply to the run as a whole:

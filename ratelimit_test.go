@@ -331,6 +331,28 @@ type httpError struct {
 func (e *httpError) Error() string             { return fmt.Sprintf("HTTP %d", e.status) }
 func (e *httpError) RetryAfter() time.Duration { return e.after }
 
+// TestRetryAfterNamesWrappedType: an error marked by RetryAfter is counted, in the
+// report's errors and causes and in its dead letter, under the type it wraps (it was
+// counted as *pipeline.retryAfterError, the marker's own type).
+func TestRetryAfterNamesWrappedType(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		dead := pipeline.NewDeadLetterBuffer[int](1)
+		st := pipeline.NewStage("call", 1, func(context.Context, int) (int, error) {
+			return 0, pipeline.RetryAfter(&httpError{429, time.Second}, time.Second)
+		}, pipeline.WithRetry(2, nil), pipeline.WithDeadLetter(dead.Add))
+		p := pipeline.New()
+		pipeline.To(pipeline.Then(pipeline.FromSlice(p, []int{1}), st), nopSink())
+		require.NoError(t, p.Run(t.Context()))
+		s, ok := p.Report().Stage("call")
+		require.True(t, ok)
+		assert.Equal(t, []pipeline.ErrorCount{{Type: "*pipeline_test.httpError", Retried: 1, DeadLettered: 1}}, s.Errors)
+		assert.Equal(t, []pipeline.Cause{{Type: "*pipeline_test.httpError", Message: "HTTP #", Count: 1}}, s.Causes)
+		require.Len(t, dead.Items(), 1)
+		assert.Equal(t, "*pipeline_test.httpError", dead.Items()[0].ErrType)
+	})
+}
+
 // TestRetryAfterCancel checks that a long Retry-After wait ends when the run stops.
 func TestRetryAfterCancel(t *testing.T) {
 	t.Parallel()

@@ -191,7 +191,7 @@ func errTypeName(err error) string {
 	}
 	for err != nil {
 		switch t := fmt.Sprintf("%T", err); t {
-		case "*pipeline.classified", "*fmt.wrapError", "*fmt.wrapErrors", "*errors.errorString", "*errors.joinError":
+		case "*pipeline.classified", "*pipeline.retryAfterError", "*fmt.wrapError", "*fmt.wrapErrors", "*errors.errorString", "*errors.joinError":
 		default:
 			return t
 		}
@@ -261,6 +261,16 @@ type StageReport struct {
 	Latency  Latency       // the stage function's attempt durations
 	Timeout  time.Duration // the stage's WithTimeout, 0 if none
 	Next     []string      // the rows this one feeds directly (several after a Tee)
+
+	// Recent is, in a Snapshot, Latency over the last 10 s or so: the attempts timed
+	// since the most recent earlier Snapshot at least 10 s old (or since the start of
+	// the run), so that a change of latency shows beside the whole run's figures. Its
+	// Max is within the histogram's 12.5 %. It is zero in a final report.
+	Recent Latency
+
+	// Total is, for a source that knows it ([FromSlice]), how many items it holds; 0
+	// when unknown. With the source's Out it gives a run's progress.
+	Total int64
 
 	Errors []ErrorCount // errors by type and outcome
 
@@ -353,8 +363,12 @@ func (r Report) String() string {
 	}
 	for _, s := range r.Stages {
 		if f := s.Flushes; s.Kind == KindBatch {
-			fmt.Fprintf(&b, "batch %s: %d batches: %d full, %d by bytes, %d by linger, %d at the end, %d for a checkpoint\n",
-				s.Name, s.Out, f.Size, f.Bytes, f.Linger, f.End, f.Checkpoint)
+			label := "batch " + s.Name
+			if strings.HasPrefix(strings.ToLower(s.Name), "batch") { // not "batch batch: 48 batches"
+				label = s.Name
+			}
+			fmt.Fprintf(&b, "%s: %d batches: %d full, %d by bytes, %d by linger, %d at the end, %d for a checkpoint\n",
+				label, s.Out, f.Size, f.Bytes, f.Linger, f.End, f.Checkpoint)
 		}
 	}
 	for _, s := range r.Stages {
@@ -407,7 +421,7 @@ func (r *run) report(err error, final bool) Report {
 			s.In = received
 			s.NotStarted = discarded
 			if rw.given >= 0 {
-				s.In = rw.given
+				s.In, s.Total = rw.given, rw.given
 				s.NotStarted += rw.given - received
 			}
 			if final {

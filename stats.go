@@ -66,8 +66,13 @@ type Latency struct {
 }
 
 func latencyOf(ws []workerStats) Latency {
-	var sum [histBuckets]int64
-	var l Latency
+	sum, l := bucketsOf(ws)
+	return quantiles(&sum, l)
+}
+
+// bucketsOf sums the workers' histograms: the counts per bucket, and a Latency with
+// Count, Sum and Max set.
+func bucketsOf(ws []workerStats) (sum [histBuckets]int64, l Latency) {
 	for i := range ws {
 		h := &ws[i].lat
 		for j := range sum {
@@ -78,6 +83,12 @@ func latencyOf(ws []workerStats) Latency {
 		l.Max = max(l.Max, time.Duration(h.max.load()))
 		l.Sum += time.Duration(h.sum.load())
 	}
+	return sum, l
+}
+
+// quantiles sets l's percentiles from the bucket counts sum (whose total is l.Count),
+// none above l.Max.
+func quantiles(sum *[histBuckets]int64, l Latency) Latency {
 	if l.Count == 0 {
 		return l
 	}
@@ -94,6 +105,74 @@ func latencyOf(ws []workerStats) Latency {
 	}
 	l.P50, l.P90, l.P99 = quantile(0.50), quantile(0.90), quantile(0.99)
 	return l
+}
+
+// recentWindow is how far back [StageReport].Recent looks: its baseline is the most
+// recent earlier Snapshot at least this old.
+const recentWindow = 10 * time.Second
+
+// latencySample is one Snapshot's latency histograms, one per row (the nonzero buckets
+// only), for the recent percentiles of later ones.
+type latencySample struct {
+	at   time.Time
+	rows [][]bucketCount
+	sums []time.Duration
+}
+
+type bucketCount struct {
+	i int
+	n int64
+}
+
+// recentLatency sets each row's Recent from the difference between its histogram now
+// and the baseline of p.recent, and keeps a sample of now's for later Snapshots (one a
+// second at most, as long as it may serve as a baseline). p.mu must be held.
+func (p *Pipeline) recentLatency(r *run, rep *Report, now time.Time) {
+	if p.recentRun != r {
+		p.recent, p.recentRun = p.recent[:0], r
+	}
+	var base *latencySample
+	first := 0
+	for i := range p.recent {
+		if now.Sub(p.recent[i].at) >= recentWindow {
+			base, first = &p.recent[i], i // in time order: the last one old enough wins
+		}
+	}
+	smp := latencySample{at: now, rows: make([][]bucketCount, len(r.rows)), sums: make([]time.Duration, len(r.rows))}
+	for i, rw := range r.rows {
+		if i >= len(rep.Stages) {
+			break
+		}
+		sum, l := bucketsOf(rw.workers)
+		for j, n := range sum {
+			if n > 0 {
+				smp.rows[i] = append(smp.rows[i], bucketCount{j, n})
+			}
+		}
+		smp.sums[i] = l.Sum
+		if base != nil && i < len(base.rows) {
+			for _, b := range base.rows[i] {
+				sum[b.i] -= b.n
+			}
+			l.Count, l.Sum = 0, l.Sum-base.sums[i]
+			for _, n := range sum {
+				l.Count += n
+			}
+		}
+		// The window's largest value is in its highest bucket, not above the run's Max.
+		for j := len(sum) - 1; j >= 0; j-- {
+			if sum[j] > 0 {
+				l.Max = min(l.Max, time.Duration(bucketUpper(j)))
+				break
+			}
+		}
+		rep.Stages[i].Recent = quantiles(&sum, l)
+	}
+	// Keep the baseline found and every later sample; add now's a second after the last.
+	p.recent = append(p.recent[:0], p.recent[first:]...)
+	if n := len(p.recent); n == 0 || now.Sub(p.recent[n-1].at) >= time.Second {
+		p.recent = append(p.recent, smp)
+	}
 }
 
 // ErrorCount counts a stage's errors of one type by what became of them.
@@ -189,6 +268,7 @@ func (p *Pipeline) Snapshot() Report {
 		}
 	}
 	p.samples = append(keep[max(0, len(keep)-63):], rateSample{run: r, at: now, out: out})
+	p.recentLatency(r, &rep, now)
 	return rep
 }
 
@@ -292,7 +372,8 @@ func (b Bottleneck) String() string {
 }
 
 // Line formats the report on one line, for progress output: per stage, its recent rate,
-// queue length and busy workers, then the number of items set aside or failed so far:
+// queue length and busy workers, then the number of items set aside or failed so far,
+// its breaker's state and adaptive limit when it has them, and its retries so far:
 //
 //	fetch 781/s q=100/100 busy=16/16 | write 781/s q=2/100 busy=1/4
 func (r Report) Line() string {
@@ -312,6 +393,9 @@ func (r Report) Line() string {
 			fmt.Fprintf(&b, " failed=%d", s.Failed)
 		}
 		b.WriteString(s.clientLine()) // client.go: breaker=open, limit=8/32
+		if s.Retried > 0 {
+			fmt.Fprintf(&b, " retried=%d", s.Retried)
+		}
 	}
 	return b.String()
 }

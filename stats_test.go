@@ -64,6 +64,47 @@ func TestSnapshotNamesBottleneck(t *testing.T) {
 	})
 }
 
+// TestSnapshotRecentLatency: after the stage's latency shifts from 10 ms to 40 ms, a
+// Snapshot's Recent percentiles show the new latency while the whole run's still show
+// the old one; a final report has no Recent.
+func TestSnapshotRecentLatency(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := pipeline.New(pipeline.WithBuffer(8))
+		start := time.Now()
+		slow := pipeline.Then(pipeline.FromSlice(p, ints(12000)), pipeline.NewStage("call", 4,
+			func(ctx context.Context, v int) (int, error) {
+				d := 10 * time.Millisecond
+				if time.Since(start) >= 20*time.Second {
+					d = 40 * time.Millisecond
+				}
+				time.Sleep(d)
+				return v, nil
+			}))
+		pipeline.To(slow, pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+		done := make(chan error)
+		go func() { done <- p.Run(context.Background()) }()
+		var snap pipeline.Report
+		for range 35 { // a Snapshot a second, as the dashboard takes them
+			time.Sleep(time.Second)
+			synctest.Wait()
+			snap = p.Snapshot()
+		}
+		require.True(t, snap.Running)
+		c := row(t, snap, "call")
+		assert.Equal(t, 10*time.Millisecond, c.Latency.P50.Truncate(time.Millisecond), "the run's: mostly 10 ms")
+		assert.Equal(t, 40*time.Millisecond, c.Recent.P50.Truncate(time.Millisecond), "the last 10 s: 40 ms")
+		assert.Equal(t, 40*time.Millisecond, c.Recent.P99.Truncate(time.Millisecond))
+		assert.InDelta(t, 1000, c.Recent.Count, 12, "10 s at 4 workers × 25/s")
+		assert.LessOrEqual(t, c.Recent.Max, c.Latency.Max)
+		assert.Equal(t, int64(12000), row(t, snap, "FromSlice").Total)
+		require.NoError(t, <-done)
+		final := p.Report()
+		assert.Zero(t, row(t, final, "call").Recent)
+		assert.Equal(t, int64(12000), row(t, final, "FromSlice").Total)
+		assert.Zero(t, row(t, final, "call").Total)
+	})
+}
+
 // TestS1RetryCounts runs scenario S1 with the retry policy in virtual time (instant and
 // exact) and checks that the seed's counts, 9,895 processed, 105 dead-lettered and 200
 // retried, appear in the snapshot, in the report, in the errors by type and in the
@@ -421,4 +462,25 @@ func snapshotInGrows(t *testing.T) {
 	}
 	require.NoError(t, <-done)
 	wg.Wait()
+}
+
+// TestReportWords: Line counts a stage's retries (progress lines showed none), and
+// String does not say "batch batch" for a batch row named batch.
+func TestReportWords(t *testing.T) {
+	t.Parallel()
+	p := pipeline.New()
+	var calls atomic.Int64
+	work := pipeline.Then(pipeline.FromSlice(p, ints(10)), pipeline.NewStage("work", 1, func(_ context.Context, v int) (int, error) {
+		if calls.Add(1) == 1 {
+			return 0, pipeline.Transient(errors.New("once"))
+		}
+		return v, nil
+	}, pipeline.WithRetry(2, nil)))
+	pipeline.ToBatches(work, 4, pipeline.NewSink("save", 1, func(context.Context, []int) error { return nil }), pipeline.WithName("batch"))
+	require.NoError(t, p.Run(t.Context()))
+	rep := p.Report()
+	assert.Contains(t, rep.Line(), "work ", rep.Line())
+	assert.Contains(t, rep.Line(), " retried=1 |", "the work stage's retries")
+	assert.Contains(t, rep.String(), "\nbatch: 3 batches: 2 full,")
+	assert.NotContains(t, rep.String(), "batch batch")
 }

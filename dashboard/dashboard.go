@@ -16,6 +16,7 @@ import (
 
 const (
 	defaultInterval = time.Second
+	defaultHistory  = 15 * time.Minute
 	minInterval     = 100 * time.Millisecond
 	minWriteTimeout = 10 * time.Second
 )
@@ -23,7 +24,7 @@ const (
 // Option configures a [Handler]; pass options to [New].
 type Option interface{ apply(*config) }
 
-type config struct{ interval time.Duration }
+type config struct{ interval, history time.Duration }
 
 type optionFunc func(*config)
 
@@ -40,11 +41,27 @@ func WithInterval(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.interval = max(d, minInterval) })
 }
 
+// WithHistory sets how much of each run's past the handler keeps for the page's charts
+// and data.json's "history": one point per refresh interval, over the last d (the
+// default is 15 minutes; at the default interval, 900 points of a few figures per
+// stage). With history, the handler refreshes in the background from the first
+// [Handler.Add] until [Handler.Close], viewers or not, so that a page opened late
+// shows what happened; WithHistory(0) keeps no history and refreshes only while
+// someone watches. It panics if d is negative.
+func WithHistory(d time.Duration) Option {
+	if d < 0 {
+		panic(fmt.Sprintf("dashboard: WithHistory(%v): the history must not be negative", d))
+	}
+	return optionFunc(func(c *config) { c.history = d })
+}
+
 // Handler is the live view of a set of named pipelines, an [http.Handler] (see the
 // package doc for its endpoints and costs). It is safe for concurrent use; the zero
 // value is not usable: call [New].
 type Handler struct {
 	interval time.Duration
+	points   int           // points of history per pipeline (0: none)
+	always   bool          // refresh from the first Add to Close (with history), not only while watched
 	closed   chan struct{} // closed by Close
 	close    sync.Once
 
@@ -59,26 +76,34 @@ type Handler struct {
 	done    chan struct{} // closed when that refresher has exited
 }
 
-// entry is one named pipeline; snap is its Snapshot method (a counter in tests).
+// entry is one named pipeline; snap is its Snapshot method (a counter in tests); hist
+// is its history, written only by take (under Handler.refresh).
 type entry struct {
 	name string
 	snap func() pipeline.Report
+	hist *history
 }
 
 // New returns a handler with no pipeline; add them with [Handler.Add].
 func New(opts ...Option) *Handler {
-	c := config{interval: defaultInterval}
+	c := config{interval: defaultInterval, history: defaultHistory}
 	for _, o := range opts {
 		o.apply(&c)
 	}
-	return &Handler{interval: c.interval, closed: make(chan struct{})}
+	h := &Handler{interval: c.interval, closed: make(chan struct{})}
+	if c.history > 0 {
+		h.points = max(2, int(c.history/c.interval))
+		h.always = true
+	}
+	return h
 }
 
 // Add shows p under name, after the pipelines added before it. Adding under a name
 // already shown replaces that pipeline in place (a service that builds a new pipeline
 // per job can show the current one). The pipeline may be running or not: between runs
-// the view shows the last run's report. Add is safe to call at any time; it panics if
-// p is nil or name is empty.
+// the view shows the last run's report. With history (the default, see [WithHistory]),
+// the first Add starts the handler's background refresh, which [Handler.Close] stops.
+// Add is safe to call at any time; it panics if p is nil or name is empty.
 func (h *Handler) Add(name string, p *pipeline.Pipeline) {
 	if p == nil {
 		panic(fmt.Sprintf("dashboard: Add(%q, nil)", name))
@@ -93,17 +118,21 @@ func (h *Handler) add(name string, snap func() pipeline.Report) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.dirty = true
+	if h.always {
+		h.startRefresher()
+	}
 	if i := slices.IndexFunc(h.pipes, func(e entry) bool { return e.name == name }); i >= 0 {
-		h.pipes[i].snap = snap
+		h.pipes[i].snap, h.pipes[i].hist = snap, newHistory(h.points)
 		return
 	}
-	h.pipes = append(h.pipes, entry{name, snap})
+	h.pipes = append(h.pipes, entry{name, snap, newHistory(h.points)})
 }
 
 // Close ends every events stream now and for good (the page then shows that it is
 // reconnecting) and stops the refresher, waiting for it to exit; the page and
-// data.json still work. Close is idempotent; register it with
-// [http.Server.RegisterOnShutdown].
+// data.json still work (the history then grows only with data.json requests). Close
+// is idempotent; register it with [http.Server.RegisterOnShutdown]. A handler with
+// history that is never closed keeps its refresher running.
 func (h *Handler) Close() {
 	h.close.Do(func() { close(h.closed) })
 	h.mu.Lock()
@@ -215,6 +244,12 @@ func (h *Handler) watch() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.viewers++
+	h.startRefresher()
+}
+
+// startRefresher starts the refresher unless it runs or Close has been called. h.mu
+// must be held.
+func (h *Handler) startRefresher() {
 	if h.stop != nil {
 		return
 	}
@@ -228,13 +263,14 @@ func (h *Handler) watch() {
 	go h.refresher(stop, done)
 }
 
-// unwatch counts a viewer out, stopping the refresher after the last one and waiting
-// for it to exit (so that no goroutine of the handler outlives its last stream).
+// unwatch counts a viewer out, stopping the refresher after the last one, unless it
+// keeps the history, and waiting for it to exit (so that no goroutine of the handler
+// outlives its last stream).
 func (h *Handler) unwatch() {
 	h.mu.Lock()
 	h.viewers--
 	var done chan struct{}
-	if h.viewers == 0 {
+	if h.viewers == 0 && !h.always {
 		done = h.stopRefresher()
 	}
 	h.mu.Unlock()
@@ -294,7 +330,9 @@ func (h *Handler) take(maxAge time.Duration) *frame {
 	f := &frame{At: now, interval: h.interval, next: make(chan struct{})}
 	f.Views = make([]pipelineView, len(pipes))
 	for i, e := range pipes {
-		f.Views[i] = newPipelineView(e.name, e.snap())
+		rep := e.snap()
+		e.hist.add(rep)
+		f.Views[i] = newPipelineView(e.name, rep, e.hist.view())
 	}
 	h.mu.Lock()
 	h.latest = f

@@ -25,7 +25,7 @@ func TestRoutes(t *testing.T) {
 	t.Parallel()
 	p := demo(100)
 	require.NoError(t, p.Run(t.Context()))
-	h := New()
+	h := newHandler(t)
 	h.Add("etl", p)
 	mux := http.NewServeMux()
 	mux.Handle("/debug/pipeline/", h)
@@ -66,7 +66,7 @@ func TestPage(t *testing.T) {
 	t.Parallel()
 	p := demo(200)
 	require.NoError(t, p.Run(t.Context()))
-	h := New()
+	h := newHandler(t)
 	h.Add("etl", p)
 	page := body(t, get(t, h, "GET", "/"))
 	for _, s := range p.Report().Stages {
@@ -89,7 +89,7 @@ func TestPageEscapes(t *testing.T) {
 		return 0, pipeline.Permanent(errors.New(`<img src=x onerror=alert(2)>`))
 	}, pipeline.WithDeadLetter(pipeline.DiscardDeadLetter[int])))}
 	require.Len(t, c.rep.Stages[1].Causes, 1)
-	h := New()
+	h := newHandler(t)
 	h.add(`"><b>x`, c.snapshot)
 	page := body(t, get(t, h, "GET", "/"))
 	assert.NotContains(t, page, "<script>alert")
@@ -100,7 +100,7 @@ func TestPageEscapes(t *testing.T) {
 
 func TestPageEmpty(t *testing.T) {
 	t.Parallel()
-	h := New()
+	h := newHandler(t)
 	assert.Contains(t, body(t, get(t, h, "GET", "/")), "No pipeline has been added.")
 	h.Add("later", pipeline.New())
 	assert.Contains(t, body(t, get(t, h, "GET", "/")), "not run yet")
@@ -118,7 +118,7 @@ func TestJSONSchema(t *testing.T) {
 	p := demo(300)
 	require.NoError(t, p.Run(t.Context()))
 	rep := p.Report()
-	h := New(WithInterval(2 * time.Second))
+	h := newHandler(t, WithInterval(2*time.Second))
 	h.Add("etl", p)
 	res := get(t, h, "GET", "/data.json")
 	var d map[string]any
@@ -140,8 +140,10 @@ func TestJSONSchema(t *testing.T) {
 	pipes := d["pipelines"].([]any)
 	require.Len(t, pipes, 1)
 	pl := obj(pipes[0])
-	assert.Equal(t, []string{"bottleneck", "edges", "elapsed_seconds", "name", "run", "running", "stages", "started"}, keys(pl),
+	assert.Equal(t, []string{"bottleneck", "edges", "elapsed_seconds", "history", "name", "progress", "run", "running", "stages", "started"}, keys(pl),
 		"error and checkpoint appear only when there is one")
+	assert.Equal(t, map[string]any{"read": 300.0, "total": 300.0, "fraction": 1.0}, pl["progress"], "no ETA once finished")
+	assert.Equal(t, map[string]any{"seconds": []any{}, "stages": []any{}}, pl["history"], "a finished run seen only after it ended")
 	assert.Equal(t, "etl", pl["name"])
 	assert.Equal(t, 1.0, pl["run"])
 	assert.Equal(t, false, pl["running"])
@@ -154,8 +156,8 @@ func TestJSONSchema(t *testing.T) {
 	require.Len(t, stages, len(rep.Stages))
 	stageKeys := []string{
 		"bottleneck", "busy", "causes", "dead_lettered", "errors", "failed", "filtered", "in", "in_flight",
-		"kind", "latency", "name", "next", "not_started", "out", "queue", "rate_per_second", "retried",
-		"succeeded", "timeout_seconds", "window", "workers",
+		"kind", "latency", "limit", "name", "next", "not_started", "out", "queue", "rate_per_second",
+		"recent_latency", "retried", "set_aside", "succeeded", "throttled_seconds", "timeout_seconds", "window", "workers",
 	}
 	for i, v := range stages {
 		s, want := obj(v), rep.Stages[i]
@@ -181,9 +183,9 @@ func TestJSONSchema(t *testing.T) {
 	assert.Equal(t, 1.0, parse["timeout_seconds"])
 	causes := parse["causes"].([]any)
 	require.Len(t, causes, 2)
-	assert.Equal(t, []string{"count", "message", "type"}, keys(causes[0]))
+	assert.Equal(t, []string{"count", "message", "name", "type"}, keys(causes[0]))
 	assert.Equal(t, "malformed record", obj(causes[0])["message"])
-	assert.Equal(t, []string{"dead_lettered", "failed", "retried", "type"}, keys(parse["errors"].([]any)[0]))
+	assert.Equal(t, []string{"dead_lettered", "failed", "name", "retried", "type"}, keys(parse["errors"].([]any)[0]))
 }
 
 func TestJSONErrorAndCheckpoint(t *testing.T) {
@@ -191,7 +193,7 @@ func TestJSONErrorAndCheckpoint(t *testing.T) {
 	c := newCounter()
 	c.rep.Err = errMalformed
 	c.rep.Checkpoint = 0
-	h := New()
+	h := newHandler(t)
 	h.add("x", c.snapshot)
 	var d struct {
 		Pipelines []struct {
@@ -219,7 +221,7 @@ func TestEdges(t *testing.T) {
 	pipeline.ToBatches(ts[1], 2, pipeline.NewSink("s1", 1, func(context.Context, []int) error { return nil }))
 	require.NoError(t, p.Run(t.Context()))
 	rep := p.Report()
-	v := newPipelineView("x", rep)
+	v := newPipelineView("x", rep, historyJSON{})
 	var got []string
 	for _, e := range v.Data.Edges {
 		s := e.From + "->" + e.To
@@ -258,7 +260,7 @@ func TestOptionsAndMisuse(t *testing.T) {
 
 func TestAddReplaces(t *testing.T) {
 	t.Parallel()
-	h := New()
+	h := newHandler(t)
 	first, second := newCounter(), newCounter()
 	second.rep.Stages[1].Name = "other"
 	h.add("job", first.snapshot)
@@ -283,7 +285,7 @@ func TestOneSnapshotPerInterval(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const interval = 200 * time.Millisecond
 		c := newCounter()
-		h := New(WithInterval(interval))
+		h := newHandler(t, WithInterval(interval), WithHistory(0)) // no history: refreshes only while watched
 		h.add("p", c.snapshot)
 		var streams []*stream
 		var stops []func()
@@ -323,7 +325,7 @@ func TestOneSnapshotPerInterval(t *testing.T) {
 func TestJSONWithoutViewers(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := newCounter()
-		h := New() // 1 s
+		h := newHandler(t, WithHistory(0)) // 1 s, no background refresh
 		h.add("p", c.snapshot)
 		get(t, h, "GET", "/data.json")
 		time.Sleep(999 * time.Millisecond)
@@ -337,7 +339,7 @@ func TestJSONWithoutViewers(t *testing.T) {
 
 func TestEventFormat(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		h := New()
+		h := newHandler(t)
 		h.add("p", newCounter().snapshot)
 		s := newStream()
 		stop := serve(t, h, s, "/events")
@@ -357,7 +359,7 @@ func TestEventFormat(t *testing.T) {
 // after Close, a new stream is refused. synctest.Test fails if any goroutine is left.
 func TestEventsEnd(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		h := New()
+		h := newHandler(t)
 		h.add("p", newCounter().snapshot)
 		gone := serve(t, h, newStream(), "/events")
 		ctx, cancel := context.WithCancel(t.Context())
@@ -391,7 +393,7 @@ func TestEventsEnd(t *testing.T) {
 func TestStalledViewer(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := demo(500)
-		h := New(WithInterval(minInterval))
+		h := newHandler(t, WithInterval(minInterval))
 		h.Add("etl", p)
 		stalled := newStream()
 		stalled.block = make(chan struct{})
@@ -436,7 +438,9 @@ func TestSchemaDocumented(t *testing.T) {
 	c.rep.Stages = append(c.rep.Stages, pipeline.StageReport{Name: "b", Kind: pipeline.KindBatch, Workers: 1, QueueCap: 4})
 	c.rep.Stages[1].Errors = []pipeline.ErrorCount{{Type: "error", DeadLettered: 1}}
 	c.rep.Stages[1].Causes = []pipeline.Cause{{Type: "error", Message: "bad", Count: 1}}
-	h := New()
+	c.rep.Stages[1].LimitHistory = []pipeline.LimitChange{{At: time.Second, Limit: 1, Reason: "latency"}}
+	c.rep.Stages[1].Breaker = &pipeline.BreakerReport{State: pipeline.BreakerOpen, Transitions: []pipeline.BreakerTransition{{To: pipeline.BreakerOpen}}}
+	h := newHandler(t)
 	h.add("p", c.snapshot)
 	var d any
 	require.NoError(t, json.Unmarshal([]byte(body(t, get(t, h, "GET", "/data.json"))), &d))

@@ -13,9 +13,14 @@
 // that it works under any prefix, with or without [http.StripPrefix]:
 //
 //	.../             the page: each pipeline's stages drawn as a graph (SVG), with each
-//	                 queue's fill, rates, busy workers, latency percentiles, dead
-//	                 letters by cause and the bottleneck highlighted, then the numbers
-//	                 in a table; it updates itself from .../events
+//	                 queue's fill, rates, busy workers, latency percentiles (of the
+//	                 last 10 s and of the run), the state of each control (circuit
+//	                 breaker, adaptive limit, time waiting for a rate limit) and the
+//	                 bottleneck highlighted; the run's progress when its sources know
+//	                 their total; small charts of the last minutes (rate, queue fill,
+//	                 p99, retries and dead letters per second, adaptive limit) per
+//	                 stage; the numbers in a table; errors and dead letters by cause,
+//	                 named in words; it updates itself from .../events
 //	.../data.json    the same data as JSON, for scripts (the schema is below)
 //	.../events       server-sent events: the page's content, rendered anew each refresh
 //
@@ -30,10 +35,14 @@
 //
 // The handler takes at most one [pipeline.Pipeline.Snapshot] per pipeline per refresh
 // interval ([WithInterval], default 1 s), however many viewers are connected, and
-// renders the page's content once per refresh for all of them: a background goroutine
-// refreshes while at least one viewer is connected to .../events and stops with the
-// last one. A request for data.json reuses the latest refresh when it is younger than
-// the interval, and otherwise takes one itself (concurrent requests share it). A
+// renders the page's content once per refresh for all of them. A background goroutine
+// refreshes: with history (the default, [WithHistory]) from the first [Handler.Add]
+// until [Handler.Close], so that the charts cover the minutes before anyone looked;
+// without, only while at least one viewer is connected to .../events. A request for
+// data.json reuses the latest refresh when it is younger than the interval, and
+// otherwise takes one itself (concurrent requests share it). The history costs a few
+// float64 per stage per point: at the default 15 minutes at 1 s, five or six series of
+// 900 values, 36 to 55 KiB per stage; the page draws at most 150 points per chart. A
 // Snapshot reads counters that the stages write anyway, so the pipelines pay nothing
 // per item. No lock of the handler is held while it writes to a client, so a slow or
 // stalled viewer delays no one: it misses refreshes (it always gets the latest) and
@@ -52,8 +61,9 @@
 //
 // # The JSON schema
 //
-// data.json is one object; field names are stable, and a change that is not an
-// addition increments version. Durations are in seconds, times in RFC 3339.
+// data.json is one object, without indentation (pipe it to jq to read it); field
+// names are stable, and a change that is not an addition increments version.
+// Durations are in seconds, times in RFC 3339.
 //
 //	{
 //	  "version": 1,
@@ -65,6 +75,9 @@
 //	    "started": "...", "elapsed_seconds": 12.5,  started: absent before the first run
 //	    "error": "...",                      the run's error, only when it has one
 //	    "checkpoint": 1200,                  checkpointed runs only: the position saved
+//	    "progress": {"read": 6000, "total": 10000, "fraction": 0.6, "eta_seconds": 5.1},
+//	                                         only when every source knows its total (FromSlice):
+//	                                         items the sources read; eta only while running
 //	    "bottleneck": {"stage": "fetch", "why": "...", "workers": 16, "warnings": []},
 //	    "edges": [{"from": "fetch", "to": "save", "inferred": false}],
 //	    "stages": [{                         in the order of the report
@@ -72,23 +85,49 @@
 //	      "workers": 16, "busy": 16,
 //	      "in": 1000, "succeeded": 900, "out": 900, "retried": 12,
 //	      "dead_lettered": 3, "failed": 0, "not_started": 0, "filtered": 0,
+//	      "set_aside": 0,                    sinks: parts of their items they set aside
+//	                                         themselves (pipeline.SetAside: a database's
+//	                                         rejected rows), not in in or dead_lettered
 //	      "in_flight": 16, "window": 0,
 //	      "queue": {"len": 64, "cap": 64, "peak": 64, "fill": 1},
 //	      "rate_per_second": 781.2,
 //	      "latency": {"count": 900, "p50_seconds": 0.02, "p90_seconds": 0.021,
-//	                  "p99_seconds": 0.03, "max_seconds": 0.05},
+//	                  "p99_seconds": 0.03, "max_seconds": 0.05},  the whole run's
+//	      "recent_latency": {...},           the same keys, over the last 10 s (running only)
 //	      "timeout_seconds": 1,              0 when none
 //	      "next": ["save"],                  the rows it feeds, as far as the report knows
 //	      "bottleneck": true,
 //	      "flushes": {"size": 9, "bytes": 0, "linger": 1, "end": 1, "checkpoint": 0},
 //	                                         batches only: flushes by reason
-//	      "errors": [{"type": "*net.OpError", "retried": 12, "dead_lettered": 3, "failed": 0}],
-//	      "causes": [{"type": "*net.OpError", "message": "connection reset", "count": 3}]
-//	    }]
+//	      "errors": [{"type": "*net.OpError", "name": "network error",
+//	                  "retried": 12, "dead_lettered": 3, "failed": 0}],
+//	      "causes": [{"type": "*net.OpError", "name": "network error",
+//	                  "message": "connection reset", "count": 3}],
+//	                                         name: the type in words, as the page shows it
+//	      "limit": 16,                       workers allowed to take items (the adaptive limit)
+//	      "limit_history": [{"at_seconds": 2.5, "limit": 8, "reason": "latency"}],
+//	                                         WithAdaptiveWorkers only: its latest changes
+//	      "breaker": {"state": "open", "opened": 1, "open_seconds": 0.75, "held": 40,
+//	                  "transitions": [{"to": "open", "at_seconds": 1.02}]},
+//	                                         WithCircuitBreaker only
+//	      "throttled_seconds": 0             time its workers waited for rate-limit tokens
+//	    }],
+//	    "history": {                         the run's last minutes (WithHistory), oldest first
+//	      "seconds": [1, 2, 3],              each point's time since the run started
+//	      "stages": [{"name": "fetch",       in the order of "stages", one value per point:
+//	        "rate_per_second": [780, 781, 779],        items (a batch: batches) sent on
+//	        "queue_fill": [1, 1, 0.98],      rows with an input queue only
+//	        "p99_seconds": [0.03, 0.03, 0.031],        of the last 10 s; rows with workers only
+//	        "retried_per_second": [0, 2, 0],
+//	        "dead_lettered_per_second": [0, 1, 0],
+//	        "limit": [16, 12, 8]             WithAdaptiveWorkers only
+//	      }]
+//	    }
 //	  }]
 //	}
 //
-// Arrays are never null. "edges" is the graph the page draws, from each row's "next".
+// Arrays are never null. The history starts afresh with each run (and when a pipeline
+// is replaced by [Handler.Add]); between runs it holds the last run's points. "edges" is the graph the page draws, from each row's "next".
 // Where the report names nothing a row feeds (pipeline v0.1 names only a stage's
 // input: not the input of a filter or a batch, nor across a Merge or a Tee), the page
 // draws a dashed edge, marked inferred, to the row the report lists next, unless the

@@ -123,3 +123,74 @@ func ExampleHandler_Close() {
 	// serve: http: Server closed
 	// close: <nil>
 }
+
+// This example shows the history a handler keeps while a pipeline runs: data.json's
+// "history" holds one point per refresh for each stage (rate, queue fill, recent p99,
+// retries and dead letters per second), which the page draws as small charts.
+// WithHistory sets how far back it goes.
+func ExampleWithHistory() {
+	started, release := make(chan struct{}), make(chan struct{})
+	p := pipeline.New()
+	ids := pipeline.FromSlice(p, []int{1, 2, 3})
+	held := pipeline.Then(ids, pipeline.NewStage("call", 1, func(ctx context.Context, id int) (int, error) {
+		if id == 1 {
+			close(started)
+		}
+		select { // the run stays in progress until the example has read the history
+		case <-release:
+			return id, nil
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}))
+	pipeline.To(held, pipeline.NewSink("save", 1, func(context.Context, int) error { return nil }))
+
+	h := dashboard.New(dashboard.WithHistory(30 * time.Minute))
+	defer h.Close() // the handler refreshes in the background until Close
+	h.Add("import", p)
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	ran := make(chan error, 1)
+	go func() { ran <- p.Run(context.Background()) }()
+	<-started
+
+	res, err := http.Get(srv.URL + "/data.json")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	var data struct {
+		Pipelines []struct {
+			History struct {
+				Seconds []float64
+				Stages  []struct {
+					Name string
+					Rate []float64 `json:"rate_per_second"`
+					P99  []float64 `json:"p99_seconds"`
+				}
+			}
+		}
+	}
+	err = json.NewDecoder(res.Body).Decode(&data)
+	if cerr := res.Body.Close(); err == nil {
+		err = cerr
+	}
+	close(release)
+	if err := <-ran; err != nil {
+		fmt.Println(err)
+	}
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	hist := data.Pipelines[0].History
+	fmt.Println("points:", len(hist.Seconds))
+	for _, s := range hist.Stages {
+		fmt.Printf("%s: %d rates, %d p99s\n", s.Name, len(s.Rate), len(s.P99))
+	}
+	// Output:
+	// points: 1
+	// FromSlice: 1 rates, 0 p99s
+	// call: 1 rates, 1 p99s
+	// save: 1 rates, 1 p99s
+}

@@ -161,3 +161,12 @@ func reportOf(work *pipeline.Stage[int, int]) pipeline.Report {
 	r.Running = true
 	return r
 }
+
+// newHandler returns New(opts...), closed when the test ends: with history, the
+// handler refreshes in the background from its first Add until Close.
+func newHandler(t *testing.T, opts ...Option) *Handler {
+	t.Helper()
+	h := New(opts...)
+	t.Cleanup(h.Close)
+	return h
+}

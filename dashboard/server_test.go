@@ -40,7 +40,7 @@ func readEvents(t *testing.T, r *bufio.Reader, n int) []string {
 func TestStreamOverHTTP(t *testing.T) {
 	t.Parallel()
 	c := newCounter()
-	h := New(WithInterval(minInterval))
+	h := newHandler(t, WithInterval(minInterval))
 	h.add("p", c.snapshot)
 	srv := httptest.NewUnstartedServer(h)
 	srv.Config.WriteTimeout = 2 * minInterval
@@ -62,7 +62,7 @@ func TestStreamOverHTTP(t *testing.T) {
 func TestConcurrentRequests(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := newCounter()
-		h := New()
+		h := newHandler(t)
 		h.add("p", c.snapshot)
 		var wg sync.WaitGroup
 		for i := range 50 {
@@ -79,7 +79,7 @@ func TestConcurrentRequests(t *testing.T) {
 		}
 		wg.Wait()
 		time.Sleep(time.Second)
-		assert.Contains(t, body(t, get(t, h, "GET", "/data.json")), `"name": "q"`)
+		assert.Contains(t, body(t, get(t, h, "GET", "/data.json")), `"name":"q"`)
 		assert.LessOrEqual(t, c.count(), 3)
 	})
 }

@@ -3,8 +3,11 @@ package dashboard
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/gopipeline/pipeline"
 )
@@ -29,9 +32,30 @@ type (
 		Elapsed    float64        `json:"elapsed_seconds"`
 		Error      string         `json:"error,omitempty"`
 		Checkpoint *int64         `json:"checkpoint,omitempty"`
+		Progress   *progressJSON  `json:"progress,omitempty"`
 		Bottleneck bottleneckJSON `json:"bottleneck"`
 		Edges      []edgeJSON     `json:"edges"`
 		Stages     []stageJSON    `json:"stages"`
+		History    historyJSON    `json:"history"`
+	}
+	progressJSON struct {
+		Read     int64    `json:"read"`
+		Total    int64    `json:"total"`
+		Fraction float64  `json:"fraction"`
+		ETA      *float64 `json:"eta_seconds,omitempty"`
+	}
+	historyJSON struct {
+		Seconds []float64          `json:"seconds"`
+		Stages  []stageHistoryJSON `json:"stages"`
+	}
+	stageHistoryJSON struct {
+		Name    string    `json:"name"`
+		Rate    []float64 `json:"rate_per_second"`
+		Fill    []float64 `json:"queue_fill,omitempty"`
+		P99     []float64 `json:"p99_seconds,omitempty"`
+		Retried []float64 `json:"retried_per_second"`
+		Dead    []float64 `json:"dead_lettered_per_second"`
+		Limit   []float64 `json:"limit,omitempty"`
 	}
 	bottleneckJSON struct {
 		Stage    string   `json:"stage"`
@@ -57,17 +81,39 @@ type (
 		Failed       int64         `json:"failed"`
 		NotStarted   int64         `json:"not_started"`
 		Filtered     int64         `json:"filtered"`
+		SetAside     int64         `json:"set_aside"`
 		InFlight     int64         `json:"in_flight"`
 		Window       int64         `json:"window"`
 		Queue        queueJSON     `json:"queue"`
 		Rate         float64       `json:"rate_per_second"`
 		Latency      latencyJSON   `json:"latency"`
+		Recent       latencyJSON   `json:"recent_latency"`
 		Timeout      float64       `json:"timeout_seconds"`
 		Next         []string      `json:"next"`
 		Bottleneck   bool          `json:"bottleneck"`
 		Flushes      *flushesJSON  `json:"flushes,omitempty"`
 		Errors       []errorJSON   `json:"errors"`
 		Causes       []causeJSON   `json:"causes"`
+		Limit        int           `json:"limit"`
+		LimitHistory []limitJSON   `json:"limit_history,omitempty"`
+		Breaker      *breakerJSON  `json:"breaker,omitempty"`
+		Throttled    float64       `json:"throttled_seconds"`
+	}
+	limitJSON struct {
+		At     float64 `json:"at_seconds"`
+		Limit  int     `json:"limit"`
+		Reason string  `json:"reason"`
+	}
+	breakerJSON struct {
+		State       string           `json:"state"`
+		Opened      int64            `json:"opened"`
+		Open        float64          `json:"open_seconds"`
+		Held        int64            `json:"held"`
+		Transitions []transitionJSON `json:"transitions"`
+	}
+	transitionJSON struct {
+		To string  `json:"to"`
+		At float64 `json:"at_seconds"`
 	}
 	queueJSON struct {
 		Len  int     `json:"len"`
@@ -91,12 +137,14 @@ type (
 	}
 	errorJSON struct {
 		Type         string `json:"type"`
+		Name         string `json:"name"`
 		Retried      int64  `json:"retried"`
 		DeadLettered int64  `json:"dead_lettered"`
 		Failed       int64  `json:"failed"`
 	}
 	causeJSON struct {
 		Type    string `json:"type"`
+		Name    string `json:"name"`
 		Message string `json:"message"`
 		Count   int64  `json:"count"`
 	}
@@ -107,7 +155,7 @@ func encodeJSON(f *frame) []byte {
 	for i, v := range f.Views {
 		d.Pipelines[i] = v.Data
 	}
-	b, err := json.MarshalIndent(d, "", "  ")
+	b, err := json.Marshal(d) // compact: the history's arrays are long
 	if err != nil {
 		panic("dashboard: " + err.Error()) // only plain values: cannot happen
 	}
@@ -116,16 +164,19 @@ func encodeJSON(f *frame) []byte {
 
 // pipelineView is one pipeline of a frame: its data and its drawing.
 type pipelineView struct {
-	Data  pipelineJSON
-	Graph graph
+	Data     pipelineJSON
+	Graph    graph
+	History  *historyView // nil before the run's first point
+	Inferred bool         // some edge is inferred: the page explains the dashed line
 }
 
 // Node and edge sizes of the drawing, in SVG user units.
 const (
-	nodeW, nodeH = 200, 104
+	nodeW, nodeH = 200, 120
 	gapX, gapY   = 56, 24
 	margin       = 18
 	maxLabel     = 18 // runes of a stage name drawn in a node (the rest is in its tooltip)
+	maxControl   = 34 // runes of the controls' line of a node
 )
 
 type graph struct {
@@ -138,7 +189,8 @@ type node struct {
 	X, Y       int
 	Stage      *stageJSON
 	Label      string // the name, shortened to fit
-	Lines      [3]string
+	Lines      [4]string
+	Control    bool // Lines[3] is about a control in an unusual state (an open breaker)
 	HasQueue   bool
 	QueueW     float64 // the filled part of the queue bar
 	QueueClass string  // "ok", "high" or "full"
@@ -152,14 +204,19 @@ type edge struct {
 	Inferred bool
 }
 
-func newPipelineView(name string, rep pipeline.Report) pipelineView {
+func newPipelineView(name string, rep pipeline.Report, hist historyJSON) pipelineView {
 	bn := rep.Bottleneck(0)
 	d := pipelineJSON{
 		Name: name, Run: rep.Run, Running: rep.Running, Started: rep.Started, Elapsed: rep.Elapsed.Seconds(),
 		Bottleneck: bottleneckJSON{Stage: bn.Stage, Why: bn.Why, Workers: bn.Workers, Warnings: nonNil(bn.Warnings)},
 		Edges:      []edgeJSON{},
 		Stages:     make([]stageJSON, len(rep.Stages)),
+		History:    hist,
 	}
+	if hist.Seconds == nil {
+		d.History = historyJSON{Seconds: []float64{}, Stages: []stageHistoryJSON{}}
+	}
+	d.Progress = progressOf(rep)
 	if rep.Err != nil {
 		d.Error = rep.Err.Error()
 	}
@@ -185,22 +242,65 @@ func newPipelineView(name string, rep pipeline.Report) pipelineView {
 			d.Edges = append(d.Edges, edgeJSON{From: s.Name, To: rep.Stages[i+1].Name, Inferred: true})
 		}
 	}
-	return pipelineView{Data: d, Graph: layout(d, index)}
+	v := pipelineView{Data: d, Graph: layout(d, index), History: newHistoryView(d)}
+	v.Inferred = slices.ContainsFunc(d.Edges, func(e edgeJSON) bool { return e.Inferred })
+	return v
+}
+
+// progressOf returns the run's progress when every source knows its items, else nil:
+// the items the sources read of their total, and, while the run is in progress, the
+// time left at their recent rate.
+func progressOf(rep pipeline.Report) *progressJSON {
+	var p progressJSON
+	var rate float64
+	for _, s := range rep.Stages {
+		if s.Kind != pipeline.KindSource {
+			continue
+		}
+		if s.Total <= 0 {
+			return nil
+		}
+		p.Read += s.Out
+		p.Total += s.Total
+		rate += s.Rate
+	}
+	if p.Total == 0 {
+		return nil
+	}
+	p.Fraction = round(min(float64(p.Read)/float64(p.Total), 1), 1e4)
+	if left := p.Total - p.Read; rep.Running && rate > 0 {
+		eta := round(max(float64(left), 0)/rate, 10)
+		p.ETA = &eta
+	}
+	return &p
 }
 
 func newStageJSON(s pipeline.StageReport, bottleneck bool) stageJSON {
 	j := stageJSON{
 		Name: s.Name, Kind: s.Kind, Workers: s.Workers, Busy: s.Busy,
 		In: s.In, Succeeded: s.Succeeded, Out: s.Out, Retried: s.Retried, DeadLettered: s.DeadLettered,
-		Failed: s.Failed, NotStarted: s.NotStarted, Filtered: s.Filtered, InFlight: s.InFlight, Window: s.Window,
-		Queue: queueJSON{Len: s.QueueLen, Cap: s.QueueCap, Peak: s.PeakQueue},
-		Rate:  s.Rate,
-		Latency: latencyJSON{
-			Count: s.Latency.Count, P50: s.Latency.P50.Seconds(), P90: s.Latency.P90.Seconds(),
-			P99: s.Latency.P99.Seconds(), Max: s.Latency.Max.Seconds(),
-		},
+		Failed: s.Failed, NotStarted: s.NotStarted, Filtered: s.Filtered, SetAside: s.SetAside, InFlight: s.InFlight, Window: s.Window,
+		Queue:   queueJSON{Len: s.QueueLen, Cap: s.QueueCap, Peak: s.PeakQueue},
+		Rate:    s.Rate,
+		Latency: latencyOf(s.Latency), Recent: latencyOf(s.Recent),
 		Timeout: s.Timeout.Seconds(), Next: nonNil(nextOf(s)), Bottleneck: bottleneck,
 		Errors: make([]errorJSON, len(s.Errors)), Causes: make([]causeJSON, len(s.Causes)),
+		Limit: s.Limit, Throttled: s.Throttled.Seconds(),
+	}
+	if s.LimitHistory != nil {
+		j.LimitHistory = make([]limitJSON, len(s.LimitHistory))
+		for i, c := range s.LimitHistory {
+			j.LimitHistory[i] = limitJSON{At: c.At.Seconds(), Limit: c.Limit, Reason: c.Reason}
+		}
+	}
+	if b := s.Breaker; b != nil {
+		j.Breaker = &breakerJSON{
+			State: b.State.String(), Opened: b.Opened, Open: b.TimeOpen.Seconds(), Held: b.Held,
+			Transitions: make([]transitionJSON, len(b.Transitions)),
+		}
+		for i, t := range b.Transitions {
+			j.Breaker.Transitions[i] = transitionJSON{To: t.To.String(), At: t.At.Seconds()}
+		}
 	}
 	if s.QueueCap > 0 {
 		j.Queue.Fill = float64(s.QueueLen) / float64(s.QueueCap)
@@ -210,10 +310,10 @@ func newStageJSON(s pipeline.StageReport, bottleneck bool) stageJSON {
 		j.Flushes = &flushesJSON{Size: f.Size, Bytes: f.Bytes, Linger: f.Linger, End: f.End, Checkpoint: f.Checkpoint}
 	}
 	for i, e := range s.Errors {
-		j.Errors[i] = errorJSON{Type: e.Type, Retried: e.Retried, DeadLettered: e.DeadLettered, Failed: e.Failed}
+		j.Errors[i] = errorJSON{Type: e.Type, Name: errorName(e.Type), Retried: e.Retried, DeadLettered: e.DeadLettered, Failed: e.Failed}
 	}
 	for i, c := range s.Causes {
-		j.Causes[i] = causeJSON{Type: c.Type, Message: c.Message, Count: c.Count}
+		j.Causes[i] = causeJSON{Type: c.Type, Name: errorName(c.Type), Message: c.Message, Count: c.Count}
 	}
 	return j
 }
@@ -231,6 +331,10 @@ func nextOf(s pipeline.StageReport) []string {
 		return next
 	}
 	return nil
+}
+
+func latencyOf(l pipeline.Latency) latencyJSON {
+	return latencyJSON{Count: l.Count, P50: l.P50.Seconds(), P90: l.P90.Seconds(), P99: l.P99.Seconds(), Max: l.Max.Seconds()}
 }
 
 func nonNil[T any](s []T) []T {
@@ -281,9 +385,10 @@ func layout(d pipelineJSON, index map[string]int) graph {
 		if rs := []rune(s.Name); len(rs) > maxLabel {
 			nd.Label = string(rs[:maxLabel-1]) + "…"
 		}
-		nd.Dead = s.DeadLettered > 0 || s.Failed > 0
+		nd.Dead = s.DeadLettered > 0 || s.Failed > 0 || s.SetAside > 0
 		nd.Lines = nodeLines(s)
-		if s.Queue.Cap > 0 && s.Kind != pipeline.KindSource && s.Kind != pipeline.KindFilter {
+		nd.Control = s.Breaker != nil && s.Breaker.State != pipeline.BreakerClosed.String()
+		if hasQueue(s.Kind, s.Queue.Cap) {
 			nd.HasQueue = true
 			fill := min(max(s.Queue.Fill, 0), 1)
 			nd.QueueW = fill * (nodeW - 20)
@@ -314,9 +419,10 @@ func layout(d pipelineJSON, index map[string]int) graph {
 	return g
 }
 
-// nodeLines are the three lines of figures drawn in a stage's node.
-func nodeLines(s *stageJSON) [3]string {
-	var l [3]string
+// nodeLines are the four lines of figures drawn in a stage's node: its rate, its
+// latency, its outcomes and its controls.
+func nodeLines(s *stageJSON) [4]string {
+	var l [4]string
 	switch s.Kind {
 	case pipeline.KindSource:
 		l[0] = fmt.Sprintf("out %s · %s", count(s.Out), rate(s.Rate))
@@ -327,7 +433,10 @@ func nodeLines(s *stageJSON) [3]string {
 		}
 	default:
 		l[0] = fmt.Sprintf("busy %d/%d · %s", s.Busy, s.Workers, rate(s.Rate))
-		if s.Latency.Count > 0 {
+		switch {
+		case s.Recent.Count > 0:
+			l[1] = fmt.Sprintf("10s: p50 %s p99 %s", seconds(s.Recent.P50), seconds(s.Recent.P99))
+		case s.Latency.Count > 0:
 			l[1] = fmt.Sprintf("p50 %s · p99 %s", seconds(s.Latency.P50), seconds(s.Latency.P99))
 		}
 		var b strings.Builder
@@ -338,12 +447,117 @@ func nodeLines(s *stageJSON) [3]string {
 		if s.Failed > 0 {
 			fmt.Fprintf(&b, " · failed %s", count(s.Failed))
 		}
+		if s.SetAside > 0 { // parts of its items a sink set aside: a database's rejected rows
+			fmt.Fprintf(&b, " · set aside %s", count(s.SetAside))
+		}
+		if s.Retried > 0 {
+			fmt.Fprintf(&b, " · retried %s", count(s.Retried))
+		}
 		l[2] = b.String()
 		if f := s.Flushes; f != nil { // a batch: its rate and Out count batches
-			l[1] = fmt.Sprintf("%s batches of %s items", count(s.Out), count(s.Succeeded))
+			l[0] = fmt.Sprintf("busy %d/%d · %s", s.Busy, s.Workers, batchRate(s.Rate))
+			l[1] = fmt.Sprintf("%s items in %s batches", count(s.Succeeded), count(s.Out))
 		}
+		l[3] = controlLine(s)
 	}
 	return l
+}
+
+// controlLine says, in a node, the state of the stage's controls, most telling first
+// and as many as fit: a breaker not closed, the adaptive limit, the time the workers
+// waited for rate-limit tokens, a closed breaker (the controls table has them all).
+func controlLine(s *stageJSON) string {
+	var parts []string
+	b := s.Breaker
+	if b != nil && b.State != pipeline.BreakerClosed.String() {
+		parts = append(parts, fmt.Sprintf("breaker %s %s, %s held", b.State, seconds(b.Open), count(b.Held)))
+	}
+	if s.LimitHistory != nil {
+		parts = append(parts, fmt.Sprintf("limit %d/%d", s.Limit, s.Workers))
+	}
+	if s.Throttled > 0 {
+		parts = append(parts, "rate-limited "+seconds(s.Throttled))
+	}
+	if b != nil && b.State == pipeline.BreakerClosed.String() {
+		parts = append(parts, "breaker closed")
+	}
+	line := ""
+	for _, p := range parts {
+		next := p
+		if line != "" {
+			next = line + " · " + p
+		}
+		if utf8.RuneCountInString(next) > maxControl && line != "" {
+			break
+		}
+		line = next
+	}
+	return line
+}
+
+// errorName names an error type (a report's [pipeline.ErrorCount].Type or
+// [pipeline.Cause].Type) in words: "timeout", "network error", "status error" for
+// *main.statusError.
+func errorName(typ string) string {
+	switch typ {
+	case "timeout", "error":
+		return typ
+	case "*pipeline.PanicError":
+		return "panic"
+	case "*pipeline.BreakerError":
+		return "circuit breaker open"
+	case "*pipeline.BudgetError":
+		return "error budget exceeded"
+	case "*pipeline.retryAfterError": // reports of v0.1 name RetryAfter's marker
+		return "retry later (Retry-After)"
+	case "*net.OpError":
+		return "network error"
+	case "*net.DNSError":
+		return "DNS lookup failed"
+	case "*url.Error":
+		return "HTTP request failed"
+	case "context.deadlineExceededError":
+		return "deadline exceeded"
+	case "*errors.errorString":
+		return "error"
+	case "*json.SyntaxError":
+		return "malformed JSON"
+	case "*json.UnmarshalTypeError":
+		return "unexpected JSON"
+	case "*pgconn.PgError":
+		return "PostgreSQL error"
+	}
+	name := strings.TrimLeft(typ, "*[]")
+	name = name[strings.LastIndexByte(name, '.')+1:]
+	// The words of a Go name: statusError is "status error", HTTPError "HTTP error".
+	var words []string
+	rs := []rune(name)
+	start := 0
+	for i := 1; i <= len(rs); i++ {
+		if i < len(rs) && !wordStart(rs, i) {
+			continue
+		}
+		w := string(rs[start:i])
+		if w != strings.ToUpper(w) || len(w) == 1 {
+			w = strings.ToLower(w)
+		}
+		words = append(words, w)
+		start = i
+	}
+	if len(words) == 0 {
+		return typ
+	}
+	return strings.Join(words, " ")
+}
+
+// wordStart reports whether a word of a Go name starts at rs[i] (i > 0): an upper-case
+// letter after a lower-case one (status|Error), or the last of a run of upper-case
+// letters before a lower-case one (HTTP|Error).
+func wordStart(rs []rune, i int) bool {
+	if !unicode.IsUpper(rs[i]) {
+		return false
+	}
+	return unicode.IsLower(rs[i-1]) || i+1 < len(rs) && unicode.IsLower(rs[i+1]) && unicode.IsUpper(rs[i-1])
 }
 
 // count formats n with thousands separators: 1,234,567.
@@ -370,6 +584,14 @@ func rate(r float64) string {
 		return fmt.Sprintf("%.1f/s", r)
 	}
 	return count(int64(r+0.5)) + "/s"
+}
+
+// batchRate formats batches per second.
+func batchRate(r float64) string {
+	if r < 10 {
+		return fmt.Sprintf("%.1f batches/s", r)
+	}
+	return count(int64(r+0.5)) + " batches/s"
 }
 
 // seconds formats a duration in seconds with three significant digits: 20.3ms, 850µs.

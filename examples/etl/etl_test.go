@@ -129,6 +129,52 @@ func TestFileInput(t *testing.T) {
 	}
 }
 
+// runJob runs the command and returns its exit status, standard output and standard
+// error.
+func runJob(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	cmd := exec.Command(binary(t), args...)
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err := cmd.Run()
+	if ee, ok := errors.AsType[*exec.ExitError](err); ok {
+		return ee.ExitCode(), o.String(), e.String()
+	}
+	require.NoError(t, err)
+	return 0, o.String(), e.String()
+}
+
+// TestRerun: a second run of a finished job says it is complete (it printed a table of
+// zeros); a resumed run remembers the job's -n (it went back to 10,000), a given -n
+// extends the job; the report names the batch row Batch, as in -db mode.
+func TestRerun(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "out")
+	common := []string{"-dir", dir, "-web", "", "-progress", "1h", "-timeout", "2s", "-budget", "0.5"}
+	code, out, errOut := runJob(t, append([]string{"-n", "300"}, common...)...)
+	require.Equal(t, 0, code, errOut)
+	assert.Contains(t, out, "\nBatch: ", "the batch row, named as in -db mode")
+	assert.NotContains(t, out, "batch batch")
+	checkExactlyOnce(t, dir, 300)
+
+	code, out, errOut = runJob(t, common...) // no -n: the job's own
+	require.Equal(t, 0, code, errOut)
+	assert.Equal(t, "etl: already complete at 300 records (checkpoint: "+filepath.Join(dir, "checkpoint")+"); -fresh starts over\n", out)
+	assert.NotContains(t, errOut, "resuming", "nothing to resume")
+
+	code, out, errOut = runJob(t, append([]string{"-n", "450"}, common...)...)
+	require.Equal(t, 0, code, errOut)
+	assert.Contains(t, out, "checkpoint:   "+filepath.Join(dir, "checkpoint")+" (position 450)")
+	checkExactlyOnce(t, dir, 450)
+	code, out, _ = runJob(t, common...)
+	require.Equal(t, 0, code)
+	assert.Contains(t, out, "already complete at 450 records")
+
+	code, out, errOut = runJob(t, append([]string{"-fresh", "-n", "100"}, common...)...)
+	require.Equal(t, 0, code, errOut)
+	checkExactlyOnce(t, dir, 100)
+	assert.Contains(t, out, "(position 100)")
+}
+
 // TestInterruptAndKillResume interrupts a run with SIGINT and kills one with SIGKILL,
 // each in the middle, then resumes it: every record ends up written or dead-lettered
 // exactly once.
@@ -196,6 +242,10 @@ func TestPostgresInterruptAndKillResume(t *testing.T) {
 	}
 	n := 5000 * max(1, len(stops)/6)
 	dir := filepath.Join(t.TempDir(), "out")
+	// The file mode's state in the same -dir: -db -fresh must leave it alone.
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	fileState := filepath.Join(dir, "deadletters.jsonl")
+	require.NoError(t, os.WriteFile(fileState, nil, 0o644))
 	args := []string{"-n", strconv.Itoa(n), "-dir", dir, "-web", "", "-progress", "20ms", "-batch", "200", "-timeout", "2s", "-db", url}
 	for i, sig := range stops {
 		run := args
@@ -231,6 +281,10 @@ func TestPostgresInterruptAndKillResume(t *testing.T) {
 	}
 	code, out := exitCode(t, args...)
 	require.Equal(t, 0, code, out)
+	assert.FileExists(t, fileState, "-db -fresh removed the file mode's dead letters")
+	code, stdout, _ := runJob(t, args[2:]...) // no -n: the job remembers its own
+	require.Equal(t, 0, code)
+	assert.Contains(t, stdout, fmt.Sprintf("etl: already complete at %s records", thousands(n)))
 
 	ctx := t.Context()
 	pool, err := pgxpool.New(ctx, url)

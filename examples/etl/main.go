@@ -17,6 +17,13 @@
 //	         dead-lettered (scripts/postgres.sh start prints the URL of a throwaway
 //	         server)
 //
+// The job's state lives in -dir (by default $TMPDIR/pipeline-etl): output.jsonl,
+// deadletters.jsonl, checkpoint, and job.json, which remembers -n so that a resumed
+// run goes on with the same records (a -n given extends or shortens the job). With
+// -db it lives in the database instead (tables etl_enriched, etl_deadletters, etl_job
+// and pgpipe's checkpoint), and -dir is not touched, so that the two modes never share
+// a dead-letter file. A run of a job already done says so and exits 0.
+//
 // It prints live progress (one line refreshed in place on a terminal, plain lines
 // otherwise), serves the live web view of the pipeline on loopback (-web), and at the
 // end prints the run's report, the main causes of dead letters, the bottleneck and
@@ -29,6 +36,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -38,6 +46,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -64,6 +73,7 @@ type config struct {
 	db       string
 	seed     uint64
 	progress time.Duration
+	nSet     bool // -n was given: it overrides the number a resumed job remembers
 }
 
 // exitError carries the exit status of a failure: 2 for bad usage or input, 1 else.
@@ -83,9 +93,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	var c config
 	fs := flag.NewFlagSet("etl", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.IntVar(&c.n, "n", 10_000, "number of generated records (when there is no -input)")
+	fs.IntVar(&c.n, "n", 10_000, "number of generated records (when there is no -input); a resumed job remembers its own")
 	fs.StringVar(&c.input, "input", "", "read records from this JSON Lines (.jsonl) or CSV (.csv) file instead")
-	fs.StringVar(&c.dir, "dir", filepath.Join(os.TempDir(), "pipeline-etl"), "folder of the output, the dead letters and the checkpoint")
+	fs.StringVar(&c.dir, "dir", filepath.Join(os.TempDir(), "pipeline-etl"), "folder of the output, the dead letters and the checkpoint (not used with -db)")
 	fs.BoolVar(&c.fresh, "fresh", false, "start over: forget the checkpoint, the output and the dead letters")
 	fs.IntVar(&c.workers, "workers", 16, "concurrent calls to the enrichment service")
 	fs.DurationVar(&c.timeout, "timeout", 300*time.Millisecond, "timeout of one call")
@@ -114,6 +124,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	case !(c.budget > 0 && c.budget < 1):
 		return c, usage("-budget must be in (0, 1)")
 	}
+	fs.Visit(func(f *flag.Flag) { c.nSet = c.nSet || f.Name == "n" })
 	return c, nil
 }
 
@@ -138,30 +149,78 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 }
 
 func run(c config, stdout, stderr io.Writer) error {
-	records, err := openRecords(c)
-	if err != nil {
-		return &exitError{2, err}
-	}
-	if c.fresh {
-		for _, f := range []string{"output.jsonl", "deadletters.jsonl", "checkpoint"} {
-			if err := os.Remove(filepath.Join(c.dir, f)); err != nil && !errors.Is(err, os.ErrNotExist) {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	// The job's state: in -dir (the file mode), or in the database (-db), never both, so
+	// that one mode's -fresh leaves the other's output and dead letters alone.
+	var (
+		store      pipeline.CheckpointStore
+		pg         *pgLoad
+		out        *output
+		dead       *deadFile
+		deadLetter func(context.Context, pipeline.DeadLetter[record]) error
+		ckptAt     string
+		resumed    string // where the job's remembered -n came from, if it did
+	)
+	if c.db != "" {
+		var err error
+		if pg, err = openPG(ctx, c.db, c.fresh, c.batch); err != nil {
+			return err
+		}
+		defer pg.pool.Close()
+		if c.input == "" {
+			if c.n, resumed, err = pg.remember(ctx, c.n, c.nSet); err != nil {
 				return err
 			}
 		}
+		store, deadLetter = pg.store, pg.addDead
+		ckptAt = fmt.Sprintf("PostgreSQL, job %q", pgJob)
+	} else {
+		if c.fresh {
+			for _, f := range []string{"output.jsonl", "deadletters.jsonl", "checkpoint", jobFile} {
+				if err := os.Remove(filepath.Join(c.dir, f)); err != nil && !errors.Is(err, os.ErrNotExist) {
+					return err
+				}
+			}
+		}
+		if err := os.MkdirAll(c.dir, 0o755); err != nil {
+			return err
+		}
+		if c.input == "" {
+			var err error
+			if c.n, resumed, err = remember(filepath.Join(c.dir, jobFile), c.n, c.nSet); err != nil {
+				return err
+			}
+		}
+		ckptAt = filepath.Join(c.dir, "checkpoint")
+		store = pipeline.NewFileCheckpoint(ckptAt)
 	}
-	if err := os.MkdirAll(c.dir, 0o755); err != nil {
-		return err
-	}
-	out, err := openOutput(filepath.Join(c.dir, "output.jsonl"))
+	records, total, err := openRecords(c)
 	if err != nil {
-		return err
+		return &exitError{2, err}
 	}
-	defer out.close()
-	dead, err := openDead(filepath.Join(c.dir, "deadletters.jsonl"))
-	if err != nil {
-		return err
+	// A job already done says so, rather than run to print a table of zeros.
+	if pos, err := store.Load(ctx); err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	} else if pos >= total {
+		say(stdout, "etl: already complete at %s records (checkpoint: %s); -fresh starts over\n", thousands(total), ckptAt)
+		return nil
 	}
-	defer dead.close()
+	if resumed != "" {
+		say(stderr, "etl: resuming the job of %s records in %s (-n changes it, -fresh starts over)\n", thousands(c.n), resumed)
+	}
+	if pg == nil {
+		if out, err = openOutput(filepath.Join(c.dir, "output.jsonl")); err != nil {
+			return err
+		}
+		defer out.close()
+		if dead, err = openDead(filepath.Join(c.dir, "deadletters.jsonl")); err != nil {
+			return err
+		}
+		defer dead.close()
+		deadLetter = dead.add
+	}
 
 	svc, err := startService(c.seed)
 	if err != nil {
@@ -170,23 +229,6 @@ func run(c config, stdout, stderr io.Writer) error {
 	defer svc.close() //nolint:errcheck // the process ends: nothing waits on its listener
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: c.workers}}
 	defer client.CloseIdleConnections()
-
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-
-	var (
-		store pipeline.CheckpointStore = pipeline.NewFileCheckpoint(filepath.Join(c.dir, "checkpoint"))
-		pg    *pgLoad
-	)
-	deadLetter := dead.add
-	if c.db != "" {
-		pg, err = openPG(ctx, c.db, c.fresh, c.batch)
-		if err != nil {
-			return err
-		}
-		defer pg.pool.Close()
-		store, deadLetter = pg.store, pg.addDead
-	}
 
 	p := pipeline.New(pipeline.WithBuffer(2 * c.workers))
 	src := pipeline.FromCheckpoint(p, store, records, pipeline.WithName("read"), pipeline.WithSaveEvery(c.batch))
@@ -200,7 +242,7 @@ func run(c config, stdout, stderr io.Writer) error {
 	if pg != nil {
 		pg.w.To(enriched, "load", 2)
 	} else {
-		pipeline.ToBatches(enriched, c.batch, pipeline.NewSink("load", 1, out.write), pipeline.WithName("batch"),
+		pipeline.ToBatches(enriched, c.batch, pipeline.NewSink("load", 1, out.write), // its batch row: Batch, as pgpipe's
 			pipeline.WithLinger(200*time.Millisecond))
 	}
 
@@ -236,7 +278,7 @@ func run(c config, stdout, stderr io.Writer) error {
 		say(stdout, "checkpoint:   PostgreSQL, job %q (position %d)\n", pgJob, rep.Checkpoint)
 	} else {
 		say(stdout, "output:       %s (%d records written this run)\n", out.path, out.writtenNow)
-		say(stdout, "checkpoint:   %s (position %d)\n", filepath.Join(c.dir, "checkpoint"), rep.Checkpoint)
+		say(stdout, "checkpoint:   %s (position %d)\n", ckptAt, rep.Checkpoint)
 	}
 	if pg != nil {
 		say(stdout, "dead letters: PostgreSQL table %s (%d this run)\n", pgDead, pg.added.Load()+pg.w.Stats().DeadLettered)
@@ -252,6 +294,39 @@ func run(c config, stdout, stderr io.Writer) error {
 		return errors.New("interrupted: run again to resume where it stopped")
 	}
 	return runErr
+}
+
+// jobFile is the file in -dir that remembers the job's -n, so that a resumed run goes on
+// with the same records.
+const jobFile = "job.json"
+
+// remember returns the number of records of the job in dir: n when given (-n) or when
+// the job is new, else the one the job was started with (and then the folder, where it
+// came from); it saves the result.
+func remember(path string, n int, given bool) (int, string, error) {
+	var job struct{ N int }
+	from := ""
+	b, err := os.ReadFile(path)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+	case err != nil:
+		return 0, "", err
+	case json.Unmarshal(b, &job) != nil:
+		return 0, "", fmt.Errorf("%s: not a job file (-fresh starts over)", path)
+	case !given && job.N != n:
+		n, from = job.N, filepath.Dir(path)
+	}
+	b, _ = json.Marshal(struct{ N int }{n})
+	return n, from, os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+// thousands formats n with thousands separators: 10,000.
+func thousands[T int | int64](n T) string {
+	s := strconv.FormatInt(int64(n), 10)
+	for i := len(s) - 3; i > 0 && s[i-1] != '-'; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
 }
 
 // serveDashboard serves the live web view of p at addr, on loopback by default.

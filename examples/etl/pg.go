@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync/atomic"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/gopipeline/pipeline"
@@ -17,6 +18,8 @@ const (
 	pgTable = "etl_enriched"
 	pgDead  = "etl_deadletters"
 	pgJob   = "examples-etl"
+
+	pgJobTable = "etl_job" // the job's -n, for a resumed run
 )
 
 // pgLoad is the PostgreSQL mode: the batches are upserted by id into pgTable by a
@@ -48,6 +51,7 @@ func openPG(ctx context.Context, url string, fresh bool, batch int) (*pgLoad, er
 	if fresh {
 		stmts = append(stmts, `TRUNCATE `+pgTable,
 			`DROP TABLE IF EXISTS `+pgDead,
+			`DROP TABLE IF EXISTS `+pgJobTable,
 			`DELETE FROM pgpipe_checkpoint WHERE job = '`+pgJob+`'`,
 			`DELETE FROM pgpipe_committed WHERE job = '`+pgJob+`'`)
 	}
@@ -95,4 +99,28 @@ func (l *pgLoad) rows(ctx context.Context) (int64, error) {
 	var n int64
 	err := l.pool.QueryRow(ctx, `SELECT count(*) FROM `+pgTable).Scan(&n)
 	return n, err
+}
+
+// remember returns the number of records of the job in the database: n when given
+// (-n) or when the job is new, else the one the job was started with (and then where
+// it came from); it saves the result in the table etl_job.
+func (l *pgLoad) remember(ctx context.Context, n int, given bool) (int, string, error) {
+	if _, err := l.pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+pgJobTable+` (job text PRIMARY KEY, n bigint NOT NULL)`); err != nil {
+		return 0, "", fmt.Errorf("-db: %w", err)
+	}
+	var saved int64
+	from := ""
+	err := l.pool.QueryRow(ctx, `SELECT n FROM `+pgJobTable+` WHERE job = $1`, pgJob).Scan(&saved)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+	case err != nil:
+		return 0, "", fmt.Errorf("-db: %w", err)
+	case !given && int(saved) != n:
+		n, from = int(saved), "PostgreSQL (table "+pgJobTable+")"
+	}
+	_, err = l.pool.Exec(ctx, `INSERT INTO `+pgJobTable+` (job, n) VALUES ($1, $2) ON CONFLICT (job) DO UPDATE SET n = excluded.n`, pgJob, n)
+	if err != nil {
+		return 0, "", fmt.Errorf("-db: %w", err)
+	}
+	return n, from, nil
 }

@@ -23,32 +23,32 @@ type record struct {
 	Amount float64 `json:"amount"`
 }
 
-// openRecords returns the checkpointed source's function: the records from position
-// pos on. A file is checked when the command starts, so that an unreadable one is a
-// usage error (status 2), not a failed run.
-func openRecords(c config) (func(ctx context.Context, pos int64) iter.Seq2[record, error], error) {
+// openRecords returns the checkpointed source's function (the records from position
+// pos on) and how many records there are. A file is checked when the command starts,
+// so that an unreadable one is a usage error (status 2), not a failed run.
+func openRecords(c config) (func(ctx context.Context, pos int64) iter.Seq2[record, error], int64, error) {
 	if c.input == "" {
-		return generated(c.n, c.seed), nil
+		return generated(c.n, c.seed), int64(c.n), nil
 	}
 	ext := strings.ToLower(filepath.Ext(c.input))
 	if ext != ".jsonl" && ext != ".csv" {
-		return nil, fmt.Errorf("-input %s: want a .jsonl or .csv file", c.input)
+		return nil, 0, fmt.Errorf("-input %s: want a .jsonl or .csv file", c.input)
 	}
 	f, err := os.Open(c.input)
 	if err != nil {
-		return nil, fmt.Errorf("-input: %w", err)
+		return nil, 0, fmt.Errorf("-input: %w", err)
 	}
 	// Read it once through, so that a malformed record is reported before the run.
 	n := 0
 	for _, err := range readFile(f, ext, 0) {
 		if err != nil {
 			_ = f.Close()
-			return nil, fmt.Errorf("-input %s: %w", c.input, err)
+			return nil, 0, fmt.Errorf("-input %s: %w", c.input, err)
 		}
 		n++
 	}
 	if err := f.Close(); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	return func(_ context.Context, pos int64) iter.Seq2[record, error] {
 		return func(yield func(record, error) bool) {
@@ -64,7 +64,7 @@ func openRecords(c config) (func(ctx context.Context, pos int64) iter.Seq2[recor
 				}
 			}
 		}
-	}, nil
+	}, int64(n), nil
 }
 
 // generated yields n records from position pos on; record i is the same in every run.

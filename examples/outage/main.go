@@ -11,10 +11,14 @@
 //	sink     counts what arrives
 //
 // While it runs it prints Snapshot().Line() every 250 ms (the breaker's state and the
-// adaptive limit included); at the end, the report: no item dead-lettered, the time the
-// breaker spent open, the limit's last changes. Nothing goes to the network.
+// adaptive limit included) and serves the live web view (package dashboard) on
+// loopback, where the breaker's state, the adaptive limit and the time spent waiting
+// for the rate limit show on the stage and in the charts; at the end, the report: no
+// item dead-lettered, the time the breaker spent open, the limit's last changes.
+// Nothing goes beyond loopback.
 //
 //	go run ./examples/outage -n 6000 -down 2s
+//	go run ./examples/outage -n 20000 -down 5s -wait   then open the address it prints
 package main
 
 import (
@@ -23,13 +27,17 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
+	"os/signal"
 	"sync/atomic"
 	"time"
 
 	"golang.org/x/time/rate"
 
 	"github.com/gopipeline/pipeline"
+	"github.com/gopipeline/pipeline/dashboard"
 )
 
 var errDown = errors.New("503 service unavailable")
@@ -63,6 +71,8 @@ func main() {
 	n := flag.Int("n", 6000, "items")
 	down := flag.Duration("down", 2*time.Second, "how long the service is down")
 	verbose := flag.Bool("v", false, "log every event (limit changes included)")
+	web := flag.String("web", "127.0.0.1:0", `address of the live web view ("" for none)`)
+	wait := flag.Bool("wait", false, "after the run, keep serving the web view until interrupted")
 	flag.Parse()
 
 	level := slog.LevelInfo
@@ -90,6 +100,15 @@ func main() {
 		return nil
 	}))
 
+	if *web != "" {
+		stopWeb, err := serveDashboard(*web, p)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "outage:", err)
+			os.Exit(2)
+		}
+		defer stopWeb()
+	}
+
 	done := make(chan error, 1)
 	go func() { done <- p.Run(context.Background()) }()
 	tick := time.NewTicker(250 * time.Millisecond)
@@ -111,8 +130,36 @@ wait:
 		h := s.LimitHistory
 		fmt.Printf("adaptive limit now %d; last changes: %v\n", s.Limit, h[max(0, len(h)-5):])
 	}
+	if *wait && *web != "" {
+		fmt.Fprintln(os.Stderr, "outage: the run has ended; the web view stays up until interrupted (Ctrl-C)")
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+		<-ctx.Done()
+		stop()
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "error:", err)
 		os.Exit(1)
 	}
+}
+
+// serveDashboard serves the live web view of p at addr and prints its address; the
+// function it returns stops the server.
+func serveDashboard(addr string, p *pipeline.Pipeline) (func(), error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("-web %s: %w", addr, err)
+	}
+	h := dashboard.New(dashboard.WithInterval(250 * time.Millisecond))
+	h.Add("outage", p)
+	mux := http.NewServeMux()
+	mux.Handle("/debug/pipeline/", h)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	srv.RegisterOnShutdown(h.Close)
+	go func() { _ = srv.Serve(ln) }()
+	fmt.Fprintf(os.Stderr, "outage: live view at http://%s/debug/pipeline/\n", ln.Addr())
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	}, nil
 }

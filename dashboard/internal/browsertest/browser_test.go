@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -27,8 +28,14 @@ var (
 	errUnknown   = errors.New("unknown customer")
 )
 
+// statusError is an error type of the test's own, as a service client would have:
+// the page names it in words ("status error"), not as a Go type.
+type statusError struct{ code int }
+
+func (e *statusError) Error() string { return fmt.Sprintf("status %d", e.code) }
+
 // etl is a pipeline that runs until ctx is done: a source of ids, a fast parse stage
-// that dead-letters some items (two causes), an enrich stage paced by gate (the
+// that dead-letters some items (three causes, one after a retry), an enrich stage paced by gate (the
 // bottleneck: each item waits for a token), a batch and a sink.
 func etl(gate <-chan struct{}) *pipeline.Pipeline {
 	p := pipeline.New(pipeline.WithBuffer(32))
@@ -45,9 +52,11 @@ func etl(gate <-chan struct{}) *pipeline.Pipeline {
 			return 0, pipeline.Permanent(fmt.Errorf("record %d: %w", id, errMalformed))
 		case id%17 == 0:
 			return 0, pipeline.Permanent(fmt.Errorf("record %d: %w", id, errUnknown))
+		case id%19 == 0:
+			return 0, pipeline.RetryAfter(&statusError{429}, 0)
 		}
 		return id, nil
-	}, pipeline.WithDeadLetter(pipeline.DiscardDeadLetter[int])))
+	}, pipeline.WithDeadLetter(pipeline.DiscardDeadLetter[int]), pipeline.WithRetry(2, nil)))
 	enriched := pipeline.Then(parsed, pipeline.NewStage("enrich", 4, func(ctx context.Context, id int) (int, error) {
 		select {
 		case <-gate:
@@ -175,14 +184,51 @@ func TestBrowser(t *testing.T) {
 	require.NoError(t, err, "no stage highlighted as the bottleneck")
 	assert.Equal(t, "enrich", bottleneck)
 	causes, err := chromedp.Run(ctx, chromedp.Poll[[]string](
-		`(() => { const c = Array.from(document.querySelectorAll('`+section+` table.causes td:nth-child(3)'), td => td.textContent); return c.length == 2 && c; })()`,
+		`(() => { const c = Array.from(document.querySelectorAll('`+section+` table.causes td:nth-child(3)'), td => td.textContent); return c.length == 3 && c; })()`,
 		chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(20*time.Second)))
 	require.NoError(t, err)
-	assert.ElementsMatch(t, []string{"malformed record", "unknown customer"}, causes)
+	assert.ElementsMatch(t, []string{"malformed record", "unknown customer", "status #"}, causes)
+	// Causes in words: the error column names types as a person would, never as Go does.
+	names, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](
+		`Array.from(document.querySelectorAll('`+section+` table.errors td:nth-child(2), `+section+` table.causes td:nth-child(2)'), td => td.textContent)`))
+	require.NoError(t, err)
+	assert.Contains(t, names, "status error")
+	assert.Contains(t, names, "error")
+	for _, n := range names {
+		assert.NotContains(t, n, "*", "a Go type on the page: %q", n)
+	}
+	retried, err := chromedp.Run(ctx, chromedp.Poll[string](
+		`(() => { const r = Array.from(document.querySelectorAll('`+section+` table.errors tr')).find(tr => tr.children[1].textContent == "status error"); return r && r.children[2].textContent != "0" && r.children[2].textContent; })()`,
+		chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(20*time.Second)))
+	require.NoError(t, err, "no retries by cause")
+	t.Logf("retries of status errors: %s", retried)
+
+	// The history: charts for every stage, with more points at each refresh.
+	points := func() int {
+		t.Helper()
+		n, err := chromedp.Run(ctx, chromedp.Poll[int](
+			`(() => { const h = document.querySelector('`+section+` table.history'); return h && +h.dataset.points; })()`,
+			chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(20*time.Second)))
+		require.NoError(t, err, "no history drawn")
+		return n
+	}
+	before := points()
+	_, err = chromedp.Run(ctx, chromedp.Poll[bool](
+		`+document.querySelector('`+section+` table.history').dataset.points >= `+fmt.Sprint(before+3),
+		chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(20*time.Second)))
+	require.NoError(t, err, "the history did not grow from %d points", before)
+	rows, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](
+		`Array.from(document.querySelectorAll('`+section+` table.history tbody tr'), tr => tr.dataset.stage)`))
+	require.NoError(t, err)
+	assert.Equal(t, want, rows, "a row of charts per stage")
+	line, err := chromedp.Run(ctx, chromedp.Evaluate[string](
+		`document.querySelector('`+section+` table.history tr[data-stage="enrich"] td:nth-child(2) polyline').getAttribute("points")`))
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, len(strings.Fields(line)), 3, "the enrich stage's rate over time: %q", line)
 
 	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
 	require.NoError(t, err)
-	saveScreenshot(t, png)
+	saveScreenshot(t, "browser.png", png)
 
 	// data.json, by the page's relative URL, as a script in the browser would read it.
 	version, err := chromedp.Run(ctx, chromedp.Evaluate[int](
@@ -209,13 +255,17 @@ func jsString(s string) string {
 	return string(append(b, '"'))
 }
 
-func saveScreenshot(t *testing.T, png []byte) {
+// saveScreenshot saves png as name in the test's artifact folder, and in
+// $DASHBOARD_SCREENSHOTS when that is set (the README's pictures: docs/).
+func saveScreenshot(t *testing.T, name string, png []byte) {
 	t.Helper()
 	require.True(t, slices.Equal(png[:8], []byte("\x89PNG\r\n\x1a\n")), "a PNG")
-	dir := t.ArtifactDir()
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "dashboard.png"), png, 0o644))
-	t.Logf("screenshot: %s", filepath.Join(dir, "dashboard.png"))
-	if path := os.Getenv("DASHBOARD_SCREENSHOT"); path != "" {
+	dirs := []string{t.ArtifactDir()}
+	if d := os.Getenv("DASHBOARD_SCREENSHOTS"); d != "" {
+		dirs = append(dirs, d)
+	}
+	for _, dir := range dirs {
+		path := filepath.Join(dir, name)
 		require.NoError(t, os.WriteFile(path, png, 0o644))
 		t.Logf("screenshot: %s", path)
 	}

@@ -1,11 +1,15 @@
 // Package browsertest tests the dashboard's page in a real browser: headless Chromium
-// driven with chromedp, loading the page while a pipeline runs. It is a module of its
-// own so that chromedp is no dependency of the pipeline module; it holds only tests.
+// driven with chromedp, loading the page while a pipeline runs: one of the test's own
+// (TestBrowser), the main job examples/etl (TestBrowserETL) and examples/outage
+// (TestBrowserOutage), each built with its own module and run as a user runs it. It is
+// a module of its own so that chromedp is no dependency of the pipeline module; it
+// holds only tests.
 //
-// The test needs Chromium at /usr/bin/chromium (Debian's chromium package, which
-// scripts/test.sh installs when it is missing). Without it the test is skipped, or
-// fails when CI=true. It saves a screenshot of the page in its artifact folder (go test
-// -artifacts), and also at $DASHBOARD_SCREENSHOT when that is set:
+// The tests need Chromium at /usr/bin/chromium (Debian's chromium package, which
+// scripts/test.sh installs when it is missing). Without it they are skipped, or fail
+// when CI=true. Each saves a screenshot of the page in its artifact folder (go test
+// -artifacts), and also in $DASHBOARD_SCREENSHOTS when that is set: the README's
+// pictures, docs/dashboard.png (the main job) and docs/outage.png, are made with
 //
-//	DASHBOARD_SCREENSHOT=$PWD/../../docs/dashboard.png go test -run Browser -count=1 .
+//	DASHBOARD_SCREENSHOTS=$PWD/../../../docs go test -run 'BrowserETL|BrowserOutage' -count=1 .
 package browsertest
