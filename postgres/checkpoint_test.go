@@ -105,6 +105,40 @@ func TestCheckpointMissingTableNamesTheRight(t *testing.T) {
 	require.NoError(t, err)
 }
 
+// TestCheckpointAddsPosToEarlierTable loads a checkpoint whose pgpipe_committed is of
+// an earlier release (no column pos): Load adds the column when the role owns the
+// table, and otherwise fails naming the statement to run.
+func TestCheckpointAddsPosToEarlierTable(t *testing.T) {
+	admin := newPool(t, 2)
+	for _, owner := range []bool{true, false} {
+		t.Run(fmt.Sprintf("owner=%v", owner), func(t *testing.T) {
+			schema := tableName("pgpipe_schema")
+			mustExec(t, admin, "CREATE SCHEMA "+schema)
+			t.Cleanup(func() { mustExec(t, admin, "DROP SCHEMA IF EXISTS "+schema+" CASCADE") })
+			mustExec(t, admin, `CREATE TABLE `+schema+`.pgpipe_checkpoint (job text PRIMARY KEY, pos bigint NOT NULL,
+				epoch bigint NOT NULL, seq bigint NOT NULL, updated_at timestamptz NOT NULL DEFAULT now())`)
+			mustExec(t, admin, `CREATE TABLE `+schema+`.pgpipe_committed (job text NOT NULL, lo bigint NOT NULL,
+				hi bigint NOT NULL, PRIMARY KEY (job, lo))`)
+			mustExec(t, admin, `INSERT INTO `+schema+`.pgpipe_checkpoint VALUES ('job', 7, 1, 3, now())`)
+			role := ""
+			if !owner {
+				role = restrictedRole(t, admin)
+				mustExec(t, admin, "GRANT USAGE ON SCHEMA "+schema+" TO "+role)
+				mustExec(t, admin, fmt.Sprintf("GRANT SELECT, INSERT, UPDATE ON %s.pgpipe_checkpoint TO %s", schema, role))
+				mustExec(t, admin, fmt.Sprintf("GRANT SELECT, INSERT, UPDATE, DELETE ON %s.pgpipe_committed TO %s", schema, role))
+			}
+			pos, err := pgpipe.NewCheckpoint(rolePool(t, role, schema), "job").Load(t.Context())
+			if !owner {
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), "ALTER TABLE pgpipe_committed ADD COLUMN IF NOT EXISTS pos bigint")
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, int64(7), pos)
+		})
+	}
+}
+
 // settledStore is a job's Checkpoint that closes settled once the run saves ranges
 // covering [from, to) above its watermark: the items there have settled.
 type settledStore struct {
