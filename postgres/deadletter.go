@@ -93,7 +93,7 @@ func (d *DeadLetterTable[T]) Add(ctx context.Context, dl pipeline.DeadLetter[T])
 		if !p.Checkpointed {
 			return tx.Commit(ctx)
 		}
-		return d.ck.commit(ctx, tx, p, defaultConfig()) // a writer's retries of the read-back
+		return d.ck.commit(ctx, tx, p, defaultConfig()) // a writer's retries of resolve
 	})
 }
 

@@ -121,7 +121,7 @@ var transientCodes = map[string]bool{
 // names the table written to; role and database come from the pool's configuration.
 //
 // An error met after the attempt's context ended keeps the class it was given (the
-// outcome of a COMMIT read back, a fence), or else is transient: the attempt ran past
+// outcome of a COMMIT learnt, a fence), or else is transient: the attempt ran past
 // its own deadline ([pipeline.WithTimeout]) waiting for a lock or for a slow server,
 // and nothing of it committed, so the batch is written again.
 // When the run itself is stopping, the pipeline ignores the class and returns the run's
