@@ -15,13 +15,17 @@ type PositionRange struct {
 	From, To int64
 }
 
-// Progress is what settling a sink's current item would record in a checkpointed run
-// (see [Commit]). Checkpointed is false outside one, or when the item is not tracked;
-// then Watermark and Committed are zero.
+// Progress is what settling a sink's current item records in a checkpointed run (see
+// [Commit]): the positions settled when Commit was called, and the item's own.
+// Checkpointed is false outside one, or when the item is not tracked; then Watermark
+// and Committed are zero.
 type Progress struct {
 	Checkpointed bool
-	// Watermark is the position the checkpoint advances to once the item settles:
-	// every source item below it is settled. It never goes down.
+	// Watermark is a position the checkpoint may advance to once the item settles:
+	// every source item below it is settled, or settles with the item. It covers no
+	// position of an item whose settling is still under way (another Commit's function
+	// running), so it holds whether or not that item's transaction commits. Concurrent
+	// Commits may record their watermarks in any order: a store keeps the largest.
 	Watermark int64
 	// Committed are the positions at or above Watermark that settle with the item, in
 	// increasing order: a store keeps them so that a resumed run skips them (see
@@ -85,11 +89,15 @@ func (t *tracker) scope(ctx context.Context, pos *uint64) context.Context {
 // stage's dead-letter destination ([WithDeadLetter]) may call it the same way, with the
 // context it was given, to record the dead-lettered item's position with the record.
 //
-// While fn runs, the run's checkpoint tracker is locked: no other item settles and no
-// other Commit runs, so that the progress fn records is exactly what settling the item
-// then does, and so that a store can tell an unknown commit's outcome by a count of
-// commits (pgpipe does: no other commit can land between a lost COMMIT and its
-// read-back). fn should therefore do little more than write the progress and commit.
+// fn runs with no lock of the run held: other items settle, and other sinks' and
+// workers' Commits run, while it does, so that one slow transaction stalls no one.
+// The progress fn is given counts the positions settled when Commit was called and the
+// item's own; it may lag what the run has settled by the time fn commits (a position
+// settled meanwhile is recorded by its own item's Commit, or by the run's next save),
+// but it never covers a position whose effects are not committed, whichever of the
+// transactions running at once commit or roll back. A store that keeps the largest
+// watermark and the union of the ranges (see [CommittedStore]) is therefore exact, and
+// must not rely on the order in which concurrent Commits' transactions commit.
 //
 // Outside a checkpointed run ([FromCheckpoint]; an acknowledged one, [FromAcked], has no
 // progress to commit), or outside a sink's function or a dead-letter destination, Commit calls fn
@@ -104,20 +112,26 @@ func Commit(ctx context.Context, fn func(ctx context.Context, p Progress) error)
 	if cs == nil || *cs.pos == noPos {
 		return fn(ctx, Progress{})
 	}
-	t := cs.t
+	t, pos := cs.t, *cs.pos
 	t.mu.Lock()
-	defer t.mu.Unlock()
-	p := t.preview(*cs.pos)
+	p := t.preview(pos)
+	t.mu.Unlock()
+	// No lock across fn, a transaction: holding the tracker there stalled every settle
+	// of the run and every other writer's Commit for a database round trip. The
+	// preview counts only positions settled already (their effects are committed) and
+	// pos's own, so what fn records stays true however the others' transactions end.
 	if err := fn(ctx, p); err != nil {
 		return err
 	}
-	t.settle(*cs.pos)
+	t.done(pos)
 	*cs.pos = noPos // settled: the worker's settle after the function returns is skipped
 	return nil
 }
 
 // preview computes, without changing anything, what settling one item of pos would
-// settle. t.mu must be held.
+// settle if it settled now. t.mu must be held. Items of pos whose settling is under way
+// meanwhile (a Tee's branches each in a Commit) each consume a ref here, so that none
+// of them claims pos before the last one has settled.
 func (t *tracker) preview(pos uint64) Progress {
 	var leaves []uint64
 	used := map[uint64]int{} // refs consumed by this walk

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -17,9 +19,15 @@ import (
 
 // The checkpoint tables. Both are created by Load when missing.
 const (
-	checkpointTable = "pgpipe_checkpoint" // one row per job: position, epoch, commit count
-	committedTable  = "pgpipe_committed"  // per job, ranges of positions committed above it
+	checkpointTable = "pgpipe_checkpoint" // one row per job: position, epoch
+	committedTable  = "pgpipe_committed"  // per job, ranges committed above it and commits' marks
 )
+
+// lockKeys are the keys of a job's advisory lock, which fences its commits against a
+// Load (see stamp): a constant that names pgpipe (the bytes "pgpp") and a hash of the
+// job. Advisory locks with two keys are a key space of their own, apart from those
+// taken with one bigint key.
+const lockKeys = `1885827184, hashtext($1)`
 
 // The statements that create the checkpoint tables; Load runs each only when its table
 // is missing, so that a role with no right to create tables can use tables made for it.
@@ -35,28 +43,40 @@ const (
 	job text   NOT NULL,
 	lo  bigint NOT NULL,
 	hi  bigint NOT NULL,
+	pos bigint,
 	PRIMARY KEY (job, lo)
 )`
+	// addPosSQL brings a pgpipe_committed of an earlier release up to date.
+	addPosSQL = `ALTER TABLE ` + committedTable + ` ADD COLUMN IF NOT EXISTS pos bigint`
 )
 
 // Checkpoint is a [pipeline.CommittedStore] kept in PostgreSQL, for one job: the
 // job's watermark and the ranges of positions committed above it, in the tables
 // pgpipe_checkpoint and pgpipe_committed, found on the connection's search path.
 // Load creates a table that is missing (in the first schema of the search path, which
-// needs the CREATE privilege there); once both exist, the role needs only SELECT,
-// INSERT and UPDATE on pgpipe_checkpoint (UPDATE also lets the read-back of a COMMIT of
-// unknown outcome lock the job's row FOR SHARE) and SELECT, INSERT, UPDATE and DELETE
-// on pgpipe_committed.
+// needs the CREATE privilege there), and adds the column pos to a pgpipe_committed of
+// an earlier release (which needs its ownership); once both are in place, the role
+// needs only SELECT, INSERT and UPDATE on pgpipe_checkpoint (UPDATE also lets a commit
+// lock the job's row FOR KEY SHARE) and SELECT, INSERT, UPDATE and DELETE on
+// pgpipe_committed.
 //
 // Give it to [pipeline.FromCheckpoint] and to the writer ([WithCheckpoint]): each batch's
-// transaction then records the progress with the rows. Load takes the job over: it
-// bumps the job's epoch, and every later commit or save of an instance holding an
+// transaction then records the progress with the rows. Concurrent writers' transactions
+// do not wait for one another: each inserts rows of its own (its ranges, and a mark
+// with the watermark it records) and updates no shared row. Load takes the job over:
+// it bumps the job's epoch, and every later commit or save of an instance holding an
 // older epoch fails with [ErrFenced], so a job started twice never commits twice.
-// Save retries transient failures itself. A Checkpoint is safe for concurrent use.
+// Commits take a transaction-scoped advisory lock of the job in shared mode, which
+// Load takes exclusively (two int4 keys: 1885827184 and hashtext of the job); an
+// application that uses the same keys would wait with them. Save retries transient
+// failures itself. A Checkpoint is safe for concurrent use.
 type Checkpoint struct {
 	pool  *pgxpool.Pool
 	job   string
 	epoch atomic.Int64 // the epoch taken by the last Load; 0 before
+
+	mu   sync.Mutex
+	done []int64 // the marks of commits known to have committed, for the next save to fold and delete
 }
 
 // NewCheckpoint returns the checkpoint of job in the database of pool. It panics if
@@ -77,6 +97,15 @@ func (c *Checkpoint) Load(ctx context.Context) (int64, error) {
 
 // LoadCommitted implements [pipeline.CommittedStore]: it takes the job over (a new
 // epoch) and returns its position and the ranges committed above it.
+//
+// It takes the job's advisory lock exclusively first, so it waits for every commit in
+// flight (each holds the lock in shared mode until its transaction ends), and a commit
+// that starts meanwhile waits behind it, then finds the new epoch and is fenced. What
+// it reads is therefore final: no commit of an older instance can land after it. The
+// position it returns is the largest of the stored one and the watermarks the commits'
+// marks recorded; it then folds them into the job's row and deletes the marks (those
+// of an earlier instance's commits included: their outcome no longer matters to it,
+// since it is fenced).
 func (c *Checkpoint) LoadCommitted(ctx context.Context) (int64, []pipeline.PositionRange, error) {
 	if err := c.ensureSchema(ctx); err != nil {
 		return 0, nil, err
@@ -86,9 +115,17 @@ func (c *Checkpoint) LoadCommitted(ctx context.Context) (int64, []pipeline.Posit
 		ranges     []pipeline.PositionRange
 	)
 	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(`+lockKeys+`)`, c.job); err != nil {
+			return err
+		}
 		err := tx.QueryRow(ctx, `INSERT INTO `+checkpointTable+` AS c (job, pos, epoch, seq) VALUES ($1, 0, 1, 0)
-			ON CONFLICT (job) DO UPDATE SET epoch = c.epoch + 1, updated_at = now() RETURNING pos, epoch`, c.job).Scan(&pos, &epoch)
+			ON CONFLICT (job) DO UPDATE SET epoch = c.epoch + 1, updated_at = now(),
+				pos = GREATEST(c.pos, (SELECT max(m.pos) FROM `+committedTable+` m WHERE m.job = $1 AND m.lo < 0))
+			RETURNING pos, epoch`, c.job).Scan(&pos, &epoch)
 		if err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `DELETE FROM `+committedTable+` WHERE job = $1 AND (lo < 0 OR hi <= $2)`, c.job, pos); err != nil {
 			return err
 		}
 		rows, err := tx.Query(ctx, `SELECT lo, hi FROM `+committedTable+` WHERE job = $1 AND hi > $2 ORDER BY lo`, c.job, pos)
@@ -105,19 +142,24 @@ func (c *Checkpoint) LoadCommitted(ctx context.Context) (int64, []pipeline.Posit
 		return 0, nil, fmt.Errorf("pgpipe: load the checkpoint of job %q: %w", c.job, err)
 	}
 	c.epoch.Store(epoch)
+	c.mu.Lock()
+	c.done = nil // deleted with the other marks
+	c.mu.Unlock()
 	return pos, ranges, nil
 }
 
 // ensureSchema creates the checkpoint tables that are missing (found on the search
-// path); with both there it needs no right on the schema. When a table is missing and
-// the role may not create it, the error names the role, the schema and the right.
+// path) and adds the column pos to a pgpipe_committed of an earlier release; with both
+// in place it needs no right on the schema. When a table is missing and the role may
+// not create it, the error names the role, the schema and the right.
 func (c *Checkpoint) ensureSchema(ctx context.Context) error {
 	var (
-		role, schema        string
-		haveCk, haveCommitd bool
+		role, schema                 string
+		haveCk, haveCommitd, havePos bool
 	)
-	err := c.pool.QueryRow(ctx, `SELECT current_user, coalesce(current_schema(), ''), to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL`,
-		checkpointTable, committedTable).Scan(&role, &schema, &haveCk, &haveCommitd)
+	err := c.pool.QueryRow(ctx, `SELECT current_user, coalesce(current_schema(), ''), to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL,
+		EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass($2) AND attname = 'pos' AND NOT attisdropped)`,
+		checkpointTable, committedTable).Scan(&role, &schema, &haveCk, &haveCommitd, &havePos)
 	if err != nil {
 		return fmt.Errorf("pgpipe: look for the checkpoint tables: %w", err)
 	}
@@ -136,6 +178,12 @@ func (c *Checkpoint) ensureSchema(ctx context.Context) error {
 		}
 		if err != nil {
 			return fmt.Errorf("pgpipe: create the checkpoint table %s in schema %q: %w", t.name, schema, err)
+		}
+	}
+	if haveCommitd && !havePos {
+		if _, err := c.pool.Exec(ctx, addPosSQL); err != nil {
+			return fmt.Errorf("pgpipe: the checkpoint table %s is of an earlier release, and role %q could not add its column pos "+
+				"(only the table's owner may): run %q as the owner: %w", committedTable, role, addPosSQL, err)
 		}
 	}
 	return nil
@@ -177,28 +225,50 @@ func (c *Checkpoint) Save(ctx context.Context, pos int64) error {
 // pos (never back) and adds committed, the ranges the run knows settled above it (its
 // committed, dead-lettered and filtered items), to those the job keeps, so that a
 // resumed run skips them. Like Save, it is fenced by the epoch of the last Load and
-// retries transient failures for about a minute.
+// retries transient failures for about a minute. It also folds the watermarks of the
+// commits known to have committed since the last save into the job's position, and
+// deletes their marks (see stamp).
 func (c *Checkpoint) SaveCommitted(ctx context.Context, pos int64, committed []pipeline.PositionRange) error {
 	epoch, err := c.loaded()
 	if err != nil {
 		return err
 	}
+	c.mu.Lock()
+	done := c.done
+	c.done = nil
+	c.mu.Unlock()
 	backoff := pipeline.ExponentialBackoff(20*time.Millisecond, 2*time.Second)
 	for attempt := 1; ; attempt++ {
-		err := c.save(ctx, epoch, pos, committed)
+		err := c.save(ctx, epoch, pos, committed, done)
 		if err == nil || errors.Is(err, ErrFenced) || !isConnError(err) || attempt >= 30 || ctx.Err() != nil {
+			if err != nil { // the marks stay for the next save (or the next Load)
+				c.mu.Lock()
+				c.done = append(c.done, done...)
+				c.mu.Unlock()
+			}
 			return err
 		}
 		if err := wait(ctx, backoff(attempt)); err != nil {
+			c.mu.Lock()
+			c.done = append(c.done, done...)
+			c.mu.Unlock()
 			return err
 		}
 	}
 }
 
-func (c *Checkpoint) save(ctx context.Context, epoch, pos int64, committed []pipeline.PositionRange) error {
+// save is one SaveCommitted, in one implicit transaction. The marks deleted are those
+// of commits whose outcome is known, committed (done): a mark must outlive any doubt
+// about its commit, which resolve settles by looking for it. The range rows below the
+// position go too, each batch's transaction leaves them for a save to delete (a delete
+// in every transaction would make concurrent ones wait for one another's row locks).
+func (c *Checkpoint) save(ctx context.Context, epoch, pos int64, committed []pipeline.PositionRange, done []int64) error {
 	b := &pgx.Batch{}
-	b.Queue(`UPDATE `+checkpointTable+` SET pos = GREATEST(pos, $3), updated_at = now() WHERE job = $1 AND epoch = $2`, c.job, epoch, pos)
-	b.Queue(`DELETE FROM `+committedTable+` WHERE job = $1 AND hi <= (SELECT pos FROM `+checkpointTable+` WHERE job = $1)`, c.job)
+	b.Queue(`UPDATE `+checkpointTable+` SET updated_at = now(),
+			pos = GREATEST(pos, $3, (SELECT max(m.pos) FROM `+committedTable+` m WHERE m.job = $1 AND m.lo = ANY($4::bigint[])))
+		WHERE job = $1 AND epoch = $2`, c.job, epoch, pos, done)
+	b.Queue(`DELETE FROM `+committedTable+` WHERE job = $1 AND (lo = ANY($3::bigint[]) OR (lo >= 0 AND hi <= (SELECT pos FROM `+checkpointTable+` WHERE job = $1)))
+		AND EXISTS (SELECT FROM `+checkpointTable+` WHERE job = $1 AND epoch = $2)`, c.job, epoch, done)
 	queueRanges(b, c.job, epoch, committed)
 	br := c.pool.SendBatch(ctx, b) // one implicit transaction
 	tag, err := br.Exec()
@@ -227,36 +297,63 @@ func queueRanges(b *pgx.Batch, job string, epoch int64, ranges []pipeline.Positi
 		ON CONFLICT (job, lo) DO UPDATE SET hi = GREATEST(`+committedTable+`.hi, EXCLUDED.hi)`, job, lo, hi, epoch)
 }
 
-// stamp records progress p in tx, fenced by the epoch, and returns the job's commit
-// count as of tx (for resolve).
-func (c *Checkpoint) stamp(ctx context.Context, tx pgx.Tx, p pipeline.Progress) (int64, error) {
+// stamp records progress p in tx, fenced by the epoch, and returns the transaction's
+// id and its mark, for resolve.
+//
+// The transaction updates no row that another writer's transaction touches, so that
+// concurrent writers never wait for one another (the run's tracker no longer orders
+// them either: pipeline.Commit holds no lock across its function):
+//   - It takes the job's advisory lock in shared mode, held until it ends, and then, in
+//     a statement of its own (which sees what committed before the lock was granted),
+//     checks the epoch and locks the job's row FOR KEY SHARE. Load takes the lock
+//     exclusively before it bumps the epoch: it waits for every commit in flight, and a
+//     commit that asks after it waits behind it and finds the new epoch. (A row lock
+//     alone would not do: a FOR KEY SHARE taken while Load's update is in flight locks
+//     the old version of the row, which Load's later lock of the new one does not wait
+//     for; and shared row lockers may overtake a waiting exclusive one forever.) The
+//     FOR KEY SHARE does not conflict with a save's update of the row; it does conflict
+//     with a FOR UPDATE, which only an operator takes.
+//   - It inserts its mark, a row of pgpipe_committed of its own (lo a random negative
+//     number, never a position, so that no load reads it as a range), with the
+//     watermark p records. The watermark counts only positions that settled before
+//     Commit was called (whose transactions committed) and the item's own, so it is
+//     true if this transaction commits, whichever of the others in flight commit or
+//     roll back; and it lives in this transaction's row, so a rollback takes it away.
+//     Load and the saves fold the marks' watermarks into the job's position (GREATEST).
+//   - It inserts the ranges of p, which are the item's own positions: no other
+//     transaction in flight inserts the same key.
+//
+// The transaction id (pg_current_xact_id) tells resolve when the transaction has
+// ended; the mark tells whether it committed.
+func (c *Checkpoint) stamp(ctx context.Context, tx pgx.Tx, p pipeline.Progress) (xid string, mark int64, err error) {
 	epoch, err := c.loaded()
 	if err != nil {
-		return 0, err
+		return "", 0, err
 	}
+	mark = -1 - rand.Int64N(1<<62) // never a position
 	b := &pgx.Batch{}
-	var seq int64
-	b.Queue(`UPDATE `+checkpointTable+` SET pos = GREATEST(pos, $3), seq = seq + 1, updated_at = now()
-		WHERE job = $1 AND epoch = $2 RETURNING seq`, c.job, epoch, p.Watermark)
+	b.Queue(`SELECT pg_advisory_xact_lock_shared(`+lockKeys+`)`, c.job)
+	b.Queue(`SELECT pg_current_xact_id()::text FROM `+checkpointTable+` WHERE job = $1 AND epoch = $2 FOR KEY SHARE`, c.job, epoch)
+	b.Queue(`INSERT INTO `+committedTable+` (job, lo, hi, pos) VALUES ($1, $2::bigint, $2::bigint + 1, $3)`, c.job, mark, p.Watermark)
 	queueRanges(b, c.job, epoch, p.Committed)
-	if p.Checkpointed {
-		b.Queue(`DELETE FROM `+committedTable+` WHERE job = $1 AND hi <= (SELECT pos FROM `+checkpointTable+` WHERE job = $1)`, c.job)
-	}
 	br := tx.SendBatch(ctx, b)
-	err = br.QueryRow().Scan(&seq)
-	if errors.Is(err, pgx.ErrNoRows) {
-		err = c.fenced(epoch)
+	_, err = br.Exec()
+	if err == nil {
+		err = br.QueryRow().Scan(&xid)
+		if errors.Is(err, pgx.ErrNoRows) {
+			err = c.fenced(epoch)
+		}
 	}
-	for i := 1; err == nil && i < b.Len(); i++ {
+	for i := 2; err == nil && i < b.Len(); i++ {
 		_, err = br.Exec()
 	}
-	return seq, errors.Join(err, br.Close())
+	return xid, mark, errors.Join(err, br.Close())
 }
 
 // commit records progress p in tx (see stamp) and commits tx: a COMMIT whose outcome is
-// unknown (its connection was lost, or its attempt timed out) is read back (resolve).
+// unknown (its connection was lost, or its attempt timed out) is resolved (resolve).
 func (c *Checkpoint) commit(ctx context.Context, tx pgx.Tx, p pipeline.Progress, cfg config) error {
-	seq, err := c.stamp(ctx, tx, p)
+	xid, mark, err := c.stamp(ctx, tx, p)
 	if err != nil {
 		return err
 	}
@@ -264,6 +361,7 @@ func (c *Checkpoint) commit(ctx context.Context, tx pgx.Tx, p pipeline.Progress,
 	pid := pc.PID()
 	err = tx.Commit(ctx)
 	if err == nil {
+		c.committed(mark)
 		return nil
 	}
 	if _, ok := errors.AsType[*pgconn.PgError](err); ok || errors.Is(err, pgx.ErrTxCommitRollback) || !isConnError(err) {
@@ -271,79 +369,114 @@ func (c *Checkpoint) commit(ctx context.Context, tx pgx.Tx, p pipeline.Progress,
 	}
 	// The outcome is unknown. pgx closed the connection (a COMMIT that failed otherwise
 	// leaves no transaction open); make sure, so that the server ends the transaction,
-	// which the read-back waits for.
+	// which resolve waits for.
 	if !pc.IsClosed() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		_ = pc.Close(cctx)
 		cancel()
 	}
-	return c.resolve(ctx, seq, pid, err, cfg)
+	if err := c.resolve(ctx, xid, mark, pid, err, cfg); err != nil {
+		return err
+	}
+	c.committed(mark)
+	return nil
 }
 
-// resolve learns the outcome of a COMMIT whose connection was lost (cause), by reading
-// the job's row back on a new connection (see readBack): the commit happened if the
-// job's commit count reached seq under the same epoch. It returns nil when the commit happened, a
-// transient error when it did not (the batch is written again), [ErrFenced] when
-// another instance took over, and a fatal error when the server stays unreachable, or
-// when the transaction of backend pid (the lost connection's) has not ended within a
-// minute: its outcome is still open, and only the next run's Load will know it.
+// committed records that the commit of mark committed: the next save may fold its
+// watermark and delete it.
+func (c *Checkpoint) committed(mark int64) {
+	c.mu.Lock()
+	c.done = append(c.done, mark)
+	c.mu.Unlock()
+}
+
+// resolve learns the outcome of a COMMIT whose connection was lost (cause), on a new
+// connection (see readBack): once transaction xid has ended, it committed if and only
+// if its mark is there. It returns nil when the commit happened, a transient error when
+// it did not (the batch is written again), [ErrFenced] when it did not and another
+// instance took over, and a fatal error when the server stays unreachable, or when the
+// transaction of backend pid (the lost connection's) has not ended within a minute: its
+// outcome is still open, and only the next run's Load will know it.
+//
+// The mark decides, not pg_xact_status alone: a server that crashed before its WAL
+// reached the disk forgets the ids it had handed out and hands them out again, so
+// after a restart the status of xid may be another transaction's. Its mark is this
+// transaction's alone (no save deletes it before commit hands it over, see committed).
+// The status only tells when the transaction has ended: a COMMIT waiting for a
+// synchronous standby holds its locks and is not yet visible, though it will commit,
+// and a backend may not yet have seen its client go. A reused id can only make the wait
+// longer.
 //
 // The caller's connection must be closed: the server then ends the transaction (it
 // rolls it back, unless its COMMIT got there first).
 //
 // It reads on even when ctx is done (a canceled run, an attempt's timeout), for up to
 // a minute: an answer settles the batch, while giving up would leave it unknown.
-func (c *Checkpoint) resolve(ctx context.Context, seq int64, pid uint32, cause error, cfg config) error {
+func (c *Checkpoint) resolve(ctx context.Context, xid string, mark int64, pid uint32, cause error, cfg config) error {
 	epoch, err := c.loaded()
 	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
-	for attempt := 1; ; attempt++ {
-		gotEpoch, gotSeq, err := c.readBack(ctx)
+	unknown := func(err error) error {
+		return pipeline.Fatal(fmt.Errorf("%w (the transaction of backend %d may still be running); reading its outcome failed: %w", ErrCommitUnknown, pid, err))
+	}
+	failures, waits := 0, 0
+	for {
+		ended, found, gotEpoch, err := c.readBack(ctx, xid, mark)
 		switch {
+		case err == nil && !ended:
+			waits++
+			if werr := wait(ctx, cfg.backoff(waits)); werr != nil {
+				return unknown(fmt.Errorf("the transaction has not ended: %w", werr))
+			}
+			continue
+		case err == nil && found:
+			return nil // committed
 		case err == nil && gotEpoch != epoch:
 			return c.fenced(epoch)
-		case err == nil && gotSeq >= seq:
-			return nil // committed
 		case err == nil:
 			return pipeline.Transient(fmt.Errorf("pgpipe: COMMIT failed, the batch was not committed: %w", cause))
-		case !isConnError(err) || attempt >= cfg.attempts || ctx.Err() != nil:
-			return pipeline.Fatal(fmt.Errorf("%w (the transaction of backend %d may still be running); reading the checkpoint back failed: %w", ErrCommitUnknown, pid, err))
 		}
-		if werr := wait(ctx, cfg.backoff(attempt)); werr != nil {
-			return pipeline.Fatal(fmt.Errorf("%w (the transaction of backend %d may still be running); reading the checkpoint back failed: %w", ErrCommitUnknown, pid, err))
+		failures++
+		if !isConnError(err) || failures >= cfg.attempts || ctx.Err() != nil {
+			return unknown(err)
+		}
+		if werr := wait(ctx, cfg.backoff(failures)); werr != nil {
+			return unknown(err)
 		}
 	}
 }
 
-// readBack reads the job's epoch and commit count on a connection of its own, outside
-// the pool: the pool's connections may all be held by writers waiting for the commit
-// being resolved.
+// readBack asks the server, on a connection of its own outside the pool (the pool's
+// connections may all be held by writers), whether transaction xid has ended and, if
+// it has, whether its mark is there, and the job's epoch.
 //
-// It reads the row FOR SHARE, which waits until the transaction being resolved has
-// ended: that transaction updated the row (in stamp), so it holds the row's lock until
-// it commits or rolls back, and a plain read could see the row as it was while the
-// transaction is still in progress. Such a transaction may be alive well after its
-// client gave up: a COMMIT waiting for a synchronous standby (its commit record is
-// flushed locally, but it is neither visible nor has it released its locks until the
-// standby answers or the wait is canceled, and then it commits), a backend that has
-// not yet noticed its connection closed. Once the lock is free the row read is the
-// transaction's outcome. The read's own transaction is rolled back, so that it does not
-// wait for a standby itself.
-func (c *Checkpoint) readBack(ctx context.Context) (epoch, seq int64, err error) {
+// The mark is read in a statement after the one that saw the transaction end, so
+// that its snapshot includes the transaction's outcome (pg_xact_status reports a
+// transaction in progress until it is visible to new snapshots). An id the server
+// calls "in the future" belongs to a transaction that never committed (a crash lost
+// it before it reached the disk, where a commit would have taken it), as does an id too
+// old to have a status: both have ended, and the mark decides.
+func (c *Checkpoint) readBack(ctx context.Context, xid string, mark int64) (ended, found bool, epoch int64, err error) {
 	conn, err := pgx.ConnectConfig(ctx, c.pool.Config().ConnConfig.Copy())
 	if err != nil {
-		return 0, 0, err
+		return false, false, 0, err
 	}
 	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		return 0, 0, err
+	var status *string
+	err = conn.QueryRow(ctx, `SELECT pg_xact_status($1::xid8)`, xid).Scan(&status)
+	if pe, ok := errors.AsType[*pgconn.PgError](err); ok && pe.Code == pgerrcode.InvalidParameterValue {
+		err = nil // "transaction ID … is in the future"
+	} else if err != nil {
+		return false, false, 0, err
+	} else if status != nil && *status == "in progress" {
+		return false, false, 0, nil
 	}
-	err = tx.QueryRow(ctx, `SELECT epoch, seq FROM `+checkpointTable+` WHERE job = $1 FOR SHARE`, c.job).Scan(&epoch, &seq)
-	return epoch, seq, errors.Join(err, tx.Rollback(ctx))
+	err = conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM `+committedTable+` WHERE job = $1 AND lo = $2),
+		coalesce((SELECT epoch FROM `+checkpointTable+` WHERE job = $1), 0)`, c.job, mark).Scan(&found, &epoch)
+	return true, found, epoch, err
 }
 
 // wait waits d, or until ctx is done.

@@ -74,9 +74,8 @@ func (d *DeadLetterTable[T]) Add(ctx context.Context, dl pipeline.DeadLetter[T])
 	if d.ck == nil || ctx.Value(inBatchKey{}) != nil {
 		return d.insert(ctx, d.pool, recs, nil)
 	}
-	// The letter is written before Commit, which holds the run's tracker while its
-	// function runs: waiting there for a connection of a pool the writers hold (they
-	// wait for the tracker) would never end.
+	// The letter is written before Commit, so that its function does no more than
+	// record the progress and commit.
 	conn, err := d.ck.pool.Acquire(ctx)
 	if err != nil {
 		return err
@@ -94,7 +93,7 @@ func (d *DeadLetterTable[T]) Add(ctx context.Context, dl pipeline.DeadLetter[T])
 		if !p.Checkpointed {
 			return tx.Commit(ctx)
 		}
-		return d.ck.commit(ctx, tx, p, defaultConfig()) // a writer's retries of the read-back
+		return d.ck.commit(ctx, tx, p, defaultConfig()) // a writer's retries of resolve
 	})
 }
 

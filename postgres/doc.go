@@ -23,8 +23,8 @@
 // down or restarting, too many connections, a serialization failure, a deadlock or a
 // lock timeout are transient: the batch is retried with backoff on a fresh connection
 // ([WithRetry]). So is an attempt that ran past the sink's [pipeline.WithTimeout] (it
-// waited for a lock, for another writer's [pipeline.Commit], for a slow server): nothing
-// of it committed, or its COMMIT's outcome was read back (see Exactly once). Data errors (SQLSTATE class 22) and constraint violations (class 23)
+// waited for a lock, for a slow server): nothing of it committed, or its COMMIT's
+// outcome was learnt (see Exactly once). Data errors (SQLSTATE class 22) and constraint violations (class 23)
 // belong to rows: the writer bisects the batch inside its transaction with savepoints,
 // commits the good rows and dead-letters only the rejected ones ([WithDeadLetterTable],
 // [WithDeadLetter]) with PostgreSQL's message, code and constraint, in O(k·log n) round
@@ -38,15 +38,16 @@
 // ([WithCheckpoint]), each batch's transaction also records the run's progress (see
 // [pipeline.Commit]): rows are never committed without their progress, nor progress
 // without its rows, so a resumed run neither loses nor repeats a row, even in insert
-// mode, even when four writers commit out of order. Loading the checkpoint takes the
-// job over; the previous instance's next commit fails with [ErrFenced]. A COMMIT whose
-// connection was lost (or whose attempt timed out) is settled by reading the checkpoint
-// back, never by guessing, and only once its transaction has ended: the read waits for
-// the lock the transaction holds on the job's checkpoint row until it commits or rolls
-// back, so a transaction still in progress on the server (a COMMIT waiting for a
-// synchronous standby, a backend that has not yet seen its client go) is not read as
-// "not committed". If it has not ended within a minute, the commit fails with
-// [ErrCommitUnknown], fatal, and the next run's Load learns the outcome.
+// mode, even when four writers commit out of order. The writers' transactions do not
+// wait for one another: each records the progress in rows of its own. Loading the
+// checkpoint takes the job over; the previous instance's next commit fails with
+// [ErrFenced]. A COMMIT whose connection was lost (or whose attempt timed out) is
+// settled by looking for the row its transaction wrote, never by guessing, and only once
+// the transaction has ended (pg_xact_status), so a transaction still in progress on the
+// server (a COMMIT waiting for a synchronous standby, a backend that has not yet seen
+// its client go) is not read as "not committed". If it has not ended within a minute,
+// the commit fails with [ErrCommitUnknown], fatal, and the next run's Load learns the
+// outcome.
 // Dead letters written to a [DeadLetterTable] commit with their batch; other
 // destinations are at least once.
 package pgpipe

@@ -25,7 +25,8 @@ var ErrFenced = errors.New("pgpipe: another instance of the job took over its ch
 // learnt: the connection was lost during COMMIT. Without a [Checkpoint] to read the
 // outcome back from, the error is transient and the batch is written again, which in
 // insert mode may duplicate its rows (the upsert modes are exact). With one, the
-// outcome is read back once the transaction has ended on the server; only when that
+// outcome is learnt once the transaction has ended on the server (its commit wrote a
+// row of the checkpoint's, or did not); only when that
 // fails for a minute (the server unreachable, or the transaction still running, as a
 // COMMIT waiting for a synchronous standby that never answers) is the error returned,
 // as fatal: the next run's Load then learns what was committed.
@@ -120,9 +121,9 @@ var transientCodes = map[string]bool{
 // names the table written to; role and database come from the pool's configuration.
 //
 // An error met after the attempt's context ended keeps the class it was given (the
-// outcome of a COMMIT read back, a fence), or else is transient: the attempt ran past
-// its own deadline ([pipeline.WithTimeout]) waiting for a lock, for [pipeline.Commit]'s
-// turn or for a slow server, and nothing of it committed, so the batch is written again.
+// outcome of a COMMIT learnt, a fence), or else is transient: the attempt ran past
+// its own deadline ([pipeline.WithTimeout]) waiting for a lock or for a slow server,
+// and nothing of it committed, so the batch is written again.
 // When the run itself is stopping, the pipeline ignores the class and returns the run's
 // cause.
 func (w *writerCore) classify(ctx context.Context, err error) error {

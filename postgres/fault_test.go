@@ -117,13 +117,15 @@ func (j *job) position(t *testing.T) int64 {
 	return pos
 }
 
-// commits returns how many commits the job's checkpoint has seen (0 before the first).
+// commits returns about how many batches of the job have committed (0 before the
+// first): the rows in its table, in batches. (The checkpoint keeps no count of commits:
+// a count in the job's row would make concurrent writers wait for one another.)
 func (j *job) commits(ctx context.Context) int64 {
-	var seq int64
-	if err := j.pool.QueryRow(ctx, "SELECT seq FROM pgpipe_checkpoint WHERE job = $1", j.name).Scan(&seq); err != nil {
+	var rows int64
+	if err := j.pool.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{j.table}.Sanitize()).Scan(&rows); err != nil {
 		return -1
 	}
-	return seq
+	return rows / int64(j.batch)
 }
 
 func newJob(t *testing.T, pool *pgxpool.Pool, upsert bool, n, batch, workers int) *job {
@@ -307,9 +309,10 @@ func TestFaultTerminateDuringCopy(t *testing.T) {
 }
 
 // TestFaultTerminateDuringCommit kills the writer's backend while its COMMIT runs (a
-// deferred trigger on the checkpoint row makes COMMIT wait for a lock the test holds).
-// The commit's outcome is unknown to the writer, which reads the checkpoint back,
-// learns that it did not commit, and writes the batch again.
+// deferred trigger on a row of the third batch makes COMMIT wait for a lock the test
+// holds). The commit's outcome is unknown to the writer, which waits for the
+// transaction to end, finds no mark of it, learns that it did not commit, and writes
+// the batch again.
 func TestFaultTerminateDuringCommit(t *testing.T) {
 	pool := newPool(t, 8)
 	j := newJob(t, pool, false, 20000, 2000, 4)
@@ -320,10 +323,10 @@ func TestFaultTerminateDuringCommit(t *testing.T) {
 	const lockKey = 424242
 	mustExec(t, pool, fmt.Sprintf(`CREATE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN PERFORM pg_advisory_xact_lock_shared(%d); RETURN NULL; END $$`, fn, lockKey))
-	mustExec(t, pool, fmt.Sprintf(`CREATE CONSTRAINT TRIGGER %s AFTER UPDATE ON pgpipe_checkpoint
-		DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.job = '%s' AND NEW.seq = 3) EXECUTE FUNCTION %s()`, trig, j.name, fn))
+	mustExec(t, pool, fmt.Sprintf(`CREATE CONSTRAINT TRIGGER %s AFTER INSERT ON %s
+		DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.id = %d) EXECUTE FUNCTION %s()`, trig, j.table, 2*j.batch+1, fn))
 	t.Cleanup(func() {
-		mustExec(t, pool, "DROP TRIGGER IF EXISTS "+trig+" ON pgpipe_checkpoint")
+		mustExec(t, pool, "DROP TABLE IF EXISTS "+j.table) // and its trigger, before the function
 		mustExec(t, pool, "DROP FUNCTION IF EXISTS "+fn+"()")
 	})
 	holder, err := pool.Acquire(t.Context())
@@ -507,10 +510,11 @@ func retriedOnce() (pipeline.PipelineOption, <-chan struct{}) {
 	}), ch
 }
 
-// TestFaultAttemptTimeoutRetried holds the job's checkpoint row (as a periodic Save, or
-// another writer's slow COMMIT, does) past the sink's attempt timeout: the attempt's
-// own deadline is transient, and the batch is written again once the row is free. It
-// used to fail the run ("item failed (1 attempt)").
+// TestFaultAttemptTimeoutRetried holds the job's checkpoint row FOR UPDATE (as an
+// operator's transaction may; a save or another writer's commit does not lock it
+// against a writer) past the sink's attempt timeout: the attempt's own deadline is
+// transient, and the batch is written again once the row is free. It used to fail the
+// run ("item failed (1 attempt)").
 func TestFaultAttemptTimeoutRetried(t *testing.T) {
 	pool := newPool(t, 8)
 	j := newJob(t, pool, false, 6000, 1000, 2)

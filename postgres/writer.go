@@ -90,8 +90,9 @@ func WithSkipExisting(key ...string) Option {
 // store, the [pipeline.CheckpointStore] of the pipeline's [pipeline.FromCheckpoint] source: the
 // rows of a batch and the advanced checkpoint commit together or not at all (see
 // [pipeline.Commit]), the commit is fenced against a newer instance of the job
-// ([ErrFenced]), and a commit whose outcome is unknown is settled by reading the
-// checkpoint back.
+// ([ErrFenced]), and a commit whose outcome is unknown is settled by looking for the
+// row its transaction wrote, once the transaction has ended. Writers committing at
+// once do not wait for one another's transactions.
 func WithCheckpoint(store *Checkpoint) Option {
 	if store == nil {
 		panic("pgpipe: WithCheckpoint(nil)")

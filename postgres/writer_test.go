@@ -476,3 +476,40 @@ func TestUpsertKeepsLastValuePerKey(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkCheckpointedWriters writes 20,000 rows in checkpointed batches of 100, one
+// transaction each, with 1 and 4 writers: with small batches the commits' round trips
+// (and anything that makes one writer wait for another's) weigh most.
+func BenchmarkCheckpointedWriters(b *testing.B) {
+	const n, batch = 20000, 100
+	pool := newPool(b, 8)
+	table := createEvents(b, pool, false)
+	in := events(n)
+	for _, workers := range []int{1, 4} {
+		b.Run(fmt.Sprintf("workers=%d/batch=%d", workers, batch), func(b *testing.B) {
+			for b.Loop() {
+				b.StopTimer()
+				mustExec(b, pool, "TRUNCATE "+table)
+				ck := pgpipe.NewCheckpoint(pool, tableName("bench_job"))
+				p := pipeline.New()
+				src := pipeline.FromCheckpoint(p, ck, func(_ context.Context, pos int64) iter.Seq2[event, error] {
+					return func(yield func(event, error) bool) {
+						for _, e := range in[pos:] {
+							if !yield(e, nil) {
+								return
+							}
+						}
+					}
+				}, pipeline.WithSaveEvery(batch))
+				w := pgpipe.NewWriter(pool, table, pgpipe.Struct[event](), pgpipe.WithCheckpoint(ck), pgpipe.WithChunk(batch, 0))
+				w.To(src, "load", workers)
+				b.StartTimer()
+				if err := p.Run(b.Context()); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/row")
+			b.ReportMetric(float64(b.N*n)/b.Elapsed().Seconds(), "rows/s")
+		})
+	}
+}
