@@ -1,0 +1,291 @@
+package kafka_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/gopipeline/pipeline"
+	"github.com/gopipeline/pipeline/kafka"
+)
+
+// runAsync runs p in a goroutine; the channel gives its error.
+func runAsync(ctx context.Context, p *pipeline.Pipeline) <-chan error {
+	errc := make(chan error, 1)
+	go func() { errc <- p.Run(ctx) }()
+	return errc
+}
+
+// TestSourceSettlesEachRecordOnce consumes 2,000 records on 12 partitions with one
+// member through a stage of 4 workers (items settle out of order): every record
+// reaches the sink once, and the graceful stop commits each partition's end.
+func TestSourceSettlesEachRecordOnce(t *testing.T) {
+	t.Parallel()
+	const n = 2000
+	ctx := t.Context()
+	c := newCluster(t)
+	produceIDs(ctx, t, c, inTopic, n)
+	src := kafka.NewSource(consumerOpts(c), "once", []string{inTopic}, idCodec{}, kafka.WithMaxPending(100))
+	p := pipeline.New()
+	work := pipeline.Then(src.Stream(p), pipeline.NewStage("work", 4, func(_ context.Context, m kafka.Message[int]) (int, error) {
+		return m.Value, nil
+	}))
+	var mu sync.Mutex
+	seen := map[int]int{}
+	pipeline.To(work, pipeline.NewSink("count", 2, func(_ context.Context, id int) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if seen[id]++; len(seen) == n {
+			src.Stop()
+		}
+		return nil
+	}))
+	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	require.NoError(t, p.Run(rctx))
+	require.Len(t, seen, n)
+	for id, k := range seen {
+		require.Equal(t, 1, k, "record %d reached the sink %d times", id, k)
+	}
+	st := src.Stats()
+	assert.Equal(t, int64(n), st.Committed)
+	assert.Equal(t, st.Fetched, st.Committed+st.NotProcessed, "%+v", st)
+	assert.Equal(t, endOffsets(ctx, t, c, inTopic), committedOffsets(ctx, t, c, "once", inTopic), "committed offsets after the stop")
+	t.Logf("%+v", st)
+}
+
+// TestStopCommitsEverySettledRecord stops a run in the middle of its input: every item
+// in flight finishes and is committed, what was polled and not emitted is not, so a
+// second run of the group does exactly the rest.
+func TestStopCommitsEverySettledRecord(t *testing.T) {
+	t.Parallel()
+	const n = 3000
+	ctx := t.Context()
+	c := newCluster(t)
+	produceIDs(ctx, t, c, inTopic, n)
+	var mu sync.Mutex
+	seen := map[int]int{}
+	run := func(stopAt int) kafka.Stats {
+		src := kafka.NewSource(consumerOpts(c), "halves", []string{inTopic}, idCodec{}, kafka.WithMaxPending(200))
+		p := pipeline.New()
+		work := pipeline.Then(src.Stream(p), pipeline.NewStage("work", 4, func(_ context.Context, m kafka.Message[int]) (int, error) {
+			return m.Value, nil
+		}))
+		var count atomic.Int64
+		pipeline.To(work, pipeline.NewSink("count", 1, func(_ context.Context, id int) error {
+			mu.Lock()
+			seen[id]++
+			total := len(seen)
+			mu.Unlock()
+			if count.Add(1) == int64(stopAt) || total == n {
+				src.Stop()
+			}
+			return nil
+		}))
+		rctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		require.NoError(t, p.Run(rctx))
+		return src.Stats()
+	}
+	first := run(n / 3)
+	assert.Less(t, len(seen), n, "the first run stopped early")
+	second := run(n + 1)
+	require.Len(t, seen, n)
+	for id, k := range seen {
+		require.Equal(t, 1, k, "record %d reached the sink %d times", id, k)
+	}
+	assert.Equal(t, endOffsets(ctx, t, c, inTopic), committedOffsets(ctx, t, c, "halves", inTopic))
+	t.Logf("first %+v", first)
+	t.Logf("second %+v", second)
+}
+
+// TestUndecodableAndSetAsideGoToDeadLetterTopic writes two records the codec cannot
+// decode among eight good ones, and a stage sets one good record aside: the three go
+// to the dead-letter topic with headers that say why and where from, and every offset
+// is committed once they are there.
+func TestUndecodableAndSetAsideGoToDeadLetterTopic(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	c := newCluster(t)
+	prod := newClient(t, c, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	var recs []*kgo.Record
+	for i := range 10 {
+		r := &kgo.Record{Topic: inTopic, Partition: 0, Key: []byte("k" + strconv.Itoa(i)), Value: valueOf(i)}
+		if i == 2 || i == 7 {
+			r.Value = []byte("junk")
+			r.Headers = []kgo.RecordHeader{{Key: "origin", Value: []byte("test")}}
+		}
+		recs = append(recs, r)
+	}
+	require.NoError(t, prod.ProduceSync(ctx, recs...).FirstErr())
+	src := kafka.NewSource(consumerOpts(c), "dl", []string{inTopic}, idCodec{}, kafka.WithDeadLetterTopic(prod, deadTopic))
+	p := pipeline.New()
+	var done atomic.Int64
+	checked := pipeline.Then(src.Stream(p), pipeline.NewStage("check", 2, func(_ context.Context, m kafka.Message[int]) (int, error) {
+		if m.Value == 5 {
+			return 0, pipeline.Permanent(errors.New("five is not allowed"))
+		}
+		return m.Value, nil
+	}, pipeline.WithDeadLetter(pipeline.DiscardDeadLetter[kafka.Message[int]])))
+	pipeline.To(checked, pipeline.NewSink("count", 1, func(context.Context, int) error {
+		done.Add(1)
+		return nil
+	}))
+	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	errc := runAsync(rctx, p)
+	eventually(t, 30*time.Second, "every record settled", func() bool {
+		st := src.Stats()
+		return st.Committed+st.DeadLettered == 10
+	})
+	src.Stop()
+	require.NoError(t, <-errc)
+	st := src.Stats()
+	assert.Equal(t, int64(7), st.Committed)
+	assert.Equal(t, int64(3), st.DeadLettered)
+	assert.Equal(t, int64(2), st.Undecodable)
+	assert.Equal(t, int64(7), done.Load())
+	assert.Equal(t, map[int32]int64{0: 10}, committedOffsets(ctx, t, c, "dl", inTopic))
+
+	dead := readTopic(ctx, t, c, deadTopic)
+	require.Len(t, dead, 3)
+	byOffset := map[string]*kgo.Record{}
+	for _, r := range dead {
+		byOffset[header(r, kafka.HeaderOffset)] = r
+	}
+	for _, want := range []struct {
+		offset, stage, class, err, errType string
+		value                              []byte
+	}{
+		{offset: "2", stage: "Kafka", class: "item", err: errNotAnID.Error(), errType: "*errors.errorString", value: []byte("junk")},
+		{offset: "5", stage: "check", class: "item", err: "five is not allowed", value: valueOf(5)},
+		{offset: "7", stage: "Kafka", class: "item", err: errNotAnID.Error(), errType: "*errors.errorString", value: []byte("junk")},
+	} {
+		r := byOffset[want.offset]
+		require.NotNil(t, r, "no dead letter of offset %s", want.offset)
+		assert.Equal(t, want.value, r.Value)
+		assert.Equal(t, "k"+want.offset, string(r.Key))
+		assert.Equal(t, want.stage, header(r, kafka.HeaderStage))
+		assert.Equal(t, want.class, header(r, kafka.HeaderClass))
+		assert.Equal(t, want.err, header(r, kafka.HeaderError))
+		assert.Equal(t, want.err, header(r, kafka.HeaderFirstError))
+		assert.Equal(t, "1", header(r, kafka.HeaderAttempts))
+		assert.Equal(t, inTopic, header(r, kafka.HeaderTopic))
+		assert.Equal(t, "0", header(r, kafka.HeaderPartition))
+		assert.NotEmpty(t, header(r, kafka.HeaderTime))
+		if want.errType != "" {
+			assert.Equal(t, want.errType, header(r, kafka.HeaderErrType))
+			assert.Equal(t, "test", header(r, "origin"), "the original headers are kept")
+		}
+	}
+}
+
+// header returns the value of r's header key ("" if none).
+func header(r *kgo.Record, key string) string {
+	for _, h := range r.Headers {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+// TestHandedBackRecordIsRetriedInPlace fails one record transiently twice in a stage
+// that hands its items back: the record is emitted again (in place: no other record is
+// redone), reaches the sink once, and the partition's offset is committed past it
+// only then.
+func TestHandedBackRecordIsRetriedInPlace(t *testing.T) {
+	t.Parallel()
+	const n = 48
+	ctx := t.Context()
+	c := newCluster(t)
+	produceIDs(ctx, t, c, inTopic, n)
+	src := kafka.NewSource(consumerOpts(c), "back", []string{inTopic}, idCodec{})
+	p := pipeline.New()
+	var failures atomic.Int64
+	work := pipeline.Then(src.Stream(p), pipeline.NewStage("flaky", 2, func(_ context.Context, m kafka.Message[int]) (int, error) {
+		if m.Value == 13 && failures.Add(1) <= 2 {
+			return 0, pipeline.Transient(errors.New("busy"))
+		}
+		return m.Value, nil
+	}, pipeline.WithHandBack(), pipeline.WithRetry(1, pipeline.ConstantBackoff(20*time.Millisecond))))
+	var mu sync.Mutex
+	seen := map[int]int{}
+	pipeline.To(work, pipeline.NewSink("count", 1, func(_ context.Context, id int) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if seen[id]++; len(seen) == n {
+			src.Stop()
+		}
+		return nil
+	}))
+	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	require.NoError(t, p.Run(rctx))
+	require.Len(t, seen, n)
+	for id, k := range seen {
+		require.Equal(t, 1, k, "record %d reached the sink %d times", id, k)
+	}
+	st := src.Stats()
+	assert.Equal(t, int64(2), st.HandedBack)
+	assert.Equal(t, int64(n), st.Fetched, "a handed-back record is not fetched again")
+	assert.Equal(t, int64(n), st.Committed)
+	assert.Equal(t, endOffsets(ctx, t, c, inTopic), committedOffsets(ctx, t, c, "back", inTopic))
+}
+
+// TestMissingTopicFailsRun runs a source on a topic that does not exist: the run fails
+// at once with a GroupError that names the group and the topic.
+func TestMissingTopicFailsRun(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	c := newCluster(t)
+	src := kafka.NewSource(consumerOpts(c), "lost", []string{inTopic, "nowhere"}, idCodec{})
+	p := pipeline.New()
+	pipeline.To(src.Stream(p), pipeline.NewSink("count", 1, func(context.Context, kafka.Message[int]) error { return nil }))
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	err := p.Run(rctx)
+	require.Error(t, err)
+	require.NotErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorIs(t, err, kerr.UnknownTopicOrPartition)
+	ge, ok := errors.AsType[*kafka.GroupError](err)
+	require.True(t, ok, "%v", err)
+	assert.Equal(t, "lost", ge.Group)
+	assert.Equal(t, "nowhere", ge.Topic)
+	assert.Contains(t, err.Error(), `topic "nowhere"`)
+}
+
+// TestGroupAuthorizationFailureFailsRun makes the broker refuse the group: the run
+// fails with a GroupError that names it, instead of retrying for ever.
+func TestGroupAuthorizationFailureFailsRun(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	c := newCluster(t)
+	produceIDs(ctx, t, c, inTopic, 12)
+	c.Fault(kfake.Fault{Group: "forbidden", Err: kerr.GroupAuthorizationFailed, Count: -1})
+	src := kafka.NewSource(consumerOpts(c), "forbidden", []string{inTopic}, idCodec{})
+	p := pipeline.New()
+	pipeline.To(src.Stream(p), pipeline.NewSink("count", 1, func(context.Context, kafka.Message[int]) error { return nil }))
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	err := p.Run(rctx)
+	require.Error(t, err)
+	require.NotErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorIs(t, err, kerr.GroupAuthorizationFailed)
+	ge, ok := errors.AsType[*kafka.GroupError](err)
+	require.True(t, ok, "%v", err)
+	assert.Equal(t, "forbidden", ge.Group)
+	assert.Empty(t, ge.Topic)
+	assert.Contains(t, err.Error(), `group "forbidden"`)
+	assert.Equal(t, int64(0), src.Stats().Committed)
+}
