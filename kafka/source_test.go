@@ -289,3 +289,31 @@ func TestGroupAuthorizationFailureFailsRun(t *testing.T) {
 	assert.Contains(t, err.Error(), `group "forbidden"`)
 	assert.Equal(t, int64(0), src.Stats().Committed)
 }
+
+// TestNewSourcePanicsOnMissingArguments refuses a source without a group, topics or a
+// codec, and options out of range.
+func TestNewSourcePanicsOnMissingArguments(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		fn   func()
+		want string
+	}{
+		{name: "no group", fn: func() { kafka.NewSource(nil, "", []string{"t"}, idCodec{}) }, want: "kafka: NewSource needs a group, topics and a codec"},
+		{name: "no topics", fn: func() { kafka.NewSource(nil, "g", nil, idCodec{}) }, want: "kafka: NewSource needs a group, topics and a codec"},
+		{name: "empty topic", fn: func() { kafka.NewSource(nil, "g", []string{"t", ""}, idCodec{}) }, want: "kafka: NewSource needs a group, topics and a codec"},
+		{name: "no codec", fn: func() { kafka.NewSource[int](nil, "g", []string{"t"}, nil) }, want: "kafka: NewSource needs a group, topics and a codec"},
+		{name: "nil option", fn: func() { kafka.NewSource(nil, "g", []string{"t"}, idCodec{}, nil) }, want: "kafka: NewSource: option 1 of 1 is nil"},
+		{name: "max pending", fn: func() { kafka.WithMaxPending(0) }, want: "kafka: WithMaxPending(0): need at least 1"},
+		{name: "commit interval", fn: func() { kafka.WithCommitInterval(0) }, want: "kafka: WithCommitInterval(0s): need a positive interval"},
+		{name: "revoke timeout", fn: func() { kafka.WithRevokeTimeout(-time.Second) }, want: "kafka: WithRevokeTimeout(-1s): need a duration >= 0"},
+		{name: "request timeout", fn: func() { kafka.WithRequestTimeout(0) }, want: "kafka: WithRequestTimeout(0s): need a positive timeout"},
+		{name: "dead-letter topic", fn: func() { kafka.WithDeadLetterTopic(nil, "dead") }, want: "kafka: WithDeadLetterTopic needs a client and a topic"},
+		{name: "name", fn: func() { kafka.WithName("") }, want: `kafka: WithName(""): empty name`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			assert.PanicsWithValue(t, tc.want, tc.fn)
+		})
+	}
+}
