@@ -40,6 +40,8 @@ type part struct {
 	hasMark   bool // mark is known: some record of this assignment settled
 	mark      kgo.EpochOffset
 	committed int64 // the last offset committed for this assignment, -1 for none
+	behind    int64 // records behind mark (settled, no longer pending)
+	behindAt  int64 // behind when the last committed mark was taken
 }
 
 func newPart(tp TopicPartition) *part {
@@ -74,6 +76,7 @@ func (p *part) settle(e *entry) bool {
 	last := p.pending[n-1].rec
 	p.mark = kgo.EpochOffset{Epoch: last.LeaderEpoch, Offset: last.Offset + 1}
 	p.hasMark = true
+	p.behind += int64(n)
 	clear(p.pending[:n])
 	p.pending = p.pending[n:]
 	if len(p.pending) == 0 {
@@ -98,16 +101,22 @@ func (p *part) retried(e *entry) {
 	}
 }
 
-// unsettled returns how many of p's records are not settled.
-func (p *part) unsettled() int {
-	n := 0
+// unsettled returns how many of p's records are not settled, and how many settled
+// past the first unsettled one (beyond the watermark).
+func (p *part) unsettled() (unsettled, beyond int) {
 	for _, e := range p.pending {
 		if e.state != settled {
-			n++
+			unsettled++
+		} else {
+			beyond++
 		}
 	}
-	return n
+	return unsettled, beyond
 }
+
+// uncommitted returns how many records of p settled behind the watermark since the
+// last commit.
+func (p *part) uncommitted() int64 { return p.behind - p.behindAt }
 
 // due reports whether p has a watermark past what was committed.
 func (p *part) due() bool { return p.hasMark && p.mark.Offset > p.committed }

@@ -93,6 +93,7 @@ func TestReassignedPartitionStartsWithoutWatermark(t *testing.T) {
 	}
 	assert.False(t, cur.due(), "the new assignment has a watermark of an old one")
 	assert.Equal(t, int64(3), ss.s.stale.Load())
+	assert.Equal(t, int64(2), ss.s.uncommitted.Load(), "two records settled and were not committed before the loss")
 	assert.Equal(t, int64(1), ss.s.lost.Load())
 	assert.Equal(t, int64(2), ss.s.assigned.Load())
 }

@@ -8,6 +8,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"golang.org/x/time/rate"
 
 	"github.com/gopipeline/pipeline"
@@ -138,12 +141,13 @@ func testGroupShares(t *testing.T, revokeWait time.Duration) {
 		}
 	}
 
-	var stale, dups, assigned, waited, commitErrors int64
+	var stale, uncommitted, dups, assigned, waited, commitErrors int64
 	for _, m := range all {
 		st := m.src.Stats()
 		t.Logf("%s: %+v", m.name, st)
 		assert.Positive(t, st.Assigned, "%s had no partition", m.name)
 		stale += st.Stale
+		uncommitted += st.Uncommitted
 		assigned += st.Assigned
 		waited += st.RevokeWaited
 		commitErrors += st.CommitErrors
@@ -152,11 +156,55 @@ func testGroupShares(t *testing.T, revokeWait time.Duration) {
 	for _, k := range out.seen {
 		dups += int64(k - 1)
 	}
-	t.Logf("duplicates %d, stale %d, in flight at a revoke %d, partitions assigned %d, commit errors %d", dups, stale, waited, assigned, commitErrors)
-	assert.LessOrEqual(t, dups, stale, "a duplicate is a record that settled after its partition was revoked")
+	t.Logf("duplicates %d, stale %d, uncommitted %d, in flight at a revoke %d, partitions assigned %d, commit errors %d", dups, stale, uncommitted, waited, assigned, commitErrors)
+	assert.LessOrEqual(t, dups, stale+uncommitted, "a duplicate is a record that settled after its partition was revoked, or was not committed at the revoke")
 	assert.LessOrEqual(t, stale, waited, "a stale settlement is of an item in flight at a revoke")
 	assert.Positive(t, waited, "no revoke found items in flight")
 	assert.Empty(t, out.overtook, "records that overtook an earlier one of their partition")
 	assert.Greater(t, assigned, int64(2*partitions), "the members rebalanced")
 	assert.Equal(t, endOffsets(ctx, t, c, inTopic), committedOffsets(ctx, t, c, "share", inTopic))
+}
+
+// TestLostPartitionsAreRedone makes the broker answer one heartbeat with
+// UNKNOWN_MEMBER_ID while the member's pipeline is full: the client drops its
+// partitions without a revoke and joins again. The error does not fail the run (the
+// client rejoins), the items that settle after the loss are stale (never committed),
+// and the member, assigned the partitions again, redoes them from the group's
+// committed offsets: every record reaches the sink, duplicates at most the stale ones.
+func TestLostPartitionsAreRedone(t *testing.T) {
+	t.Parallel()
+	const n = 4000
+	ctx := t.Context()
+	c := newCluster(t)
+	produceIDs(ctx, t, c, inTopic, n)
+	out := newOutput()
+	src := kafka.NewSource(consumerOpts(c), "lose", []string{inTopic}, idCodec{},
+		kafka.WithMaxPending(300), kafka.WithCommitInterval(50*time.Millisecond))
+	p := pipeline.New()
+	work := pipeline.Then(src.Stream(p), pipeline.NewStage("slow", 2, func(_ context.Context, m kafka.Message[int]) (kafka.Message[int], error) {
+		return m, nil
+	}, pipeline.WithRateLimit(rate.NewLimiter(4000, 20))))
+	pipeline.To(work, pipeline.NewSink("out", 1, func(_ context.Context, m kafka.Message[int]) error {
+		out.add(m)
+		return nil
+	}))
+	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	errc := runAsync(rctx, p)
+	eventually(t, 30*time.Second, "a quarter of the output", func() bool { return out.distinct() >= n/4 })
+	c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Heartbeat}, Group: "lose", Err: kerr.UnknownMemberID})
+	eventually(t, 30*time.Second, "the partitions lost", func() bool { return src.Stats().Lost > 0 })
+	eventually(t, 45*time.Second, "every record", func() bool { return out.distinct() == n })
+	src.Stop()
+	require.NoError(t, <-errc)
+	st := src.Stats()
+	t.Logf("%+v", st)
+	dups := 0
+	for _, k := range out.seen {
+		dups += k - 1
+	}
+	assert.Equal(t, int64(partitions), st.Lost)
+	assert.LessOrEqual(t, int64(dups), st.Stale+st.Uncommitted, "a duplicate is a record the member did not commit before the loss")
+	assert.Positive(t, st.Stale+st.Uncommitted)
+	assert.Equal(t, endOffsets(ctx, t, c, inTopic), committedOffsets(ctx, t, c, "lose", inTopic))
 }

@@ -176,6 +176,7 @@ type Stats struct {
 	HandedBack   int64 // handed back by a stage: emitted again after the delay
 	NotProcessed int64 // the run stopped first: left for the next owner
 	Stale        int64 // settled after their partition was revoked or lost: left for the next owner
+	Uncommitted  int64 // settled before their partition was revoked or lost, but not committed: left for the next owner
 	Dropped      int64 // polled, then not emitted: their partition was revoked, or the run stopped
 	Assigned     int64 // partitions assigned
 	Revoked      int64 // partitions revoked
@@ -243,7 +244,7 @@ type Source[T any] struct {
 	cfg    sourceConfig
 
 	fetched, committed, deadLettered, undecodable, handedBack, notProcessed atomic.Int64
-	stale, dropped, assigned, revoked, revokeWaited, lost                   atomic.Int64
+	stale, uncommitted, dropped, assigned, revoked, revokeWaited, lost      atomic.Int64
 	commits, commitErrors, fetchErrors, dlErrors                            atomic.Int64
 
 	mu       sync.Mutex
@@ -300,7 +301,7 @@ func (s *Source[T]) Stats() Stats {
 	return Stats{
 		Fetched: s.fetched.Load(), Committed: s.committed.Load(), DeadLettered: s.deadLettered.Load(),
 		Undecodable: s.undecodable.Load(), HandedBack: s.handedBack.Load(), NotProcessed: s.notProcessed.Load(),
-		Stale: s.stale.Load(), Dropped: s.dropped.Load(), Assigned: s.assigned.Load(), Revoked: s.revoked.Load(),
+		Stale: s.stale.Load(), Uncommitted: s.uncommitted.Load(), Dropped: s.dropped.Load(), Assigned: s.assigned.Load(), Revoked: s.revoked.Load(),
 		RevokeWaited: s.revokeWaited.Load(), Lost: s.lost.Load(), Commits: s.commits.Load(), CommitErrors: s.commitErrors.Load(),
 		FetchErrors: s.fetchErrors.Load(), DLErrors: s.dlErrors.Load(),
 	}
@@ -797,8 +798,8 @@ func (ss *session[T]) commitDue(ctx context.Context, skipRevoking bool) {
 	defer ss.commitMu.Unlock()
 	ss.mu.Lock()
 	type marked struct {
-		p      *part
-		offset int64
+		p              *part
+		offset, behind int64
 	}
 	var ps []marked
 	offs := map[string]map[int32]kgo.EpochOffset{}
@@ -807,7 +808,7 @@ func (ss *session[T]) commitDue(ctx context.Context, skipRevoking bool) {
 			continue
 		}
 		addOffset(offs, p)
-		ps = append(ps, marked{p, p.mark.Offset})
+		ps = append(ps, marked{p, p.mark.Offset, p.behind})
 	}
 	ss.mu.Unlock()
 	if len(ps) == 0 {
@@ -818,7 +819,9 @@ func (ss *session[T]) commitDue(ctx context.Context, skipRevoking bool) {
 	}
 	ss.mu.Lock()
 	for _, m := range ps {
-		m.p.committed = max(m.p.committed, m.offset)
+		if m.offset > m.p.committed {
+			m.p.committed, m.p.behindAt = m.offset, m.behind
+		}
 	}
 	ss.mu.Unlock()
 }
@@ -866,8 +869,8 @@ func (ss *session[T]) assigned(_ context.Context, _ *kgo.Client, assigned map[st
 	for topic, partitions := range assigned {
 		for _, n := range partitions {
 			tp := TopicPartition{topic, n}
-			if old := ss.parts[tp]; old != nil {
-				ss.endPartLocked(old)
+			if old := ss.parts[tp]; old != nil { // never revoked: as if lost
+				ss.s.uncommitted.Add(old.uncommitted() + ss.endPartLocked(old))
 			}
 			ss.parts[tp] = newPart(tp)
 			ss.s.assigned.Add(1)
@@ -924,17 +927,20 @@ wait:
 	defer ss.commitMu.Unlock()
 	ss.mu.Lock()
 	offs := map[string]map[int32]kgo.EpochOffset{}
+	var behind, beyond int64
 	for _, p := range ps {
 		if p.live && p.due() {
 			addOffset(offs, p)
+			behind += p.uncommitted()
 		}
-		ss.endPartLocked(p)
+		beyond += ss.endPartLocked(p)
 	}
 	ss.mu.Unlock()
 	ss.s.revoked.Add(int64(len(ps)))
-	if len(offs) > 0 {
-		_ = ss.commit(ctx, offs) // counted; a failed commit leaves more to redo
+	if len(offs) > 0 && ss.commit(ctx, offs) != nil {
+		beyond += behind // the next owner redoes these too
 	}
+	ss.s.uncommitted.Add(beyond)
 }
 
 // lost drops the lost partitions: no commit of theirs can land.
@@ -944,7 +950,7 @@ func (ss *session[T]) lost(_ context.Context, _ *kgo.Client, lost map[string][]i
 	for topic, partitions := range lost {
 		for _, n := range partitions {
 			if p := ss.parts[TopicPartition{topic, n}]; p != nil && p.live {
-				ss.endPartLocked(p)
+				ss.s.uncommitted.Add(p.uncommitted() + ss.endPartLocked(p))
 				ss.s.lost.Add(1)
 			}
 		}
@@ -952,15 +958,18 @@ func (ss *session[T]) lost(_ context.Context, _ *kgo.Client, lost map[string][]i
 }
 
 // endPartLocked ends p's assignment: its unsettled records no longer count, and what
-// settles of them later is stale.
-func (ss *session[T]) endPartLocked(p *part) {
+// settles of them later is stale. It returns how many records settled past its
+// watermark (behind an unsettled one): the next owner redoes them.
+func (ss *session[T]) endPartLocked(p *part) int64 {
 	if !p.live {
-		return
+		return 0
 	}
 	p.live = false
-	ss.held -= p.unsettled()
+	unsettled, beyond := p.unsettled()
+	ss.held -= unsettled
 	if ss.parts[p.tp] == p {
 		delete(ss.parts, p.tp)
 	}
 	ss.signalLocked()
+	return int64(beyond)
 }
