@@ -19,9 +19,10 @@
 // It may repeat one: a record whose item settled after the last commit of its
 // partition (a crash, a member removed from the group, an item slower than
 // [WithRevokeTimeout] at a revoke) is processed again by the partition's next owner.
-// Sinks must therefore be idempotent, or tolerate duplicates. Offsets committed in the
-// sink's own transaction (PostgreSQL, Kafka transactions), which make a sink exactly
-// once, are not part of this package yet.
+// [Stats].Stale and [Stats].Uncommitted count, on the old owner, the records left to
+// be redone. Sinks must therefore be idempotent, or tolerate duplicates. Offsets
+// committed in the sink's own transaction (PostgreSQL, Kafka transactions), which make
+// a sink exactly once, are not part of this package yet.
 //
 // # Rebalances
 //

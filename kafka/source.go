@@ -157,9 +157,11 @@ func WithRequestTimeout(d time.Duration) SourceOption {
 // headers and the Header* headers, and settles the record (its offset may then be
 // committed) only once the produce is acknowledged. If the produce fails, the record
 // stays unsettled and is emitted again a second later, to be set aside (and produced)
-// again. Without this option a dead-lettered record settles once the stage's own
-// dead-letter destination ([pipeline.WithDeadLetter]) took the item. It panics if cl
-// is nil or topic empty.
+// again. The produce runs where the item settled (a stage's dead-letter path; the
+// source itself for an undecodable record) and waits for the acknowledgement, at most
+// [WithRequestTimeout]. Without this option a dead-lettered record settles once the
+// stage's own dead-letter destination ([pipeline.WithDeadLetter]) took the item. It
+// panics if cl is nil or topic empty.
 func WithDeadLetterTopic(cl *kgo.Client, topic string) SourceOption {
 	if cl == nil || topic == "" {
 		panic("kafka: WithDeadLetterTopic needs a client and a topic")
@@ -222,6 +224,8 @@ type Stats struct {
 //
 // Backpressure: a run holds at most [WithMaxPending] records (taken and not settled,
 // or polled and not yet emitted); the source polls only as many as there is room for.
+// Give a batch downstream a [pipeline.WithLinger], so that the items of a revoked
+// partition do not wait in a partial batch until the revoke gives up on them.
 //
 // Failures: a topic that does not exist or may not be read, or a group that may not be
 // joined, fails the run with a [*GroupError] that names it: at the start of the run
