@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"golang.org/x/time/rate"
 
@@ -100,7 +101,10 @@ func testGroupShares(t *testing.T, revokeWait time.Duration) {
 	defer cancel()
 	var all []*member
 	start := func(name string) *member {
-		src := kafka.NewSource(consumerOpts(c), "share", []string{inTopic}, idCodec{},
+		// Small fetches per partition: a poll spans most partitions, so that every
+		// revoke finds items of its partitions in flight.
+		opts := append(consumerOpts(c), kgo.FetchMaxPartitionBytes(1024))
+		src := kafka.NewSource(opts, "share", []string{inTopic}, idCodec{},
 			kafka.WithName(name), kafka.WithMaxPending(200), kafka.WithCommitInterval(100*time.Millisecond),
 			kafka.WithRevokeTimeout(revokeWait))
 		p := pipeline.New()

@@ -185,7 +185,7 @@ type Stats struct {
 	RevokeWaited int64 // items of revoked partitions in the pipeline when their revoke began
 	Lost         int64 // partitions lost (the member left the group without a revoke)
 	Commits      int64 // offset commits that succeeded
-	CommitErrors int64 // offset commits that failed (retried at the next interval, if the partition is still ours)
+	CommitErrors int64 // offset commits that failed or timed out (retried at the next interval, if the partition is still ours)
 	FetchErrors  int64 // errors the client reported and the source went on after
 	DLErrors     int64 // dead letters whose produce failed (their records are emitted again)
 }
@@ -840,8 +840,8 @@ func addOffset(offs map[string]map[int32]kgo.EpochOffset, p *part) {
 }
 
 // commit commits offs with the group's generation and waits for the answer.
-func (ss *session[T]) commit(ctx context.Context, offs map[string]map[int32]kgo.EpochOffset) error {
-	ctx, cancel := context.WithTimeout(ctx, ss.s.cfg.timeout)
+func (ss *session[T]) commit(parent context.Context, offs map[string]map[int32]kgo.EpochOffset) error {
+	ctx, cancel := context.WithTimeout(parent, ss.s.cfg.timeout)
 	defer cancel()
 	var err error
 	ss.cl.CommitOffsetsSync(ctx, offs, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, cerr error) {
@@ -858,7 +858,9 @@ func (ss *session[T]) commit(ctx context.Context, offs map[string]map[int32]kgo.
 		}
 	})
 	if err != nil {
-		ss.s.commitErrors.Add(1)
+		if parent.Err() == nil { // not the interval's commit cut short by the run's end: the last commit follows
+			ss.s.commitErrors.Add(1)
+		}
 		return err
 	}
 	ss.s.commits.Add(1)
