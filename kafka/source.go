@@ -589,11 +589,12 @@ func (ss *session[T]) emitEntry(emit func(Message[T], func(pipeline.Settlement))
 	rec := e.rec
 	var v T
 	if err := ss.s.codec.Unmarshal(rec.Value, &v); err != nil {
-		ss.s.undecodable.Add(1)
-		ss.deadLetter(e, pipeline.DeadLetter[struct{}]{
+		if ss.deadLetter(e, pipeline.DeadLetter[struct{}]{
 			Stage: ss.s.cfg.name, Attempts: 1, Class: pipeline.ClassItem, ErrType: fmt.Sprintf("%T", err),
 			FirstError: err.Error(), LastError: err.Error(), Time: time.Now(),
-		})
+		}) {
+			ss.s.undecodable.Add(1)
+		}
 		return nil
 	}
 	ss.mu.Lock()
@@ -634,8 +635,9 @@ func (ss *session[T]) settle(e *entry, st pipeline.Settlement) {
 }
 
 // deadLetter produces e's record to the dead-letter topic, if any, and settles it;
-// if the produce fails, the record is emitted again later.
-func (ss *session[T]) deadLetter(e *entry, dl pipeline.DeadLetter[struct{}]) {
+// if the produce fails, the record is emitted again later (and deadLetter returns
+// false).
+func (ss *session[T]) deadLetter(e *entry, dl pipeline.DeadLetter[struct{}]) bool {
 	cfg := &ss.s.cfg
 	if cfg.dl != nil {
 		rec := e.rec
@@ -660,11 +662,12 @@ func (ss *session[T]) deadLetter(e *entry, dl pipeline.DeadLetter[struct{}]) {
 		if err != nil {
 			ss.s.dlErrors.Add(1)
 			ss.retryLater(e, deadLetterRetry)
-			return
+			return false
 		}
 	}
 	ss.s.deadLettered.Add(1)
 	ss.done(e)
+	return true
 }
 
 // done settles e: its partition's watermark may move.

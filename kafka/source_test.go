@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -316,4 +317,51 @@ func TestNewSourcePanicsOnMissingArguments(t *testing.T) {
 			assert.PanicsWithValue(t, tc.want, tc.fn)
 		})
 	}
+}
+
+// TestDeadLetterSettlesOnlyOnceProduced sets a record aside while its dead-letter topic
+// does not exist: the produce fails, the record stays unsettled and holds its
+// partition's committed offset while the records after it are committed; once the
+// topic exists, the record's next attempt is produced and the offset passes it.
+func TestDeadLetterSettlesOnlyOnceProduced(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	c := newCluster(t)
+	prod := newClient(t, c, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	var recs []*kgo.Record
+	for i := range 6 {
+		r := &kgo.Record{Topic: inTopic, Partition: 0, Value: valueOf(i)}
+		if i == 2 {
+			r.Value = []byte("junk")
+		}
+		recs = append(recs, r)
+	}
+	require.NoError(t, prod.ProduceSync(ctx, recs...).FirstErr())
+	dlProd := newClient(t, c, kgo.RecordDeliveryTimeout(time.Second))
+	src := kafka.NewSource(consumerOpts(c), "later", []string{inTopic}, idCodec{},
+		kafka.WithDeadLetterTopic(dlProd, "dead-later"), kafka.WithRequestTimeout(200*time.Millisecond),
+		kafka.WithCommitInterval(20*time.Millisecond))
+	p := pipeline.New()
+	pipeline.To(src.Stream(p), pipeline.NewSink("count", 1, func(context.Context, kafka.Message[int]) error { return nil }))
+	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	errc := runAsync(rctx, p)
+	eventually(t, 30*time.Second, "a failed dead letter and the others committed", func() bool {
+		st := src.Stats()
+		return st.DLErrors > 0 && st.Committed == 5 && st.Commits > 0
+	})
+	assert.Equal(t, map[int32]int64{0: 2}, committedOffsets(ctx, t, c, "later", inTopic), "the offset waits at the unsettled record")
+	_, err := kadm.NewClient(newClient(t, c)).CreateTopic(ctx, 1, 1, nil, "dead-later")
+	require.NoError(t, err)
+	eventually(t, 30*time.Second, "the dead letter produced", func() bool { return src.Stats().DeadLettered == 1 })
+	src.Stop()
+	require.NoError(t, <-errc)
+	assert.Equal(t, map[int32]int64{0: 6}, committedOffsets(ctx, t, c, "later", inTopic))
+	dead := readTopic(ctx, t, c, "dead-later")
+	require.Len(t, dead, 1)
+	assert.Equal(t, "2", header(dead[0], kafka.HeaderOffset))
+	st := src.Stats()
+	assert.Equal(t, int64(1), st.Undecodable, "counted once, when its dead letter is produced")
+	assert.Positive(t, st.DLErrors)
+	t.Logf("%+v", st)
 }
