@@ -35,10 +35,12 @@
 //
 // # Versions
 //
-// The source uses the classic consumer group protocol with franz-go's default
-// cooperative-sticky balancer, offset commits with leader epochs and, for the
-// dead-letter topic and the sink, the idempotent producer: Apache Kafka 2.5 or later
-// (2.4 for cooperative rebalancing; 3.0 or later is what it is tested for), or
-// Redpanda 22.1 or later. The tests run against kfake, franz-go's in-process cluster,
-// through the same code paths as a real broker.
+// The source uses the classic consumer group protocol (not KIP-848) with franz-go's
+// default cooperative-sticky balancer (a client-side protocol), offset commits that
+// carry leader epochs (Kafka 2.1 or later), and, for the dead-letter topic and the
+// sink, the idempotent producer (which needs the IDEMPOTENT_WRITE permission before
+// Kafka 3.0). So it needs Apache Kafka 2.1 or later (3.x recommended) or a broker that
+// speaks the same APIs, such as Redpanda. It has no path of its own for a test
+// cluster: its tests run against kfake, franz-go's in-process cluster, and no real
+// broker was at hand to run them against.
 package kafka
