@@ -312,13 +312,8 @@ func (s *Source[T]) Stats() Stats {
 }
 
 // checkTopics fails with a [*GroupError] when a topic of the source does not exist or
-// may not be described, with a client of its own (no group).
-func (s *Source[T]) checkTopics(ctx context.Context) error {
-	cl, err := kgo.NewClient(s.client...)
-	if err != nil {
-		return fmt.Errorf("kafka: client: %w", err)
-	}
-	defer cl.Close()
+// may not be described.
+func (s *Source[T]) checkTopics(ctx context.Context, cl *kgo.Client) error {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.timeout)
 	defer cancel()
 	details, err := kadm.NewClient(cl).ListTopics(ctx, s.topics...)
@@ -339,8 +334,16 @@ func (s *Source[T]) checkTopics(ctx context.Context) error {
 
 // run is the body of the acknowledged source: one run's membership of the group.
 func (s *Source[T]) run(ctx context.Context, emit func(Message[T], func(pipeline.Settlement)) error) error {
-	if err := s.checkTopics(ctx); err != nil {
-		return err
+	// The topics are checked with a client that is not a member, so that a missing
+	// topic does not make the group rebalance; options that only a member may have
+	// (kgo.DisableAutoCommit, ...) make that client fail, and the member checks instead.
+	plain, perr := kgo.NewClient(s.client...)
+	if perr == nil {
+		err := s.checkTopics(ctx, plain)
+		plain.Close()
+		if err != nil {
+			return err
+		}
 	}
 	ss := &session[T]{
 		s: s, parts: map[TopicPartition]*part{}, changed: make(chan struct{}),
@@ -356,6 +359,12 @@ func (s *Source[T]) run(ctx context.Context, emit func(Message[T], func(pipeline
 		return fmt.Errorf("kafka: client: %w", err)
 	}
 	ss.cl = cl
+	if perr != nil {
+		if err := s.checkTopics(ctx, cl); err != nil {
+			cl.CloseAllowingRebalance()
+			return err
+		}
+	}
 	s.mu.Lock()
 	s.cur = ss
 	stopping := s.stopping

@@ -248,22 +248,33 @@ func TestHandedBackRecordIsRetriedInPlace(t *testing.T) {
 // at once with a GroupError that names the group and the topic.
 func TestMissingTopicFailsRun(t *testing.T) {
 	t.Parallel()
-	ctx := t.Context()
 	c := newCluster(t)
-	src := kafka.NewSource(consumerOpts(c), "lost", []string{inTopic, "nowhere"}, idCodec{})
-	p := pipeline.New()
-	pipeline.To(src.Stream(p), pipeline.NewSink("count", 1, func(context.Context, kafka.Message[int]) error { return nil }))
-	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	err := p.Run(rctx)
-	require.Error(t, err)
-	require.NotErrorIs(t, err, context.DeadlineExceeded)
-	require.ErrorIs(t, err, kerr.UnknownTopicOrPartition)
-	ge, ok := errors.AsType[*kafka.GroupError](err)
-	require.True(t, ok, "%v", err)
-	assert.Equal(t, "lost", ge.Group)
-	assert.Equal(t, "nowhere", ge.Topic)
-	assert.Contains(t, err.Error(), `topic "nowhere"`)
+	for _, tc := range []struct {
+		name string
+		opts []kgo.Opt
+	}{
+		{name: "checked before joining", opts: consumerOpts(c)},
+		// An option only a group member may have: the member's client checks.
+		{name: "checked by the member", opts: append(consumerOpts(c), kgo.DisableAutoCommit())},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			src := kafka.NewSource(tc.opts, "lost", []string{inTopic, "nowhere"}, idCodec{})
+			p := pipeline.New()
+			pipeline.To(src.Stream(p), pipeline.NewSink("count", 1, func(context.Context, kafka.Message[int]) error { return nil }))
+			rctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			err := p.Run(rctx)
+			require.Error(t, err)
+			require.NotErrorIs(t, err, context.DeadlineExceeded)
+			require.ErrorIs(t, err, kerr.UnknownTopicOrPartition)
+			ge, ok := errors.AsType[*kafka.GroupError](err)
+			require.True(t, ok, "%v", err)
+			assert.Equal(t, "lost", ge.Group)
+			assert.Equal(t, "nowhere", ge.Topic)
+			assert.Contains(t, err.Error(), `topic "nowhere"`)
+		})
+	}
 }
 
 // TestGroupAuthorizationFailureFailsRun makes the broker refuse the group: the run
