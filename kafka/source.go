@@ -830,7 +830,7 @@ func (ss *session[T]) commitDue(ctx context.Context, skipRevoking bool) {
 	if len(ps) == 0 {
 		return
 	}
-	if ss.commit(ctx, offs) != nil {
+	if ss.commit(ctx, ss.cl, offs) != nil {
 		return
 	}
 	ss.mu.Lock()
@@ -852,11 +852,11 @@ func addOffset(offs map[string]map[int32]kgo.EpochOffset, p *part) {
 }
 
 // commit commits offs with the group's generation and waits for the answer.
-func (ss *session[T]) commit(parent context.Context, offs map[string]map[int32]kgo.EpochOffset) error {
+func (ss *session[T]) commit(parent context.Context, cl *kgo.Client, offs map[string]map[int32]kgo.EpochOffset) error {
 	ctx, cancel := context.WithTimeout(parent, ss.s.cfg.timeout)
 	defer cancel()
 	var err error
-	ss.cl.CommitOffsetsSync(ctx, offs, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, cerr error) {
+	cl.CommitOffsetsSync(ctx, offs, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, cerr error) {
 		if cerr != nil {
 			err = cerr
 			return
@@ -898,7 +898,7 @@ func (ss *session[T]) assigned(_ context.Context, _ *kgo.Client, assigned map[st
 
 // revoked stops emitting the revoked partitions' records, waits (a while) for their
 // items in the pipeline to settle, and commits their watermarks.
-func (ss *session[T]) revoked(ctx context.Context, _ *kgo.Client, revoked map[string][]int32) {
+func (ss *session[T]) revoked(ctx context.Context, cl *kgo.Client, revoked map[string][]int32) {
 	ss.mu.Lock()
 	var ps []*part
 	for topic, partitions := range revoked {
@@ -955,7 +955,7 @@ wait:
 	}
 	ss.mu.Unlock()
 	ss.s.revoked.Add(int64(len(ps)))
-	if len(offs) > 0 && ss.commit(ctx, offs) != nil {
+	if len(offs) > 0 && ss.commit(ctx, cl, offs) != nil { // cl: the callback may come before run has set ss.cl
 		beyond += behind // the next owner redoes these too
 	}
 	ss.s.uncommitted.Add(beyond)
