@@ -376,3 +376,66 @@ func TestDeadLetterSettlesOnlyOnceProduced(t *testing.T) {
 	assert.Positive(t, st.DLErrors)
 	t.Logf("%+v", st)
 }
+
+// TestCanceledRunCommitsWhatSettled cancels a run with items in flight: Run returns the
+// cause, the settled records behind each partition's first unsettled one are committed
+// (the client leaves the group before Run returns), and a second run redoes at most
+// the records that were not processed or settled past one that was not.
+func TestCanceledRunCommitsWhatSettled(t *testing.T) {
+	t.Parallel()
+	const n = 3000
+	ctx := t.Context()
+	c := newCluster(t)
+	produceIDs(ctx, t, c, inTopic, n)
+	var mu sync.Mutex
+	seen := map[int]int{}
+	run := func(cancelAt int) kafka.Stats {
+		src := kafka.NewSource(consumerOpts(c), "cancel", []string{inTopic}, idCodec{}, kafka.WithMaxPending(300))
+		p := pipeline.New()
+		rctx, cancel := context.WithCancelCause(ctx)
+		defer cancel(nil)
+		work := pipeline.Then(src.Stream(p), pipeline.NewStage("work", 4, func(_ context.Context, m kafka.Message[int]) (int, error) {
+			return m.Value, nil
+		}))
+		var count atomic.Int64
+		pipeline.To(work, pipeline.NewSink("count", 1, func(_ context.Context, id int) error {
+			mu.Lock()
+			seen[id]++
+			total := len(seen)
+			mu.Unlock()
+			if count.Add(1) == int64(cancelAt) {
+				cancel(errors.New("enough"))
+			}
+			if total == n {
+				src.Stop()
+			}
+			return nil
+		}))
+		err := p.Run(rctx)
+		if cancelAt > 0 {
+			require.EqualError(t, err, "enough")
+		} else {
+			require.NoError(t, err)
+		}
+		return src.Stats()
+	}
+	first := run(n / 3)
+	require.Less(t, len(seen), n)
+	committed := committedOffsets(ctx, t, c, "cancel", inTopic)
+	var sum int64
+	for _, o := range committed {
+		sum += o
+	}
+	// The records that settled past one not processed are not behind its watermark.
+	assert.Equal(t, first.Committed-first.Uncommitted, sum, "every settled record committed but those past an unsettled one")
+	second := run(0)
+	require.Len(t, seen, n)
+	dups := 0
+	for _, k := range seen {
+		dups += k - 1
+	}
+	t.Logf("first %+v", first)
+	t.Logf("second %+v", second)
+	assert.LessOrEqual(t, int64(dups), first.NotProcessed+first.Uncommitted)
+	assert.Equal(t, endOffsets(ctx, t, c, inTopic), committedOffsets(ctx, t, c, "cancel", inTopic))
+}
