@@ -63,7 +63,9 @@ func newClient(t *testing.T, c *kfake.Cluster, opts ...kgo.Opt) *kgo.Client {
 // i % partitions, with key "k<i>" and value i as 8 big-endian bytes (valueOf).
 func produceIDs(ctx context.Context, t *testing.T, c *kfake.Cluster, topic string, n int) {
 	t.Helper()
-	cl := newClient(t, c, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	// Small record batches (about 20 records each): a fetch of at most 1 KiB per
+	// partition then spans every partition.
+	cl := newClient(t, c, kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.ProducerBatchMaxBytes(1024))
 	recs := make([]*kgo.Record, 0, 512)
 	flush := func() {
 		require.NoError(t, cl.ProduceSync(ctx, recs...).FirstErr())
