@@ -1,0 +1,46 @@
+// Package kafka connects pipelines to Apache Kafka (and to brokers that speak its
+// protocol, such as Redpanda), through franz-go, with offsets that follow each item's
+// outcome.
+//
+// [Source] consumes topics as a member of a consumer group, as an acknowledged source
+// of a pipeline ([pipeline.FromAcked]): each record is one [Message], and a
+// partition's committed offset is its first record whose item has not settled
+// (committed by a sink, filtered out, or dead-lettered), never a record that was only
+// fetched or handed downstream. Records settle in any order; the source keeps a
+// watermark per partition and commits it on an interval, at every revoke and at the
+// end of a run. Dead-lettered records go to a dead-letter topic ([WithDeadLetterTopic])
+// with headers that say why and where they came from, and settle only once the
+// broker acknowledged that produce. [NewSink] produces batches of items to a topic
+// with an idempotent producer.
+//
+// # At least once
+//
+// A crash or a rebalance never loses a record: what the group committed was settled.
+// It may repeat one: a record whose item settled after the last commit of its
+// partition (a crash, a member removed from the group, an item slower than
+// [WithRevokeTimeout] at a revoke) is processed again by the partition's next owner.
+// [Stats].Stale and [Stats].Uncommitted count, on the old owner, the records left to
+// be redone. Sinks must therefore be idempotent, or tolerate duplicates. Offsets
+// committed in the sink's own transaction (PostgreSQL, Kafka transactions), which make
+// a sink exactly once, are not part of this package yet.
+//
+// # Rebalances
+//
+// On a revoke the source stops emitting the records of the revoked partitions, waits
+// (at most [WithRevokeTimeout]) for their items in the pipeline to settle, commits
+// their watermarks and only then lets the rebalance go on. Commits carry the group's
+// generation, so a member that lost its partitions (its session expired) cannot
+// commit over their new owner; a partition assigned back to the same member starts
+// from the group's committed offset, not from an offset the member remembers.
+//
+// # Versions
+//
+// The source uses the classic consumer group protocol (not KIP-848) with franz-go's
+// default cooperative-sticky balancer (a client-side protocol), offset commits that
+// carry leader epochs (Kafka 2.1 or later), and, for the dead-letter topic and the
+// sink, the idempotent producer (which needs the IDEMPOTENT_WRITE permission before
+// Kafka 3.0). So it needs Apache Kafka 2.1 or later (3.x recommended) or a broker that
+// speaks the same APIs, such as Redpanda. It has no path of its own for a test
+// cluster: its tests run against kfake, franz-go's in-process cluster, and no real
+// broker was at hand to run them against.
+package kafka

@@ -1,0 +1,165 @@
+package kafka_test
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+const (
+	inTopic    = "in"
+	outTopic   = "out"
+	deadTopic  = "dead"
+	partitions = 12
+)
+
+// newCluster starts a kfake cluster in the process with the topics in (12 partitions),
+// out (3) and dead (1), closed when the test ends. Sessions may be as short as 100 ms.
+func newCluster(t *testing.T) *kfake.Cluster {
+	t.Helper()
+	c, err := kfake.NewCluster(
+		kfake.NumBrokers(1),
+		kfake.SeedTopics(partitions, inTopic),
+		kfake.SeedTopics(3, outTopic),
+		kfake.SeedTopics(1, deadTopic),
+		kfake.GroupMinSessionTimeout(100*time.Millisecond),
+	)
+	require.NoError(t, err)
+	t.Cleanup(c.Close)
+	return c
+}
+
+// consumerOpts are the client options of a test's consumer: short sessions and
+// heartbeats, so that rebalances take a fraction of a second.
+func consumerOpts(c *kfake.Cluster) []kgo.Opt {
+	return []kgo.Opt{
+		kgo.SeedBrokers(c.ListenAddrs()...),
+		kgo.SessionTimeout(3 * time.Second),
+		kgo.HeartbeatInterval(100 * time.Millisecond),
+		kgo.RebalanceTimeout(10 * time.Second),
+		kgo.FetchMaxWait(100 * time.Millisecond),
+		kgo.RetryBackoffFn(func(int) time.Duration { return 50 * time.Millisecond }),
+	}
+}
+
+// newClient returns a plain client of c (a producer, an admin), closed when the test ends.
+func newClient(t *testing.T, c *kfake.Cluster, opts ...kgo.Opt) *kgo.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(c.ListenAddrs()...)}, opts...)...)
+	require.NoError(t, err)
+	t.Cleanup(cl.Close)
+	return cl
+}
+
+// produceIDs writes the records 0 ... n-1 to topic: record i goes to partition
+// i % partitions, with key "k<i>" and value i as 8 big-endian bytes (valueOf).
+func produceIDs(ctx context.Context, t *testing.T, c *kfake.Cluster, topic string, n int) {
+	t.Helper()
+	// Small record batches (about 20 records each): a fetch of at most 1 KiB per
+	// partition then spans every partition.
+	cl := newClient(t, c, kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.ProducerBatchMaxBytes(1024))
+	recs := make([]*kgo.Record, 0, 512)
+	flush := func() {
+		require.NoError(t, cl.ProduceSync(ctx, recs...).FirstErr())
+		recs = recs[:0]
+	}
+	for i := range n {
+		recs = append(recs, &kgo.Record{Topic: topic, Partition: int32(i % partitions), Key: []byte("k" + strconv.Itoa(i)), Value: valueOf(i)})
+		if len(recs) == cap(recs) {
+			flush()
+		}
+	}
+	flush()
+}
+
+func valueOf(i int) []byte { return binary.BigEndian.AppendUint64(nil, uint64(i)) }
+
+// idCodec decodes valueOf's format; any other length is an error.
+type idCodec struct{}
+
+var errNotAnID = errors.New("not an 8-byte id")
+
+func (idCodec) Marshal(v int) ([]byte, error) { return valueOf(v), nil }
+
+func (idCodec) Unmarshal(data []byte, v *int) error {
+	if len(data) != 8 {
+		return errNotAnID
+	}
+	*v = int(binary.BigEndian.Uint64(data))
+	return nil
+}
+
+// readTopic returns every record of topic, reading until each partition's end.
+func readTopic(ctx context.Context, t *testing.T, c *kfake.Cluster, topic string) []*kgo.Record {
+	t.Helper()
+	adm := kadm.NewClient(newClient(t, c))
+	ends, err := adm.ListEndOffsets(ctx, topic)
+	require.NoError(t, err)
+	want := int64(0)
+	ends.Each(func(o kadm.ListedOffset) { want += o.Offset })
+	cl := newClient(t, c, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
+	var recs []*kgo.Record
+	rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	for int64(len(recs)) < want {
+		fs := cl.PollFetches(rctx)
+		require.NoError(t, rctx.Err(), "read %d of %d records of %s", len(recs), want, topic)
+		fs.EachRecord(func(r *kgo.Record) { recs = append(recs, r) })
+	}
+	return recs
+}
+
+// committedOffsets returns the group's committed offset of each partition of topic
+// (missing: none committed).
+func committedOffsets(ctx context.Context, t *testing.T, c *kfake.Cluster, group, topic string) map[int32]int64 {
+	t.Helper()
+	adm := kadm.NewClient(newClient(t, c))
+	offs, err := adm.FetchOffsets(ctx, group)
+	require.NoError(t, err)
+	got := map[int32]int64{}
+	offs.Each(func(o kadm.OffsetResponse) {
+		if o.Topic == topic && o.Err == nil && o.At >= 0 {
+			got[o.Partition] = o.At
+		}
+	})
+	return got
+}
+
+// endOffsets returns the end offset of each partition of topic.
+func endOffsets(ctx context.Context, t *testing.T, c *kfake.Cluster, topic string) map[int32]int64 {
+	t.Helper()
+	adm := kadm.NewClient(newClient(t, c))
+	ends, err := adm.ListEndOffsets(ctx, topic)
+	require.NoError(t, err)
+	got := map[int32]int64{}
+	ends.Each(func(o kadm.ListedOffset) { got[o.Partition] = o.Offset })
+	return got
+}
+
+// eventually polls cond every 10 ms for at most limit.
+func eventually(t *testing.T, limit time.Duration, what string, cond func() bool) {
+	t.Helper()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.NewTimer(limit)
+	defer deadline.Stop()
+	for !cond() {
+		select {
+		case <-tick.C:
+		case <-deadline.C:
+			t.Fatalf("gave up waiting for %s after %v", what, limit)
+		}
+	}
+}
+
+func itoa32(i int32) string { return strconv.FormatInt(int64(i), 10) }
+
+func itoa64(i int64) string { return strconv.FormatInt(i, 10) }

@@ -1,0 +1,12 @@
+package kafka_test
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+// TestMain fails the test binary if any goroutine outlives the tests.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}

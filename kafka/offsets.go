@@ -1,0 +1,122 @@
+package kafka
+
+import "github.com/twmb/franz-go/pkg/kgo"
+
+// The offsets of one assignment of a partition.
+//
+// A partition's committed offset is the offset of its first record that is not settled:
+// the records a run took from the client are kept in offset order (they come in that
+// order), each marked when it settles, in any order; the settled prefix is dropped and
+// the watermark moves to one past its last record. Records fetched and not yet taken
+// (the client's buffer, a poll the source holds) are not in the list, and come after
+// every record that is, so the watermark never passes them.
+//
+// A part lives for one assignment: a partition revoked (or lost) and assigned back gets
+// a new part, whose watermark is unknown until one of its records settles, so that the
+// source never commits an offset it remembers from an earlier assignment: the client
+// starts the new assignment from the group's committed offset.
+
+// entry states.
+const (
+	inPipeline   uint8 = iota // emitted, or being dead-lettered: the revoke waits for it
+	waitingRetry              // handed back (or its dead letter failed): emitted again later
+	settled                   // behind the watermark once every earlier entry is
+)
+
+// entry is one record that a run took from the client and has not committed yet.
+type entry struct {
+	p     *part
+	rec   *kgo.Record
+	state uint8
+}
+
+// part is one assignment of a partition to the run.
+type part struct {
+	tp        TopicPartition
+	live      bool // assigned and not revoked or lost
+	revoking  bool // being revoked: take no more of its records
+	pending   []*entry
+	busy      int  // entries inPipeline
+	hasMark   bool // mark is known: some record of this assignment settled
+	mark      kgo.EpochOffset
+	committed int64 // the last offset committed for this assignment, -1 for none
+	behind    int64 // records behind mark (settled, no longer pending)
+	behindAt  int64 // behind when the last committed mark was taken
+}
+
+func newPart(tp TopicPartition) *part {
+	return &part{tp: tp, live: true, committed: -1}
+}
+
+// add appends rec, the next record of the partition, in the pipeline.
+func (p *part) add(rec *kgo.Record) *entry {
+	e := &entry{p: p, rec: rec, state: inPipeline}
+	p.pending = append(p.pending, e)
+	p.busy++
+	return e
+}
+
+// settle marks e settled and moves the watermark over the settled prefix. It reports
+// whether the watermark moved.
+func (p *part) settle(e *entry) bool {
+	if e.state == settled {
+		return false
+	}
+	if e.state == inPipeline {
+		p.busy--
+	}
+	e.state = settled
+	n := 0
+	for n < len(p.pending) && p.pending[n].state == settled {
+		n++
+	}
+	if n == 0 {
+		return false
+	}
+	last := p.pending[n-1].rec
+	p.mark = kgo.EpochOffset{Epoch: last.LeaderEpoch, Offset: last.Offset + 1}
+	p.hasMark = true
+	p.behind += int64(n)
+	clear(p.pending[:n])
+	p.pending = p.pending[n:]
+	if len(p.pending) == 0 {
+		p.pending = nil // let the array go
+	}
+	return true
+}
+
+// toRetry marks e as waiting to be emitted again.
+func (p *part) toRetry(e *entry) {
+	if e.state == inPipeline {
+		p.busy--
+		e.state = waitingRetry
+	}
+}
+
+// retried marks e, waiting, as in the pipeline again.
+func (p *part) retried(e *entry) {
+	if e.state == waitingRetry {
+		e.state = inPipeline
+		p.busy++
+	}
+}
+
+// unsettled returns how many of p's records are not settled, and how many settled
+// past the first unsettled one (beyond the watermark).
+func (p *part) unsettled() (unsettled, beyond int) {
+	for _, e := range p.pending {
+		if e.state != settled {
+			unsettled++
+		} else {
+			beyond++
+		}
+	}
+	return unsettled, beyond
+}
+
+// uncommitted returns how many records of p settled behind the watermark since the
+// last commit.
+func (p *part) uncommitted() int64 { return p.behind - p.behindAt }
+
+// due reports whether p has a watermark past what was committed.
+func (p *part) due() bool { return p.hasMark && p.mark.Offset > p.committed }

@@ -1,0 +1,214 @@
+package kafka_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"golang.org/x/time/rate"
+
+	"github.com/gopipeline/pipeline"
+	"github.com/gopipeline/pipeline/kafka"
+)
+
+// output is what the sinks of several pipelines wrote, counted from the items
+// themselves.
+type output struct {
+	mu       sync.Mutex
+	seen     map[int]int     // id -> times it reached a sink
+	next     map[int32]int64 // per partition, the first offset not seen yet
+	overtook []string        // records that reached a sink before an earlier one of their partition
+	got      map[int32]map[int64]bool
+}
+
+func newOutput() *output {
+	return &output{seen: map[int]int{}, next: map[int32]int64{}, got: map[int32]map[int64]bool{}}
+}
+
+// add records m; it reports how many distinct records were seen.
+func (o *output) add(m kafka.Message[int]) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.seen[m.Value]++
+	g := o.got[m.Partition]
+	if g == nil {
+		g = map[int64]bool{}
+		o.got[m.Partition] = g
+	}
+	g[m.Offset] = true
+	if m.Offset > o.next[m.Partition] {
+		o.overtook = append(o.overtook, m.Topic+"/"+itoa32(m.Partition)+"@"+itoa64(m.Offset))
+	}
+	for g[o.next[m.Partition]] {
+		o.next[m.Partition]++
+	}
+	return len(o.seen)
+}
+
+func (o *output) distinct() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.seen)
+}
+
+// member is one pipeline of the group, running.
+type member struct {
+	name string
+	src  *kafka.Source[int]
+	errc <-chan error
+}
+
+// TestGroupSharesPartitionsThroughRebalances runs pipelines in one group over 12,000
+// records on 12 partitions, with members added and removed while items are in flight
+// (each pipeline is rate limited, so that its queues are full at every rebalance):
+// three members at most, five rebalances. Counted from the sinks' output: every record
+// is there, duplicates are at most what settled after its partition was revoked, and
+// no record of a partition reached a sink before an earlier one of that partition,
+// through a stage keyed by partition with 4 workers.
+func TestGroupSharesPartitionsThroughRebalances(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		revoke time.Duration
+	}{
+		{name: "revoke waits", revoke: 5 * time.Second},
+		// The old owner commits at once and its items in flight settle too late: the
+		// next owner redoes them.
+		{name: "revoke does not wait", revoke: 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			testGroupShares(t, tc.revoke)
+		})
+	}
+}
+
+func testGroupShares(t *testing.T, revokeWait time.Duration) {
+	t.Helper()
+	const n = 12000
+	ctx := t.Context()
+	c := newCluster(t)
+	produceIDs(ctx, t, c, inTopic, n)
+	out := newOutput()
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	var all []*member
+	start := func(name string) *member {
+		// Small fetches per partition: a poll spans most partitions, so that every
+		// revoke finds items of its partitions in flight.
+		opts := append(consumerOpts(c), kgo.FetchMaxPartitionBytes(1024))
+		src := kafka.NewSource(opts, "share", []string{inTopic}, idCodec{},
+			kafka.WithName(name), kafka.WithMaxPending(200), kafka.WithCommitInterval(100*time.Millisecond),
+			kafka.WithRevokeTimeout(revokeWait))
+		p := pipeline.New()
+		ordered := pipeline.Then(src.Stream(p), pipeline.NewStage("ordered", 4, func(_ context.Context, m kafka.Message[int]) (kafka.Message[int], error) {
+			return m, nil
+		}, pipeline.WithKey(kafka.Message[int].TopicPartition), pipeline.WithRateLimit(rate.NewLimiter(3000, 20))))
+		pipeline.To(ordered, pipeline.NewSink("out", 1, func(_ context.Context, m kafka.Message[int]) error {
+			out.add(m)
+			return nil
+		}))
+		m := &member{name: name, src: src, errc: runAsync(rctx, p)}
+		all = append(all, m)
+		return m
+	}
+	stop := func(m *member) {
+		m.src.Stop()
+		require.NoError(t, <-m.errc, m.name)
+		m.errc = nil
+	}
+	reach := func(k int) {
+		eventually(t, time.Minute, "output "+itoa64(int64(k)), func() bool { return out.distinct() >= k })
+	}
+	a := start("A")
+	reach(n / 6)
+	b := start("B")
+	reach(2 * n / 6)
+	start("C")
+	reach(3 * n / 6)
+	stop(a)
+	reach(4 * n / 6)
+	start("D")
+	reach(5 * n / 6)
+	stop(b)
+	reach(n)
+	for _, m := range all {
+		if m.errc != nil {
+			stop(m)
+		}
+	}
+
+	var stale, uncommitted, dups, assigned, waited, commitErrors int64
+	for _, m := range all {
+		st := m.src.Stats()
+		t.Logf("%s: %+v", m.name, st)
+		assert.Positive(t, st.Assigned, "%s had no partition", m.name)
+		stale += st.Stale
+		uncommitted += st.Uncommitted
+		assigned += st.Assigned
+		waited += st.RevokeWaited
+		commitErrors += st.CommitErrors
+	}
+	require.Len(t, out.seen, n, "every record reached a sink")
+	for _, k := range out.seen {
+		dups += int64(k - 1)
+	}
+	t.Logf("duplicates %d, stale %d, uncommitted %d, in flight at a revoke %d, partitions assigned %d, commit errors %d", dups, stale, uncommitted, waited, assigned, commitErrors)
+	assert.LessOrEqual(t, dups, stale+uncommitted, "a duplicate is a record that settled after its partition was revoked, or was not committed at the revoke")
+	assert.LessOrEqual(t, stale, waited, "a stale settlement is of an item in flight at a revoke")
+	assert.Positive(t, waited, "no revoke found items in flight")
+	assert.Empty(t, out.overtook, "records that overtook an earlier one of their partition")
+	assert.Greater(t, assigned, int64(2*partitions), "the members rebalanced")
+	assert.Equal(t, endOffsets(ctx, t, c, inTopic), committedOffsets(ctx, t, c, "share", inTopic))
+}
+
+// TestLostPartitionsAreRedone makes the broker answer one heartbeat with
+// UNKNOWN_MEMBER_ID while the member's pipeline is full: the client drops its
+// partitions without a revoke and joins again. The error does not fail the run (the
+// client rejoins), the items that settle after the loss are stale (never committed),
+// and the member, assigned the partitions again, redoes them from the group's
+// committed offsets: every record reaches the sink, duplicates at most the stale ones.
+func TestLostPartitionsAreRedone(t *testing.T) {
+	t.Parallel()
+	const n = 4000
+	ctx := t.Context()
+	c := newCluster(t)
+	produceIDs(ctx, t, c, inTopic, n)
+	out := newOutput()
+	src := kafka.NewSource(consumerOpts(c), "lose", []string{inTopic}, idCodec{},
+		kafka.WithMaxPending(300), kafka.WithCommitInterval(50*time.Millisecond))
+	p := pipeline.New()
+	work := pipeline.Then(src.Stream(p), pipeline.NewStage("slow", 2, func(_ context.Context, m kafka.Message[int]) (kafka.Message[int], error) {
+		return m, nil
+	}, pipeline.WithRateLimit(rate.NewLimiter(4000, 20))))
+	pipeline.To(work, pipeline.NewSink("out", 1, func(_ context.Context, m kafka.Message[int]) error {
+		out.add(m)
+		return nil
+	}))
+	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	errc := runAsync(rctx, p)
+	eventually(t, 30*time.Second, "a quarter of the output", func() bool { return out.distinct() >= n/4 })
+	c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Heartbeat}, Group: "lose", Err: kerr.UnknownMemberID})
+	eventually(t, 30*time.Second, "the partitions lost", func() bool { return src.Stats().Lost > 0 })
+	eventually(t, 45*time.Second, "every record", func() bool { return out.distinct() == n })
+	src.Stop()
+	require.NoError(t, <-errc)
+	st := src.Stats()
+	t.Logf("%+v", st)
+	dups := 0
+	for _, k := range out.seen {
+		dups += k - 1
+	}
+	assert.Equal(t, int64(partitions), st.Lost)
+	assert.LessOrEqual(t, int64(dups), st.Stale+st.Uncommitted, "a duplicate is a record the member did not commit before the loss")
+	assert.Positive(t, st.Stale+st.Uncommitted)
+	assert.Equal(t, endOffsets(ctx, t, c, inTopic), committedOffsets(ctx, t, c, "lose", inTopic))
+}

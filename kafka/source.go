@@ -1,0 +1,993 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/gopipeline/pipeline"
+)
+
+// Headers of a dead-letter record ([WithDeadLetterTopic]), added after the original
+// record's own headers. Its key and value are the original record's.
+const (
+	HeaderStage      = "pipeline-stage"       // the stage that set the item aside (the source's name: undecodable)
+	HeaderClass      = "pipeline-class"       // its error class: "item", "transient", ...
+	HeaderErrType    = "pipeline-error-type"  // the Go type of the last error
+	HeaderError      = "pipeline-error"       // the last error's message
+	HeaderFirstError = "pipeline-first-error" // the first attempt's error message
+	HeaderAttempts   = "pipeline-attempts"    // attempts made, in decimal
+	HeaderTopic      = "pipeline-topic"       // the original record's topic
+	HeaderPartition  = "pipeline-partition"   // its partition, in decimal
+	HeaderOffset     = "pipeline-offset"      // its offset, in decimal
+	HeaderTime       = "pipeline-time"        // when it was set aside, RFC 3339 with nanoseconds
+)
+
+// deadLetterRetry is how long a record whose dead letter could not be produced waits
+// before it is emitted again (and, set aside again, produced again).
+const deadLetterRetry = time.Second
+
+// GroupError is the error with which a run fails when its consumer group cannot go
+// on: a topic it consumes does not exist or may not be read (Topic names it), or the
+// group may not be joined (Topic is empty). Err is the cause: a [kerr] error such as
+// [kerr.UnknownTopicOrPartition], [kerr.TopicAuthorizationFailed] or
+// [kerr.GroupAuthorizationFailed], matchable with errors.Is.
+type GroupError struct {
+	Group string
+	Topic string // the topic, or "" when the error is the group's
+	Err   error
+}
+
+func (e *GroupError) Error() string {
+	if e.Topic != "" {
+		return fmt.Sprintf("kafka: group %q: topic %q: %v", e.Group, e.Topic, e.Err)
+	}
+	return fmt.Sprintf("kafka: group %q: %v", e.Group, e.Err)
+}
+
+// Unwrap returns Err.
+func (e *GroupError) Unwrap() error { return e.Err }
+
+// TopicPartition names a partition of a topic.
+type TopicPartition struct {
+	Topic     string
+	Partition int32
+}
+
+// Message is the item a [Source] emits for one record: the record's value decoded by
+// the source's codec, with where the record comes from and its key and headers (not
+// copied: the source does not change them).
+type Message[T any] struct {
+	Topic     string
+	Partition int32
+	Offset    int64
+	Key       []byte
+	Headers   []kgo.RecordHeader
+	Timestamp time.Time
+	Value     T
+}
+
+// TopicPartition returns the message's partition: a key for [pipeline.WithKey] that
+// keeps the records of each partition in order through a stage.
+func (m Message[T]) TopicPartition() TopicPartition {
+	return TopicPartition{Topic: m.Topic, Partition: m.Partition}
+}
+
+// SourceOption configures a [Source]: [NewSource].
+type SourceOption interface{ sourceOption(*sourceConfig) }
+
+type sourceOpt func(*sourceConfig)
+
+func (f sourceOpt) sourceOption(c *sourceConfig) { f(c) }
+
+type sourceConfig struct {
+	name        string
+	maxPending  int
+	commitEvery time.Duration
+	revokeWait  time.Duration
+	timeout     time.Duration
+	dl          *kgo.Client
+	dlTopic     string
+}
+
+// WithName names the source's row in the pipeline's report ("Kafka" by default). It
+// panics if name is empty.
+func WithName(name string) SourceOption {
+	if name == "" {
+		panic(`kafka: WithName(""): empty name`)
+	}
+	return sourceOpt(func(c *sourceConfig) { c.name = name })
+}
+
+// WithMaxPending bounds the records a run holds: taken from the client and not settled
+// (in the pipeline, waiting to be emitted again, being dead-lettered) or polled and not
+// yet emitted. The source polls only as many records as there is room for; the
+// client's own buffer holds at most one more fetch per broker (kgo.FetchMaxBytes
+// bounds it). The default is 1000. It panics if n < 1.
+func WithMaxPending(n int) SourceOption {
+	if n < 1 {
+		panic(fmt.Sprintf("kafka: WithMaxPending(%d): need at least 1", n))
+	}
+	return sourceOpt(func(c *sourceConfig) { c.maxPending = n })
+}
+
+// WithCommitInterval sets how often the source commits the watermarks of its
+// partitions that moved (one OffsetCommit request for all of them); the default is 1 s.
+// It commits at every revoke and at the end of a run too. It panics if d <= 0.
+func WithCommitInterval(d time.Duration) SourceOption {
+	if d <= 0 {
+		panic(fmt.Sprintf("kafka: WithCommitInterval(%v): need a positive interval", d))
+	}
+	return sourceOpt(func(c *sourceConfig) { c.commitEvery = d })
+}
+
+// WithRevokeTimeout bounds how long a revoke waits for the items of the revoked
+// partitions that are in the pipeline to settle before it commits their watermarks
+// and lets the rebalance go on; the default is 5 s. Keep it well under the group's
+// rebalance timeout (kgo.RebalanceTimeout, 60 s by default). What has not settled by
+// then is redone by the partition's next owner. It panics if d < 0.
+func WithRevokeTimeout(d time.Duration) SourceOption {
+	if d < 0 {
+		panic(fmt.Sprintf("kafka: WithRevokeTimeout(%v): need a duration >= 0", d))
+	}
+	return sourceOpt(func(c *sourceConfig) { c.revokeWait = d })
+}
+
+// WithRequestTimeout bounds an offset commit and the produce of a dead letter; the
+// default is 10 s. It panics if d <= 0.
+func WithRequestTimeout(d time.Duration) SourceOption {
+	if d <= 0 {
+		panic(fmt.Sprintf("kafka: WithRequestTimeout(%v): need a positive timeout", d))
+	}
+	return sourceOpt(func(c *sourceConfig) { c.timeout = d })
+}
+
+// WithDeadLetterTopic produces each dead-lettered record to topic through cl (a
+// producing client the caller owns and closes), with the original key, value and
+// headers and the Header* headers, and settles the record (its offset may then be
+// committed) only once the produce is acknowledged. If the produce fails, the record
+// stays unsettled and is emitted again a second later, to be set aside (and produced)
+// again. The produce runs where the item settled (a stage's dead-letter path; the
+// source itself for an undecodable record) and waits for the acknowledgement, at most
+// [WithRequestTimeout]. Without this option a dead-lettered record settles once the
+// stage's own dead-letter destination ([pipeline.WithDeadLetter]) took the item. It
+// panics if cl is nil or topic empty.
+func WithDeadLetterTopic(cl *kgo.Client, topic string) SourceOption {
+	if cl == nil || topic == "" {
+		panic("kafka: WithDeadLetterTopic needs a client and a topic")
+	}
+	return sourceOpt(func(c *sourceConfig) { c.dl, c.dlTopic = cl, topic })
+}
+
+// Stats counts what a [Source] did, over all its runs.
+type Stats struct {
+	Fetched      int64 // records taken from the client
+	Committed    int64 // settled as committed
+	DeadLettered int64 // set aside (produced to the dead-letter topic, if any)
+	Undecodable  int64 // of DeadLettered, records the codec could not decode (never emitted)
+	HandedBack   int64 // handed back by a stage: emitted again after the delay
+	NotProcessed int64 // the run stopped first: left for the next owner
+	Stale        int64 // settled after their partition was revoked or lost: left for the next owner
+	Uncommitted  int64 // settled before their partition was revoked or lost, but not committed: left for the next owner
+	Dropped      int64 // polled, then not emitted: their partition was revoked, or the run stopped
+	Assigned     int64 // partitions assigned
+	Revoked      int64 // partitions revoked
+	RevokeWaited int64 // items of revoked partitions in the pipeline when their revoke began
+	Lost         int64 // partitions lost (the member left the group without a revoke)
+	Commits      int64 // offset commits that succeeded
+	CommitErrors int64 // offset commits that failed or timed out (retried at the next interval, if the partition is still ours)
+	FetchErrors  int64 // errors the client reported and the source went on after
+	DLErrors     int64 // dead letters whose produce failed (their records are emitted again)
+}
+
+// Source reads topics as a member of a Kafka consumer group, as the acknowledged source
+// of a pipeline ([pipeline.FromAcked]): one [Message] per record, its value decoded by
+// a codec, and offsets that follow each item's outcome. A partition's committed offset
+// is its first record that has not settled: records settle in any order, and the
+// source commits, per partition, the end of the prefix that has (a watermark), every
+// [WithCommitInterval], at every revoke and at the end of a run:
+//
+//	committed      settled
+//	dead-lettered  settled, once the dead letter is produced to WithDeadLetterTopic
+//	               (undecodable records too, without being emitted)
+//	handed back    not settled: emitted again after the settlement's delay
+//	not processed  not settled: the run stopped; the next owner redoes it
+//
+// A handed-back record ([pipeline.WithHandBack]) is retried in place: it stays
+// unsettled, holding its partition's watermark (records after it go on and settle,
+// and are committed once it settles), and is emitted again after the delay, holding
+// no worker meanwhile. Kafka has no per-record negative acknowledgement: seeking back
+// would deliver every later record of the partition again, and a retry topic needs a
+// consumer of its own. A record emitted again may overtake a later record of its
+// partition: keep order with a stage that does not hand back.
+//
+// Rebalances: when partitions are revoked, the source stops emitting their records
+// (those it polled and did not emit are dropped: never committed, they are fetched
+// again by the next owner), waits at most [WithRevokeTimeout] for their items in the
+// pipeline to settle, commits their watermarks and lets the rebalance go on. Items
+// that settle after that are not committed (counted as Stale): the next owner redoes
+// them. So delivery is at least once: an item may be processed twice, by the old
+// owner and the new one, when it did not settle in time or a member died. The client
+// commits with the group's generation, so that a member that lost its partitions
+// cannot commit over their new owner; a partition assigned back starts from the
+// group's committed offset, never from an offset the source remembers.
+//
+// Backpressure: a run holds at most [WithMaxPending] records (taken and not settled,
+// or polled and not yet emitted); the source polls only as many as there is room for.
+// Give a batch downstream a [pipeline.WithLinger], so that the items of a revoked
+// partition do not wait in a partial batch until the revoke gives up on them.
+//
+// Failures: a topic that does not exist or may not be read, or a group that may not be
+// joined, fails the run with a [*GroupError] that names it: at the start of the run
+// for a missing topic, when the client reports it otherwise. Other errors of the
+// client are counted in [Stats].FetchErrors, and the client retries.
+//
+// Shutdown: when [Source.Stop] is called, the source stops polling, the items in
+// flight finish, and the source commits every settled record and leaves the group
+// before [pipeline.Pipeline.Run] returns. When the run fails or is canceled, it
+// commits what settled and leaves the group too.
+//
+// Each run makes its own client from the options given to [NewSource], and closes it
+// before [pipeline.Pipeline.Run] returns. A Source may serve one run at a time; it is
+// safe for concurrent use.
+type Source[T any] struct {
+	client []kgo.Opt
+	group  string
+	topics []string
+	codec  pipeline.Codec[T]
+	cfg    sourceConfig
+
+	fetched, committed, deadLettered, undecodable, handedBack, notProcessed atomic.Int64
+	stale, uncommitted, dropped, assigned, revoked, revokeWaited, lost      atomic.Int64
+	commits, commitErrors, fetchErrors, dlErrors                            atomic.Int64
+
+	mu       sync.Mutex
+	cur      *session[T] // the current run's, if any
+	stopping bool
+}
+
+// NewSource returns a source that consumes topics as a member of group, with a client
+// made (for each run) from the options in client: the seed brokers, TLS, SASL, session
+// and heartbeat timeouts, fetch sizes, where to start a partition with no committed
+// offset (kgo.ConsumeResetOffset), ... The source adds the group, the topics and what
+// it needs itself (kgo.DisableAutoCommit, kgo.BlockRebalanceOnPoll and the partition
+// callbacks), which replace those options if client has them. codec decodes each
+// record's value: a [pipeline.JSONCodec] or [Bytes] will do. Attach it to a pipeline
+// with [Source.Stream]. It panics if group is empty, topics is empty or holds an empty
+// name, or codec is nil.
+func NewSource[T any](client []kgo.Opt, group string, topics []string, codec pipeline.Codec[T], opts ...SourceOption) *Source[T] {
+	if group == "" || len(topics) == 0 || slices.Contains(topics, "") || codec == nil {
+		panic("kafka: NewSource needs a group, topics and a codec")
+	}
+	cfg := sourceConfig{name: "Kafka", maxPending: 1000, commitEvery: time.Second, revokeWait: 5 * time.Second, timeout: 10 * time.Second}
+	for i, o := range opts {
+		if o == nil {
+			panic(fmt.Sprintf("kafka: NewSource: option %d of %d is nil", i+1, len(opts)))
+		}
+		o.sourceOption(&cfg)
+	}
+	return &Source[T]{client: slices.Clone(client), group: group, topics: slices.Clone(topics), codec: codec, cfg: cfg}
+}
+
+// Stream adds the source to p and returns its stream of messages. p gets an
+// acknowledged source ([pipeline.FromAcked]): a pipeline may have only one, and Stream
+// panics on a second one.
+func (s *Source[T]) Stream(p *pipeline.Pipeline) *pipeline.Stream[Message[T]] {
+	return pipeline.FromAcked(p, s.run, pipeline.WithName(s.cfg.name), pipeline.WithMaxPending(s.cfg.maxPending))
+}
+
+// Stop ends the input of the current run, or of the next one if none is running: the
+// source stops polling, the items in flight finish, their offsets are committed and
+// the source leaves the group; [pipeline.Pipeline.Run] then returns nil (unless
+// something failed). It does not wait.
+func (s *Source[T]) Stop() {
+	s.mu.Lock()
+	s.stopping = true
+	ss := s.cur
+	s.mu.Unlock()
+	if ss != nil {
+		ss.stop()
+	}
+}
+
+// Stats returns the source's counts so far.
+func (s *Source[T]) Stats() Stats {
+	return Stats{
+		Fetched: s.fetched.Load(), Committed: s.committed.Load(), DeadLettered: s.deadLettered.Load(),
+		Undecodable: s.undecodable.Load(), HandedBack: s.handedBack.Load(), NotProcessed: s.notProcessed.Load(),
+		Stale: s.stale.Load(), Uncommitted: s.uncommitted.Load(), Dropped: s.dropped.Load(), Assigned: s.assigned.Load(), Revoked: s.revoked.Load(),
+		RevokeWaited: s.revokeWaited.Load(), Lost: s.lost.Load(), Commits: s.commits.Load(), CommitErrors: s.commitErrors.Load(),
+		FetchErrors: s.fetchErrors.Load(), DLErrors: s.dlErrors.Load(),
+	}
+}
+
+// checkTopics fails with a [*GroupError] when a topic of the source does not exist or
+// may not be described.
+func (s *Source[T]) checkTopics(ctx context.Context, cl *kgo.Client) error {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.timeout)
+	defer cancel()
+	details, err := kadm.NewClient(cl).ListTopics(ctx, s.topics...)
+	if err != nil {
+		return fmt.Errorf("kafka: group %q: metadata of %q: %w", s.group, s.topics, err)
+	}
+	for _, t := range s.topics {
+		d, ok := details[t]
+		switch {
+		case !ok:
+			return &GroupError{Group: s.group, Topic: t, Err: kerr.UnknownTopicOrPartition}
+		case d.Err != nil:
+			return &GroupError{Group: s.group, Topic: t, Err: d.Err}
+		}
+	}
+	return nil
+}
+
+// run is the body of the acknowledged source: one run's membership of the group.
+func (s *Source[T]) run(ctx context.Context, emit func(Message[T], func(pipeline.Settlement)) error) error {
+	// The topics are checked with a client that is not a member, so that a missing
+	// topic does not make the group rebalance; options that only a member may have
+	// (kgo.DisableAutoCommit, ...) make that client fail, and the member checks instead.
+	plain, perr := kgo.NewClient(s.client...)
+	if perr == nil {
+		err := s.checkTopics(ctx, plain)
+		plain.Close()
+		if err != nil {
+			return err
+		}
+	}
+	ss := &session[T]{
+		s: s, parts: map[TopicPartition]*part{}, changed: make(chan struct{}),
+		kick: make(chan struct{}, 1), stopped: make(chan struct{}),
+	}
+	opts := append(slices.Clone(s.client),
+		kgo.ConsumerGroup(s.group), kgo.ConsumeTopics(s.topics...),
+		kgo.DisableAutoCommit(), kgo.BlockRebalanceOnPoll(),
+		kgo.OnPartitionsAssigned(ss.assigned), kgo.OnPartitionsRevoked(ss.revoked), kgo.OnPartitionsLost(ss.lost),
+	)
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return fmt.Errorf("kafka: client: %w", err)
+	}
+	ss.cl = cl
+	if perr != nil {
+		if err := s.checkTopics(ctx, cl); err != nil {
+			cl.CloseAllowingRebalance()
+			return err
+		}
+	}
+	s.mu.Lock()
+	s.cur = ss
+	stopping := s.stopping
+	s.mu.Unlock()
+	if stopping {
+		ss.stop()
+	}
+	polled := make(chan polledBatch)
+	pctx, pcancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { ss.poll(pctx, polled) })
+	wg.Go(func() { ss.commitLoop(pctx) })
+	defer func() {
+		pcancel()
+		wg.Wait()
+		s.mu.Lock()
+		s.cur, s.stopping = nil, false
+		s.mu.Unlock()
+		ss.end()
+	}()
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	for {
+		if d, ok := ss.nextRetry(); ok {
+			timer.Reset(d)
+		}
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-ss.stopped:
+			return nil
+		case <-ss.kick:
+		case <-timer.C:
+		case b := <-polled:
+			for i, r := range b.recs {
+				if ss.isStopped() || ctx.Err() != nil {
+					ss.drop(len(b.recs) - i)
+					break
+				}
+				if err := ss.take(emit, r); err != nil {
+					ss.drop(len(b.recs) - i - 1)
+					return err
+				}
+			}
+			if b.err != nil {
+				return b.err
+			}
+		}
+		timer.Stop()
+		if err := ss.retryDue(emit); err != nil {
+			return err
+		}
+	}
+}
+
+// session is one run's membership of the group.
+type session[T any] struct {
+	s  *Source[T]
+	cl *kgo.Client
+
+	commitMu sync.Mutex // held from collecting watermarks until their commit is done
+
+	mu          sync.Mutex
+	parts       map[TopicPartition]*part
+	held        int           // records polled and not settled, of live partitions
+	changed     chan struct{} // closed (and replaced) when held or a part's busy drops and someone waits
+	waiting     bool
+	outstanding int // emitted items whose settle was not called yet
+	retries     []retryAt
+	bodyDone    bool
+	finished    bool
+
+	kick     chan struct{} // a retry was scheduled
+	stopped  chan struct{}
+	stopOnce sync.Once
+}
+
+type retryAt struct {
+	e   *entry
+	due time.Time
+}
+
+// polledBatch is what one poll gave: records of partitions that were live then.
+type polledBatch struct {
+	recs []polledRec
+	err  error // a fatal error: the run fails after recs
+}
+
+type polledRec struct {
+	p   *part
+	rec *kgo.Record
+}
+
+func (ss *session[T]) stop() { ss.stopOnce.Do(func() { close(ss.stopped) }) }
+
+func (ss *session[T]) isStopped() bool {
+	select {
+	case <-ss.stopped:
+		return true
+	default:
+		return false
+	}
+}
+
+// signalLocked wakes whoever waits for held or busy to drop.
+func (ss *session[T]) signalLocked() {
+	if ss.waiting {
+		close(ss.changed)
+		ss.changed = make(chan struct{})
+		ss.waiting = false
+	}
+}
+
+// waitLocked returns the channel closed at the next signal. ss.mu must be held.
+func (ss *session[T]) waitLocked() <-chan struct{} {
+	ss.waiting = true
+	return ss.changed
+}
+
+// drop gives back the room of n polled records the body will not emit.
+func (ss *session[T]) drop(n int) {
+	if n <= 0 {
+		return
+	}
+	ss.s.dropped.Add(int64(n))
+	ss.mu.Lock()
+	ss.held -= n
+	ss.signalLocked()
+	ss.mu.Unlock()
+}
+
+// poll polls records while there is room for them, tags each with its partition's
+// assignment (rebalances are blocked from the poll until AllowRebalance) and hands
+// them to the body.
+func (ss *session[T]) poll(ctx context.Context, out chan<- polledBatch) {
+	max := ss.s.cfg.maxPending
+	for {
+		ss.mu.Lock()
+		for ss.held >= max {
+			ch := ss.waitLocked()
+			ss.mu.Unlock()
+			select {
+			case <-ch:
+			case <-ctx.Done():
+				return
+			}
+			ss.mu.Lock()
+		}
+		room := max - ss.held
+		ss.mu.Unlock()
+		fs := ss.cl.PollRecords(ctx, room)
+		if ctx.Err() != nil || fs.IsClientClosed() {
+			ss.cl.AllowRebalance()
+			return
+		}
+		var b polledBatch
+		fs.EachError(func(topic string, _ int32, err error) {
+			if fatal := ss.fatal(topic, err); fatal != nil && b.err == nil {
+				b.err = fatal
+			}
+		})
+		ss.mu.Lock()
+		fs.EachRecord(func(r *kgo.Record) {
+			p := ss.parts[TopicPartition{r.Topic, r.Partition}]
+			if p == nil || !p.live || p.revoking {
+				ss.s.dropped.Add(1)
+				return
+			}
+			b.recs = append(b.recs, polledRec{p: p, rec: r})
+		})
+		ss.held += len(b.recs)
+		ss.mu.Unlock()
+		ss.cl.AllowRebalance()
+		if len(b.recs) == 0 && b.err == nil {
+			continue
+		}
+		select {
+		case out <- b:
+		case <-ctx.Done():
+			ss.drop(len(b.recs))
+			return
+		}
+		if b.err != nil {
+			return
+		}
+	}
+}
+
+// fatal returns the error a run fails with for err, reported by the client about
+// topic (or the group, when topic is empty), or nil for an error the client retries.
+func (ss *session[T]) fatal(topic string, err error) error {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, kgo.ErrClientClosed) {
+		return nil
+	}
+	for _, fatal := range []error{
+		kerr.GroupAuthorizationFailed, kerr.TopicAuthorizationFailed, kerr.ClusterAuthorizationFailed,
+		kerr.InvalidGroupID, kerr.SaslAuthenticationFailed, kerr.UnknownTopicOrPartition, kerr.UnknownTopicID,
+	} {
+		if errors.Is(err, fatal) {
+			if errors.Is(err, kerr.GroupAuthorizationFailed) || errors.Is(err, kerr.InvalidGroupID) {
+				topic = ""
+			}
+			return &GroupError{Group: ss.s.group, Topic: topic, Err: err}
+		}
+	}
+	ss.s.fetchErrors.Add(1)
+	return nil
+}
+
+// take registers a polled record in its partition and emits it, unless the partition
+// was revoked since the poll.
+func (ss *session[T]) take(emit func(Message[T], func(pipeline.Settlement)) error, r polledRec) error {
+	ss.mu.Lock()
+	if !r.p.live || r.p.revoking {
+		ss.held--
+		ss.signalLocked()
+		ss.mu.Unlock()
+		ss.s.dropped.Add(1)
+		return nil
+	}
+	e := r.p.add(r.rec)
+	ss.mu.Unlock()
+	ss.s.fetched.Add(1)
+	return ss.emitEntry(emit, e)
+}
+
+// emitEntry decodes e's record and emits it (e is in the pipeline); an undecodable
+// record is dead-lettered instead.
+func (ss *session[T]) emitEntry(emit func(Message[T], func(pipeline.Settlement)) error, e *entry) error {
+	rec := e.rec
+	var v T
+	if err := ss.s.codec.Unmarshal(rec.Value, &v); err != nil {
+		if ss.deadLetter(e, pipeline.DeadLetter[struct{}]{
+			Stage: ss.s.cfg.name, Attempts: 1, Class: pipeline.ClassItem, ErrType: fmt.Sprintf("%T", err),
+			FirstError: err.Error(), LastError: err.Error(), Time: time.Now(),
+		}) {
+			ss.s.undecodable.Add(1)
+		}
+		return nil
+	}
+	ss.mu.Lock()
+	ss.outstanding++
+	ss.mu.Unlock()
+	m := Message[T]{
+		Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, Key: rec.Key,
+		Headers: rec.Headers, Timestamp: rec.Timestamp, Value: v,
+	}
+	return emit(m, func(st pipeline.Settlement) { ss.settle(e, st) })
+}
+
+// settle follows the outcome of an emitted item.
+func (ss *session[T]) settle(e *entry, st pipeline.Settlement) {
+	switch st.Outcome {
+	case pipeline.Committed:
+		ss.s.committed.Add(1)
+		ss.done(e)
+	case pipeline.DeadLettered:
+		ss.deadLetter(e, st.DeadLetter)
+	case pipeline.HandedBack:
+		ss.s.handedBack.Add(1)
+		ss.retryLater(e, st.Delay)
+	default:
+		ss.s.notProcessed.Add(1)
+		ss.abandon(e)
+	}
+	ss.mu.Lock()
+	ss.outstanding--
+	last := ss.bodyDone && ss.outstanding == 0 && !ss.finished
+	if last {
+		ss.finished = true
+	}
+	ss.mu.Unlock()
+	if last {
+		ss.finish()
+	}
+}
+
+// deadLetter produces e's record to the dead-letter topic, if any, and settles it;
+// if the produce fails, the record is emitted again later (and deadLetter returns
+// false).
+func (ss *session[T]) deadLetter(e *entry, dl pipeline.DeadLetter[struct{}]) bool {
+	cfg := &ss.s.cfg
+	if cfg.dl != nil {
+		rec := e.rec
+		h := slices.Grow(slices.Clone(rec.Headers), 10)
+		for _, kv := range [...][2]string{
+			{HeaderStage, dl.Stage},
+			{HeaderClass, dl.Class.String()},
+			{HeaderErrType, dl.ErrType},
+			{HeaderError, dl.LastError},
+			{HeaderFirstError, dl.FirstError},
+			{HeaderAttempts, strconv.Itoa(dl.Attempts)},
+			{HeaderTopic, rec.Topic},
+			{HeaderPartition, strconv.FormatInt(int64(rec.Partition), 10)},
+			{HeaderOffset, strconv.FormatInt(rec.Offset, 10)},
+			{HeaderTime, dl.Time.UTC().Format(time.RFC3339Nano)},
+		} {
+			h = append(h, kgo.RecordHeader{Key: kv[0], Value: []byte(kv[1])})
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), cfg.timeout)
+		err := cfg.dl.ProduceSync(ctx, &kgo.Record{Topic: cfg.dlTopic, Key: rec.Key, Value: rec.Value, Headers: h}).FirstErr()
+		cancel()
+		if err != nil {
+			ss.s.dlErrors.Add(1)
+			ss.retryLater(e, deadLetterRetry)
+			return false
+		}
+	}
+	ss.s.deadLettered.Add(1)
+	ss.done(e)
+	return true
+}
+
+// done settles e: its partition's watermark may move.
+func (ss *session[T]) done(e *entry) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if !e.p.live {
+		ss.s.stale.Add(1)
+		return
+	}
+	e.p.settle(e)
+	ss.held--
+	ss.signalLocked()
+}
+
+// abandon leaves e unsettled for good: the run is stopping.
+func (ss *session[T]) abandon(e *entry) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if e.p.live {
+		e.p.toRetry(e)
+		ss.signalLocked()
+	}
+}
+
+// retryLater schedules e to be emitted again after d.
+func (ss *session[T]) retryLater(e *entry, d time.Duration) {
+	ss.mu.Lock()
+	if !e.p.live {
+		ss.mu.Unlock()
+		ss.s.stale.Add(1)
+		return
+	}
+	e.p.toRetry(e)
+	ss.signalLocked()
+	if ss.bodyDone {
+		ss.mu.Unlock()
+		return
+	}
+	at := retryAt{e: e, due: time.Now().Add(d)}
+	i, _ := slices.BinarySearchFunc(ss.retries, at, func(a, b retryAt) int { return a.due.Compare(b.due) })
+	ss.retries = slices.Insert(ss.retries, i, at)
+	ss.mu.Unlock()
+	select {
+	case ss.kick <- struct{}{}:
+	default:
+	}
+}
+
+// nextRetry returns how long until the first retry is due, if one waits.
+func (ss *session[T]) nextRetry() (time.Duration, bool) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if len(ss.retries) == 0 {
+		return 0, false
+	}
+	return max(time.Until(ss.retries[0].due), 0), true
+}
+
+// retryDue emits again the records whose retry is due.
+func (ss *session[T]) retryDue(emit func(Message[T], func(pipeline.Settlement)) error) error {
+	now := time.Now()
+	ss.mu.Lock()
+	n := 0
+	for n < len(ss.retries) && !ss.retries[n].due.After(now) {
+		n++
+	}
+	due := make([]*entry, 0, n)
+	for _, r := range ss.retries[:n] {
+		if p := r.e.p; p.live && !p.revoking && r.e.state == waitingRetry {
+			p.retried(r.e)
+			due = append(due, r.e)
+		}
+	}
+	ss.retries = slices.Delete(ss.retries, 0, n)
+	ss.mu.Unlock()
+	for i, e := range due {
+		if ss.isStopped() {
+			ss.mu.Lock()
+			for _, e := range due[i:] {
+				e.p.toRetry(e)
+			}
+			ss.signalLocked()
+			ss.mu.Unlock()
+			return nil
+		}
+		if err := ss.emitEntry(emit, e); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// end is the body's end: the last item to settle (or the body itself, when none is
+// in flight) commits and closes the client.
+func (ss *session[T]) end() {
+	ss.mu.Lock()
+	ss.bodyDone = true
+	ss.retries = nil
+	last := ss.outstanding == 0 && !ss.finished
+	if last {
+		ss.finished = true
+	}
+	ss.mu.Unlock()
+	if last {
+		ss.finish()
+	}
+}
+
+// finish commits the watermarks of every partition and closes the client, which leaves
+// the group (its last revoke finds nothing more to commit).
+func (ss *session[T]) finish() {
+	ss.commitDue(context.Background(), false)
+	ss.cl.CloseAllowingRebalance()
+}
+
+// commitLoop commits the watermarks that moved, every interval.
+func (ss *session[T]) commitLoop(ctx context.Context) {
+	tick := time.NewTicker(ss.s.cfg.commitEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			ss.commitDue(ctx, true)
+		}
+	}
+}
+
+// commitDue commits the watermarks of the live partitions (not those being revoked,
+// when skipRevoking) that moved since their last commit.
+func (ss *session[T]) commitDue(ctx context.Context, skipRevoking bool) {
+	ss.commitMu.Lock()
+	defer ss.commitMu.Unlock()
+	ss.mu.Lock()
+	type marked struct {
+		p              *part
+		offset, behind int64
+	}
+	var ps []marked
+	offs := map[string]map[int32]kgo.EpochOffset{}
+	for _, p := range ss.parts {
+		if !p.live || skipRevoking && p.revoking || !p.due() {
+			continue
+		}
+		addOffset(offs, p)
+		ps = append(ps, marked{p, p.mark.Offset, p.behind})
+	}
+	ss.mu.Unlock()
+	if len(ps) == 0 {
+		return
+	}
+	if ss.commit(ctx, ss.cl, offs) != nil {
+		return
+	}
+	ss.mu.Lock()
+	for _, m := range ps {
+		if m.offset > m.p.committed {
+			m.p.committed, m.p.behindAt = m.offset, m.behind
+		}
+	}
+	ss.mu.Unlock()
+}
+
+func addOffset(offs map[string]map[int32]kgo.EpochOffset, p *part) {
+	t := offs[p.tp.Topic]
+	if t == nil {
+		t = map[int32]kgo.EpochOffset{}
+		offs[p.tp.Topic] = t
+	}
+	t[p.tp.Partition] = p.mark
+}
+
+// commit commits offs with the group's generation and waits for the answer.
+func (ss *session[T]) commit(parent context.Context, cl *kgo.Client, offs map[string]map[int32]kgo.EpochOffset) error {
+	ctx, cancel := context.WithTimeout(parent, ss.s.cfg.timeout)
+	defer cancel()
+	var err error
+	cl.CommitOffsetsSync(ctx, offs, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, cerr error) {
+		if cerr != nil {
+			err = cerr
+			return
+		}
+		for _, t := range resp.Topics {
+			for _, p := range t.Partitions {
+				if perr := kerr.ErrorForCode(p.ErrorCode); perr != nil && err == nil {
+					err = perr
+				}
+			}
+		}
+	})
+	if err != nil {
+		if parent.Err() == nil { // not the interval's commit cut short by the run's end: the last commit follows
+			ss.s.commitErrors.Add(1)
+		}
+		return err
+	}
+	ss.s.commits.Add(1)
+	return nil
+}
+
+// assigned starts a new assignment of each partition: nothing of an earlier one
+// carries over.
+func (ss *session[T]) assigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	for topic, partitions := range assigned {
+		for _, n := range partitions {
+			tp := TopicPartition{topic, n}
+			if old := ss.parts[tp]; old != nil { // never revoked: as if lost
+				ss.s.uncommitted.Add(old.uncommitted() + ss.endPartLocked(old))
+			}
+			ss.parts[tp] = newPart(tp)
+			ss.s.assigned.Add(1)
+		}
+	}
+}
+
+// revoked stops emitting the revoked partitions' records, waits (a while) for their
+// items in the pipeline to settle, and commits their watermarks.
+func (ss *session[T]) revoked(ctx context.Context, cl *kgo.Client, revoked map[string][]int32) {
+	ss.mu.Lock()
+	var ps []*part
+	for topic, partitions := range revoked {
+		for _, n := range partitions {
+			if p := ss.parts[TopicPartition{topic, n}]; p != nil && p.live {
+				p.revoking = true
+				ps = append(ps, p)
+			}
+		}
+	}
+	ss.mu.Unlock()
+	if len(ps) == 0 {
+		return
+	}
+	ss.mu.Lock()
+	for _, p := range ps {
+		ss.s.revokeWaited.Add(int64(p.busy))
+	}
+	ss.mu.Unlock()
+	timer := time.NewTimer(ss.s.cfg.revokeWait)
+	defer timer.Stop()
+wait:
+	for {
+		ss.mu.Lock()
+		busy := 0
+		for _, p := range ps {
+			busy += p.busy
+		}
+		if busy == 0 {
+			ss.mu.Unlock()
+			break
+		}
+		ch := ss.waitLocked()
+		ss.mu.Unlock()
+		select {
+		case <-ch:
+		case <-timer.C:
+			break wait
+		case <-ctx.Done():
+			break wait
+		}
+	}
+	ss.commitMu.Lock()
+	defer ss.commitMu.Unlock()
+	ss.mu.Lock()
+	offs := map[string]map[int32]kgo.EpochOffset{}
+	var behind, beyond int64
+	for _, p := range ps {
+		if p.live && p.due() {
+			addOffset(offs, p)
+			behind += p.uncommitted()
+		}
+		beyond += ss.endPartLocked(p)
+	}
+	ss.mu.Unlock()
+	ss.s.revoked.Add(int64(len(ps)))
+	if len(offs) > 0 && ss.commit(ctx, cl, offs) != nil { // cl: the callback may come before run has set ss.cl
+		beyond += behind // the next owner redoes these too
+	}
+	ss.s.uncommitted.Add(beyond)
+}
+
+// lost drops the lost partitions: no commit of theirs can land.
+func (ss *session[T]) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	for topic, partitions := range lost {
+		for _, n := range partitions {
+			if p := ss.parts[TopicPartition{topic, n}]; p != nil && p.live {
+				ss.s.uncommitted.Add(p.uncommitted() + ss.endPartLocked(p))
+				ss.s.lost.Add(1)
+			}
+		}
+	}
+}
+
+// endPartLocked ends p's assignment: its unsettled records no longer count, and what
+// settles of them later is stale. It returns how many records settled past its
+// watermark (behind an unsettled one): the next owner redoes them.
+func (ss *session[T]) endPartLocked(p *part) int64 {
+	if !p.live {
+		return 0
+	}
+	p.live = false
+	unsettled, beyond := p.unsettled()
+	ss.held -= unsettled
+	if ss.parts[p.tp] == p {
+		delete(ss.parts, p.tp)
+	}
+	ss.signalLocked()
+	return int64(beyond)
+}
