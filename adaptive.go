@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -47,7 +48,84 @@ func WithAdaptiveWorkers(min int) StageOption {
 	if min < 1 {
 		panic(fmt.Sprintf("pipeline: WithAdaptiveWorkers(%d): the minimum must be at least 1", min))
 	}
-	return stageOpt(func(c *config) { c.client.adaptMin, c.client.adaptSet = min, true })
+	return stageOpt(func(c *config) {
+		c.client.add(policyMaker{
+			name: "WithAdaptiveWorkers", order: orderAdaptive,
+			make: func(env policyEnv) hook {
+				return &adaptivePolicy{env: env, a: newAdaptive(min, env.workers, env.r.started)}
+			},
+			check: func(workers int, keyed bool) string {
+				switch {
+				case min > workers:
+					return fmt.Sprintf("WithAdaptiveWorkers(%d): the minimum is more than the stage's %d workers", min, workers)
+				case keyed:
+					return "WithAdaptiveWorkers and WithKey together; a keyed stage needs every worker for its keys"
+				}
+				return ""
+			},
+		})
+	})
+}
+
+// adaptivePolicy is one run's adaptive limit of a stage as a policy: it counts each
+// attempt in flight and measures it. The workers above the limit wait in the worker
+// loop (gate), between runs of items.
+type adaptivePolicy struct {
+	env policyEnv
+	a   *adaptive
+}
+
+func (p *adaptivePolicy) before(_ context.Context, t ticket) (ticket, error) {
+	t.began = p.a.begin()
+	return t, nil
+}
+
+func (p *adaptivePolicy) cancel(t ticket) {
+	if !t.began.IsZero() {
+		p.a.inflight.Add(-1)
+	}
+}
+
+func (p *adaptivePolicy) after(t ticket, err error, class Class) bool {
+	p.a.end(p.env.r, p.env.stage, t.began, err != nil && counts(err, class))
+	return false
+}
+
+func (p *adaptivePolicy) holds() bool         { return false }
+func (p *adaptivePolicy) fill(s *StageReport) { s.Limit, s.LimitHistory = p.a.report() }
+
+// adaptiveReport is the adaptive limits' part of the report's text.
+var adaptiveReport = policyReport{
+	warnings: func(_ Report, b Bottleneck, s StageReport) []string {
+		if s.Name != b.Stage || s.LimitHistory == nil {
+			return nil
+		}
+		switch {
+		case s.Limit < s.Workers && b.Suggested > s.Limit:
+			return []string{fmt.Sprintf("stage %q: the adaptive limit holds it at %d of %d workers: what it calls saturates at about %d concurrent calls; the target rate needs a faster service, not more workers",
+				s.Name, s.Limit, s.Workers, s.Limit)}
+		case s.Limit == s.Workers && b.Suggested > s.Workers:
+			return []string{fmt.Sprintf("stage %q: the adaptive limit reached the stage's %d workers without saturating what it calls: allow more workers",
+				s.Name, s.Workers)}
+		}
+		return nil
+	},
+	lines: func(b *strings.Builder, s StageReport) {
+		if s.LimitHistory == nil {
+			return
+		}
+		fmt.Fprintf(b, "adaptive %s: limit %d of %d workers", s.Name, s.Limit, s.Workers)
+		if n := len(s.LimitHistory); n > 0 {
+			fmt.Fprintf(b, ", last changed at %v (%s)", s.LimitHistory[n-1].At.Round(time.Millisecond), s.LimitHistory[n-1].Reason)
+		}
+		b.WriteString("\n")
+	},
+	line: func(s StageReport) string {
+		if s.LimitHistory != nil {
+			return fmt.Sprintf(" limit=%d/%d", s.Limit, s.Workers)
+		}
+		return ""
+	},
 }
 
 // LimitChange is one change of an adaptive stage's limit.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -113,7 +114,58 @@ func WithCircuitBreaker(b Breaker) StageOption {
 	if b.HalfOpenProbes == 0 {
 		b.HalfOpenProbes = 1
 	}
-	return stageOpt(func(c *config) { c.client.breaker = &b })
+	return stageOpt(func(c *config) {
+		c.client.add(policyMaker{name: "WithCircuitBreaker", order: orderBreaker, make: func(env policyEnv) hook {
+			return breakerHook{newBreakerState(b, env.r, env.stage)}
+		}})
+	})
+}
+
+// breakerHook is one run's circuit breaker policy of a stage: before an attempt, it
+// waits while the breaker holds the stage's items; after it, it counts the outcome and
+// holds the item when the attempt failed while the breaker is (now) not closed.
+type breakerHook struct{ b *breakerState }
+
+func (p breakerHook) before(ctx context.Context, t ticket) (_ ticket, err error) {
+	t.probe, err = p.b.allow(ctx)
+	return t, err
+}
+
+func (p breakerHook) cancel(t ticket) { p.b.cancelProbe(t.probe) }
+
+func (p breakerHook) after(t ticket, err error, class Class) bool {
+	failure := err != nil && counts(err, class)
+	if err != nil && !failure && class == ClassFatal { // the run stops: nothing to hold
+		p.b.cancelProbe(t.probe)
+		return false
+	}
+	return p.b.record(t.probe, failure, err)
+}
+
+func (p breakerHook) holds() bool         { return !p.b.closed.Load() }
+func (p breakerHook) fill(s *StageReport) { s.Breaker = p.b.report() }
+
+// breakerReport is the breakers' part of the report's text.
+var breakerReport = policyReport{
+	warnings: func(_ Report, _ Bottleneck, s StageReport) []string {
+		if s.Breaker != nil && s.Breaker.State != BreakerClosed {
+			return []string{fmt.Sprintf("stage %q: circuit breaker %s for %v: what it calls is failing",
+				s.Name, s.Breaker.State, s.Breaker.TimeOpen.Round(time.Millisecond))}
+		}
+		return nil
+	},
+	lines: func(b *strings.Builder, s StageReport) {
+		if br := s.Breaker; br != nil {
+			fmt.Fprintf(b, "breaker %s: %s, opened %d times, open %v, %d attempts held\n",
+				s.Name, br.State, br.Opened, br.TimeOpen.Round(time.Millisecond), br.Held)
+		}
+	},
+	line: func(s StageReport) string {
+		if s.Breaker != nil && s.Breaker.State != BreakerClosed {
+			return " breaker=" + s.Breaker.State.String()
+		}
+		return ""
+	},
 }
 
 // BreakerReport is the account of a stage's circuit breaker in one run.
@@ -165,13 +217,6 @@ func newBreakerState(b Breaker, r *run, stage string) *breakerState {
 	s := &breakerState{cfg: b, r: r, stage: stage, slice: b.Window / breakerSlices, changed: make(chan struct{})}
 	s.closed.Store(true)
 	return s
-}
-
-// ticket is what acquire gave an attempt: when it began (adaptive stages) and whether it
-// is a half-open breaker's probe.
-type ticket struct {
-	began time.Time
-	probe bool
 }
 
 // allow waits until the breaker lets an attempt start, and reports whether that

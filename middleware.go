@@ -456,7 +456,7 @@ func (w *worker[In, Out]) processFrom(ctx context.Context, v In, failed error) e
 		failed = nil
 		if err == nil {
 			if cl != nil {
-				if cl.brk != nil && !cl.brk.closed.Load() { // it may hold the attempt: what the run finished goes on first
+				if cl.mayHold(v) { // it may hold the attempt: what the run finished goes on first
 					if err := w.hold(ctx); err != nil {
 						w.t.failed++
 						return err

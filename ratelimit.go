@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -39,7 +40,11 @@ func WithRateLimit(l Limiter) StageOption {
 	if l == nil {
 		panic("pipeline: WithRateLimit(nil)")
 	}
-	return stageOpt(func(c *config) { c.client.limiter = l })
+	return stageOpt(func(c *config) {
+		c.client.add(policyMaker{name: "WithRateLimit", order: orderLimit, serial: true, make: func(env policyEnv) hook {
+			return &limitHook{env: env, l: l}
+		}})
+	})
 }
 
 // WithRateLimitPerKey gives each key of the stage's items a rate limit of its own:
@@ -65,7 +70,74 @@ func WithRateLimitPerKey[In any, K comparable](key func(In) K, perSecond float64
 	}
 	k := newKeyedLimiters[K](perSecond, burst)
 	fn := func(v In) Limiter { return k.get(key(v)) }
-	return stageOpt(func(c *config) { c.client.keyLimit = fn })
+	return stageOpt(func(c *config) {
+		c.client.add(policyMaker{name: "WithRateLimitPerKey", order: orderKeyLimit, serial: true, make: func(env policyEnv) policy[In] {
+			return &keyLimitPolicy[In]{env: env, lim: fn}
+		}})
+	})
+}
+
+// limitHook is one run's WithRateLimit policy of a stage: before each attempt, a token.
+type limitHook struct {
+	env       policyEnv
+	l         Limiter
+	throttled atomic.Int64 // nanoseconds spent waiting for tokens, by all workers
+}
+
+func (p *limitHook) before(ctx context.Context, t ticket) (ticket, error) {
+	return t, waitToken(ctx, p.env, p.l, &p.throttled)
+}
+func (p *limitHook) cancel(ticket)                   {}
+func (p *limitHook) after(ticket, error, Class) bool { return false }
+func (p *limitHook) holds() bool                     { return false }
+func (p *limitHook) fill(s *StageReport)             { s.Throttled += time.Duration(p.throttled.Load()) }
+
+// keyLimitPolicy is one run's WithRateLimitPerKey policy of a stage: before each
+// attempt, a token of the item's key.
+type keyLimitPolicy[In any] struct {
+	env       policyEnv
+	lim       func(In) Limiter
+	throttled atomic.Int64 // nanoseconds spent waiting for tokens, by all workers
+}
+
+func (p *keyLimitPolicy[In]) before(ctx context.Context, v In, t ticket) (ticket, error) {
+	return t, waitToken(ctx, p.env, p.lim(v), &p.throttled)
+}
+func (p *keyLimitPolicy[In]) cancel(ticket)                   {}
+func (p *keyLimitPolicy[In]) after(ticket, error, Class) bool { return false }
+func (p *keyLimitPolicy[In]) holds(In) bool                   { return false }
+func (p *keyLimitPolicy[In]) fill(s *StageReport)             { s.Throttled += time.Duration(p.throttled.Load()) }
+
+// waitToken takes a token of l, adding the time it waited to throttled. An error of
+// the limiter's own (not the run stopping) is fatal.
+func waitToken(ctx context.Context, env policyEnv, l Limiter, throttled *atomic.Int64) error {
+	wctx := env.waitCtx
+	if ctx != env.r.ctx { // not the run's: keep it as it is
+		wctx = ctx
+	}
+	t0 := time.Now()
+	err := l.Wait(wctx)
+	throttled.Add(int64(time.Since(t0)))
+	if err == nil {
+		return nil
+	}
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	return fmt.Errorf("rate limiter: %w", err)
+}
+
+// limitReport is the rate limits' part of the report's text.
+var limitReport = policyReport{
+	warnings: func(r Report, b Bottleneck, s StageReport) []string {
+		if s.Name == b.Stage && s.Throttled > 0 && r.Elapsed > 0 && s.Workers > 0 {
+			if share := float64(s.Throttled) / (float64(r.Elapsed) * float64(s.Workers)); share >= 0.5 {
+				return []string{fmt.Sprintf("stage %q: its workers spent %d%% of their time waiting for its rate limit: it runs at its quota, and more workers will not help",
+					s.Name, int(share*100))}
+			}
+		}
+		return nil
+	},
 }
 
 // keyedLimiters is the set of per-key limiters of one WithRateLimitPerKey option.
