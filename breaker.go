@@ -58,7 +58,8 @@ func (s BreakerState) String() string {
 // b.FailureRatio of failures. Open, it lets no attempt start: every worker waits before
 // its next attempt, holding its item, and the stage's queue fills, which slows the
 // stages before it (backpressure). After b.OpenFor (or the longer delay that the
-// failure that opened it asked for with [RetryAfter]) it is half-open: b.HalfOpenProbes
+// failure that opened it asked for with [RetryAfter], up to the stage's
+// [WithRetryAfterCap]) it is half-open: b.HalfOpenProbes
 // attempts go through one after another as probes; if they all succeed it closes and
 // every worker goes on, and a failed probe opens it again.
 //
@@ -116,7 +117,7 @@ func WithCircuitBreaker(b Breaker) StageOption {
 	}
 	return stageOpt(func(c *config) {
 		c.client.add(policyMaker{name: "WithCircuitBreaker", order: orderBreaker, make: func(env policyEnv) hook {
-			return breakerHook{newBreakerState(b, env.r, env.stage)}
+			return breakerHook{newBreakerState(b, env.r, env.stage, env.raCap)}
 		}})
 	})
 }
@@ -194,6 +195,7 @@ type breakerState struct {
 	r     *run
 	stage string
 	slice time.Duration
+	raCap time.Duration // the longest Retry-After that keeps it open (WithRetryAfterCap)
 
 	closed atomic.Bool // state == BreakerClosed, read without the lock
 
@@ -213,8 +215,8 @@ type breakerState struct {
 	history   []BreakerTransition
 }
 
-func newBreakerState(b Breaker, r *run, stage string) *breakerState {
-	s := &breakerState{cfg: b, r: r, stage: stage, slice: b.Window / breakerSlices, changed: make(chan struct{})}
+func newBreakerState(b Breaker, r *run, stage string, raCap time.Duration) *breakerState {
+	s := &breakerState{cfg: b, r: r, stage: stage, raCap: raCap, slice: b.Window / breakerSlices, changed: make(chan struct{})}
 	s.closed.Store(true)
 	return s
 }
@@ -389,7 +391,7 @@ func (b *breakerState) moveLocked(to BreakerState, now time.Time, err error) Eve
 	switch to {
 	case BreakerOpen:
 		b.openedAt = now
-		b.openFor = max(b.cfg.OpenFor, retryAfterOf(err)) // a server's Retry-After (retryafter.go)
+		b.openFor = max(b.cfg.OpenFor, min(retryAfterOf(err), b.raCap)) // a server's Retry-After (retryafter.go), capped
 	case BreakerHalfOpen:
 		b.probes, b.probedOK = 0, 0
 	case BreakerClosed:

@@ -80,6 +80,7 @@ type policyEnv struct {
 	stage   string
 	workers int
 	waitCtx context.Context // the run's context without its deadline, for waits
+	raCap   time.Duration   // the longest Retry-After honoured (WithRetryAfterCap)
 }
 
 // policyMaker is what a client option stores in its stage's config.
@@ -110,7 +111,8 @@ const (
 // clientConfig is the part of a stage's config set by the options of this file's
 // family.
 type clientConfig struct {
-	makers []policyMaker // by order
+	makers        []policyMaker // by order
+	retryAfterCap time.Duration // WithRetryAfterCap (retryafter.go); 0: the default
 }
 
 func (c clientConfig) any() bool { return len(c.makers) > 0 }
@@ -161,7 +163,7 @@ func newClient[In, Out any](r *run, rw *row, st *Stage[In, Out]) *client[In] {
 	if !c.any() {
 		return nil
 	}
-	env := policyEnv{r: r, row: rw, stage: rw.name, workers: st.workers, waitCtx: noDeadline{r.ctx}}
+	env := policyEnv{r: r, row: rw, stage: rw.name, workers: st.workers, waitCtx: noDeadline{r.ctx}, raCap: c.retryAfterCapOf()}
 	cl := &client[In]{}
 	for _, m := range c.makers {
 		var p policy[In]

@@ -116,7 +116,8 @@
 // given the same one), and [WithRateLimitPerKey] gives each key a quota of its own; the
 // wait for a token is not part of [WithTimeout]. An error marked with [RetryAfter] (or
 // any error with a RetryAfter() time.Duration method) makes its retry wait at least the
-// delay the server asked for. [WithCircuitBreaker] stops calling a service that fails
+// delay the server asked for, up to a cap ([WithRetryAfterCap], 10 minutes by default)
+// past which the item is set aside at once with a [*RetryAfterError]. [WithCircuitBreaker] stops calling a service that fails
 // wholesale: while the breaker is open the stage's workers wait, holding their items,
 // probe the service after a while, and go on once it answers, so an outage sets no item
 // aside and fails none (and an error budget does not count the held items); a breaker

@@ -322,6 +322,35 @@ func (e *BreakerError) Error() string {
 // Is reports whether target is [ErrBreakerOpen].
 func (e *BreakerError) Is(target error) bool { return target == ErrBreakerOpen }
 
+// ErrRetryAfterTooLong is matched (with [errors.Is]) by the error of an item whose
+// failed attempt asked, with a Retry-After, for a longer delay than its stage's cap
+// (see [WithRetryAfterCap]). The concrete error is a [*RetryAfterError].
+var ErrRetryAfterTooLong = errors.New("pipeline: Retry-After past its cap")
+
+// RetryAfterError reports an attempt of Stage whose error asked for a retry no sooner
+// than Delay from now (see [RetryAfter]), longer than the stage's cap ([WithRetryAfterCap]):
+// the item was set aside as an item error rather than waited for. Err is the attempt's
+// error. It matches [ErrRetryAfterTooLong]; the report counts it under its type,
+// "*pipeline.RetryAfterError".
+type RetryAfterError struct {
+	Stage string
+	Delay time.Duration // what the server asked for
+	Cap   time.Duration // the stage's cap
+	Err   error
+}
+
+// Error implements error.
+func (e *RetryAfterError) Error() string {
+	return fmt.Sprintf("pipeline: stage %q: the server asked to retry after %v, past the cap of %v: set aside: %v",
+		e.Stage, e.Delay, e.Cap, e.Err)
+}
+
+// Unwrap returns the attempt's error.
+func (e *RetryAfterError) Unwrap() error { return e.Err }
+
+// Is reports whether target is [ErrRetryAfterTooLong].
+func (e *RetryAfterError) Is(target error) bool { return target == ErrRetryAfterTooLong }
+
 // retryAfterError is an error that carries the delay a server asked for.
 type retryAfterError struct {
 	err error

@@ -101,6 +101,43 @@ func ExampleRetryAfter() {
 	// Output: [7] <nil> 2 true
 }
 
+// This example shows WithRetryAfterCap: a quota's "Retry-After: 3600" is past the
+// stage's cap of a minute, so the item is not waited for but set aside at once, and the
+// dead letter names why; the next item goes on.
+func ExampleWithRetryAfterCap() {
+	call := pipeline.NewStage("call", 1, func(_ context.Context, v int) (int, error) {
+		if v == 1 {
+			return 0, pipeline.RetryAfter(errors.New("429 daily quota used up"), 3600*time.Second)
+		}
+		return v, nil
+	}, pipeline.WithRetry(3, nil), pipeline.WithRetryAfterCap(time.Minute),
+		pipeline.WithDeadLetter(func(_ context.Context, dl pipeline.DeadLetter[int]) error {
+			fmt.Println("set aside:", dl.Item, dl.ErrType)
+			return nil
+		}))
+
+	p := pipeline.New()
+	out, err := pipeline.Collect(context.Background(), pipeline.Then(pipeline.FromSlice(p, []int{1, 2}), call))
+	fmt.Println(out, err)
+	// Output:
+	// set aside: 1 *pipeline.RetryAfterError
+	// [2] <nil>
+}
+
+// This example shows a *RetryAfterError: a stage without a dead-letter destination
+// fails the run with it, and it gives the delay asked for and the cap.
+func ExampleRetryAfterError() {
+	call := pipeline.NewStage("call", 1, func(context.Context, int) (int, error) {
+		return 0, pipeline.RetryAfter(errors.New("503 maintenance"), 2*time.Hour)
+	}, pipeline.WithRetry(3, nil))
+
+	p := pipeline.New()
+	_, err := pipeline.Collect(context.Background(), pipeline.Then(pipeline.FromSlice(p, []int{1}), call))
+	rae, _ := errors.AsType[*pipeline.RetryAfterError](err)
+	fmt.Println(errors.Is(err, pipeline.ErrRetryAfterTooLong), rae.Stage, rae.Delay, rae.Cap)
+	// Output: true call 2h0m0s 10m0s
+}
+
 // This example shows ParseRetryAfter reading both forms of an HTTP Retry-After header.
 func ExampleParseRetryAfter() {
 	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)

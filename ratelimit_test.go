@@ -339,7 +339,7 @@ func TestRetryAfterCancel(t *testing.T) {
 		defer cancel()
 		st := pipeline.NewStage("call", 1, func(context.Context, int) (int, error) {
 			return 0, pipeline.RetryAfter(errBoom, time.Hour)
-		}, pipeline.WithRetry(2, nil))
+		}, pipeline.WithRetry(2, nil), pipeline.WithRetryAfterCap(2*time.Hour))
 		p := pipeline.New()
 		pipeline.To(pipeline.Then(pipeline.FromSlice(p, []int{1}), st), nopSink())
 		t0 := time.Now()
