@@ -121,7 +121,11 @@
 // wholesale: while the breaker is open the stage's workers wait, holding their items,
 // probe the service after a while, and go on once it answers, so an outage sets no item
 // aside and fails none (and an error budget does not count the held items); a breaker
-// open for longer than its MaxOpen fails the run with a [*BreakerError].
+// not closed for its MaxOpen in all over a window, across spells, fails the run with a
+// [*BreakerError]. Breaker.Counts says which errors count toward opening (leave a 429
+// out). A stage's breaker is its own, for the whole stage; [NewCircuitBreaker] makes
+// one that the stages of several pipelines share with [WithSharedBreaker], so that one
+// service's outage is seen once.
 // [WithAdaptiveWorkers] moves the number of the stage's active workers between a
 // minimum and its workers from the latency and errors it measures, settling where the
 // service starts to queue. The report gives each breaker's state and time open and each

@@ -300,23 +300,25 @@ func ClassOf(err error) (Class, bool) {
 }
 
 // ErrBreakerOpen is matched (with [errors.Is]) by the error of a run whose circuit
-// breaker stayed open for longer than its MaxOpen (see [WithCircuitBreaker]). The
+// breaker stayed open for its MaxOpen (see [WithCircuitBreaker]). The
 // concrete error is a [*BreakerError].
 var ErrBreakerOpen = errors.New("pipeline: circuit breaker open too long")
 
 // BreakerError reports a circuit breaker that was not closed (open, or half-open with
-// failing probes) for Open, longer than its MaxOpen: the service that Stage calls is
-// still down. It matches [ErrBreakerOpen].
+// failing probes) for Open in all over the last Window (its MaxOpenWindow), as long as
+// its MaxOpen or longer: the service that Stage calls is still down, or keeps going
+// down. It matches [ErrBreakerOpen].
 type BreakerError struct {
 	Stage   string
 	Open    time.Duration
 	MaxOpen time.Duration
+	Window  time.Duration
 }
 
 // Error implements error.
 func (e *BreakerError) Error() string {
-	return fmt.Sprintf("pipeline: circuit breaker of stage %q open for %v, longer than its MaxOpen of %v: what the stage calls is still failing",
-		e.Stage, e.Open, e.MaxOpen)
+	return fmt.Sprintf("pipeline: circuit breaker of stage %q open for %v of the last %v, as long as its MaxOpen of %v: what the stage calls is still failing",
+		e.Stage, e.Open, e.Window, e.MaxOpen)
 }
 
 // Is reports whether target is [ErrBreakerOpen].

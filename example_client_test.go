@@ -231,6 +231,90 @@ func ExampleBreaker() {
 	// closed 0 0s 0
 }
 
+// This example shows Breaker.Counts: an HTTP 429 says the service is up and pacing
+// its clients, so it should not open the breaker; its Retry-After paces the retry.
+// Here a 429 and a 503 each fail one item once: only the 503 opens the breaker.
+func ExampleBreaker_counts() {
+	errTooMany := errors.New("429 too many requests")
+	b := pipeline.Breaker{
+		Failures: 1, OpenFor: 10 * time.Millisecond,
+		Counts: func(err error, class pipeline.Class) bool {
+			return class == pipeline.ClassTransient && !errors.Is(err, errTooMany)
+		},
+	}
+	var calls atomic.Int64
+	call := pipeline.NewStage("call", 1, func(_ context.Context, v int) (int, error) {
+		switch calls.Add(1) {
+		case 1:
+			return 0, pipeline.RetryAfter(errTooMany, time.Millisecond)
+		case 3:
+			return 0, pipeline.Transient(errors.New("503 service unavailable"))
+		}
+		return v, nil
+	}, pipeline.WithRetry(2, nil), pipeline.WithCircuitBreaker(b))
+	p := pipeline.New()
+	out, err := pipeline.Collect(context.Background(), pipeline.Then(pipeline.FromSlice(p, []int{1, 2}), call))
+	s, _ := p.Report().Stage("call")
+	fmt.Println(out, err, "opened:", s.Breaker.Opened)
+	// Output: [1 2] <nil> opened: 1
+}
+
+// This example shows NewCircuitBreaker and WithSharedBreaker: two pipelines call one
+// service through one breaker. The first one finds the service down: the breaker opens,
+// and the run is given up (its context's deadline). The service is back, but the
+// breaker is still open when the second pipeline runs: its stage waits for the end of
+// OpenFor rather than call the service at once, and its first call is the probe that
+// closes the breaker.
+func ExampleNewCircuitBreaker() {
+	cb := pipeline.NewCircuitBreaker(pipeline.Breaker{Failures: 1, OpenFor: 50 * time.Millisecond})
+	var down atomic.Bool
+	down.Store(true)
+	var calls atomic.Int64
+	service := func(_ context.Context, v int) (int, error) {
+		calls.Add(1)
+		if down.Load() {
+			return 0, pipeline.Transient(errors.New("503 service unavailable"))
+		}
+		return v, nil
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	p1 := pipeline.New()
+	_, err := pipeline.Collect(ctx, pipeline.Then(pipeline.FromSlice(p1, []int{1}),
+		pipeline.NewStage("orders", 1, service, pipeline.WithSharedBreaker(cb))))
+	fmt.Println(err, cb.State(), calls.Load())
+
+	down.Store(false)
+	p2 := pipeline.New()
+	out, err := pipeline.Collect(context.Background(), pipeline.Then(pipeline.FromSlice(p2, []int{2}),
+		pipeline.NewStage("refunds", 1, service, pipeline.WithSharedBreaker(cb))))
+	s, _ := p2.Report().Stage("refunds")
+	fmt.Println(out, err, cb.State(), calls.Load(), s.Breaker.Opened)
+	// Output:
+	// context deadline exceeded open 1
+	// [2] <nil> closed 2 1
+}
+
+// This example shows CircuitBreaker.State: a shared breaker starts closed.
+func ExampleCircuitBreaker_State() {
+	cb := pipeline.NewCircuitBreaker(pipeline.Breaker{Failures: 5})
+	fmt.Println(cb.State())
+	// Output: closed
+}
+
+// This example shows WithSharedBreaker: the stages that write to one database, in two
+// pipelines, share its breaker, so that its outage opens it once for both.
+func ExampleWithSharedBreaker() {
+	db := pipeline.NewCircuitBreaker(pipeline.Breaker{FailureRatio: 0.5, OpenFor: time.Second})
+	save := func(context.Context, int) error { return nil }
+	p1, p2 := pipeline.New(), pipeline.New()
+	pipeline.To(pipeline.FromSlice(p1, ints(10)), pipeline.NewSink("save-orders", 2, save, pipeline.WithSharedBreaker(db)))
+	pipeline.To(pipeline.FromSlice(p2, ints(10)), pipeline.NewSink("save-refunds", 2, save, pipeline.WithSharedBreaker(db)))
+	fmt.Println(p1.Run(context.Background()), p2.Run(context.Background()), db.State())
+	// Output: <nil> <nil> closed
+}
+
 // This example shows a breaker transition as a log line of WithLogger.
 func ExampleBreakerTransition() {
 	logger := slog.New(slog.NewTextHandler(os.Stdout, &slog.HandlerOptions{
