@@ -69,8 +69,9 @@ func (p itemless[In]) fill(s *StageReport)                         { p.h.fill(s)
 
 // ticket is what the policies gave an attempt before it began, for their after hooks.
 type ticket struct {
-	began time.Time // adaptive.go: when it began
-	probe bool      // breaker.go: it is a half-open breaker's probe
+	began    time.Time // adaptive.go: when it began
+	measured bool      // adaptive.go: its latency is measured
+	probe    bool      // breaker.go: it is a half-open breaker's probe
 }
 
 // policyEnv is what a policy is made with: its run, row and stage.
