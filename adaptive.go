@@ -27,14 +27,18 @@ import (
 //
 //   - Errors rise (at least 1 attempt in 10 of the window failed with a transient error
 //     or a timeout): the limit shrinks by a quarter.
-//   - Calls queue (more than one, or a 16th of the limit, whichever is more): the
-//     service is saturated, and the limit is cut to what it serves at the floor
-//     latency, limit × floor / mean (at least 1 less): the knee, which
-//     [Report.Bottleneck] names. The window after a cut measures the floor again: if
-//     the latency did not fall with the concurrency, the service itself got slower,
-//     and its latency there is the new floor.
-//   - Otherwise, if nothing queues and every active worker was busy at some point of
-//     the window (more of them could have been used), it grows by 1.
+//   - Calls queue (more than three quarters of one, and more than the latency's usual
+//     spread explains): the service is saturated, and the limit is cut to what it
+//     serves at the floor latency, limit × floor / mean (at least 1 less): the knee,
+//     which [Report.Bottleneck] names. The window after a cut measures the floor
+//     again: if the latency did not fall with the concurrency, the service itself got
+//     slower, and its latency there is the new floor. Each time a cut comes back to
+//     the same knee, the limit waits twice as long (4, 8, ... up to 64 windows) before
+//     it probes above it again, so that probing a known knee costs little latency.
+//   - Otherwise, if nothing queues (less than half a call) and every active worker was
+//     busy at some point of the window (more of them could have been used), it grows:
+//     by 1, and by twice as much at each next window that still finds nothing queued
+//     (at most half the limit), so that it catches up with a service scaled up.
 //
 // So it grows while throughput grows with the workers and latency stays at its floor,
 // settles within a call or two above the concurrency where the service starts
