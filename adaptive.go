@@ -31,8 +31,9 @@ import (
 //     spread explains): the service is saturated, and the limit is cut to what it
 //     serves at the floor latency, limit × floor / mean (at least 1 less): the knee,
 //     which [Report.Bottleneck] names. The window after a cut measures the floor
-//     again: if the latency did not fall with the concurrency, the service itself got
-//     slower, and its latency there is the new floor. Each time a cut comes back to
+//     again: if the latency did not fall with the concurrency, nor at one more cut
+//     (by a quarter) that tells, the service itself got slower, and its latency there
+//     is the new floor. Each time a cut comes back to
 //     the same knee, the limit waits twice as long (4, 8, ... up to 64 windows) before
 //     it probes above it again, so that probing a known knee costs little latency.
 //   - Otherwise, if nothing queues (less than half a call) and every active worker was
@@ -186,6 +187,7 @@ type adaptive struct {
 	cut       bool            // the last revision cut the limit for latency: this window measures the floor again
 	cutMean   time.Duration   // the mean latency that made the cut
 	cutFrom   int             // the limit before the cut
+	confirmed bool            // the last cut was to confirm a slower service
 	knee      int             // the limit after the last cut for latency
 	hold      int             // windows to wait before growing
 	holdNext  int             // the hold after a cut that brings the limit back to the same knee
@@ -267,8 +269,9 @@ func (a *adaptive) reviseLocked() *LimitChange {
 	old := int(a.limit.Load())
 	cut := a.cut
 	a.cut = false
-	queued := 0.0 // the stage's calls waiting in the service's queue, by Vegas's reckoning
-	spread := 0.0 // the standard error of queued that the latency's spread makes
+	confirm := false // cut once more, to tell a slower service from queueing
+	queued := 0.0    // the stage's calls waiting in the service's queue, by Vegas's reckoning
+	spread := 0.0    // the standard error of queued that the latency's spread makes
 	var mean, floor time.Duration
 	if a.ok*2 >= a.n { // enough successes to measure the latency
 		mean = a.sum / time.Duration(a.ok)
@@ -280,17 +283,27 @@ func (a *adaptive) reviseLocked() *LimitChange {
 			floor = slices.Min(a.floors)
 			queued = float64(old) * (1 - float64(floor)/float64(mean))
 		}
-		// After a cut, queueing alone would have brought the latency down in proportion
-		// to the concurrency (to cutMean × old / cutFrom). If it fell by less than
-		// half of that, or there is no less concurrency to try, the service itself got
-		// slower, and this is its floor now.
+		// After a cut, queueing alone would have brought the latency down with the
+		// concurrency, to cutMean × old / cutFrom. If it stayed where it was (within
+		// half of that fall and a tenth, or what the latency's spread explains), the
+		// service itself may have got slower: one more cut tells, since a latency that
+		// stays where it was again is the service's floor now (and so is the latency at
+		// the least concurrency). A latency that moved otherwise is queueing still (the
+		// cut's window straddled a change of the service, or it lost capacity again):
+		// cut again against the same floor.
 		slower := old == a.min
 		if cut {
 			fell := float64(a.cutMean) * (1 - float64(old)/float64(a.cutFrom))
-			slower = float64(a.cutMean-mean) < fell/2
+			tol := max(min(float64(a.cutMean)/10, fell/2), 3*a.noise*float64(mean)/math.Sqrt(float64(a.ok)))
+			slower = math.Abs(float64(mean-a.cutMean)) <= tol
 		}
-		if queued > limitClear && slower {
-			a.floors, floor, queued = a.floors[:0], mean, 0
+		switch {
+		case queued <= limitClear || !slower:
+			a.confirmed = false
+		case !a.confirmed && old > a.min:
+			confirm, a.confirmed = true, true // the next window confirms it
+		default:
+			a.floors, floor, queued, a.confirmed = a.floors[:0], mean, 0, false
 		}
 		if queued < limitClear {
 			if !a.noiseSet {
@@ -306,6 +319,9 @@ func (a *adaptive) reviseLocked() *LimitChange {
 	next, reason := old, ""
 	grow := false
 	switch {
+	case confirm:
+		next, reason = max(a.min, min(old*3/4, old-1)), "latency"
+		a.cut, a.cutMean, a.cutFrom = true, mean, old
 	case a.failed*10 >= a.n:
 		next, reason = max(a.min, min(old*3/4, old-1)), "errors"
 		a.hold = 2
