@@ -82,6 +82,8 @@ type policyEnv struct {
 	workers int
 	waitCtx context.Context // the run's context without its deadline, for waits
 	raCap   time.Duration   // the longest Retry-After honoured (WithRetryAfterCap)
+
+	maxTokenWait time.Duration // WithMaxTokenWait (ratelimit.go); 0: no bound
 }
 
 // policyMaker is what a client option stores in its stage's config.
@@ -114,6 +116,7 @@ const (
 type clientConfig struct {
 	makers        []policyMaker // by order
 	retryAfterCap time.Duration // WithRetryAfterCap (retryafter.go); 0: the default
+	maxTokenWait  time.Duration // WithMaxTokenWait (ratelimit.go); 0: no bound
 }
 
 func (c clientConfig) any() bool { return len(c.makers) > 0 }
@@ -142,6 +145,9 @@ func (noDeadline) Deadline() (time.Time, bool) { return time.Time{}, false }
 
 // checkClient validates the client options of a stage at construction.
 func (st *Stage[In, Out]) checkClient(ctor string) {
+	if st.cfg.client.maxTokenWait > 0 && !slices.ContainsFunc(st.cfg.client.makers, func(m policyMaker) bool { return m.order == orderLimit || m.order == orderKeyLimit }) {
+		panic(fmt.Sprintf("pipeline: %s(%q): WithMaxTokenWait without WithRateLimit or WithRateLimitPerKey", ctor, st.name))
+	}
 	for _, m := range st.cfg.client.makers {
 		switch m.make.(type) {
 		case func(policyEnv) hook, func(policyEnv) policy[In]:
@@ -164,7 +170,7 @@ func newClient[In, Out any](r *run, rw *row, st *Stage[In, Out]) *client[In] {
 	if !c.any() {
 		return nil
 	}
-	env := policyEnv{r: r, row: rw, stage: rw.name, workers: st.workers, waitCtx: noDeadline{r.ctx}, raCap: c.retryAfterCapOf()}
+	env := policyEnv{r: r, row: rw, stage: rw.name, workers: st.workers, waitCtx: noDeadline{r.ctx}, raCap: c.retryAfterCapOf(), maxTokenWait: c.maxTokenWait}
 	cl := &client[In]{}
 	for _, m := range c.makers {
 		var p policy[In]

@@ -114,7 +114,9 @@
 // A stage that calls a service can be a good client of it. [WithRateLimit] paces its
 // attempts with a [Limiter] (a [golang.org/x/time/rate.Limiter], shared by any stages
 // given the same one), and [WithRateLimitPerKey] gives each key a quota of its own; the
-// wait for a token is not part of [WithTimeout]. An error marked with [RetryAfter] (or
+// wait for a token is not part of [WithTimeout], and [WithMaxTokenWait] bounds it,
+// shedding the items whose token is too far off (a hot key's, which would otherwise
+// pace every key behind it). An error marked with [RetryAfter] (or
 // any error with a RetryAfter() time.Duration method) makes its retry wait at least the
 // delay the server asked for, up to a cap ([WithRetryAfterCap], 10 minutes by default)
 // past which the item is set aside at once with a [*RetryAfterError]. [WithCircuitBreaker] stops calling a service that fails

@@ -353,6 +353,27 @@ func (e *RetryAfterError) Unwrap() error { return e.Err }
 // Is reports whether target is [ErrRetryAfterTooLong].
 func (e *RetryAfterError) Is(target error) bool { return target == ErrRetryAfterTooLong }
 
+// ErrThrottled is matched (with [errors.Is]) by the error of an item shed because its
+// attempt would have waited longer than its stage's [WithMaxTokenWait] for a rate-limit
+// token. The concrete error is a [*ThrottledError].
+var ErrThrottled = errors.New("pipeline: rate-limit token too far off")
+
+// ThrottledError reports an item of Stage that was shed, not attempted, because its
+// token would have come later than MaxWait from now ([WithMaxTokenWait]). It matches
+// [ErrThrottled]; the report counts it under its type, "*pipeline.ThrottledError".
+type ThrottledError struct {
+	Stage   string
+	MaxWait time.Duration
+}
+
+// Error implements error.
+func (e *ThrottledError) Error() string {
+	return fmt.Sprintf("pipeline: stage %q: its rate limit has no token within %v: shed", e.Stage, e.MaxWait)
+}
+
+// Is reports whether target is [ErrThrottled].
+func (e *ThrottledError) Is(target error) bool { return target == ErrThrottled }
+
 // retryAfterError is an error that carries the delay a server asked for.
 type retryAfterError struct {
 	err error

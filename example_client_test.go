@@ -83,6 +83,51 @@ func ExampleWithRateLimitPerKey() {
 	// Output: <nil> map[acme:3 globex:1]
 }
 
+// This example shows WithMaxTokenWait capping a hot tenant: each tenant has a quota of
+// 1 call per hour with a burst of 2, and an item may wait at most 10 ms for its token.
+// Acme's third and fourth items would wait far longer, so they are shed to the dead
+// letters, and Globex's item behind them goes on at once.
+func ExampleWithMaxTokenWait() {
+	type request struct {
+		Tenant string
+		N      int
+	}
+	var mu sync.Mutex
+	var done []string
+	call := pipeline.NewSink("call", 1, func(_ context.Context, r request) error {
+		mu.Lock()
+		defer mu.Unlock()
+		done = append(done, fmt.Sprint(r.Tenant, r.N))
+		return nil
+	}, pipeline.WithRateLimitPerKey(func(r request) string { return r.Tenant }, 1.0/3600, 2),
+		pipeline.WithMaxTokenWait(10*time.Millisecond),
+		pipeline.WithDeadLetter(func(_ context.Context, dl pipeline.DeadLetter[request]) error {
+			fmt.Println("shed:", dl.Item.Tenant, dl.Item.N, dl.ErrType)
+			return nil
+		}))
+
+	p := pipeline.New()
+	pipeline.To(pipeline.FromSlice(p, []request{{"acme", 1}, {"acme", 2}, {"acme", 3}, {"acme", 4}, {"globex", 1}}), call)
+	fmt.Println(p.Run(context.Background()), done)
+	// Output:
+	// shed: acme 3 *pipeline.ThrottledError
+	// shed: acme 4 *pipeline.ThrottledError
+	// <nil> [acme1 acme2 globex1]
+}
+
+// This example shows a *ThrottledError: a stage whose rate limit has no token within
+// its WithMaxTokenWait, and no dead-letter destination, fails the run with it.
+func ExampleThrottledError() {
+	quota := rate.NewLimiter(rate.Every(time.Hour), 1) // one call, then one an hour
+	call := pipeline.NewStage("call", 1, func(_ context.Context, v int) (int, error) { return v, nil },
+		pipeline.WithRateLimit(quota), pipeline.WithMaxTokenWait(time.Second))
+	p := pipeline.New()
+	_, err := pipeline.Collect(context.Background(), pipeline.Then(pipeline.FromSlice(p, []int{1, 2}), call))
+	te, _ := errors.AsType[*pipeline.ThrottledError](err)
+	fmt.Println(errors.Is(err, pipeline.ErrThrottled), te.Stage, te.MaxWait)
+	// Output: true call 1s
+}
+
 // This example shows RetryAfter: a 429 response says how long to wait, and the retry
 // waits at least that long, even though the backoff alone would retry at once.
 func ExampleRetryAfter() {

@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -466,6 +467,9 @@ func (w *worker[In, Out]) processFrom(ctx context.Context, v In, failed error) e
 					if ctx.Err() != nil {
 						w.t.failed++
 						return context.Cause(ctx)
+					}
+					if errors.Is(err, ErrThrottled) { // shed: no token within WithMaxTokenWait (ratelimit.go)
+						return w.deadLetter(ctx, v, attempt-1, ClassItem, cmp.Or(first, err), err)
 					}
 					return w.fail(err, attempt-1, false)
 				}
