@@ -258,11 +258,12 @@ func ExampleBreakerState() {
 
 // This example shows the Breaker of a stage that calls a database: open when half the
 // attempts of the last 10 s failed (with at least 20 of them), probe after 2 s with 3
-// probes, and give up after 5 minutes; and the transitions its report lists.
+// probes, and give up once it has been open for 5 minutes in all over the last 15
+// (in one spell or several); and the transitions its report lists.
 func ExampleBreaker() {
 	b := pipeline.Breaker{
 		FailureRatio: 0.5, MinSample: 20, Window: 10 * time.Second,
-		OpenFor: 2 * time.Second, HalfOpenProbes: 3, MaxOpen: 5 * time.Minute,
+		OpenFor: 2 * time.Second, HalfOpenProbes: 3, MaxOpen: 5 * time.Minute, MaxOpenWindow: 15 * time.Minute,
 	}
 	st := pipeline.NewSink("save", 4, func(context.Context, int) error { return nil }, pipeline.WithCircuitBreaker(b))
 	p := pipeline.New()
