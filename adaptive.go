@@ -89,11 +89,12 @@ type adaptivePolicy struct {
 
 func (p *adaptivePolicy) before(_ context.Context, t ticket) (ticket, error) {
 	t.began, t.measured = p.a.begin()
+	t.inflight = true
 	return t, nil
 }
 
 func (p *adaptivePolicy) cancel(t ticket) {
-	if !t.began.IsZero() {
+	if t.inflight {
 		p.a.inflight.Add(-1)
 	}
 }
@@ -192,12 +193,12 @@ type adaptive struct {
 	hold      int             // windows to wait before growing
 	holdNext  int             // the hold after a cut that brings the limit back to the same knee
 	step      int             // the next growth: doubles while growing finds no queue
-	changed   time.Time       // when the limit last changed: earlier attempts are not measured
+	changed   time.Duration   // when the limit last changed (monotonic): earlier attempts are not measured
 	history   []LimitChange
 }
 
 func newAdaptive(min, max int, started time.Time) *adaptive {
-	a := &adaptive{min: min, max: max, started: started, done: make(chan struct{}), grown: make(chan struct{})}
+	a := &adaptive{min: min, max: max, started: started, done: make(chan struct{}), grown: make(chan struct{}), changed: monotonic()}
 	a.limit.Store(int64(min))
 	return a
 }
@@ -229,20 +230,20 @@ func (a *adaptive) close() { a.endOnce.Do(func() { close(a.done) }) }
 
 // begin counts an attempt in flight and returns when it began, and whether it is to be
 // measured: it began with no more attempts in flight than the limit allows.
-func (a *adaptive) begin() (time.Time, bool) {
+func (a *adaptive) begin() (time.Duration, bool) {
 	n, limit := a.inflight.Add(1), a.limit.Load()
 	if n >= limit && !a.saturated.Load() {
 		a.saturated.Store(true)
 	}
-	return time.Now(), n <= limit
+	return monotonic(), n <= limit
 }
 
 // end counts an attempt's outcome, and revises the limit at the end of a window.
-func (a *adaptive) end(r *run, stage string, began time.Time, measured, failed bool) {
-	d := time.Since(began)
+func (a *adaptive) end(r *run, stage string, began time.Duration, measured, failed bool) {
+	d := monotonic() - began
 	a.inflight.Add(-1)
 	a.mu.Lock()
-	if !measured || began.Before(a.changed) { // began under another limit: says nothing of this one
+	if !measured || began < a.changed { // began under another limit: says nothing of this one
 		a.mu.Unlock()
 		return
 	}
@@ -350,7 +351,7 @@ func (a *adaptive) reviseLocked() *LimitChange {
 		return nil
 	}
 	a.limit.Store(int64(next))
-	a.changed = time.Now()
+	a.changed = monotonic()
 	if next > old {
 		close(a.grown)
 		a.grown = make(chan struct{})

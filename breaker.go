@@ -114,7 +114,7 @@ func (s BreakerState) String() string {
 func WithCircuitBreaker(b Breaker) StageOption {
 	b = b.normalized("WithCircuitBreaker")
 	return stageOpt(func(c *config) {
-		c.client.add(policyMaker{name: "WithCircuitBreaker", order: orderBreaker, make: func(env policyEnv) hook {
+		c.client.add(policyMaker{name: "WithCircuitBreaker", order: orderBreaker, holds: true, make: func(env policyEnv) hook {
 			return &breakerHook{env: env, b: newBreakerState(b)}
 		}})
 	})
@@ -156,7 +156,7 @@ func WithSharedBreaker(cb *CircuitBreaker) StageOption {
 		panic("pipeline: WithSharedBreaker(nil)")
 	}
 	return stageOpt(func(c *config) {
-		c.client.add(policyMaker{name: "WithCircuitBreaker", order: orderBreaker, make: func(env policyEnv) hook {
+		c.client.add(policyMaker{name: "WithCircuitBreaker", order: orderBreaker, holds: true, make: func(env policyEnv) hook {
 			return &breakerHook{env: env, b: cb.s}
 		}})
 	})
