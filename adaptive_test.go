@@ -3,6 +3,7 @@ package pipeline_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -342,5 +343,220 @@ func TestAdaptiveOrderedAckKeepsOrder(t *testing.T) {
 			}
 		}
 		checkAccounting(t, p.Report())
+	})
+}
+
+// kneeService is a simulated service of c slots whose c can change: a call takes flat
+// time in a slot, and waits in FIFO order for a free one. It records when each call
+// started and how long it took, as the caller sees it.
+type kneeService struct {
+	flat  time.Duration
+	start time.Time
+
+	mu    sync.Mutex
+	c     int
+	busy  int
+	queue []chan struct{}
+	at    []time.Duration // when each call started, since start
+	lat   []time.Duration
+}
+
+func newKneeService(c int, flat time.Duration) *kneeService {
+	return &kneeService{c: c, flat: flat, start: time.Now()}
+}
+
+func (s *kneeService) call(_ context.Context, v int) (int, error) {
+	t0 := time.Now()
+	s.mu.Lock()
+	if s.busy < s.c {
+		s.busy++
+		s.mu.Unlock()
+	} else {
+		ch := make(chan struct{})
+		s.queue = append(s.queue, ch)
+		s.mu.Unlock()
+		<-ch // handed a slot
+	}
+	time.Sleep(s.flat)
+	s.mu.Lock()
+	s.release()
+	s.at = append(s.at, t0.Sub(s.start))
+	s.lat = append(s.lat, time.Since(t0))
+	s.mu.Unlock()
+	return v, nil
+}
+
+// release frees a slot, or hands it to the first waiting call.
+func (s *kneeService) release() {
+	if s.busy <= s.c && len(s.queue) > 0 {
+		close(s.queue[0])
+		s.queue = s.queue[1:]
+		return
+	}
+	s.busy--
+}
+
+// setC changes the number of slots, handing new ones to waiting calls.
+func (s *kneeService) setC(c int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.c = c
+	for s.busy < s.c && len(s.queue) > 0 {
+		s.busy++
+		close(s.queue[0])
+		s.queue = s.queue[1:]
+	}
+}
+
+// p99 returns the 99th percentile latency of the calls that started in [from, to).
+func (s *kneeService) p99(from, to time.Duration) time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var l []time.Duration
+	for i, at := range s.at {
+		if at >= from && at < to {
+			l = append(l, s.lat[i])
+		}
+	}
+	if len(l) == 0 {
+		return 0
+	}
+	slices.Sort(l)
+	return l[int(0.99*float64(len(l)-1))]
+}
+
+// limitSamples samples a stage's limit every 100 ms of virtual time while p runs.
+type limitSamples struct {
+	mu sync.Mutex
+	at []time.Duration
+	l  []int
+}
+
+func sampleLimit(p *pipeline.Pipeline, stage string, start time.Time, done <-chan struct{}) *limitSamples {
+	s := &limitSamples{}
+	go func() {
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(100 * time.Millisecond):
+				if r, ok := p.Snapshot().Stage(stage); ok {
+					s.mu.Lock()
+					s.at, s.l = append(s.at, time.Since(start)), append(s.l, r.Limit)
+					s.mu.Unlock()
+				}
+			}
+		}
+	}()
+	return s
+}
+
+// mean returns the mean of the samples taken in [from, to), and the time of the first
+// sample of [from, to) from which on every sample of [from, to) is within ±tol of want.
+func (s *limitSamples) mean(from, to time.Duration, want int, tol float64) (mean float64, within time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var sum, n int
+	within = -1
+	for i, at := range s.at {
+		if at < from || at >= to {
+			continue
+		}
+		sum, n = sum+s.l[i], n+1
+		if ok := math.Abs(float64(s.l[i]-want)) <= tol*float64(want); !ok {
+			within = -1
+		} else if within < 0 {
+			within = at
+		}
+	}
+	return float64(sum) / float64(n), within
+}
+
+// runKneePhases runs an adaptive stage of 64 workers (from 1) against a knee service
+// whose slots go through cs, phase long each, and returns the service, the samples and
+// the report. The source emits until the last phase ends.
+func runKneePhases(t *testing.T, cs []int, phase time.Duration) (*kneeService, *limitSamples, pipeline.Report) {
+	t.Helper()
+	svc := newKneeService(cs[0], 10*time.Millisecond)
+	start := svc.start
+	total := phase * time.Duration(len(cs))
+	for i, c := range cs[1:] {
+		time.AfterFunc(phase*time.Duration(i+1), func() { svc.setC(c) })
+	}
+	p := pipeline.New()
+	src := pipeline.Generate(p, func(ctx context.Context, emit func(int) error) error {
+		for i := 0; time.Since(start) < total; i++ {
+			if err := emit(i); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	pipeline.To(pipeline.Then(src, pipeline.NewStage("call", 64, svc.call, pipeline.WithAdaptiveWorkers(1))), nopSink())
+	done := make(chan struct{})
+	samples := sampleLimit(p, "call", start, done)
+	require.NoError(t, p.Run(t.Context()))
+	close(done)
+	synctest.Wait()
+	rep := p.Report()
+	checkReport(t, rep)
+	return svc, samples, rep
+}
+
+// TestAdaptiveKnee is the done-when check of issue 21 for a fixed knee: for C slots of
+// 10 ms in {4, 8, 16, 32, 64}, the limit's mean over the second half of a 20 s phase
+// is within ±25 % of C, p99 is at most 1.5× the uncongested 10 ms there, and
+// Bottleneck names C as the knee (for C = 64, the stage's maximum: it says that more
+// workers are needed).
+func TestAdaptiveKnee(t *testing.T) {
+	t.Parallel()
+	for _, c := range []int{4, 8, 16, 32, 64} {
+		t.Run(fmt.Sprintf("C=%d", c), func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				const phase = 20 * time.Second
+				svc, samples, rep := runKneePhases(t, []int{c}, phase)
+				mean, _ := samples.mean(phase/2, phase, c, 0.25)
+				p99 := svc.p99(phase/2, phase)
+				call := row(t, rep, "call")
+				b := rep.Bottleneck(float64(200 * c)) // twice what the service can do
+				t.Logf("C=%d: limit mean %.2f over the second half, final %d, p99 %v, %d changes; %v", c, mean, call.Limit, p99, len(call.LimitHistory), b.Warnings)
+				assert.InDelta(t, c, mean, 0.25*float64(c))
+				assert.LessOrEqual(t, p99, 15*time.Millisecond)
+				if c == 64 { // the stage's maximum: the sink, fed in bursts, may look the bottleneck
+					return
+				}
+				require.Equal(t, "call", b.Stage)
+				require.Len(t, b.Warnings, 1)
+				var limit, knee int
+				_, err := fmt.Sscanf(b.Warnings[0], "stage \"call\": the adaptive limit holds it at %d of 64 workers: what it calls saturates at about %d concurrent calls;", &limit, &knee)
+				require.NoError(t, err, b.Warnings[0])
+				assert.Equal(t, call.Limit, limit)
+				assert.InDelta(t, c, knee, math.Max(1, 0.125*float64(c)), "the knee it names")
+			})
+		})
+	}
+}
+
+// TestAdaptiveFollowsKnee is the done-when check of issue 21 for a knee that moves:
+// across C = 8 → 32 → 4 → 16 (20 s each), the limit is within ±25 % of each new C
+// within 5 s of the change and stays there, and p99 over the second half of each phase
+// is at most 1.5× the uncongested 10 ms.
+func TestAdaptiveFollowsKnee(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		const phase = 20 * time.Second
+		cs := []int{8, 32, 4, 16}
+		svc, samples, rep := runKneePhases(t, cs, phase)
+		for i, c := range cs {
+			from := phase * time.Duration(i)
+			mean, within := samples.mean(from, from+phase, c, 0.25)
+			p99 := svc.p99(from+phase/2, from+phase)
+			t.Logf("C=%d from %v: limit mean %.2f, within ±25%% from %v on, p99 of the second half %v", c, from, mean, within, p99)
+			assert.GreaterOrEqual(t, within, from, "C=%d: the limit settles within ±25 %%", c)
+			assert.LessOrEqual(t, within, from+5*time.Second, "C=%d: within 5 s of the change", c)
+			assert.LessOrEqual(t, p99, 15*time.Millisecond, "C=%d", c)
+		}
+		t.Logf("history: %v", row(t, rep, "call").LimitHistory)
 	})
 }

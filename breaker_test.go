@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/gopipeline/pipeline"
 )
@@ -369,7 +370,8 @@ func TestBreakerRatio(t *testing.T) {
 		require.True(t, ok)
 		assert.Equal(t, "call", be.Stage)
 		assert.Equal(t, time.Minute, be.MaxOpen)
-		assert.Contains(t, err.Error(), `circuit breaker of stage "call" open for 1m0s, longer than its MaxOpen of 1m0s`)
+		assert.Equal(t, 2*time.Minute, be.Window, "the default MaxOpenWindow")
+		assert.Contains(t, err.Error(), `circuit breaker of stage "call" open for 1m0s of the last 2m0s, as long as its MaxOpen of 1m0s`)
 		rep := p.Report()
 		checkReport(t, rep)
 		call := row(t, rep, "call")
@@ -422,10 +424,195 @@ func TestBreakerOptionPanics(t *testing.T) {
 		{Failures: 3, OpenFor: -time.Second},
 		{Failures: 3, MaxOpen: -time.Second},
 		{Failures: 3, HalfOpenProbes: -1},
+		{Failures: 3, MaxOpenWindow: -time.Second},
+		{Failures: 3, MaxOpen: time.Minute, MaxOpenWindow: time.Second},
 	} {
 		assertPanicsPipeline(t, func() { pipeline.WithCircuitBreaker(b) })
+		assertPanicsPipeline(t, func() { pipeline.NewCircuitBreaker(b) })
 	}
+	assert.PanicsWithValue(t, "pipeline: WithSharedBreaker(nil)", func() { pipeline.WithSharedBreaker(nil) })
 	assert.Equal(t, "half-open", pipeline.BreakerHalfOpen.String())
 	assert.Equal(t, "breaker-open", pipeline.EventBreakerOpen.String())
 	assert.Equal(t, "BreakerState(9)", pipeline.BreakerState(9).String())
+}
+
+var errTooMany = errors.New("429 too many requests")
+
+// TestBreakerCounts checks Breaker.Counts: by default a transient error (a 429 with
+// its Retry-After included) opens the breaker (and fails the first probe too); with a predicate that leaves 429s out,
+// they neither open it nor are held, and their items are retried after the delay the
+// server asked for; a predicate may count item errors too.
+func TestBreakerCounts(t *testing.T) {
+	t.Parallel()
+	not429 := func(err error, class pipeline.Class) bool {
+		return class == pipeline.ClassTransient && !errors.Is(err, errTooMany)
+	}
+	items := func(err error, class pipeline.Class) bool { return class == pipeline.ClassItem }
+	cases := []struct {
+		name     string
+		counts   func(error, pipeline.Class) bool
+		fail     error
+		opened   int64
+		held     int64
+		dead     int64
+		lastCall time.Duration
+	}{
+		{name: "default, 429", fail: pipeline.RetryAfter(errTooMany, 100*time.Millisecond), opened: 2, held: 2, lastCall: 2 * time.Second},
+		{name: "not 429s, 429", counts: not429, fail: pipeline.RetryAfter(errTooMany, 100*time.Millisecond), lastCall: 200 * time.Millisecond},
+		{name: "not 429s, 503", counts: not429, fail: pipeline.Transient(errDown), opened: 2, held: 2, lastCall: 2 * time.Second},
+		{name: "default, item error", fail: errBoom, dead: 1},
+		{name: "item errors, item error", counts: items, fail: errBoom, opened: 2, held: 2, lastCall: 2 * time.Second},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				start := time.Now()
+				var calls []time.Duration
+				st := pipeline.NewStage("call", 1, func(_ context.Context, v int) (int, error) {
+					calls = append(calls, time.Since(start))
+					if len(calls) <= 2 {
+						return 0, c.fail
+					}
+					return v, nil
+				}, pipeline.WithRetry(3, nil), discardDead[int](), pipeline.WithClassifier(func(error) pipeline.Class { return pipeline.ClassItem }),
+					pipeline.WithCircuitBreaker(pipeline.Breaker{Failures: 1, OpenFor: time.Second, Counts: c.counts}))
+				p := pipeline.New()
+				pipeline.To(pipeline.Then(pipeline.FromSlice(p, []int{1}), st), nopSink())
+				require.NoError(t, p.Run(t.Context()))
+				call := row(t, p.Report(), "call")
+				assert.Equal(t, c.opened, call.Breaker.Opened)
+				assert.Equal(t, c.held, call.Breaker.Held)
+				assert.Equal(t, c.dead, call.DeadLettered)
+				assert.Equal(t, c.lastCall, calls[len(calls)-1])
+			})
+		})
+	}
+}
+
+// TestBreakerMaxOpenFlapping checks that MaxOpen counts the time not closed over
+// MaxOpenWindow across spells: a breaker that reopens at once after each successful
+// probe (each spell 1 s, shorter than MaxOpen) fails the run once its spells add up to
+// MaxOpen; one open a third of the time fails it only with a window long enough to
+// hold MaxOpen of it.
+func TestBreakerMaxOpenFlapping(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name     string
+		window   time.Duration
+		period   time.Duration // the service is down for the last third of each period
+		fails    bool
+		from, to time.Duration // when the run fails
+	}{
+		{name: "reopens at once", period: 0, fails: true, from: 10 * time.Second, to: 10 * time.Second},
+		{name: "down a third of the time, default window", period: 3 * time.Second},
+		{name: "down a third of the time, a window of 60 s", period: 3 * time.Second, window: time.Minute, fails: true, from: 28 * time.Second, to: 34 * time.Second},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				start := time.Now()
+				var calls int
+				st := pipeline.NewStage("call", 1, func(ctx context.Context, v int) (int, error) {
+					calls++
+					if c.period == 0 { // every other call fails, at once: each probe succeeds, the next call reopens it
+						if calls%2 == 1 {
+							return 0, pipeline.Transient(errDown)
+						}
+						return v, nil
+					}
+					down := time.Since(start)%c.period >= c.period*2/3
+					time.Sleep(10 * time.Millisecond)
+					if down {
+						return 0, pipeline.Transient(errDown)
+					}
+					return v, nil
+				}, pipeline.WithRetry(3, nil), discardDead[int](),
+					pipeline.WithCircuitBreaker(pipeline.Breaker{Failures: 1, OpenFor: time.Second, MaxOpen: 10 * time.Second, MaxOpenWindow: c.window}))
+				p := pipeline.New()
+				pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(3000)), st), nopSink())
+				err := p.Run(t.Context())
+				elapsed := time.Since(start)
+				rep := p.Report()
+				checkReport(t, rep)
+				b := row(t, rep, "call").Breaker
+				t.Logf("%v: opened %d times, open %v in all, %d calls; %v", elapsed, b.Opened, b.TimeOpen, calls, err)
+				assert.Greater(t, b.Opened, int64(5), "it flaps: each spell is shorter than MaxOpen")
+				if !c.fails {
+					require.NoError(t, err)
+					return
+				}
+				require.ErrorIs(t, err, pipeline.ErrBreakerOpen)
+				be, ok := errors.AsType[*pipeline.BreakerError](err)
+				require.True(t, ok)
+				assert.Equal(t, 10*time.Second, be.Open)
+				assert.GreaterOrEqual(t, elapsed, c.from)
+				assert.LessOrEqual(t, elapsed, c.to)
+			})
+		})
+	}
+}
+
+// TestBreakerShared checks a breaker shared by the stages of two pipelines: opened by
+// the first one's failure, it holds the second one's calls (that run starts while it is
+// open), lets one probe of either through, and closes for both; each opening is one
+// event, and both reports give its account.
+func TestBreakerShared(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		var (
+			mu    sync.Mutex
+			down  = true
+			calls []string
+		)
+		service := func(stage string) func(context.Context, int) (int, error) {
+			return func(_ context.Context, v int) (int, error) {
+				mu.Lock()
+				defer mu.Unlock()
+				calls = append(calls, fmt.Sprintf("%s@%v", stage, time.Since(start)))
+				if down {
+					return 0, pipeline.Transient(errDown)
+				}
+				return v, nil
+			}
+		}
+		ncalls := func() int { mu.Lock(); defer mu.Unlock(); return len(calls) }
+		cb := pipeline.NewCircuitBreaker(pipeline.Breaker{Failures: 1, OpenFor: time.Second})
+		logA, logB := &eventLog{start: start}, &eventLog{start: start}
+		pa, pb := pipeline.New(pipeline.WithObserver(logA.observe)), pipeline.New(pipeline.WithObserver(logB.observe))
+		pipeline.To(pipeline.Then(pipeline.FromSlice(pa, []int{1}), pipeline.NewStage("a", 1, service("a"), pipeline.WithSharedBreaker(cb))), nopSink())
+		pipeline.To(pipeline.Then(pipeline.FromSlice(pb, []int{2}), pipeline.NewStage("b", 1, service("b"), pipeline.WithSharedBreaker(cb))), nopSink())
+
+		doneA, doneB := make(chan error), make(chan error)
+		go func() { doneA <- pa.Run(t.Context()) }()
+		synctest.Wait()
+		assert.Equal(t, pipeline.BreakerOpen, cb.State(), "a's failure opened it")
+		assert.Equal(t, 1, ncalls())
+		go func() { doneB <- pb.Run(t.Context()) }()
+		synctest.Wait()
+		assert.Equal(t, 1, ncalls(), "b's call is held: the service is down")
+		time.Sleep(time.Second) // one probe, of a or of b: it fails
+		synctest.Wait()
+		assert.Equal(t, 2, ncalls())
+		assert.Equal(t, pipeline.BreakerOpen, cb.State())
+		mu.Lock()
+		down = false
+		mu.Unlock()
+		time.Sleep(time.Second) // the probe succeeds: closed, and the other goes on
+		require.NoError(t, <-doneA)
+		require.NoError(t, <-doneB)
+		assert.Equal(t, 4, ncalls())
+		assert.Equal(t, pipeline.BreakerClosed, cb.State())
+
+		ra, rb := row(t, pa.Report(), "a").Breaker, row(t, pb.Report(), "b").Breaker
+		assert.Equal(t, int64(2), ra.Opened)
+		assert.Equal(t, int64(2), rb.Opened, "the shared breaker's account")
+		assert.Equal(t, 2*time.Second, ra.TimeOpen)
+		assert.Equal(t, int64(2), ra.Held+rb.Held, "the first failure and the failed probe")
+		assert.Equal(t, ra.Transitions, rb.Transitions, "both runs started at the same instant of virtual time")
+		opens := len(logA.kinds(pipeline.EventBreakerOpen)) + len(logB.kinds(pipeline.EventBreakerOpen))
+		assert.Equal(t, 2, opens, "each opening is one event, in the run that made it")
+	})
 }

@@ -114,18 +114,29 @@
 // A stage that calls a service can be a good client of it. [WithRateLimit] paces its
 // attempts with a [Limiter] (a [golang.org/x/time/rate.Limiter], shared by any stages
 // given the same one), and [WithRateLimitPerKey] gives each key a quota of its own; the
-// wait for a token is not part of [WithTimeout]. An error marked with [RetryAfter] (or
-// any error with a RetryAfter() time.Duration method) makes its retry wait at least the
-// delay the server asked for. [WithCircuitBreaker] stops calling a service that fails
-// wholesale: while the breaker is open the stage's workers wait, holding their items,
-// probe the service after a while, and go on once it answers, so an outage sets no item
-// aside and fails none (and an error budget does not count the held items); a breaker
-// open for longer than its MaxOpen fails the run with a [*BreakerError].
+// wait for a token is not part of [WithTimeout], and [WithMaxTokenWait] bounds it,
+// shedding the items whose token is too far off (a hot key's, which would otherwise
+// pace every key behind it). An error marked with [RetryAfter] (or any error with a
+// RetryAfter() time.Duration method) makes its retry wait at least the delay the server
+// asked for, up to a cap ([WithRetryAfterCap], 10 minutes by default) past which the
+// item is set aside at once with a [*RetryAfterError].
+//
+// [WithCircuitBreaker] stops calling a service that fails wholesale: while the breaker
+// is open the stage's workers wait, holding their items, probe the service after a
+// while, and go on once it answers, so an outage sets no item aside and fails none (and
+// an error budget does not count the held items); a breaker not closed for its MaxOpen
+// in all over a window, across spells, fails the run with a [*BreakerError].
+// Breaker.Counts says which errors count toward opening (leave a 429 out). A stage's
+// breaker is its own, for the whole stage whatever the items' keys;
+// [NewCircuitBreaker] makes one that the stages of several pipelines share with
+// [WithSharedBreaker], so that one service's outage is seen once.
+//
 // [WithAdaptiveWorkers] moves the number of the stage's active workers between a
 // minimum and its workers from the latency and errors it measures, settling where the
-// service starts to queue. The report gives each breaker's state and time open and each
-// adaptive stage's limit and its changes; each transition and change is an [Event]. A
-// stage without these options pays nothing for them.
+// service starts to queue and following that point when it moves. The report gives each
+// breaker's state and time open and each adaptive stage's limit and its changes; each
+// transition and change is an [Event]. A stage without these options pays nothing for
+// them.
 //
 // # Ordering
 //

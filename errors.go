@@ -300,27 +300,79 @@ func ClassOf(err error) (Class, bool) {
 }
 
 // ErrBreakerOpen is matched (with [errors.Is]) by the error of a run whose circuit
-// breaker stayed open for longer than its MaxOpen (see [WithCircuitBreaker]). The
+// breaker stayed open for its MaxOpen (see [WithCircuitBreaker]). The
 // concrete error is a [*BreakerError].
 var ErrBreakerOpen = errors.New("pipeline: circuit breaker open too long")
 
 // BreakerError reports a circuit breaker that was not closed (open, or half-open with
-// failing probes) for Open, longer than its MaxOpen: the service that Stage calls is
-// still down. It matches [ErrBreakerOpen].
+// failing probes) for Open in all over the last Window (its MaxOpenWindow), as long as
+// its MaxOpen or longer: the service that Stage calls is still down, or keeps going
+// down. It matches [ErrBreakerOpen].
 type BreakerError struct {
 	Stage   string
 	Open    time.Duration
 	MaxOpen time.Duration
+	Window  time.Duration
 }
 
 // Error implements error.
 func (e *BreakerError) Error() string {
-	return fmt.Sprintf("pipeline: circuit breaker of stage %q open for %v, longer than its MaxOpen of %v: what the stage calls is still failing",
-		e.Stage, e.Open, e.MaxOpen)
+	return fmt.Sprintf("pipeline: circuit breaker of stage %q open for %v of the last %v, as long as its MaxOpen of %v: what the stage calls is still failing",
+		e.Stage, e.Open, e.Window, e.MaxOpen)
 }
 
 // Is reports whether target is [ErrBreakerOpen].
 func (e *BreakerError) Is(target error) bool { return target == ErrBreakerOpen }
+
+// ErrRetryAfterTooLong is matched (with [errors.Is]) by the error of an item whose
+// failed attempt asked, with a Retry-After, for a longer delay than its stage's cap
+// (see [WithRetryAfterCap]). The concrete error is a [*RetryAfterError].
+var ErrRetryAfterTooLong = errors.New("pipeline: Retry-After past its cap")
+
+// RetryAfterError reports an attempt of Stage whose error asked for a retry no sooner
+// than Delay from now (see [RetryAfter]), longer than the stage's cap ([WithRetryAfterCap]):
+// the item was set aside as an item error rather than waited for. Err is the attempt's
+// error. It matches [ErrRetryAfterTooLong]; the report counts it under its type,
+// "*pipeline.RetryAfterError".
+type RetryAfterError struct {
+	Stage string
+	Delay time.Duration // what the server asked for
+	Cap   time.Duration // the stage's cap
+	Err   error
+}
+
+// Error implements error.
+func (e *RetryAfterError) Error() string {
+	return fmt.Sprintf("pipeline: stage %q: the server asked to retry after %v, past the cap of %v: set aside: %v",
+		e.Stage, e.Delay, e.Cap, e.Err)
+}
+
+// Unwrap returns the attempt's error.
+func (e *RetryAfterError) Unwrap() error { return e.Err }
+
+// Is reports whether target is [ErrRetryAfterTooLong].
+func (e *RetryAfterError) Is(target error) bool { return target == ErrRetryAfterTooLong }
+
+// ErrThrottled is matched (with [errors.Is]) by the error of an item shed because its
+// attempt would have waited longer than its stage's [WithMaxTokenWait] for a rate-limit
+// token. The concrete error is a [*ThrottledError].
+var ErrThrottled = errors.New("pipeline: rate-limit token too far off")
+
+// ThrottledError reports an item of Stage that was shed, not attempted, because its
+// token would have come later than MaxWait from now ([WithMaxTokenWait]). It matches
+// [ErrThrottled]; the report counts it under its type, "*pipeline.ThrottledError".
+type ThrottledError struct {
+	Stage   string
+	MaxWait time.Duration
+}
+
+// Error implements error.
+func (e *ThrottledError) Error() string {
+	return fmt.Sprintf("pipeline: stage %q: its rate limit has no token within %v: shed", e.Stage, e.MaxWait)
+}
+
+// Is reports whether target is [ErrThrottled].
+func (e *ThrottledError) Is(target error) bool { return target == ErrThrottled }
 
 // retryAfterError is an error that carries the delay a server asked for.
 type retryAfterError struct {

@@ -83,6 +83,51 @@ func ExampleWithRateLimitPerKey() {
 	// Output: <nil> map[acme:3 globex:1]
 }
 
+// This example shows WithMaxTokenWait capping a hot tenant: each tenant has a quota of
+// 1 call per hour with a burst of 2, and an item may wait at most 10 ms for its token.
+// Acme's third and fourth items would wait far longer, so they are shed to the dead
+// letters, and Globex's item behind them goes on at once.
+func ExampleWithMaxTokenWait() {
+	type request struct {
+		Tenant string
+		N      int
+	}
+	var mu sync.Mutex
+	var done []string
+	call := pipeline.NewSink("call", 1, func(_ context.Context, r request) error {
+		mu.Lock()
+		defer mu.Unlock()
+		done = append(done, fmt.Sprint(r.Tenant, r.N))
+		return nil
+	}, pipeline.WithRateLimitPerKey(func(r request) string { return r.Tenant }, 1.0/3600, 2),
+		pipeline.WithMaxTokenWait(10*time.Millisecond),
+		pipeline.WithDeadLetter(func(_ context.Context, dl pipeline.DeadLetter[request]) error {
+			fmt.Println("shed:", dl.Item.Tenant, dl.Item.N, dl.ErrType)
+			return nil
+		}))
+
+	p := pipeline.New()
+	pipeline.To(pipeline.FromSlice(p, []request{{"acme", 1}, {"acme", 2}, {"acme", 3}, {"acme", 4}, {"globex", 1}}), call)
+	fmt.Println(p.Run(context.Background()), done)
+	// Output:
+	// shed: acme 3 *pipeline.ThrottledError
+	// shed: acme 4 *pipeline.ThrottledError
+	// <nil> [acme1 acme2 globex1]
+}
+
+// This example shows a *ThrottledError: a stage whose rate limit has no token within
+// its WithMaxTokenWait, and no dead-letter destination, fails the run with it.
+func ExampleThrottledError() {
+	quota := rate.NewLimiter(rate.Every(time.Hour), 1) // one call, then one an hour
+	call := pipeline.NewStage("call", 1, func(_ context.Context, v int) (int, error) { return v, nil },
+		pipeline.WithRateLimit(quota), pipeline.WithMaxTokenWait(time.Second))
+	p := pipeline.New()
+	_, err := pipeline.Collect(context.Background(), pipeline.Then(pipeline.FromSlice(p, []int{1, 2}), call))
+	te, _ := errors.AsType[*pipeline.ThrottledError](err)
+	fmt.Println(errors.Is(err, pipeline.ErrThrottled), te.Stage, te.MaxWait)
+	// Output: true call 1s
+}
+
 // This example shows RetryAfter: a 429 response says how long to wait, and the retry
 // waits at least that long, even though the backoff alone would retry at once.
 func ExampleRetryAfter() {
@@ -99,6 +144,43 @@ func ExampleRetryAfter() {
 	out, err := pipeline.Collect(context.Background(), pipeline.Then(pipeline.FromSlice(p, []int{7}), call))
 	fmt.Println(out, err, len(at), at[1].Sub(at[0]) >= 20*time.Millisecond)
 	// Output: [7] <nil> 2 true
+}
+
+// This example shows WithRetryAfterCap: a quota's "Retry-After: 3600" is past the
+// stage's cap of a minute, so the item is not waited for but set aside at once, and the
+// dead letter names why; the next item goes on.
+func ExampleWithRetryAfterCap() {
+	call := pipeline.NewStage("call", 1, func(_ context.Context, v int) (int, error) {
+		if v == 1 {
+			return 0, pipeline.RetryAfter(errors.New("429 daily quota used up"), 3600*time.Second)
+		}
+		return v, nil
+	}, pipeline.WithRetry(3, nil), pipeline.WithRetryAfterCap(time.Minute),
+		pipeline.WithDeadLetter(func(_ context.Context, dl pipeline.DeadLetter[int]) error {
+			fmt.Println("set aside:", dl.Item, dl.ErrType)
+			return nil
+		}))
+
+	p := pipeline.New()
+	out, err := pipeline.Collect(context.Background(), pipeline.Then(pipeline.FromSlice(p, []int{1, 2}), call))
+	fmt.Println(out, err)
+	// Output:
+	// set aside: 1 *pipeline.RetryAfterError
+	// [2] <nil>
+}
+
+// This example shows a *RetryAfterError: a stage without a dead-letter destination
+// fails the run with it, and it gives the delay asked for and the cap.
+func ExampleRetryAfterError() {
+	call := pipeline.NewStage("call", 1, func(context.Context, int) (int, error) {
+		return 0, pipeline.RetryAfter(errors.New("503 maintenance"), 2*time.Hour)
+	}, pipeline.WithRetry(3, nil))
+
+	p := pipeline.New()
+	_, err := pipeline.Collect(context.Background(), pipeline.Then(pipeline.FromSlice(p, []int{1}), call))
+	rae, _ := errors.AsType[*pipeline.RetryAfterError](err)
+	fmt.Println(errors.Is(err, pipeline.ErrRetryAfterTooLong), rae.Stage, rae.Delay, rae.Cap)
+	// Output: true call 2h0m0s 10m0s
 }
 
 // This example shows ParseRetryAfter reading both forms of an HTTP Retry-After header.
@@ -176,11 +258,12 @@ func ExampleBreakerState() {
 
 // This example shows the Breaker of a stage that calls a database: open when half the
 // attempts of the last 10 s failed (with at least 20 of them), probe after 2 s with 3
-// probes, and give up after 5 minutes; and the transitions its report lists.
+// probes, and give up once it has been open for 5 minutes in all over the last 15
+// (in one spell or several); and the transitions its report lists.
 func ExampleBreaker() {
 	b := pipeline.Breaker{
 		FailureRatio: 0.5, MinSample: 20, Window: 10 * time.Second,
-		OpenFor: 2 * time.Second, HalfOpenProbes: 3, MaxOpen: 5 * time.Minute,
+		OpenFor: 2 * time.Second, HalfOpenProbes: 3, MaxOpen: 5 * time.Minute, MaxOpenWindow: 15 * time.Minute,
 	}
 	st := pipeline.NewSink("save", 4, func(context.Context, int) error { return nil }, pipeline.WithCircuitBreaker(b))
 	p := pipeline.New()
@@ -192,6 +275,90 @@ func ExampleBreaker() {
 	// Output:
 	// <nil>
 	// closed 0 0s 0
+}
+
+// This example shows Breaker.Counts: an HTTP 429 says the service is up and pacing
+// its clients, so it should not open the breaker; its Retry-After paces the retry.
+// Here a 429 and a 503 each fail one item once: only the 503 opens the breaker.
+func ExampleBreaker_counts() {
+	errTooMany := errors.New("429 too many requests")
+	b := pipeline.Breaker{
+		Failures: 1, OpenFor: 10 * time.Millisecond,
+		Counts: func(err error, class pipeline.Class) bool {
+			return class == pipeline.ClassTransient && !errors.Is(err, errTooMany)
+		},
+	}
+	var calls atomic.Int64
+	call := pipeline.NewStage("call", 1, func(_ context.Context, v int) (int, error) {
+		switch calls.Add(1) {
+		case 1:
+			return 0, pipeline.RetryAfter(errTooMany, time.Millisecond)
+		case 3:
+			return 0, pipeline.Transient(errors.New("503 service unavailable"))
+		}
+		return v, nil
+	}, pipeline.WithRetry(2, nil), pipeline.WithCircuitBreaker(b))
+	p := pipeline.New()
+	out, err := pipeline.Collect(context.Background(), pipeline.Then(pipeline.FromSlice(p, []int{1, 2}), call))
+	s, _ := p.Report().Stage("call")
+	fmt.Println(out, err, "opened:", s.Breaker.Opened)
+	// Output: [1 2] <nil> opened: 1
+}
+
+// This example shows NewCircuitBreaker and WithSharedBreaker: two pipelines call one
+// service through one breaker. The first one finds the service down: the breaker opens,
+// and the run is given up (its context's deadline). The service is back, but the
+// breaker is still open when the second pipeline runs: its stage waits for the end of
+// OpenFor rather than call the service at once, and its first call is the probe that
+// closes the breaker.
+func ExampleNewCircuitBreaker() {
+	cb := pipeline.NewCircuitBreaker(pipeline.Breaker{Failures: 1, OpenFor: 50 * time.Millisecond})
+	var down atomic.Bool
+	down.Store(true)
+	var calls atomic.Int64
+	service := func(_ context.Context, v int) (int, error) {
+		calls.Add(1)
+		if down.Load() {
+			return 0, pipeline.Transient(errors.New("503 service unavailable"))
+		}
+		return v, nil
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	p1 := pipeline.New()
+	_, err := pipeline.Collect(ctx, pipeline.Then(pipeline.FromSlice(p1, []int{1}),
+		pipeline.NewStage("orders", 1, service, pipeline.WithSharedBreaker(cb))))
+	fmt.Println(err, cb.State(), calls.Load())
+
+	down.Store(false)
+	p2 := pipeline.New()
+	out, err := pipeline.Collect(context.Background(), pipeline.Then(pipeline.FromSlice(p2, []int{2}),
+		pipeline.NewStage("refunds", 1, service, pipeline.WithSharedBreaker(cb))))
+	s, _ := p2.Report().Stage("refunds")
+	fmt.Println(out, err, cb.State(), calls.Load(), s.Breaker.Opened)
+	// Output:
+	// context deadline exceeded open 1
+	// [2] <nil> closed 2 1
+}
+
+// This example shows CircuitBreaker.State: a shared breaker starts closed.
+func ExampleCircuitBreaker_State() {
+	cb := pipeline.NewCircuitBreaker(pipeline.Breaker{Failures: 5})
+	fmt.Println(cb.State())
+	// Output: closed
+}
+
+// This example shows WithSharedBreaker: the stages that write to one database, in two
+// pipelines, share its breaker, so that its outage opens it once for both.
+func ExampleWithSharedBreaker() {
+	db := pipeline.NewCircuitBreaker(pipeline.Breaker{FailureRatio: 0.5, OpenFor: time.Second})
+	save := func(context.Context, int) error { return nil }
+	p1, p2 := pipeline.New(), pipeline.New()
+	pipeline.To(pipeline.FromSlice(p1, ints(10)), pipeline.NewSink("save-orders", 2, save, pipeline.WithSharedBreaker(db)))
+	pipeline.To(pipeline.FromSlice(p2, ints(10)), pipeline.NewSink("save-refunds", 2, save, pipeline.WithSharedBreaker(db)))
+	fmt.Println(p1.Run(context.Background()), p2.Run(context.Background()), db.State())
+	// Output: <nil> <nil> closed
 }
 
 // This example shows a breaker transition as a log line of WithLogger.

@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -93,13 +94,13 @@ func WithClassifier(fn func(error) Class) ClassifierOption {
 }
 
 // sleep waits backoff(attempt), or longer if err asks for a longer delay (see
-// [RetryAfter]), or until ctx is done (returning its cause).
-func sleep(ctx context.Context, backoff Backoff, attempt int, err error) error {
+// [RetryAfter]) up to limit, or until ctx is done (returning its cause).
+func sleep(ctx context.Context, backoff Backoff, attempt int, err error, limit time.Duration) error {
 	var d time.Duration
 	if backoff != nil {
 		d = backoff(attempt)
 	}
-	d = max(d, retryAfterOf(err)) // retryafter.go
+	d = max(d, min(retryAfterOf(err), limit)) // retryafter.go; an error past the cap is not retried (capRetryAfter)
 	if d <= 0 {
 		return nil
 	}
@@ -456,7 +457,7 @@ func (w *worker[In, Out]) processFrom(ctx context.Context, v In, failed error) e
 		failed = nil
 		if err == nil {
 			if cl != nil {
-				if cl.brk != nil && !cl.brk.closed.Load() { // it may hold the attempt: what the run finished goes on first
+				if cl.mayHold(v) { // it may hold the attempt: what the run finished goes on first
 					if err := w.hold(ctx); err != nil {
 						w.t.failed++
 						return err
@@ -466,6 +467,9 @@ func (w *worker[In, Out]) processFrom(ctx context.Context, v In, failed error) e
 					if ctx.Err() != nil {
 						w.t.failed++
 						return context.Cause(ctx)
+					}
+					if errors.Is(err, ErrThrottled) { // shed: no token within WithMaxTokenWait (ratelimit.go)
+						return w.deadLetter(ctx, v, attempt-1, ClassItem, cmp.Or(first, err), err)
 					}
 					return w.fail(err, attempt-1, false)
 				}
@@ -497,6 +501,7 @@ func (w *worker[In, Out]) processFrom(ctx context.Context, v In, failed error) e
 			return context.Cause(ctx)
 		}
 		class, err := w.classOf(err)
+		class, err = capRetryAfter(w.st.name, w.st.cfg.client.retryAfterCapOf(), class, err) // retryafter.go: Retry-After past the cap
 		if cl != nil && cl.settle(w.tk, err, class) {
 			attempt-- // held by the breaker: not one of the item's attempts (breaker.go)
 			continue
@@ -515,7 +520,7 @@ func (w *worker[In, Out]) processFrom(ctx context.Context, v In, failed error) e
 				w.t.failed++
 				return err
 			}
-			if err := sleep(ctx, w.st.cfg.backoff, attempt, err); err != nil {
+			if err := sleep(ctx, w.st.cfg.backoff, attempt, err, w.st.cfg.client.retryAfterCapOf()); err != nil {
 				w.t.failed++
 				return err
 			}

@@ -2,9 +2,11 @@ package pipeline
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -39,15 +41,28 @@ func WithRateLimit(l Limiter) StageOption {
 	if l == nil {
 		panic("pipeline: WithRateLimit(nil)")
 	}
-	return stageOpt(func(c *config) { c.client.limiter = l })
+	return stageOpt(func(c *config) {
+		c.client.add(policyMaker{name: "WithRateLimit", order: orderLimit, serial: true, make: func(env policyEnv) hook {
+			return &limitHook{env: env, l: l}
+		}})
+	})
 }
 
 // WithRateLimitPerKey gives each key of the stage's items a rate limit of its own:
 // at most perSecond attempts per second on average for the items of one key, with
 // bursts of burst (a token bucket of golang.org/x/time/rate), for a service that grants
 // a quota per tenant, per account or per host. Items of different keys do not wait for
-// each other's tokens; a worker waiting for a key's token holds its item meanwhile, so
-// a busy key can occupy every worker (use [WithKey] as well to give each key one worker).
+// each other's tokens.
+//
+// What it does not do: let a cold key overtake a hot one. A worker waiting for a key's
+// token holds its item meanwhile, and the stage takes its items in the order they
+// come. When one key's items come faster than its quota, they occupy every worker,
+// then fill the stage's queue, and the source blocks: the other keys' items behind them
+// wait too, and the whole stage runs at the hot key's pace (with a sequential source
+// and bounded memory, nothing can pass what stands before it; [WithKey] does not
+// change that, as its lanes fill the same way). To cap a hot key instead, bound the
+// wait with [WithMaxTokenWait]: an item that would wait longer for its token is shed
+// to the dead-letter destination, and the items behind it go on.
 //
 // The limiters belong to the option value: stages (and runs) given the same value share
 // them. A key's limiter is dropped once it has been idle long enough to have refilled
@@ -65,7 +80,158 @@ func WithRateLimitPerKey[In any, K comparable](key func(In) K, perSecond float64
 	}
 	k := newKeyedLimiters[K](perSecond, burst)
 	fn := func(v In) Limiter { return k.get(key(v)) }
-	return stageOpt(func(c *config) { c.client.keyLimit = fn })
+	return stageOpt(func(c *config) {
+		c.client.add(policyMaker{name: "WithRateLimitPerKey", order: orderKeyLimit, serial: true, make: func(env policyEnv) policy[In] {
+			return &keyLimitPolicy[In]{env: env, lim: fn}
+		}})
+	})
+}
+
+// WithMaxTokenWait bounds how long an attempt of the stage may wait for a token of its
+// rate limits ([WithRateLimit], [WithRateLimitPerKey]): an attempt that would wait
+// longer is not made, and its item is shed: set aside at once as an item error
+// ([ClassItem]) with a [*ThrottledError] (matching [ErrThrottled]), so that
+// [WithDeadLetter] gets it and the report counts it under "*pipeline.ThrottledError";
+// a stage without a dead-letter destination fails the run with it, as with any item
+// error. Use it to cap a hot key, whose items would otherwise pace every key's (see
+// WithRateLimitPerKey), or to shed load past a quota rather than queue it.
+//
+// A token of a [*rate.Limiter] or of WithRateLimitPerKey is reserved only when it comes
+// within d, so a shed attempt takes none. Another [Limiter] is given a context that
+// ends d from now, and an attempt whose wait ends that way is shed. The stage's
+// constructor panics if the stage has no rate limit; it panics if d is not positive.
+func WithMaxTokenWait(d time.Duration) StageOption {
+	if d <= 0 {
+		panic(fmt.Sprintf("pipeline: WithMaxTokenWait(%v): the bound must be positive", d))
+	}
+	return stageOpt(func(c *config) { c.client.maxTokenWait = d })
+}
+
+// limitHook is one run's WithRateLimit policy of a stage: before each attempt, a token.
+type limitHook struct {
+	env       policyEnv
+	l         Limiter
+	throttled atomic.Int64 // nanoseconds spent waiting for tokens, by all workers
+}
+
+func (p *limitHook) before(ctx context.Context, t ticket) (ticket, error) {
+	return t, waitToken(ctx, p.env, p.l, &p.throttled)
+}
+func (p *limitHook) cancel(ticket)                   {}
+func (p *limitHook) after(ticket, error, Class) bool { return false }
+func (p *limitHook) holds() bool                     { return false }
+func (p *limitHook) fill(s *StageReport)             { s.Throttled += time.Duration(p.throttled.Load()) }
+
+// keyLimitPolicy is one run's WithRateLimitPerKey policy of a stage: before each
+// attempt, a token of the item's key.
+type keyLimitPolicy[In any] struct {
+	env       policyEnv
+	lim       func(In) Limiter
+	throttled atomic.Int64 // nanoseconds spent waiting for tokens, by all workers
+}
+
+func (p *keyLimitPolicy[In]) before(ctx context.Context, v In, t ticket) (ticket, error) {
+	return t, waitToken(ctx, p.env, p.lim(v), &p.throttled)
+}
+func (p *keyLimitPolicy[In]) cancel(ticket)                   {}
+func (p *keyLimitPolicy[In]) after(ticket, error, Class) bool { return false }
+func (p *keyLimitPolicy[In]) holds(In) bool                   { return false }
+func (p *keyLimitPolicy[In]) fill(s *StageReport)             { s.Throttled += time.Duration(p.throttled.Load()) }
+
+// waitToken takes a token of l, adding the time it waited to throttled. An error of
+// the limiter's own (not the run stopping) is fatal; a wait past the stage's
+// WithMaxTokenWait is a *ThrottledError.
+func waitToken(ctx context.Context, env policyEnv, l Limiter, throttled *atomic.Int64) error {
+	wctx := env.waitCtx
+	if ctx != env.r.ctx { // not the run's: keep it as it is
+		wctx = ctx
+	}
+	t0 := time.Now()
+	var err error
+	shed := false
+	switch bl := l.(type) {
+	case boundedLimiter:
+		shed, err = bl.waitAtMost(wctx, env.maxTokenWait)
+	case *rate.Limiter:
+		shed, err = waitRateAtMost(wctx, bl, env.maxTokenWait)
+	default:
+		if env.maxTokenWait == 0 {
+			err = l.Wait(wctx)
+			break
+		}
+		bctx, cancel := context.WithTimeoutCause(wctx, env.maxTokenWait, errShed)
+		err = l.Wait(bctx)
+		shed = err != nil && ctx.Err() == nil && errors.Is(context.Cause(bctx), errShed)
+		cancel()
+	}
+	throttled.Add(int64(time.Since(t0)))
+	switch {
+	case shed:
+		return &ThrottledError{Stage: env.stage, MaxWait: env.maxTokenWait}
+	case err == nil:
+		return nil
+	case ctx.Err() != nil:
+		return context.Cause(ctx)
+	}
+	return fmt.Errorf("rate limiter: %w", err)
+}
+
+// errShed is the cause of the context that bounds a Limiter's wait.
+var errShed = errors.New("pipeline: token wait bound")
+
+// boundedLimiter is a Limiter that can refuse a token that would come too late.
+type boundedLimiter interface {
+	// waitAtMost waits for a token if it comes within d (any time when d is 0), and
+	// reports whether it would not (shed: no token taken).
+	waitAtMost(ctx context.Context, d time.Duration) (shed bool, err error)
+}
+
+// waitRateAtMost is boundedLimiter's waitAtMost for a rate.Limiter.
+func waitRateAtMost(ctx context.Context, l *rate.Limiter, d time.Duration) (shed bool, err error) {
+	if d == 0 {
+		return false, l.Wait(ctx)
+	}
+	now := time.Now()
+	r := l.ReserveN(now, 1)
+	if !r.OK() {
+		return false, fmt.Errorf("pipeline: rate limit: a burst of %d cannot serve one attempt", l.Burst())
+	}
+	return sleepReserved(ctx, r, now, d)
+}
+
+// sleepReserved waits for reservation r, made at now, or gives it back and reports
+// shed when it comes later than d from now (d > 0), or when ctx is done first.
+func sleepReserved(ctx context.Context, r *rate.Reservation, now time.Time, d time.Duration) (shed bool, err error) {
+	delay := r.DelayFrom(now)
+	if d > 0 && delay > d {
+		r.CancelAt(now)
+		return true, nil
+	}
+	if delay <= 0 {
+		return false, nil
+	}
+	t := time.NewTimer(delay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return false, nil
+	case <-ctx.Done():
+		r.Cancel() // give the token back to the bucket
+		return false, context.Cause(ctx)
+	}
+}
+
+// limitReport is the rate limits' part of the report's text.
+var limitReport = policyReport{
+	warnings: func(r Report, b Bottleneck, s StageReport) []string {
+		if s.Name == b.Stage && s.Throttled > 0 && r.Elapsed > 0 && s.Workers > 0 {
+			if share := float64(s.Throttled) / (float64(r.Elapsed) * float64(s.Workers)); share >= 0.5 {
+				return []string{fmt.Sprintf("stage %q: its workers spent %d%% of their time waiting for its rate limit: it runs at its quota, and more workers will not help",
+					s.Name, int(share*100))}
+			}
+		}
+		return nil
+	},
 }
 
 // keyedLimiters is the set of per-key limiters of one WithRateLimitPerKey option.
@@ -99,24 +265,18 @@ type keyWait[K comparable] struct {
 
 // Wait implements Limiter.
 func (w keyWait[K]) Wait(ctx context.Context) error {
+	_, err := w.waitAtMost(ctx, 0)
+	return err
+}
+
+// waitAtMost implements boundedLimiter.
+func (w keyWait[K]) waitAtMost(ctx context.Context, d time.Duration) (shed bool, err error) {
 	now := time.Now()
 	r := w.k.reserve(w.key, now)
 	if !r.OK() {
-		return fmt.Errorf("pipeline: rate limit: a burst of %d cannot serve one attempt", w.k.burst)
+		return false, fmt.Errorf("pipeline: rate limit: a burst of %d cannot serve one attempt", w.k.burst)
 	}
-	d := r.DelayFrom(now)
-	if d <= 0 {
-		return nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		r.Cancel() // give the token back to the key's bucket
-		return context.Cause(ctx)
-	}
+	return sleepReserved(ctx, r, now, d)
 }
 
 // reserve takes a token of key's bucket at now, making the bucket on first use. Every

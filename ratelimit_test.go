@@ -361,7 +361,7 @@ func TestRetryAfterCancel(t *testing.T) {
 		defer cancel()
 		st := pipeline.NewStage("call", 1, func(context.Context, int) (int, error) {
 			return 0, pipeline.RetryAfter(errBoom, time.Hour)
-		}, pipeline.WithRetry(2, nil))
+		}, pipeline.WithRetry(2, nil), pipeline.WithRetryAfterCap(2*time.Hour))
 		p := pipeline.New()
 		pipeline.To(pipeline.Then(pipeline.FromSlice(p, []int{1}), st), nopSink())
 		t0 := time.Now()
@@ -396,5 +396,143 @@ func TestParseRetryAfter(t *testing.T) {
 		d, ok := pipeline.ParseRetryAfter(c.in, now)
 		assert.Equal(t, c.ok, ok, "%q", c.in)
 		assert.Equal(t, c.want, d, "%q", c.in)
+	}
+}
+
+// TestRateLimitPerKeyHotKey checks WithMaxTokenWait against a hot key: 90 % of the
+// items are key 0, 10 % key 1, offered at 10/s, with a quota of 2/s per key and 8
+// workers. Without the bound, key 0's backlog paces the whole stage and key 1's items
+// finish long after the source's 100 s; with a bound of 1 s, every key-1 item is
+// delivered in time, key 0 gets its quota and the rest of it is shed to the dead
+// letters with their class, and the accounting is exact.
+func TestRateLimitPerKeyHotKey(t *testing.T) {
+	t.Parallel()
+	for _, bounded := range []bool{false, true} {
+		t.Run(fmt.Sprintf("bounded=%v", bounded), func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				const n = 1000
+				start := time.Now()
+				var mu sync.Mutex
+				done := map[int]int{}
+				var lastCold time.Duration
+				dead := pipeline.NewDeadLetterBuffer[int](n)
+				opts := []pipeline.StageOption{
+					pipeline.WithRateLimitPerKey(func(v int) int { return min(v%10/9, 1) }, 2, 1),
+					pipeline.WithDeadLetter(dead.Add),
+				}
+				if bounded {
+					opts = append(opts, pipeline.WithMaxTokenWait(time.Second))
+				}
+				st := pipeline.NewStage("call", 8, func(_ context.Context, v int) (int, error) {
+					mu.Lock()
+					defer mu.Unlock()
+					key := min(v%10/9, 1)
+					done[key]++
+					if key == 1 {
+						lastCold = time.Since(start)
+					}
+					return v, nil
+				}, opts...)
+				p := pipeline.New()
+				src := pipeline.Generate(p, func(ctx context.Context, emit func(int) error) error {
+					for i := range n {
+						if err := emit(i); err != nil {
+							return err
+						}
+						time.Sleep(100 * time.Millisecond)
+					}
+					return nil
+				})
+				pipeline.To(pipeline.Then(src, st), nopSink())
+				require.NoError(t, p.Run(t.Context()))
+				rep := p.Report()
+				checkReport(t, rep)
+				call := row(t, rep, "call")
+				t.Logf("bounded=%v: %v; key 0: %d delivered, key 1: %d delivered, the last at %v; %d shed",
+					bounded, rep.Elapsed, done[0], done[1], lastCold, len(dead.Items()))
+				assert.Equal(t, n/10, done[1], "every key-1 item delivered")
+				if !bounded {
+					assert.Empty(t, dead.Items())
+					assert.Greater(t, lastCold, 400*time.Second, "key 1 waits behind key 0's backlog")
+					return
+				}
+				assert.LessOrEqual(t, lastCold, 101*time.Second, "key 1 keeps up with the source")
+				assert.LessOrEqual(t, rep.Elapsed, 101*time.Second)
+				assert.InDelta(t, 201, done[0], 4, "key 0 gets its quota: 2/s over 100 s, and its burst")
+				assert.Equal(t, int64(n-done[0]-done[1]), call.DeadLettered)
+				require.Len(t, dead.Items(), n-done[0]-done[1])
+				for _, dl := range dead.Items() {
+					require.Equal(t, 0, min(dl.Item%10/9, 1), "only the hot key is shed")
+					require.Equal(t, "*pipeline.ThrottledError", dl.ErrType)
+					require.Equal(t, pipeline.ClassItem, dl.Class)
+					require.Zero(t, dl.Attempts)
+				}
+				require.Len(t, rep.Causes(), 1)
+				assert.Equal(t, "*pipeline.ThrottledError", rep.Causes()[0].Type)
+				assert.Equal(t, int64(n), call.Succeeded+call.DeadLettered)
+			})
+		})
+	}
+}
+
+// TestMaxTokenWait checks the bound with a shared rate.Limiter and with a Limiter of
+// one's own, and that a stage without a dead-letter destination fails with it.
+func TestMaxTokenWait(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name      string
+		lim       func() pipeline.Limiter
+		succeeded int
+	}{
+		{"rate.Limiter", func() pipeline.Limiter { return rate.NewLimiter(1, 1) }, 1}, // the burst's token; the next come 1 s apart
+		{"a Limiter of one's own", func() pipeline.Limiter { return slowLimiter{time.Second} }, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				dead := pipeline.NewDeadLetterBuffer[int](10)
+				st := pipeline.NewStage("call", 1, func(_ context.Context, v int) (int, error) { return v, nil },
+					pipeline.WithRateLimit(c.lim()), pipeline.WithMaxTokenWait(500*time.Millisecond), pipeline.WithDeadLetter(dead.Add))
+				p := pipeline.New()
+				pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(3)), st), nopSink())
+				require.NoError(t, p.Run(t.Context()))
+				rep := p.Report()
+				checkReport(t, rep)
+				assert.Equal(t, int64(c.succeeded), row(t, rep, "call").Succeeded)
+				require.Len(t, dead.Items(), 3-c.succeeded)
+				assert.Equal(t, "*pipeline.ThrottledError", dead.Items()[0].ErrType)
+			})
+		})
+	}
+	synctest.Test(t, func(t *testing.T) {
+		st := pipeline.NewStage("call", 1, func(_ context.Context, v int) (int, error) { return v, nil },
+			pipeline.WithRateLimit(rate.NewLimiter(1, 1)), pipeline.WithMaxTokenWait(time.Millisecond))
+		p := pipeline.New()
+		pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(2)), st), nopSink())
+		err := p.Run(t.Context())
+		require.ErrorIs(t, err, pipeline.ErrThrottled)
+		te, ok := errors.AsType[*pipeline.ThrottledError](err)
+		require.True(t, ok)
+		assert.Equal(t, pipeline.ThrottledError{Stage: "call", MaxWait: time.Millisecond}, *te)
+		checkReport(t, p.Report())
+	})
+	assert.PanicsWithValue(t, "pipeline: WithMaxTokenWait(0s): the bound must be positive", func() { pipeline.WithMaxTokenWait(0) })
+	msg := assertPanicsPipeline(t, func() {
+		pipeline.NewStage("s", 1, func(_ context.Context, v int) (int, error) { return v, nil }, pipeline.WithMaxTokenWait(time.Second))
+	})
+	assert.Contains(t, msg, "WithMaxTokenWait without WithRateLimit or WithRateLimitPerKey")
+}
+
+// slowLimiter is a Limiter of one's own: each token takes d.
+type slowLimiter struct{ d time.Duration }
+
+func (l slowLimiter) Wait(ctx context.Context) error {
+	select {
+	case <-time.After(l.d):
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }

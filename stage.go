@@ -436,7 +436,7 @@ func (w *worker[In, Out]) take(ctx context.Context) error {
 			}
 		}
 		n := w.runMax
-		if w.cl != nil && (w.cl.lim != nil || w.cl.keyLim != nil) {
+		if w.cl != nil && w.cl.serial {
 			n = 1 // an item may wait for a token: the rest stay queued for the other workers (other keys)
 		}
 		if w.ord != nil { // runs that leave the window room for every worker's next one
