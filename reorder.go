@@ -124,23 +124,21 @@ func (o *reorder[Out]) waitLocked(ctx context.Context, seq uint64) error {
 // no output) and, if it is the head, pushes what is now in order. It blocks while seq
 // is beyond the window (never, for an admitted item), and returns the run's cause if
 // the run stops meanwhile (entered false: the item never entered the window), or the
-// first push error. stats counts the outputs this worker pushes.
-//
-// entered is called once the item is in the window, before any flushing: from then on
-// the item is the window's, and a panic while flushing (in an inline operator
+// first push error. stats counts the outputs this worker pushes. The caller counts the
+// item before: once it is in the window, a panic while flushing (in an inline operator
 // downstream) must not count it again.
-func (o *reorder[Out]) settle(ctx context.Context, stats *workerStats, seq, pos uint64, outs []Out, skip bool, onEntered func()) (entered bool, err error) {
+func (o *reorder[Out]) settle(ctx context.Context, stats *workerStats, seq, pos uint64, outs []Out, skip bool) (entered bool, err error) {
 	if !skip { // the slot is the worker's until it settles the item (see fill)
 		s := &o.slots[seq%uint64(len(o.slots))]
 		s.pos, s.outs = pos, append(s.outs[:0], outs...)
 	}
 	one := [1]entry{{seq: seq, skip: skip}}
-	return o.settleRun(ctx, stats, one[:], func(int) { onEntered() })
+	return o.settleRun(ctx, stats, one[:], nil)
 }
 
 // settleRun is settle for the items of a run of a one-to-one stage, under one lock:
-// onEntered is told how many had an output.
-func (o *reorder[Out]) settleRun(ctx context.Context, stats *workerStats, es []entry, onEntered func(ready int)) (entered bool, err error) {
+// onEntered, if not nil, is called once they are in the window, before any flushing.
+func (o *reorder[Out]) settleRun(ctx context.Context, stats *workerStats, es []entry, onEntered func()) (entered bool, err error) {
 	w := uint64(len(o.slots))
 	o.mu.Lock()
 	last := es[0].seq
@@ -171,14 +169,15 @@ func (o *reorder[Out]) settleRun(ctx context.Context, stats *workerStats, es []e
 		ready++
 	}
 	o.held.Add(int64(ready))
-	if o.flushing || o.slots[o.next%w].state == slotEmpty {
-		o.mu.Unlock()
-		onEntered(ready)
+	flush := !o.flushing && o.slots[o.next%w].state != slotEmpty
+	o.flushing = o.flushing || flush
+	o.mu.Unlock()
+	if onEntered != nil {
+		onEntered()
+	}
+	if !flush {
 		return true, nil
 	}
-	o.flushing = true
-	o.mu.Unlock()
-	onEntered(ready)
 	return true, o.flush(stats)
 }
 

@@ -293,7 +293,8 @@ func To[T any](s *Stream[T], sink *Stage[T, struct{}]) {
 }
 
 // tally counts a worker's outcomes during a run of items; commit adds them to the
-// worker's statistics once per run, so that an item costs no locked instruction.
+// worker's statistics once per run, and before the worker waits, so that an item costs
+// no locked instruction. Only worker.end changes it.
 type tally struct{ succeeded, emitted, retried, deadLettered, failed, discarded int64 }
 
 // commit adds the tally to the worker's statistics and clears it.
@@ -347,10 +348,11 @@ type worker[In, Out any] struct {
 	ord      *reorder[Out] // the reorder window (ordered stages)
 	pend     []entry       // ordered one-to-one stages: the run's outcomes, settled together
 	slow     bool          // the last timed attempt took long: time every attempt
-	plain    bool          // no client, no Commit scope, one output per item: items calls the function itself
+	plain    bool          // no client, no Commit scope, one output per item: items makes the first attempt itself
 	sink     bool          // the stage is a sink (NewSink, or attached by To): Commit and SetAside work
 	inFlat   bool          // a flat stage's function is running: its emit may be called
-	busy     bool          // an item is in hand and not yet counted: a panic fails it
+	inHand   bool          // an item is started and has not ended (end): a panic fails it
+	f        fate          // how the item in hand failed, for end
 	ctxs     *attemptClock // WithTimeout: the attempts' contexts (nil without; a clock of its own, so that a context kept after its attempt keeps only it alive)
 	cl       *client[In]   // rate limits, breaker, adaptive workers (client.go); nil without
 	id       int           // the worker's index in its stage
@@ -374,16 +376,10 @@ func (w *worker[In, Out]) loop() (err error) {
 	returned := false
 	defer guard(&returned, func(perr error) {
 		w.ctxs.publish() // no attempt context of the worker stays live after it
-		if w.busy {
-			w.t.failed++
+		if w.inHand {
+			_ = w.end(w.r.ctx, interrupted, nil, 1, nil)
 		}
-		for _, e := range w.pend { // finished, never in the window
-			if !e.skip {
-				w.t.failed++
-			}
-		}
-		w.pend = w.pend[:0]
-		w.t.discarded += int64(w.left)
+		w.refusePending()
 		w.clearRun(0)
 		if w.out.drop != nil {
 			w.out.drop()
@@ -450,13 +446,15 @@ func (w *worker[In, Out]) take(ctx context.Context) error {
 	}
 }
 
-// items handles the run of k items in w.run, the first with sequence number seq.
+// items handles the run of k items in w.run, the first with sequence number seq: each
+// item ends in one call of end. A plain worker makes an item's first attempt here, with
+// nothing between the function and end; attempts makes every other attempt.
 func (w *worker[In, Out]) items(ctx context.Context, k int, seq uint64) error {
 	w.left = k
 	w.tick() // the start of the run's attempts
 	// Per run: a trace started during the run has regions from the next one.
 	plain := w.plain && !trace.IsEnabled()
-	fn, put, timeout := w.st.fn, w.out.put, w.st.cfg.timeout > 0
+	fn, timeout := w.st.fn, w.st.cfg.timeout > 0
 	for j := range k {
 		e := &w.run[j]
 		v := e.v
@@ -480,9 +478,8 @@ func (w *worker[In, Out]) items(ctx context.Context, k int, seq uint64) error {
 				return w.abandon(ctx, j, 1, err)
 			}
 		}
-		if w.row.drain.Load() {
-			w.t.discarded++ // a drained budget: start no new item
-			if err := w.skip(ctx); err != nil {
+		if w.row.drain.Load() { // a drained budget: start no new item
+			if err := w.end(ctx, drained, nil, 1, nil); err != nil {
 				return w.abandon(ctx, j, 0, err)
 			}
 			continue
@@ -490,13 +487,13 @@ func (w *worker[In, Out]) items(ctx context.Context, k int, seq uint64) error {
 		if w.hand != nil {
 			w.hand.last = w.left == 0 // its outputs go at once: the run ends with it
 		}
-		w.busy = true
+		w.inHand = true
+		var out Out
 		var err error
-		if plain { // process, with nothing between the function and the sender
-			var out Out
-			var ferr error
+		o := succeeded
+		if plain {
 			if timeout {
-				out, ferr = w.timedCall(ctx, v)
+				out, err = w.timedCall(ctx, v)
 			} else { // timedCall, inline: even a helper for the timing costs 1xP 4 %
 				var t0 time.Time
 				timed := w.slow || w.n&63 == 0
@@ -504,29 +501,18 @@ func (w *worker[In, Out]) items(ctx context.Context, k int, seq uint64) error {
 				if timed {
 					t0 = time.Now()
 				}
-				out, ferr = fn(ctx, v)
+				out, err = fn(ctx, v)
 				if timed {
 					w.measured(t0)
 				}
 			}
-			switch {
-			case ferr != nil:
-				err = w.processFrom(ctx, v, ferr)
-			case w.ord != nil: // as deliver and processFrom do
-				w.pendOrdered(out)
-			default:
-				err = put(out, w.pos)
-				w.t.emitted++
-				w.t.succeeded++
-			}
-			if ferr == nil && err == nil && w.budget != nil {
-				err = w.record(false)
+			if err != nil {
+				o, err = w.attempts(ctx, v, &out, err)
 			}
 		} else {
-			err = w.process(ctx, v)
+			o, err = w.attempts(ctx, v, &out, nil)
 		}
-		w.busy = false
-		if err != nil {
+		if err = w.end(ctx, o, &out, 1, err); err != nil {
 			return w.abandon(ctx, j, 0, err)
 		}
 	}
@@ -539,6 +525,151 @@ func (w *worker[In, Out]) items(ctx context.Context, k int, seq uint64) error {
 	return nil
 }
 
+// outcome is what became of an item of a stage, or of one of its attempts. Every item
+// a worker takes ends in exactly one of succeeded, deadLettered, handedBack, failed,
+// interrupted, abandoned and drained; retried marks a failed attempt on the way, and
+// refused corrects items of an ordered stage that never entered the reorder window.
+// worker.end is the one place that counts them.
+type outcome uint8
+
+const (
+	succeeded    outcome = iota // its outputs went downstream, or into the reorder window
+	retried                     // an attempt failed and another follows: not an ending
+	deadLettered                // its dead-letter destination accepted it
+	handedBack                  // given back to its acknowledged source (WithHandBack)
+	failed                      // its error stops the run, counted in the row's errors
+	interrupted                 // failed without an error of its own: the run stopped, its destination failed, user code panicked
+	abandoned                   // not started: the run is stopping
+	drained                     // not started: a drained budget
+	refused                     // counted succeeded, never entered the window (the run stopped): failed
+)
+
+// fate is what end needs to know of the item in hand beyond its error: set by attempts
+// and setAside for the endings that follow failed attempts.
+type fate struct {
+	attempts int                  // the item's attempts so far
+	noDL     bool                 // failed: it would have been set aside had the stage a destination
+	letter   DeadLetter[struct{}] // deadLettered: the record the destination took, without the item
+	mark     *ackMark             // handedBack: what its source is told
+}
+
+// end settles outcome o of the item in hand, or of n items for abandoned and refused,
+// and returns the error that stops the worker, if any. It is the one place where a
+// worker counts its items (the tally) and where an ending reaches the budget, the
+// tracker, the reorder window and the run's events: see DESIGN.md, section 1.3.
+//
+// For succeeded, out is the output of a one-to-one stage (a flat stage's are in w.buf);
+// for retried, failed, interrupted, deadLettered and handedBack, err is the item's
+// error (the last attempt's, or for interrupted the one that stops the run), with w.f.
+// An item is counted before anything that may panic after it (a settle callback, an
+// inline operator past the window), so that it is never counted twice.
+func (w *worker[In, Out]) end(ctx context.Context, o outcome, out *Out, n int, err error) error {
+	switch o {
+	case succeeded:
+		switch {
+		case w.ord == nil && w.st.flat == nil:
+			err = w.out.put(*out, w.pos) // counted after: a panic downstream leaves the item failed, not both
+			w.t.emitted++
+			w.t.succeeded++
+		case w.ord == nil:
+			err = w.putAll()
+			w.t.succeeded++
+		case w.st.flat == nil:
+			// Its output waits in its slot, to enter the window with the rest of the
+			// run (settle); refused if the run stops before.
+			w.ord.fill(w.seq, w.pos, *out)
+			w.pend = append(w.pend, entry{seq: w.seq})
+			w.t.succeeded++
+		default:
+			err = w.enter(ctx)
+		}
+		w.inHand = false
+		if err != nil || w.budget == nil {
+			return err
+		}
+		return w.record(false)
+	case retried:
+		w.t.retried++
+		w.row.addError(errTypeName(err), func(e *ErrorCount) { e.Retried++ })
+		w.r.emit(ctx, Event{Kind: EventRetry, Stage: w.st.name, Attempt: w.f.attempts, Err: err})
+		return nil
+	case deadLettered, handedBack:
+		// Settled first: a panic in a settle callback (FromAcked) leaves the item
+		// failed, as after a sink, not counted twice.
+		if o == deadLettered {
+			w.r.track.deadLettered(w.pos, w.f.letter) // set aside for good (a no-op once Commit settled it)
+		} else {
+			w.r.track.ackDone(w.pos, w.f.mark) // ack.go
+		}
+		w.t.deadLettered++ // a hand-back too: the Settlement tells the two apart
+		w.inHand = false
+		typ := errTypeName(err)
+		w.row.addCause(typ, causeMessage(err))
+		w.row.addError(typ, func(e *ErrorCount) { e.DeadLettered++ })
+		if o == deadLettered {
+			w.r.emit(ctx, Event{Kind: EventDeadLetter, Stage: w.st.name, Attempt: w.f.attempts, Err: err})
+		}
+		if err := w.skip(ctx); err != nil {
+			return err
+		}
+		return w.record(true)
+	case failed:
+		w.t.failed++
+		w.inHand = false
+		w.row.addError(errTypeName(err), func(e *ErrorCount) { e.Failed++ })
+		return &StageError{Stage: w.st.name, Err: err, Attempts: w.f.attempts, NoDeadLetter: w.f.noDL}
+	case interrupted:
+		w.t.failed++
+		w.inHand = false
+		return err
+	case abandoned:
+		w.t.discarded += int64(n)
+		return nil
+	case drained:
+		w.t.discarded++
+		return w.skip(ctx)
+	case refused:
+		w.t.succeeded -= int64(n)
+		w.t.failed += int64(n)
+		return nil
+	}
+	panic("pipeline: internal error: an unknown outcome")
+}
+
+// putAll sends a flat stage's outputs of the item in hand downstream, counting each. If
+// the run stops midway, every remaining output is still offered, so that each is
+// counted (sent, or unsent) and none is lost from the accounting.
+func (w *worker[In, Out]) putAll() error {
+	w.r.track.split(w.pos, len(w.buf))
+	var first error
+	for _, o := range w.buf {
+		if err := w.out.put(o, w.pos); err != nil && first == nil {
+			first = err
+		}
+		w.t.emitted++
+	}
+	clear(w.buf)
+	w.buf = w.buf[:0]
+	return first
+}
+
+// enter hands a flat ordered stage's outputs of the item in hand to the window. The
+// item is counted first: the window's from the moment it enters, it is counted once
+// even if an inline operator downstream panics while the window is flushed.
+func (w *worker[In, Out]) enter(ctx context.Context) error {
+	w.r.track.split(w.pos, len(w.buf))
+	w.t.succeeded++
+	w.inHand = false
+	w.ctxs.publish() // the window may wait
+	entered, err := w.ord.settle(ctx, w.stats, w.seq, w.pos, w.buf, false)
+	clear(w.buf)
+	w.buf = w.buf[:0]
+	if !entered {
+		_ = w.end(ctx, refused, nil, 1, nil)
+	}
+	return err
+}
+
 // tick reads the clock for the attempts that follow, under WithTimeout (see attemptCtx).
 func (w *worker[In, Out]) tick() {
 	if w.st.cfg.timeout > 0 {
@@ -549,9 +680,9 @@ func (w *worker[In, Out]) tick() {
 // abandon ends the run at item j with err: the items after it, and j itself when
 // current is 1, are not started. What the run finished before (an ordered one-to-one
 // stage's outcomes, kept to be settled together) is the window's all the same, so that
-// each item is counted once: settled into the window, or failed if it never enters.
+// each item is counted once: settled into the window, or refused if it never enters.
 func (w *worker[In, Out]) abandon(ctx context.Context, j, current int, err error) error {
-	w.t.discarded += int64(current + w.left)
+	_ = w.end(ctx, abandoned, nil, current, nil)
 	w.clearRun(j + 1)
 	if len(w.pend) > 0 {
 		_ = w.settle(ctx) // err, the run's cause or the item's, is what the run returns
@@ -559,11 +690,12 @@ func (w *worker[In, Out]) abandon(ctx context.Context, j, current int, err error
 	return err
 }
 
-// clearRun forgets the items of the run from index j on (not started), and gives back
-// their room.
+// clearRun forgets the items of the run from index j on, counts them as not started,
+// and gives back their room.
 func (w *worker[In, Out]) clearRun(j int) {
 	clear(w.run[j:])
 	if w.left > 0 {
+		_ = w.end(w.r.ctx, abandoned, nil, w.left, nil)
 		w.q.started(w.id, w.left)
 	}
 	w.left = 0
@@ -576,20 +708,27 @@ func (w *worker[In, Out]) settle(ctx context.Context) error {
 		return nil
 	}
 	pend := w.pend
-	entered, err := w.ord.settleRun(ctx, w.stats, pend, func(ready int) {
-		w.t.succeeded += int64(ready)
-		w.pend = w.pend[:0]
-	})
+	entered, err := w.ord.settleRun(ctx, w.stats, pend, func() { w.pend = w.pend[:0] })
 	if !entered { // the run stopped before the window had room: never handed on
-		for _, e := range pend {
-			if !e.skip {
-				w.t.failed++
-			}
-		}
-		w.pend = w.pend[:0]
+		w.refusePending()
 	}
 	clear(pend)
 	return err
+}
+
+// refusePending ends the run's finished items of an ordered one-to-one stage that
+// never entered the window: failed.
+func (w *worker[In, Out]) refusePending() {
+	n := 0
+	for _, e := range w.pend {
+		if !e.skip {
+			n++
+		}
+	}
+	if n > 0 {
+		_ = w.end(w.r.ctx, refused, nil, n, nil)
+	}
+	w.pend = w.pend[:0]
 }
 
 // attempt makes one call of the stage function, under the per-attempt timeout if any.
@@ -657,68 +796,6 @@ func (w *worker[In, Out]) call(ctx context.Context, v In) (Out, error) {
 	return zero, err
 }
 
-// deliver sends an item's outputs downstream. If the run stops midway, every remaining
-// output is still offered, so that each is counted (sent, or unsent) and none is lost
-// from the accounting.
-//
-// handed is false when the item could not even be handed to the reorder window (an
-// ordered stage whose run stopped while the item waited for room).
-func (w *worker[In, Out]) deliver(ctx context.Context, out Out) (handed bool, err error) {
-	if w.ord != nil {
-		if w.st.flat == nil {
-			w.pendOrdered(out)
-			return true, nil
-		}
-		w.r.track.split(w.pos, len(w.buf))
-		w.ctxs.publish() // the window may wait
-		handed, err := w.ord.settle(ctx, w.stats, w.seq, w.pos, w.buf, false, w.enteredWindow)
-		clear(w.buf)
-		w.buf = w.buf[:0]
-		return handed, err
-	}
-	if w.st.flat == nil {
-		err := w.out.put(out, w.pos)
-		w.t.emitted++
-		return true, err
-	}
-	w.r.track.split(w.pos, len(w.buf))
-	var first error
-	for _, o := range w.buf {
-		if err := w.out.put(o, w.pos); err != nil && first == nil {
-			first = err
-		}
-		w.t.emitted++
-	}
-	clear(w.buf)
-	w.buf = w.buf[:0]
-	return true, first
-}
-
-// pendOrdered keeps the output of an ordered one-to-one stage's item in its slot of the
-// window, to be settled with the rest of the run (w.settle).
-func (w *worker[In, Out]) pendOrdered(out Out) {
-	w.ord.fill(w.seq, w.pos, out)
-	w.pend = append(w.pend, entry{seq: w.seq})
-	w.r.track.split(w.pos, 1)
-	w.busy = false // counted when it enters the window, or failed if it never does
-}
-
-// enteredWindow counts an ordered stage's item as succeeded once the reorder window
-// holds it: from then on the window accounts for it.
-func (w *worker[In, Out]) enteredWindow() {
-	w.t.succeeded++
-	w.busy = false
-}
-
-// fail counts the current item as failed by err, its error after attempts calls, which
-// stops the run; noDeadLetter tells that it would have been set aside had the stage a
-// destination.
-func (w *worker[In, Out]) fail(err error, attempts int, noDeadLetter bool) error {
-	w.t.failed++
-	w.row.addError(errTypeName(err), func(e *ErrorCount) { e.Failed++ })
-	return &StageError{Stage: w.st.name, Err: err, Attempts: attempts, NoDeadLetter: noDeadLetter}
-}
-
 // skip tells the reorder window, if any, that the current item has no output, so that
 // it does not stall the items behind it.
 func (w *worker[In, Out]) skip(ctx context.Context) error {
@@ -730,18 +807,19 @@ func (w *worker[In, Out]) skip(ctx context.Context) error {
 		return nil
 	}
 	w.ctxs.publish() // the window may wait
-	// counted already
-	_, err := w.ord.settle(ctx, w.stats, w.seq, w.pos, nil, true, func() { w.busy = false })
+	_, err := w.ord.settle(ctx, w.stats, w.seq, w.pos, nil, true)
 	return err
 }
 
-// hold is called before a worker waits for long with outputs of its run in hand (a
-// retry's backoff): it hands them on first.
+// hold is called before a worker waits for long with an item in hand (a retry's
+// backoff, a breaker that may hold the attempt): it hands on the outputs of its run's
+// earlier items and publishes its counts and its attempt clock first.
 func (w *worker[In, Out]) hold(ctx context.Context) error {
 	w.ctxs.publish()
 	if err := w.settle(ctx); err != nil {
 		return err
 	}
+	w.commit()
 	if w.out.flush != nil {
 		return w.out.flush()
 	}
