@@ -218,16 +218,18 @@ func then[In, Out any](s *Stream[In], st *Stage[In, Out], sink bool) *Stream[Out
 		left.Store(int32(st.workers))
 		var failed atomic.Bool // a worker failed: downstream sees no end of input
 		for i := range st.workers {
+			lane := 0
+			if st.hash != nil {
+				lane = i
+			}
 			w := &worker[In, Out]{
-				st: st, r: r, row: rw, stats: &rw.workers[i], budget: b, classify: classify, ord: ord, cl: cl, id: i,
-				q: q, wt: newWaiter(), run: make([]item[In], chunk), runMax: 1, share: 1, sink: sink,
+				consumer: newConsumer(q, lane, i, &rw.workers[i], rw.capacity),
+				st:       st, r: r, row: rw, budget: b, classify: classify, ord: ord, cl: cl,
+				runMax: 1, share: 1, sink: sink,
 				plain: cl == nil && st.flat == nil && (!sink || r.track == nil),
 			}
 			if st.cfg.timeout > 0 {
 				w.ctxs = new(attemptClock)
-			}
-			if st.hash != nil {
-				w.lane = i
 			}
 			if ord == nil {
 				// Counts and attempt contexts are current while the worker waits.
@@ -292,71 +294,41 @@ func To[T any](s *Stream[T], sink *Stage[T, struct{}]) {
 	})
 }
 
-// tally counts a worker's outcomes during a run of items; commit adds them to the
-// worker's statistics once per run, and before the worker waits, so that an item costs
-// no locked instruction. Only worker.end changes it.
+// tally counts a consumer's outcomes between two commits (consumer.commit): in a stage
+// worker, during a run of items, and only in worker.end. An item costs no locked
+// instruction: the tally is added to the row's statistics once per run, and before the
+// goroutine waits.
 type tally struct{ succeeded, emitted, retried, deadLettered, failed, discarded int64 }
-
-// commit adds the tally to the worker's statistics and clears it.
-func (w *worker[In, Out]) commit() {
-	t, s := &w.t, w.stats
-	if t.succeeded != 0 {
-		s.succeeded.add(t.succeeded)
-	}
-	if t.emitted != 0 {
-		s.emitted.add(t.emitted)
-	}
-	if t.retried != 0 {
-		s.retried.add(t.retried)
-	}
-	if t.deadLettered != 0 {
-		s.deadLettered.add(t.deadLettered)
-	}
-	if t.failed != 0 {
-		s.failed.add(t.failed)
-	}
-	if t.discarded != 0 {
-		s.discarded.add(t.discarded)
-	}
-	*t = tally{}
-}
 
 // worker is one goroutine of a stage in one run.
 type worker[In, Out any] struct {
-	st       *Stage[In, Out]
-	r        *run
-	row      *row
-	stats    *workerStats
-	t        tally // outcomes of the current run, not yet in stats
-	out      sender[Out]
-	budget   *budgetState
-	classify func(error) Class
-	buf      []Out // outputs of the current attempt (flat stages)
-	emit     func(Out)
-	q        *queue[In]
-	lane     int           // the worker's lane of q (keyed stages)
-	wt       *waiter       // how the worker sleeps on q
-	run      []item[In]    // the run of items taken from q
-	left     int           // items of the run taken and not started
-	hand     *hand         // the worker's, when it has a sender of its own
-	runMax   int           // the most items to take at once: fewer, the slower the function
-	share    int           // the least run worth waking another worker for (takeOrPark)
-	n        uint64        // items started, for timing one in 64
-	clock    time.Duration // the worker's last clock reading, as an offset from the run's start
-	pos      uint64        // the current item's source position (checkpointed runs)
-	seq      uint64        // the current item's sequence number (ordered stages)
-	ord      *reorder[Out] // the reorder window (ordered stages)
-	pend     []entry       // ordered one-to-one stages: the run's outcomes, settled together
-	slow     bool          // the last timed attempt took long: time every attempt
-	plain    bool          // no client, no Commit scope, one output per item: items makes the first attempt itself
-	sink     bool          // the stage is a sink (NewSink, or attached by To): Commit and SetAside work
-	inFlat   bool          // a flat stage's function is running: its emit may be called
-	inHand   bool          // an item is started and has not ended (end): a panic fails it
-	f        fate          // how the item in hand failed, for end
-	ctxs     *attemptClock // WithTimeout: the attempts' contexts (nil without; a clock of its own, so that a context kept after its attempt keeps only it alive)
-	cl       *client[In]   // rate limits, breaker, adaptive workers (client.go); nil without
-	id       int           // the worker's index in its stage
-	tk       ticket        // the current attempt's, from w.cl (client.go)
+	consumer[In] // its input: the queue, its run of items, its tally and statistics
+	st           *Stage[In, Out]
+	r            *run
+	row          *row
+	out          sender[Out]
+	budget       *budgetState
+	classify     func(error) Class
+	buf          []Out // outputs of the current attempt (flat stages)
+	emit         func(Out)
+	hand         *hand         // the worker's, when it has a sender of its own
+	runMax       int           // the most items to take at once: fewer, the slower the function
+	share        int           // the least run worth waking another worker for (takeOrPark)
+	n            uint64        // items started, for timing one in 64
+	clock        time.Duration // the worker's last clock reading, as an offset from the run's start
+	pos          uint64        // the current item's source position (checkpointed runs)
+	seq          uint64        // the current item's sequence number (ordered stages)
+	ord          *reorder[Out] // the reorder window (ordered stages)
+	pend         []entry       // ordered one-to-one stages: the run's outcomes, settled together
+	slow         bool          // the last timed attempt took long: time every attempt
+	plain        bool          // no client, no Commit scope, one output per item: items makes the first attempt itself
+	sink         bool          // the stage is a sink (NewSink, or attached by To): Commit and SetAside work
+	inFlat       bool          // a flat stage's function is running: its emit may be called
+	inHand       bool          // an item is started and has not ended (end): a panic fails it
+	f            fate          // how the item in hand failed, for end
+	ctxs         *attemptClock // WithTimeout: the attempts' contexts (nil without; a clock of its own, so that a context kept after its attempt keeps only it alive)
+	cl           *client[In]   // rate limits, breaker, adaptive workers (client.go); nil without
+	tk           ticket        // the current attempt's, from w.cl (client.go)
 }
 
 // runBudget is about how long a worker's run of items may take: a worker takes as many
@@ -380,7 +352,9 @@ func (w *worker[In, Out]) loop() (err error) {
 			_ = w.end(w.r.ctx, interrupted, nil, 1, nil)
 		}
 		w.refusePending()
-		w.clearRun(0)
+		if n := w.rest(); n > 0 {
+			_ = w.end(w.r.ctx, abandoned, nil, n, nil)
+		}
 		if w.out.drop != nil {
 			w.out.drop()
 		}
@@ -409,7 +383,6 @@ func (w *worker[In, Out]) take(ctx context.Context) error {
 	if w.cl != nil {
 		adapt = w.cl.adapt
 	}
-	capacity := w.row.capacity
 	for {
 		if adapt != nil { // above the adaptive limit: wait
 			if err := adapt.gate(ctx, w.id); err != nil {
@@ -423,17 +396,15 @@ func (w *worker[In, Out]) take(ctx context.Context) error {
 		if w.ord != nil { // runs that leave the window room for every worker's next one
 			n = min(n, max(1, len(w.ord.slots)/(2*w.st.workers)))
 		}
-		k, seq, queued, ok, err := w.q.takeRun(ctx, w.lane, w.wt, w.run[:n], w.share, w.id)
+		seq, ok, err := w.consumer.take(ctx, n, w.share, nil)
 		if !ok {
 			if w.cl != nil {
 				w.cl.ended()
 			}
 			return err
 		}
-		w.stats.received.add(int64(k))
-		w.stats.peak.max(int64(min(queued, capacity)))
 		w.stats.busy.v.Store(1)
-		err = w.items(ctx, k, seq)
+		err = w.items(ctx, seq)
 		w.ctxs.publish() // the run's attempts returned: tell their contexts
 		w.stats.busy.v.Store(0)
 		if err != nil {
@@ -442,50 +413,43 @@ func (w *worker[In, Out]) take(ctx context.Context) error {
 			}
 			return err
 		}
-		w.commit()
 	}
 }
 
-// items handles the run of k items in w.run, the first with sequence number seq: each
+// items handles the run of items taken, the first with sequence number seq: each
 // item ends in one call of end. A plain worker makes an item's first attempt here, with
 // nothing between the function and end; attempts makes every other attempt.
-func (w *worker[In, Out]) items(ctx context.Context, k int, seq uint64) error {
-	w.left = k
+func (w *worker[In, Out]) items(ctx context.Context, seq uint64) error {
 	w.tick() // the start of the run's attempts
 	// Per run: a trace started during the run has regions from the next one.
 	plain := w.plain && !trace.IsEnabled()
 	fn, timeout := w.st.fn, w.st.cfg.timeout > 0
-	for j := range k {
-		e := &w.run[j]
+	for w.j < w.k {
+		// Its room in the queue is free before its function is called, which may wait
+		// for its producers: the item is in hand.
+		w.seq = seq + uint64(w.j)
+		e := w.next()
 		v := e.v
-		w.pos, w.seq = e.pos, seq+uint64(j)
-		*e = item[In]{}
-		w.left--
-		// Its room in the queue is free: the item is in hand. The first item's counted
-		// when it was taken; each other one before its function is called, which may
-		// wait for its producers.
-		if j > 0 {
-			w.q.started(w.id, 1)
-		}
+		w.pos = e.pos
 		if ctx.Err() != nil { // the run is stopping: start nothing new
-			return w.abandon(ctx, j, 1, context.Cause(ctx))
+			return w.abandon(ctx, 1, context.Cause(ctx))
 		}
 		if w.ord != nil && !w.ord.inside(w.seq) { // start only what the window has room for
 			if err := w.settle(ctx); err != nil { // the window may wait for this run's items
-				return w.abandon(ctx, j, 1, err)
+				return w.abandon(ctx, 1, err)
 			}
 			if err := w.ord.admit(ctx, w.seq); err != nil {
-				return w.abandon(ctx, j, 1, err)
+				return w.abandon(ctx, 1, err)
 			}
 		}
 		if w.row.drain.Load() { // a drained budget: start no new item
 			if err := w.end(ctx, drained, nil, 1, nil); err != nil {
-				return w.abandon(ctx, j, 0, err)
+				return w.abandon(ctx, 0, err)
 			}
 			continue
 		}
 		if w.hand != nil {
-			w.hand.last = w.left == 0 // its outputs go at once: the run ends with it
+			w.hand.last = w.j == w.k // its outputs go at once: the run ends with it
 		}
 		w.inHand = true
 		var out Out
@@ -513,7 +477,7 @@ func (w *worker[In, Out]) items(ctx context.Context, k int, seq uint64) error {
 			o, err = w.attempts(ctx, v, &out, nil)
 		}
 		if err = w.end(ctx, o, &out, 1, err); err != nil {
-			return w.abandon(ctx, j, 0, err)
+			return w.abandon(ctx, 0, err)
 		}
 	}
 	if err := w.settle(ctx); err != nil {
@@ -677,28 +641,17 @@ func (w *worker[In, Out]) tick() {
 	}
 }
 
-// abandon ends the run at item j with err: the items after it, and j itself when
-// current is 1, are not started. What the run finished before (an ordered one-to-one
-// stage's outcomes, kept to be settled together) is the window's all the same, so that
-// each item is counted once: settled into the window, or refused if it never enters.
-func (w *worker[In, Out]) abandon(ctx context.Context, j, current int, err error) error {
-	_ = w.end(ctx, abandoned, nil, current, nil)
-	w.clearRun(j + 1)
+// abandon ends the run with err: the items after the current one, and the current
+// one itself when current is 1, are not started. What the run finished before (an
+// ordered one-to-one stage's outcomes, kept to be settled together) is the window's all
+// the same, so that each item is counted once: settled into the window, or refused if
+// it never enters.
+func (w *worker[In, Out]) abandon(ctx context.Context, current int, err error) error {
+	_ = w.end(ctx, abandoned, nil, current+w.rest(), nil)
 	if len(w.pend) > 0 {
 		_ = w.settle(ctx) // err, the run's cause or the item's, is what the run returns
 	}
 	return err
-}
-
-// clearRun forgets the items of the run from index j on, counts them as not started,
-// and gives back their room.
-func (w *worker[In, Out]) clearRun(j int) {
-	clear(w.run[j:])
-	if w.left > 0 {
-		_ = w.end(w.r.ctx, abandoned, nil, w.left, nil)
-		w.q.started(w.id, w.left)
-	}
-	w.left = 0
 }
 
 // settle hands the run's finished items of an ordered one-to-one stage to the window.
