@@ -442,10 +442,15 @@ func (q *queue[T]) started(i, k int) {
 	c := &q.starts[i].v
 	c.Store(c.Load() + int64(k))
 	if q.pwait.Load() != 0 {
-		q.mu.Lock()
-		q.wakeProducersLocked()
-		q.mu.Unlock()
+		q.wakeProducers()
 	}
+}
+
+// wakeProducers wakes every producer that waits for room.
+func (q *queue[T]) wakeProducers() {
+	q.mu.Lock()
+	q.wakeProducersLocked()
+	q.mu.Unlock()
 }
 
 // unpark takes w off lane i's waiting list, if it is still there.
@@ -756,13 +761,14 @@ func (c *consumer[T]) take(ctx context.Context, n, share int, idle func(wake <-c
 // next returns the run's next item, started: its room in the queue is free (the first
 // item's since take).
 func (c *consumer[T]) next() item[T] {
-	e := &c.run[c.j]
+	j := c.j
+	c.j = j + 1
+	e := &c.run[j]
 	it := *e
 	*e = item[T]{}
-	if c.j > 0 {
+	if j > 0 {
 		c.q.started(c.id, 1)
 	}
-	c.j++
 	return it
 }
 

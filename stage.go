@@ -166,13 +166,13 @@ func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
 	if st == nil {
 		panic("pipeline: Then: nil *Stage")
 	}
-	return then(s, st, st.sink)
+	return then(s, st, st.sink, false)
 }
 
 // then is [Then]; sink tells that the stage's row is a sink (made by [NewSink], or
 // attached by [To]): its function may call [Commit] and [SetAside], and its row is a
-// "sink" in the report.
-func then[In, Out any](s *Stream[In], st *Stage[In, Out], sink bool) *Stream[Out] {
+// "sink" in the report. terminal tells that [To] attached it: its outputs go nowhere.
+func then[In, Out any](s *Stream[In], st *Stage[In, Out], sink, terminal bool) *Stream[Out] {
 	p := s.p
 	name := p.claim(st.name, true)
 	desc := fmt.Sprintf("stage %q", name)
@@ -210,7 +210,7 @@ func then[In, Out any](s *Stream[In], st *Stage[In, Out], sink bool) *Stream[Out
 			if window == 0 {
 				window = buf + chunk*st.workers // runs of chunk/2 or more for every worker (see WithOrdered)
 			}
-			ord = newReorder(window, next(&hand{row: rw}), st.flat != nil)
+			ord = newReorder(window, next(&hand{row: rw}), st.flat != nil, r.track != nil)
 			rw.held, rw.extra = ord.heldCount, window
 		}
 		cl := newClient(r, rw, st) // client.go: nil without rate limit, breaker or adaptive workers
@@ -225,8 +225,9 @@ func then[In, Out any](s *Stream[In], st *Stage[In, Out], sink bool) *Stream[Out
 			w := &worker[In, Out]{
 				consumer: newConsumer(q, lane, i, &rw.workers[i], rw.capacity),
 				st:       st, r: r, row: rw, budget: b, classify: classify, ord: ord, cl: cl,
-				runMax: 1, share: 1, sink: sink,
-				plain: cl == nil && st.flat == nil && (!sink || r.track == nil),
+				runMax: 1, share: 1, sink: sink, quiet: terminal && r.track == nil,
+				direct: ord == nil && st.flat == nil,
+				plain:  cl == nil && st.flat == nil && (!sink || r.track == nil),
 			}
 			if st.cfg.timeout > 0 {
 				w.ctxs = new(attemptClock)
@@ -280,10 +281,11 @@ func To[T any](s *Stream[T], sink *Stage[T, struct{}]) {
 	if sink.flat != nil {
 		panic(fmt.Sprintf("pipeline: To: stage %q was made by NewFlatStage: a sink emits nothing; make it with NewSink", sink.name))
 	}
-	out := then(s, sink, true)
+	out := then(s, sink, true, true)
 	out.consumed = true
 	s.p.terminals = append(s.p.terminals, func(r *run) {
-		// The sink's function returned nil: the item's effect is committed.
+		// The sink's function returned nil: the item's effect is committed (without
+		// a tracker there is nothing to tell: worker.end skips the call).
 		out.open(r, func(*hand) sender[struct{}] {
 			return sender[struct{}]{
 				put:   func(_ struct{}, pos uint64) error { r.track.done(pos); return nil },
@@ -318,10 +320,13 @@ type worker[In, Out any] struct {
 	clock        time.Duration // the worker's last clock reading, as an offset from the run's start
 	pos          uint64        // the current item's source position (checkpointed runs)
 	seq          uint64        // the current item's sequence number (ordered stages)
+	si           int           // its slot in the reorder window: seq modulo the window's size
 	ord          *reorder[Out] // the reorder window (ordered stages)
 	pend         []entry       // ordered one-to-one stages: the run's outcomes, settled together
 	slow         bool          // the last timed attempt took long: time every attempt
 	plain        bool          // no client, no Commit scope, one output per item: items makes the first attempt itself
+	direct       bool          // unordered, one output per item: end puts it itself
+	quiet        bool          // an untracked run's sink: its sender has nothing to tell
 	sink         bool          // the stage is a sink (NewSink, or attached by To): Commit and SetAside work
 	inFlat       bool          // a flat stage's function is running: its emit may be called
 	inHand       bool          // an item is started and has not ended (end): a panic fails it
@@ -424,14 +429,31 @@ func (w *worker[In, Out]) items(ctx context.Context, seq uint64) error {
 	// Per run: a trace started during the run has regions from the next one.
 	plain := w.plain && !trace.IsEnabled()
 	fn, timeout := w.st.fn, w.st.cfg.timeout > 0
-	for w.j < w.k {
-		// Its room in the queue is free before its function is called, which may wait
-		// for its producers: the item is in hand.
-		w.seq = seq + uint64(w.j)
-		e := w.next()
+	stop := w.r.ctx // ctx's cancellation, without a sink's value layer to go through per item
+	if w.hand != nil {
+		w.hand.last = false // until the run's last item
+	}
+	var si0, slots int // the run's first slot in the window, and the window's size
+	if w.ord != nil {
+		slots = len(w.ord.slots)
+		si0 = int(seq % uint64(slots))
+	}
+	for j := w.j; j < w.k; j = w.j {
+		// consumer.next, inline (a call per item costs 1xP several percent): its room
+		// in the queue is free before its function is called, which may wait for its
+		// producers; the first item's since take.
+		e := &w.run[j]
 		v := e.v
-		w.pos = e.pos
-		if ctx.Err() != nil { // the run is stopping: start nothing new
+		w.pos, w.seq = e.pos, seq+uint64(j)
+		if w.si = si0 + j; w.si >= slots && slots > 0 { // a run is at most half the window: one wrap at most
+			w.si -= slots
+		}
+		*e = item[In]{}
+		w.j = j + 1
+		if j > 0 {
+			w.q.started(w.id, 1)
+		}
+		if stop.Err() != nil { // the run is stopping: start nothing new
 			return w.abandon(ctx, 1, context.Cause(ctx))
 		}
 		if w.ord != nil && !w.ord.inside(w.seq) { // start only what the window has room for
@@ -448,8 +470,8 @@ func (w *worker[In, Out]) items(ctx context.Context, seq uint64) error {
 			}
 			continue
 		}
-		if w.hand != nil {
-			w.hand.last = w.j == w.k // its outputs go at once: the run ends with it
+		if w.j == w.k && w.hand != nil {
+			w.hand.last = true // its outputs go at once: the run ends with it
 		}
 		w.inHand = true
 		var out Out
@@ -528,30 +550,49 @@ type fate struct {
 // An item is counted before anything that may panic after it (a settle callback, an
 // inline operator past the window), so that it is never counted twice.
 func (w *worker[In, Out]) end(ctx context.Context, o outcome, out *Out, n int, err error) error {
-	switch o {
-	case succeeded:
-		switch {
-		case w.ord == nil && w.st.flat == nil:
-			err = w.out.put(*out, w.pos) // counted after: a panic downstream leaves the item failed, not both
+	if o == succeeded { // first, apart: the one outcome of nearly every item
+		if w.direct {
+			if !w.quiet {
+				err = w.out.put(*out, w.pos) // counted after: a panic downstream leaves the item failed, not both
+			}
 			w.t.emitted++
 			w.t.succeeded++
-		case w.ord == nil:
-			err = w.putAll()
-			w.t.succeeded++
-		case w.st.flat == nil:
-			// Its output waits in its slot, to enter the window with the rest of the
-			// run (settle); refused if the run stops before.
-			w.ord.fill(w.seq, w.pos, *out)
-			w.pend = append(w.pend, entry{seq: w.seq})
-			w.t.succeeded++
-		default:
-			err = w.enter(ctx)
+			w.inHand = false
+		} else {
+			err = w.deliver(ctx, out)
 		}
-		w.inHand = false
 		if err != nil || w.budget == nil {
 			return err
 		}
 		return w.record(false)
+	}
+	return w.endOther(ctx, o, n, err)
+}
+
+// deliver is end's succeeded for an ordered or a flat stage: it hands the item's
+// outputs on, or to the window, and counts it.
+func (w *worker[In, Out]) deliver(ctx context.Context, out *Out) (err error) {
+	switch {
+	case w.ord == nil:
+		err = w.putAll()
+		w.t.succeeded++
+	case w.st.flat == nil:
+		// Its output waits in its slot, to enter the window with the rest of the run
+		// (settle); refused if the run stops before.
+		w.ord.fill(w.si, w.pos, out)
+		w.pend = append(w.pend, entry{seq: w.seq})
+		w.t.succeeded++
+	default:
+		err = w.enter(ctx)
+	}
+	w.inHand = false
+	return err
+}
+
+// endOther is end for every outcome but succeeded: apart, so that end's own frame stays
+// small for the one outcome of nearly every item. Only end calls it.
+func (w *worker[In, Out]) endOther(ctx context.Context, o outcome, n int, err error) error {
+	switch o {
 	case retried:
 		w.t.retried++
 		w.row.addError(errTypeName(err), func(e *ErrorCount) { e.Retried++ })
