@@ -226,8 +226,8 @@ func then[In, Out any](s *Stream[In], st *Stage[In, Out], sink, terminal bool) *
 				consumer: newConsumer(q, lane, i, &rw.workers[i], rw.capacity),
 				st:       st, r: r, row: rw, budget: b, classify: classify, ord: ord, cl: cl,
 				runMax: 1, share: 1, sink: sink, quiet: terminal && r.track == nil,
-				direct: ord == nil && st.flat == nil,
-				plain:  cl == nil && st.flat == nil && (!sink || r.track == nil),
+				direct: ord == nil && st.flat == nil, pending: ord != nil && st.flat == nil,
+				plain: cl == nil && st.flat == nil && (!sink || r.track == nil),
 			}
 			if st.cfg.timeout > 0 {
 				w.ctxs = new(attemptClock)
@@ -326,6 +326,7 @@ type worker[In, Out any] struct {
 	slow         bool          // the last timed attempt took long: time every attempt
 	plain        bool          // no client, no Commit scope, one output per item: items makes the first attempt itself
 	direct       bool          // unordered, one output per item: end puts it itself
+	pending      bool          // ordered, one output per item: end puts it in its slot, settle in the window
 	quiet        bool          // an untracked run's sink: its sender has nothing to tell
 	sink         bool          // the stage is a sink (NewSink, or attached by To): Commit and SetAside work
 	inFlat       bool          // a flat stage's function is running: its emit may be called
@@ -551,15 +552,23 @@ type fate struct {
 // inline operator past the window), so that it is never counted twice.
 func (w *worker[In, Out]) end(ctx context.Context, o outcome, out *Out, n int, err error) error {
 	if o == succeeded { // first, apart: the one outcome of nearly every item
-		if w.direct {
+		switch {
+		case w.direct:
 			if !w.quiet {
 				err = w.out.put(*out, w.pos) // counted after: a panic downstream leaves the item failed, not both
 			}
 			w.t.emitted++
 			w.t.succeeded++
 			w.inHand = false
-		} else {
-			err = w.deliver(ctx, out)
+		case w.pending:
+			// Its output waits in its slot, to enter the window with the rest of the
+			// run (settle); refused if the run stops before.
+			w.ord.fill(w.si, w.pos, out)
+			w.pend = append(w.pend, entry{seq: w.seq})
+			w.t.succeeded++
+			w.inHand = false
+		default:
+			err = w.deliver(ctx)
 		}
 		if err != nil || w.budget == nil {
 			return err
@@ -569,22 +578,14 @@ func (w *worker[In, Out]) end(ctx context.Context, o outcome, out *Out, n int, e
 	return w.endOther(ctx, o, n, err)
 }
 
-// deliver is end's succeeded for an ordered or a flat stage: it hands the item's
-// outputs on, or to the window, and counts it.
-func (w *worker[In, Out]) deliver(ctx context.Context, out *Out) (err error) {
-	switch {
-	case w.ord == nil:
-		err = w.putAll()
-		w.t.succeeded++
-	case w.st.flat == nil:
-		// Its output waits in its slot, to enter the window with the rest of the run
-		// (settle); refused if the run stops before.
-		w.ord.fill(w.si, w.pos, out)
-		w.pend = append(w.pend, entry{seq: w.seq})
-		w.t.succeeded++
-	default:
-		err = w.enter(ctx)
+// deliver is end's succeeded for a flat stage: it hands the item's outputs on, or to
+// the window, and counts it.
+func (w *worker[In, Out]) deliver(ctx context.Context) (err error) {
+	if w.ord != nil {
+		return w.enter(ctx)
 	}
+	err = w.putAll()
+	w.t.succeeded++
 	w.inHand = false
 	return err
 }
