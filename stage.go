@@ -390,7 +390,8 @@ func (w *worker[In, Out]) take(ctx context.Context) error {
 		adapt = w.cl.adapt
 	}
 	for {
-		if adapt != nil { // above the adaptive limit: wait
+		if adapt != nil { // above the adaptive limit: wait, with the last run counted
+			w.commit()
 			if err := adapt.gate(ctx, w.id); err != nil {
 				return err
 			}
