@@ -491,7 +491,7 @@ func (w *worker[In, Out]) attempts(ctx context.Context, v In, out *Out, made err
 		}
 		if class == ClassTransient && attempt < w.st.cfg.attempts {
 			w.f = fate{attempts: attempt}
-			_ = w.end(ctx, retried, nil, 0, err)
+			_ = w.end(retried, nil, 0, err)
 			if err := w.hold(ctx); err != nil { // what the run finished goes on first
 				return interrupted, err
 			}

@@ -313,28 +313,29 @@ type worker[In, Out any] struct {
 	classify     func(error) Class
 	buf          []Out // outputs of the current attempt (flat stages)
 	emit         func(Out)
-	hand         *hand         // the worker's, when it has a sender of its own
-	runMax       int           // the most items to take at once: fewer, the slower the function
-	share        int           // the least run worth waking another worker for (takeOrPark)
-	n            uint64        // items started, for timing one in 64
-	clock        time.Duration // the worker's last clock reading, as an offset from the run's start
-	pos          uint64        // the current item's source position (checkpointed runs)
-	seq          uint64        // the current item's sequence number (ordered stages)
-	si           int           // its slot in the reorder window: seq modulo the window's size
-	ord          *reorder[Out] // the reorder window (ordered stages)
-	pend         []entry       // ordered one-to-one stages: the run's outcomes, settled together
-	slow         bool          // the last timed attempt took long: time every attempt
-	plain        bool          // no client, no Commit scope, one output per item: items makes the first attempt itself
-	direct       bool          // unordered, one output per item: end puts it itself
-	pending      bool          // ordered, one output per item: end puts it in its slot, settle in the window
-	quiet        bool          // an untracked run's sink: its sender has nothing to tell
-	sink         bool          // the stage is a sink (NewSink, or attached by To): Commit and SetAside work
-	inFlat       bool          // a flat stage's function is running: its emit may be called
-	inHand       bool          // an item is started and has not ended (end): a panic fails it
-	f            fate          // how the item in hand failed, for end
-	ctxs         *attemptClock // WithTimeout: the attempts' contexts (nil without; a clock of its own, so that a context kept after its attempt keeps only it alive)
-	cl           *client[In]   // rate limits, breaker, adaptive workers (client.go); nil without
-	tk           ticket        // the current attempt's, from w.cl (client.go)
+	hand         *hand           // the worker's, when it has a sender of its own
+	runMax       int             // the most items to take at once: fewer, the slower the function
+	share        int             // the least run worth waking another worker for (takeOrPark)
+	n            uint64          // items started, for timing one in 64
+	clock        time.Duration   // the worker's last clock reading, as an offset from the run's start
+	pos          uint64          // the current item's source position (checkpointed runs)
+	seq          uint64          // the current item's sequence number (ordered stages)
+	si           int             // its slot in the reorder window: seq modulo the window's size
+	ord          *reorder[Out]   // the reorder window (ordered stages)
+	pend         []entry         // ordered one-to-one stages: the run's outcomes, settled together
+	slow         bool            // the last timed attempt took long: time every attempt
+	plain        bool            // no client, no Commit scope, one output per item: items makes the first attempt itself
+	direct       bool            // unordered, one output per item: end puts it itself
+	pending      bool            // ordered, one output per item: end puts it in its slot, settle in the window
+	quiet        bool            // an untracked run's sink: its sender has nothing to tell
+	sink         bool            // the stage is a sink (NewSink, or attached by To): Commit and SetAside work
+	inFlat       bool            // a flat stage's function is running: its emit may be called
+	inHand       bool            // an item is started and has not ended (end): a panic fails it
+	f            fate            // how the item in hand failed, for end
+	ctx          context.Context // the run's, as the worker's items see it (a sink's carries SetAside's row): end's, for this run only
+	ctxs         *attemptClock   // WithTimeout: the attempts' contexts (nil without; a clock of its own, so that a context kept after its attempt keeps only it alive)
+	cl           *client[In]     // rate limits, breaker, adaptive workers (client.go); nil without
+	tk           ticket          // the current attempt's, from w.cl (client.go)
 }
 
 // runBudget is about how long a worker's run of items may take: a worker takes as many
@@ -355,11 +356,11 @@ func (w *worker[In, Out]) loop() (err error) {
 	defer guard(&returned, func(perr error) {
 		w.ctxs.publish() // no attempt context of the worker stays live after it
 		if w.inHand {
-			_ = w.end(w.r.ctx, interrupted, nil, 1, nil)
+			_ = w.end(interrupted, nil, 1, nil)
 		}
 		w.refusePending()
 		if n := w.rest(); n > 0 {
-			_ = w.end(w.r.ctx, abandoned, nil, n, nil)
+			_ = w.end(abandoned, nil, n, nil)
 		}
 		if w.out.drop != nil {
 			w.out.drop()
@@ -376,6 +377,7 @@ func (w *worker[In, Out]) loop() (err error) {
 	if w.sink {
 		ctx = context.WithValue(ctx, setAsideKey{}, w.row) // for SetAside (deadletter.go)
 	}
+	w.ctx = ctx
 	err = w.take(ctx)
 	returned = true
 	w.ctxs.publish() // no attempt context of the worker stays live after it
@@ -467,7 +469,7 @@ func (w *worker[In, Out]) items(ctx context.Context, seq uint64) error {
 			}
 		}
 		if w.row.drain.Load() { // a drained budget: start no new item
-			if err := w.end(ctx, drained, nil, 1, nil); err != nil {
+			if err := w.end(drained, nil, 1, nil); err != nil {
 				return w.abandon(ctx, 0, err)
 			}
 			continue
@@ -500,7 +502,7 @@ func (w *worker[In, Out]) items(ctx context.Context, seq uint64) error {
 		} else {
 			o, err = w.attempts(ctx, v, &out, nil)
 		}
-		if err = w.end(ctx, o, &out, 1, err); err != nil {
+		if err = w.end(o, &out, 1, err); err != nil {
 			return w.abandon(ctx, 0, err)
 		}
 	}
@@ -551,7 +553,7 @@ type fate struct {
 // error (the last attempt's, or for interrupted the one that stops the run), with w.f.
 // An item is counted before anything that may panic after it (a settle callback, an
 // inline operator past the window), so that it is never counted twice.
-func (w *worker[In, Out]) end(ctx context.Context, o outcome, out *Out, n int, err error) error {
+func (w *worker[In, Out]) end(o outcome, out *Out, n int, err error) error {
 	if o == succeeded { // first, apart: the one outcome of nearly every item
 		switch {
 		case w.direct:
@@ -569,14 +571,14 @@ func (w *worker[In, Out]) end(ctx context.Context, o outcome, out *Out, n int, e
 			w.t.succeeded++
 			w.inHand = false
 		default:
-			err = w.deliver(ctx)
+			err = w.deliver(w.ctx)
 		}
 		if err != nil || w.budget == nil {
 			return err
 		}
 		return w.record(false)
 	}
-	return w.endOther(ctx, o, n, err)
+	return w.endOther(o, n, err)
 }
 
 // deliver is end's succeeded for a flat stage: it hands the item's outputs on, or to
@@ -593,7 +595,8 @@ func (w *worker[In, Out]) deliver(ctx context.Context) (err error) {
 
 // endOther is end for every outcome but succeeded: apart, so that end's own frame stays
 // small for the one outcome of nearly every item. Only end calls it.
-func (w *worker[In, Out]) endOther(ctx context.Context, o outcome, n int, err error) error {
+func (w *worker[In, Out]) endOther(o outcome, n int, err error) error {
+	ctx := w.ctx
 	switch o {
 	case retried:
 		w.t.retried++
@@ -672,7 +675,7 @@ func (w *worker[In, Out]) enter(ctx context.Context) error {
 	clear(w.buf)
 	w.buf = w.buf[:0]
 	if !entered {
-		_ = w.end(ctx, refused, nil, 1, nil)
+		_ = w.end(refused, nil, 1, nil)
 	}
 	return err
 }
@@ -690,7 +693,7 @@ func (w *worker[In, Out]) tick() {
 // the same, so that each item is counted once: settled into the window, or refused if
 // it never enters.
 func (w *worker[In, Out]) abandon(ctx context.Context, current int, err error) error {
-	_ = w.end(ctx, abandoned, nil, current+w.rest(), nil)
+	_ = w.end(abandoned, nil, current+w.rest(), nil)
 	if len(w.pend) > 0 {
 		_ = w.settle(ctx) // err, the run's cause or the item's, is what the run returns
 	}
@@ -722,7 +725,7 @@ func (w *worker[In, Out]) refusePending() {
 		}
 	}
 	if n > 0 {
-		_ = w.end(w.r.ctx, refused, nil, n, nil)
+		_ = w.end(refused, nil, n, nil)
 	}
 	w.pend = w.pend[:0]
 }
