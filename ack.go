@@ -407,8 +407,9 @@ func stripItem[T any](rec DeadLetter[T]) DeadLetter[struct{}] {
 	}
 }
 
-// handBack gives the current item back to its acknowledged source ([WithHandBack]).
-func (w *worker[In, Out]) handBack(ctx context.Context, attempts int, first, last error) error {
+// handBackMark is what the acknowledged source is told of the item in hand that the
+// stage gives back ([WithHandBack]); worker.end settles it.
+func (w *worker[In, Out]) handBackMark(attempts int, first, last error) *ackMark {
 	typ, msg := errTypeName(last), last.Error()
 	firstMsg := msg
 	if first != last { //nolint:errorlint // identity, not equivalence: the same error value
@@ -422,15 +423,7 @@ func (w *worker[In, Out]) handBack(ctx context.Context, attempts int, first, las
 		m.delay = b(attempts)
 	}
 	m.delay = max(m.delay, retryAfterOf(last)) // a delay the error asks for (retryafter.go)
-	// Settled first: a panic in the settle callback leaves the item failed, counted once.
-	w.r.track.ackDone(w.pos, m)
-	w.t.deadLettered++
-	w.row.addCause(typ, causeMessage(last))
-	w.row.addError(typ, func(e *ErrorCount) { e.DeadLettered++ })
-	if err := w.skip(ctx); err != nil {
-		return err
-	}
-	return w.record(true)
+	return m
 }
 
 // ackName names the acknowledged source's row, for a panic in a settle callback.

@@ -83,8 +83,9 @@ func Batch[T any](s *Stream[T], size int, opts ...BatchOption) *Stream[[]T] {
 		wireInput(r, rw, s, q.outlet(r.ctx), q.close)
 		r.addRow(rw)
 		b := &batcher[T]{
-			ctx: r.ctx, q: q, size: size, maxBytes: cfg.maxBytes, sizer: sizer, capacity: buf,
-			linger: cfg.linger, next: next, row: rw, stats: &rw.workers[0], flushes: rw.flushes, track: r.track,
+			consumer: newConsumer(q, 0, 0, &rw.workers[0], buf),
+			ctx:      r.ctx, size: size, maxBytes: cfg.maxBytes, sizer: sizer,
+			linger: cfg.linger, down: next, row: rw, flushes: rw.flushes, track: r.track,
 		}
 		r.goSafe(name, func() error {
 			if err := b.loop(); err != nil {
@@ -99,134 +100,125 @@ func Batch[T any](s *Stream[T], size int, opts ...BatchOption) *Stream[[]T] {
 }
 
 type batcher[T any] struct {
-	ctx      context.Context
-	q        *queue[T]
-	capacity int
-	size     int
-	maxBytes int
-	sizer    func(T) int
-	linger   time.Duration
-	next     outlet[[]T]
-	out      sender[[]T]
-	row      *row
-	stats    *workerStats
-	flushes  *flushCounters
-	track    *tracker
-	timer    *time.Timer // WithLinger
-	batch    []T
-	poss     []uint64 // positions of the batch's items (checkpointed runs)
-	bytes    int
-	run      []item[T] // the items taken from the queue at once
-	left     int       // items of the run not yet in a batch
+	consumer[T] // its input, its run of items, its tally and statistics
+	ctx         context.Context
+	size        int
+	maxBytes    int
+	sizer       func(T) int
+	linger      time.Duration
+	down        outlet[[]T] // the consumer's
+	out         sender[[]T]
+	row         *row
+	flushes     *flushCounters
+	track       *tracker
+	timer       *time.Timer // WithLinger
+	batch       []T
+	poss        []uint64 // positions of the batch's items (checkpointed runs)
+	bytes       int
+	// judged is the hunger already judged not to concern this batch, moved closes
+	// when the head moves on after that judgement (then it is judged again).
+	judged, moved <-chan struct{}
+	expired       <-chan time.Time // the linger timer's
 }
 
 func (b *batcher[T]) loop() error {
-	b.out = b.next(&hand{row: b.row})
-	b.run = make([]item[T], chunk)
+	b.out = b.down(&hand{row: b.row, waits: []func(){b.commit}}) // counts current while it waits
 	returned := false
 	defer func() {
 		if !returned { // user code (the sizer, or downstream of a flush) panicked or exited: fail what is in hand
+			b.t.discarded += int64(b.rest())
+			b.commit()
 			s := b.stats
-			b.abandon()
 			s.failed.add(s.received.load() - s.succeeded.load() - s.failed.load() - s.discarded.load())
 			b.out.drop()
 		}
 	}()
 	err := b.take()
 	returned = true
+	b.commit()
 	return err
 }
 
 func (b *batcher[T]) take() (err error) {
-	var expired <-chan time.Time
 	if b.linger > 0 {
 		b.timer = time.NewTimer(time.Hour)
 		b.timer.Stop()
 		defer b.timer.Stop()
-		expired = b.timer.C
+		b.expired = b.timer.C
 	}
-	wt := newWaiter()
-	// judged is the hunger already judged not to concern this batch, moved closes when
-	// the head moves on after that judgement (then it is judged again).
-	var judged, moved <-chan struct{}
 	for {
-		k, _, queued, closed := b.q.take(0, b.run)
-		if k > 0 {
-			b.stats.peak.max(int64(min(queued, b.capacity)))
-			if err := b.items(k, &judged, &moved); err != nil {
+		_, ok, err := b.consumer.take(b.ctx, chunk, 0, b.idle)
+		if ok {
+			if err := b.items(); err != nil {
 				return err
 			}
 			continue
 		}
-		if closed {
+		if err == nil { // the input ended
 			if len(b.batch) > 0 && b.ctx.Err() == nil {
 				return b.flush(&b.flushes.end)
 			}
 			if len(b.batch) > 0 { // the run stopped: the partial batch fails
-				b.stats.failed.add(int64(len(b.batch)))
+				b.t.failed += int64(len(b.batch))
 				return context.Cause(b.ctx)
 			}
 			return nil
 		}
-		// A checkpointed source waiting for a save may be waiting for an item this
-		// batch holds: then flush it, whatever its size.
-		var hungry, headMoved <-chan struct{}
-		if b.track != nil && len(b.batch) > 0 {
-			if hungry = b.track.hungryChan(); hungry == judged {
-				hungry, headMoved = nil, moved
-			}
+		if b.ctx.Err() != nil { // the run stopped: the partial batch fails
+			b.t.failed += int64(len(b.batch))
+			b.batch = nil
 		}
-		if !b.q.park(0, wt) {
-			continue
-		}
-		select {
-		case <-wt.ch:
-			continue
-		case <-headMoved:
-			b.q.unpark(0, wt)
-			judged, moved = nil, nil
-		case <-hungry:
-			b.q.unpark(0, wt)
-			var holds bool
-			if holds, moved = b.track.holdsHead(b.poss); !holds {
-				judged = hungry // wait for input or the head to move; then judge again
-				continue
-			}
-			if err := b.flush(&b.flushes.checkpoint); err != nil {
-				return err
-			}
-		case <-expired:
-			b.q.unpark(0, wt)
-			if len(b.batch) == 0 {
-				continue
-			}
-			if err := b.flush(&b.flushes.linger); err != nil {
-				return err
-			}
-		case <-b.ctx.Done():
-			b.q.unpark(0, wt)
-			b.stats.failed.add(int64(len(b.batch)))
-			return context.Cause(b.ctx)
-		}
+		return err
 	}
 }
 
-// items adds the k items of b.run to batches, flushing each that is full.
-func (b *batcher[T]) items(k int, judged, moved *<-chan struct{}) error {
-	b.left = k
-	b.stats.received.add(int64(k))
-	defer func() { clear(b.run[:k]) }()
-	for j := range k {
-		e := b.run[j]
-		b.left--
-		b.q.started(0, 1)
+// idle waits, parked, for input, for the linger to expire, for a checkpointed source
+// that waits for a save that needs this batch's items, or for the run to stop (see
+// consumer.take). A flush here happens parked: a producer that wakes the batcher
+// meanwhile leaves a token for its next wait.
+func (b *batcher[T]) idle(wake <-chan struct{}) (bool, error) {
+	// A checkpointed source waiting for a save may be waiting for an item this batch
+	// holds: then flush it, whatever its size.
+	var hungry, headMoved <-chan struct{}
+	if b.track != nil && len(b.batch) > 0 {
+		if hungry = b.track.hungryChan(); hungry == b.judged {
+			hungry, headMoved = nil, b.moved
+		}
+	}
+	select {
+	case <-wake:
+		return true, nil
+	case <-headMoved:
+		b.judged, b.moved = nil, nil
+		return false, nil
+	case <-hungry:
+		var holds bool
+		if holds, b.moved = b.track.holdsHead(b.poss); !holds {
+			b.judged = hungry // wait for input or the head to move; then judge again
+			return false, nil
+		}
+		return false, b.flush(&b.flushes.checkpoint)
+	case <-b.expired:
+		if len(b.batch) == 0 {
+			return false, nil
+		}
+		return false, b.flush(&b.flushes.linger)
+	case <-b.ctx.Done():
+		return false, context.Cause(b.ctx)
+	}
+}
+
+// items adds the items of the run taken to batches, flushing each that is full.
+func (b *batcher[T]) items() error {
+	for b.j < b.k {
+		e := b.next()
 		v := e.v
 		if b.sizer != nil {
 			n := b.sizer(v)
 			if len(b.batch) > 0 && b.bytes+n > b.maxBytes {
 				if err := b.flush(&b.flushes.bytes); err != nil {
-					b.stats.failed.inc() // v, which made room for itself, is in no batch
-					b.abandon()
+					b.t.failed++ // v, which made room for itself, is in no batch
+					b.t.discarded += int64(b.rest())
 					return err
 				}
 			}
@@ -241,26 +233,16 @@ func (b *batcher[T]) items(k int, judged, moved *<-chan struct{}) error {
 		b.batch = append(b.batch, v)
 		if b.track != nil {
 			b.poss = append(b.poss, e.pos)
-			*judged, *moved = nil, nil
+			b.judged, b.moved = nil, nil
 		}
 		if len(b.batch) == b.size {
 			if err := b.flush(&b.flushes.size); err != nil {
-				b.abandon()
+				b.t.discarded += int64(b.rest())
 				return err
 			}
 		}
 	}
 	return nil
-}
-
-// abandon counts the items of the run not yet in a batch as not started, and gives
-// back their room.
-func (b *batcher[T]) abandon() {
-	if b.left > 0 {
-		b.stats.discarded.add(int64(b.left))
-		b.q.started(0, b.left)
-		b.left = 0
-	}
 }
 
 // flush sends the current batch on; its items count as succeeded here, a batch at a
@@ -281,8 +263,8 @@ func (b *batcher[T]) flush(reason *counter) error {
 	if ferr := b.out.flush(); err == nil {
 		err = ferr
 	}
-	b.stats.succeeded.add(n)
-	b.stats.emitted.inc()
+	b.t.succeeded += n
+	b.t.emitted++
 	return err
 }
 

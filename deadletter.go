@@ -384,13 +384,18 @@ func Replay[T any](p *Pipeline, path, stage string, opts ...ReplayOption) *Strea
 	})
 }
 
-// deadLetter sets an item aside after its last attempt.
-func (w *worker[In, Out]) deadLetter(ctx context.Context, v In, attempts int, class Class, first, last error) error {
+// setAside sets the item in hand aside after its last attempt: it gives it back to an
+// acknowledged source ([WithHandBack]), or hands its record to the stage's destination.
+// It returns the item's ending for end: without a destination the item fails, and a
+// destination's error fails the run.
+func (w *worker[In, Out]) setAside(ctx context.Context, v In, attempts int, class Class, first, last error) (outcome, error) {
 	if class == ClassTransient && w.st.cfg.handBack && w.pos != noPos && w.r.track.acked() {
-		return w.handBack(ctx, attempts, first, last) // ack.go
+		w.f = fate{attempts: attempts, mark: w.handBackMark(attempts, first, last)} // ack.go
+		return handedBack, last
 	}
 	if w.st.dl == nil { // nowhere to set it aside: an item error stops the run too
-		return w.fail(last, attempts, true)
+		w.f = fate{attempts: attempts, noDL: true}
+		return failed, last
 	}
 	typ, msg := errTypeName(last), last.Error()
 	firstMsg := msg
@@ -407,21 +412,11 @@ func (w *worker[In, Out]) deadLetter(ctx context.Context, v In, attempts int, cl
 		dctx = w.r.track.scope(ctx, &w.pos) // the destination may record it with Commit (commit.go)
 	}
 	if err := w.st.dl(dctx, rec); err != nil {
-		w.t.failed++
 		if ctx.Err() != nil { // the run stopped meanwhile: its cause, not the destination's echo
-			return context.Cause(ctx)
+			return interrupted, context.Cause(ctx)
 		}
-		return &StageError{Stage: w.st.name, Err: fmt.Errorf("dead-letter destination: %w", err)}
+		return interrupted, &StageError{Stage: w.st.name, Err: fmt.Errorf("dead-letter destination: %w", err)}
 	}
-	// Settled first: a panic in a settle callback (FromAcked) leaves the item failed, as
-	// after a sink, not counted twice.
-	w.r.track.deadLettered(w.pos, stripItem(rec)) // set aside for good (a no-op once Commit settled it)
-	w.t.deadLettered++
-	w.row.addCause(typ, causeMessage(last))
-	w.row.addError(typ, func(e *ErrorCount) { e.DeadLettered++ })
-	w.r.emit(ctx, Event{Kind: EventDeadLetter, Stage: w.st.name, Attempt: attempts, Err: last})
-	if err := w.skip(ctx); err != nil {
-		return err
-	}
-	return w.record(true)
+	w.f = fate{attempts: attempts, letter: stripItem(rec)}
+	return deadLettered, last
 }

@@ -440,65 +440,46 @@ func (c *attemptCtx) timedOut() bool {
 	return c.looked() && c.epoch().parent.Err() == nil && c.expired()
 }
 
-// process runs every attempt of one item and settles its outcome: delivered, dead-
-// lettered, or failed (returning the error that stops the worker).
-func (w *worker[In, Out]) process(ctx context.Context, v In) error {
-	return w.processFrom(ctx, v, nil)
-}
-
-// processFrom is process; failed, when not nil, is the error of the item's first
-// attempt, made already (a plain worker's, in items).
-func (w *worker[In, Out]) processFrom(ctx context.Context, v In, failed error) error {
+// attempts makes the attempts of the item in hand, v, until its fate is known, and
+// returns it for end, with the item's error (the output of a success is in *out).
+// made, when not nil, is the error of the item's first attempt, made already (a
+// plain worker's, in items); the attempts go on from there. Retries, the client's
+// acquire and settle around each attempt, and setting the item aside happen here;
+// counting happens in end.
+func (w *worker[In, Out]) attempts(ctx context.Context, v In, out *Out, made error) (outcome, error) {
 	var first error
 	cl := w.cl // client.go: breaker, rate limits, adaptive limit; nil without them
 	for attempt := 1; ; attempt++ {
-		var out Out
-		err := failed
-		failed = nil
+		err := made
+		made = nil
 		if err == nil {
 			if cl != nil {
 				if cl.mayHold(v) { // it may hold the attempt: what the run finished goes on first
 					if err := w.hold(ctx); err != nil {
-						w.t.failed++
-						return err
+						return interrupted, err
 					}
 				}
 				if w.tk, err = cl.acquire(ctx, v); err != nil {
 					if ctx.Err() != nil {
-						w.t.failed++
-						return context.Cause(ctx)
+						return interrupted, context.Cause(ctx)
 					}
 					if errors.Is(err, ErrThrottled) { // shed: no token within WithMaxTokenWait (ratelimit.go)
-						return w.deadLetter(ctx, v, attempt-1, ClassItem, cmp.Or(first, err), err)
+						return w.setAside(ctx, v, attempt-1, ClassItem, cmp.Or(first, err), err) // deadletter.go
 					}
-					return w.fail(err, attempt-1, false)
+					w.f = fate{attempts: attempt - 1}
+					return failed, err
 				}
 				w.tick() // it may have waited for a token
 			}
-			out, err = w.attempt(ctx, v)
-		}
-		if err == nil {
-			if cl != nil {
-				cl.settle(w.tk, nil, ClassItem)
+			if *out, err = w.attempt(ctx, v); err == nil {
+				if cl != nil {
+					cl.settle(w.tk, nil, ClassItem)
+				}
+				return succeeded, nil
 			}
-			// Counted after delivery: a panic downstream (in an inline operator) leaves
-			// the item failed, not both succeeded and failed.
-			handed, derr := w.deliver(ctx, out)
-			switch {
-			case !w.busy: // an ordered stage counted it when it entered the window
-			case handed:
-				w.t.succeeded++
-			default:
-				w.t.failed++ // the run stopped before it could be handed on
-			}
-			if derr != nil {
-				return derr
-			}
-			return w.record(false)
 		}
 		if ctx.Err() != nil {
-			w.t.failed++ // interrupted: the run is stopping
-			return context.Cause(ctx)
+			return interrupted, context.Cause(ctx) // the run is stopping
 		}
 		class, err := w.classOf(err)
 		class, err = capRetryAfter(w.st.name, w.st.cfg.client.retryAfterCapOf(), class, err) // retryafter.go: Retry-After past the cap
@@ -507,27 +488,25 @@ func (w *worker[In, Out]) processFrom(ctx context.Context, v In, failed error) e
 			continue
 		}
 		if class == ClassFatal {
-			return w.fail(err, attempt, false)
+			w.f = fate{attempts: attempt}
+			return failed, err
 		}
 		if first == nil {
 			first = err
 		}
 		if class == ClassTransient && attempt < w.st.cfg.attempts {
-			w.t.retried++
-			w.row.addError(errTypeName(err), func(e *ErrorCount) { e.Retried++ })
-			w.r.emit(ctx, Event{Kind: EventRetry, Stage: w.st.name, Attempt: attempt, Err: err})
+			w.f = fate{attempts: attempt}
+			_ = w.end(retried, nil, 0, err)
 			if err := w.hold(ctx); err != nil { // what the run finished goes on first
-				w.t.failed++
-				return err
+				return interrupted, err
 			}
 			if err := sleep(ctx, w.st.cfg.backoff, attempt, err, w.st.cfg.client.retryAfterCapOf()); err != nil {
-				w.t.failed++
-				return err
+				return interrupted, err
 			}
 			w.tick()
 			continue
 		}
-		return w.deadLetter(ctx, v, attempt, class, first, err)
+		return w.setAside(ctx, v, attempt, class, first, err) // deadletter.go
 	}
 }
 

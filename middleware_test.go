@@ -553,3 +553,35 @@ func TestTimeoutAttemptCtxNotReusedAfterEscape(t *testing.T) {
 		assert.NoError(t, err)
 	})
 }
+
+// TestRetryBackoffPublishesCounts checks, in virtual time, that a worker waiting in a
+// retry's backoff has added the counts of its run's earlier items first: a Snapshot
+// taken during the wait shows them succeeded, not taken and unfinished (the worker
+// used to add them only at the end of its run).
+func TestRetryBackoffPublishesCounts(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		items := make([]int, 10)
+		for i := range items {
+			items[i] = i
+		}
+		p := pipeline.New()
+		failed := false // item 5's first attempt fails: one worker, so no race
+		s := pipeline.Then(pipeline.FromSlice(p, items), pipeline.NewStage("work", 1, func(_ context.Context, v int) (int, error) {
+			if v == 5 && !failed {
+				failed = true
+				return 0, pipeline.Transient(errors.New("once"))
+			}
+			return v, nil
+		}, pipeline.WithRetry(2, pipeline.ConstantBackoff(time.Hour))))
+		pipeline.To(s, pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+		errc := make(chan error, 1)
+		go func() { errc <- p.Run(t.Context()) }()
+		synctest.Wait() // the worker sleeps in item 5's backoff
+		work := row(t, p.Snapshot(), "work")
+		assert.Equal(t, int64(5), work.Succeeded, "items 0 to 4, before the backoff")
+		assert.Equal(t, int64(1), work.Retried)
+		require.NoError(t, <-errc)
+		assert.Equal(t, int64(10), row(t, p.Report(), "work").Succeeded)
+	})
+}

@@ -574,25 +574,16 @@ func collect[T any](ctx context.Context, s *Stream[T], ctor string, opts []Colle
 				return
 			}
 		}
-		var (
-			run     = make([]item[T], chunk) // taken from the queue at once
-			k, j    int                      // the run's length, and the next of it to yield
-			yielded int64                    // items of the run yielded, not yet counted
-		)
-		w := &rw.workers[0]
-		rest := func() { // the items of the run taken, never yielded: not started
-			w.discarded.add(int64(k - j))
-			q.started(0, k-j)
-			j = k
-		}
+		c := newConsumer(q, 0, 0, &rw.workers[0], buf)
+		rest := func() { c.t.discarded += int64(c.rest()) } // taken, never yielded: not started
 		defer func() {
 			if !finished { // the loop body panicked: stop the run and wait for it
 				if inHand {
-					w.failed.inc()
-					yielded--
+					c.t.failed++
+					c.t.succeeded--
 				}
-				w.succeeded.add(yielded)
 				rest()
+				c.commit()
 				cancel(errStopped)
 				if !gotRes {
 					res = <-done
@@ -600,7 +591,20 @@ func collect[T any](ctx context.Context, s *Stream[T], ctor string, opts []Colle
 				_ = p.finish(res.r, nil)
 			}
 		}()
-		wt := newWaiter()
+		// idle waits, parked, for items or for the run's end; once every goroutine of
+		// the run has ended, nothing more will come.
+		idle := func(wake <-chan struct{}) (bool, error) {
+			if gotRes {
+				return false, errStopped
+			}
+			select {
+			case <-wake:
+				return true, nil
+			case res = <-done:
+				gotRes = true
+				return false, nil
+			}
+		}
 		for {
 			// Take items until the queue is closed (the run succeeded, or drained) or
 			// the run has failed: after a failure the queue is not closed.
@@ -610,53 +614,26 @@ func collect[T any](ctx context.Context, s *Stream[T], ctor string, opts []Colle
 					break
 				}
 			}
-			if j == k {
-				w.succeeded.add(yielded)
-				yielded = 0
-				clear(run[:k])
-				n, _, queued, closed := q.take(0, run)
-				k, j = n, 0
-				if n == 0 {
-					if closed {
-						break
-					}
-					if !q.park(0, wt) {
-						continue
-					}
-					if gotRes { // every goroutine of the run has ended: nothing more will come
-						q.unpark(0, wt)
-						break
-					}
-					select {
-					case <-wt.ch:
-					case res = <-done:
-						gotRes = true
-						q.unpark(0, wt)
-					}
-					continue
+			if c.left() == 0 {
+				// The queue only: the run's own stop ends the take (stop), never ctx.
+				if _, ok, _ := c.take(context.Background(), chunk, 0, idle); !ok {
+					break // closed, stopped, or the run ended
 				}
-				w.peak.max(int64(min(queued, buf)))
-				w.received.add(int64(n))
 			}
-			e := run[j]
-			j++
-			q.started(0, 1)
+			e := c.next()
 			inHand = true
-			yielded++
+			c.t.succeeded++
 			more := yield(e.v, nil)
 			inHand = false
 			if !more {
 				stopped = true
-				w.succeeded.add(yielded)
-				yielded = 0
 				rest()
 				cancel(errStopped)
 				break
 			}
 			tr.done(e.pos) // the loop body is done with it: committed
 		}
-		w.succeeded.add(yielded)
-		yielded = 0
+		c.commit()
 		finished = true
 		if !gotRes {
 			res = <-done

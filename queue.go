@@ -150,7 +150,7 @@ type lane[T any] struct {
 // A producer reserves room for several items under the lock (grant), then puts items
 // in its own buffer without it, and places them in the ring at the next reservation or
 // flush; a worker takes a run of items under the lock and gives back each item's room
-// as it starts the item: the first at once (takeRun), each other one with a store to a
+// as it starts the item: the first at once (consumer.take), each other one with a store to a
 // count of its own (started) before its function is called, since the function may wait
 // for the producers. A keyed queue (hash) has a lane per worker; items are numbered in
 // the order they enter (ordered stages take from one lane).
@@ -164,7 +164,7 @@ type queue[T any] struct {
 	hash      func(T) uint64 // WithKey: the lane of an item
 	puts      uint64         // items placed: the sequence number of the next (ordered stages)
 	takes     uint64         // items taken by the workers
-	early     uint64         // items taken that counted as started at once (takeRun)
+	early     uint64         // items taken that counted as started at once (consumer.take)
 	earlyBy   []int64        // per worker: its part of early (for the report)
 	closed    bool
 	stopped   bool      // the run is stopping: no one sleeps any more
@@ -385,17 +385,12 @@ func (q *queue[T]) finish(ctx context.Context, w *waiter, items []item[T], lanes
 	return len(items), nil
 }
 
-// take moves up to len(dst) items of lane i into dst without waiting: k items, the
-// first with sequence number seq (ordered stages), and queued, the items that were in
-// the queue before. closed is true when the lane is empty and no item will come. The
-// items keep their room until the worker starts them (started).
-func (q *queue[T]) take(i int, dst []item[T]) (k int, seq uint64, queued int, closed bool) {
-	k, seq, queued, closed, _ = q.takeOrPark(context.Background(), i, dst, nil, 0, -1)
-	return k, seq, queued, closed
-}
-
-// takeOrPark is take that, finding lane i empty and open, also puts w (if not nil) on
-// its waiting list, under the same lock (parked), unless the run is stopping.
+// takeOrPark moves up to len(dst) items of lane i into dst without waiting: k items,
+// the first with sequence number seq (ordered stages), and queued, the items that were
+// in the queue before. closed is true when the lane is empty and no item will come.
+// The items keep their room until the consumer starts them (started). Finding lane i
+// empty and open, it puts w (if not nil) on its waiting list, under the same lock
+// (parked), unless the run is stopping.
 //
 // share, when other workers of the lane wait, is the least run worth waking one of
 // them for: the worker then takes an equal share of what waits, but at least that, and
@@ -447,23 +442,15 @@ func (q *queue[T]) started(i, k int) {
 	c := &q.starts[i].v
 	c.Store(c.Load() + int64(k))
 	if q.pwait.Load() != 0 {
-		q.mu.Lock()
-		q.wakeProducersLocked()
-		q.mu.Unlock()
+		q.wakeProducers()
 	}
 }
 
-// park puts w on lane i's waiting list, unless an item or the end is already there
-// (then it returns false: take again).
-func (q *queue[T]) park(i int, w *waiter) bool {
+// wakeProducers wakes every producer that waits for room.
+func (q *queue[T]) wakeProducers() {
 	q.mu.Lock()
-	defer q.mu.Unlock()
-	l := &q.lanes[i]
-	if l.n > 0 || q.closed {
-		return false
-	}
-	l.waiting = append(l.waiting, w)
-	return true
+	q.wakeProducersLocked()
+	q.mu.Unlock()
 }
 
 // unpark takes w off lane i's waiting list, if it is still there.
@@ -476,17 +463,12 @@ func (q *queue[T]) unpark(i int, w *waiter) {
 	}
 }
 
-// takeWait is take, waiting while lane i is empty. ok is false when the lane is closed
-// and drained, or (with the run's cause) when ctx is done first.
+// takeWait takes a run of items of lane i into dst, waiting while the lane is empty.
+// ok is false when the lane is closed and drained, or (with the run's cause) when ctx
+// is done first. Consumers take through a consumer; tests of the queue alone use this.
 func (q *queue[T]) takeWait(ctx context.Context, i int, w *waiter, dst []item[T], share int) (k int, seq uint64, queued int, ok bool, err error) {
-	return q.takeRun(ctx, i, w, dst, share, -1)
-}
-
-// takeRun is takeWait for a worker, whose first item taken counts as started at once
-// by worker first when first >= 0.
-func (q *queue[T]) takeRun(ctx context.Context, i int, w *waiter, dst []item[T], share int, first int) (k int, seq uint64, queued int, ok bool, err error) {
 	for {
-		k, seq, queued, closed, parked := q.takeOrPark(ctx, i, dst, w, share, first)
+		k, seq, queued, closed, parked := q.takeOrPark(ctx, i, dst, w, share, -1)
 		if k > 0 {
 			return k, seq, queued, true, nil
 		}
@@ -713,4 +695,118 @@ func (l *lane[T]) pop(dst []item[T]) {
 		l.head -= len(l.buf)
 	}
 	l.n -= k
+}
+
+// consumer is one goroutine's end of a queue: a stage's worker, the batcher and the
+// collecting end of Collect and All all take their input through one. It takes a run
+// of items at a time (take), hands them out in order (next), giving back each one's
+// room in the queue as it is started (the first at take, since it is started next),
+// gives back the room of those never started (rest), parks while its lane is empty,
+// and keeps its goroutine's counts in a tally that it adds to the row's statistics
+// before each take, so before every wait (commit): see DESIGN.md, section 3.
+type consumer[T any] struct {
+	q        *queue[T]
+	lane     int       // its lane of q (keyed stages: a worker's own)
+	id       int       // its index among the queue's takers
+	wt       *waiter   // how it sleeps on q
+	run      []item[T] // the run of items taken from q
+	k, j     int       // the run's length, and the index of its next item
+	t        tally     // outcomes since the last commit
+	stats    *workerStats
+	capacity int // the queue's, for the peak it records
+}
+
+func newConsumer[T any](q *queue[T], lane, id int, stats *workerStats, capacity int) consumer[T] {
+	return consumer[T]{q: q, lane: lane, id: id, wt: newWaiter(), run: make([]item[T], chunk), stats: stats, capacity: capacity}
+}
+
+// take commits the counts of the last run and takes the next run of at most n items
+// (0 < n <= chunk); share is takeOrPark's. While the lane is empty it parks: with idle
+// nil it waits for a producer's token; otherwise idle is called, parked, with the
+// waiter's channel to select on besides what else the consumer waits for, and reports
+// whether that channel's token woke it (if not, take unparks it) and an error that ends
+// the take. ok is false when the lane is closed and drained (err nil), when the run is
+// stopping (its cause), or with idle's error. The run's first item is counted as
+// started at once; seq is its sequence number (ordered stages).
+func (c *consumer[T]) take(ctx context.Context, n, share int, idle func(wake <-chan struct{}) (woken bool, err error)) (seq uint64, ok bool, err error) {
+	c.commit()
+	for {
+		k, seq, queued, closed, parked := c.q.takeOrPark(ctx, c.lane, c.run[:n], c.wt, share, c.id)
+		if k > 0 {
+			c.k, c.j = k, 0
+			c.stats.received.add(int64(k))
+			c.stats.peak.max(int64(min(queued, c.capacity)))
+			return seq, true, nil
+		}
+		if closed {
+			return 0, false, nil
+		}
+		if !parked { // the run is stopping
+			return 0, false, context.Cause(ctx)
+		}
+		if idle == nil {
+			<-c.wt.ch // woken by a producer, by close, or by stop
+			continue
+		}
+		woken, err := idle(c.wt.ch)
+		if !woken {
+			c.q.unpark(c.lane, c.wt)
+		}
+		if err != nil {
+			return 0, false, err
+		}
+	}
+}
+
+// next returns the run's next item, started: its room in the queue is free (the first
+// item's since take).
+func (c *consumer[T]) next() item[T] {
+	j := c.j
+	c.j = j + 1
+	e := &c.run[j]
+	it := *e
+	*e = item[T]{}
+	if j > 0 {
+		c.q.started(c.id, 1)
+	}
+	return it
+}
+
+// left returns how many items of the run are taken and not started.
+func (c *consumer[T]) left() int { return c.k - c.j }
+
+// rest forgets the items of the run not started, gives back their room, and returns
+// how many they were: the caller counts them as not started.
+func (c *consumer[T]) rest() int {
+	n := c.k - c.j
+	clear(c.run[c.j:c.k])
+	if n > 0 {
+		c.q.started(c.id, n)
+	}
+	c.j = c.k
+	return n
+}
+
+// commit adds the tally to the statistics and clears it.
+func (c *consumer[T]) commit() {
+	t, s := &c.t, c.stats
+	if t.succeeded != 0 {
+		s.succeeded.add(t.succeeded)
+	}
+	if t.emitted != 0 {
+		s.emitted.add(t.emitted)
+	}
+	if t.retried != 0 {
+		s.retried.add(t.retried)
+	}
+	if t.deadLettered != 0 {
+		s.deadLettered.add(t.deadLettered)
+	}
+	if t.failed != 0 {
+		s.failed.add(t.failed)
+	}
+	if t.discarded != 0 {
+		s.discarded.add(t.discarded)
+	}
+	*t = tally{}
 }

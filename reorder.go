@@ -70,19 +70,48 @@ type reorder[Out any] struct {
 	held     atomic.Int64  // items settled with outputs but not yet pushed
 	flat     bool          // outputs in slot.outs, not slot.out
 	out      sender[Out]   // used by the flusher only
+	run      []Out         // the flusher's: outputs put a run at a time (out.putRun), when bulk
 }
 
-func newReorder[Out any](window int, out sender[Out], flat bool) *reorder[Out] {
-	return &reorder[Out]{slots: make([]slot[Out], window), out: out, flat: flat}
+// newReorder returns the window of an ordered stage whose outputs go to out. tracked
+// tells that the run tracks positions: without, and into a plain queue, the flusher
+// puts each run of outputs in order with one putRun, not a put per item.
+func newReorder[Out any](window int, out sender[Out], flat, tracked bool) *reorder[Out] {
+	o := &reorder[Out]{slots: make([]slot[Out], window), out: out, flat: flat}
+	if !flat && !tracked && out.putRun != nil {
+		o.run = make([]Out, 0, chunk)
+	}
+	return o
 }
+
+// putRun puts the outputs gathered in o.run, and then, if the run stopped midway, offers
+// the rest one by one, so that each is counted as sent or unsent; first keeps the first
+// error.
+func (o *reorder[Out]) putRun(first *error) {
+	n, err := o.out.putRun(o.run, nothingBefore)
+	if err != nil && *first == nil {
+		*first = err
+	}
+	for _, v := range o.run[n:] {
+		_ = o.out.put(v, noPos) // the run's cause again
+	}
+	clear(o.run)
+	o.run = o.run[:0]
+}
+
+// nothingBefore is the before of a putRun with no counts to publish.
+func nothingBefore(int) {}
 
 // fill records the output of admitted item seq of a one-to-one stage in its slot. The
 // slot is the worker's alone until it settles the item (settleRun): the item that had
 // it before was pushed and its slot emptied before the head passed it, and the head had
 // passed it when seq was admitted.
-func (o *reorder[Out]) fill(seq, pos uint64, out Out) {
-	s := &o.slots[seq%uint64(len(o.slots))]
-	s.pos, s.out = pos, out
+//
+// i is seq's slot, seq modulo the window's size, which the worker follows through its
+// run without a division per item.
+func (o *reorder[Out]) fill(i int, pos uint64, out *Out) {
+	s := &o.slots[i]
+	s.pos, s.out = pos, *out
 }
 
 // inside reports whether item seq is inside the window, with an atomic load.
@@ -124,23 +153,21 @@ func (o *reorder[Out]) waitLocked(ctx context.Context, seq uint64) error {
 // no output) and, if it is the head, pushes what is now in order. It blocks while seq
 // is beyond the window (never, for an admitted item), and returns the run's cause if
 // the run stops meanwhile (entered false: the item never entered the window), or the
-// first push error. stats counts the outputs this worker pushes.
-//
-// entered is called once the item is in the window, before any flushing: from then on
-// the item is the window's, and a panic while flushing (in an inline operator
+// first push error. stats counts the outputs this worker pushes. The caller counts the
+// item before: once it is in the window, a panic while flushing (in an inline operator
 // downstream) must not count it again.
-func (o *reorder[Out]) settle(ctx context.Context, stats *workerStats, seq, pos uint64, outs []Out, skip bool, onEntered func()) (entered bool, err error) {
+func (o *reorder[Out]) settle(ctx context.Context, stats *workerStats, seq, pos uint64, outs []Out, skip bool) (entered bool, err error) {
 	if !skip { // the slot is the worker's until it settles the item (see fill)
 		s := &o.slots[seq%uint64(len(o.slots))]
 		s.pos, s.outs = pos, append(s.outs[:0], outs...)
 	}
 	one := [1]entry{{seq: seq, skip: skip}}
-	return o.settleRun(ctx, stats, one[:], func(int) { onEntered() })
+	return o.settleRun(ctx, stats, one[:], nil)
 }
 
 // settleRun is settle for the items of a run of a one-to-one stage, under one lock:
-// onEntered is told how many had an output.
-func (o *reorder[Out]) settleRun(ctx context.Context, stats *workerStats, es []entry, onEntered func(ready int)) (entered bool, err error) {
+// onEntered, if not nil, is called once they are in the window, before any flushing.
+func (o *reorder[Out]) settleRun(ctx context.Context, stats *workerStats, es []entry, onEntered func()) (entered bool, err error) {
 	w := uint64(len(o.slots))
 	o.mu.Lock()
 	last := es[0].seq
@@ -171,14 +198,15 @@ func (o *reorder[Out]) settleRun(ctx context.Context, stats *workerStats, es []e
 		ready++
 	}
 	o.held.Add(int64(ready))
-	if o.flushing || o.slots[o.next%w].state == slotEmpty {
-		o.mu.Unlock()
-		onEntered(ready)
+	flush := !o.flushing && o.slots[o.next%w].state != slotEmpty
+	o.flushing = o.flushing || flush
+	o.mu.Unlock()
+	if onEntered != nil {
+		onEntered()
+	}
+	if !flush {
 		return true, nil
 	}
-	o.flushing = true
-	o.mu.Unlock()
-	onEntered(ready)
 	return true, o.flush(stats)
 }
 
@@ -228,7 +256,12 @@ func (o *reorder[Out]) flush(stats *workerStats) error {
 				continue
 			}
 			if !o.flat {
-				if err := o.out.put(h.out, h.pos); err != nil && first == nil {
+				if o.run != nil { // put with the rest of the pass, or of its chunk (no user code)
+					o.run = append(o.run, h.out)
+					if len(o.run) == cap(o.run) {
+						o.putRun(&first)
+					}
+				} else if err := o.out.put(h.out, h.pos); err != nil && first == nil {
 					first = err // offer the rest too, so that each is counted as sent or unsent
 				}
 				var zero Out
@@ -246,6 +279,9 @@ func (o *reorder[Out]) flush(stats *workerStats) error {
 			clear(h.outs)
 			h.outs = h.outs[:0]
 			out++ // a flat item with no output too: nothing to push, out of the window
+		}
+		if len(o.run) > 0 {
+			o.putRun(&first)
 		}
 		if err := o.out.flush(); err != nil && first == nil {
 			first = err

@@ -180,13 +180,13 @@ func Then[In, Out any](s *Stream[In], st *Stage[In, Out]) *Stream[Out] {
 	if st == nil {
 		panic("pipeline: Then: nil *Stage")
 	}
-	return then(s, st, st.sink)
+	return then(s, st, st.sink, false)
 }
 
 // then is [Then]; sink tells that the stage's row is a sink (made by [NewSink], or
 // attached by [To]): its function may call [Commit] and [SetAside], and its row is a
-// "sink" in the report.
-func then[In, Out any](s *Stream[In], st *Stage[In, Out], sink bool) *Stream[Out] {
+// "sink" in the report. terminal tells that [To] attached it: its outputs go nowhere.
+func then[In, Out any](s *Stream[In], st *Stage[In, Out], sink, terminal bool) *Stream[Out] {
 	p := s.p
 	name := p.claim(st.name, true)
 	desc := fmt.Sprintf("stage %q", name)
@@ -224,7 +224,7 @@ func then[In, Out any](s *Stream[In], st *Stage[In, Out], sink bool) *Stream[Out
 			if window == 0 {
 				window = buf + chunk*st.workers // runs of chunk/2 or more for every worker (see WithOrdered)
 			}
-			ord = newReorder(window, next(&hand{row: rw}), st.flat != nil)
+			ord = newReorder(window, next(&hand{row: rw}), st.flat != nil, r.track != nil)
 			rw.held, rw.extra = ord.heldCount, window
 		}
 		cl := newClient(r, rw, st) // client.go: nil without rate limit, breaker or adaptive workers
@@ -232,16 +232,19 @@ func then[In, Out any](s *Stream[In], st *Stage[In, Out], sink bool) *Stream[Out
 		left.Store(int32(st.workers))
 		var failed atomic.Bool // a worker failed: downstream sees no end of input
 		for i := range st.workers {
+			lane := 0
+			if st.hash != nil {
+				lane = i
+			}
 			w := &worker[In, Out]{
-				st: st, r: r, row: rw, stats: &rw.workers[i], budget: b, classify: classify, ord: ord, cl: cl, id: i,
-				q: q, wt: newWaiter(), run: make([]item[In], chunk), runMax: 1, share: 1, sink: sink,
+				consumer: newConsumer(q, lane, i, &rw.workers[i], rw.capacity),
+				st:       st, r: r, row: rw, budget: b, classify: classify, ord: ord, cl: cl,
+				runMax: 1, share: 1, sink: sink, quiet: terminal && r.track == nil,
+				direct: ord == nil && st.flat == nil, pending: ord != nil && st.flat == nil,
 				plain: cl == nil && st.flat == nil && (!sink || r.track == nil),
 			}
 			if st.cfg.timeout > 0 {
 				w.ctxs = new(attemptClock)
-			}
-			if st.hash != nil {
-				w.lane = i
 			}
 			if ord == nil {
 				// Counts and attempt contexts are current while the worker waits.
@@ -293,10 +296,11 @@ func To[T any](s *Stream[T], sink *Stage[T, struct{}]) {
 	if sink.flat != nil {
 		panic(fmt.Sprintf("pipeline: To: stage %q was made by NewFlatStage: a sink emits nothing; make it with NewSink", sink.name))
 	}
-	out := then(s, sink, true)
+	out := then(s, sink, true, true)
 	out.consumed = true
 	s.p.terminals = append(s.p.terminals, func(r *run) {
-		// The sink's function returned nil: the item's effect is committed.
+		// The sink's function returned nil: the item's effect is committed (without
+		// a tracker there is nothing to tell: worker.end skips the call).
 		out.open(r, into[struct{}]{out: func(*hand) sender[struct{}] {
 			return sender[struct{}]{
 				put:   func(_ struct{}, pos uint64) error { r.track.done(pos); return nil },
@@ -307,69 +311,46 @@ func To[T any](s *Stream[T], sink *Stage[T, struct{}]) {
 	})
 }
 
-// tally counts a worker's outcomes during a run of items; commit adds them to the
-// worker's statistics once per run, so that an item costs no locked instruction.
+// tally counts a consumer's outcomes between two commits (consumer.commit): in a stage
+// worker, during a run of items, and only in worker.end. An item costs no locked
+// instruction: the tally is added to the row's statistics once per run, and before the
+// goroutine waits.
 type tally struct{ succeeded, emitted, retried, deadLettered, failed, discarded int64 }
-
-// commit adds the tally to the worker's statistics and clears it.
-func (w *worker[In, Out]) commit() {
-	t, s := &w.t, w.stats
-	if t.succeeded != 0 {
-		s.succeeded.add(t.succeeded)
-	}
-	if t.emitted != 0 {
-		s.emitted.add(t.emitted)
-	}
-	if t.retried != 0 {
-		s.retried.add(t.retried)
-	}
-	if t.deadLettered != 0 {
-		s.deadLettered.add(t.deadLettered)
-	}
-	if t.failed != 0 {
-		s.failed.add(t.failed)
-	}
-	if t.discarded != 0 {
-		s.discarded.add(t.discarded)
-	}
-	*t = tally{}
-}
 
 // worker is one goroutine of a stage in one run.
 type worker[In, Out any] struct {
-	st       *Stage[In, Out]
-	r        *run
-	row      *row
-	stats    *workerStats
-	t        tally // outcomes of the current run, not yet in stats
-	out      sender[Out]
-	budget   *budgetState
-	classify func(error) Class
-	buf      []Out // outputs of the current attempt (flat stages)
-	emit     func(Out)
-	q        *queue[In]
-	lane     int           // the worker's lane of q (keyed stages)
-	wt       *waiter       // how the worker sleeps on q
-	run      []item[In]    // the run of items taken from q
-	left     int           // items of the run taken and not started
-	hand     *hand         // the worker's, when it has a sender of its own
-	runMax   int           // the most items to take at once: fewer, the slower the function
-	share    int           // the least run worth waking another worker for (takeOrPark)
-	n        uint64        // items started, for timing one in 64
-	clock    time.Duration // the worker's last clock reading, as an offset from the run's start
-	pos      uint64        // the current item's source position (checkpointed runs)
-	seq      uint64        // the current item's sequence number (ordered stages)
-	ord      *reorder[Out] // the reorder window (ordered stages)
-	pend     []entry       // ordered one-to-one stages: the run's outcomes, settled together
-	slow     bool          // the last timed attempt took long: time every attempt
-	plain    bool          // no client, no Commit scope, one output per item: items calls the function itself
-	sink     bool          // the stage is a sink (NewSink, or attached by To): Commit and SetAside work
-	inFlat   bool          // a flat stage's function is running: its emit may be called
-	busy     bool          // an item is in hand and not yet counted: a panic fails it
-	ctxs     *attemptClock // WithTimeout: the attempts' contexts (nil without; a clock of its own, so that a context kept after its attempt keeps only it alive)
-	cl       *client[In]   // rate limits, breaker, adaptive workers (client.go); nil without
-	id       int           // the worker's index in its stage
-	tk       ticket        // the current attempt's, from w.cl (client.go)
+	consumer[In] // its input: the queue, its run of items, its tally and statistics
+	st           *Stage[In, Out]
+	r            *run
+	row          *row
+	out          sender[Out]
+	budget       *budgetState
+	classify     func(error) Class
+	buf          []Out // outputs of the current attempt (flat stages)
+	emit         func(Out)
+	hand         *hand           // the worker's, when it has a sender of its own
+	runMax       int             // the most items to take at once: fewer, the slower the function
+	share        int             // the least run worth waking another worker for (takeOrPark)
+	n            uint64          // items started, for timing one in 64
+	clock        time.Duration   // the worker's last clock reading, as an offset from the run's start
+	pos          uint64          // the current item's source position (checkpointed runs)
+	seq          uint64          // the current item's sequence number (ordered stages)
+	si           int             // its slot in the reorder window: seq modulo the window's size
+	ord          *reorder[Out]   // the reorder window (ordered stages)
+	pend         []entry         // ordered one-to-one stages: the run's outcomes, settled together
+	slow         bool            // the last timed attempt took long: time every attempt
+	plain        bool            // no client, no Commit scope, one output per item: items makes the first attempt itself
+	direct       bool            // unordered, one output per item: end puts it itself
+	pending      bool            // ordered, one output per item: end puts it in its slot, settle in the window
+	quiet        bool            // an untracked run's sink: its sender has nothing to tell
+	sink         bool            // the stage is a sink (NewSink, or attached by To): Commit and SetAside work
+	inFlat       bool            // a flat stage's function is running: its emit may be called
+	inHand       bool            // an item is started and has not ended (end): a panic fails it
+	f            fate            // how the item in hand failed, for end
+	ctx          context.Context // the run's, as the worker's items see it (a sink's carries SetAside's row): end's, for this run only
+	ctxs         *attemptClock   // WithTimeout: the attempts' contexts (nil without; a clock of its own, so that a context kept after its attempt keeps only it alive)
+	cl           *client[In]     // rate limits, breaker, adaptive workers (client.go); nil without
+	tk           ticket          // the current attempt's, from w.cl (client.go)
 }
 
 // runBudget is about how long a worker's run of items may take: a worker takes as many
@@ -389,17 +370,13 @@ func (w *worker[In, Out]) loop() (err error) {
 	returned := false
 	defer guard(&returned, func(perr error) {
 		w.ctxs.publish() // no attempt context of the worker stays live after it
-		if w.busy {
-			w.t.failed++
+		if w.inHand {
+			_ = w.end(interrupted, nil, 1, nil)
 		}
-		for _, e := range w.pend { // finished, never in the window
-			if !e.skip {
-				w.t.failed++
-			}
+		w.refusePending()
+		if n := w.rest(); n > 0 {
+			_ = w.end(abandoned, nil, n, nil)
 		}
-		w.pend = w.pend[:0]
-		w.t.discarded += int64(w.left)
-		w.clearRun(0)
 		if w.out.drop != nil {
 			w.out.drop()
 		}
@@ -415,6 +392,7 @@ func (w *worker[In, Out]) loop() (err error) {
 	if w.sink {
 		ctx = context.WithValue(ctx, setAsideKey{}, w.row) // for SetAside (deadletter.go)
 	}
+	w.ctx = ctx
 	err = w.take(ctx)
 	returned = true
 	w.ctxs.publish() // no attempt context of the worker stays live after it
@@ -428,9 +406,9 @@ func (w *worker[In, Out]) take(ctx context.Context) error {
 	if w.cl != nil {
 		adapt = w.cl.adapt
 	}
-	capacity := w.row.capacity
 	for {
-		if adapt != nil { // above the adaptive limit: wait
+		if adapt != nil { // above the adaptive limit: wait, with the last run counted
+			w.commit()
 			if err := adapt.gate(ctx, w.id); err != nil {
 				return err
 			}
@@ -442,17 +420,15 @@ func (w *worker[In, Out]) take(ctx context.Context) error {
 		if w.ord != nil { // runs that leave the window room for every worker's next one
 			n = min(n, max(1, len(w.ord.slots)/(2*w.st.workers)))
 		}
-		k, seq, queued, ok, err := w.q.takeRun(ctx, w.lane, w.wt, w.run[:n], w.share, w.id)
+		seq, ok, err := w.consumer.take(ctx, n, w.share, nil)
 		if !ok {
 			if w.cl != nil {
 				w.cl.ended()
 			}
 			return err
 		}
-		w.stats.received.add(int64(k))
-		w.stats.peak.max(int64(min(queued, capacity)))
 		w.stats.busy.v.Store(1)
-		err = w.items(ctx, k, seq)
+		err = w.items(ctx, seq)
 		w.ctxs.publish() // the run's attempts returned: tell their contexts
 		w.stats.busy.v.Store(0)
 		if err != nil {
@@ -461,57 +437,68 @@ func (w *worker[In, Out]) take(ctx context.Context) error {
 			}
 			return err
 		}
-		w.commit()
 	}
 }
 
-// items handles the run of k items in w.run, the first with sequence number seq.
-func (w *worker[In, Out]) items(ctx context.Context, k int, seq uint64) error {
-	w.left = k
+// items handles the run of items taken, the first with sequence number seq: each
+// item ends in one call of end. A plain worker makes an item's first attempt here, with
+// nothing between the function and end; attempts makes every other attempt.
+func (w *worker[In, Out]) items(ctx context.Context, seq uint64) error {
 	w.tick() // the start of the run's attempts
 	// Per run: a trace started during the run has regions from the next one.
 	plain := w.plain && !trace.IsEnabled()
-	fn, put, timeout := w.st.fn, w.out.put, w.st.cfg.timeout > 0
-	for j := range k {
+	fn, timeout := w.st.fn, w.st.cfg.timeout > 0
+	stop := w.r.ctx // ctx's cancellation, without a sink's value layer to go through per item
+	if w.hand != nil {
+		w.hand.last = false // until the run's last item
+	}
+	var si0, slots int // the run's first slot in the window, and the window's size
+	if w.ord != nil {
+		slots = len(w.ord.slots)
+		si0 = int(seq % uint64(slots))
+	}
+	for j := w.j; j < w.k; j = w.j {
+		// consumer.next, inline (a call per item costs 1xP several percent): its room
+		// in the queue is free before its function is called, which may wait for its
+		// producers; the first item's since take.
 		e := &w.run[j]
 		v := e.v
 		w.pos, w.seq = e.pos, seq+uint64(j)
+		if w.si = si0 + j; w.si >= slots && slots > 0 { // a run is at most half the window: one wrap at most
+			w.si -= slots
+		}
 		*e = item[In]{}
-		w.left--
-		// Its room in the queue is free: the item is in hand. The first item's counted
-		// when it was taken; each other one before its function is called, which may
-		// wait for its producers.
+		w.j = j + 1
 		if j > 0 {
 			w.q.started(w.id, 1)
 		}
-		if ctx.Err() != nil { // the run is stopping: start nothing new
-			return w.abandon(ctx, j, 1, context.Cause(ctx))
+		if stop.Err() != nil { // the run is stopping: start nothing new
+			return w.abandon(ctx, 1, context.Cause(ctx))
 		}
 		if w.ord != nil && !w.ord.inside(w.seq) { // start only what the window has room for
 			if err := w.settle(ctx); err != nil { // the window may wait for this run's items
-				return w.abandon(ctx, j, 1, err)
+				return w.abandon(ctx, 1, err)
 			}
 			if err := w.ord.admit(ctx, w.seq); err != nil {
-				return w.abandon(ctx, j, 1, err)
+				return w.abandon(ctx, 1, err)
 			}
 		}
-		if w.row.drain.Load() {
-			w.t.discarded++ // a drained budget: start no new item
-			if err := w.skip(ctx); err != nil {
-				return w.abandon(ctx, j, 0, err)
+		if w.row.drain.Load() { // a drained budget: start no new item
+			if err := w.end(drained, nil, 1, nil); err != nil {
+				return w.abandon(ctx, 0, err)
 			}
 			continue
 		}
-		if w.hand != nil {
-			w.hand.last = w.left == 0 // its outputs go at once: the run ends with it
+		if w.j == w.k && w.hand != nil {
+			w.hand.last = true // its outputs go at once: the run ends with it
 		}
-		w.busy = true
+		w.inHand = true
+		var out Out
 		var err error
-		if plain { // process, with nothing between the function and the sender
-			var out Out
-			var ferr error
+		o := succeeded
+		if plain {
 			if timeout {
-				out, ferr = w.timedCall(ctx, v)
+				out, err = w.timedCall(ctx, v)
 			} else { // timedCall, inline: even a helper for the timing costs 1xP 4 %
 				var t0 time.Time
 				timed := w.slow || w.n&63 == 0
@@ -519,30 +506,19 @@ func (w *worker[In, Out]) items(ctx context.Context, k int, seq uint64) error {
 				if timed {
 					t0 = time.Now()
 				}
-				out, ferr = fn(ctx, v)
+				out, err = fn(ctx, v)
 				if timed {
 					w.measured(t0)
 				}
 			}
-			switch {
-			case ferr != nil:
-				err = w.processFrom(ctx, v, ferr)
-			case w.ord != nil: // as deliver and processFrom do
-				w.pendOrdered(out)
-			default:
-				err = put(out, w.pos)
-				w.t.emitted++
-				w.t.succeeded++
-			}
-			if ferr == nil && err == nil && w.budget != nil {
-				err = w.record(false)
+			if err != nil {
+				o, err = w.attempts(ctx, v, &out, err)
 			}
 		} else {
-			err = w.process(ctx, v)
+			o, err = w.attempts(ctx, v, &out, nil)
 		}
-		w.busy = false
-		if err != nil {
-			return w.abandon(ctx, j, 0, err)
+		if err = w.end(o, &out, 1, err); err != nil {
+			return w.abandon(ctx, 0, err)
 		}
 	}
 	if err := w.settle(ctx); err != nil {
@@ -554,6 +530,171 @@ func (w *worker[In, Out]) items(ctx context.Context, k int, seq uint64) error {
 	return nil
 }
 
+// outcome is what became of an item of a stage, or of one of its attempts. Every item
+// a worker takes ends in exactly one of succeeded, deadLettered, handedBack, failed,
+// interrupted, abandoned and drained; retried marks a failed attempt on the way, and
+// refused corrects items of an ordered stage that never entered the reorder window.
+// worker.end is the one place that counts them.
+type outcome uint8
+
+const (
+	succeeded    outcome = iota // its outputs went downstream, or into the reorder window
+	retried                     // an attempt failed and another follows: not an ending
+	deadLettered                // its dead-letter destination accepted it
+	handedBack                  // given back to its acknowledged source (WithHandBack)
+	failed                      // its error stops the run, counted in the row's errors
+	interrupted                 // failed without an error of its own: the run stopped, its destination failed, user code panicked
+	abandoned                   // not started: the run is stopping
+	drained                     // not started: a drained budget
+	refused                     // counted succeeded, never entered the window (the run stopped): failed
+)
+
+// fate is what end needs to know of the item in hand beyond its error: set by attempts
+// and setAside for the endings that follow failed attempts.
+type fate struct {
+	attempts int                  // the item's attempts so far
+	noDL     bool                 // failed: it would have been set aside had the stage a destination
+	letter   DeadLetter[struct{}] // deadLettered: the record the destination took, without the item
+	mark     *ackMark             // handedBack: what its source is told
+}
+
+// end settles outcome o of the item in hand, or of n items for abandoned and refused,
+// and returns the error that stops the worker, if any. It is the one place where a
+// worker counts its items (the tally) and where an ending reaches the budget, the
+// tracker, the reorder window and the run's events: see DESIGN.md, section 1.3.
+//
+// For succeeded, out is the output of a one-to-one stage (a flat stage's are in w.buf);
+// for retried, failed, interrupted, deadLettered and handedBack, err is the item's
+// error (the last attempt's, or for interrupted the one that stops the run), with w.f.
+// An item is counted before anything that may panic after it (a settle callback, an
+// inline operator past the window), so that it is never counted twice.
+func (w *worker[In, Out]) end(o outcome, out *Out, n int, err error) error {
+	if o == succeeded { // first, apart: the one outcome of nearly every item
+		switch {
+		case w.direct:
+			if !w.quiet {
+				err = w.out.put(*out, w.pos) // counted after: a panic downstream leaves the item failed, not both
+			}
+			w.t.emitted++
+			w.t.succeeded++
+			w.inHand = false
+		case w.pending:
+			// Its output waits in its slot, to enter the window with the rest of the
+			// run (settle); refused if the run stops before.
+			w.ord.fill(w.si, w.pos, out)
+			w.pend = append(w.pend, entry{seq: w.seq})
+			w.t.succeeded++
+			w.inHand = false
+		default:
+			err = w.deliver(w.ctx)
+		}
+		if err != nil || w.budget == nil {
+			return err
+		}
+		return w.record(false)
+	}
+	return w.endOther(o, n, err)
+}
+
+// deliver is end's succeeded for a flat stage: it hands the item's outputs on, or to
+// the window, and counts it.
+func (w *worker[In, Out]) deliver(ctx context.Context) (err error) {
+	if w.ord != nil {
+		return w.enter(ctx)
+	}
+	err = w.putAll()
+	w.t.succeeded++
+	w.inHand = false
+	return err
+}
+
+// endOther is end for every outcome but succeeded: apart, so that end's own frame stays
+// small for the one outcome of nearly every item. Only end calls it.
+func (w *worker[In, Out]) endOther(o outcome, n int, err error) error {
+	ctx := w.ctx
+	switch o {
+	case retried:
+		w.t.retried++
+		w.row.addError(errTypeName(err), func(e *ErrorCount) { e.Retried++ })
+		w.r.emit(ctx, Event{Kind: EventRetry, Stage: w.st.name, Attempt: w.f.attempts, Err: err})
+		return nil
+	case deadLettered, handedBack:
+		// Settled first: a panic in a settle callback (FromAcked) leaves the item
+		// failed, as after a sink, not counted twice.
+		if o == deadLettered {
+			w.r.track.deadLettered(w.pos, w.f.letter) // set aside for good (a no-op once Commit settled it)
+		} else {
+			w.r.track.ackDone(w.pos, w.f.mark) // ack.go
+		}
+		w.t.deadLettered++ // a hand-back too: the Settlement tells the two apart
+		w.inHand = false
+		typ := errTypeName(err)
+		w.row.addCause(typ, causeMessage(err))
+		w.row.addError(typ, func(e *ErrorCount) { e.DeadLettered++ })
+		if o == deadLettered {
+			w.r.emit(ctx, Event{Kind: EventDeadLetter, Stage: w.st.name, Attempt: w.f.attempts, Err: err})
+		}
+		if err := w.skip(ctx); err != nil {
+			return err
+		}
+		return w.record(true)
+	case failed:
+		w.t.failed++
+		w.inHand = false
+		w.row.addError(errTypeName(err), func(e *ErrorCount) { e.Failed++ })
+		return &StageError{Stage: w.st.name, Err: err, Attempts: w.f.attempts, NoDeadLetter: w.f.noDL}
+	case interrupted:
+		w.t.failed++
+		w.inHand = false
+		return err
+	case abandoned:
+		w.t.discarded += int64(n)
+		return nil
+	case drained:
+		w.t.discarded++
+		return w.skip(ctx)
+	case refused:
+		w.t.succeeded -= int64(n)
+		w.t.failed += int64(n)
+		return nil
+	}
+	panic("pipeline: internal error: an unknown outcome")
+}
+
+// putAll sends a flat stage's outputs of the item in hand downstream, counting each. If
+// the run stops midway, every remaining output is still offered, so that each is
+// counted (sent, or unsent) and none is lost from the accounting.
+func (w *worker[In, Out]) putAll() error {
+	w.r.track.split(w.pos, len(w.buf))
+	var first error
+	for _, o := range w.buf {
+		if err := w.out.put(o, w.pos); err != nil && first == nil {
+			first = err
+		}
+		w.t.emitted++
+	}
+	clear(w.buf)
+	w.buf = w.buf[:0]
+	return first
+}
+
+// enter hands a flat ordered stage's outputs of the item in hand to the window. The
+// item is counted first: the window's from the moment it enters, it is counted once
+// even if an inline operator downstream panics while the window is flushed.
+func (w *worker[In, Out]) enter(ctx context.Context) error {
+	w.r.track.split(w.pos, len(w.buf))
+	w.t.succeeded++
+	w.inHand = false
+	w.ctxs.publish() // the window may wait
+	entered, err := w.ord.settle(ctx, w.stats, w.seq, w.pos, w.buf, false)
+	clear(w.buf)
+	w.buf = w.buf[:0]
+	if !entered {
+		_ = w.end(refused, nil, 1, nil)
+	}
+	return err
+}
+
 // tick reads the clock for the attempts that follow, under WithTimeout (see attemptCtx).
 func (w *worker[In, Out]) tick() {
 	if w.st.cfg.timeout > 0 {
@@ -561,27 +702,17 @@ func (w *worker[In, Out]) tick() {
 	}
 }
 
-// abandon ends the run at item j with err: the items after it, and j itself when
-// current is 1, are not started. What the run finished before (an ordered one-to-one
-// stage's outcomes, kept to be settled together) is the window's all the same, so that
-// each item is counted once: settled into the window, or failed if it never enters.
-func (w *worker[In, Out]) abandon(ctx context.Context, j, current int, err error) error {
-	w.t.discarded += int64(current + w.left)
-	w.clearRun(j + 1)
+// abandon ends the run with err: the items after the current one, and the current
+// one itself when current is 1, are not started. What the run finished before (an
+// ordered one-to-one stage's outcomes, kept to be settled together) is the window's all
+// the same, so that each item is counted once: settled into the window, or refused if
+// it never enters.
+func (w *worker[In, Out]) abandon(ctx context.Context, current int, err error) error {
+	_ = w.end(abandoned, nil, current+w.rest(), nil)
 	if len(w.pend) > 0 {
 		_ = w.settle(ctx) // err, the run's cause or the item's, is what the run returns
 	}
 	return err
-}
-
-// clearRun forgets the items of the run from index j on (not started), and gives back
-// their room.
-func (w *worker[In, Out]) clearRun(j int) {
-	clear(w.run[j:])
-	if w.left > 0 {
-		w.q.started(w.id, w.left)
-	}
-	w.left = 0
 }
 
 // settle hands the run's finished items of an ordered one-to-one stage to the window.
@@ -591,20 +722,27 @@ func (w *worker[In, Out]) settle(ctx context.Context) error {
 		return nil
 	}
 	pend := w.pend
-	entered, err := w.ord.settleRun(ctx, w.stats, pend, func(ready int) {
-		w.t.succeeded += int64(ready)
-		w.pend = w.pend[:0]
-	})
+	entered, err := w.ord.settleRun(ctx, w.stats, pend, func() { w.pend = w.pend[:0] })
 	if !entered { // the run stopped before the window had room: never handed on
-		for _, e := range pend {
-			if !e.skip {
-				w.t.failed++
-			}
-		}
-		w.pend = w.pend[:0]
+		w.refusePending()
 	}
 	clear(pend)
 	return err
+}
+
+// refusePending ends the run's finished items of an ordered one-to-one stage that
+// never entered the window: failed.
+func (w *worker[In, Out]) refusePending() {
+	n := 0
+	for _, e := range w.pend {
+		if !e.skip {
+			n++
+		}
+	}
+	if n > 0 {
+		_ = w.end(refused, nil, n, nil)
+	}
+	w.pend = w.pend[:0]
 }
 
 // attempt makes one call of the stage function, under the per-attempt timeout if any.
@@ -672,68 +810,6 @@ func (w *worker[In, Out]) call(ctx context.Context, v In) (Out, error) {
 	return zero, err
 }
 
-// deliver sends an item's outputs downstream. If the run stops midway, every remaining
-// output is still offered, so that each is counted (sent, or unsent) and none is lost
-// from the accounting.
-//
-// handed is false when the item could not even be handed to the reorder window (an
-// ordered stage whose run stopped while the item waited for room).
-func (w *worker[In, Out]) deliver(ctx context.Context, out Out) (handed bool, err error) {
-	if w.ord != nil {
-		if w.st.flat == nil {
-			w.pendOrdered(out)
-			return true, nil
-		}
-		w.r.track.split(w.pos, len(w.buf))
-		w.ctxs.publish() // the window may wait
-		handed, err := w.ord.settle(ctx, w.stats, w.seq, w.pos, w.buf, false, w.enteredWindow)
-		clear(w.buf)
-		w.buf = w.buf[:0]
-		return handed, err
-	}
-	if w.st.flat == nil {
-		err := w.out.put(out, w.pos)
-		w.t.emitted++
-		return true, err
-	}
-	w.r.track.split(w.pos, len(w.buf))
-	var first error
-	for _, o := range w.buf {
-		if err := w.out.put(o, w.pos); err != nil && first == nil {
-			first = err
-		}
-		w.t.emitted++
-	}
-	clear(w.buf)
-	w.buf = w.buf[:0]
-	return true, first
-}
-
-// pendOrdered keeps the output of an ordered one-to-one stage's item in its slot of the
-// window, to be settled with the rest of the run (w.settle).
-func (w *worker[In, Out]) pendOrdered(out Out) {
-	w.ord.fill(w.seq, w.pos, out)
-	w.pend = append(w.pend, entry{seq: w.seq})
-	w.r.track.split(w.pos, 1)
-	w.busy = false // counted when it enters the window, or failed if it never does
-}
-
-// enteredWindow counts an ordered stage's item as succeeded once the reorder window
-// holds it: from then on the window accounts for it.
-func (w *worker[In, Out]) enteredWindow() {
-	w.t.succeeded++
-	w.busy = false
-}
-
-// fail counts the current item as failed by err, its error after attempts calls, which
-// stops the run; noDeadLetter tells that it would have been set aside had the stage a
-// destination.
-func (w *worker[In, Out]) fail(err error, attempts int, noDeadLetter bool) error {
-	w.t.failed++
-	w.row.addError(errTypeName(err), func(e *ErrorCount) { e.Failed++ })
-	return &StageError{Stage: w.st.name, Err: err, Attempts: attempts, NoDeadLetter: noDeadLetter}
-}
-
 // skip tells the reorder window, if any, that the current item has no output, so that
 // it does not stall the items behind it.
 func (w *worker[In, Out]) skip(ctx context.Context) error {
@@ -745,18 +821,19 @@ func (w *worker[In, Out]) skip(ctx context.Context) error {
 		return nil
 	}
 	w.ctxs.publish() // the window may wait
-	// counted already
-	_, err := w.ord.settle(ctx, w.stats, w.seq, w.pos, nil, true, func() { w.busy = false })
+	_, err := w.ord.settle(ctx, w.stats, w.seq, w.pos, nil, true)
 	return err
 }
 
-// hold is called before a worker waits for long with outputs of its run in hand (a
-// retry's backoff): it hands them on first.
+// hold is called before a worker waits for long with an item in hand (a retry's
+// backoff, a breaker that may hold the attempt): it hands on the outputs of its run's
+// earlier items and publishes its counts and its attempt clock first.
 func (w *worker[In, Out]) hold(ctx context.Context) error {
 	w.ctxs.publish()
 	if err := w.settle(ctx); err != nil {
 		return err
 	}
+	w.commit()
 	if w.out.flush != nil {
 		return w.out.flush()
 	}
