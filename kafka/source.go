@@ -289,9 +289,12 @@ type Source[T any] struct {
 // and heartbeat timeouts, fetch sizes, where to start a partition with no committed
 // offset (kgo.ConsumeResetOffset), ... The source adds the group, the topics and what
 // it needs itself (kgo.DisableAutoCommit, kgo.BlockRebalanceOnPoll and the partition
-// callbacks), which replace those options if client has them. codec decodes each
-// record's value: a [pipeline.JSONCodec] or [Bytes] will do. Attach it to a pipeline
-// with [Source.Stream]. It panics if group is empty, topics is empty or holds an empty
+// callbacks), which replace those options if client has them; leave kgo.ConsumerGroup
+// and kgo.ConsumeTopics out of client all the same (the run's topic check makes a
+// client from client alone, which would join the group), and kgo.ServerSideBalancer
+// (it turns on the KIP-848 protocol, which the source was not built or tested for).
+// codec decodes each record's value: a [pipeline.JSONCodec] or [Bytes] will do.
+// Attach it to a pipeline with [Source.Stream]. It panics if group is empty, topics is empty or holds an empty
 // name, or codec is nil.
 func NewSource[T any](client []kgo.Opt, group string, topics []string, codec pipeline.Codec[T], opts ...SourceOption) *Source[T] {
 	if group == "" || len(topics) == 0 || slices.Contains(topics, "") || codec == nil {
