@@ -210,20 +210,24 @@ func ExampleWithDeadLetterTopic() {
 
 // This example shows a graceful stop from the sink, once it has seen what it wanted:
 // the items in flight finish and every settled record is committed, so that the next
-// run of the group starts after them. (The source holds one record at a time here, so
-// that the first run takes exactly one: Stop does not wait, and records the source
-// emitted before it finish too.)
+// run of the group starts after them. (Each run stops at the last record there is:
+// Stop does not wait, and the records the source emitted before it finish too.)
 func ExampleSource_Stop() {
-	env := newExampleEnv("x", "y", "z")
+	env := newExampleEnv("x", "y")
 	defer env.close()
 
-	for run := range 2 {
-		src := kafka.NewSource(env.client(), "stopper", []string{"orders"}, kafka.Bytes{}, kafka.WithMaxPending(1))
+	for run, last := range []string{"y", "z"} {
+		if run == 1 { // an order that comes between the runs
+			if err := env.prod.ProduceSync(context.Background(), &kgo.Record{Topic: "orders", Value: []byte("z")}).FirstErr(); err != nil {
+				panic(err)
+			}
+		}
+		src := kafka.NewSource(env.client(), "stopper", []string{"orders"}, kafka.Bytes{})
 		p := pipeline.New()
 		pipeline.To(src.Stream(p), pipeline.NewSink("print", 1, func(_ context.Context, m kafka.Message[[]byte]) error {
 			fmt.Printf("run %d: %s\n", run, m.Value)
-			if run == 0 || string(m.Value) == "z" {
-				src.Stop() // the first run takes one record
+			if string(m.Value) == last {
+				src.Stop() // the run commits x and y; the next one starts after them
 			}
 			return nil
 		}))
@@ -233,7 +237,7 @@ func ExampleSource_Stop() {
 	}
 	// Output:
 	// run 0: x
-	// run 1: y
+	// run 0: y
 	// run 1: z
 }
 
@@ -311,4 +315,34 @@ func ExampleBytes() {
 	fmt.Println(string(data))
 	// Output:
 	// as it is
+}
+
+// This example shows the error of a second run begun while the source serves one: a
+// Source is one member of its group at a time.
+func ExampleErrConcurrentRun() {
+	env := newExampleEnv("x")
+	defer env.close()
+
+	src := kafka.NewSource(env.client(), "once", []string{"orders"}, kafka.Bytes{})
+	started, release := make(chan struct{}), make(chan struct{})
+	newPipeline := func() *pipeline.Pipeline {
+		p := pipeline.New()
+		pipeline.To(src.Stream(p), pipeline.NewSink("hold", 1, func(context.Context, kafka.Message[[]byte]) error {
+			close(started) // the topic has one record: the first run's
+			<-release
+			src.Stop()
+			return nil
+		}))
+		return p
+	}
+	done := make(chan error, 1)
+	go func() { done <- newPipeline().Run(context.Background()) }()
+	<-started // the first run is under way
+	err := newPipeline().Run(context.Background())
+	fmt.Println(errors.Is(err, kafka.ErrConcurrentRun))
+	close(release)
+	fmt.Println(<-done)
+	// Output:
+	// true
+	// <nil>
 }

@@ -23,11 +23,15 @@ const (
 	settled                   // behind the watermark once every earlier entry is
 )
 
-// entry is one record that a run took from the client and has not committed yet.
+// entry is one record that a run took from the client and has not committed yet. A
+// settled entry keeps only its offset and leader epoch (rec is nil): a record settled
+// behind an unsettled one costs a few words, not its key and value.
 type entry struct {
-	p     *part
-	rec   *kgo.Record
-	state uint8
+	p      *part
+	rec    *kgo.Record // nil once settled
+	offset int64
+	epoch  int32
+	state  uint8
 }
 
 // part is one assignment of a partition to the run.
@@ -37,6 +41,8 @@ type part struct {
 	revoking  bool // being revoked: take no more of its records
 	pending   []*entry
 	busy      int  // entries inPipeline
+	nsettled  int  // entries settled, behind an unsettled one
+	paused    bool // its fetches are paused: nsettled reached the bound
 	hasMark   bool // mark is known: some record of this assignment settled
 	mark      kgo.EpochOffset
 	committed int64 // the last offset committed for this assignment, -1 for none
@@ -50,7 +56,7 @@ func newPart(tp TopicPartition) *part {
 
 // add appends rec, the next record of the partition, in the pipeline.
 func (p *part) add(rec *kgo.Record) *entry {
-	e := &entry{p: p, rec: rec, state: inPipeline}
+	e := &entry{p: p, rec: rec, offset: rec.Offset, epoch: rec.LeaderEpoch, state: inPipeline}
 	p.pending = append(p.pending, e)
 	p.busy++
 	return e
@@ -66,6 +72,8 @@ func (p *part) settle(e *entry) bool {
 		p.busy--
 	}
 	e.state = settled
+	e.rec = nil
+	p.nsettled++
 	n := 0
 	for n < len(p.pending) && p.pending[n].state == settled {
 		n++
@@ -73,10 +81,11 @@ func (p *part) settle(e *entry) bool {
 	if n == 0 {
 		return false
 	}
-	last := p.pending[n-1].rec
-	p.mark = kgo.EpochOffset{Epoch: last.LeaderEpoch, Offset: last.Offset + 1}
+	last := p.pending[n-1]
+	p.mark = kgo.EpochOffset{Epoch: last.epoch, Offset: last.offset + 1}
 	p.hasMark = true
 	p.behind += int64(n)
+	p.nsettled -= n
 	clear(p.pending[:n])
 	p.pending = p.pending[n:]
 	if len(p.pending) == 0 {

@@ -1,10 +1,15 @@
 package kafka
 
 import (
+	"context"
+	"encoding/binary"
+	"errors"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/gopipeline/pipeline"
@@ -67,7 +72,7 @@ func TestWatermarkFollowsFirstUnsettled(t *testing.T) {
 // and the old records' late settlements are stale, not counted in it.
 func TestReassignedPartitionStartsWithoutWatermark(t *testing.T) {
 	t.Parallel()
-	ss := &session[int]{s: &Source[int]{}, parts: map[TopicPartition]*part{}, changed: make(chan struct{})}
+	ss := &session[int]{s: &Source[int]{cfg: sourceConfig{maxPending: 1000}}, parts: map[TopicPartition]*part{}, changed: make(chan struct{})}
 	tp := TopicPartition{"t", 4}
 	assign := map[string][]int32{"t": {4}}
 	ss.outstanding = 5 // the five items below are emitted
@@ -96,4 +101,155 @@ func TestReassignedPartitionStartsWithoutWatermark(t *testing.T) {
 	assert.Equal(t, int64(2), ss.s.uncommitted.Load(), "two records settled and were not committed before the loss")
 	assert.Equal(t, int64(1), ss.s.lost.Load())
 	assert.Equal(t, int64(2), ss.s.assigned.Load())
+}
+
+// u64Codec decodes 8 big-endian bytes; any other length is an error.
+type u64Codec struct{}
+
+func (u64Codec) Marshal(v int) ([]byte, error) {
+	return binary.BigEndian.AppendUint64(nil, uint64(v)), nil
+}
+
+func (u64Codec) Unmarshal(d []byte, v *int) error {
+	if len(d) != 8 {
+		return errors.New("not 8 bytes")
+	}
+	*v = int(binary.BigEndian.Uint64(d))
+	return nil
+}
+
+// dueSession returns a session whose partitions a and b each have one record waiting
+// for a retry that is due.
+func dueSession() (ss *session[int], a, b *entry) {
+	src := NewSource(nil, "g", []string{"t"}, u64Codec{})
+	ss = &session[int]{s: src, parts: map[TopicPartition]*part{}, changed: make(chan struct{}), kick: make(chan struct{}, 1), stopped: make(chan struct{})}
+	for i, pe := range []**entry{&a, &b} {
+		p := newPart(TopicPartition{"t", int32(i)})
+		ss.parts[p.tp] = p
+		*pe = p.add(&kgo.Record{Topic: "t", Partition: int32(i), Value: binary.BigEndian.AppendUint64(nil, uint64(i))})
+		p.toRetry(*pe)
+		ss.retries = append(ss.retries, retryAt{e: *pe, due: time.Now().Add(-time.Second)})
+		ss.held++
+	}
+	return ss, a, b
+}
+
+// TestRetryDueEmitErrorLeavesTheRestWaiting: when an emit of the due retries fails
+// (the run is canceled, a budget drained it), the records after it were never emitted
+// and are not in the pipeline: a revoke must not wait for them. (They stayed marked
+// in the pipeline, and the run's last revoke waited the whole WithRevokeTimeout.)
+func TestRetryDueEmitErrorLeavesTheRestWaiting(t *testing.T) {
+	t.Parallel()
+	ss, a, b := dueSession()
+	canceled := errors.New("canceled")
+	var emitted []int
+	err := ss.retryDue(func(m Message[int], _ func(pipeline.Settlement)) error {
+		emitted = append(emitted, m.Value)
+		return canceled
+	})
+	require.ErrorIs(t, err, canceled)
+	assert.Equal(t, []int{0}, emitted)
+	assert.Equal(t, inPipeline, a.state, "the failed emit's record: its settle was called NotProcessed")
+	assert.Equal(t, waitingRetry, b.state)
+	assert.Zero(t, b.p.busy, "a revoke of b's partition would wait for a record that is not in the pipeline")
+}
+
+// TestRetryDueSkipsPartitionRevokedMeanwhile: the emit of one due retry may wait for
+// room while another record's partition begins its revoke; that record is not emitted
+// (it was, and went into the pipeline after its revoke had given up on it).
+func TestRetryDueSkipsPartitionRevokedMeanwhile(t *testing.T) {
+	t.Parallel()
+	ss, a, b := dueSession()
+	var emitted []int
+	require.NoError(t, ss.retryDue(func(m Message[int], _ func(pipeline.Settlement)) error {
+		emitted = append(emitted, m.Value)
+		ss.mu.Lock()
+		b.p.revoking = true // while this emit waited for room
+		ss.mu.Unlock()
+		return nil
+	}))
+	assert.Equal(t, []int{0}, emitted)
+	assert.Equal(t, inPipeline, a.state)
+	assert.Equal(t, waitingRetry, b.state)
+	assert.Zero(t, b.p.busy)
+}
+
+// TestSettledBehindHeldRecordIsBounded hands one record back again and again: the
+// records after it settle behind it, but keep only their offsets, and once
+// WithMaxPending of them did, the partition's fetches pause. (Each settled record
+// stayed in memory with its key and value, and the source kept polling: memory grew
+// with the partition's backlog, not with WithMaxPending.)
+func TestSettledBehindHeldRecordIsBounded(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "t"), kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	require.NoError(t, err)
+	defer c.Close()
+	prod, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	require.NoError(t, err)
+	defer prod.Close()
+	const n = 5000
+	recs := make([]*kgo.Record, n)
+	for i := range n {
+		recs[i] = &kgo.Record{Topic: "t", Value: binary.BigEndian.AppendUint64(make([]byte, 0, 1024), uint64(i))}
+	}
+	require.NoError(t, prod.ProduceSync(ctx, recs...).FirstErr())
+
+	const maxPending = 100
+	opts := []kgo.Opt{
+		kgo.SeedBrokers(c.ListenAddrs()...), kgo.FetchMaxWait(50 * time.Millisecond),
+		kgo.SessionTimeout(3 * time.Second), kgo.HeartbeatInterval(100 * time.Millisecond),
+	}
+	src := NewSource(opts, "mem", []string{"t"}, u64Codec{}, WithMaxPending(maxPending))
+	p := pipeline.New()
+	work := pipeline.Then(src.Stream(p), pipeline.NewStage("work", 2, func(_ context.Context, m Message[int]) (int, error) {
+		if m.Value == 0 {
+			return 0, pipeline.Transient(errors.New("downstream unavailable for record 0"))
+		}
+		return m.Value, nil
+	}, pipeline.WithHandBack(), pipeline.WithRetry(1, pipeline.ConstantBackoff(20*time.Millisecond))))
+	pipeline.To(work, pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- p.Run(rctx) }()
+	defer func() {
+		src.Stop()
+		assert.NoError(t, <-errc)
+	}()
+	check := func() {
+		t.Helper()
+		src.mu.Lock()
+		ss := src.cur
+		src.mu.Unlock()
+		require.NotNil(t, ss)
+		ss.mu.Lock()
+		defer ss.mu.Unlock()
+		settledN, withRec := 0, 0
+		for _, pt := range ss.parts {
+			for _, e := range pt.pending {
+				if e.state == settled {
+					settledN++
+					assert.Nil(t, e.rec, "a settled entry keeps its record")
+				} else {
+					withRec++
+				}
+			}
+		}
+		assert.LessOrEqual(t, withRec, maxPending+1, "unsettled records")
+		assert.LessOrEqual(t, settledN, 2*maxPending+1, "settled records behind the unsettled one")
+	}
+	deadline := time.Now().Add(20 * time.Second) // a bound for the failure, not a measure
+	for src.Stats().Paused == 0 {
+		require.True(t, time.Now().Before(deadline), "the partition never paused: %+v", src.Stats())
+		time.Sleep(10 * time.Millisecond)
+	}
+	check()
+	back := src.Stats().HandedBack
+	for src.Stats().HandedBack < back+5 { // record 0 went round again: what was in flight settled
+		require.True(t, time.Now().Before(deadline), "record 0 is not retried")
+		time.Sleep(10 * time.Millisecond)
+	}
+	check()
+	assert.Less(t, src.Stats().Fetched, int64(n), "the paused partition was fetched to its end")
 }

@@ -36,23 +36,18 @@ func (Bytes) Unmarshal(data []byte, v *[]byte) error {
 // record twice and the records of a partition keep the order they were produced in; a
 // batch that fails and is retried as a whole ([pipeline.WithRetry]) can still write
 // again the records that had been acknowledged: the sink is at least once. A failed
-// produce fails the batch with a [pipeline.Transient] error, or a [pipeline.Permanent]
-// one when the broker's error is not retriable (a record too large) or an item cannot
-// be encoded. opts are the stage's options. It panics like [pipeline.NewSink], if cl or
+// produce fails the batch with a [pipeline.Transient] error, a [pipeline.Fatal] one
+// that fails the run when a permission is missing (kerr.TopicAuthorizationFailed and
+// the like: no batch could go, and a dead-letter destination would set every one
+// aside), or a [pipeline.Permanent] one when the broker's error is not retriable (a
+// record too large) or an item cannot be encoded. opts are the stage's options. It panics like [pipeline.NewSink], if cl or
 // codec is nil or topic is empty, or if cl's producer is not idempotent or is
 // transactional.
 func NewSink[T any](name string, workers int, cl *kgo.Client, topic string, codec pipeline.Codec[T], meta func(T) (key []byte, headers []kgo.RecordHeader), opts ...pipeline.StageOption) *pipeline.Stage[[]T, struct{}] {
 	if cl == nil || codec == nil || topic == "" {
 		panic(fmt.Sprintf("kafka: NewSink(%q) needs a client, a topic and a codec", name))
 	}
-	if off, _ := cl.OptValue(kgo.DisableIdempotentWrite).(bool); off {
-		panic(fmt.Sprintf("kafka: NewSink(%q): the client's producer is not idempotent (kgo.DisableIdempotentWrite)", name))
-	}
-	if v := cl.OptValues(kgo.TransactionalID); len(v) == 2 {
-		if set, _ := v[1].(bool); set {
-			panic(fmt.Sprintf("kafka: NewSink(%q): the client is transactional (kgo.TransactionalID): give the sink a plain producing client", name))
-		}
-	}
+	checkProducer(fmt.Sprintf("NewSink(%q)", name), cl)
 	return pipeline.NewSink(name, workers, func(ctx context.Context, batch []T) error {
 		recs := make([]*kgo.Record, len(batch))
 		for i, v := range batch {
@@ -73,12 +68,32 @@ func NewSink[T any](name string, workers int, cl *kgo.Client, topic string, code
 	}, opts...)
 }
 
+// checkProducer panics unless cl is a plain idempotent producer: not transactional
+// (every produce outside a transaction fails), and not kgo.DisableIdempotentWrite
+// (which kgo.RequiredAcks other than all needs): a retried request could write a
+// record twice, or, without acknowledgements, not at all.
+func checkProducer(what string, cl *kgo.Client) {
+	if off, _ := cl.OptValue(kgo.DisableIdempotentWrite).(bool); off {
+		panic(fmt.Sprintf("kafka: %s: the client's producer is not idempotent (kgo.DisableIdempotentWrite)", what))
+	}
+	if v := cl.OptValues(kgo.TransactionalID); len(v) == 2 {
+		if set, _ := v[1].(bool); set {
+			panic(fmt.Sprintf("kafka: %s: the client is transactional (kgo.TransactionalID): give it a plain producing client", what))
+		}
+	}
+}
+
 // produceError classifies a failed produce.
 func produceError(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
 		return context.Cause(ctx)
 	}
 	err = fmt.Errorf("kafka: produce: %w", err)
+	for _, auth := range []error{kerr.TopicAuthorizationFailed, kerr.ClusterAuthorizationFailed, kerr.TransactionalIDAuthorizationFailed, kerr.SaslAuthenticationFailed} {
+		if errors.Is(err, auth) { // a permission missing: no batch can go, none should be set aside
+			return pipeline.Fatal(err)
+		}
+	}
 	if ke, ok := errors.AsType[*kerr.Error](err); ok && !ke.Retriable {
 		return pipeline.Permanent(err)
 	}

@@ -58,6 +58,10 @@ func (e *GroupError) Error() string {
 // Unwrap returns Err.
 func (e *GroupError) Unwrap() error { return e.Err }
 
+// ErrConcurrentRun is the error with which a run fails when its [Source] is already
+// serving another run: a Source serves one run at a time.
+var ErrConcurrentRun = errors.New("kafka: the source is already serving a run")
+
 // TopicPartition names a partition of a topic.
 type TopicPartition struct {
 	Topic     string
@@ -109,11 +113,18 @@ func WithName(name string) SourceOption {
 	return sourceOpt(func(c *sourceConfig) { c.name = name })
 }
 
-// WithMaxPending bounds the records a run holds: taken from the client and not settled
-// (in the pipeline, waiting to be emitted again, being dead-lettered) or polled and not
-// yet emitted. The source polls only as many records as there is room for; the
-// client's own buffer holds at most one more fetch per broker (kgo.FetchMaxBytes
-// bounds it). The default is 1000. It panics if n < 1.
+// WithMaxPending bounds the records of a run: at most n are in the pipeline
+// ([pipeline.WithMaxPending]), and the run holds at most n+1 records (taken from the
+// client and not settled: in the pipeline, waiting to be emitted again, being
+// dead-lettered; or polled and not yet emitted). The one more is the record the source
+// waits to emit while the pipeline is full: that wait makes the batches downstream
+// flush. A record that settles behind an unsettled one of its partition (a record
+// handed back) keeps only its offset until the watermark passes it, and once n of a
+// partition's records wait so, the source pauses that partition's fetches until the
+// watermark moves: a partition costs at most about 2n offsets, beside the n+1 records.
+// The source polls only as many records as there is room for; the client's own buffer
+// holds at most one more fetch per broker (kgo.FetchMaxBytes bounds it). The default
+// is 1000. It panics if n < 1.
 func WithMaxPending(n int) SourceOption {
 	if n < 1 {
 		panic(fmt.Sprintf("kafka: WithMaxPending(%d): need at least 1", n))
@@ -160,8 +171,12 @@ func WithRequestTimeout(d time.Duration) SourceOption {
 // again. The produce runs where the item settled (a stage's dead-letter path; the
 // source itself for an undecodable record) and waits for the acknowledgement, at most
 // [WithRequestTimeout]. Without this option a dead-lettered record settles once the
-// stage's own dead-letter destination ([pipeline.WithDeadLetter]) took the item. It
-// panics if cl is nil or topic empty.
+// stage's own dead-letter destination ([pipeline.WithDeadLetter]) took the item, and an
+// undecodable record is skipped: counted in [Stats].Undecodable, never emitted, and
+// committed. It panics if cl is nil or topic empty; [NewSource] panics if cl is
+// transactional (every produce outside a transaction fails) or its producer is not
+// idempotent (kgo.DisableIdempotentWrite, which kgo.RequiredAcks other than all
+// requires: a dead letter would settle its record unacknowledged).
 func WithDeadLetterTopic(cl *kgo.Client, topic string) SourceOption {
 	if cl == nil || topic == "" {
 		panic("kafka: WithDeadLetterTopic needs a client and a topic")
@@ -188,6 +203,7 @@ type Stats struct {
 	CommitErrors int64 // offset commits that failed or timed out (retried at the next interval, if the partition is still ours)
 	FetchErrors  int64 // errors the client reported and the source went on after
 	DLErrors     int64 // dead letters whose produce failed (their records are emitted again)
+	Paused       int64 // times a partition's fetches were paused: WithMaxPending of its records settled behind an unsettled one
 }
 
 // Source reads topics as a member of a Kafka consumer group, as the acknowledged source
@@ -199,7 +215,8 @@ type Stats struct {
 //
 //	committed      settled
 //	dead-lettered  settled, once the dead letter is produced to WithDeadLetterTopic
-//	               (undecodable records too, without being emitted)
+//	               (undecodable records too, without being emitted; without a
+//	               dead-letter topic they are skipped, counted in Stats.Undecodable)
 //	handed back    not settled: emitted again after the settlement's delay
 //	not processed  not settled: the run stopped; the next owner redoes it
 //
@@ -217,15 +234,24 @@ type Stats struct {
 // pipeline to settle, commits their watermarks and lets the rebalance go on. Items
 // that settle after that are not committed (counted as Stale): the next owner redoes
 // them. So delivery is at least once: an item may be processed twice, by the old
-// owner and the new one, when it did not settle in time or a member died. The client
+// owner and the new one, when it did not settle in time or a member died. One record of
+// a revoked partition may still enter the pipeline after its revoke gave up on it: the
+// record the source was handing over, waiting for room, when the revoke began (settled,
+// it is counted as Stale). A revoke takes at most [WithRevokeTimeout] and then its
+// commit, at most [WithRequestTimeout]; an interval commit in flight is waited for
+// first, so keep WithRevokeTimeout + 2 × WithRequestTimeout (25 s by default) under
+// the group's rebalance timeout. The client
 // commits with the group's generation, so that a member that lost its partitions
 // cannot commit over their new owner; a partition assigned back starts from the
 // group's committed offset, never from an offset the source remembers.
 //
-// Backpressure: a run holds at most [WithMaxPending] records (taken and not settled,
-// or polled and not yet emitted); the source polls only as many as there is room for.
-// Give a batch downstream a [pipeline.WithLinger], so that the items of a revoked
-// partition do not wait in a partial batch until the revoke gives up on them.
+// Backpressure: at most [WithMaxPending] items are in the pipeline, and the source
+// holds one record more, which it waits to emit: that wait makes a partial batch
+// downstream flush, so a batch larger than WithMaxPending needs no linger to go on.
+// A partition whose records settled behind an unsettled one pauses at WithMaxPending
+// of them. Give a batch downstream a [pipeline.WithLinger] all the same, so that the
+// items of a revoked partition do not wait in a partial batch until the revoke gives up
+// on them, and the last records of a quiet topic are not held until more come.
 //
 // Failures: a topic that does not exist or may not be read, or a group that may not be
 // joined, fails the run with a [*GroupError] that names it: at the start of the run
@@ -233,13 +259,14 @@ type Stats struct {
 // client are counted in [Stats].FetchErrors, and the client retries.
 //
 // Shutdown: when [Source.Stop] is called, the source stops polling, the items in
-// flight finish, and the source commits every settled record and leaves the group
+// flight finish (with the record the source was handing over, if it waited for room), and the source commits every settled record and leaves the group
 // before [pipeline.Pipeline.Run] returns. When the run fails or is canceled, it
 // commits what settled and leaves the group too.
 //
 // Each run makes its own client from the options given to [NewSource], and closes it
-// before [pipeline.Pipeline.Run] returns. A Source may serve one run at a time; it is
-// safe for concurrent use.
+// before [pipeline.Pipeline.Run] returns. A Source serves one run at a time: a run
+// begun while another is under way fails with [ErrConcurrentRun]. It is safe for
+// concurrent use.
 type Source[T any] struct {
 	client []kgo.Opt
 	group  string
@@ -249,10 +276,11 @@ type Source[T any] struct {
 
 	fetched, committed, deadLettered, undecodable, handedBack, notProcessed atomic.Int64
 	stale, uncommitted, dropped, assigned, revoked, revokeWaited, lost      atomic.Int64
-	commits, commitErrors, fetchErrors, dlErrors                            atomic.Int64
+	commits, commitErrors, fetchErrors, dlErrors, paused                    atomic.Int64
 
 	mu       sync.Mutex
 	cur      *session[T] // the current run's, if any
+	running  bool        // a run is under way (from its start, before cur is set)
 	stopping bool
 }
 
@@ -261,9 +289,12 @@ type Source[T any] struct {
 // and heartbeat timeouts, fetch sizes, where to start a partition with no committed
 // offset (kgo.ConsumeResetOffset), ... The source adds the group, the topics and what
 // it needs itself (kgo.DisableAutoCommit, kgo.BlockRebalanceOnPoll and the partition
-// callbacks), which replace those options if client has them. codec decodes each
-// record's value: a [pipeline.JSONCodec] or [Bytes] will do. Attach it to a pipeline
-// with [Source.Stream]. It panics if group is empty, topics is empty or holds an empty
+// callbacks), which replace those options if client has them; leave kgo.ConsumerGroup
+// and kgo.ConsumeTopics out of client all the same (the run's topic check makes a
+// client from client alone, which would join the group), and kgo.ServerSideBalancer
+// (it turns on the KIP-848 protocol, which the source was not built or tested for).
+// codec decodes each record's value: a [pipeline.JSONCodec] or [Bytes] will do.
+// Attach it to a pipeline with [Source.Stream]. It panics if group is empty, topics is empty or holds an empty
 // name, or codec is nil.
 func NewSource[T any](client []kgo.Opt, group string, topics []string, codec pipeline.Codec[T], opts ...SourceOption) *Source[T] {
 	if group == "" || len(topics) == 0 || slices.Contains(topics, "") || codec == nil {
@@ -276,6 +307,9 @@ func NewSource[T any](client []kgo.Opt, group string, topics []string, codec pip
 		}
 		o.sourceOption(&cfg)
 	}
+	if cfg.dl != nil {
+		checkProducer("WithDeadLetterTopic", cfg.dl)
+	}
 	return &Source[T]{client: slices.Clone(client), group: group, topics: slices.Clone(topics), codec: codec, cfg: cfg}
 }
 
@@ -287,7 +321,8 @@ func (s *Source[T]) Stream(p *pipeline.Pipeline) *pipeline.Stream[Message[T]] {
 }
 
 // Stop ends the input of the current run, or of the next one if none is running: the
-// source stops polling, the items in flight finish, their offsets are committed and
+// source stops polling, the items in flight finish (and the record it was handing over,
+// if it waited for room in the pipeline), their offsets are committed and
 // the source leaves the group; [pipeline.Pipeline.Run] then returns nil (unless
 // something failed). It does not wait.
 func (s *Source[T]) Stop() {
@@ -307,7 +342,7 @@ func (s *Source[T]) Stats() Stats {
 		Undecodable: s.undecodable.Load(), HandedBack: s.handedBack.Load(), NotProcessed: s.notProcessed.Load(),
 		Stale: s.stale.Load(), Uncommitted: s.uncommitted.Load(), Dropped: s.dropped.Load(), Assigned: s.assigned.Load(), Revoked: s.revoked.Load(),
 		RevokeWaited: s.revokeWaited.Load(), Lost: s.lost.Load(), Commits: s.commits.Load(), CommitErrors: s.commitErrors.Load(),
-		FetchErrors: s.fetchErrors.Load(), DLErrors: s.dlErrors.Load(),
+		FetchErrors: s.fetchErrors.Load(), DLErrors: s.dlErrors.Load(), Paused: s.paused.Load(),
 	}
 }
 
@@ -334,6 +369,18 @@ func (s *Source[T]) checkTopics(ctx context.Context, cl *kgo.Client) error {
 
 // run is the body of the acknowledged source: one run's membership of the group.
 func (s *Source[T]) run(ctx context.Context, emit func(Message[T], func(pipeline.Settlement)) error) error {
+	s.mu.Lock()
+	if s.running {
+		s.mu.Unlock()
+		return ErrConcurrentRun
+	}
+	s.running = true
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.running = false
+		s.mu.Unlock()
+	}()
 	// The topics are checked with a client that is not a member, so that a missing
 	// topic does not make the group rebalance; options that only a member may have
 	// (kgo.DisableAutoCommit, ...) make that client fail, and the member checks instead.
@@ -501,7 +548,12 @@ func (ss *session[T]) drop(n int) {
 // assignment (rebalances are blocked from the poll until AllowRebalance) and hands
 // them to the body.
 func (ss *session[T]) poll(ctx context.Context, out chan<- polledBatch) {
-	max := ss.s.cfg.maxPending
+	// One more than the pipeline's bound (pipeline.WithMaxPending): when the pipeline
+	// holds maxPending items, the body waits in emit with the next record, and only that
+	// wait tells the batches downstream to flush what they hold. At maxPending, every
+	// held record could be emitted, none waiting, and a partial batch without a linger
+	// would hold its items for good.
+	max := ss.s.cfg.maxPending + 1
 	for {
 		ss.mu.Lock()
 		for ss.held >= max {
@@ -576,7 +628,11 @@ func (ss *session[T]) fatal(topic string, err error) error {
 }
 
 // take registers a polled record in its partition and emits it, unless the partition
-// was revoked since the poll.
+// was revoked since the poll. The emit may wait for room (the pipeline's bound, a full
+// queue) while the partition's revoke begins, waits for the record and gives up: the
+// record then enters the pipeline after its revoke, and settles as Stale. emit cannot
+// be called off, so this window stays open; it holds one record, as the body emits one
+// at a time and takes no other record of a revoking partition.
 func (ss *session[T]) take(emit func(Message[T], func(pipeline.Settlement)) error, r polledRec) error {
 	ss.mu.Lock()
 	if !r.p.live || r.p.revoking {
@@ -689,7 +745,24 @@ func (ss *session[T]) done(e *entry) {
 	}
 	e.p.settle(e)
 	ss.held--
+	ss.pauseLocked(e.p)
 	ss.signalLocked()
+}
+
+// pauseLocked pauses the fetches of p while WithMaxPending of its records settled
+// behind an unsettled one, and resumes them once fewer did: records that settle
+// behind a record handed back again and again cannot pile up without bound.
+func (ss *session[T]) pauseLocked(p *part) {
+	tp := map[string][]int32{p.tp.Topic: {p.tp.Partition}}
+	switch full := p.nsettled >= ss.s.cfg.maxPending; {
+	case full && !p.paused:
+		p.paused = true
+		ss.s.paused.Add(1)
+		ss.cl.PauseFetchPartitions(tp)
+	case !full && p.paused:
+		p.paused = false
+		ss.cl.ResumeFetchPartitions(tp)
+	}
 }
 
 // abandon leaves e unsettled for good: the run is stopping.
@@ -753,17 +826,35 @@ func (ss *session[T]) retryDue(emit func(Message[T], func(pipeline.Settlement)) 
 	}
 	ss.retries = slices.Delete(ss.retries, 0, n)
 	ss.mu.Unlock()
+	// back puts the entries not emitted back to waiting: not in the pipeline, so
+	// that a revoke does not wait for them.
+	back := func(es []*entry) {
+		ss.mu.Lock()
+		for _, e := range es {
+			e.p.toRetry(e)
+		}
+		ss.signalLocked()
+		ss.mu.Unlock()
+	}
 	for i, e := range due {
 		if ss.isStopped() {
-			ss.mu.Lock()
-			for _, e := range due[i:] {
-				e.p.toRetry(e)
-			}
-			ss.signalLocked()
-			ss.mu.Unlock()
+			back(due[i:])
 			return nil
 		}
+		// The emit of the one before may have waited for room while e's partition
+		// began its revoke (or ended): e must not go into the pipeline after that.
+		ss.mu.Lock()
+		gone := !e.p.live || e.p.revoking
+		if gone {
+			e.p.toRetry(e)
+			ss.signalLocked()
+		}
+		ss.mu.Unlock()
+		if gone {
+			continue
+		}
 		if err := ss.emitEntry(emit, e); err != nil {
+			back(due[i+1:])
 			return err
 		}
 	}
@@ -882,6 +973,10 @@ func (ss *session[T]) commit(parent context.Context, cl *kgo.Client, offs map[st
 // assigned starts a new assignment of each partition: nothing of an earlier one
 // carries over.
 func (ss *session[T]) assigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
+	// commitMu: an interval commit that collected a watermark of an assignment this
+	// one ends must be done (or fail) before the client goes on with a new generation.
+	ss.commitMu.Lock()
+	defer ss.commitMu.Unlock()
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	for topic, partitions := range assigned {
@@ -963,6 +1058,8 @@ wait:
 
 // lost drops the lost partitions: no commit of theirs can land.
 func (ss *session[T]) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+	ss.commitMu.Lock() // as in assigned: no commit of an older snapshot after this
+	defer ss.commitMu.Unlock()
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	for topic, partitions := range lost {
@@ -983,6 +1080,10 @@ func (ss *session[T]) endPartLocked(p *part) int64 {
 		return 0
 	}
 	p.live = false
+	if p.paused { // paused partitions stay paused across rebalances
+		p.paused = false
+		ss.cl.ResumeFetchPartitions(map[string][]int32{p.tp.Topic: {p.tp.Partition}})
+	}
 	unsettled, beyond := p.unsettled()
 	ss.held -= unsettled
 	if ss.parts[p.tp] == p {

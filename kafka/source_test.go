@@ -439,3 +439,93 @@ func TestCanceledRunCommitsWhatSettled(t *testing.T) {
 	assert.LessOrEqual(t, int64(dups), first.NotProcessed+first.Uncommitted)
 	assert.Equal(t, endOffsets(ctx, t, c, inTopic), committedOffsets(ctx, t, c, "cancel", inTopic))
 }
+
+// TestBatchWithoutLingerFlushesAtMaxPending batches more items than WithMaxPending,
+// without a linger: the source holds one record more than the pipeline may, so that
+// its emit waits, and that wait makes the batch flush. (It polled WithMaxPending, all
+// emitted, none waiting: the partial batch never flushed and the run stood still.)
+func TestBatchWithoutLingerFlushesAtMaxPending(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	c := newCluster(t)
+	produceIDs(ctx, t, c, inTopic, 500)
+	src := kafka.NewSource(consumerOpts(c), "stall", []string{inTopic}, idCodec{}, kafka.WithMaxPending(100))
+	p := pipeline.New()
+	var seen atomic.Int64
+	pipeline.ToBatches(src.Stream(p), 1000, pipeline.NewSink("sink", 1, func(_ context.Context, b []kafka.Message[int]) error {
+		if seen.Add(int64(len(b))) >= 400 { // the topic's tail would need a linger
+			src.Stop()
+		}
+		return nil
+	}))
+	rctx, cancel := context.WithTimeout(ctx, 15*time.Second) // a bound for the failure
+	defer cancel()
+	require.NoError(t, p.Run(rctx), "sink saw %d; %+v", seen.Load(), src.Stats())
+}
+
+// TestWithDeadLetterTopicPanicsOnMisconfiguredClient refuses a dead-letter client that
+// cannot keep the option's promise: a transactional one (every produce failed, and the
+// record was emitted again every second, for good), or one without the idempotent
+// producer (kgo.RequiredAcks(kgo.NoAck()) needs that: a dead letter nobody
+// acknowledged settled its record).
+func TestWithDeadLetterTopicPanicsOnMisconfiguredClient(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t)
+	for _, tc := range []struct {
+		name string
+		opts []kgo.Opt
+		want string
+	}{
+		{name: "transactional", opts: []kgo.Opt{kgo.TransactionalID("tx")}, want: "transactional"},
+		{name: "no acks", opts: []kgo.Opt{kgo.RequiredAcks(kgo.NoAck()), kgo.DisableIdempotentWrite()}, want: "not idempotent"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			dl := newClient(t, c, tc.opts...)
+			defer func() {
+				r := recover()
+				require.NotNil(t, r, "no panic")
+				assert.Contains(t, r, "kafka: WithDeadLetterTopic: ")
+				assert.Contains(t, r, tc.want)
+			}()
+			kafka.NewSource(consumerOpts(c), "g", []string{inTopic}, idCodec{}, kafka.WithDeadLetterTopic(dl, deadTopic))
+		})
+	}
+}
+
+// TestConcurrentRunsOfOneSourceFail runs one source in two pipelines at once: the
+// second run fails with ErrConcurrentRun, and the first goes on. (The second took over
+// the first's state: Stop and Stats followed it.)
+func TestConcurrentRunsOfOneSourceFail(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	c := newCluster(t)
+	produceIDs(ctx, t, c, inTopic, 24)
+	src := kafka.NewSource(consumerOpts(c), "twice", []string{inTopic}, idCodec{})
+	release := make(chan struct{})
+	var got atomic.Int64
+	newPipeline := func() *pipeline.Pipeline {
+		p := pipeline.New()
+		pipeline.To(src.Stream(p), pipeline.NewSink("sink", 1, func(ctx context.Context, _ kafka.Message[int]) error {
+			select { // the first run is under way until the second has failed
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			if got.Add(1) == 24 {
+				src.Stop()
+			}
+			return nil
+		}))
+		return p
+	}
+	errc := runAsync(ctx, newPipeline())
+	eventually(t, 20*time.Second, "the first run's first record", func() bool { return src.Stats().Fetched > 0 })
+	ctx2, cancel := context.WithTimeout(ctx, 20*time.Second) // a bound for the failure
+	defer cancel()
+	err := newPipeline().Run(ctx2)
+	close(release)
+	require.ErrorIs(t, err, kafka.ErrConcurrentRun)
+	require.NoError(t, <-errc)
+	assert.Equal(t, int64(24), got.Load())
+}
