@@ -109,6 +109,16 @@
 // function), and [WithErrorBudget] stops a run whose failure ratio is too high, either
 // aborting it or draining it. A stage with none of them adds no allocation per item.
 //
+// A timeout cancels the attempt's context; it cannot end a function that never looks
+// at it, and such an attempt holds its worker, and the run, until it returns, even
+// after the run is canceled. Under [WithTimeout] the run reports it: once an attempt
+// has run a quarter of its timeout past it (1 ms at least), an [EventStuck] (and, with
+// [WithLogger], a warning that the function does not return after its context is done)
+// comes between 1¼ and 1½ times the timeout after the attempt began, once per attempt;
+// [StageReport.OldestAttempt] shows, in [Pipeline.Snapshot], the age of the stage's
+// oldest attempt that has run a quarter of its timeout. One goroutine per such stage
+// watches its workers while they run; a stage without WithTimeout has none.
+//
 // # Clients of a service
 //
 // A stage that calls a service can be a good client of it. [WithRateLimit] paces its

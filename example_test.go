@@ -334,6 +334,34 @@ func ExampleWithTimeout() {
 	// slow.example: timed out after 10ms: context deadline exceeded (timeout)
 }
 
+// This example shows what a run reports of a stage function that ignores its context:
+// an EventStuck (and a log line with WithLogger) once the attempt has run a quarter of
+// its timeout past it, and the attempt's age in Snapshot while it runs.
+func ExampleEventStuck() {
+	stuck := make(chan pipeline.Event, 1)
+	p := pipeline.New(pipeline.WithObserver(func(e pipeline.Event) {
+		if e.Kind == pipeline.EventStuck {
+			stuck <- e
+		}
+	}))
+	release := make(chan struct{})
+	pipeline.To(pipeline.FromSlice(p, []string{"legacy.example"}), pipeline.NewSink("call", 1, func(context.Context, string) error {
+		<-release // a call that hangs and never looks at its context
+		return nil
+	}, pipeline.WithTimeout(10*time.Millisecond)))
+
+	done := make(chan error, 1)
+	go func() { done <- p.Run(context.Background()) }()
+	e := <-stuck
+	s, _ := p.Snapshot().Stage("call")
+	fmt.Println(e.Kind, e.Stage, e.Age > 10*time.Millisecond, s.OldestAttempt >= e.Age)
+	close(release) // what a stuck call needs: something outside the pipeline to end it
+	fmt.Println(<-done)
+	// Output:
+	// stuck call true true
+	// <nil>
+}
+
 // This example shows WithDeadLetter with a function of your own: items that fail with
 // a Permanent error are set aside, with their error, and the run carries on.
 func ExampleWithDeadLetter() {

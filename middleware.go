@@ -29,8 +29,14 @@ import (
 // during the attempt; if it was handed on unlooked (to a goroutine, say) and first looked
 // at later, by the end of the worker's run of items, and at its deadline at the latest.
 // It never shows anything of a later attempt. An attempt whose function never looks
-// costs no clock read, no locked instruction and two bytes of a shared allocation; one
-// that calls Done costs a timer, as [context.WithTimeout] does.
+// costs no clock read, no locked instruction (the worker's first attempt after each
+// publish of its attempt clock makes one store, for the stuck-attempt watcher: one per
+// run of items) and two bytes of a shared allocation; one that calls Done costs a
+// timer, as [context.WithTimeout] does.
+//
+// An attempt whose function does not return after its context is done is reported: an
+// [EventStuck] when it has run a quarter of d past d (1 ms at least), and its age in
+// [StageReport.OldestAttempt]; see "Middleware" in the package doc.
 func WithTimeout(d time.Duration) StageOption {
 	if d <= 0 {
 		panic(fmt.Sprintf("pipeline: WithTimeout(%v): the timeout must be positive", d))
@@ -175,7 +181,14 @@ func (c *attemptCtx) slot(create bool) *atomic.Pointer[armedCtx] {
 type attemptClock struct {
 	ended atomic.Uint64 // attempts numbered below it have returned (published)
 	looks atomic.Bool   // an attempt context was looked at since the last publish
-	n     uint64        // attempts begun (the worker's alone, as are the fields below)
+	// What the stuck-attempt watcher (attemptWatch) reads: told is the attempts begun,
+	// stored by the first begin after each publish and after each ask (the watcher sets
+	// ask). Per attempt that is one atomic load; per run of items one store, and two
+	// more once per watcher period.
+	ask   atomic.Bool
+	told  atomic.Uint64
+	said  bool   // told is current since the last publish (the worker's alone, as are the fields below)
+	n     uint64 // attempts begun
 	slab  *attemptSlab
 	i, fi int           // the next slot of slab; the first begun since the last publish
 	ep    *attemptEpoch // the latest attempts' epoch
@@ -232,6 +245,13 @@ func (k *attemptClock) begin(parent context.Context, base time.Time, now, d time
 	c.i, c.ep = uint8(k.i), uint8(s.neps-1)
 	k.i++
 	k.n++
+	if !k.said || k.ask.Load() { // the first attempt of a run, or the watcher asks: an ordinary load
+		k.told.Store(k.n)
+		k.said = true
+		if k.ask.Load() {
+			k.ask.Store(false)
+		}
+	}
 	return c
 }
 
@@ -246,6 +266,7 @@ func (k *attemptClock) publish() {
 	// looks: one of them sees the other, and cancels the context (endArmed is
 	// idempotent).
 	k.ended.Store(k.n)
+	k.said = false
 	if k.looks.Load() && k.looks.Swap(false) {
 		if t := k.slab.armed.Load(); t != nil {
 			for j := k.fi; j < k.i; j++ {
@@ -528,4 +549,109 @@ func (w *worker[In, Out]) classOf(err error) (Class, error) {
 		return ClassItem, err
 	}
 	return ClassFatal, err
+}
+
+// attemptWatch finds the attempts of a stage with WithTimeout that outlive their
+// timeout: a function that ignores its context holds its worker, and the run, for as
+// long as it runs. One goroutine per such stage and run ticks every period (a quarter of
+// the timeout, at least a millisecond) until the stage's workers have all exited: on,
+// after the run is canceled, for as long as an attempt holds its worker.
+//
+// It learns what a worker does from what its attempt clock publishes: ended (the
+// attempts returned, at the end of each run of items and before each wait) and told
+// (the attempts begun, stored by the first attempt begun after each publish and by the
+// first one begun after the watcher asks). A tick that finds its last ask unanswered knows that
+// the worker has begun no attempt since; if what it had begun by its last answer has not
+// all returned (ended < told), the worker is still in the run of that answer, which it
+// publishes before it waits for anything: it is in its latest attempt, begun before the
+// ask. The age is then at least the time since the ask, and less than a period more
+// (the worker answered after the ask before).
+type attemptWatch struct {
+	d       time.Duration // the stage's timeout
+	period  time.Duration
+	started time.Time // the run's start
+	ws      []watched
+}
+
+// watched is what the watcher knows of one worker.
+type watched struct {
+	k        *attemptClock
+	asked    time.Duration // when the watcher last asked, from the run's start
+	told     uint64        // the attempts begun by the worker's last answer
+	reported uint64        // told when its latest attempt was reported stuck
+	since    atomic.Int64  // 1 + asked while the worker's latest attempt has run since then; 0 otherwise
+}
+
+// stuckAfter returns the period of the watcher of a stage with timeout d, and the age at
+// which an attempt is reported stuck: the first whole number of periods past d (5 for d
+// >= 4 ms). The watcher sees an age of that many periods between after and after+period
+// from the attempt's start (1¼ to 1½ × d for d >= 4 ms).
+func stuckAfter(d time.Duration) (period, after time.Duration) {
+	period = max(d/4, time.Millisecond)
+	return period, (d/period + 1) * period
+}
+
+// newAttemptWatch returns the watcher of a stage's worker clocks.
+func newAttemptWatch(d time.Duration, started time.Time, ks []*attemptClock) *attemptWatch {
+	period, _ := stuckAfter(d)
+	a := &attemptWatch{d: d, period: period, started: started, ws: make([]watched, len(ks))}
+	for i, k := range ks {
+		a.ws[i].k = k
+	}
+	return a
+}
+
+// run ticks until stop is closed, calling report for each attempt found stuck (once per
+// attempt). It ignores the run's cancellation on purpose: a stuck attempt outlives it.
+func (a *attemptWatch) run(stop <-chan struct{}, report func(age time.Duration)) {
+	t := time.NewTicker(a.period)
+	defer t.Stop()
+	defer func() {
+		for i := range a.ws {
+			a.ws[i].since.Store(0) // the workers have exited: no attempt runs
+		}
+	}()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			a.tick(time.Since(a.started), report)
+		}
+	}
+}
+
+// tick looks at every worker at now (from the run's start).
+func (a *attemptWatch) tick(now time.Duration, report func(age time.Duration)) {
+	_, after := stuckAfter(a.d)
+	for i := range a.ws {
+		w := &a.ws[i]
+		if !w.k.ask.Swap(true) { // answered (an attempt was begun since the last ask): ask again
+			w.told = w.k.told.Load()
+			w.asked = now
+			w.since.Store(0)
+			continue
+		}
+		if w.k.ended.Load() >= w.told { // what it had begun returned: idle, or between runs
+			w.since.Store(0)
+			continue
+		}
+		w.since.Store(int64(w.asked) + 1)
+		if age := now - w.asked; age >= after && w.reported != w.told {
+			w.reported = w.told
+			report(age)
+		}
+	}
+}
+
+// oldest returns the age of the stage's oldest attempt the watcher knows to have run for
+// a period or more, at now from the run's start; 0 when none.
+func (a *attemptWatch) oldest(now time.Duration) time.Duration {
+	var age time.Duration
+	for i := range a.ws {
+		if s := a.ws[i].since.Load(); s != 0 {
+			age = max(age, now-time.Duration(s-1))
+		}
+	}
+	return age
 }

@@ -1,11 +1,15 @@
 package pipeline_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -583,5 +587,132 @@ func TestRetryBackoffPublishesCounts(t *testing.T) {
 		assert.Equal(t, int64(1), work.Retried)
 		require.NoError(t, <-errc)
 		assert.Equal(t, int64(10), row(t, p.Report(), "work").Succeeded)
+	})
+}
+
+// TestTimeoutReportsStuckAttempt checks, in virtual time, that an attempt whose function
+// ignores its context is reported once, by an EventStuck and a log line, within twice
+// the timeout of its start, also after the run is canceled; that Snapshot shows its age;
+// and that attempts that return in time, or a little past the timeout, are not reported.
+func TestTimeoutReportsStuckAttempt(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		const d = 100 * time.Millisecond
+		start := time.Now()
+		var mu sync.Mutex
+		var buf bytes.Buffer
+		type seen struct {
+			e  pipeline.Event
+			at time.Duration
+		}
+		var events []seen
+		began := map[int]time.Duration{}
+		release := make(chan struct{})
+		logger := slog.New(slog.NewTextHandler(lockedWriter{&mu, &buf}, nil))
+		p := pipeline.New(pipeline.WithLogger(logger), pipeline.WithObserver(func(e pipeline.Event) {
+			if e.Kind == pipeline.EventStuck {
+				mu.Lock()
+				events = append(events, seen{e, time.Since(start)})
+				mu.Unlock()
+			}
+		}))
+		st := pipeline.NewStage("work", 2, func(_ context.Context, v int) (int, error) {
+			mu.Lock()
+			began[v] = time.Since(start)
+			mu.Unlock()
+			switch v {
+			case 0, 4: // ignore the context
+				<-release
+			case 1:
+				time.Sleep(d - 10*time.Millisecond) // in time
+			case 2:
+				time.Sleep(d + 10*time.Millisecond) // past the timeout, not by the margin
+			}
+			return v, nil
+		}, pipeline.WithTimeout(d))
+		ctx, cancel := context.WithCancel(t.Context())
+		out := pipeline.Then(pipeline.FromSlice(p, ints(6)), st)
+		errc := make(chan error, 1)
+		go func() {
+			_, err := pipeline.Collect(ctx, out)
+			errc <- err
+		}()
+
+		time.Sleep(2 * d)
+		synctest.Wait()
+		mu.Lock()
+		require.Len(t, events, 1, "item 0's attempt, 2×d after it began")
+		e := events[0]
+		assert.Equal(t, "work", e.e.Stage)
+		assert.Equal(t, 4*d/2, began[4], "items 1 and 2 took 200ms on the other worker")
+		assert.LessOrEqual(t, e.at-began[0], 2*d, "reported within twice the timeout")
+		assert.Greater(t, e.e.Age, d, "reported once past its timeout")
+		assert.LessOrEqual(t, e.e.Age, e.at-began[0], "never older than it is")
+		assert.Contains(t, buf.String(), `level=WARN msg="pipeline: attempt stuck: the function does not return after its context is done" stage=work age=`+e.e.Age.String())
+		mu.Unlock()
+		snap, ok := p.Snapshot().Stage("work")
+		require.True(t, ok)
+		assert.Greater(t, snap.OldestAttempt, d)
+		assert.LessOrEqual(t, snap.OldestAttempt, 2*d)
+
+		cancel() // the function ignores this too: the run goes on waiting for it
+		time.Sleep(time.Second)
+		synctest.Wait()
+		select {
+		case err := <-errc:
+			t.Fatalf("the run ended with %v while an attempt was stuck", err)
+		default:
+		}
+		snap, _ = p.Snapshot().Stage("work")
+		assert.Greater(t, snap.OldestAttempt, time.Second, "item 0's attempt, 1.2 s old")
+		assert.LessOrEqual(t, snap.OldestAttempt, time.Since(start))
+		assert.Contains(t, p.Snapshot().Line(), " stuck="+snap.OldestAttempt.Round(time.Millisecond).String())
+		mu.Lock()
+		require.Len(t, events, 2, "one event per stuck attempt: items 0 and 4")
+		assert.LessOrEqual(t, events[1].at-began[4], 2*d)
+		assert.Equal(t, 2, strings.Count(buf.String(), "attempt stuck"))
+		mu.Unlock()
+
+		close(release)
+		require.ErrorIs(t, <-errc, context.Canceled)
+		rep := p.Report()
+		stage, _ := rep.Stage("work")
+		assert.Zero(t, stage.OldestAttempt, "no attempt runs after the run")
+		checkReport(t, rep)
+	})
+}
+
+// TestTimeoutSlowAttemptsInOneRunAreNotStuck checks that a worker whose run of items
+// turns slow (items that each take most of the timeout, taken together in a run sized
+// while they were fast) is not reported stuck: each attempt returns in time.
+func TestTimeoutSlowAttemptsInOneRunAreNotStuck(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		const d = 100 * time.Millisecond
+		var stuck atomic.Int64
+		var oldest time.Duration
+		p := pipeline.New(pipeline.WithObserver(func(e pipeline.Event) {
+			if e.Kind == pipeline.EventStuck {
+				stuck.Add(1)
+			}
+		}))
+		st := pipeline.NewStage("work", 1, func(_ context.Context, v int) (int, error) {
+			if v >= 1000 {
+				time.Sleep(d - time.Millisecond)
+			}
+			return v, nil
+		}, pipeline.WithTimeout(d))
+		sink := pipeline.NewSink("sink", 1, func(_ context.Context, v int) error {
+			if v%1000 == 999 {
+				s, _ := p.Snapshot().Stage("work")
+				oldest = max(oldest, s.OldestAttempt)
+			}
+			return nil
+		})
+		pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(2000)), st), sink)
+		require.NoError(t, p.Run(t.Context()))
+		assert.Zero(t, stuck.Load())
+		assert.Less(t, oldest, d)
+		checkReport(t, p.Report())
 	})
 }

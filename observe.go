@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"time"
 )
 
 // EventKind says what an [Event] reports.
@@ -31,10 +32,17 @@ const (
 	// EventLimit is sent when an adaptive stage's limit of active workers changes; Limit
 	// is the new one.
 	EventLimit
+	// EventStuck is sent, once per attempt, when an attempt of a stage with [WithTimeout]
+	// has run for a quarter of the timeout past it (1 ms at least): its function does not
+	// return after its context is done. It comes between 1¼ and 1½ times the timeout
+	// after the attempt began (for timeouts of 4 ms or more; d+1 ms to d+2 ms below),
+	// also after the run was canceled. Age is how long the attempt had run, to within a
+	// quarter of the timeout (never more than it had).
+	EventStuck
 )
 
 // String returns the kind's name: "retry", "dead-letter", "budget", "checkpoint",
-// "stage-done", "breaker-open", "breaker-half-open", "breaker-closed" or "limit".
+// "stage-done", "breaker-open", "breaker-half-open", "breaker-closed", "limit" or "stuck".
 func (k EventKind) String() string {
 	switch k {
 	case EventRetry:
@@ -55,6 +63,8 @@ func (k EventKind) String() string {
 		return "breaker-closed"
 	case EventLimit:
 		return "limit"
+	case EventStuck:
+		return "stuck"
 	}
 	return fmt.Sprintf("EventKind(%d)", uint8(k))
 }
@@ -68,6 +78,9 @@ type Event struct {
 	Err      error  // EventRetry, EventDeadLetter: the error; EventBudget: the budget error; EventBreakerOpen: the failure
 	Position int64  // EventCheckpoint: the position saved
 	Limit    int    // EventLimit: the adaptive stage's new limit
+	// Age is, for EventStuck, how long the attempt had run: at least that, and less than a
+	// quarter of the timeout more (1 ms at least).
+	Age time.Duration
 }
 
 // WithObserver makes a pipeline call fn for every [Event] of its runs, from the
@@ -85,7 +98,7 @@ func WithObserver(fn func(Event)) PipelineOption {
 }
 
 // WithLogger logs every [Event] of a pipeline's runs to l: retries and adaptive limit
-// changes at Debug, dead letters and an opening circuit breaker at Warn, a tripped
+// changes at Debug, dead letters, stuck attempts and an opening circuit breaker at Warn, a tripped
 // budget at Error, checkpoints, finished stages and a breaker's other transitions at
 // Info.
 //
@@ -129,6 +142,9 @@ func logEvent(l *slog.Logger) func(context.Context, Event) {
 		case EventLimit:
 			l.LogAttrs(ctx, slog.LevelDebug, "pipeline: adaptive limit changed", slog.String("stage", e.Stage),
 				slog.Int("limit", e.Limit))
+		case EventStuck:
+			l.LogAttrs(ctx, slog.LevelWarn, "pipeline: attempt stuck: the function does not return after its context is done",
+				slog.String("stage", e.Stage), slog.Duration("age", e.Age))
 		}
 	}
 }

@@ -85,6 +85,7 @@ type row struct {
 	liveIn   atomic.Int64   // the largest In a Snapshot reported, so that In only grows
 	liveOut  atomic.Int64   // filters: the largest Out a Snapshot reported
 	client   clientRow      // rate limits, breaker, adaptive workers (client.go); nil without
+	watch    *attemptWatch  // WithTimeout: the stuck-attempt watcher (middleware.go); nil without
 
 	mu     sync.Mutex
 	causes map[causeKey]int64
@@ -281,6 +282,14 @@ type StageReport struct {
 	Limit        int            // workers allowed to take items: Workers, or the adaptive limit
 	LimitHistory []LimitChange  // the adaptive limit's latest changes (at most 64); nil without WithAdaptiveWorkers
 	Throttled    time.Duration  // time the workers spent waiting for rate-limit tokens, together
+
+	// OldestAttempt is, for a stage with [WithTimeout], the age of its oldest attempt
+	// that has run for at least a quarter of the timeout (1 ms at least), measured to
+	// within that quarter (it may show less than the true age, never more); 0 when none,
+	// and always 0 for a stage without WithTimeout and in a final report. An age past the
+	// timeout is a function that does not return after its context is done
+	// ([EventStuck]).
+	OldestAttempt time.Duration
 }
 
 // Cause is a group of dead letters with the same error type and cause: the message of
@@ -414,6 +423,9 @@ func (r *run) report(err error, final bool) Report {
 			s.Failed += w.failed.load()
 			s.PeakQueue = max(s.PeakQueue, int(w.peak.load()))
 			s.Busy += int(w.busy.load())
+		}
+		if rw.watch != nil && !final {
+			s.OldestAttempt = rw.watch.oldest(rep.Elapsed)
 		}
 		switch rw.kind {
 		case KindSource:

@@ -231,6 +231,11 @@ func then[In, Out any](s *Stream[In], st *Stage[In, Out], sink, terminal bool) *
 		var left atomic.Int32
 		left.Store(int32(st.workers))
 		var failed atomic.Bool // a worker failed: downstream sees no end of input
+		var clocks []*attemptClock
+		var stopWatch chan struct{} // closed when every worker has exited
+		if st.cfg.timeout > 0 {
+			clocks, stopWatch = make([]*attemptClock, st.workers), make(chan struct{})
+		}
 		for i := range st.workers {
 			lane := 0
 			if st.hash != nil {
@@ -245,6 +250,7 @@ func then[In, Out any](s *Stream[In], st *Stage[In, Out], sink, terminal bool) *
 			}
 			if st.cfg.timeout > 0 {
 				w.ctxs = new(attemptClock)
+				clocks[i] = w.ctxs
 			}
 			if ord == nil {
 				// Counts and attempt contexts are current while the worker waits.
@@ -266,6 +272,9 @@ func then[In, Out any](s *Stream[In], st *Stage[In, Out], sink, terminal bool) *
 						failed.Store(true)
 					}
 					if left.Add(-1) == 0 {
+						if stopWatch != nil {
+							close(stopWatch)
+						}
 						r.emit(r.ctx, Event{Kind: EventStageDone, Stage: name}) // before the next stage can end
 						if !failed.Load() {
 							done()
@@ -275,6 +284,16 @@ func then[In, Out any](s *Stream[In], st *Stage[In, Out], sink, terminal bool) *
 				err = w.loop()
 				returned = true
 				return err
+			})
+		}
+		if clocks != nil { // stuck attempts (attemptWatch): one goroutine, ended with the workers
+			aw := newAttemptWatch(st.cfg.timeout, r.started, clocks)
+			rw.watch = aw
+			r.spawn(name, func() error {
+				aw.run(stopWatch, func(age time.Duration) {
+					r.emit(r.ctx, Event{Kind: EventStuck, Stage: name, Age: age})
+				})
+				return nil
 			})
 		}
 		return []*row{rw}

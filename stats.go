@@ -372,7 +372,8 @@ func (b Bottleneck) String() string {
 }
 
 // Line formats the report on one line, for progress output: per stage, its recent rate,
-// queue length and busy workers, then the number of items set aside or failed so far,
+// queue length and busy workers, the age of its oldest attempt when it is past the
+// stage's timeout ([StageReport.OldestAttempt]), then the number of items set aside or failed so far,
 // its breaker's state and adaptive limit when it has them, and its retries so far:
 //
 //	fetch 781/s q=100/100 busy=16/16 | write 781/s q=2/100 busy=1/4
@@ -386,6 +387,9 @@ func (r Report) Line() string {
 			b.WriteString(" | ")
 		}
 		fmt.Fprintf(&b, "%s %.0f/s q=%d/%d busy=%d/%d", s.Name, s.Rate, s.QueueLen, s.QueueCap, s.Busy, s.Workers)
+		if s.Timeout > 0 && s.OldestAttempt > s.Timeout { // a function that does not return after its context is done
+			fmt.Fprintf(&b, " stuck=%v", s.OldestAttempt.Round(time.Millisecond))
+		}
 		if s.DeadLettered > 0 {
 			fmt.Fprintf(&b, " dead=%d", s.DeadLettered)
 		}

@@ -439,6 +439,7 @@ func TestSchemaDocumented(t *testing.T) {
 	c.rep.Stages[1].Errors = []pipeline.ErrorCount{{Type: "error", DeadLettered: 1}}
 	c.rep.Stages[1].Causes = []pipeline.Cause{{Type: "error", Message: "bad", Count: 1}}
 	c.rep.Stages[1].LimitHistory = []pipeline.LimitChange{{At: time.Second, Limit: 1, Reason: "latency"}}
+	c.rep.Stages[1].OldestAttempt = time.Second
 	c.rep.Stages[1].Breaker = &pipeline.BreakerReport{State: pipeline.BreakerOpen, Transitions: []pipeline.BreakerTransition{{To: pipeline.BreakerOpen}}}
 	h := newHandler(t)
 	h.add("p", c.snapshot)

@@ -95,6 +95,8 @@
 //	                  "p99_seconds": 0.03, "max_seconds": 0.05},  the whole run's
 //	      "recent_latency": {...},           the same keys, over the last 10 s (running only)
 //	      "timeout_seconds": 1,              0 when none
+//	      "oldest_attempt_seconds": 0.3,     WithTimeout only, while an attempt has run a quarter
+//	                                         of the timeout: its age (past the timeout: stuck)
 //	      "next": ["save"],                  the rows it feeds, as far as the report knows
 //	      "bottleneck": true,
 //	      "flushes": {"size": 9, "bytes": 0, "linger": 1, "end": 1, "checkpoint": 0},

@@ -212,6 +212,8 @@ func TestPageWords(t *testing.T) {
 			s.Limit, s.LimitHistory = 3, []pipeline.LimitChange{{At: 2 * time.Second, Limit: 3, Reason: "latency"}}
 			s.Throttled = 250 * time.Millisecond
 			s.Errors = append(s.Errors, pipeline.ErrorCount{Type: "*pipeline_test.httpError", Retried: 9})
+		case "save": // its function ignores its context: an attempt past its timeout
+			s.Timeout, s.OldestAttempt = 100*time.Millisecond, 1250*time.Millisecond
 		}
 	}
 	h.add("live", func() pipeline.Report { return live })
@@ -224,6 +226,7 @@ func TestPageWords(t *testing.T) {
 	assert.Contains(t, page, "10s: p50 40ms p99 45ms", "the node shows the recent figures")
 	assert.Contains(t, page, `<td data-field="recent-p50">40ms</td><td data-field="recent-p99">45ms</td>`)
 	assert.Contains(t, page, `<td data-field="p50">10ms</td>`)
+	assert.Contains(t, page, `class="dead" data-field="stuck">stuck attempt 1.25s</text>`, "the node shows the stuck attempt")
 	assert.Contains(t, page, `class="control alert" data-field="control">breaker open 1.5s, 7 held</text>`, "what fits: the breaker first")
 	assert.Contains(t, page, `<td class="l" data-field="breaker">open</td><td>2</td><td>1.5s</td><td>7</td><td data-field="limit">3/4</td><td class="l">latency at 2s</td><td>250ms</td>`)
 	assert.Contains(t, page, `<td class="l" title="*pipeline_test.httpError">http error</td><td>9</td>`)

@@ -89,6 +89,7 @@ type (
 		Latency      latencyJSON   `json:"latency"`
 		Recent       latencyJSON   `json:"recent_latency"`
 		Timeout      float64       `json:"timeout_seconds"`
+		Oldest       float64       `json:"oldest_attempt_seconds,omitempty"`
 		Next         []string      `json:"next"`
 		Bottleneck   bool          `json:"bottleneck"`
 		Flushes      *flushesJSON  `json:"flushes,omitempty"`
@@ -195,6 +196,7 @@ type node struct {
 	QueueW     float64 // the filled part of the queue bar
 	QueueClass string  // "ok", "high" or "full"
 	Dead       bool    // the stage has dead letters or failures
+	Stuck      bool    // Lines[1] is about an attempt past its timeout
 	Bottleneck bool
 }
 
@@ -283,7 +285,7 @@ func newStageJSON(s pipeline.StageReport, bottleneck bool) stageJSON {
 		Queue:   queueJSON{Len: s.QueueLen, Cap: s.QueueCap, Peak: s.PeakQueue},
 		Rate:    s.Rate,
 		Latency: latencyOf(s.Latency), Recent: latencyOf(s.Recent),
-		Timeout: s.Timeout.Seconds(), Next: nonNil(nextOf(s)), Bottleneck: bottleneck,
+		Timeout: s.Timeout.Seconds(), Oldest: s.OldestAttempt.Seconds(), Next: nonNil(nextOf(s)), Bottleneck: bottleneck,
 		Errors: make([]errorJSON, len(s.Errors)), Causes: make([]causeJSON, len(s.Causes)),
 		Limit: s.Limit, Throttled: s.Throttled.Seconds(),
 	}
@@ -386,6 +388,7 @@ func layout(d pipelineJSON, index map[string]int) graph {
 			nd.Label = string(rs[:maxLabel-1]) + "…"
 		}
 		nd.Dead = s.DeadLettered > 0 || s.Failed > 0 || s.SetAside > 0
+		nd.Stuck = stuck(s)
 		nd.Lines = nodeLines(s)
 		nd.Control = s.Breaker != nil && s.Breaker.State != pipeline.BreakerClosed.String()
 		if hasQueue(s.Kind, s.Queue.Cap) {
@@ -459,9 +462,15 @@ func nodeLines(s *stageJSON) [4]string {
 			l[1] = fmt.Sprintf("%s items in %s batches", count(s.Succeeded), count(s.Out))
 		}
 		l[3] = controlLine(s)
+		if stuck(s) { // a function that does not return after its context is done: before the latency
+			l[1] = "stuck attempt " + seconds(s.Oldest)
+		}
 	}
 	return l
 }
+
+// stuck reports whether a stage's oldest running attempt has outlived its timeout.
+func stuck(s *stageJSON) bool { return s.Timeout > 0 && s.Oldest > s.Timeout }
 
 // controlLine says, in a node, the state of the stage's controls, most telling first
 // and as many as fit: a breaker not closed, the adaptive limit, the time the workers

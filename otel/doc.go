@@ -36,6 +36,8 @@
 //	pipeline.stage.attempt.duration  Gauge (float)  s          pipeline.stage, pipeline.quantile (0.5, 0.9, 0.99, 1)
 //	pipeline.stage.attempt.timed     UpDownCounter  {attempt}  pipeline.stage (attempts behind those quantiles)
 //	pipeline.stage.attempt.timeout   Gauge (float)  s          pipeline.stage (its WithTimeout, when it has one)
+//	pipeline.stage.attempt.oldest    Gauge (float)  s          pipeline.stage (with WithTimeout: the oldest running attempt's
+//	                                                           age, once it ran a quarter of the timeout)
 //	pipeline.batch.flushes           UpDownCounter  {batch}    pipeline.stage, pipeline.flush.reason (size, bytes, linger, end)
 //	pipeline.checkpoint.position     Gauge          {item}     (checkpointed runs: the position saved last)
 //	pipeline.checkpoint.age          Gauge (float)  s          (checkpointed runs: time since it was saved)

@@ -52,7 +52,7 @@ type instruments struct {
 	retries, errs, flushes            metric.Int64ObservableUpDownCounter
 	queueLen, queueCap, workers, held metric.Int64ObservableUpDownCounter
 	queuePeak                         metric.Int64ObservableGauge
-	duration, timeout                 metric.Float64ObservableGauge
+	duration, timeout, oldestAttempt  metric.Float64ObservableGauge
 	timed                             metric.Int64ObservableUpDownCounter
 	checkpointPosition                metric.Int64ObservableGauge
 	checkpointAge                     metric.Float64ObservableGauge
@@ -114,6 +114,8 @@ func Register(p *pipeline.Pipeline, meter metric.Meter, opts ...Option) (metric.
 		"Duration of the stage function's attempts in the current or last run, at quantiles 0.5, 0.9, 0.99 (within 12.5 %) and 1 (the max).")
 	in.timed = upDown("pipeline.stage.attempt.timed", "{attempt}", "Attempts behind pipeline.stage.attempt.duration (fast stages time one in 16).")
 	in.timeout = fgauge("pipeline.stage.attempt.timeout", "s", "The stage's per-attempt timeout (WithTimeout).")
+	in.oldestAttempt = fgauge("pipeline.stage.attempt.oldest", "s",
+		"Age of the oldest running attempt of a stage with WithTimeout, once it has run a quarter of the timeout (0 otherwise); past the timeout, its function does not return after its context is done.")
 	in.checkpointPosition = gauge("pipeline.checkpoint.position", "{item}", "The position a checkpointed run saved last.")
 	in.checkpointAge = fgauge("pipeline.checkpoint.age", "s", "Time since a checkpointed run last saved its position.")
 	in.workerLimit = upDown("pipeline.stage.worker.limit", "{worker}", "Workers an adaptive stage (WithAdaptiveWorkers) lets take items now.")
@@ -134,7 +136,7 @@ func Register(p *pipeline.Pipeline, meter metric.Meter, opts ...Option) (metric.
 		observe(o, &in, p.Snapshot(), cfg.attrs)
 		return nil
 	}, in.active, in.elapsed, in.items, in.input, in.output, in.inFlight, in.retries, in.errs, in.flushes,
-		in.queueLen, in.queueCap, in.queuePeak, in.workers, in.held, in.duration, in.timed, in.timeout,
+		in.queueLen, in.queueCap, in.queuePeak, in.workers, in.held, in.duration, in.timed, in.timeout, in.oldestAttempt,
 		in.checkpointPosition, in.checkpointAge,
 		in.workerLimit, in.throttled, in.breakerState, in.breakerOpen, in.breakerOpened, in.breakerHeld)
 }
@@ -219,6 +221,7 @@ func observe(o metric.Observer, in *instruments, r pipeline.Report, base []attri
 		}
 		if s.Timeout > 0 {
 			seconds(in.timeout, s.Timeout, stage)
+			seconds(in.oldestAttempt, s.OldestAttempt, stage)
 		}
 	}
 }

@@ -131,6 +131,34 @@ func TestCollectDuringRun(t *testing.T) {
 	})
 }
 
+// TestOldestAttempt collects the age of a stuck attempt (a function that ignores its
+// context under WithTimeout) during the run, and 0 after it.
+func TestOldestAttempt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		p := pipeline.New()
+		pipeline.To(pipeline.FromSlice(p, []int{1}), pipeline.NewSink("wait", 1, func(context.Context, int) error {
+			<-release
+			return nil
+		}, pipeline.WithTimeout(100*time.Millisecond)))
+		reader, provider := newReader(t)
+		_, err := pipelineotel.Register(p, provider.Meter("test"))
+		require.NoError(t, err)
+
+		done := make(chan error, 1)
+		go func() { done <- p.Run(t.Context()) }()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		got := collect(t, reader)
+		age := got[`pipeline.stage.attempt.oldest{pipeline.stage=wait}`].value
+		assert.True(t, age > 0.9 && age <= 1, "age %v s, 1 s into the attempt", age)
+
+		close(release)
+		require.NoError(t, <-done)
+		checkValues(t, collect(t, reader), map[string]float64{`pipeline.stage.attempt.oldest{pipeline.stage=wait}`: 0})
+	})
+}
+
 // TestCollectOrderedDuringRun: the finished items an ordered stage holds for an earlier
 // one count as succeeded during a run.
 func TestCollectOrderedDuringRun(t *testing.T) {

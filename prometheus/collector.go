@@ -57,7 +57,7 @@ type Collector struct {
 	retries, errs, flushes            *prometheus.Desc
 	queueLen, queueCap, queuePeak     *prometheus.Desc
 	workers, busy, inFlight, held     *prometheus.Desc
-	latency, timeout                  *prometheus.Desc
+	latency, timeout, oldestAttempt   *prometheus.Desc
 	checkpointPosition, checkpointAge *prometheus.Desc
 
 	// Clients of a service (WithRateLimit, WithCircuitBreaker, WithAdaptiveWorkers).
@@ -120,6 +120,7 @@ func NewCollector(p *pipeline.Pipeline, opts ...Option) *Collector {
 		inFlight:           desc("pipeline_stage_in_flight", "Items the stage started and has not settled yet.", "stage"),
 		held:               desc("pipeline_stage_reorder_held", "Finished items an ordered stage holds until earlier ones finish.", "stage"),
 		timeout:            desc("pipeline_stage_attempt_timeout_seconds", "The stage's per-attempt timeout (WithTimeout).", "stage"),
+		oldestAttempt:      desc("pipeline_stage_oldest_attempt_seconds", "Age of the oldest running attempt of a stage with WithTimeout, once it has run a quarter of the timeout (0 otherwise); past the timeout, its function does not return after its context is done.", "stage"),
 		checkpointPosition: desc("pipeline_checkpoint_position", "The position a checkpointed run saved last."),
 		checkpointAge:      desc("pipeline_checkpoint_age_seconds", "Time since a checkpointed run last saved its position."),
 		workerLimit: desc("pipeline_stage_worker_limit",
@@ -144,7 +145,7 @@ func (c *Collector) descs() []*prometheus.Desc {
 	return []*prometheus.Desc{
 		c.running, c.elapsed, c.info, c.in, c.out, c.items, c.notStarted, c.retries, c.errs, c.flushes,
 		c.queueLen, c.queueCap, c.queuePeak, c.workers, c.busy, c.inFlight, c.held,
-		c.latency, c.timeout, c.checkpointPosition, c.checkpointAge,
+		c.latency, c.timeout, c.oldestAttempt, c.checkpointPosition, c.checkpointAge,
 		c.workerLimit, c.throttled, c.breakerState, c.breakerOpen, c.breakerOpened, c.breakerHeld,
 	}
 }
@@ -229,6 +230,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstSummary(c.latency, uint64(s.Latency.Count), s.Latency.Sum.Seconds(), quantiles(s.Latency), name)
 		if s.Timeout > 0 {
 			gauge(c.timeout, s.Timeout.Seconds(), name)
+			gauge(c.oldestAttempt, s.OldestAttempt.Seconds(), name)
 		}
 	}
 }

@@ -162,6 +162,36 @@ func TestScrapeDuringRun(t *testing.T) {
 	})
 }
 
+// TestOldestAttemptGauge checks the age of a stuck attempt (a function that ignores its
+// context under WithTimeout) during the run, and 0 after it.
+func TestOldestAttemptGauge(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		p := pipeline.New()
+		pipeline.To(pipeline.FromSlice(p, []int{1}), pipeline.NewSink("wait", 1, func(context.Context, int) error {
+			<-release
+			return nil
+		}, pipeline.WithTimeout(100*time.Millisecond)))
+		reg := prometheus.NewPedanticRegistry()
+		reg.MustRegister(pipelineprom.NewCollector(p))
+
+		done := make(chan error, 1)
+		go func() { done <- p.Run(t.Context()) }()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		got, types := samples(t, gather(t, reg))
+		age := got[`pipeline_stage_oldest_attempt_seconds{stage="wait"}`]
+		assert.True(t, age > 0.9 && age <= 1, "age %v s, 1 s into the attempt", age)
+		assert.Equal(t, dto.MetricType_GAUGE, types["pipeline_stage_oldest_attempt_seconds"])
+
+		close(release)
+		require.NoError(t, <-done)
+		got, _ = samples(t, gather(t, reg))
+		assert.Contains(t, got, `pipeline_stage_oldest_attempt_seconds{stage="wait"}`)
+		assert.Zero(t, got[`pipeline_stage_oldest_attempt_seconds{stage="wait"}`])
+	})
+}
+
 // TestScrapeOrderedDuringRun: the finished items an ordered stage holds for an earlier
 // one count as succeeded during a run (the report counts them as failed, which they only
 // are once the run has stopped).

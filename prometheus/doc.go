@@ -38,6 +38,8 @@
 //	pipeline_stage_busy_workers              gauge    stage                workers handling an item
 //	pipeline_stage_reorder_held              gauge    stage                ordered stages: finished items held for earlier ones
 //	pipeline_stage_attempt_timeout_seconds   gauge    stage                the stage's WithTimeout, when it has one
+//	pipeline_stage_oldest_attempt_seconds    gauge    stage                with WithTimeout: the oldest running attempt's age, once
+//	                                                                       it ran a quarter of the timeout (StageReport.OldestAttempt)
 //	pipeline_checkpoint_position             gauge                         checkpointed runs: the position saved last
 //	pipeline_checkpoint_age_seconds          gauge                         checkpointed runs: time since it was saved
 //	pipeline_stage_worker_limit              gauge    stage                adaptive stages: workers allowed to take items now
