@@ -246,7 +246,7 @@ for m in "${mods[@]}"; do
 	step "$name: go fix -diff" check_fix
 	step "$name: gofmt -l" check_gofmt
 	if ((lint_ok)); then
-		step "$name: golangci-lint" "$lint" run --config "$root/.golangci.yml" ./...
+		step "$name: golangci-lint" "$lint" run --allow-parallel-runners --config "$root/.golangci.yml" ./...
 	fi
 done
 cd "$root"
