@@ -70,9 +70,10 @@ const (
 // Give it to [pipeline.FromCheckpoint] and to the writer ([WithCheckpoint]): each batch's
 // transaction then records the progress with the rows. Concurrent writers' transactions
 // do not wait for one another: each inserts rows of its own (its ranges, and a mark
-// with the watermark it records) and updates or locks no shared row. Load takes the job over:
-// it bumps the job's epoch, and every later commit or save of an instance holding an
-// older epoch fails with [ErrFenced], so a job started twice never commits twice.
+// with the watermark it records) and updates or locks no shared row. Load takes the
+// job over: it bumps the job's epoch, and every later commit or save of an instance
+// holding an older epoch fails with [ErrFenced], so a job started twice never commits
+// twice.
 // Commits take a transaction-scoped advisory lock of the job in shared mode, which
 // Load takes exclusively (two int4 keys: 1885827184 and hashtext of the job); an
 // application that uses the same keys would wait with them. Save retries transient
