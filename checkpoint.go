@@ -263,6 +263,10 @@ type tracker struct {
 	// above counts the positions that settled above next: a save of a CommittedStore
 	// is due when it changed since savedAbove (the saver's, then finish's, in turn).
 	above, savedAbove uint64
+	// committing counts the Commits whose function runs, per node their preview walked;
+	// commitWake is closed when one ends, made only when a Commit waits (commit.go).
+	committing map[uint64]int
+	commitWake chan struct{}
 }
 
 func newTracker(source any, start uint64, every int) *tracker {

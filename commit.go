@@ -91,6 +91,11 @@ func (t *tracker) scope(ctx context.Context, pos *uint64) context.Context {
 //
 // fn runs with no lock of the run held: other items settle, and other sinks' and
 // workers' Commits run, while it does, so that one slow transaction stalls no one.
+// The exception is items derived from one source position (a flat-map's pieces, a
+// [Tee]'s copies, batches that share a position): a Commit of one of them waits while
+// another one's function runs, so that the last of them to commit records the position
+// (had both previewed at once, each would leave the position to the other). Do the
+// item's writes inside fn, or at least none that another piece's fn must wait for.
 // The progress fn is given counts the positions settled when Commit was called and the
 // item's own; it may lag what the run has settled by the time fn commits (a position
 // settled meanwhile is recorded by its own item's Commit, or by the run's next save),
@@ -114,24 +119,96 @@ func Commit(ctx context.Context, fn func(ctx context.Context, p Progress) error)
 	}
 	t, pos := cs.t, *cs.pos
 	t.mu.Lock()
+	// Pieces of one position commit one at a time: a piece's preview leaves the position
+	// to a sibling while a ref is left, so two previews at once would both leave it, and
+	// no commit would record it (while later positions record themselves above the
+	// watermark). Unrelated items do not wait. No lock across fn, a transaction: holding
+	// the tracker there stalled every settle of the run and every other writer.
+	var nodes []uint64
+	for {
+		var wait bool
+		if nodes, wait = t.siblings(pos); !wait {
+			break
+		}
+		if t.commitWake == nil {
+			t.commitWake = make(chan struct{})
+		}
+		ch := t.commitWake
+		t.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+		t.mu.Lock()
+	}
+	if t.committing == nil {
+		t.committing = map[uint64]int{}
+	}
+	for _, n := range nodes {
+		t.committing[n]++
+	}
 	p := t.preview(pos)
 	t.mu.Unlock()
-	// No lock across fn, a transaction: holding the tracker there stalled every settle
-	// of the run and every other writer's Commit for a database round trip. The
-	// preview counts only positions settled already (their effects are committed) and
-	// pos's own, so what fn records stays true however the others' transactions end.
-	if err := fn(ctx, p); err != nil {
+	// The preview counts only positions settled already (their effects are committed)
+	// and pos's own, so what fn records stays true however the others' transactions end.
+	var err error
+	returned := false
+	defer func() { // also when fn panics: the siblings waiting must not wait forever
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		for _, n := range nodes {
+			if t.committing[n]--; t.committing[n] == 0 {
+				delete(t.committing, n)
+			}
+		}
+		if returned && err == nil {
+			t.settle(pos) // under the lock of the wake: a waiting sibling sees it settled
+		}
+		if t.commitWake != nil {
+			close(t.commitWake)
+			t.commitWake = nil
+		}
+	}()
+	err = fn(ctx, p)
+	returned = true
+	if err != nil {
 		return err
 	}
-	t.done(pos)
 	*cs.pos = noPos // settled: the worker's settle after the function returns is skipped
 	return nil
 }
 
+// siblings returns the nodes preview(pos) walks, and whether it would consume a ref of a
+// node where another item's Commit is running its function: then that Commit's preview
+// consumed one too, and neither would claim the node, so the caller must wait for it to
+// end. t.mu must be held.
+func (t *tracker) siblings(pos uint64) (nodes []uint64, wait bool) {
+	used := map[uint64]int{}
+	var walk func(p uint64)
+	walk = func(p uint64) {
+		nodes = append(nodes, p)
+		if t.refs[p]-used[p] > 0 {
+			if t.committing[p] > 0 {
+				wait = true
+			}
+			used[p]++
+			return
+		}
+		if p&groupBit != 0 {
+			for _, m := range t.groups[p] {
+				walk(m)
+			}
+		}
+	}
+	walk(pos)
+	return nodes, wait
+}
+
 // preview computes, without changing anything, what settling one item of pos would
-// settle if it settled now. t.mu must be held. Items of pos whose settling is under way
-// meanwhile (a Tee's branches each in a Commit) each consume a ref here, so that none
-// of them claims pos before the last one has settled.
+// settle if it settled now. t.mu must be held. A node with a ref left consumes one here
+// and is not claimed: a sibling item settles it later, and Commit makes sure that no
+// sibling's function is running meanwhile (siblings), so the last one claims it.
 func (t *tracker) preview(pos uint64) Progress {
 	var leaves []uint64
 	used := map[uint64]int{} // refs consumed by this walk

@@ -41,7 +41,8 @@ func ExampleCommit() {
 	pipeline.ToBatches(src, 3, pipeline.NewSink("save", 1, func(ctx context.Context, batch []int) error {
 		return pipeline.Commit(ctx, func(_ context.Context, pr pipeline.Progress) error {
 			store.rows = append(store.rows, batch...) // in a database: one transaction
-			store.pos = pr.Watermark
+			// Never lower the position: concurrent commits may land in any order.
+			store.pos = max(store.pos, pr.Watermark)
 			fmt.Printf("rows %v, checkpoint %d\n", batch, pr.Watermark)
 			return nil
 		})

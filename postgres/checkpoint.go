@@ -17,10 +17,11 @@ import (
 	"github.com/gopipeline/pipeline"
 )
 
-// The checkpoint tables. Both are created by Load when missing.
+// The checkpoint tables. Each is created by Load when missing.
 const (
-	checkpointTable = "pgpipe_checkpoint" // one row per job: position, epoch
-	committedTable  = "pgpipe_committed"  // per job, ranges committed above it and commits' marks
+	checkpointTable = "pgpipe_checkpoint"   // one row per job: position, epoch
+	committedTable  = "pgpipe_committed"    // per job, the ranges committed above its position
+	marksTable      = "pgpipe_commit_marks" // per job, commits' marks: the watermark each recorded
 )
 
 // lockKeys are the keys of a job's advisory lock, which fences its commits against a
@@ -43,29 +44,36 @@ const (
 	job text   NOT NULL,
 	lo  bigint NOT NULL,
 	hi  bigint NOT NULL,
-	pos bigint,
 	PRIMARY KEY (job, lo)
 )`
-	// addPosSQL brings a pgpipe_committed of an earlier release up to date.
-	addPosSQL = `ALTER TABLE ` + committedTable + ` ADD COLUMN IF NOT EXISTS pos bigint`
+	// The marks have a table of their own, which no earlier release reads or deletes
+	// from: an instance of one still running in a rolling deploy (fenced, but saving
+	// once more) deletes range rows of pgpipe_committed below the position, and would
+	// delete marks kept there.
+	createMarksSQL = `CREATE TABLE IF NOT EXISTS ` + marksTable + ` (
+	job  text   NOT NULL,
+	mark bigint NOT NULL,
+	pos  bigint NOT NULL,
+	PRIMARY KEY (job, mark)
+)`
 )
 
 // Checkpoint is a [pipeline.CommittedStore] kept in PostgreSQL, for one job: the
-// job's watermark and the ranges of positions committed above it, in the tables
-// pgpipe_checkpoint and pgpipe_committed, found on the connection's search path.
-// Load creates a table that is missing (in the first schema of the search path, which
-// needs the CREATE privilege there), and adds the column pos to a pgpipe_committed of
-// an earlier release (which needs its ownership); once both are in place, the role
-// needs only SELECT, INSERT and UPDATE on pgpipe_checkpoint (UPDATE also lets a commit
-// lock the job's row FOR KEY SHARE) and SELECT, INSERT, UPDATE and DELETE on
-// pgpipe_committed.
+// job's watermark, the ranges of positions committed above it and the marks of recent
+// commits, in the tables pgpipe_checkpoint, pgpipe_committed and pgpipe_commit_marks,
+// found on the connection's search path. It needs PostgreSQL 13 or later (the xid8
+// functions). Load creates a table that is missing (in the first schema of the search
+// path, which needs the CREATE privilege there); once they are in place, the role needs
+// only SELECT, INSERT and UPDATE on pgpipe_checkpoint, SELECT, INSERT, UPDATE and
+// DELETE on pgpipe_committed, and SELECT, INSERT and DELETE on pgpipe_commit_marks.
 //
 // Give it to [pipeline.FromCheckpoint] and to the writer ([WithCheckpoint]): each batch's
 // transaction then records the progress with the rows. Concurrent writers' transactions
 // do not wait for one another: each inserts rows of its own (its ranges, and a mark
-// with the watermark it records) and updates no shared row. Load takes the job over:
-// it bumps the job's epoch, and every later commit or save of an instance holding an
-// older epoch fails with [ErrFenced], so a job started twice never commits twice.
+// with the watermark it records) and updates or locks no shared row. Load takes the
+// job over: it bumps the job's epoch, and every later commit or save of an instance
+// holding an older epoch fails with [ErrFenced], so a job started twice never commits
+// twice.
 // Commits take a transaction-scoped advisory lock of the job in shared mode, which
 // Load takes exclusively (two int4 keys: 1885827184 and hashtext of the job); an
 // application that uses the same keys would wait with them. Save retries transient
@@ -120,12 +128,15 @@ func (c *Checkpoint) LoadCommitted(ctx context.Context) (int64, []pipeline.Posit
 		}
 		err := tx.QueryRow(ctx, `INSERT INTO `+checkpointTable+` AS c (job, pos, epoch, seq) VALUES ($1, 0, 1, 0)
 			ON CONFLICT (job) DO UPDATE SET epoch = c.epoch + 1, updated_at = now(),
-				pos = GREATEST(c.pos, (SELECT max(m.pos) FROM `+committedTable+` m WHERE m.job = $1 AND m.lo < 0))
+				pos = GREATEST(c.pos, (SELECT max(m.pos) FROM `+marksTable+` m WHERE m.job = $1))
 			RETURNING pos, epoch`, c.job).Scan(&pos, &epoch)
 		if err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, `DELETE FROM `+committedTable+` WHERE job = $1 AND (lo < 0 OR hi <= $2)`, c.job, pos); err != nil {
+		if _, err := tx.Exec(ctx, `DELETE FROM `+marksTable+` WHERE job = $1`, c.job); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `DELETE FROM `+committedTable+` WHERE job = $1 AND hi <= $2`, c.job, pos); err != nil {
 			return err
 		}
 		rows, err := tx.Query(ctx, `SELECT lo, hi FROM `+committedTable+` WHERE job = $1 AND hi > $2 ORDER BY lo`, c.job, pos)
@@ -149,24 +160,24 @@ func (c *Checkpoint) LoadCommitted(ctx context.Context) (int64, []pipeline.Posit
 }
 
 // ensureSchema creates the checkpoint tables that are missing (found on the search
-// path) and adds the column pos to a pgpipe_committed of an earlier release; with both
-// in place it needs no right on the schema. When a table is missing and the role may
-// not create it, the error names the role, the schema and the right.
+// path); with all of them in place it needs no right on the schema, and alters none.
+// When a table is missing and the role may not create it, the error names the role,
+// the schema and the right.
 func (c *Checkpoint) ensureSchema(ctx context.Context) error {
 	var (
-		role, schema                 string
-		haveCk, haveCommitd, havePos bool
+		role, schema                   string
+		haveCk, haveCommitd, haveMarks bool
 	)
-	err := c.pool.QueryRow(ctx, `SELECT current_user, coalesce(current_schema(), ''), to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL,
-		EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass($2) AND attname = 'pos' AND NOT attisdropped)`,
-		checkpointTable, committedTable).Scan(&role, &schema, &haveCk, &haveCommitd, &havePos)
+	err := c.pool.QueryRow(ctx, `SELECT current_user, coalesce(current_schema(), ''),
+		to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL, to_regclass($3) IS NOT NULL`,
+		checkpointTable, committedTable, marksTable).Scan(&role, &schema, &haveCk, &haveCommitd, &haveMarks)
 	if err != nil {
 		return fmt.Errorf("pgpipe: look for the checkpoint tables: %w", err)
 	}
 	for _, t := range []struct {
 		have      bool
 		name, sql string
-	}{{haveCk, checkpointTable, createCheckpointSQL}, {haveCommitd, committedTable, createCommittedSQL}} {
+	}{{haveCk, checkpointTable, createCheckpointSQL}, {haveCommitd, committedTable, createCommittedSQL}, {haveMarks, marksTable, createMarksSQL}} {
 		if t.have {
 			continue
 		}
@@ -178,12 +189,6 @@ func (c *Checkpoint) ensureSchema(ctx context.Context) error {
 		}
 		if err != nil {
 			return fmt.Errorf("pgpipe: create the checkpoint table %s in schema %q: %w", t.name, schema, err)
-		}
-	}
-	if haveCommitd && !havePos {
-		if _, err := c.pool.Exec(ctx, addPosSQL); err != nil {
-			return fmt.Errorf("pgpipe: the checkpoint table %s is of an earlier release, and role %q could not add its column pos "+
-				"(only the table's owner may): run %q as the owner: %w", committedTable, role, addPosSQL, err)
 		}
 	}
 	return nil
@@ -265,10 +270,12 @@ func (c *Checkpoint) SaveCommitted(ctx context.Context, pos int64, committed []p
 func (c *Checkpoint) save(ctx context.Context, epoch, pos int64, committed []pipeline.PositionRange, done []int64) error {
 	b := &pgx.Batch{}
 	b.Queue(`UPDATE `+checkpointTable+` SET updated_at = now(),
-			pos = GREATEST(pos, $3, (SELECT max(m.pos) FROM `+committedTable+` m WHERE m.job = $1 AND m.lo = ANY($4::bigint[])))
+			pos = GREATEST(pos, $3, (SELECT max(m.pos) FROM `+marksTable+` m WHERE m.job = $1 AND m.mark = ANY($4::bigint[])))
 		WHERE job = $1 AND epoch = $2`, c.job, epoch, pos, done)
-	b.Queue(`DELETE FROM `+committedTable+` WHERE job = $1 AND (lo = ANY($3::bigint[]) OR (lo >= 0 AND hi <= (SELECT pos FROM `+checkpointTable+` WHERE job = $1)))
+	b.Queue(`DELETE FROM `+marksTable+` WHERE job = $1 AND mark = ANY($3::bigint[])
 		AND EXISTS (SELECT FROM `+checkpointTable+` WHERE job = $1 AND epoch = $2)`, c.job, epoch, done)
+	b.Queue(`DELETE FROM `+committedTable+` WHERE job = $1 AND hi <= (SELECT pos FROM `+checkpointTable+` WHERE job = $1)
+		AND EXISTS (SELECT FROM `+checkpointTable+` WHERE job = $1 AND epoch = $2)`, c.job, epoch)
 	queueRanges(b, c.job, epoch, committed)
 	br := c.pool.SendBatch(ctx, b) // one implicit transaction
 	tag, err := br.Exec()
@@ -305,17 +312,14 @@ func queueRanges(b *pgx.Batch, job string, epoch int64, ranges []pipeline.Positi
 // them either: pipeline.Commit holds no lock across its function):
 //   - It takes the job's advisory lock in shared mode, held until it ends, and then, in
 //     a statement of its own (which sees what committed before the lock was granted),
-//     checks the epoch and locks the job's row FOR KEY SHARE. Load takes the lock
+//     reads the epoch: a plain read, which locks nothing. Load takes the lock
 //     exclusively before it bumps the epoch: it waits for every commit in flight, and a
-//     commit that asks after it waits behind it and finds the new epoch. (A row lock
-//     alone would not do: a FOR KEY SHARE taken while Load's update is in flight locks
-//     the old version of the row, which Load's later lock of the new one does not wait
-//     for; and shared row lockers may overtake a waiting exclusive one forever.) The
-//     FOR KEY SHARE does not conflict with a save's update of the row; it does conflict
-//     with a FOR UPDATE, which only an operator takes.
-//   - It inserts its mark, a row of pgpipe_committed of its own (lo a random negative
-//     number, never a position, so that no load reads it as a range), with the
-//     watermark p records. The watermark counts only positions that settled before
+//     commit that asks after it waits behind it and finds the new epoch. That is the
+//     whole fence; a row lock would add nothing to it (taken while Load's update is in
+//     flight, it locks the row's old version, which Load's later lock does not wait
+//     for), and a FOR KEY SHARE by every commit made multixacts of the job's hot row.
+//   - It inserts its mark, a row of pgpipe_commit_marks of its own (a random id), with
+//     the watermark p records. The watermark counts only positions that settled before
 //     Commit was called (whose transactions committed) and the item's own, so it is
 //     true if this transaction commits, whichever of the others in flight commit or
 //     roll back; and it lives in this transaction's row, so a rollback takes it away.
@@ -330,11 +334,11 @@ func (c *Checkpoint) stamp(ctx context.Context, tx pgx.Tx, p pipeline.Progress) 
 	if err != nil {
 		return "", 0, err
 	}
-	mark = -1 - rand.Int64N(1<<62) // never a position
+	mark = rand.Int64() // a random id: two marks of a job kept at once never clash in practice
 	b := &pgx.Batch{}
 	b.Queue(`SELECT pg_advisory_xact_lock_shared(`+lockKeys+`)`, c.job)
-	b.Queue(`SELECT pg_current_xact_id()::text FROM `+checkpointTable+` WHERE job = $1 AND epoch = $2 FOR KEY SHARE`, c.job, epoch)
-	b.Queue(`INSERT INTO `+committedTable+` (job, lo, hi, pos) VALUES ($1, $2::bigint, $2::bigint + 1, $3)`, c.job, mark, p.Watermark)
+	b.Queue(`SELECT pg_current_xact_id()::text FROM `+checkpointTable+` WHERE job = $1 AND epoch = $2`, c.job, epoch)
+	b.Queue(`INSERT INTO `+marksTable+` (job, mark, pos) VALUES ($1, $2, $3)`, c.job, mark, p.Watermark)
 	queueRanges(b, c.job, epoch, p.Committed)
 	br := tx.SendBatch(ctx, b)
 	_, err = br.Exec()
@@ -398,14 +402,13 @@ func (c *Checkpoint) committed(mark int64) {
 // transaction of backend pid (the lost connection's) has not ended within a minute: its
 // outcome is still open, and only the next run's Load will know it.
 //
-// The mark decides, not pg_xact_status alone: a server that crashed before its WAL
+// The mark decides, not the transaction's status: a server that crashed before its WAL
 // reached the disk forgets the ids it had handed out and hands them out again, so
-// after a restart the status of xid may be another transaction's. Its mark is this
-// transaction's alone (no save deletes it before commit hands it over, see committed).
-// The status only tells when the transaction has ended: a COMMIT waiting for a
-// synchronous standby holds its locks and is not yet visible, though it will commit,
-// and a backend may not yet have seen its client go. A reused id can only make the wait
-// longer.
+// after a restart xid may be another transaction's. Its mark is this transaction's
+// alone (no save deletes it before commit hands it over, see committed). Whether the
+// transaction has ended matters because a COMMIT waiting for a synchronous standby
+// holds its locks and is not yet visible, though it will commit, and a backend may not
+// yet have seen its client go. A reused id can only make the wait longer.
 //
 // The caller's connection must be closed: the server then ends the transaction (it
 // rolls it back, unless its COMMIT got there first).
@@ -453,30 +456,33 @@ func (c *Checkpoint) resolve(ctx context.Context, xid string, mark int64, pid ui
 // connections may all be held by writers), whether transaction xid has ended and, if
 // it has, whether its mark is there, and the job's epoch.
 //
-// The mark is read in a statement after the one that saw the transaction end, so
-// that its snapshot includes the transaction's outcome (pg_xact_status reports a
-// transaction in progress until it is visible to new snapshots). An id the server
-// calls "in the future" belongs to a transaction that never committed (a crash lost
-// it before it reached the disk, where a commit would have taken it), as does an id too
-// old to have a status: both have ended, and the mark decides.
+// "Ended" and "the mark is there" are read in one statement, from one snapshot: xid has
+// ended for it when it is visible in that snapshot (pg_visible_in_snapshot: not running
+// when the snapshot was taken), and then the same snapshot sees its mark if and only if
+// it committed. Reading the status (pg_xact_status) and then the mark in a later
+// statement relied on the status turning "committed" no sooner than the commit is
+// visible to new snapshots, which older minor releases got wrong. An id in the future
+// is never visible; pg_xact_status then tells it apart (it fails for one): its
+// transaction never committed (a crash lost it before it reached the disk, where a
+// commit would have taken it), so it has ended, and the mark decides.
 func (c *Checkpoint) readBack(ctx context.Context, xid string, mark int64) (ended, found bool, epoch int64, err error) {
 	conn, err := pgx.ConnectConfig(ctx, c.pool.Config().ConnConfig.Copy())
 	if err != nil {
 		return false, false, 0, err
 	}
 	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+	err = conn.QueryRow(ctx, `SELECT pg_visible_in_snapshot($1::xid8, pg_current_snapshot()),
+		EXISTS (SELECT FROM `+marksTable+` WHERE job = $2 AND mark = $3),
+		coalesce((SELECT epoch FROM `+checkpointTable+` WHERE job = $2), 0)`, xid, c.job, mark).Scan(&ended, &found, &epoch)
+	if err != nil || ended {
+		return ended, found, epoch, err
+	}
 	var status *string
 	err = conn.QueryRow(ctx, `SELECT pg_xact_status($1::xid8)`, xid).Scan(&status)
 	if pe, ok := errors.AsType[*pgconn.PgError](err); ok && pe.Code == pgerrcode.InvalidParameterValue {
-		err = nil // "transaction ID … is in the future"
-	} else if err != nil {
-		return false, false, 0, err
-	} else if status != nil && *status == "in progress" {
-		return false, false, 0, nil
+		return true, found, epoch, nil // "transaction ID … is in the future"
 	}
-	err = conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM `+committedTable+` WHERE job = $1 AND lo = $2),
-		coalesce((SELECT epoch FROM `+checkpointTable+` WHERE job = $1), 0)`, c.job, mark).Scan(&found, &epoch)
-	return true, found, epoch, err
+	return false, false, 0, err // still running
 }
 
 // wait waits d, or until ctx is done.

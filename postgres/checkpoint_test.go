@@ -7,10 +7,12 @@ import (
 	"iter"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgerrcode"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
@@ -64,6 +66,7 @@ func TestCheckpointLoadWithDMLRightsOnly(t *testing.T) {
 	role := restrictedRole(t, admin)
 	mustExec(t, admin, "GRANT SELECT, INSERT, UPDATE ON pgpipe_checkpoint TO "+role)
 	mustExec(t, admin, "GRANT SELECT, INSERT, UPDATE, DELETE ON pgpipe_committed TO "+role)
+	mustExec(t, admin, "GRANT SELECT, INSERT, DELETE ON pgpipe_commit_marks TO "+role)
 
 	ck := pgpipe.NewCheckpoint(rolePool(t, role, ""), tableName("job"))
 	pos, err := ck.Load(t.Context())
@@ -101,41 +104,181 @@ func TestCheckpointMissingTableNamesTheRight(t *testing.T) {
 	require.NoError(t, err)
 	mustExec(t, admin, fmt.Sprintf("GRANT SELECT, INSERT, UPDATE ON %s.pgpipe_checkpoint TO %s", schema, role))
 	mustExec(t, admin, fmt.Sprintf("GRANT SELECT, INSERT, UPDATE, DELETE ON %s.pgpipe_committed TO %s", schema, role))
+	mustExec(t, admin, fmt.Sprintf("GRANT SELECT, INSERT, DELETE ON %s.pgpipe_commit_marks TO %s", schema, role))
 	_, err = pgpipe.NewCheckpoint(rolePool(t, role, schema), "job").Load(t.Context())
 	require.NoError(t, err)
 }
 
-// TestCheckpointAddsPosToEarlierTable loads a checkpoint whose pgpipe_committed is of
-// an earlier release (no column pos): Load adds the column when the role owns the
-// table, and otherwise fails naming the statement to run.
-func TestCheckpointAddsPosToEarlierTable(t *testing.T) {
+// TestCheckpointUsesEarlierTablesAsTheyAre loads a checkpoint whose tables are of the
+// previous release (no pgpipe_commit_marks): Load creates the missing table and alters
+// none, so an owner of the old tables needs no more than CREATE on the schema. Load
+// used to add a column to pgpipe_committed, an ALTER TABLE whose exclusive lock (with
+// no lock_timeout) could stall every job's commits behind one long transaction.
+func TestCheckpointUsesEarlierTablesAsTheyAre(t *testing.T) {
 	admin := newPool(t, 2)
-	for _, owner := range []bool{true, false} {
-		t.Run(fmt.Sprintf("owner=%v", owner), func(t *testing.T) {
-			schema := tableName("pgpipe_schema")
-			mustExec(t, admin, "CREATE SCHEMA "+schema)
-			t.Cleanup(func() { mustExec(t, admin, "DROP SCHEMA IF EXISTS "+schema+" CASCADE") })
-			mustExec(t, admin, `CREATE TABLE `+schema+`.pgpipe_checkpoint (job text PRIMARY KEY, pos bigint NOT NULL,
-				epoch bigint NOT NULL, seq bigint NOT NULL, updated_at timestamptz NOT NULL DEFAULT now())`)
-			mustExec(t, admin, `CREATE TABLE `+schema+`.pgpipe_committed (job text NOT NULL, lo bigint NOT NULL,
-				hi bigint NOT NULL, PRIMARY KEY (job, lo))`)
-			mustExec(t, admin, `INSERT INTO `+schema+`.pgpipe_checkpoint VALUES ('job', 7, 1, 3, now())`)
-			role := ""
-			if !owner {
-				role = restrictedRole(t, admin)
-				mustExec(t, admin, "GRANT USAGE ON SCHEMA "+schema+" TO "+role)
-				mustExec(t, admin, fmt.Sprintf("GRANT SELECT, INSERT, UPDATE ON %s.pgpipe_checkpoint TO %s", schema, role))
-				mustExec(t, admin, fmt.Sprintf("GRANT SELECT, INSERT, UPDATE, DELETE ON %s.pgpipe_committed TO %s", schema, role))
+	schema := tableName("pgpipe_schema")
+	mustExec(t, admin, "CREATE SCHEMA "+schema)
+	t.Cleanup(func() { mustExec(t, admin, "DROP SCHEMA IF EXISTS "+schema+" CASCADE") })
+	mustExec(t, admin, `CREATE TABLE `+schema+`.pgpipe_checkpoint (job text PRIMARY KEY, pos bigint NOT NULL,
+		epoch bigint NOT NULL, seq bigint NOT NULL, updated_at timestamptz NOT NULL DEFAULT now())`)
+	mustExec(t, admin, `CREATE TABLE `+schema+`.pgpipe_committed (job text NOT NULL, lo bigint NOT NULL,
+		hi bigint NOT NULL, PRIMARY KEY (job, lo))`)
+	mustExec(t, admin, `INSERT INTO `+schema+`.pgpipe_checkpoint VALUES ('job', 7, 1, 3, now())`)
+	mustExec(t, admin, `INSERT INTO `+schema+`.pgpipe_committed VALUES ('job', 9, 12)`)
+	pool := rolePool(t, "", schema)
+	ck := pgpipe.NewCheckpoint(pool, "job")
+	pos, ranges, err := ck.LoadCommitted(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, int64(7), pos)
+	assert.Equal(t, []pipeline.PositionRange{{From: 9, To: 12}}, ranges)
+	var cols int
+	require.NoError(t, admin.QueryRow(t.Context(), `SELECT count(*) FROM information_schema.columns
+		WHERE table_schema = $1 AND table_name = 'pgpipe_committed'`, schema).Scan(&cols))
+	assert.Equal(t, 3, cols, "pgpipe_committed is not altered")
+	require.NoError(t, ck.CommitTx(t.Context(), beginTx(t, pool), pipeline.Progress{Checkpointed: true, Watermark: 20}))
+	pos, err = pgpipe.NewCheckpoint(pool, "job").Load(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, int64(20), pos)
+}
+
+// beginTx begins a transaction on pool, rolled back when the test ends unless committed.
+func beginTx(t *testing.T, pool *pgxpool.Pool) pgx.Tx {
+	t.Helper()
+	tx, err := pool.Begin(t.Context())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(context.WithoutCancel(t.Context())) })
+	return tx
+}
+
+// commitRows inserts rows [from, to) into table in one transaction and commits it with p.
+func commitRows(ctx context.Context, pool *pgxpool.Pool, ck *pgpipe.Checkpoint, table string, from, to int64, p pipeline.Progress) error {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // a no-op after a commit
+	if _, err := tx.Exec(ctx, "INSERT INTO "+table+" SELECT g, 'x', 0 FROM generate_series($1::bigint, $2::bigint - 1) g", from, to); err != nil {
+		return err
+	}
+	return ck.CommitTx(ctx, tx, p)
+}
+
+// TestCheckpointMarksSurviveEarlierReleaseSave has an instance of the previous release,
+// fenced by a new one, run its periodic save once more (a rolling deploy): its DELETE of
+// the job's rows of pgpipe_committed below the position has no epoch guard. It deleted
+// the new release's marks kept there (hi <= 0), so the new instance's committed batch
+// had no record left, and after a crash before its next save the batch was written
+// again (duplicates in insert mode).
+func TestCheckpointMarksSurviveEarlierReleaseSave(t *testing.T) {
+	pool := newPool(t, 4)
+	table := createEvents(t, pool, false)
+	job := tableName("job")
+	ctx := t.Context()
+
+	_, err := pgpipe.NewCheckpoint(pool, job).Load(ctx) // stands for the old release's instance
+	require.NoError(t, err)
+	var oldEpoch int64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT epoch FROM pgpipe_checkpoint WHERE job = $1", job).Scan(&oldEpoch))
+
+	ck := pgpipe.NewCheckpoint(pool, job) // the new release's instance takes over
+	_, err = ck.Load(ctx)
+	require.NoError(t, err)
+	require.NoError(t, commitRows(ctx, pool, ck, table, 0, 100, pipeline.Progress{Checkpointed: true, Watermark: 100}))
+
+	// The previous release's save, as its saver sends it.
+	b := &pgx.Batch{}
+	b.Queue(`UPDATE pgpipe_checkpoint SET pos = GREATEST(pos, $3), updated_at = now() WHERE job = $1 AND epoch = $2`, job, oldEpoch, int64(0))
+	b.Queue(`DELETE FROM pgpipe_committed WHERE job = $1 AND hi <= (SELECT pos FROM pgpipe_checkpoint WHERE job = $1)`, job)
+	require.NoError(t, pool.SendBatch(ctx, b).Close())
+
+	// The new instance crashes before its next save; the next run loads.
+	pos, err := pgpipe.NewCheckpoint(pool, job).Load(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, int64(100), pos, "the committed batch [0, 100) must not be redone")
+}
+
+// TestCheckpointFenceHoldsUnderConcurrentCommits has instance A's four writers commit one
+// row each per transaction (recorded as a range of its own) while A's saver folds and
+// deletes marks; instance B loads once A has committed a few hundred rows. A's writers
+// go on until each is fenced. Every row in the table must then be covered by what B's
+// Load returned (a row that is not was committed by a zombie after the newer Load), and
+// every position B loaded as committed must have its row.
+func TestCheckpointFenceHoldsUnderConcurrentCommits(t *testing.T) {
+	const writers, before = 4, 200
+	pool := newPool(t, 12)
+	table := createEvents(t, pool, false)
+	job := tableName("job")
+	ctx := t.Context()
+	a := pgpipe.NewCheckpoint(pool, job)
+	_, err := a.Load(ctx)
+	require.NoError(t, err)
+
+	var next, fenced atomic.Int64
+	started := make(chan struct{}) // closed once A committed `before` rows
+	var once sync.Once
+	var wg, savers sync.WaitGroup
+	for range writers {
+		wg.Go(func() {
+			for {
+				k := next.Add(1) - 1
+				err := commitRows(ctx, pool, a, table, k, k+1, pipeline.Progress{Checkpointed: true, Committed: []pipeline.PositionRange{{From: k, To: k + 1}}})
+				if errors.Is(err, pgpipe.ErrFenced) {
+					fenced.Add(1)
+					return
+				}
+				if err != nil {
+					t.Errorf("commit %d: %v", k, err)
+					once.Do(func() { close(started) })
+					return
+				}
+				if k == before {
+					once.Do(func() { close(started) })
+				}
 			}
-			pos, err := pgpipe.NewCheckpoint(rolePool(t, role, schema), "job").Load(t.Context())
-			if !owner {
-				require.Error(t, err)
-				assert.Contains(t, err.Error(), "ALTER TABLE pgpipe_committed ADD COLUMN IF NOT EXISTS pos bigint")
+		})
+	}
+	stop := make(chan struct{})
+	savers.Go(func() { // A's saver, one save after the other until A is fenced
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if err := a.SaveCommitted(ctx, 0, nil); err != nil {
 				return
 			}
-			require.NoError(t, err)
-			assert.Equal(t, int64(7), pos)
-		})
+		}
+	})
+	<-started
+	pos, ranges, err := pgpipe.NewCheckpoint(pool, job).LoadCommitted(ctx)
+	require.NoError(t, err)
+	wg.Wait() // each writer's next commit is fenced
+	close(stop)
+	savers.Wait()
+	assert.Equal(t, int64(writers), fenced.Load(), "every writer of A is fenced")
+
+	covered := func(id int64) bool {
+		return id < pos || slices.ContainsFunc(ranges, func(r pipeline.PositionRange) bool { return r.From <= id && id < r.To })
+	}
+	rows, err := pool.Query(ctx, "SELECT id FROM "+table+" ORDER BY id")
+	require.NoError(t, err)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(t, err)
+	var lost []int64
+	have := map[int64]bool{}
+	for _, id := range ids {
+		have[id] = true
+		if !covered(id) {
+			lost = append(lost, id)
+		}
+	}
+	t.Logf("%d rows committed by A; B loaded position %d and %d ranges", len(ids), pos, len(ranges))
+	assert.Empty(t, lost, "rows committed but not in the loaded checkpoint")
+	for _, r := range ranges {
+		for id := r.From; id < r.To; id++ {
+			assert.True(t, have[id], "position %d loaded as committed has no row", id)
+		}
 	}
 }
 

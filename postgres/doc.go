@@ -43,7 +43,8 @@
 // checkpoint takes the job over; the previous instance's next commit fails with
 // [ErrFenced]. A COMMIT whose connection was lost (or whose attempt timed out) is
 // settled by looking for the row its transaction wrote, never by guessing, and only once
-// the transaction has ended (pg_xact_status), so a transaction still in progress on the
+// the transaction has ended (both read in one snapshot; PostgreSQL 13 or later), so a
+// transaction still in progress on the
 // server (a COMMIT waiting for a synchronous standby, a backend that has not yet seen
 // its client go) is not read as "not committed". If it has not ended within a minute,
 // the commit fails with [ErrCommitUnknown], fatal, and the next run's Load learns the

@@ -510,11 +510,12 @@ func retriedOnce() (pipeline.PipelineOption, <-chan struct{}) {
 	}), ch
 }
 
-// TestFaultAttemptTimeoutRetried holds the job's checkpoint row FOR UPDATE (as an
-// operator's transaction may; a save or another writer's commit does not lock it
-// against a writer) past the sink's attempt timeout: the attempt's own deadline is
-// transient, and the batch is written again once the row is free. It used to fail the
-// run ("item failed (1 attempt)").
+// TestFaultAttemptTimeoutRetried holds the job's advisory lock exclusively (as a Load
+// of the job does while it waits for the commits in flight) past the sink's attempt
+// timeout, so that the writers' commits wait for it: the attempt's own deadline is
+// transient, and the batch is written again once the lock is free. It used to fail the
+// run ("item failed (1 attempt)"). (It held the job's checkpoint row FOR UPDATE while
+// commits locked the row FOR KEY SHARE; they no longer lock it.)
 func TestFaultAttemptTimeoutRetried(t *testing.T) {
 	pool := newPool(t, 8)
 	j := newJob(t, pool, false, 6000, 1000, 2)
@@ -525,13 +526,13 @@ func TestFaultAttemptTimeoutRetried(t *testing.T) {
 	holder, err := pool.Begin(t.Context())
 	require.NoError(t, err)
 	defer func() { _ = holder.Rollback(context.Background()) }()
-	_, err = holder.Exec(t.Context(), "SELECT 1 FROM pgpipe_checkpoint WHERE job = $1 FOR UPDATE", j.name)
+	_, err = holder.Exec(t.Context(), "SELECT pg_advisory_xact_lock(1885827184, hashtext($1))", j.name)
 	require.NoError(t, err)
 	close(g.release)
 	select {
-	case <-retried1: // a writer's attempt timed out waiting for the row
+	case <-retried1: // a writer's attempt timed out waiting for the lock
 	case err := <-g.done:
-		t.Fatalf("the run ended while the checkpoint row was held: %v", err)
+		t.Fatalf("the run ended while the job's lock was held: %v", err)
 	}
 	require.NoError(t, holder.Rollback(t.Context()))
 	require.NoError(t, awaitRun(t, g.done))
