@@ -24,6 +24,10 @@ var misplaced = []struct{ code, want string }{
 	{`pipeline.New(pipeline.WithLinger(time.Second))`, "PipelineOption"},
 	{`pipeline.New(pipeline.WithSaveEvery(2))`, "PipelineOption"},
 	{`pipeline.New(pipeline.WithName("x"))`, "PipelineOption"},
+	{`pipeline.New(pipeline.WithTotal(3))`, "PipelineOption"},
+	{`pipeline.NewStage("s", 1, fn, pipeline.WithTotal(3))`, "StageOption"},
+	{`pipeline.Batch(src, 2, pipeline.WithTotal(3))`, "BatchOption"},
+	{`pipeline.Collect(ctx, src, pipeline.WithTotal(3))`, "CollectOption"},
 	{`pipeline.NewStage("s", 1, fn, pipeline.WithObserver(func(pipeline.Event) {}))`, "StageOption"},
 	{`pipeline.NewStage("s", 1, fn, pipeline.WithLinger(time.Second))`, "StageOption"},
 	{`pipeline.NewStage("s", 1, fn, pipeline.WithMaxRedo(5))`, "StageOption"},
@@ -50,6 +54,8 @@ const placed = `
 	pipeline.Batch(src, 2, pipeline.WithLinger(time.Second), pipeline.WithBuffer(3), pipeline.WithName("b"), pipeline.WithMaxBytes(9, func(int) int { return 1 }))
 	pipeline.FromCheckpoint(p, store, from, pipeline.WithSaveEvery(2), pipeline.WithMaxRedo(9), pipeline.WithSaveInterval(time.Second), pipeline.WithName("c"))
 	pipeline.FromSlice(p, []int{1}, pipeline.WithName("s"))
+	pipeline.FromCheckpoint(p, store, from, pipeline.WithTotal(3))
+	pipeline.Generate(p, func(context.Context, func(int) error) error { return nil }, pipeline.WithTotal(3))
 	pipeline.Filter(src, keep, pipeline.WithName("f"))
 	pipeline.Collect(ctx, src, pipeline.WithName("out"), pipeline.WithBuffer(3))
 	pipeline.OpenDeadLetterFile[int]("f", pipeline.WithCodec[int](pipeline.JSONCodec[int]{}), pipeline.WithSyncEvery(3))

@@ -68,7 +68,9 @@ type row struct {
 	kind     Kind
 	capacity int
 	q        queueLen
-	given    int64 // items a source holds, -1 when unknown
+	given    int64         // items a source holds, -1 when unknown
+	declared int64         // items a source declared it holds (WithTotal), 0 when not
+	resumed  *atomic.Int64 // the checkpointed source: positions before its start, and those it skipped as committed
 	workers  []workerStats
 	held     func() int64   // ordered stages: items finished but still in the window
 	flushes  *flushCounters // batches: flush reasons
@@ -268,9 +270,16 @@ type StageReport struct {
 	// Max is within the histogram's 12.5 %. It is zero in a final report.
 	Recent Latency
 
-	// Total is, for a source that knows it ([FromSlice]), how many items it holds; 0
-	// when unknown. With the source's Out it gives a run's progress.
+	// Total is, for a source that knows it ([FromSlice]) or declares it ([WithTotal]),
+	// how many items it holds; 0 when unknown. With the source's Resumed and Out it
+	// gives a run's progress: (Resumed + Out) / Total.
 	Total int64
+
+	// Resumed is, for the source of a checkpointed run ([FromCheckpoint]), the
+	// positions settled by earlier runs that this run does not read again: those before
+	// the position it started from, and those committed beyond it ([Commit]) that it
+	// skipped. They are not in In or Out; they count as done in the run's progress.
+	Resumed int64
 
 	Errors []ErrorCount // errors by type and outcome
 
@@ -423,6 +432,11 @@ func (r *run) report(err error, final bool) Report {
 			if rw.given >= 0 {
 				s.In, s.Total = rw.given, rw.given
 				s.NotStarted += rw.given - received
+			} else {
+				s.Total = rw.declared
+			}
+			if rw.resumed != nil {
+				s.Resumed = rw.resumed.Load()
 			}
 			if final {
 				s.Failed = received - discarded - s.Succeeded // an inline operator after it panicked

@@ -440,6 +440,7 @@ func TestSchemaDocumented(t *testing.T) {
 	c.rep.Stages[1].Causes = []pipeline.Cause{{Type: "error", Message: "bad", Count: 1}}
 	c.rep.Stages[1].LimitHistory = []pipeline.LimitChange{{At: time.Second, Limit: 1, Reason: "latency"}}
 	c.rep.Stages[1].Breaker = &pipeline.BreakerReport{State: pipeline.BreakerOpen, Transitions: []pipeline.BreakerTransition{{To: pipeline.BreakerOpen}}}
+	c.rep.Stages[0].Resumed = 2 // a resumed checkpointed run
 	h := newHandler(t)
 	h.add("p", c.snapshot)
 	var d any

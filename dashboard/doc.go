@@ -75,9 +75,12 @@
 //	    "started": "...", "elapsed_seconds": 12.5,  started: absent before the first run
 //	    "error": "...",                      the run's error, only when it has one
 //	    "checkpoint": 1200,                  checkpointed runs only: the position saved
-//	    "progress": {"read": 6000, "total": 10000, "fraction": 0.6, "eta_seconds": 5.1},
-//	                                         only when every source knows its total (FromSlice):
-//	                                         items the sources read; eta only while running
+//	    "progress": {"read": 6000, "resumed": 4000, "total": 10000, "fraction": 0.6, "eta_seconds": 5.1},
+//	                                         only when every source knows its total (FromSlice)
+//	                                         or declares it (WithTotal): items the sources read,
+//	                                         resumed included (a checkpointed run's positions
+//	                                         done before it started, only when there are some);
+//	                                         eta only while running
 //	    "bottleneck": {"stage": "fetch", "why": "...", "workers": 16, "warnings": []},
 //	    "edges": [{"from": "fetch", "to": "save", "inferred": false}],
 //	    "stages": [{                         in the order of the report

@@ -276,3 +276,23 @@ func TestJSONControls(t *testing.T) {
 	assert.Nil(t, d.Pipelines[0].Stages[2].Breaker, "none without WithCircuitBreaker")
 	assert.Nil(t, d.Pipelines[0].Stages[2].LimitHistory, "none without WithAdaptiveWorkers")
 }
+
+// TestProgressResumed: a resumed checkpointed run's progress counts the positions done
+// before it started, on the page and in data.json.
+func TestProgressResumed(t *testing.T) {
+	t.Parallel()
+	rep := reportOf(pipeline.NewStage("work", 2, func(_ context.Context, n int) (int, error) { return n, nil }))
+	src := &rep.Stages[0]
+	src.Total, src.Resumed, src.Out, src.Rate = 1000, 400, 100, 50
+	h := newHandler(t)
+	h.add("resumed", func() pipeline.Report { return rep })
+	page := body(t, get(t, h, "GET", "/"))
+	assert.Contains(t, page, "read 500 of 1,000 (50 %) · 400 of them before this run · about 10s left")
+	var d struct {
+		Pipelines []struct{ Progress progressJSON }
+	}
+	require.NoError(t, json.Unmarshal([]byte(body(t, get(t, h, "GET", "/data.json"))), &d))
+	require.Len(t, d.Pipelines, 1)
+	eta := 10.0
+	assert.Equal(t, progressJSON{Read: 500, Resumed: 400, Total: 1000, Fraction: 0.5, ETA: &eta}, d.Pipelines[0].Progress)
+}

@@ -40,6 +40,7 @@ type (
 	}
 	progressJSON struct {
 		Read     int64    `json:"read"`
+		Resumed  int64    `json:"resumed,omitempty"`
 		Total    int64    `json:"total"`
 		Fraction float64  `json:"fraction"`
 		ETA      *float64 `json:"eta_seconds,omitempty"`
@@ -247,9 +248,10 @@ func newPipelineView(name string, rep pipeline.Report, hist historyJSON) pipelin
 	return v
 }
 
-// progressOf returns the run's progress when every source knows its items, else nil:
-// the items the sources read of their total, and, while the run is in progress, the
-// time left at their recent rate.
+// progressOf returns the run's progress when every source knows or declares its
+// items, else nil: the items the sources read of their total (with the positions a
+// resumed checkpointed run counts as done before its start), and, while the run is in
+// progress, the time left at their recent rate.
 func progressOf(rep pipeline.Report) *progressJSON {
 	var p progressJSON
 	var rate float64
@@ -260,7 +262,8 @@ func progressOf(rep pipeline.Report) *progressJSON {
 		if s.Total <= 0 {
 			return nil
 		}
-		p.Read += s.Out
+		p.Read += s.Resumed + s.Out
+		p.Resumed += s.Resumed
 		p.Total += s.Total
 		rate += s.Rate
 	}
