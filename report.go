@@ -46,6 +46,7 @@ type workerStats struct {
 	emitted      counter // outputs sent downstream
 	retried      counter // retries (attempts after the first)
 	deadLettered counter // items set aside
+	handedBack   counter // of those, items given back to their acknowledged source (WithHandBack)
 	failed       counter // items in flight when the run stopped, or whose error was fatal
 	discarded    counter // items taken but not started (drained budget)
 	peak         counter // largest queue length seen when taking an item
@@ -246,6 +247,10 @@ type StageReport struct {
 	// in the connector's dead-letter table. They are not in In or DeadLettered, which
 	// count the sink's own items (the batches).
 	SetAside int64
+	// HandedBack counts, of DeadLettered, the items a stage with [WithHandBack] gave
+	// back to their acknowledged source ([FromAcked]) for a later delivery, rather than
+	// to a dead-letter destination.
+	HandedBack int64
 
 	QueueCap  int // the capacity of the stage's input queue
 	PeakQueue int // the longest the queue was when a worker took an item (at most QueueCap)
@@ -420,6 +425,7 @@ func (r *run) report(err error, final bool) Report {
 			s.Out += w.emitted.load()
 			s.Retried += w.retried.load()
 			s.DeadLettered += w.deadLettered.load()
+			s.HandedBack += w.handedBack.load()
 			s.Failed += w.failed.load()
 			s.PeakQueue = max(s.PeakQueue, int(w.peak.load()))
 			s.Busy += int(w.busy.load())

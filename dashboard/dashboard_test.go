@@ -155,7 +155,7 @@ func TestJSONSchema(t *testing.T) {
 	stages := pl["stages"].([]any)
 	require.Len(t, stages, len(rep.Stages))
 	stageKeys := []string{
-		"bottleneck", "busy", "causes", "dead_lettered", "errors", "failed", "filtered", "in", "in_flight",
+		"bottleneck", "busy", "causes", "dead_lettered", "errors", "failed", "filtered", "handed_back", "in", "in_flight",
 		"kind", "latency", "limit", "name", "next", "not_started", "out", "queue", "rate_per_second",
 		"recent_latency", "retried", "set_aside", "succeeded", "throttled_seconds", "timeout_seconds", "window", "workers",
 	}

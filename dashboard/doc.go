@@ -88,6 +88,8 @@
 //	      "workers": 16, "busy": 16,
 //	      "in": 1000, "succeeded": 900, "out": 900, "retried": 12,
 //	      "dead_lettered": 3, "failed": 0, "not_started": 0, "filtered": 0,
+//	      "handed_back": 0,                  of dead_lettered, the items given back to their
+//	                                         acknowledged source (pipeline.WithHandBack)
 //	      "set_aside": 0,                    sinks: parts of their items they set aside
 //	                                         themselves (pipeline.SetAside: a database's
 //	                                         rejected rows), not in in or dead_lettered

@@ -83,6 +83,7 @@ type (
 		NotStarted   int64         `json:"not_started"`
 		Filtered     int64         `json:"filtered"`
 		SetAside     int64         `json:"set_aside"`
+		HandedBack   int64         `json:"handed_back"`
 		InFlight     int64         `json:"in_flight"`
 		Window       int64         `json:"window"`
 		Queue        queueJSON     `json:"queue"`
@@ -282,7 +283,7 @@ func newStageJSON(s pipeline.StageReport, bottleneck bool) stageJSON {
 	j := stageJSON{
 		Name: s.Name, Kind: s.Kind, Workers: s.Workers, Busy: s.Busy,
 		In: s.In, Succeeded: s.Succeeded, Out: s.Out, Retried: s.Retried, DeadLettered: s.DeadLettered,
-		Failed: s.Failed, NotStarted: s.NotStarted, Filtered: s.Filtered, SetAside: s.SetAside, InFlight: s.InFlight, Window: s.Window,
+		Failed: s.Failed, NotStarted: s.NotStarted, Filtered: s.Filtered, SetAside: s.SetAside, HandedBack: s.HandedBack, InFlight: s.InFlight, Window: s.Window,
 		Queue:   queueJSON{Len: s.QueueLen, Cap: s.QueueCap, Peak: s.PeakQueue},
 		Rate:    s.Rate,
 		Latency: latencyOf(s.Latency), Recent: latencyOf(s.Recent),
@@ -446,6 +447,9 @@ func nodeLines(s *stageJSON) [4]string {
 		fmt.Fprintf(&b, "ok %s", count(s.Succeeded))
 		if s.DeadLettered > 0 {
 			fmt.Fprintf(&b, " · dead %s", count(s.DeadLettered))
+			if s.HandedBack > 0 { // given back to an acknowledged source, for a later delivery
+				fmt.Fprintf(&b, " (%s handed back)", count(s.HandedBack))
+			}
 		}
 		if s.Failed > 0 {
 			fmt.Fprintf(&b, " · failed %s", count(s.Failed))
