@@ -19,8 +19,10 @@
 //	                 bottleneck highlighted; the run's progress when its sources know
 //	                 their total; small charts of the last minutes (rate, queue fill,
 //	                 p99, retries and dead letters per second, adaptive limit) per
-//	                 stage; the numbers in a table; errors and dead letters by cause,
-//	                 named in words; it updates itself from .../events
+//	                 stage; the numbers in a table; a connector's own counters on its
+//	                 row ([WithRowStats]: a JetStream source's acks, naks and
+//	                 redeliveries); errors and dead letters by cause, named in words;
+//	                 it updates itself from .../events
 //	.../data.json    the same data as JSON, for scripts (the schema is below)
 //	.../events       server-sent events: the page's content, rendered anew each refresh
 //
@@ -115,7 +117,10 @@
 //	      "breaker": {"state": "open", "opened": 1, "open_seconds": 0.75, "held": 40,
 //	                  "transitions": [{"to": "open", "at_seconds": 1.02}]},
 //	                                         WithCircuitBreaker only
-//	      "throttled_seconds": 0             time its workers waited for rate-limit tokens
+//	      "throttled_seconds": 0,            time its workers waited for rate-limit tokens
+//	      "counters": {"acked": 1200, "redelivered": 3}
+//	                                         a connector's counters (WithRowStats) only: the
+//	                                         keys its function returns
 //	    }],
 //	    "history": {                         the run's last minutes (WithHistory), oldest first
 //	      "seconds": [1, 2, 3],              each point's time since the run started

@@ -3,6 +3,7 @@ package dashboard
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -70,36 +71,37 @@ type (
 		Inferred bool   `json:"inferred"`
 	}
 	stageJSON struct {
-		Name         string        `json:"name"`
-		Kind         pipeline.Kind `json:"kind"`
-		Workers      int           `json:"workers"`
-		Busy         int           `json:"busy"`
-		In           int64         `json:"in"`
-		Succeeded    int64         `json:"succeeded"`
-		Out          int64         `json:"out"`
-		Retried      int64         `json:"retried"`
-		DeadLettered int64         `json:"dead_lettered"`
-		Failed       int64         `json:"failed"`
-		NotStarted   int64         `json:"not_started"`
-		Filtered     int64         `json:"filtered"`
-		SetAside     int64         `json:"set_aside"`
-		HandedBack   int64         `json:"handed_back"`
-		InFlight     int64         `json:"in_flight"`
-		Window       int64         `json:"window"`
-		Queue        queueJSON     `json:"queue"`
-		Rate         float64       `json:"rate_per_second"`
-		Latency      latencyJSON   `json:"latency"`
-		Recent       latencyJSON   `json:"recent_latency"`
-		Timeout      float64       `json:"timeout_seconds"`
-		Next         []string      `json:"next"`
-		Bottleneck   bool          `json:"bottleneck"`
-		Flushes      *flushesJSON  `json:"flushes,omitempty"`
-		Errors       []errorJSON   `json:"errors"`
-		Causes       []causeJSON   `json:"causes"`
-		Limit        int           `json:"limit"`
-		LimitHistory []limitJSON   `json:"limit_history,omitempty"`
-		Breaker      *breakerJSON  `json:"breaker,omitempty"`
-		Throttled    float64       `json:"throttled_seconds"`
+		Name         string           `json:"name"`
+		Kind         pipeline.Kind    `json:"kind"`
+		Workers      int              `json:"workers"`
+		Busy         int              `json:"busy"`
+		In           int64            `json:"in"`
+		Succeeded    int64            `json:"succeeded"`
+		Out          int64            `json:"out"`
+		Retried      int64            `json:"retried"`
+		DeadLettered int64            `json:"dead_lettered"`
+		Failed       int64            `json:"failed"`
+		NotStarted   int64            `json:"not_started"`
+		Filtered     int64            `json:"filtered"`
+		SetAside     int64            `json:"set_aside"`
+		HandedBack   int64            `json:"handed_back"`
+		Counters     map[string]int64 `json:"counters,omitempty"`
+		InFlight     int64            `json:"in_flight"`
+		Window       int64            `json:"window"`
+		Queue        queueJSON        `json:"queue"`
+		Rate         float64          `json:"rate_per_second"`
+		Latency      latencyJSON      `json:"latency"`
+		Recent       latencyJSON      `json:"recent_latency"`
+		Timeout      float64          `json:"timeout_seconds"`
+		Next         []string         `json:"next"`
+		Bottleneck   bool             `json:"bottleneck"`
+		Flushes      *flushesJSON     `json:"flushes,omitempty"`
+		Errors       []errorJSON      `json:"errors"`
+		Causes       []causeJSON      `json:"causes"`
+		Limit        int              `json:"limit"`
+		LimitHistory []limitJSON      `json:"limit_history,omitempty"`
+		Breaker      *breakerJSON     `json:"breaker,omitempty"`
+		Throttled    float64          `json:"throttled_seconds"`
 	}
 	limitJSON struct {
 		At     float64 `json:"at_seconds"`
@@ -206,7 +208,7 @@ type edge struct {
 	Inferred bool
 }
 
-func newPipelineView(name string, rep pipeline.Report, hist historyJSON) pipelineView {
+func newPipelineView(name string, rep pipeline.Report, hist historyJSON, counters map[string]map[string]int64) pipelineView {
 	bn := rep.Bottleneck(0)
 	d := pipelineJSON{
 		Name: name, Run: rep.Run, Running: rep.Running, Started: rep.Started, Elapsed: rep.Elapsed.Seconds(),
@@ -229,6 +231,7 @@ func newPipelineView(name string, rep pipeline.Report, hist historyJSON) pipelin
 	for i, s := range rep.Stages {
 		index[s.Name] = i
 		d.Stages[i] = newStageJSON(s, s.Name == bn.Stage)
+		d.Stages[i].Counters = counters[s.Name]
 	}
 	// The edges: the rows each row feeds, where the report knows them; for a row that
 	// can feed something but whose report names nothing, the row after it in the
@@ -430,6 +433,7 @@ func nodeLines(s *stageJSON) [4]string {
 	switch s.Kind {
 	case pipeline.KindSource:
 		l[0] = fmt.Sprintf("out %s · %s", count(s.Out), rate(s.Rate))
+		l[1] = countersLine(s.Counters) // a connector's (WithRowStats)
 	case pipeline.KindFilter:
 		l[0] = fmt.Sprintf("filtered %s", count(s.Filtered))
 		if s.In > 0 { // v0.1 counts only what a filter dropped
@@ -466,8 +470,24 @@ func nodeLines(s *stageJSON) [4]string {
 			l[1] = fmt.Sprintf("%s items in %s batches", count(s.Succeeded), count(s.Out))
 		}
 		l[3] = controlLine(s)
+		if l[3] == "" {
+			l[3] = countersLine(s.Counters)
+		}
 	}
 	return l
+}
+
+// countersLine is a row's connector counters (WithRowStats) in key order:
+// "acked 1,200 · redelivered 3"; "" without.
+func countersLine(c map[string]int64) string {
+	var b strings.Builder
+	for _, k := range slices.Sorted(maps.Keys(c)) {
+		if b.Len() > 0 {
+			b.WriteString(" · ")
+		}
+		fmt.Fprintf(&b, "%s %s", k, count(c[k]))
+	}
+	return b.String()
 }
 
 // controlLine says, in a node, the state of the stage's controls, most telling first
