@@ -61,7 +61,8 @@ type Settlement struct {
 	Delay time.Duration
 }
 
-// AckOption configures an acknowledged source: [FromAcked].
+// AckOption configures an acknowledged source: [FromAcked]. The options:
+// [WithMaxPending] and [WithName].
 type AckOption interface{ ackOption(*config) }
 
 type ackOpt func(*config)

@@ -11,35 +11,46 @@ import (
 // scopes ([WithBuffer], [WithName], [WithTotal], [WithClassifier], [WithErrorBudget],
 // [WithCodec]) returns a concrete type that implements each of their interfaces.
 
-// PipelineOption configures a whole pipeline: [New].
+// PipelineOption configures a whole pipeline: [New]. The options: [WithBuffer] (every
+// stage's default queue), [WithClassifier] and [WithErrorBudget] (every stage's
+// default), [WithObserver] and [WithLogger].
 type PipelineOption interface{ pipelineOption(*config) } //nolint:revive // named for its scope, like StageOption and BatchOption beside it
 
-// StageOption configures a stage: [NewStage], [NewFlatStage], [NewSink].
+// StageOption configures a stage: [NewStage], [NewFlatStage], [NewSink]. The options:
+// for failures, [WithTimeout], [WithRetry], [WithRetryAfterCap], [WithClassifier],
+// [WithDeadLetter], [WithErrorBudget] and [WithHandBack]; for order, [WithOrdered] and
+// [WithKey]; for its queue, [WithBuffer]; for a client of a service,
+// [WithRateLimit], [WithRateLimitPerKey], [WithMaxTokenWait], [WithCircuitBreaker],
+// [WithSharedBreaker] and [WithAdaptiveWorkers].
 type StageOption interface{ stageOption(*config) }
 
-// BatchOption configures [Batch] and [ToBatches].
+// BatchOption configures [Batch] and [ToBatches]. The options: [WithLinger],
+// [WithMaxBytes], [WithBuffer] and [WithName].
 type BatchOption interface{ batchOption(*config) }
 
 // SourceOption configures a source: [FromSlice], [FromSeq], [FromSeq2], [FromChan],
-// [Generate].
+// [Generate]. The options: [WithName] and [WithTotal] (not for FromSlice).
 type SourceOption interface{ sourceOption(*config) }
 
-// CheckpointOption configures a checkpointed source: [FromCheckpoint].
+// CheckpointOption configures a checkpointed source: [FromCheckpoint]. The options:
+// [WithSaveEvery], [WithSaveInterval], [WithMaxRedo], [WithTotal] and [WithName].
 type CheckpointOption interface{ checkpointOption(*config) }
 
-// FilterOption configures [Filter].
+// FilterOption configures [Filter]. The option: [WithName].
 type FilterOption interface{ filterOption(*config) }
 
-// CollectOption configures the end of a pipeline read by [Collect] or [All].
+// CollectOption configures the end of a pipeline read by [Collect] or [All]. The
+// options: [WithBuffer] and [WithName].
 type CollectOption interface{ collectOption(*config) }
 
-// ReplayOption configures [Replay].
+// ReplayOption configures [Replay]. The options: [WithCodec] and [WithName].
 type ReplayOption interface{ replayOption(*config) }
 
-// DeadLetterFileOption configures [OpenDeadLetterFile].
+// DeadLetterFileOption configures [OpenDeadLetterFile]. The options: [WithCodec] and
+// [WithSyncEvery].
 type DeadLetterFileOption interface{ deadLetterFileOption(*config) }
 
-// ReadOption configures [ReadDeadLetters].
+// ReadOption configures [ReadDeadLetters]. The option: [WithCodec].
 type ReadOption interface{ readOption(*config) }
 
 // config is the resolved set of options of a stage, a batch, a source or a pipeline.
