@@ -184,7 +184,6 @@ func newSourceNamed[T any](p *Pipeline, ctor, given string, n *int64, total int6
 			rw.given = *n
 		}
 		rw.declared = total
-		r.addRow(rw)
 		st := &rw.workers[0]
 		pos, bound := noPos, noPos // untracked, unless this is the checkpointed source
 		var track *tracker
@@ -195,6 +194,7 @@ func newSourceNamed[T any](p *Pipeline, ctor, given string, n *int64, total int6
 				rw.resumed.Store(int64(pos))
 			}
 		}
+		r.addRow(rw) // complete: a report may read it from now on
 		var snd sender[T]
 		// received and sent count the items of the current chunk, added to the row's
 		// counters when the chunk is handed on (and when the goroutine ends).
