@@ -61,7 +61,8 @@ type Settlement struct {
 	Delay time.Duration
 }
 
-// AckOption configures an acknowledged source: [FromAcked].
+// AckOption configures an acknowledged source: [FromAcked]. The options:
+// [WithMaxPending] and [WithName].
 type AckOption interface{ ackOption(*config) }
 
 type ackOpt func(*config)
@@ -95,7 +96,8 @@ func WithMaxPending(n int) AckOption {
 // every transient error is handed back at once. The report counts a handed-back item
 // as dead-lettered in the stage's row (it was set aside: to its source), with its error
 // among the causes, so that In = Succeeded + DeadLettered + Failed + NotStarted still
-// holds; the source's [Settlement] tells the two apart. Items of other sources, which
+// holds; the row's [StageReport].HandedBack and the source's [Settlement] tell the two
+// apart. Items of other sources, which
 // cannot be handed back, are dead-lettered as without the option.
 func WithHandBack() StageOption {
 	return stageOpt(func(c *config) { c.handBack = true })

@@ -191,7 +191,55 @@ func TestHandBackDelay(t *testing.T) {
 	assert.Equal(t, pipeline.Committed, got[2].Outcome)
 	rep := p.Report()
 	assert.Equal(t, int64(2), rep.Stages[1].DeadLettered)
+	assert.Equal(t, int64(2), rep.Stages[1].HandedBack)
 	checkAccounting(t, rep)
+}
+
+// TestHandBackCounted: the report counts, of a stage's dead-lettered items, those it
+// handed back to their acknowledged source apart from those its destination took; a
+// stage with WithHandBack fed by another source dead-letters them all.
+func TestHandBackCounted(t *testing.T) {
+	t.Parallel()
+	fn := func(_ context.Context, i int) (int, error) {
+		switch i % 3 {
+		case 0:
+			return 0, pipeline.Transient(errBoom) // handed back
+		case 1:
+			return 0, pipeline.Permanent(errBoom) // an item error: dead-lettered
+		}
+		return i, nil
+	}
+	opts := []pipeline.StageOption{pipeline.WithHandBack(), discardDead[int]()}
+	for _, tc := range []struct {
+		name   string
+		source func(*pipeline.Pipeline) *pipeline.Stream[int]
+		back   int64
+	}{
+		{"FromAcked", func(p *pipeline.Pipeline) *pipeline.Stream[int] {
+			return pipeline.FromAcked(p, ackBody(30, func(int) func(pipeline.Settlement) { return nil }))
+		}, 10},
+		{"FromSlice", func(p *pipeline.Pipeline) *pipeline.Stream[int] {
+			items := make([]int, 30)
+			for i := range items {
+				items[i] = i
+			}
+			return pipeline.FromSlice(p, items)
+		}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			p := pipeline.New()
+			pipeline.To(pipeline.Then(tc.source(p), pipeline.NewStage("work", 2, fn, opts...)),
+				pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+			require.NoError(t, p.Run(t.Context()))
+			rep := p.Report()
+			work := row(t, rep, "work")
+			assert.Equal(t, int64(20), work.DeadLettered, "hand-backs among the dead-lettered")
+			assert.Equal(t, tc.back, work.HandedBack)
+			assert.Zero(t, row(t, rep, "sink").HandedBack)
+			checkAccounting(t, rep)
+		})
+	}
 }
 
 // TestFromAckedWrappedDrainingError: a FromAcked function that wraps emit's error under

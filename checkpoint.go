@@ -199,7 +199,7 @@ func FromCheckpoint[T any](p *Pipeline, store CheckpointStore, from func(ctx con
 		cfg.saveInterval = time.Second
 	}
 	var start func() int64
-	s := newSourceNamed(p, "FromCheckpoint", cfg.name, nil, false, nil, func(ctx context.Context, emit func(T) error) error {
+	s := newSourceNamed(p, "FromCheckpoint", cfg.name, nil, cfg.total, false, nil, func(ctx context.Context, emit func(T) error) error {
 		for v, err := range from(ctx, start()) {
 			if err != nil {
 				return err

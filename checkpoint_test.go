@@ -770,3 +770,35 @@ func TestCheckpointShapesSaveFinalPosition(t *testing.T) {
 		}
 	}
 }
+
+// TestResumedProgress checks that a resumed run's source counts the positions settled
+// by earlier runs, before its start and committed beyond it, as Resumed, so that
+// Resumed + Out reaches the declared total when the run completes.
+func TestResumedProgress(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name      string
+		pos       int64
+		committed []pipeline.PositionRange
+		resumed   int64
+	}{
+		{"first run", 0, nil, 0},
+		{"resumed", 40, nil, 40},
+		{"resumed with commits beyond", 40, []pipeline.PositionRange{{From: 60, To: 70}}, 50},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			store := &crashStore{pos: tc.pos, committed: tc.committed}
+			p := pipeline.New()
+			src := pipeline.FromCheckpoint(p, store, from(100), pipeline.WithTotal(100), pipeline.WithName("read"))
+			pipeline.To(src, pipeline.NewSink("sink", 2, func(context.Context, int) error { return nil }))
+			require.NoError(t, p.Run(t.Context()))
+			read := row(t, p.Report(), "read")
+			assert.Equal(t, int64(100), read.Total)
+			assert.Equal(t, tc.resumed, read.Resumed)
+			assert.Equal(t, 100-tc.resumed, read.Out, "the positions read again")
+			assert.Equal(t, read.Out, read.In, "Resumed is in neither In nor Out")
+			assert.Equal(t, read.Total, read.Resumed+read.Out, "a complete run's progress is its total")
+		})
+	}
+}

@@ -367,7 +367,7 @@ func decodeDeadLetter[T any](b []byte, codec Codec[T]) (DeadLetter[T], error) {
 func Replay[T any](p *Pipeline, path, stage string, opts ...ReplayOption) *Stream[T] {
 	cfg := configure("Replay", opts, ReplayOption.replayOption)
 	codec := codecOf[T]("Replay", cfg)
-	return newSourceNamed(p, "Replay", cfg.name, nil, false, nil, func(ctx context.Context, emit func(T) error) error {
+	return newSourceNamed(p, "Replay", cfg.name, nil, 0, false, nil, func(ctx context.Context, emit func(T) error) error {
 		dls, err := readDeadLetters(path, codec)
 		if err != nil {
 			return err

@@ -97,7 +97,8 @@
 // not compile. An option that fits several scopes returns a concrete type implementing
 // each of them: [WithBuffer] (a pipeline's default, a stage's, a batch's, the end read by
 // [Collect]), [WithName] (the rows that have no name argument: sources, [Batch],
-// [Filter], [Collect] and [All]), [WithClassifier] and [WithErrorBudget] (a pipeline's
+// [Filter], [Collect] and [All]), [WithTotal] (a source's and [FromCheckpoint]'s),
+// [WithClassifier] and [WithErrorBudget] (a pipeline's
 // default, or a stage's own), and [WithCodec]. A nil option panics.
 //
 // # Middleware

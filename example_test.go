@@ -1702,3 +1702,49 @@ func ExampleReport_String() {
 	// save             sink      2         3         3         3        0        0        0        0        0         1/1
 	// dead letters: 1 × *strconv.NumError "invalid syntax"
 }
+
+// This example shows WithTotal declaring the size of an input that its source cannot
+// count, here the lines of a file read by a checkpointed source: a second run, resumed
+// after the first stopped at "c", starts with two lines done, and reports its progress
+// as (Resumed + Out) / Total.
+func ExampleWithTotal() {
+	dir, err := os.MkdirTemp("", "total")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer func() { _ = os.RemoveAll(dir) }()
+	store := pipeline.NewFileCheckpoint(filepath.Join(dir, "position"))
+
+	lines := []string{"a", "b", "c", "d", "e"} // say, a file of 5 lines, counted once by wc -l
+	from := func(_ context.Context, pos int64) iter.Seq2[string, error] {
+		return func(yield func(string, error) bool) {
+			for _, l := range lines[pos:] {
+				if !yield(l, nil) {
+					return
+				}
+			}
+		}
+	}
+	run := func(stopAt string) pipeline.Report {
+		p := pipeline.New()
+		src := pipeline.FromCheckpoint(p, store, from, pipeline.WithName("read"), pipeline.WithTotal(int64(len(lines))))
+		pipeline.To(src, pipeline.NewSink("write", 1, func(_ context.Context, l string) error {
+			if l == stopAt {
+				return errors.New("disk full")
+			}
+			return nil
+		}))
+		_ = p.Run(context.Background())
+		return p.Report()
+	}
+	rep := run("c")
+	fmt.Println("first run:", rep.Err, "at position", rep.Checkpoint)
+	rep = run("")
+	read, _ := rep.Stage("read")
+	fmt.Printf("second run: %d done before, %d read of %d: %.0f %%\n",
+		read.Resumed, read.Out, read.Total, 100*float64(read.Resumed+read.Out)/float64(read.Total))
+	// Output:
+	// first run: pipeline: stage "write": disk full at position 2
+	// second run: 2 done before, 3 read of 5: 100 %
+}

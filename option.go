@@ -8,38 +8,49 @@ import (
 
 // Each scope has its own option interface, so that an option given where it has no
 // meaning is a compile error rather than a silent no-op. An option that fits several
-// scopes ([WithBuffer], [WithName], [WithClassifier], [WithErrorBudget], [WithCodec])
-// returns a concrete type that implements each of their interfaces.
+// scopes ([WithBuffer], [WithName], [WithTotal], [WithClassifier], [WithErrorBudget],
+// [WithCodec]) returns a concrete type that implements each of their interfaces.
 
-// PipelineOption configures a whole pipeline: [New].
+// PipelineOption configures a whole pipeline: [New]. The options: [WithBuffer] (every
+// stage's default queue), [WithClassifier] and [WithErrorBudget] (every stage's
+// default), [WithObserver] and [WithLogger].
 type PipelineOption interface{ pipelineOption(*config) } //nolint:revive // named for its scope, like StageOption and BatchOption beside it
 
-// StageOption configures a stage: [NewStage], [NewFlatStage], [NewSink].
+// StageOption configures a stage: [NewStage], [NewFlatStage], [NewSink]. The options:
+// for failures, [WithTimeout], [WithRetry], [WithRetryAfterCap], [WithClassifier],
+// [WithDeadLetter], [WithErrorBudget] and [WithHandBack]; for order, [WithOrdered] and
+// [WithKey]; for its queue, [WithBuffer]; for a client of a service,
+// [WithRateLimit], [WithRateLimitPerKey], [WithMaxTokenWait], [WithCircuitBreaker],
+// [WithSharedBreaker] and [WithAdaptiveWorkers].
 type StageOption interface{ stageOption(*config) }
 
-// BatchOption configures [Batch] and [ToBatches].
+// BatchOption configures [Batch] and [ToBatches]. The options: [WithLinger],
+// [WithMaxBytes], [WithBuffer] and [WithName].
 type BatchOption interface{ batchOption(*config) }
 
 // SourceOption configures a source: [FromSlice], [FromSeq], [FromSeq2], [FromChan],
-// [Generate].
+// [Generate]. The options: [WithName] and [WithTotal] (not for FromSlice).
 type SourceOption interface{ sourceOption(*config) }
 
-// CheckpointOption configures a checkpointed source: [FromCheckpoint].
+// CheckpointOption configures a checkpointed source: [FromCheckpoint]. The options:
+// [WithSaveEvery], [WithSaveInterval], [WithMaxRedo], [WithTotal] and [WithName].
 type CheckpointOption interface{ checkpointOption(*config) }
 
-// FilterOption configures [Filter].
+// FilterOption configures [Filter]. The option: [WithName].
 type FilterOption interface{ filterOption(*config) }
 
-// CollectOption configures the end of a pipeline read by [Collect] or [All].
+// CollectOption configures the end of a pipeline read by [Collect] or [All]. The
+// options: [WithBuffer] and [WithName].
 type CollectOption interface{ collectOption(*config) }
 
-// ReplayOption configures [Replay].
+// ReplayOption configures [Replay]. The options: [WithCodec] and [WithName].
 type ReplayOption interface{ replayOption(*config) }
 
-// DeadLetterFileOption configures [OpenDeadLetterFile].
+// DeadLetterFileOption configures [OpenDeadLetterFile]. The options: [WithCodec] and
+// [WithSyncEvery].
 type DeadLetterFileOption interface{ deadLetterFileOption(*config) }
 
-// ReadOption configures [ReadDeadLetters].
+// ReadOption configures [ReadDeadLetters]. The option: [WithCodec].
 type ReadOption interface{ readOption(*config) }
 
 // config is the resolved set of options of a stage, a batch, a source or a pipeline.
@@ -66,6 +77,7 @@ type config struct {
 	codec        any // Codec[T], checked by its user
 	syncEvery    int
 	handBack     bool         // WithHandBack (ack.go)
+	total        int64        // WithTotal: the items a source declares it holds, 0 if not declared
 	client       clientConfig // rate limits, circuit breaker, adaptive workers (client.go)
 }
 
@@ -137,6 +149,31 @@ func WithName(name string) NameOption {
 		panic("pipeline: WithName(\"\"): empty name")
 	}
 	return NameOption{name}
+}
+
+// TotalOption is the option [WithTotal] returns: it fits a source ([FromSeq],
+// [FromSeq2], [FromChan], [Generate]) and [FromCheckpoint].
+type TotalOption struct{ n int64 }
+
+func (o TotalOption) sourceOption(c *config)     { c.total = o.n }
+func (o TotalOption) checkpointOption(c *config) { c.total = o.n }
+
+// WithTotal declares how many items a source will yield, for a source that cannot know
+// it ([FromSeq], [FromSeq2], [FromChan], [Generate], [FromCheckpoint]), so that the
+// source's [StageReport].Total, and with it the progress shown by a Snapshot's reader
+// (a progress line, the web view's done / total, percent and ETA), is known. For
+// [FromCheckpoint], n counts every position of the input, those settled by earlier runs
+// included: a resumed run's progress starts at its [StageReport].Resumed.
+//
+// The total is taken as given: it is not checked against the items the source yields,
+// and it changes neither In nor NotStarted, so the report's accounting holds whatever
+// the source does. It panics if n < 1, and [FromSlice], whose total is its length,
+// panics when given it.
+func WithTotal(n int64) TotalOption {
+	if n < 1 {
+		panic(fmt.Sprintf("pipeline: WithTotal(%d): need at least 1", n))
+	}
+	return TotalOption{n}
 }
 
 // ClassifierOption is the option [WithClassifier] returns: it fits [New] (the default

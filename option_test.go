@@ -2,6 +2,9 @@ package pipeline_test
 
 import (
 	"encoding/json"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -24,6 +27,10 @@ var misplaced = []struct{ code, want string }{
 	{`pipeline.New(pipeline.WithLinger(time.Second))`, "PipelineOption"},
 	{`pipeline.New(pipeline.WithSaveEvery(2))`, "PipelineOption"},
 	{`pipeline.New(pipeline.WithName("x"))`, "PipelineOption"},
+	{`pipeline.New(pipeline.WithTotal(3))`, "PipelineOption"},
+	{`pipeline.NewStage("s", 1, fn, pipeline.WithTotal(3))`, "StageOption"},
+	{`pipeline.Batch(src, 2, pipeline.WithTotal(3))`, "BatchOption"},
+	{`pipeline.Collect(ctx, src, pipeline.WithTotal(3))`, "CollectOption"},
 	{`pipeline.NewStage("s", 1, fn, pipeline.WithObserver(func(pipeline.Event) {}))`, "StageOption"},
 	{`pipeline.NewStage("s", 1, fn, pipeline.WithLinger(time.Second))`, "StageOption"},
 	{`pipeline.NewStage("s", 1, fn, pipeline.WithMaxRedo(5))`, "StageOption"},
@@ -50,6 +57,8 @@ const placed = `
 	pipeline.Batch(src, 2, pipeline.WithLinger(time.Second), pipeline.WithBuffer(3), pipeline.WithName("b"), pipeline.WithMaxBytes(9, func(int) int { return 1 }))
 	pipeline.FromCheckpoint(p, store, from, pipeline.WithSaveEvery(2), pipeline.WithMaxRedo(9), pipeline.WithSaveInterval(time.Second), pipeline.WithName("c"))
 	pipeline.FromSlice(p, []int{1}, pipeline.WithName("s"))
+	pipeline.FromCheckpoint(p, store, from, pipeline.WithTotal(3))
+	pipeline.Generate(p, func(context.Context, func(int) error) error { return nil }, pipeline.WithTotal(3))
 	pipeline.Filter(src, keep, pipeline.WithName("f"))
 	pipeline.Collect(ctx, src, pipeline.WithName("out"), pipeline.WithBuffer(3))
 	pipeline.OpenDeadLetterFile[int]("f", pipeline.WithCodec[int](pipeline.JSONCodec[int]{}), pipeline.WithSyncEvery(3))
@@ -132,5 +141,81 @@ func TestMisplacedOptionsDoNotCompile(t *testing.T) {
 		if assert.Truef(t, ok, "%s compiled, want an error\n%s", m.code, out) {
 			assert.Containsf(t, msg, "pipeline."+m.want, "%s", m.code)
 		}
+	}
+}
+
+// TestOptionTypesListTheirOptions checks that the doc comment of each option interface
+// links to exactly the options that satisfy it, read from the package's source: a
+// function whose result is the interface, or a concrete option type with the
+// interface's method.
+func TestOptionTypesListTheirOptions(t *testing.T) {
+	t.Parallel()
+	fset := token.NewFileSet()
+	names, err := filepath.Glob("*.go")
+	require.NoError(t, err)
+	var files []*ast.File
+	for _, name := range names {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, parser.ParseComments)
+		require.NoError(t, err)
+		files = append(files, f)
+	}
+	docs := map[string]string{}         // interface -> its doc comment
+	methods := map[string]string{}      // the interface's unexported method -> interface
+	implements := map[string][]string{} // concrete type -> the methods it has
+	results := map[string]string{}      // exported function -> its result type's name
+	for _, f := range files {
+		for _, d := range f.Decls {
+			switch d := d.(type) {
+			case *ast.GenDecl:
+				for _, sp := range d.Specs {
+					ts, ok := sp.(*ast.TypeSpec)
+					if !ok || !strings.HasSuffix(ts.Name.Name, "Option") {
+						continue
+					}
+					if it, ok := ts.Type.(*ast.InterfaceType); ok && len(it.Methods.List) == 1 {
+						docs[ts.Name.Name] = d.Doc.Text()
+						methods[it.Methods.List[0].Names[0].Name] = ts.Name.Name
+					}
+				}
+			case *ast.FuncDecl:
+				if d.Recv != nil {
+					recv := d.Recv.List[0].Type
+					if id, ok := recv.(*ast.Ident); ok {
+						implements[id.Name] = append(implements[id.Name], d.Name.Name)
+					}
+					continue
+				}
+				if !d.Name.IsExported() || d.Type.Results == nil || len(d.Type.Results.List) != 1 {
+					continue
+				}
+				if id, ok := d.Type.Results.List[0].Type.(*ast.Ident); ok {
+					results[d.Name.Name] = id.Name
+				}
+			}
+		}
+	}
+	require.Contains(t, docs, "StageOption")
+	want := map[string][]string{}
+	for fn, res := range results {
+		if _, ok := docs[res]; ok {
+			want[res] = append(want[res], fn)
+			continue
+		}
+		for _, m := range implements[res] {
+			if in, ok := methods[m]; ok {
+				want[in] = append(want[in], fn)
+			}
+		}
+	}
+	link := regexp.MustCompile(`\[(With\w+)\]`)
+	for in, doc := range docs {
+		var listed []string
+		for _, m := range link.FindAllStringSubmatch(doc, -1) {
+			listed = append(listed, m[1])
+		}
+		assert.ElementsMatchf(t, want[in], listed, "%s's doc comment lists its options", in)
 	}
 }

@@ -802,6 +802,9 @@ func (c *consumer[T]) commit() {
 	if t.deadLettered != 0 {
 		s.deadLettered.add(t.deadLettered)
 	}
+	if t.handedBack != 0 {
+		s.handedBack.add(t.handedBack)
+	}
 	if t.failed != 0 {
 		s.failed.add(t.failed)
 	}

@@ -46,6 +46,7 @@ type workerStats struct {
 	emitted      counter // outputs sent downstream
 	retried      counter // retries (attempts after the first)
 	deadLettered counter // items set aside
+	handedBack   counter // of those, items given back to their acknowledged source (WithHandBack)
 	failed       counter // items in flight when the run stopped, or whose error was fatal
 	discarded    counter // items taken but not started (drained budget)
 	peak         counter // largest queue length seen when taking an item
@@ -68,7 +69,9 @@ type row struct {
 	kind     Kind
 	capacity int
 	q        queueLen
-	given    int64 // items a source holds, -1 when unknown
+	given    int64         // items a source holds, -1 when unknown
+	declared int64         // items a source declared it holds (WithTotal), 0 when not
+	resumed  *atomic.Int64 // the checkpointed source: positions before its start, and those it skipped as committed
 	workers  []workerStats
 	held     func() int64   // ordered stages: items finished but still in the window
 	flushes  *flushCounters // batches: flush reasons
@@ -245,6 +248,10 @@ type StageReport struct {
 	// in the connector's dead-letter table. They are not in In or DeadLettered, which
 	// count the sink's own items (the batches).
 	SetAside int64
+	// HandedBack counts, of DeadLettered, the items a stage with [WithHandBack] gave
+	// back to their acknowledged source ([FromAcked]) for a later delivery, rather than
+	// to a dead-letter destination.
+	HandedBack int64
 
 	QueueCap  int // the capacity of the stage's input queue
 	PeakQueue int // the longest the queue was when a worker took an item (at most QueueCap)
@@ -269,9 +276,16 @@ type StageReport struct {
 	// Max is within the histogram's 12.5 %. It is zero in a final report.
 	Recent Latency
 
-	// Total is, for a source that knows it ([FromSlice]), how many items it holds; 0
-	// when unknown. With the source's Out it gives a run's progress.
+	// Total is, for a source that knows it ([FromSlice]) or declares it ([WithTotal]),
+	// how many items it holds; 0 when unknown. With the source's Resumed and Out it
+	// gives a run's progress: (Resumed + Out) / Total.
 	Total int64
+
+	// Resumed is, for the source of a checkpointed run ([FromCheckpoint]), the
+	// positions settled by earlier runs that this run does not read again: those before
+	// the position it started from, and those committed beyond it ([Commit]) that it
+	// skipped. They are not in In or Out; they count as done in the run's progress.
+	Resumed int64
 
 	Errors []ErrorCount // errors by type and outcome
 
@@ -420,6 +434,7 @@ func (r *run) report(err error, final bool) Report {
 			s.Out += w.emitted.load()
 			s.Retried += w.retried.load()
 			s.DeadLettered += w.deadLettered.load()
+			s.HandedBack += w.handedBack.load()
 			s.Failed += w.failed.load()
 			s.PeakQueue = max(s.PeakQueue, int(w.peak.load()))
 			s.Busy += int(w.busy.load())
@@ -435,6 +450,11 @@ func (r *run) report(err error, final bool) Report {
 			if rw.given >= 0 {
 				s.In, s.Total = rw.given, rw.given
 				s.NotStarted += rw.given - received
+			} else {
+				s.Total = rw.declared
+			}
+			if rw.resumed != nil {
+				s.Resumed = rw.resumed.Load()
 			}
 			if final {
 				s.Failed = received - discarded - s.Succeeded // an inline operator after it panicked

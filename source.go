@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"sync/atomic"
 )
 
 // errDraining is what a source's emit returns once a drained budget has tripped.
@@ -153,7 +154,7 @@ func Generate[T any](p *Pipeline, fn func(ctx context.Context, emit func(T) erro
 // in coming.
 func newSource[T any](p *Pipeline, ctor string, opts []SourceOption, given *int64, chunked bool, body func(ctx context.Context, emit func(T) error) error) *Stream[T] {
 	cfg := configure(ctor, opts, SourceOption.sourceOption)
-	return newSourceNamed(p, ctor, cfg.name, given, chunked, nil, body)
+	return newSourceNamed(p, ctor, cfg.name, given, cfg.total, chunked, nil, body)
 }
 
 // newSourceOf is newSource for a source of the items of a slice (chunked): when its
@@ -161,12 +162,16 @@ func newSource[T any](p *Pipeline, ctor string, opts []SourceOption, given *int6
 // go on a chunk at a time, with no call per item; otherwise body emits them.
 func newSourceOf[T any](p *Pipeline, ctor string, opts []SourceOption, given *int64, items []T, body func(ctx context.Context, emit func(T) error) error) *Stream[T] {
 	cfg := configure(ctor, opts, SourceOption.sourceOption)
-	return newSourceNamed(p, ctor, cfg.name, given, true, items, body)
+	if cfg.total != 0 {
+		panic(fmt.Sprintf("pipeline: %s: WithTotal: the source's total is its length", ctor))
+	}
+	return newSourceNamed(p, ctor, cfg.name, given, 0, true, items, body)
 }
 
 // newSourceNamed is newSource with the name already chosen by options; items are the
 // source's items, if it is a slice's (newSourceOf; an empty one emits nothing either way).
-func newSourceNamed[T any](p *Pipeline, ctor, given string, n *int64, chunked bool, items []T, body func(ctx context.Context, emit func(T) error) error) *Stream[T] {
+// total is the total declared by WithTotal, 0 if none.
+func newSourceNamed[T any](p *Pipeline, ctor, given string, n *int64, total int64, chunked bool, items []T, body func(ctx context.Context, emit func(T) error) error) *Stream[T] {
 	if p == nil {
 		panic(fmt.Sprintf("pipeline: %s: nil *Pipeline", ctor))
 	}
@@ -178,13 +183,18 @@ func newSourceNamed[T any](p *Pipeline, ctor, given string, n *int64, chunked bo
 		if n != nil {
 			rw.given = *n
 		}
-		r.addRow(rw)
+		rw.declared = total
 		st := &rw.workers[0]
 		pos, bound := noPos, noPos // untracked, unless this is the checkpointed source
 		var track *tracker
 		if r.track != nil && r.track.source == s {
 			track, pos, bound = r.track, r.track.start, 0
+			if r.p.ck != nil { // a checkpoint's, not an acknowledged source's
+				rw.resumed = &atomic.Int64{}
+				rw.resumed.Store(int64(pos))
+			}
 		}
+		r.addRow(rw) // complete: a report may read it from now on
 		var snd sender[T]
 		// received and sent count the items of the current chunk, added to the row's
 		// counters when the chunk is handed on (and when the goroutine ends).
@@ -214,6 +224,9 @@ func newSourceNamed[T any](p *Pipeline, ctor, given string, n *int64, chunked bo
 			}
 			if track != nil && track.skipped(pos) { // committed in an earlier run (commit.go)
 				pos++
+				if rw.resumed != nil {
+					rw.resumed.Add(1)
+				}
 				return nil
 			}
 			if pos >= bound && track != nil { // WithMaxRedo: wait for a save

@@ -334,7 +334,7 @@ func To[T any](s *Stream[T], sink *Stage[T, struct{}]) {
 // worker, during a run of items, and only in worker.end. An item costs no locked
 // instruction: the tally is added to the row's statistics once per run, and before the
 // goroutine waits.
-type tally struct{ succeeded, emitted, retried, deadLettered, failed, discarded int64 }
+type tally struct{ succeeded, emitted, retried, deadLettered, handedBack, failed, discarded int64 }
 
 // worker is one goroutine of a stage in one run.
 type worker[In, Out any] struct {
@@ -646,6 +646,9 @@ func (w *worker[In, Out]) endOther(o outcome, n int, err error) error {
 			w.r.track.ackDone(w.pos, w.f.mark) // ack.go
 		}
 		w.t.deadLettered++ // a hand-back too: the Settlement tells the two apart
+		if o == handedBack {
+			w.t.handedBack++ // of those dead-lettered, for the report's HandedBack
+		}
 		w.inHand = false
 		typ := errTypeName(err)
 		w.row.addCause(typ, causeMessage(err))

@@ -484,3 +484,62 @@ func TestReportWords(t *testing.T) {
 	assert.Contains(t, rep.String(), "\nbatch: 3 batches: 2 full,")
 	assert.NotContains(t, rep.String(), "batch batch")
 }
+
+// TestDeclaredTotal checks that a source that cannot know its total reports the one
+// WithTotal declares, and that the declared total, even a wrong one, leaves In and
+// NotStarted to what the source yielded.
+func TestDeclaredTotal(t *testing.T) {
+	t.Parallel()
+	seq := func(yield func(int) bool) {
+		for i := range 7 {
+			if !yield(i) {
+				return
+			}
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		source func(*pipeline.Pipeline) *pipeline.Stream[int]
+		total  int64
+	}{
+		{"FromSeq exact", func(p *pipeline.Pipeline) *pipeline.Stream[int] {
+			return pipeline.FromSeq(p, seq, pipeline.WithTotal(7), pipeline.WithName("src"))
+		}, 7},
+		{"FromSeq too many", func(p *pipeline.Pipeline) *pipeline.Stream[int] {
+			return pipeline.FromSeq(p, seq, pipeline.WithTotal(10), pipeline.WithName("src"))
+		}, 10},
+		{"Generate", func(p *pipeline.Pipeline) *pipeline.Stream[int] {
+			return pipeline.Generate(p, func(_ context.Context, emit func(int) error) error {
+				for i := range 7 {
+					if err := emit(i); err != nil {
+						return err
+					}
+				}
+				return nil
+			}, pipeline.WithTotal(5), pipeline.WithName("src"))
+		}, 5},
+		{"undeclared", func(p *pipeline.Pipeline) *pipeline.Stream[int] {
+			return pipeline.FromSeq(p, seq, pipeline.WithName("src"))
+		}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			p := pipeline.New()
+			pipeline.To(tc.source(p), pipeline.NewSink("sink", 2, func(context.Context, int) error { return nil }))
+			require.NoError(t, p.Run(t.Context()))
+			rep := p.Report()
+			src := row(t, rep, "src")
+			assert.Equal(t, tc.total, src.Total)
+			assert.Equal(t, int64(7), src.In, "In counts what the source yielded")
+			assert.Zero(t, src.NotStarted)
+			assert.Zero(t, src.Resumed, "only a checkpointed source resumes")
+			checkReport(t, rep)
+		})
+	}
+}
+
+func TestDeclaredTotalMisuse(t *testing.T) {
+	t.Parallel()
+	assertPanicsPipeline(t, func() { pipeline.WithTotal(0) })
+	assertPanicsPipeline(t, func() { pipeline.FromSlice(pipeline.New(), []int{1, 2}, pipeline.WithTotal(2)) })
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"html/template"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -77,11 +78,44 @@ type Handler struct {
 }
 
 // entry is one named pipeline; snap is its Snapshot method (a counter in tests); hist
-// is its history, written only by take (under Handler.refresh).
+// is its history, written only by take (under Handler.refresh); rows are the counters
+// of connectors shown on its rows (WithRowStats).
 type entry struct {
 	name string
 	snap func() pipeline.Report
 	hist *history
+	rows []rowStats
+}
+
+// AddOption configures a pipeline shown by [Handler.Add]: [WithRowStats].
+type AddOption interface{ addOption(*entry) }
+
+// rowStats is the option WithRowStats returns.
+type rowStats struct {
+	row   string
+	stats func() map[string]int64
+}
+
+func (o rowStats) addOption(e *entry) { e.rows = append(e.rows, o) }
+
+// WithRowStats shows, on the row named row of the pipeline given to [Handler.Add], the
+// counters that stats returns: a connector's figures that the pipeline's report does
+// not know, such as the acks, naks and redeliveries of a JetStream source (its Stats)
+// or the rows a database sink wrote and rejected. Each key names a counter; the page
+// shows them in key order on the row's node and in a table of connector counters, and
+// data.json as the stage's "counters". Give it once per row (a second one for the same
+// row adds its counters, the later value winning for a key both return).
+//
+// stats is called once per refresh, from the handler's refresher or a request, while
+// the pipeline runs: it must be safe for concurrent use and return at once (read
+// atomics, not a server); the handler copies what it returns. A row the report does
+// not have (before the first run, or a name the pipeline does not use) shows nothing.
+// It panics if row is empty or stats is nil.
+func WithRowStats(row string, stats func() map[string]int64) AddOption {
+	if row == "" || stats == nil {
+		panic(fmt.Sprintf("dashboard: WithRowStats(%q, %p): need a row name and a function", row, stats))
+	}
+	return rowStats{row, stats}
 }
 
 // New returns a handler with no pipeline; add them with [Handler.Add].
@@ -103,17 +137,25 @@ func New(opts ...Option) *Handler {
 // per job can show the current one). The pipeline may be running or not: between runs
 // the view shows the last run's report. With history (the default, see [WithHistory]),
 // the first Add starts the handler's background refresh, which [Handler.Close] stops.
-// Add is safe to call at any time; it panics if p is nil or name is empty.
-func (h *Handler) Add(name string, p *pipeline.Pipeline) {
+// Options ([WithRowStats]) add what the report does not know. Add is safe to call at
+// any time; it panics if p is nil, name is empty or an option is nil.
+func (h *Handler) Add(name string, p *pipeline.Pipeline, opts ...AddOption) {
 	if p == nil {
 		panic(fmt.Sprintf("dashboard: Add(%q, nil)", name))
 	}
-	h.add(name, p.Snapshot)
+	h.add(name, p.Snapshot, opts...)
 }
 
-func (h *Handler) add(name string, snap func() pipeline.Report) {
+func (h *Handler) add(name string, snap func() pipeline.Report, opts ...AddOption) {
 	if name == "" {
 		panic("dashboard: Add with an empty name")
+	}
+	e := entry{name: name, snap: snap, hist: newHistory(h.points)}
+	for i, o := range opts {
+		if o == nil {
+			panic(fmt.Sprintf("dashboard: Add(%q): option %d of %d is nil", name, i+1, len(opts)))
+		}
+		o.addOption(&e)
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -122,10 +164,10 @@ func (h *Handler) add(name string, snap func() pipeline.Report) {
 		h.startRefresher()
 	}
 	if i := slices.IndexFunc(h.pipes, func(e entry) bool { return e.name == name }); i >= 0 {
-		h.pipes[i].snap, h.pipes[i].hist = snap, newHistory(h.points)
+		h.pipes[i] = e
 		return
 	}
-	h.pipes = append(h.pipes, entry{name, snap, newHistory(h.points)})
+	h.pipes = append(h.pipes, e)
 }
 
 // Close ends every events stream now and for good (the page then shows that it is
@@ -332,7 +374,7 @@ func (h *Handler) take(maxAge time.Duration) *frame {
 	for i, e := range pipes {
 		rep := e.snap()
 		e.hist.add(rep)
-		f.Views[i] = newPipelineView(e.name, rep, e.hist.view())
+		f.Views[i] = newPipelineView(e.name, rep, e.hist.view(), e.counters())
 	}
 	h.mu.Lock()
 	h.latest = f
@@ -341,6 +383,23 @@ func (h *Handler) take(maxAge time.Duration) *frame {
 		close(old.next)
 	}
 	return f
+}
+
+// counters returns the counters of WithRowStats, by row; nil without.
+func (e *entry) counters() map[string]map[string]int64 {
+	if len(e.rows) == 0 {
+		return nil
+	}
+	m := make(map[string]map[string]int64, len(e.rows))
+	for _, rs := range e.rows {
+		c := m[rs.row]
+		if c == nil {
+			c = map[string]int64{}
+			m[rs.row] = c
+		}
+		maps.Copy(c, rs.stats())
+	}
+	return m
 }
 
 // frame is one refresh: a snapshot of every pipeline, encoded at most once for all

@@ -155,7 +155,7 @@ func TestJSONSchema(t *testing.T) {
 	stages := pl["stages"].([]any)
 	require.Len(t, stages, len(rep.Stages))
 	stageKeys := []string{
-		"bottleneck", "busy", "causes", "dead_lettered", "errors", "failed", "filtered", "in", "in_flight",
+		"bottleneck", "busy", "causes", "dead_lettered", "errors", "failed", "filtered", "handed_back", "in", "in_flight",
 		"kind", "latency", "limit", "name", "next", "not_started", "out", "queue", "rate_per_second",
 		"recent_latency", "retried", "set_aside", "succeeded", "throttled_seconds", "timeout_seconds", "window", "workers",
 	}
@@ -221,7 +221,7 @@ func TestEdges(t *testing.T) {
 	pipeline.ToBatches(ts[1], 2, pipeline.NewSink("s1", 1, func(context.Context, []int) error { return nil }))
 	require.NoError(t, p.Run(t.Context()))
 	rep := p.Report()
-	v := newPipelineView("x", rep, historyJSON{})
+	v := newPipelineView("x", rep, historyJSON{}, nil)
 	var got []string
 	for _, e := range v.Data.Edges {
 		s := e.From + "->" + e.To
@@ -441,8 +441,9 @@ func TestSchemaDocumented(t *testing.T) {
 	c.rep.Stages[1].LimitHistory = []pipeline.LimitChange{{At: time.Second, Limit: 1, Reason: "latency"}}
 	c.rep.Stages[1].OldestAttempt = time.Second
 	c.rep.Stages[1].Breaker = &pipeline.BreakerReport{State: pipeline.BreakerOpen, Transitions: []pipeline.BreakerTransition{{To: pipeline.BreakerOpen}}}
+	c.rep.Stages[0].Resumed = 2 // a resumed checkpointed run
 	h := newHandler(t)
-	h.add("p", c.snapshot)
+	h.add("p", c.snapshot, WithRowStats(c.rep.Stages[0].Name, func() map[string]int64 { return map[string]int64{"acked": 1, "redelivered": 0} }))
 	var d any
 	require.NoError(t, json.Unmarshal([]byte(body(t, get(t, h, "GET", "/data.json"))), &d))
 	served := map[string]bool{}
@@ -462,4 +463,55 @@ func TestSchemaDocumented(t *testing.T) {
 	}
 	walk(d)
 	assert.Equal(t, slices.Sorted(maps.Keys(documented)), slices.Sorted(maps.Keys(served)))
+}
+
+// TestRowStats: the counters of WithRowStats show on their row's node, in the table of
+// connector counters and in data.json, merged when a row has two; a row the report
+// does not have shows nothing, and Add under the same name drops the old counters.
+func TestRowStats(t *testing.T) {
+	t.Parallel()
+	c := newCounter()
+	calls := 0
+	h := newHandler(t, WithHistory(0))
+	h.add("p", c.snapshot,
+		WithRowStats("FromSlice", func() map[string]int64 { calls++; return map[string]int64{"redelivered": 3, "acked": 1200} }),
+		WithRowStats("FromSlice", func() map[string]int64 { return map[string]int64{"naks": 2} }),
+		WithRowStats("work", func() map[string]int64 { return map[string]int64{"rows written": 9} }),
+		WithRowStats("nowhere", func() map[string]int64 { return map[string]int64{"lost": 1} }))
+	page := body(t, get(t, h, "GET", "/"))
+	assert.Contains(t, page, ">acked 1,200 · naks 2 · redelivered 3</text>", "the source's node")
+	assert.Contains(t, page, ">rows written 9</text>", "a stage's node, with no control to show")
+	assert.Contains(t, page, `<tr data-stage="FromSlice"><td class="l">FromSlice</td><td class="l" data-field="counters">acked 1,200 · naks 2 · redelivered 3</td></tr>`)
+	assert.NotContains(t, page, "lost")
+	var d struct {
+		Pipelines []struct {
+			Stages []struct {
+				Name     string
+				Counters map[string]int64
+			}
+		}
+	}
+	require.NoError(t, json.Unmarshal([]byte(body(t, get(t, h, "GET", "/data.json"))), &d))
+	got := map[string]map[string]int64{}
+	for _, s := range d.Pipelines[0].Stages {
+		if s.Counters != nil {
+			got[s.Name] = s.Counters
+		}
+	}
+	assert.Equal(t, map[string]map[string]int64{
+		"FromSlice": {"acked": 1200, "naks": 2, "redelivered": 3},
+		"work":      {"rows written": 9},
+	}, got)
+	assert.Positive(t, calls)
+
+	h.add("p", c.snapshot) // replaced: without counters
+	assert.NotContains(t, body(t, get(t, h, "GET", "/")), "connector counters")
+}
+
+func TestRowStatsMisuse(t *testing.T) {
+	t.Parallel()
+	assert.Panics(t, func() { WithRowStats("", func() map[string]int64 { return nil }) })
+	assert.Panics(t, func() { WithRowStats("read", nil) })
+	h := newHandler(t, WithHistory(0))
+	assert.PanicsWithValue(t, `dashboard: Add("p"): option 1 of 1 is nil`, func() { h.Add("p", pipeline.New(), nil) })
 }

@@ -19,8 +19,10 @@
 //	                 bottleneck highlighted; the run's progress when its sources know
 //	                 their total; small charts of the last minutes (rate, queue fill,
 //	                 p99, retries and dead letters per second, adaptive limit) per
-//	                 stage; the numbers in a table; errors and dead letters by cause,
-//	                 named in words; it updates itself from .../events
+//	                 stage; the numbers in a table; a connector's own counters on its
+//	                 row ([WithRowStats]: a JetStream source's acks, naks and
+//	                 redeliveries); errors and dead letters by cause, named in words;
+//	                 it updates itself from .../events
 //	.../data.json    the same data as JSON, for scripts (the schema is below)
 //	.../events       server-sent events: the page's content, rendered anew each refresh
 //
@@ -75,9 +77,12 @@
 //	    "started": "...", "elapsed_seconds": 12.5,  started: absent before the first run
 //	    "error": "...",                      the run's error, only when it has one
 //	    "checkpoint": 1200,                  checkpointed runs only: the position saved
-//	    "progress": {"read": 6000, "total": 10000, "fraction": 0.6, "eta_seconds": 5.1},
-//	                                         only when every source knows its total (FromSlice):
-//	                                         items the sources read; eta only while running
+//	    "progress": {"read": 6000, "resumed": 4000, "total": 10000, "fraction": 0.6, "eta_seconds": 5.1},
+//	                                         only when every source knows its total (FromSlice)
+//	                                         or declares it (WithTotal): items the sources read,
+//	                                         resumed included (a checkpointed run's positions
+//	                                         done before it started, only when there are some);
+//	                                         eta only while running
 //	    "bottleneck": {"stage": "fetch", "why": "...", "workers": 16, "warnings": []},
 //	    "edges": [{"from": "fetch", "to": "save", "inferred": false}],
 //	    "stages": [{                         in the order of the report
@@ -85,6 +90,8 @@
 //	      "workers": 16, "busy": 16,
 //	      "in": 1000, "succeeded": 900, "out": 900, "retried": 12,
 //	      "dead_lettered": 3, "failed": 0, "not_started": 0, "filtered": 0,
+//	      "handed_back": 0,                  of dead_lettered, the items given back to their
+//	                                         acknowledged source (pipeline.WithHandBack)
 //	      "set_aside": 0,                    sinks: parts of their items they set aside
 //	                                         themselves (pipeline.SetAside: a database's
 //	                                         rejected rows), not in in or dead_lettered
@@ -112,7 +119,10 @@
 //	      "breaker": {"state": "open", "opened": 1, "open_seconds": 0.75, "held": 40,
 //	                  "transitions": [{"to": "open", "at_seconds": 1.02}]},
 //	                                         WithCircuitBreaker only
-//	      "throttled_seconds": 0             time its workers waited for rate-limit tokens
+//	      "throttled_seconds": 0,            time its workers waited for rate-limit tokens
+//	      "counters": {"acked": 1200, "redelivered": 3}
+//	                                         a connector's counters (WithRowStats) only: the
+//	                                         keys its function returns
 //	    }],
 //	    "history": {                         the run's last minutes (WithHistory), oldest first
 //	      "seconds": [1, 2, 3],              each point's time since the run started

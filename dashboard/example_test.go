@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"sync/atomic"
 	"time"
 
 	"github.com/gopipeline/pipeline"
@@ -193,4 +194,55 @@ func ExampleWithHistory() {
 	// FromSlice: 1 rates, 0 p99s
 	// call: 1 rates, 1 p99s
 	// save: 1 rates, 1 p99s
+}
+
+// This example shows WithRowStats putting a connector's own counters, here the rows a
+// database sink wrote and rejected, on the row of its stage: on the page and in
+// data.json as the stage's "counters".
+func ExampleWithRowStats() {
+	var written, rejected atomic.Int64 // a connector's counters, read while it runs
+	p := pipeline.New()
+	batches := pipeline.Batch(pipeline.FromSlice(p, []int{1, 2, 3, 4, 5}), 5)
+	pipeline.To(batches, pipeline.NewSink("save", 1, func(_ context.Context, rows []int) error {
+		for _, r := range rows {
+			if r == 4 {
+				rejected.Add(1) // say, a row the database refused
+				continue
+			}
+			written.Add(1)
+		}
+		return nil
+	}))
+
+	h := dashboard.New(dashboard.WithHistory(0))
+	defer h.Close()
+	h.Add("import", p, dashboard.WithRowStats("save", func() map[string]int64 {
+		return map[string]int64{"rows written": written.Load(), "rows rejected": rejected.Load()}
+	}))
+	if err := p.Run(context.Background()); err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/debug/pipeline/data.json", nil))
+	var data struct {
+		Pipelines []struct {
+			Stages []struct {
+				Name     string
+				Counters map[string]int64
+			}
+		}
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &data); err != nil {
+		fmt.Println(err)
+		return
+	}
+	for _, s := range data.Pipelines[0].Stages {
+		if s.Counters != nil {
+			fmt.Println(s.Name, s.Counters)
+		}
+	}
+	// Output:
+	// save map[rows rejected:1 rows written:4]
 }

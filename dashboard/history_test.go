@@ -247,7 +247,8 @@ func TestJSONControls(t *testing.T) {
 	w.Throttled = 1500 * time.Millisecond
 	w.Recent = pipeline.Latency{Count: 4, P50: time.Millisecond, P90: 2 * time.Millisecond, P99: 3 * time.Millisecond, Max: 3 * time.Millisecond}
 	w.Causes = []pipeline.Cause{{Type: "*net.OpError", Message: "connection reset", Count: 2}}
-	c.rep.Stages[2].SetAside = 5 // a database's rejected rows, set aside by the sink
+	c.rep.Stages[2].SetAside = 5        // a database's rejected rows, set aside by the sink
+	w.DeadLettered, w.HandedBack = 4, 3 // 3 given back to an acknowledged source
 	h := newHandler(t)
 	h.add("p", c.snapshot)
 	var d struct {
@@ -260,6 +261,7 @@ func TestJSONControls(t *testing.T) {
 				Recent       latencyJSON `json:"recent_latency"`
 				Causes       []causeJSON
 				SetAside     int64 `json:"set_aside"`
+				HandedBack   int64 `json:"handed_back"`
 			}
 		}
 	}
@@ -275,7 +277,30 @@ func TestJSONControls(t *testing.T) {
 	assert.Equal(t, latencyJSON{Count: 4, P50: 0.001, P90: 0.002, P99: 0.003, Max: 0.003}, s.Recent)
 	assert.Equal(t, []causeJSON{{Type: "*net.OpError", Name: "network error", Message: "connection reset", Count: 2}}, s.Causes)
 	assert.Equal(t, int64(5), d.Pipelines[0].Stages[2].SetAside)
+	assert.Equal(t, int64(3), s.HandedBack)
+	assert.Zero(t, d.Pipelines[0].Stages[2].HandedBack)
+	assert.Contains(t, body(t, get(t, h, "GET", "/")), " · dead 4 (3 handed back)", "the stage's node")
 	assert.Contains(t, body(t, get(t, h, "GET", "/")), "ok 3 · set aside 5</text>", "the sink's node")
 	assert.Nil(t, d.Pipelines[0].Stages[2].Breaker, "none without WithCircuitBreaker")
 	assert.Nil(t, d.Pipelines[0].Stages[2].LimitHistory, "none without WithAdaptiveWorkers")
+}
+
+// TestProgressResumed: a resumed checkpointed run's progress counts the positions done
+// before it started, on the page and in data.json.
+func TestProgressResumed(t *testing.T) {
+	t.Parallel()
+	rep := reportOf(pipeline.NewStage("work", 2, func(_ context.Context, n int) (int, error) { return n, nil }))
+	src := &rep.Stages[0]
+	src.Total, src.Resumed, src.Out, src.Rate = 1000, 400, 100, 50
+	h := newHandler(t)
+	h.add("resumed", func() pipeline.Report { return rep })
+	page := body(t, get(t, h, "GET", "/"))
+	assert.Contains(t, page, "read 500 of 1,000 (50 %) · 400 of them before this run · about 10s left")
+	var d struct {
+		Pipelines []struct{ Progress progressJSON }
+	}
+	require.NoError(t, json.Unmarshal([]byte(body(t, get(t, h, "GET", "/data.json"))), &d))
+	require.Len(t, d.Pipelines, 1)
+	eta := 10.0
+	assert.Equal(t, progressJSON{Read: 500, Resumed: 400, Total: 1000, Fraction: 0.5, ETA: &eta}, d.Pipelines[0].Progress)
 }

@@ -22,6 +22,8 @@ var (
 		"causes":    hasCauses,
 		"errors":    hasErrors,
 		"controls":  hasControls,
+		"counters":  hasCounters,
+		"countLine": countersLine,
 		"batchRate": batchRate,
 		"pct":       func(f float64) string { return strconv.FormatFloat(math.Floor(f*1000)/10, 'f', -1, 64) },
 		"last":      func(h []limitJSON) limitJSON { return h[len(h)-1] },
@@ -42,6 +44,15 @@ func hasErrors(d pipelineJSON) bool {
 func hasControls(d pipelineJSON) bool {
 	for _, s := range d.Stages {
 		if s.Breaker != nil || s.LimitHistory != nil || s.Throttled > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func hasCounters(d pipelineJSON) bool {
+	for _, s := range d.Stages {
+		if len(s.Counters) > 0 {
 			return true
 		}
 	}

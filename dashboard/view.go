@@ -3,6 +3,7 @@ package dashboard
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -40,6 +41,7 @@ type (
 	}
 	progressJSON struct {
 		Read     int64    `json:"read"`
+		Resumed  int64    `json:"resumed,omitempty"`
 		Total    int64    `json:"total"`
 		Fraction float64  `json:"fraction"`
 		ETA      *float64 `json:"eta_seconds,omitempty"`
@@ -69,36 +71,38 @@ type (
 		Inferred bool   `json:"inferred"`
 	}
 	stageJSON struct {
-		Name         string        `json:"name"`
-		Kind         pipeline.Kind `json:"kind"`
-		Workers      int           `json:"workers"`
-		Busy         int           `json:"busy"`
-		In           int64         `json:"in"`
-		Succeeded    int64         `json:"succeeded"`
-		Out          int64         `json:"out"`
-		Retried      int64         `json:"retried"`
-		DeadLettered int64         `json:"dead_lettered"`
-		Failed       int64         `json:"failed"`
-		NotStarted   int64         `json:"not_started"`
-		Filtered     int64         `json:"filtered"`
-		SetAside     int64         `json:"set_aside"`
-		InFlight     int64         `json:"in_flight"`
-		Window       int64         `json:"window"`
-		Queue        queueJSON     `json:"queue"`
-		Rate         float64       `json:"rate_per_second"`
-		Latency      latencyJSON   `json:"latency"`
-		Recent       latencyJSON   `json:"recent_latency"`
-		Timeout      float64       `json:"timeout_seconds"`
-		Oldest       float64       `json:"oldest_attempt_seconds,omitempty"`
-		Next         []string      `json:"next"`
-		Bottleneck   bool          `json:"bottleneck"`
-		Flushes      *flushesJSON  `json:"flushes,omitempty"`
-		Errors       []errorJSON   `json:"errors"`
-		Causes       []causeJSON   `json:"causes"`
-		Limit        int           `json:"limit"`
-		LimitHistory []limitJSON   `json:"limit_history,omitempty"`
-		Breaker      *breakerJSON  `json:"breaker,omitempty"`
-		Throttled    float64       `json:"throttled_seconds"`
+		Name         string           `json:"name"`
+		Kind         pipeline.Kind    `json:"kind"`
+		Workers      int              `json:"workers"`
+		Busy         int              `json:"busy"`
+		In           int64            `json:"in"`
+		Succeeded    int64            `json:"succeeded"`
+		Out          int64            `json:"out"`
+		Retried      int64            `json:"retried"`
+		DeadLettered int64            `json:"dead_lettered"`
+		Failed       int64            `json:"failed"`
+		NotStarted   int64            `json:"not_started"`
+		Filtered     int64            `json:"filtered"`
+		SetAside     int64            `json:"set_aside"`
+		HandedBack   int64            `json:"handed_back"`
+		Counters     map[string]int64 `json:"counters,omitempty"`
+		InFlight     int64            `json:"in_flight"`
+		Window       int64            `json:"window"`
+		Queue        queueJSON        `json:"queue"`
+		Rate         float64          `json:"rate_per_second"`
+		Latency      latencyJSON      `json:"latency"`
+		Recent       latencyJSON      `json:"recent_latency"`
+		Timeout      float64          `json:"timeout_seconds"`
+		Oldest       float64          `json:"oldest_attempt_seconds,omitempty"`
+		Next         []string         `json:"next"`
+		Bottleneck   bool             `json:"bottleneck"`
+		Flushes      *flushesJSON     `json:"flushes,omitempty"`
+		Errors       []errorJSON      `json:"errors"`
+		Causes       []causeJSON      `json:"causes"`
+		Limit        int              `json:"limit"`
+		LimitHistory []limitJSON      `json:"limit_history,omitempty"`
+		Breaker      *breakerJSON     `json:"breaker,omitempty"`
+		Throttled    float64          `json:"throttled_seconds"`
 	}
 	limitJSON struct {
 		At     float64 `json:"at_seconds"`
@@ -206,7 +210,7 @@ type edge struct {
 	Inferred bool
 }
 
-func newPipelineView(name string, rep pipeline.Report, hist historyJSON) pipelineView {
+func newPipelineView(name string, rep pipeline.Report, hist historyJSON, counters map[string]map[string]int64) pipelineView {
 	bn := rep.Bottleneck(0)
 	d := pipelineJSON{
 		Name: name, Run: rep.Run, Running: rep.Running, Started: rep.Started, Elapsed: rep.Elapsed.Seconds(),
@@ -229,6 +233,7 @@ func newPipelineView(name string, rep pipeline.Report, hist historyJSON) pipelin
 	for i, s := range rep.Stages {
 		index[s.Name] = i
 		d.Stages[i] = newStageJSON(s, s.Name == bn.Stage)
+		d.Stages[i].Counters = counters[s.Name]
 	}
 	// The edges: the rows each row feeds, where the report knows them; for a row that
 	// can feed something but whose report names nothing, the row after it in the
@@ -249,9 +254,10 @@ func newPipelineView(name string, rep pipeline.Report, hist historyJSON) pipelin
 	return v
 }
 
-// progressOf returns the run's progress when every source knows its items, else nil:
-// the items the sources read of their total, and, while the run is in progress, the
-// time left at their recent rate.
+// progressOf returns the run's progress when every source knows or declares its
+// items, else nil: the items the sources read of their total (with the positions a
+// resumed checkpointed run counts as done before its start), and, while the run is in
+// progress, the time left at their recent rate.
 func progressOf(rep pipeline.Report) *progressJSON {
 	var p progressJSON
 	var rate float64
@@ -262,7 +268,8 @@ func progressOf(rep pipeline.Report) *progressJSON {
 		if s.Total <= 0 {
 			return nil
 		}
-		p.Read += s.Out
+		p.Read += s.Resumed + s.Out
+		p.Resumed += s.Resumed
 		p.Total += s.Total
 		rate += s.Rate
 	}
@@ -281,7 +288,7 @@ func newStageJSON(s pipeline.StageReport, bottleneck bool) stageJSON {
 	j := stageJSON{
 		Name: s.Name, Kind: s.Kind, Workers: s.Workers, Busy: s.Busy,
 		In: s.In, Succeeded: s.Succeeded, Out: s.Out, Retried: s.Retried, DeadLettered: s.DeadLettered,
-		Failed: s.Failed, NotStarted: s.NotStarted, Filtered: s.Filtered, SetAside: s.SetAside, InFlight: s.InFlight, Window: s.Window,
+		Failed: s.Failed, NotStarted: s.NotStarted, Filtered: s.Filtered, SetAside: s.SetAside, HandedBack: s.HandedBack, InFlight: s.InFlight, Window: s.Window,
 		Queue:   queueJSON{Len: s.QueueLen, Cap: s.QueueCap, Peak: s.PeakQueue},
 		Rate:    s.Rate,
 		Latency: latencyOf(s.Latency), Recent: latencyOf(s.Recent),
@@ -429,6 +436,7 @@ func nodeLines(s *stageJSON) [4]string {
 	switch s.Kind {
 	case pipeline.KindSource:
 		l[0] = fmt.Sprintf("out %s · %s", count(s.Out), rate(s.Rate))
+		l[1] = countersLine(s.Counters) // a connector's (WithRowStats)
 	case pipeline.KindFilter:
 		l[0] = fmt.Sprintf("filtered %s", count(s.Filtered))
 		if s.In > 0 { // v0.1 counts only what a filter dropped
@@ -446,6 +454,9 @@ func nodeLines(s *stageJSON) [4]string {
 		fmt.Fprintf(&b, "ok %s", count(s.Succeeded))
 		if s.DeadLettered > 0 {
 			fmt.Fprintf(&b, " · dead %s", count(s.DeadLettered))
+			if s.HandedBack > 0 { // given back to an acknowledged source, for a later delivery
+				fmt.Fprintf(&b, " (%s handed back)", count(s.HandedBack))
+			}
 		}
 		if s.Failed > 0 {
 			fmt.Fprintf(&b, " · failed %s", count(s.Failed))
@@ -465,12 +476,28 @@ func nodeLines(s *stageJSON) [4]string {
 		if stuck(s) { // a function that does not return after its context is done: before the latency
 			l[1] = "stuck attempt " + seconds(s.Oldest)
 		}
+		if l[3] == "" {
+			l[3] = countersLine(s.Counters)
+		}
 	}
 	return l
 }
 
 // stuck reports whether a stage's oldest running attempt has outlived its timeout.
 func stuck(s *stageJSON) bool { return s.Timeout > 0 && s.Oldest > s.Timeout }
+
+// countersLine is a row's connector counters (WithRowStats) in key order:
+// "acked 1,200 · redelivered 3"; "" without.
+func countersLine(c map[string]int64) string {
+	var b strings.Builder
+	for _, k := range slices.Sorted(maps.Keys(c)) {
+		if b.Len() > 0 {
+			b.WriteString(" · ")
+		}
+		fmt.Fprintf(&b, "%s %s", k, count(c[k]))
+	}
+	return b.String()
+}
 
 // controlLine says, in a node, the state of the stage's controls, most telling first
 // and as many as fit: a breaker not closed, the adaptive limit, the time the workers

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -243,6 +245,19 @@ func ExampleSource_Stats() {
 	fmt.Printf("delivered %d, redelivered %d, handed back %d, acked %d\n", st.Delivered, st.Redelivered, st.HandedBack, st.Acked)
 	// Output:
 	// delivered 2, redelivered 1, handed back 1, acked 1
+}
+
+// This example shows Counters: a source's counts by the server's names for them, as a
+// view of a connector's counters takes them (the dashboard's WithRowStats).
+func ExampleStats_Counters() {
+	st := jetstream.Stats{Delivered: 12, Redelivered: 2, Acked: 9, HandedBack: 2, DeadLettered: 1, AckErrors: 1}
+	c := st.Counters()
+	for _, k := range slices.Sorted(maps.Keys(c)) {
+		fmt.Printf("%s=%d ", k, c[k])
+	}
+	fmt.Println()
+	// Output:
+	// ack errors=1 acked=9 delivered=12 nak=0 nak delay=2 redelivered=2 term=1
 }
 
 // This example shows Stream: the source's items enter the pipeline as a typed stream.

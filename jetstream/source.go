@@ -190,6 +190,32 @@ type Stats struct {
 	PullErrors   int64 // errors the consumer reported and the source went on after (missed heartbeats, ...)
 }
 
+// Counters returns the counts as a map named in the server's terms, for a view that
+// shows a connector's counters on its row, such as the dashboard's WithRowStats:
+//
+//	h.Add("orders", p, dashboard.WithRowStats("JetStream", func() map[string]int64 {
+//		return src.Stats().Counters()
+//	}))
+//
+// "delivered", "redelivered", "acked", "nak delay" (HandedBack), "nak" (NotProcessed)
+// and "term" (DeadLettered) are always there; "undecodable", "in progress", "ack
+// errors" and "pull errors" only when not 0. It makes a new map on each call.
+func (st Stats) Counters() map[string]int64 {
+	m := map[string]int64{
+		"delivered": st.Delivered, "redelivered": st.Redelivered, "acked": st.Acked,
+		"nak delay": st.HandedBack, "nak": st.NotProcessed, "term": st.DeadLettered,
+	}
+	for k, v := range map[string]int64{
+		"undecodable": st.Undecodable, "in progress": st.InProgress,
+		"ack errors": st.AckErrors, "pull errors": st.PullErrors,
+	} {
+		if v != 0 {
+			m[k] = v
+		}
+	}
+	return m
+}
+
 // Source reads a durable pull consumer as the acknowledged source of a pipeline
 // ([pipeline.FromAcked]): one item per message, decoded by a codec, and one
 // acknowledgement per message when its item's fate is known:

@@ -337,3 +337,31 @@ func checkExactlyOnce(t *testing.T, dir string, n int) {
 	}
 	assert.Len(t, seen, n)
 }
+
+// TestProgressOf: the progress line's part of the source counts a resumed run's earlier
+// records as read, gives the percent and the time left at the recent rate, and says
+// nothing of a source that does not know its total.
+func TestProgressOf(t *testing.T) {
+	t.Parallel()
+	rep := func(s pipeline.StageReport) pipeline.Report {
+		s.Name, s.Kind = "read", pipeline.KindSource
+		return pipeline.Report{Stages: []pipeline.StageReport{s}}
+	}
+	for _, tc := range []struct {
+		name string
+		rep  pipeline.Report
+		want string
+	}{
+		{"first run", rep(pipeline.StageReport{Total: 10000, Out: 2500, Rate: 1000}), " read 2,500/10,000 25% eta 7.5s"},
+		{"resumed", rep(pipeline.StageReport{Total: 10000, Resumed: 6000, Out: 1000, Rate: 1000}), " read 7,000/10,000 70% eta 3s"},
+		{"done", rep(pipeline.StageReport{Total: 10000, Resumed: 6000, Out: 4000, Rate: 1000}), " read 10,000/10,000 100%"},
+		{"no rate yet", rep(pipeline.StageReport{Total: 10000}), " read 0/10,000 0%"},
+		{"unknown total", rep(pipeline.StageReport{Out: 5}), ""},
+		{"no such row", pipeline.Report{}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			assert.Equal(t, tc.want, progressOf(tc.rep, "read"))
+		})
+	}
+}

@@ -231,7 +231,8 @@ func run(c config, stdout, stderr io.Writer) error {
 	defer client.CloseIdleConnections()
 
 	p := pipeline.New(pipeline.WithBuffer(2 * c.workers))
-	src := pipeline.FromCheckpoint(p, store, records, pipeline.WithName("read"), pipeline.WithSaveEvery(c.batch))
+	src := pipeline.FromCheckpoint(p, store, records, pipeline.WithName("read"), pipeline.WithSaveEvery(c.batch),
+		pipeline.WithTotal(total)) // for the progress line and the web view: done / total, percent, ETA
 	enriched := pipeline.Then(src, pipeline.NewStage("enrich", c.workers, enricher(client, svc.addr),
 		pipeline.WithTimeout(c.timeout),
 		pipeline.WithRetry(c.attempts, pipeline.ExponentialBackoff(20*time.Millisecond, time.Second)), // at least Retry-After
@@ -365,13 +366,30 @@ func showProgress(p *pipeline.Pipeline, w io.Writer, every time.Duration, done <
 		case <-t.C:
 		}
 		snap := p.Snapshot()
-		line := fmt.Sprintf("%6.1fs ckpt=%d | %s", snap.Elapsed.Seconds(), snap.Checkpoint, snap.Line())
+		line := fmt.Sprintf("%6.1fs ckpt=%d%s | %s", snap.Elapsed.Seconds(), snap.Checkpoint, progressOf(snap, "read"), snap.Line())
 		if term {
 			say(w, "\r\033[K%s", line)
 		} else {
 			say(w, "%v\n", line)
 		}
 	}
+}
+
+// progressOf returns the progress of the source named src, when it knows its total:
+// " read 6,000/10,000 60% eta 5s", the records a resumed run found done counted as
+// read, the ETA at the source's recent rate; "" otherwise.
+func progressOf(snap pipeline.Report, src string) string {
+	s, ok := snap.Stage(src)
+	if !ok || s.Total <= 0 {
+		return ""
+	}
+	done := min(s.Resumed+s.Out, s.Total)
+	line := fmt.Sprintf(" read %s/%s %d%%", thousands(done), thousands(s.Total), 100*done/s.Total)
+	if s.Rate > 0 && done < s.Total {
+		eta := time.Duration(float64(s.Total-done) / s.Rate * float64(time.Second))
+		line += " eta " + eta.Round(100*time.Millisecond).String()
+	}
+	return line
 }
 
 func isTerminal(w io.Writer) bool {

@@ -153,8 +153,9 @@ func TestBrowserOutage(t *testing.T) {
 
 // TestBrowserETL drives the web view of the main job, examples/etl, over more records
 // than the test waits for: its charts draw and grow, its errors and dead letters are
-// named in words (the service's 429 and 503 as "status error"), and the page's
-// screenshot is the README's.
+// named in words (the service's 429 and 503 as "status error"), the progress of its
+// declared total (WithTotal) shows with the time left, and the page's screenshot is
+// the README's.
 func TestBrowserETL(t *testing.T) {
 	ctx := browser(t)
 	bin := build(t, "examples/etl")
@@ -173,6 +174,10 @@ func TestBrowserETL(t *testing.T) {
 		`Array.from(document.querySelectorAll('`+section+` table.history tbody tr'), tr => tr.dataset.stage)`))
 	require.NoError(t, err)
 	assert.Equal(t, []string{"read", "enrich", "Batch", "load"}, rows)
+	progress := poll[string](t, ctx, 30*time.Second,
+		`(() => { const p = document.querySelector('`+section+` [data-field="progress"]'); return p && +p.dataset.fraction > 0 && p.textContent.includes("left") && p.textContent; })()`,
+		"no progress of the job's declared total")
+	assert.Regexp(t, `read [\d,]+ of 1,000,000 \([\d.]+ %\) · about .+ left`, progress)
 
 	names := poll[[]string](t, ctx, 30*time.Second,
 		`(() => { const n = Array.from(document.querySelectorAll('`+section+` table.errors td:nth-child(2)'), td => td.textContent); return n.includes("status error") && n; })()`,
