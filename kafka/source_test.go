@@ -41,23 +41,7 @@ func TestSourceSettlesEachRecordOnce(t *testing.T) {
 	work := pipeline.Then(src.Stream(p), pipeline.NewStage("work", 4, func(_ context.Context, m kafka.Message[int]) (int, error) {
 		return m.Value, nil
 	}))
-	var mu sync.Mutex
-	seen := map[int]int{}
-	pipeline.To(work, pipeline.NewSink("count", 2, func(_ context.Context, id int) error {
-		mu.Lock()
-		defer mu.Unlock()
-		if seen[id]++; len(seen) == n {
-			src.Stop()
-		}
-		return nil
-	}))
-	rctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	require.NoError(t, p.Run(rctx))
-	require.Len(t, seen, n)
-	for id, k := range seen {
-		require.Equal(t, 1, k, "record %d reached the sink %d times", id, k)
-	}
+	runOnce(ctx, t, p, work, src, 2, n)
 	st := src.Stats()
 	assert.Equal(t, int64(n), st.Committed)
 	assert.Equal(t, st.Fetched, st.Committed+st.NotProcessed, "%+v", st)
@@ -220,23 +204,7 @@ func TestHandedBackRecordIsRetriedInPlace(t *testing.T) {
 		}
 		return m.Value, nil
 	}, pipeline.WithHandBack(), pipeline.WithRetry(1, pipeline.ConstantBackoff(20*time.Millisecond))))
-	var mu sync.Mutex
-	seen := map[int]int{}
-	pipeline.To(work, pipeline.NewSink("count", 1, func(_ context.Context, id int) error {
-		mu.Lock()
-		defer mu.Unlock()
-		if seen[id]++; len(seen) == n {
-			src.Stop()
-		}
-		return nil
-	}))
-	rctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	require.NoError(t, p.Run(rctx))
-	require.Len(t, seen, n)
-	for id, k := range seen {
-		require.Equal(t, 1, k, "record %d reached the sink %d times", id, k)
-	}
+	runOnce(ctx, t, p, work, src, 1, n)
 	st := src.Stats()
 	assert.Equal(t, int64(2), st.HandedBack)
 	assert.Equal(t, int64(n), st.Fetched, "a handed-back record is not fetched again")
@@ -528,4 +496,28 @@ func TestConcurrentRunsOfOneSourceFail(t *testing.T) {
 	require.ErrorIs(t, err, kafka.ErrConcurrentRun)
 	require.NoError(t, <-errc)
 	assert.Equal(t, int64(24), got.Load())
+}
+
+// runOnce ends work in a sink of the given workers that stops src once it has seen n
+// distinct ids, runs p (for a minute at most), and checks that each of the n ids
+// reached the sink exactly once.
+func runOnce(ctx context.Context, t *testing.T, p *pipeline.Pipeline, work *pipeline.Stream[int], src *kafka.Source[int], workers, n int) {
+	t.Helper()
+	var mu sync.Mutex
+	seen := map[int]int{}
+	pipeline.To(work, pipeline.NewSink("count", workers, func(_ context.Context, id int) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if seen[id]++; len(seen) == n {
+			src.Stop()
+		}
+		return nil
+	}))
+	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	require.NoError(t, p.Run(rctx))
+	require.Len(t, seen, n)
+	for id, k := range seen {
+		require.Equal(t, 1, k, "record %d reached the sink %d times", id, k)
+	}
 }
