@@ -467,16 +467,7 @@ func TestAckSettlePanicSettlesEveryMadeItem(t *testing.T) {
 				c := newAckCounter()
 				var made sync.Map
 				p := pipeline.New()
-				src := pipeline.FromAcked(p, ackBody(n, func(i int) func(pipeline.Settlement) {
-					f := c.settle(i)
-					made.Store(i, true)
-					return func(s pipeline.Settlement) {
-						f(s)
-						if i == 4 && s.Outcome != pipeline.NotProcessed {
-							panic("settle")
-						}
-					}
-				}))
+				src := pipeline.FromAcked(p, ackBody(n, panicOnSettle(c, &made, 4)))
 				sink := pipeline.NewSink("s", 1, func(context.Context, int) error { return nil })
 				switch shape {
 				case "batch":
@@ -506,16 +497,7 @@ func TestAckSettlePanicOnDeadLetterCountsOnce(t *testing.T) {
 				c := newAckCounter()
 				var made sync.Map
 				p := pipeline.New()
-				src := pipeline.FromAcked(p, ackBody(n, func(i int) func(pipeline.Settlement) {
-					f := c.settle(i)
-					made.Store(i, true)
-					return func(s pipeline.Settlement) {
-						f(s)
-						if i == 4 && s.Outcome != pipeline.NotProcessed {
-							panic("settle")
-						}
-					}
-				}))
+				src := pipeline.FromAcked(p, ackBody(n, panicOnSettle(c, &made, 4)))
 				opts := []pipeline.StageOption{pipeline.WithDeadLetter(pipeline.DiscardDeadLetter[int])}
 				if handBack {
 					opts = append(opts, pipeline.WithHandBack())
@@ -586,4 +568,20 @@ func TestAckAllBreakSettlesEveryItem(t *testing.T) {
 	}
 	c.checkMade(t, &made)
 	checkAccounting(t, p.Report())
+}
+
+// panicOnSettle gives each item c's settle callback, records in made that the item was
+// emitted, and makes item bad's callback panic once its outcome is known (not for
+// NotProcessed).
+func panicOnSettle(c *ackCounter, made *sync.Map, bad int) func(i int) func(pipeline.Settlement) {
+	return func(i int) func(pipeline.Settlement) {
+		f := c.settle(i)
+		made.Store(i, true)
+		return func(s pipeline.Settlement) {
+			f(s)
+			if i == bad && s.Outcome != pipeline.NotProcessed {
+				panic("settle")
+			}
+		}
+	}
 }
