@@ -140,15 +140,18 @@ type chart struct {
 	Class  string // "fill", "dead" or "": the line's colour
 }
 
-// newChart draws values (times in seconds, the same length) across the chart; the y
-// axis goes from 0 to top, or to the highest value when top is 0. format formats a
-// value for the labels. With fewer than two points it draws nothing but the labels.
-// Above chartPoints values, each point of the line is the mean (or, with peaks, the
-// maximum) of the values of its slice of time.
+// newChart draws values (times in seconds) across the chart; the y axis goes from 0
+// to top, or to the highest value when top is 0. format formats a value for the
+// labels. With fewer than two points it draws nothing but the labels. Above
+// chartPoints values, each point of the line is the mean (or, with peaks, the maximum)
+// of the values of its slice of time. A series shorter than times (one that began
+// after the history did) goes with the latest of them, on the history's time axis.
 func newChart(times, values []float64, top float64, peaks bool, format func(float64) string) *chart {
-	if len(values) == 0 {
+	if len(values) == 0 || len(values) > len(times) {
 		return nil
 	}
+	t0, t1, full := times[0], times[len(times)-1], len(times) // the history's span, the series' or longer
+	times = times[len(times)-len(values):]
 	c := &chart{Now: format(values[len(values)-1])}
 	hi := slices.Max(values)
 	c.Peak = format(hi)
@@ -158,13 +161,12 @@ func newChart(times, values []float64, top float64, peaks bool, format func(floa
 	if len(values) < 2 {
 		return c
 	}
-	t0, t1 := times[0], times[len(times)-1]
 	span := t1 - t0
 	if span <= 0 {
 		return c
 	}
 	// Bucket the values by time into at most chartPoints slices.
-	n := min(len(values), chartPoints)
+	n := min(full, chartPoints)
 	xs := make([]float64, 0, n)
 	ys := make([]float64, 0, n)
 	for i := 0; i < len(values); {
@@ -195,7 +197,7 @@ func newChart(times, values []float64, top float64, peaks bool, format func(floa
 		fmt.Fprintf(&b, "%.1f,%.1f", xs[i], y)
 	}
 	c.Points = b.String()
-	c.Area = fmt.Sprintf("0,%d %s %.1f,%d", chartH, c.Points, xs[len(xs)-1], chartH)
+	c.Area = fmt.Sprintf("%.1f,%d %s %.1f,%d", xs[0], chartH, c.Points, xs[len(xs)-1], chartH)
 	return c
 }
 

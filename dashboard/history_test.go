@@ -156,6 +156,8 @@ func TestChart(t *testing.T) {
 	c := newChart([]float64{0, 1}, []float64{0, 10}, 0, false, rate)
 	assert.Equal(t, "0.0,33.0 150.0,1.0", c.Points, "0 at the bottom, the peak at the top")
 	assert.Nil(t, newChart(nil, nil, 0, false, rate))
+	late := newChart([]float64{0, 1, 2, 3}, []float64{0, 10}, 0, false, rate)
+	assert.Equal(t, "100.0,33.0 150.0,1.0", late.Points, "a series begun late is drawn at the times of its values")
 	one := newChart([]float64{3}, []float64{5}, 0, false, rate)
 	assert.Empty(t, one.Points, "one point: labels only")
 	assert.Equal(t, "5.0/s", one.Now)

@@ -12,6 +12,8 @@ import (
 	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
+
+	"github.com/gopipeline/pipeline/internal/scenario"
 )
 
 // embedded is a JetStream server in this process, on loopback, with its store in a
@@ -151,15 +153,5 @@ func msgs(ctx context.Context, t *testing.T, js natsjs.JetStream, stream string)
 // eventually polls cond against the server, every 20 ms, for at most limit.
 func eventually(t *testing.T, limit time.Duration, what string, cond func() bool) {
 	t.Helper()
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	deadline := time.NewTimer(limit)
-	defer deadline.Stop()
-	for !cond() {
-		select {
-		case <-tick.C:
-		case <-deadline.C:
-			t.Fatalf("gave up waiting for %s after %v", what, limit)
-		}
-	}
+	scenario.Eventually(t, 20*time.Millisecond, limit, what, cond)
 }

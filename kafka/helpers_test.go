@@ -12,6 +12,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/gopipeline/pipeline/internal/scenario"
 )
 
 const (
@@ -147,17 +149,7 @@ func endOffsets(ctx context.Context, t *testing.T, c *kfake.Cluster, topic strin
 // eventually polls cond every 10 ms for at most limit.
 func eventually(t *testing.T, limit time.Duration, what string, cond func() bool) {
 	t.Helper()
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	deadline := time.NewTimer(limit)
-	defer deadline.Stop()
-	for !cond() {
-		select {
-		case <-tick.C:
-		case <-deadline.C:
-			t.Fatalf("gave up waiting for %s after %v", what, limit)
-		}
-	}
+	scenario.Eventually(t, 10*time.Millisecond, limit, what, cond)
 }
 
 func itoa32(i int32) string { return strconv.FormatInt(int64(i), 10) }

@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/gopipeline/pipeline"
+	"github.com/gopipeline/pipeline/internal/scenario"
 )
 
 // TestWatermarkFollowsFirstUnsettled settles the records of a partition (offsets with
@@ -239,17 +240,11 @@ func TestSettledBehindHeldRecordIsBounded(t *testing.T) {
 		assert.LessOrEqual(t, withRec, maxPending+1, "unsettled records")
 		assert.LessOrEqual(t, settledN, 2*maxPending+1, "settled records behind the unsettled one")
 	}
-	deadline := time.Now().Add(20 * time.Second) // a bound for the failure, not a measure
-	for src.Stats().Paused == 0 {
-		require.True(t, time.Now().Before(deadline), "the partition never paused: %+v", src.Stats())
-		time.Sleep(10 * time.Millisecond)
-	}
+	scenario.Eventually(t, 10*time.Millisecond, 20*time.Second, "the partition to pause", func() bool { return src.Stats().Paused > 0 })
 	check()
 	back := src.Stats().HandedBack
-	for src.Stats().HandedBack < back+5 { // record 0 went round again: what was in flight settled
-		require.True(t, time.Now().Before(deadline), "record 0 is not retried")
-		time.Sleep(10 * time.Millisecond)
-	}
+	// Record 0 went round again: what was in flight settled.
+	scenario.Eventually(t, 10*time.Millisecond, 20*time.Second, "record 0 to be retried", func() bool { return src.Stats().HandedBack >= back+5 })
 	check()
 	assert.Less(t, src.Stats().Fetched, int64(n), "the paused partition was fetched to its end")
 }

@@ -1,0 +1,25 @@
+package scenario
+
+import (
+	"testing"
+	"time"
+)
+
+// Eventually polls cond every period until it holds, and fails t if it does not
+// within limit. It is for tests against a server outside the test's control (an
+// embedded NATS or Kafka cluster), whose goroutines a synctest bubble cannot hold;
+// limit bounds a failure, it does not measure anything.
+func Eventually(t testing.TB, every, limit time.Duration, what string, cond func() bool) {
+	t.Helper()
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	deadline := time.NewTimer(limit)
+	defer deadline.Stop()
+	for !cond() {
+		select {
+		case <-tick.C:
+		case <-deadline.C:
+			t.Fatalf("gave up waiting for %s after %v", what, limit)
+		}
+	}
+}
