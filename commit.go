@@ -179,16 +179,17 @@ func Commit(ctx context.Context, fn func(ctx context.Context, p Progress) error)
 	return nil
 }
 
-// siblings returns the nodes preview(pos) walks, and whether it would consume a ref of a
-// node where another item's Commit is running its function: then that Commit's preview
-// consumed one too, and neither would claim the node, so the caller must wait for it to
-// end. t.mu must be held.
+// siblings returns the nodes preview(pos) walks that keep a ref for a sibling piece
+// (only at those can another piece's Commit wait on this one), and whether it would
+// consume a ref of a node where another item's Commit is running its function: then
+// that Commit's preview consumed one too, and neither would claim the node, so the
+// caller must wait for it to end. t.mu must be held.
 func (t *tracker) siblings(pos uint64) (nodes []uint64, wait bool) {
 	used := map[uint64]int{}
 	var walk func(p uint64)
 	walk = func(p uint64) {
-		nodes = append(nodes, p)
-		if t.refs[p]-used[p] > 0 {
+		if t.refs[p]-used[p] > 0 { // a node left to siblings: the only ones a sibling may wait on
+			nodes = append(nodes, p)
 			if t.committing[p] > 0 {
 				wait = true
 			}

@@ -100,13 +100,14 @@ func WithClassifier(fn func(error) Class) ClassifierOption {
 }
 
 // sleep waits backoff(attempt), or longer if err asks for a longer delay (see
-// [RetryAfter]) up to limit, or until ctx is done (returning its cause).
-func sleep(ctx context.Context, backoff Backoff, attempt int, err error, limit time.Duration) error {
+// [RetryAfter]), or until ctx is done (returning its cause). A delay past the stage's
+// cap never reaches it: capRetryAfter made that error an item error, not retried.
+func sleep(ctx context.Context, backoff Backoff, attempt int, err error) error {
 	var d time.Duration
 	if backoff != nil {
 		d = backoff(attempt)
 	}
-	d = max(d, min(retryAfterOf(err), limit)) // retryafter.go; an error past the cap is not retried (capRetryAfter)
+	d = max(d, retryAfterOf(err)) // retryafter.go
 	if d <= 0 {
 		return nil
 	}
@@ -521,7 +522,7 @@ func (w *worker[In, Out]) attempts(ctx context.Context, v In, out *Out, made err
 			if err := w.hold(ctx); err != nil { // what the run finished goes on first
 				return interrupted, err
 			}
-			if err := sleep(ctx, w.st.cfg.backoff, attempt, err, w.st.cfg.client.retryAfterCapOf()); err != nil {
+			if err := sleep(ctx, w.st.cfg.backoff, attempt, err); err != nil {
 				return interrupted, err
 			}
 			w.tick()
