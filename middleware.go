@@ -246,10 +246,10 @@ func (k *attemptClock) begin(parent context.Context, base time.Time, now, d time
 	c.i, c.ep = uint8(k.i), uint8(s.neps-1)
 	k.i++
 	k.n++
-	if !k.said || k.ask.Load() { // the first attempt of a run, or the watcher asks: an ordinary load
+	if asked := k.ask.Load(); !k.said || asked { // the first attempt of a run, or the watcher asks: an ordinary load
 		k.told.Store(k.n)
 		k.said = true
-		if k.ask.Load() {
+		if asked {
 			k.ask.Store(false)
 		}
 	}
