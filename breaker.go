@@ -307,7 +307,7 @@ type transition struct {
 }
 
 func newBreakerState(b Breaker) *breakerState {
-	s := &breakerState{cfg: b, made: time.Now(), slice: b.Window / breakerSlices, changed: make(chan struct{})}
+	s := &breakerState{cfg: b, made: time.Now(), slice: max(b.Window/breakerSlices, 1), changed: make(chan struct{})}
 	s.openSlice = max(b.MaxOpenWindow/openSlices, 1)
 	s.closed.Store(true)
 	return s
@@ -342,7 +342,7 @@ func (b *breakerState) allow(ctx context.Context, env *policyEnv) (probe bool, e
 			env.emit(events)
 			return false, nil
 		case BreakerHalfOpen:
-			if b.probes+b.probedOK < b.cfg.HalfOpenProbes && b.probes == 0 {
+			if b.probes == 0 && b.probedOK < b.cfg.HalfOpenProbes {
 				b.probes++
 				b.mu.Unlock()
 				env.emit(events)

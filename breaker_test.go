@@ -616,3 +616,25 @@ func TestBreakerShared(t *testing.T) {
 		assert.Equal(t, 2, opens, "each opening is one event, in the run that made it")
 	})
 }
+
+// TestBreakerWindowShorterThanItsSlices runs a breaker whose Window is shorter than its
+// ten slices of time (5 ns): it counts in slices of 1 ns, opens on failures, and the
+// run ends with the breaker's error, not a division by zero with its lock held (which
+// then hung the report).
+func TestBreakerWindowShorterThanItsSlices(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		p := pipeline.New()
+		st := pipeline.NewStage("call", 2, func(context.Context, int) (int, error) {
+			time.Sleep(time.Millisecond)
+			return 0, pipeline.Transient(errDown)
+		}, discardDead[int](), pipeline.WithCircuitBreaker(pipeline.Breaker{
+			FailureRatio: 0.5, MinSample: 2, Window: 5 * time.Nanosecond, OpenFor: 10 * time.Millisecond, MaxOpen: time.Second,
+		}))
+		pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(100)), st), nopSink())
+		err := p.Run(t.Context())
+		_, panicked := errors.AsType[*pipeline.PanicError](err)
+		require.False(t, panicked, "%v", err)
+		checkReport(t, p.Report())
+	})
+}

@@ -117,7 +117,6 @@ type policyMaker struct {
 // and the adaptive limit counts it in flight last.
 const (
 	orderBreaker = 10 * (iota + 1)
-	orderKeyBreaker
 	orderLimit
 	orderKeyLimit
 	orderAdaptive
