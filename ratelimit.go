@@ -115,7 +115,7 @@ type limitHook struct {
 }
 
 func (p *limitHook) before(ctx context.Context, t ticket) (ticket, error) {
-	return t, waitToken(ctx, p.env, p.l, &p.throttled)
+	return t, waitToken(ctx, &p.env, p.l, &p.throttled)
 }
 func (p *limitHook) cancel(ticket)                   {}
 func (p *limitHook) after(ticket, error, Class) bool { return false }
@@ -131,7 +131,7 @@ type keyLimitPolicy[In any] struct {
 }
 
 func (p *keyLimitPolicy[In]) before(ctx context.Context, v In, t ticket) (ticket, error) {
-	return t, waitToken(ctx, p.env, p.lim(v), &p.throttled)
+	return t, waitToken(ctx, &p.env, p.lim(v), &p.throttled)
 }
 func (p *keyLimitPolicy[In]) cancel(ticket)                   {}
 func (p *keyLimitPolicy[In]) after(ticket, error, Class) bool { return false }
@@ -141,7 +141,7 @@ func (p *keyLimitPolicy[In]) fill(s *StageReport)             { s.Throttled += t
 // waitToken takes a token of l, adding the time it waited to throttled. An error of
 // the limiter's own (not the run stopping) is fatal; a wait past the stage's
 // WithMaxTokenWait is a *ThrottledError.
-func waitToken(ctx context.Context, env policyEnv, l Limiter, throttled *atomic.Int64) error {
+func waitToken(ctx context.Context, env *policyEnv, l Limiter, throttled *atomic.Int64) error {
 	wctx := env.waitCtx
 	if ctx != env.r.ctx { // not the run's: keep it as it is
 		wctx = ctx
