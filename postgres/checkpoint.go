@@ -368,12 +368,16 @@ func (c *Checkpoint) commit(ctx context.Context, tx pgx.Tx, p pipeline.Progress,
 		c.committed(mark)
 		return nil
 	}
-	if _, ok := errors.AsType[*pgconn.PgError](err); ok || errors.Is(err, pgx.ErrTxCommitRollback) || !isConnError(err) {
+	pe, isPg := errors.AsType[*pgconn.PgError](err)
+	switch {
+	case isPg && !endsSession(pe), errors.Is(err, pgx.ErrTxCommitRollback), !isPg && !isConnError(err):
 		return err // refused: not committed
 	}
-	// The outcome is unknown. pgx closed the connection (a COMMIT that failed otherwise
-	// leaves no transaction open); make sure, so that the server ends the transaction,
-	// which resolve waits for.
+	// The outcome is unknown: the connection was lost, or the session ended while the
+	// COMMIT ran (a FATAL: the backend was terminated, or the server shut down), which
+	// may be after its commit record was written. pgx closed the connection (a COMMIT
+	// that failed otherwise leaves no transaction open); make sure, so that the server
+	// ends the transaction, which resolve waits for.
 	if !pc.IsClosed() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		_ = pc.Close(cctx)
@@ -483,6 +487,16 @@ func (c *Checkpoint) readBack(ctx context.Context, xid string, mark int64) (ende
 		return true, found, epoch, nil // "transaction ID … is in the future"
 	}
 	return false, false, 0, err // still running
+}
+
+// endsSession reports whether a server error ended the session (severity FATAL or
+// PANIC) rather than the statement. An ERROR from COMMIT means the transaction rolled
+// back; a FATAL does not say: a backend terminated while its COMMIT waits for a
+// synchronous standby that has just been released (or after the commit record is
+// written, for any reason) reports the FATAL of its exit for a transaction that
+// committed.
+func endsSession(pe *pgconn.PgError) bool {
+	return pe.Severity == "FATAL" || pe.Severity == "PANIC"
 }
 
 // wait waits d, or until ctx is done.

@@ -575,7 +575,7 @@ func (w *Writer[T]) commit(ctx context.Context, tx pgx.Tx) error {
 	if ck == nil {
 		w.stats.roundTrips.Add(1)
 		if err := tx.Commit(ctx); err != nil {
-			if _, ok := errors.AsType[*pgconn.PgError](err); !ok && isConnError(err) {
+			if pe, ok := errors.AsType[*pgconn.PgError](err); ok && endsSession(pe) || !ok && isConnError(err) {
 				return pipeline.Transient(fmt.Errorf("%w: %w", ErrCommitUnknown, err))
 			}
 			return err
