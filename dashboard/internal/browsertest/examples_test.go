@@ -177,7 +177,8 @@ func TestBrowserETL(t *testing.T) {
 	progress := poll[string](t, ctx, 30*time.Second,
 		`(() => { const p = document.querySelector('`+section+` [data-field="progress"]'); return p && +p.dataset.fraction > 0 && p.textContent.includes("left") && p.textContent; })()`,
 		"no progress of the job's declared total")
-	assert.Regexp(t, `read [\d,]+ of 1,000,000 \([\d.]+ %\) · about .+ left`, progress)
+	assert.Regexp(t, `read [\d,]+ of 1,000,000 \([\d.]+ %\) · committed [\d,]+ \([\d.]+ %\) · about .+ left`, progress,
+		"what the checkpoint holds, beside what is read")
 
 	names := poll[[]string](t, ctx, 30*time.Second,
 		`(() => { const n = Array.from(document.querySelectorAll('`+section+` table.errors td:nth-child(2)'), td => td.textContent); return n.includes("status error") && n; })()`,
