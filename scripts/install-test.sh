@@ -111,8 +111,8 @@ say "publishing ${#mod_path[@]} modules at $version into file://$proxy"
 		env -u GONOPROXY -u GONOSUMDB -u GOINSECURE -u GOVCS -u GOEXPERIMENT \
 			GOENV=off GOWORK=off GOFLAGS= GOPRIVATE='github.com/gopipeline/*' \
 			GOTOOLCHAIN="$(go env GOTOOLCHAIN)" GOPATH="$tmp/publish-gopath" GOMODCACHE="$tmp/publish" \
-			go mod download -x "${mod_path[$m]}@$version" 2>/dev/null ||
-			die "go mod download ${mod_path[$m]}@$version from the remote failed"
+			go mod download "${mod_path[$m]}@$version" >"$tmp/download.out" 2>&1 ||
+			die "go mod download ${mod_path[$m]}@$version from the remote failed:$(printf '\n'; tail -20 "$tmp/download.out")"
 		[[ -s $proxy/${mod_path[$m]}/@v/$version.zip ]] || die "no zip of ${mod_path[$m]}@$version in the proxy folder"
 	done
 )
