@@ -77,12 +77,15 @@
 //	    "started": "...", "elapsed_seconds": 12.5,  started: absent before the first run
 //	    "error": "...",                      the run's error, only when it has one
 //	    "checkpoint": 1200,                  checkpointed runs only: the position saved
-//	    "progress": {"read": 6000, "resumed": 4000, "total": 10000, "fraction": 0.6, "eta_seconds": 5.1},
+//	    "progress": {"read": 6000, "resumed": 4000, "total": 10000, "fraction": 0.6, "eta_seconds": 5.1,
+//	                 "committed": 5500, "committed_fraction": 0.55},
 //	                                         only when every source knows its total (FromSlice)
 //	                                         or declares it (WithTotal): items the sources read,
 //	                                         resumed included (a checkpointed run's positions
 //	                                         done before it started, only when there are some);
-//	                                         eta only while running
+//	                                         eta only while running; committed, checkpointed
+//	                                         runs only: the position the checkpoint holds (at
+//	                                         most total), behind read by the items in flight
 //	    "bottleneck": {"stage": "fetch", "why": "...", "workers": 16, "warnings": []},
 //	    "edges": [{"from": "fetch", "to": "save", "inferred": false}],
 //	    "stages": [{                         in the order of the report

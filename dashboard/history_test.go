@@ -288,21 +288,34 @@ func TestJSONControls(t *testing.T) {
 }
 
 // TestProgressResumed: a resumed checkpointed run's progress counts the positions done
-// before it started, on the page and in data.json.
+// before it started, and shows beside what is read the position its checkpoint holds
+// (behind what is read), on the page and in data.json.
 func TestProgressResumed(t *testing.T) {
 	t.Parallel()
 	rep := reportOf(pipeline.NewStage("work", 2, func(_ context.Context, n int) (int, error) { return n, nil }))
 	src := &rep.Stages[0]
 	src.Total, src.Resumed, src.Out, src.Rate = 1000, 400, 100, 50
+	rep.Checkpoint = 450
 	h := newHandler(t)
 	h.add("resumed", func() pipeline.Report { return rep })
 	page := body(t, get(t, h, "GET", "/"))
-	assert.Contains(t, page, "read 500 of 1,000 (50 %) · 400 of them before this run · about 10s left")
+	assert.Contains(t, page, "read 500 of 1,000 (50 %) · 400 of them before this run · ")
+	assert.Contains(t, page, ">committed 450 (45 %)</span> · about 10s left")
+	assert.Contains(t, page, `data-committed="0.45"`)
 	var d struct {
 		Pipelines []struct{ Progress progressJSON }
 	}
 	require.NoError(t, json.Unmarshal([]byte(body(t, get(t, h, "GET", "/data.json"))), &d))
 	require.Len(t, d.Pipelines, 1)
-	eta := 10.0
-	assert.Equal(t, progressJSON{Read: 500, Resumed: 400, Total: 1000, Fraction: 0.5, ETA: &eta}, d.Pipelines[0].Progress)
+	eta, committed, fraction := 10.0, int64(450), 0.45
+	want := progressJSON{Read: 500, Resumed: 400, Total: 1000, Fraction: 0.5, ETA: &eta, Committed: &committed, CommittedFraction: &fraction}
+	assert.Equal(t, want, d.Pipelines[0].Progress)
+
+	plain := rep // not a checkpointed run: nothing committed to show
+	plain.Checkpoint = -1
+	h = newHandler(t)
+	h.add("plain", func() pipeline.Report { return plain })
+	page = body(t, get(t, h, "GET", "/"))
+	assert.Contains(t, page, "read 500 of 1,000 (50 %)")
+	assert.False(t, strings.Contains(page, "data-committed") || strings.Contains(page, ">committed "), "a run without a checkpoint shows nothing committed")
 }

@@ -45,6 +45,11 @@ type (
 		Total    int64    `json:"total"`
 		Fraction float64  `json:"fraction"`
 		ETA      *float64 `json:"eta_seconds,omitempty"`
+		// Committed is, for a checkpointed run, the position the checkpoint holds (at
+		// most Total): what a crash would not redo. Read runs ahead of it by the items
+		// in flight and those settled past a gap.
+		Committed         *int64   `json:"committed,omitempty"`
+		CommittedFraction *float64 `json:"committed_fraction,omitempty"`
 	}
 	historyJSON struct {
 		Seconds []float64          `json:"seconds"`
@@ -256,8 +261,9 @@ func newPipelineView(name string, rep pipeline.Report, hist historyJSON, counter
 
 // progressOf returns the run's progress when every source knows or declares its
 // items, else nil: the items the sources read of their total (with the positions a
-// resumed checkpointed run counts as done before its start), and, while the run is in
-// progress, the time left at their recent rate.
+// resumed checkpointed run counts as done before its start), for a checkpointed run
+// the position its checkpoint holds, and, while the run is in progress, the time left
+// at their recent rate.
 func progressOf(rep pipeline.Report) *progressJSON {
 	var p progressJSON
 	var rate float64
@@ -277,6 +283,11 @@ func progressOf(rep pipeline.Report) *progressJSON {
 		return nil
 	}
 	p.Fraction = round(min(float64(p.Read)/float64(p.Total), 1), 1e4)
+	if rep.Checkpoint >= 0 {
+		c := min(rep.Checkpoint, p.Total)
+		f := round(float64(c)/float64(p.Total), 1e4)
+		p.Committed, p.CommittedFraction = &c, &f
+	}
 	if left := p.Total - p.Read; rep.Running && rate > 0 {
 		eta := round(max(float64(left), 0)/rate, 10)
 		p.ETA = &eta

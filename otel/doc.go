@@ -26,6 +26,12 @@
 //	pipeline.stage.input             UpDownCounter  {item}     pipeline.stage (items that reached it; a source: items it holds)
 //	pipeline.stage.output            UpDownCounter  {item}     pipeline.stage (items sent on)
 //	pipeline.stage.in_flight         UpDownCounter  {item}     pipeline.stage (started, not yet settled)
+//	pipeline.stage.handed_back       UpDownCounter  {item}     pipeline.stage (of dead_lettered, those handed back to
+//	                                                           their acknowledged source: WithHandBack)
+//	pipeline.source.total            Gauge          {item}     pipeline.stage (sources: the items it holds or declared with
+//	                                                           WithTotal, when known; earlier runs' included)
+//	pipeline.source.resumed          Gauge          {item}     pipeline.stage (checkpointed sources: positions earlier runs
+//	                                                           settled, not read again: StageReport.Resumed)
 //	pipeline.stage.retries           UpDownCounter  {retry}    pipeline.stage (extra attempts)
 //	pipeline.stage.errors            UpDownCounter  {error}    pipeline.stage, error.type, pipeline.outcome
 //	pipeline.stage.queue.length      UpDownCounter  {item}     pipeline.stage

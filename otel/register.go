@@ -56,6 +56,8 @@ type instruments struct {
 	timed                             metric.Int64ObservableUpDownCounter
 	checkpointPosition                metric.Int64ObservableGauge
 	checkpointAge                     metric.Float64ObservableGauge
+	handedBack                        metric.Int64ObservableUpDownCounter
+	total, resumed                    metric.Int64ObservableGauge
 
 	// Clients of a service (WithRateLimit, WithCircuitBreaker, WithAdaptiveWorkers).
 	workerLimit, breakerState, breakerOpened, breakerHeld metric.Int64ObservableUpDownCounter
@@ -100,6 +102,12 @@ func Register(p *pipeline.Pipeline, meter metric.Meter, opts ...Option) (metric.
 		"Items of the current or last run, by outcome: succeeded, dead_lettered, failed, not_started or filtered.")
 	in.input = upDown("pipeline.stage.input", "{item}", "Items that reached the stage in the current or last run (a source: the items it holds, when known).")
 	in.output = upDown("pipeline.stage.output", "{item}", "Items the stage sent on in the current or last run.")
+	in.handedBack = upDown("pipeline.stage.handed_back", "{item}",
+		"Of the items the stage dead-lettered in the current or last run, those it handed back to their acknowledged source (WithHandBack) for a later delivery.")
+	in.total = gauge("pipeline.source.total", "{item}",
+		"Items the source holds (FromSlice) or declared (WithTotal), earlier runs' included for a checkpointed one; not observed when unknown.")
+	in.resumed = gauge("pipeline.source.resumed", "{item}",
+		"Positions of a checkpointed source (FromCheckpoint) that earlier runs settled and this run does not read again; progress is (resumed + output) / total.")
 	in.inFlight = upDown("pipeline.stage.in_flight", "{item}", "Items the stage started and has not settled yet.")
 	in.retries = upDown("pipeline.stage.retries", "{retry}", "Extra attempts the stage made in the current or last run.")
 	in.errs = upDown("pipeline.stage.errors", "{error}",
@@ -137,7 +145,7 @@ func Register(p *pipeline.Pipeline, meter metric.Meter, opts ...Option) (metric.
 		return nil
 	}, in.active, in.elapsed, in.items, in.input, in.output, in.inFlight, in.retries, in.errs, in.flushes,
 		in.queueLen, in.queueCap, in.queuePeak, in.workers, in.held, in.duration, in.timed, in.timeout, in.oldestAttempt,
-		in.checkpointPosition, in.checkpointAge,
+		in.checkpointPosition, in.checkpointAge, in.handedBack, in.total, in.resumed,
 		in.workerLimit, in.throttled, in.breakerState, in.breakerOpen, in.breakerOpened, in.breakerHeld)
 }
 
@@ -187,9 +195,16 @@ func observe(o metric.Observer, in *instruments, r pipeline.Report, base []attri
 		count(in.output, s.Out, stage)
 		count(in.inFlight, inFlight, stage)
 		if s.Kind == pipeline.KindSource {
+			if s.Total > 0 {
+				count(in.total, s.Total, stage)
+			}
+			if r.Checkpoint >= 0 {
+				count(in.resumed, s.Resumed, stage)
+			}
 			continue
 		}
 
+		count(in.handedBack, s.HandedBack, stage)
 		count(in.retries, s.Retried, stage)
 		for _, e := range s.Errors {
 			typ := keyErrorType.String(e.Type)

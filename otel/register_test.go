@@ -254,6 +254,83 @@ func TestCheckpoint(t *testing.T) {
 	})
 }
 
+// TestCheckpointResumed: a run resumed at position 100 of a declared 250 observes the
+// positions it does not read again beside its total, so that progress is
+// (resumed + output) / total.
+func TestCheckpointResumed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := &memStore{}
+		store.pos.Store(100)
+		p := pipeline.New()
+		src := pipeline.FromCheckpoint(p, store, func(_ context.Context, pos int64) iter.Seq2[int, error] {
+			return func(yield func(int, error) bool) {
+				for i := int(pos); i < 250; i++ {
+					if !yield(i, nil) {
+						return
+					}
+				}
+			}
+		}, pipeline.WithTotal(250))
+		pipeline.To(src, pipeline.NewSink("sink", 2, func(context.Context, int) error { return nil }))
+		reader, provider := newReader(t)
+		_, err := pipelineotel.Register(p, provider.Meter("test"))
+		require.NoError(t, err)
+		require.NoError(t, p.Run(t.Context()))
+
+		got := collect(t, reader)
+		name := rowName(t, p, pipeline.KindSource)
+		checkValues(t, got, map[string]float64{
+			`pipeline.source.resumed{pipeline.stage=` + name + `}`: 100,
+			`pipeline.source.total{pipeline.stage=` + name + `}`:   250,
+			`pipeline.stage.output{pipeline.stage=` + name + `}`:   150,
+		})
+		assert.Equal(t, "gauge", got[`pipeline.source.resumed{pipeline.stage=`+name+`}`].kind)
+		assert.Equal(t, "{item}", got[`pipeline.source.resumed{pipeline.stage=`+name+`}`].unit)
+	})
+}
+
+// TestHandedBack: of a stage's dead letters, those handed back to their acknowledged
+// source count in pipeline.stage.handed_back; a dead letter kept by the run
+// (WithDeadLetter) does not.
+func TestHandedBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := pipeline.New()
+		msgs := pipeline.FromAcked(p, func(_ context.Context, emit func(int, func(pipeline.Settlement)) error) error {
+			for i := range 5 {
+				if err := emit(i, func(pipeline.Settlement) {}); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		call := pipeline.NewStage("call", 2, func(_ context.Context, v int) (int, error) {
+			if v%2 == 1 { // 1 and 3: handed back
+				return 0, pipeline.Transient(errors.New("503"))
+			}
+			return v, nil
+		}, pipeline.WithHandBack(), pipeline.WithRetry(1, nil))
+		pipeline.To(pipeline.Then(msgs, call), pipeline.NewSink("sink", 1, func(_ context.Context, v int) error {
+			if v == 4 {
+				return pipeline.Permanent(errors.New("bad record"))
+			}
+			return nil
+		}, pipeline.WithDeadLetter(func(context.Context, pipeline.DeadLetter[int]) error { return nil })))
+		reader, provider := newReader(t)
+		_, err := pipelineotel.Register(p, provider.Meter("test"))
+		require.NoError(t, err)
+		require.NoError(t, p.Run(t.Context()))
+
+		got := collect(t, reader)
+		checkValues(t, got, map[string]float64{
+			`pipeline.stage.items{pipeline.outcome=dead_lettered,pipeline.stage=call}`: 2,
+			`pipeline.stage.handed_back{pipeline.stage=call}`:                          2,
+			`pipeline.stage.items{pipeline.outcome=dead_lettered,pipeline.stage=sink}`: 1,
+			`pipeline.stage.handed_back{pipeline.stage=sink}`:                          0,
+		})
+		assert.Equal(t, "sum", got[`pipeline.stage.handed_back{pipeline.stage=call}`].kind)
+	})
+}
+
 // memStore is a [pipeline.CheckpointStore] in memory.
 type memStore struct{ pos atomic.Int64 }
 

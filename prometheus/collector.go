@@ -59,6 +59,7 @@ type Collector struct {
 	workers, busy, inFlight, held     *prometheus.Desc
 	latency, timeout, oldestAttempt   *prometheus.Desc
 	checkpointPosition, checkpointAge *prometheus.Desc
+	handedBack, total, resumed        *prometheus.Desc
 
 	// Clients of a service (WithRateLimit, WithCircuitBreaker, WithAdaptiveWorkers).
 	workerLimit, throttled                                *prometheus.Desc
@@ -98,7 +99,14 @@ func NewCollector(p *pipeline.Pipeline, opts ...Option) *Collector {
 		items: desc("pipeline_stage_items_total",
 			"Items the stage settled in the current or last run, by outcome: succeeded, dead_lettered, failed or filtered.",
 			"stage", "outcome"),
-		out:     desc("pipeline_stage_out_total", "Items the stage sent on in the current or last run.", "stage"),
+		handedBack: desc("pipeline_stage_handed_back_total",
+			"Of the items the stage dead-lettered in the current or last run, those it handed back to their acknowledged source (WithHandBack) for a later delivery.",
+			"stage"),
+		out: desc("pipeline_stage_out_total", "Items the stage sent on in the current or last run.", "stage"),
+		total: desc("pipeline_source_total_items",
+			"Items the source holds (FromSlice) or declared (WithTotal), earlier runs' included for a checkpointed one; not sent when unknown.", "stage"),
+		resumed: desc("pipeline_source_resumed_items",
+			"Positions of a checkpointed source (FromCheckpoint) that earlier runs settled and this run does not read again; progress is (resumed + out) / total.", "stage"),
 		retries: desc("pipeline_stage_retries_total", "Extra attempts the stage made in the current or last run.", "stage"),
 		errs: desc("pipeline_stage_errors_total",
 			"Errors of the stage function in the current or last run, by Go type and by what they did: retried, dead_lettered or failed.",
@@ -147,6 +155,7 @@ func (c *Collector) descs() []*prometheus.Desc {
 		c.queueLen, c.queueCap, c.queuePeak, c.workers, c.busy, c.inFlight, c.held,
 		c.latency, c.timeout, c.oldestAttempt, c.checkpointPosition, c.checkpointAge,
 		c.workerLimit, c.throttled, c.breakerState, c.breakerOpen, c.breakerOpened, c.breakerHeld,
+		c.handedBack, c.total, c.resumed,
 	}
 }
 
@@ -203,9 +212,16 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.notStarted, float64(s.NotStarted), name)
 		gauge(c.inFlight, float64(inFlight), name)
 		if s.Kind == pipeline.KindSource {
+			if s.Total > 0 {
+				gauge(c.total, float64(s.Total), name)
+			}
+			if r.Checkpoint >= 0 {
+				gauge(c.resumed, float64(s.Resumed), name)
+			}
 			continue
 		}
 
+		counter(c.handedBack, s.HandedBack, name)
 		counter(c.retries, s.Retried, name)
 		for _, e := range s.Errors {
 			counter(c.errs, e.Retried, name, e.Type, "retried")

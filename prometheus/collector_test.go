@@ -55,6 +55,8 @@ func TestS1Retry(t *testing.T) {
 			`pipeline_stage_info{kind="source",stage="` + src + `"}`: 1,
 			`pipeline_stage_in_items{stage="` + src + `"}`:           10_000,
 			`pipeline_stage_out_total{stage="` + src + `"}`:          10_000,
+			`pipeline_source_total_items{stage="` + src + `"}`:       10_000,
+			`pipeline_stage_handed_back_total{stage="enrich"}`:       0,
 			`pipeline_running`: 0,
 			`pipeline_stage_items_total{outcome="succeeded",stage="enrich"}`:                     9_895,
 			`pipeline_stage_items_total{outcome="dead_lettered",stage="enrich"}`:                 105,
@@ -78,6 +80,7 @@ func TestS1Retry(t *testing.T) {
 			`pipeline_stage_info{kind="sink",stage="sink"}`:                                      1,
 		}, text)
 		assert.NotContains(t, got, "pipeline_checkpoint_position", "not a checkpointed run")
+		assert.NotContains(t, got, `pipeline_source_resumed_items{stage="`+src+`"}`, "not a checkpointed run")
 		assert.Equal(t, dto.MetricType_COUNTER, types["pipeline_stage_items_total"])
 		assert.Equal(t, dto.MetricType_GAUGE, types["pipeline_stage_in_items"])
 		assert.Equal(t, dto.MetricType_SUMMARY, types["pipeline_stage_attempt_duration_seconds"])
@@ -360,6 +363,85 @@ func TestCheckpoint(t *testing.T) {
 		assert.Equal(t, 250.0, got["pipeline_checkpoint_position"])
 		assert.Equal(t, 90.0, got["pipeline_checkpoint_age_seconds"])
 		assert.Equal(t, int64(250), store.pos.Load())
+	})
+}
+
+// TestCheckpointResumed: a run resumed at position 100 of a declared 250 exposes the
+// positions it does not read again beside its total, so that progress is
+// (resumed + out) / total.
+func TestCheckpointResumed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := &memStore{}
+		store.pos.Store(100)
+		p := pipeline.New()
+		src := pipeline.FromCheckpoint(p, store, func(_ context.Context, pos int64) iter.Seq2[int, error] {
+			return func(yield func(int, error) bool) {
+				for i := int(pos); i < 250; i++ {
+					if !yield(i, nil) {
+						return
+					}
+				}
+			}
+		}, pipeline.WithTotal(250))
+		pipeline.To(src, pipeline.NewSink("sink", 2, func(context.Context, int) error { return nil }))
+		reg := prometheus.NewPedanticRegistry()
+		reg.MustRegister(pipelineprom.NewCollector(p))
+		require.NoError(t, p.Run(t.Context()))
+
+		text := gather(t, reg)
+		got, types := samples(t, text)
+		name := rowName(t, p, pipeline.KindSource)
+		checkSamples(t, got, map[string]float64{
+			`pipeline_source_resumed_items{stage="` + name + `"}`: 100,
+			`pipeline_source_total_items{stage="` + name + `"}`:   250,
+			`pipeline_stage_out_total{stage="` + name + `"}`:      150,
+			`pipeline_checkpoint_position`:                        250,
+		}, text)
+		assert.Equal(t, dto.MetricType_GAUGE, types["pipeline_source_resumed_items"])
+	})
+}
+
+// TestHandedBack: of a stage's dead letters, those handed back to their acknowledged
+// source count in pipeline_stage_handed_back_total; a dead letter kept by the run
+// (WithDeadLetter) does not.
+func TestHandedBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := pipeline.New()
+		msgs := pipeline.FromAcked(p, func(_ context.Context, emit func(int, func(pipeline.Settlement)) error) error {
+			for i := range 5 {
+				if err := emit(i, func(pipeline.Settlement) {}); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		call := pipeline.NewStage("call", 2, func(_ context.Context, v int) (int, error) {
+			if v%2 == 1 { // 1 and 3: handed back
+				return 0, pipeline.Transient(errors.New("503"))
+			}
+			return v, nil
+		}, pipeline.WithHandBack(), pipeline.WithRetry(1, nil))
+		var kept atomic.Int64
+		pipeline.To(pipeline.Then(msgs, call), pipeline.NewSink("sink", 1, func(_ context.Context, v int) error {
+			if v == 4 {
+				return pipeline.Permanent(errors.New("bad record"))
+			}
+			return nil
+		}, pipeline.WithDeadLetter(func(context.Context, pipeline.DeadLetter[int]) error { kept.Add(1); return nil })))
+		reg := prometheus.NewPedanticRegistry()
+		reg.MustRegister(pipelineprom.NewCollector(p))
+		require.NoError(t, p.Run(t.Context()))
+
+		text := gather(t, reg)
+		got, types := samples(t, text)
+		checkSamples(t, got, map[string]float64{
+			`pipeline_stage_items_total{outcome="dead_lettered",stage="call"}`: 2,
+			`pipeline_stage_handed_back_total{stage="call"}`:                   2,
+			`pipeline_stage_items_total{outcome="dead_lettered",stage="sink"}`: 1,
+			`pipeline_stage_handed_back_total{stage="sink"}`:                   0,
+		}, text)
+		assert.Equal(t, int64(1), kept.Load())
+		assert.Equal(t, dto.MetricType_COUNTER, types["pipeline_stage_handed_back_total"])
 	})
 }
 

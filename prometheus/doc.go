@@ -22,6 +22,8 @@
 //	                                                                       or failed (sources, stages, sinks, batches), or
 //	                                                                       filtered (filters)
 //	pipeline_stage_out_total                 counter  stage                items sent on
+//	pipeline_stage_handed_back_total         counter  stage                of dead_lettered, the items handed back to their
+//	                                                                       acknowledged source (WithHandBack)
 //	pipeline_stage_retries_total             counter  stage                extra attempts made (attempts, not items)
 //	pipeline_stage_errors_total              counter  stage, type, outcome errors by Go type ("timeout" for a timeout) and by
 //	                                                                       what they did: retried, dead_lettered or failed
@@ -40,6 +42,10 @@
 //	pipeline_stage_attempt_timeout_seconds   gauge    stage                the stage's WithTimeout, when it has one
 //	pipeline_stage_oldest_attempt_seconds    gauge    stage                with WithTimeout: the oldest running attempt's age, once
 //	                                                                       it ran a quarter of the timeout (StageReport.OldestAttempt)
+//	pipeline_source_total_items              gauge    stage                sources: the items it holds or declared (WithTotal),
+//	                                                                       when known; a checkpointed run's, earlier runs' included
+//	pipeline_source_resumed_items            gauge    stage                checkpointed sources: positions earlier runs settled,
+//	                                                                       not read again (StageReport.Resumed)
 //	pipeline_checkpoint_position             gauge                         checkpointed runs: the position saved last
 //	pipeline_checkpoint_age_seconds          gauge                         checkpointed runs: time since it was saved
 //	pipeline_stage_worker_limit              gauge    stage                adaptive stages: workers allowed to take items now
@@ -52,7 +58,9 @@
 // Sources and filters have no queue, workers or latency; batches have no latency. For
 // every stage, in = succeeded + dead_lettered + failed + in_flight + not_started, where
 // not_started counts the items still queued during a run and those never started after
-// it. Before the pipeline's first run, only pipeline_running (0) is exposed.
+// it. A run's progress is (pipeline_source_resumed_items + pipeline_stage_out_total) /
+// pipeline_source_total_items of its source: what it read, not what is committed
+// (pipeline_checkpoint_position). Before the pipeline's first run, only pipeline_running (0) is exposed.
 //
 // In and not-started items are gauges, not counters: the pipeline derives them from its
 // queues' lengths, so during a run they can dip (not-started items drain from the queue;
@@ -96,7 +104,8 @@
 //
 // A scrape costs one Snapshot (about 6 µs for a three-stage pipeline with 22 workers
 // while it runs, 35 ns between runs) plus one constant metric per series: Collect takes
-// about 20 µs and 600 allocations for that pipeline's 58 metrics, the registry's Gather
+// about 20 µs and 600 allocations for that pipeline's 58 metrics (measured before the
+// 4 series of hand-backs and the source's total were added), the registry's Gather
 // (what promhttp calls) about 65 µs and 940 allocations, 85 µs with the text encoding
 // (see BenchmarkScrape). Snapshot also restarts the window of
 // [pipeline.StageReport.Rate] for every other Snapshot caller; this package does not

@@ -1,27 +1,38 @@
 #!/usr/bin/env bash
-# scripts/install-test.sh: installs every user-facing module the way a new user would,
-# from a release published on this machine. Run by scripts/test.sh (so by .ci/run).
+# scripts/install-test.sh: installs every library module and runs every command module
+# the way a new user would, from a release published on this machine through a module
+# proxy of its own. Run by scripts/test.sh (so by .ci/run). Nothing of ours is fetched
+# from beyond this machine: the release is served by a GOPROXY=file:// folder, and only
+# the third-party modules come through the usual GOPROXY.
 #
 # It tests the commit at HEAD, not uncommitted work (a release can only be made of
 # commits). In a temporary folder, it
 #
 #   1. clones the repository at HEAD, drops the clone's tags and runs
 #      scripts/release.sh with a test version ($INSTALL_TEST_VERSION, by default
-#      v0.0.0-installtest), which rewrites the nested modules' requirement of the root
-#      to that version, commits and tags every user-facing module;
-#   2. makes a bare clone of that: the "remote";
-#   3. creates a fresh consumer module and, with GOPRIVATE=github.com/gopipeline/*
-#      (our modules come straight from git, every other one through the usual GOPROXY),
-#      a git config whose url.<bare>.insteadOf stands for https://github.com/gopipeline/pipeline,
-#      GOFLAGS unset, GOWORK=off, no go env file and a module cache of its own,
-#      runs `go get` of every package of every user-facing module at the test version;
-#   4. checks that each module resolved to that version with no replacement, writes a
-#      main.go that imports every package, and builds it.
+#      v0.0.0-installtest), which rewrites the nested modules' requirements of our
+#      modules to that version, drops the command modules' replaces, commits and tags
+#      every module;
+#   2. makes a bare clone of that, the "remote", and publishes the release the way a
+#      module proxy does: `go mod download` of every tagged module from the remote
+#      (GOPRIVATE, a git url.<bare>.insteadOf for https://github.com/gopipeline/pipeline,
+#      a module cache of its own), whose cache/download folder is a module proxy's layout;
+#   3. creates fresh consumer modules and, with GOPROXY=file://<that folder>,<usual
+#      GOPROXY>, GONOSUMDB=github.com/gopipeline/* (the checksum database does not know
+#      the test version), no git configuration, GOFLAGS unset, GOWORK=off, no go env file
+#      and a module cache of its own, runs `go get` of every package of every library
+#      module at the test version, checks that each of our modules resolved to it with
+#      no replacement, and builds and runs a main.go that imports every package;
+#   4. from a folder outside any module, runs every command module as the README says,
+#      `go run github.com/gopipeline/pipeline/examples/etl@<version>` (a short run of
+#      it, its output in the temporary folder), and checks with `go version -m` that
+#      its build used our modules at that version, none replaced.
 #
-# The module cache is temporary because the fake versions of github.com/gopipeline/*
-# must not reach the shared one; third-party modules are downloaded into it again
-# through GOPROXY (a few seconds). The build cache is shared (it is content-addressed).
-# Every temporary file is removed on exit; any failure exits non-zero.
+# The module caches are temporary because the fake versions of github.com/gopipeline/*
+# must not reach the shared one; third-party modules are downloaded into the consumers'
+# cache again through GOPROXY (a few seconds). The build cache is shared (it is
+# content-addressed). Every temporary file is removed on exit; any failure exits
+# non-zero.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -78,17 +89,40 @@ if ((${#old_tags[@]})); then
 fi
 (cd "$tmp/repo" && scripts/release.sh "$version") || die "scripts/release.sh $version failed"
 
-# 2. The remote.
+# 2. The remote, and the release published from it into a module proxy's folder.
 git clone -q --bare "$tmp/repo" "$tmp/remote.git"
 
-# 3. What to install: every user-facing module and every package in it that a user
-# can import (not internal, not a command).
-mapfile -t mods < <(cd "$tmp/repo" && scripts/release.sh --list)
-((${#mods[@]})) || die "scripts/release.sh --list found no module"
+list=$(cd "$tmp/repo" && scripts/release.sh --list) || die "scripts/release.sh --list failed"
+mapfile -t mods <<<"$list"
+[[ -n $list ]] || die "scripts/release.sh --list found no module"
+list=$(cd "$tmp/repo" && scripts/release.sh --commands) || die "scripts/release.sh --commands failed"
+cmds=()
+[[ -z $list ]] || mapfile -t cmds <<<"$list"
+declare -A mod_path=()
+for m in "${mods[@]}" "${cmds[@]}"; do
+	mod_path[$m]=$(GOWORK=off go -C "$tmp/repo/$m" list -m)
+done
+
+proxy=$tmp/publish/cache/download
+say "publishing ${#mod_path[@]} modules at $version into file://$proxy"
+(
+	cd "$tmp"
+	for m in "${mods[@]}" "${cmds[@]}"; do
+		env -u GONOPROXY -u GONOSUMDB -u GOINSECURE -u GOVCS -u GOEXPERIMENT \
+			GOENV=off GOWORK=off GOFLAGS= GOPRIVATE='github.com/gopipeline/*' \
+			GOTOOLCHAIN="$(go env GOTOOLCHAIN)" GOPATH="$tmp/publish-gopath" GOMODCACHE="$tmp/publish" \
+			go mod download "${mod_path[$m]}@$version" >"$tmp/download.out" 2>&1 ||
+			die "go mod download ${mod_path[$m]}@$version from the remote failed:$(printf '\n'; tail -20 "$tmp/download.out")"
+		[[ -s $proxy/${mod_path[$m]}/@v/$version.zip ]] || die "no zip of ${mod_path[$m]}@$version in the proxy folder"
+	done
+)
+
+# 3. What to install: every library module and every package in it that a user can
+# import (not internal, not a command).
 declare -A mod_pkgs=()
 mod_paths=()
 for m in "${mods[@]}"; do
-	path=$(GOWORK=off go -C "$tmp/repo/$m" list -m)
+	path=${mod_path[$m]}
 	mod_paths+=("$path")
 	mod_pkgs[$path]=$(
 		GOWORK=off go -C "$tmp/repo/$m" list -f '{{if ne .Name "main"}}{{.ImportPath}}{{end}}' ./... |
@@ -99,20 +133,33 @@ done
 say "modules: ${mod_paths[*]}"
 
 # The consumer's environment: GOENV=off ignores the user's go env file, so that unset
-# means the default.
+# means the default; an empty git configuration, so that nothing of ours can come from
+# git: only from the proxy folder.
+: >"$tmp/consumer-gitconfig"
 consumer_env=(
-	env -u GONOPROXY -u GONOSUMDB -u GOINSECURE -u GOVCS -u GOEXPERIMENT
+	env -u GONOPROXY -u GOPRIVATE -u GOINSECURE -u GOVCS -u GOEXPERIMENT
+	GIT_CONFIG_GLOBAL="$tmp/consumer-gitconfig"
 	GOENV=off GOWORK=off GOFLAGS=
-	GOPRIVATE='github.com/gopipeline/*'
-	GOPROXY="$goproxy" GOSUMDB="$gosumdb" GOTOOLCHAIN="$gotoolchain"
+	GOPROXY="file://$proxy,$goproxy" GONOSUMDB='github.com/gopipeline/*'
+	GOSUMDB="$gosumdb" GOTOOLCHAIN="$gotoolchain"
 	GOCACHE="$gocache" GOPATH="$tmp/gopath" GOMODCACHE="$tmp/modcache"
 )
+
+# check_ours NAME LIST: checks that every module of ours in LIST (lines of "path
+# version[=>replacement]") is at the test version and not replaced.
+check_ours() {
+	local name=$1 p got
+	while read -r p got; do
+		[[ $got == "$version" ]] || die "$name: $p resolved to $got, want $version"
+		say "$name:   $p $got"
+	done < <(grep -E '^github\.com/gopipeline/' <<<"$2")
+}
 
 # consume NAME PATH...: in a fresh consumer module, go get the packages PATH... at the
 # test version, check that every module of ours it ends up with is at that version and
 # not replaced, and build (and run) a main.go that imports each package.
 consume() {
-	local name=$1 c p got list
+	local name=$1 c list
 	shift
 	c=$(mktemp -d "$tmp/consumer-$name.XXXX")
 	(
@@ -122,10 +169,7 @@ consume() {
 			die "$name: go get ${*/%/@$version} failed"
 		list=$("${consumer_env[@]}" go list -m -f '{{.Path}} {{.Version}}{{with .Replace}}=>{{.Path}}@{{.Version}}{{end}}' all) ||
 			die "$name: go list -m all failed"
-		while read -r p got; do
-			[[ $got == "$version" ]] || die "$name: $p resolved to $got, want $version"
-			say "$name:   $p $got"
-		done < <(grep -E '^github\.com/gopipeline/' <<<"$list")
+		check_ours "$name" "$list"
 		{
 			echo '// Command installtest imports every package of the released modules.'
 			echo 'package main'
@@ -141,7 +185,7 @@ consume() {
 	)
 }
 
-# 4. One consumer per module, which gets that module alone (as a user adding only the
+# One consumer per module, which gets that module alone (as a user adding only the
 # Prometheus exporter would), then one that gets them all together.
 all=()
 for p in "${mod_paths[@]}"; do
@@ -151,3 +195,28 @@ for p in "${mod_paths[@]}"; do
 done
 consume all "${all[@]}"
 say "ok: ${#all[@]} packages of ${#mod_paths[@]} modules installed with go get at $version and built"
+
+# 4. The commands, run with go run …@version from a folder outside any module. Each
+# gets the arguments of a short run; a new command module needs an entry here.
+declare -A cmd_args=(
+	[examples/etl]="-fresh -n 300 -web= -progress 1h -dir $tmp/etl-out"
+)
+elsewhere=$tmp/elsewhere
+mkdir -p "$elsewhere"
+for m in "${cmds[@]}"; do
+	path=${mod_path[$m]}
+	[[ -n ${cmd_args[$m]+set} ]] || die "$m: no arguments for a short run in install-test.sh's cmd_args"
+	read -r -a args <<<"${cmd_args[$m]}"
+	(
+		cd "$elsewhere"
+		"${consumer_env[@]}" go run "$path@$version" "${args[@]}" >"$tmp/run.out" 2>&1 ||
+			die "go run $path@$version ${args[*]} failed:$(printf '\n'; tail -20 "$tmp/run.out")"
+		"${consumer_env[@]}" GOBIN="$tmp/bin" go install "$path@$version" ||
+			die "go install $path@$version failed"
+		list=$(go version -m "$tmp/bin/${path##*/}" | awk '$1 == "dep" { print $2, $3 } $1 == "=>" { print "replaced", $2 }') ||
+			die "go version -m of $path failed"
+		! grep -q '^replaced' <<<"$list" || die "$path@$version was built with a replaced module:$(printf '\n%s' "$list")"
+		check_ours "${path##*/}" "$list"
+	)
+	say "ok: go run $path@$version ${args[*]} (from a folder outside any module): $(grep -c . "$tmp/run.out") lines of output"
+done

@@ -9,8 +9,9 @@
 #   go fix -diff ./...           gofmt -l                golangci-lint run ./...
 #
 # then smoke-runs each benchmark of bench/ once, and runs scripts/install-test.sh: every
-# user-facing module released from HEAD into a local git remote, installed with go get
-# into a fresh module and built, as a new user would. It needs only Go, git and bash: it
+# module released from HEAD and served by a local module proxy, each library installed
+# with go get into a fresh module and built, and examples/etl run with go run …@tag, as
+# a new user would. It needs only Go, git and bash: it
 # installs the pinned golangci-lint itself, and Debian's chromium package for the
 # dashboard's browser test (dashboard/internal/browsertest) when chromium is missing.
 # Before the tests it starts a throwaway PostgreSQL cluster (scripts/postgres.sh) for the
@@ -258,10 +259,11 @@ elif [[ -d bench ]]; then
 	step "bench: benchmarks, once each" go test -run='^$' -bench=. -benchtime=1x ./bench/...
 fi
 
-# A new user's install: every user-facing module released (on this machine) from HEAD,
-# then fetched with go get into a fresh module and built. See scripts/install-test.sh.
+# A new user's install: every module released (on this machine) from HEAD, then fetched
+# through a local module proxy with go get into a fresh module and built, and the main
+# job run with go run …@tag. See scripts/install-test.sh.
 if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
-	step "install test: go get at a local tag" scripts/install-test.sh
+	step "install test: go get and go run at a local tag" scripts/install-test.sh
 else
 	printf '\n==> install test: skipped (not a git checkout: no commit to release)\n'
 fi

@@ -189,7 +189,7 @@ func TestInterruptAndKillResume(t *testing.T) {
 			require.NoError(t, err)
 			require.NoError(t, cmd.Start())
 			// Wait, on the progress lines, until part of the input is checkpointed.
-			ckpt := regexp.MustCompile(`ckpt=(\d+)`)
+			ckpt := regexp.MustCompile(`committed ([\d,]+)`)
 			sc := bufio.NewScanner(stderr)
 			signaled := false
 			for sc.Scan() {
@@ -197,7 +197,7 @@ func TestInterruptAndKillResume(t *testing.T) {
 				if m == nil || signaled {
 					continue
 				}
-				if pos, _ := strconv.Atoi(m[1]); pos > 0 && pos < n/2 {
+				if pos, _ := strconv.Atoi(strings.ReplaceAll(m[1], ",", "")); pos > 0 && pos < n/2 {
 					require.NoError(t, cmd.Process.Signal(sig))
 					signaled = true
 				}
@@ -231,7 +231,7 @@ func TestPostgresInterruptAndKillResume(t *testing.T) {
 		}
 		t.Skip("DATABASE_URL is not set; start a server with scripts/postgres.sh start")
 	}
-	ckpt := regexp.MustCompile(`ckpt=\d+`)
+	ckpt := regexp.MustCompile(`committed [\d,]+`)
 	// ETL_STOPS=20 makes it 10 of each (the measurement of the README); n grows to match.
 	stops := make([]syscall.Signal, 6)
 	if v, err := strconv.Atoi(os.Getenv("ETL_STOPS")); err == nil && v > 0 {
@@ -339,25 +339,29 @@ func checkExactlyOnce(t *testing.T, dir string, n int) {
 }
 
 // TestProgressOf: the progress line's part of the source counts a resumed run's earlier
-// records as read, gives the percent and the time left at the recent rate, and says
-// nothing of a source that does not know its total.
+// records as read, shows beside it what the checkpoint holds (which lags behind),
+// gives the percents and the time left at the recent rate, and says only what is
+// committed of a source that does not know its total.
 func TestProgressOf(t *testing.T) {
 	t.Parallel()
-	rep := func(s pipeline.StageReport) pipeline.Report {
+	rep := func(ckpt int64, s pipeline.StageReport) pipeline.Report {
 		s.Name, s.Kind = "read", pipeline.KindSource
-		return pipeline.Report{Stages: []pipeline.StageReport{s}}
+		return pipeline.Report{Checkpoint: ckpt, Stages: []pipeline.StageReport{s}}
 	}
 	for _, tc := range []struct {
 		name string
 		rep  pipeline.Report
 		want string
 	}{
-		{"first run", rep(pipeline.StageReport{Total: 10000, Out: 2500, Rate: 1000}), " read 2,500/10,000 25% eta 7.5s"},
-		{"resumed", rep(pipeline.StageReport{Total: 10000, Resumed: 6000, Out: 1000, Rate: 1000}), " read 7,000/10,000 70% eta 3s"},
-		{"done", rep(pipeline.StageReport{Total: 10000, Resumed: 6000, Out: 4000, Rate: 1000}), " read 10,000/10,000 100%"},
-		{"no rate yet", rep(pipeline.StageReport{Total: 10000}), " read 0/10,000 0%"},
-		{"unknown total", rep(pipeline.StageReport{Out: 5}), ""},
-		{"no such row", pipeline.Report{}, ""},
+		{"first run", rep(1500, pipeline.StageReport{Total: 10000, Out: 2500, Rate: 1000}), " read 2,500/10,000 25% committed 1,500 15% eta 7.5s"},
+		{"resumed", rep(6500, pipeline.StageReport{Total: 10000, Resumed: 6000, Out: 1000, Rate: 1000}), " read 7,000/10,000 70% committed 6,500 65% eta 3s"},
+		{"all read, not all committed", rep(9500, pipeline.StageReport{Total: 10000, Resumed: 6000, Out: 4000, Rate: 1000}), " read 10,000/10,000 100% committed 9,500 95%"},
+		{"done", rep(10000, pipeline.StageReport{Total: 10000, Out: 10000}), " read 10,000/10,000 100% committed 10,000 100%"},
+		{"no rate yet", rep(0, pipeline.StageReport{Total: 10000}), " read 0/10,000 0% committed 0 0%"},
+		{"unknown total", rep(3, pipeline.StageReport{Out: 5}), " committed 3"},
+		{"no checkpoint", rep(-1, pipeline.StageReport{Total: 10000, Out: 2500}), " read 2,500/10,000 25%"},
+		{"no checkpoint, unknown total", rep(-1, pipeline.StageReport{Out: 5}), ""},
+		{"no such row", pipeline.Report{Checkpoint: -1}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

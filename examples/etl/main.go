@@ -366,7 +366,7 @@ func showProgress(p *pipeline.Pipeline, w io.Writer, every time.Duration, done <
 		case <-t.C:
 		}
 		snap := p.Snapshot()
-		line := fmt.Sprintf("%6.1fs ckpt=%d%s | %s", snap.Elapsed.Seconds(), snap.Checkpoint, progressOf(snap, "read"), snap.Line())
+		line := fmt.Sprintf("%6.1fs%s | %s", snap.Elapsed.Seconds(), progressOf(snap, "read"), snap.Line())
 		if term {
 			say(w, "\r\033[K%s", line)
 		} else {
@@ -375,18 +375,29 @@ func showProgress(p *pipeline.Pipeline, w io.Writer, every time.Duration, done <
 	}
 }
 
-// progressOf returns the progress of the source named src, when it knows its total:
-// " read 6,000/10,000 60% eta 5s", the records a resumed run found done counted as
-// read, the ETA at the source's recent rate; "" otherwise.
+// progressOf returns the progress of the source named src beside what the checkpoint
+// holds: " read 6,000/10,000 60% committed 5,500 55% eta 5s" when the source knows its
+// total (the records a resumed run found done counted as read, the ETA at the source's
+// recent rate), " committed 5,500" when it does not. Read runs ahead of committed by
+// the records in flight and those settled past a gap; the job is done when committed
+// reaches the total. It is "" for a run without a checkpoint and a source without a
+// total.
 func progressOf(snap pipeline.Report, src string) string {
+	var line string
 	s, ok := snap.Stage(src)
-	if !ok || s.Total <= 0 {
-		return ""
+	known := ok && s.Total > 0
+	if known {
+		done := min(s.Resumed+s.Out, s.Total)
+		line = fmt.Sprintf(" read %s/%s %d%%", thousands(done), thousands(s.Total), 100*done/s.Total)
 	}
-	done := min(s.Resumed+s.Out, s.Total)
-	line := fmt.Sprintf(" read %s/%s %d%%", thousands(done), thousands(s.Total), 100*done/s.Total)
-	if s.Rate > 0 && done < s.Total {
-		eta := time.Duration(float64(s.Total-done) / s.Rate * float64(time.Second))
+	if snap.Checkpoint >= 0 {
+		line += " committed " + thousands(snap.Checkpoint)
+		if known {
+			line += fmt.Sprintf(" %d%%", 100*min(snap.Checkpoint, s.Total)/s.Total)
+		}
+	}
+	if known && s.Rate > 0 && s.Resumed+s.Out < s.Total {
+		eta := time.Duration(float64(s.Total-s.Resumed-s.Out) / s.Rate * float64(time.Second))
 		line += " eta " + eta.Round(100*time.Millisecond).String()
 	}
 	return line

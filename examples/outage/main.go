@@ -7,7 +7,8 @@
 //	         2,000 requests/s (WithRateLimit) and is down (every call fails with a
 //	         transient error) for -down, starting a second into the run; a circuit
 //	         breaker (WithCircuitBreaker) holds the items while it is down, and
-//	         retries (WithRetry) cover the odd failure
+//	         retries (WithRetry) carry the first items of the outage until the
+//	         breaker opens (see below)
 //	sink     counts what arrives
 //
 // While it runs it prints Snapshot().Line() every 250 ms (the breaker's state and the
@@ -16,6 +17,15 @@
 // for the rate limit show on the stage and in the charts; at the end, the report: no
 // item dead-lettered, the time the breaker spent open, the limit's last changes.
 // Nothing goes beyond loopback.
+//
+// Why 8 attempts for a breaker that opens at 5 failures in a row: until the breaker
+// opens, the items of the outage's first milliseconds spend their own attempts, and a
+// call begun just before the outage that succeeds just after it starts the count of
+// failures in a row again. With 3 attempts (5, then 10 ms apart), an item could spend
+// them all in those 15 ms while the adaptive limit let only a few workers call, and
+// be dead-lettered: 3 runs in 18 with 6 of them at once on one CPU did (GOMAXPROCS=1).
+// With 8 attempts, spread over 355 ms, each item outlasts the calls in flight when the
+// outage began and sees the breaker open, and its attempts stop counting.
 //
 //	go run ./examples/outage -n 6000 -down 2s
 //	go run ./examples/outage -n 20000 -down 5s -wait   then open the address it prints
@@ -92,7 +102,7 @@ func main() {
 	call := pipeline.NewStage("call", 32, svc.call,
 		pipeline.WithRateLimit(rate.NewLimiter(2000, 20)),
 		pipeline.WithAdaptiveWorkers(2),
-		pipeline.WithRetry(3, pipeline.ExponentialBackoff(5*time.Millisecond, 100*time.Millisecond)),
+		pipeline.WithRetry(8, pipeline.ExponentialBackoff(5*time.Millisecond, 100*time.Millisecond)), // more than Failures: see above
 		pipeline.WithCircuitBreaker(pipeline.Breaker{Failures: 5, OpenFor: 250 * time.Millisecond, MaxOpen: time.Minute}),
 		pipeline.WithDeadLetter(dead.Add))
 	pipeline.To(pipeline.Then(pipeline.FromSlice(p, items), call), pipeline.NewSink("sink", 1, func(context.Context, int) error {

@@ -135,6 +135,10 @@ func TestBrowserOutage(t *testing.T) {
 		"the progress did not reach 100 %")
 	assert.Contains(t, progress, "read 6,000 of 6,000 (100 %)")
 	poll[bool](t, ctx, 20*time.Second, `document.querySelector('`+section+` .meta').textContent.includes("finished")`, "the run did not finish")
+	dead, err := chromedp.Run(ctx, chromedp.Evaluate[string](
+		`document.querySelector('`+section+` table.stages tr[data-stage="call"] td[data-field="dead_lettered"]').textContent`))
+	require.NoError(t, err)
+	assert.Equal(t, "0", dead, "the breaker holds the outage's items: none is dead-lettered (with fewer attempts than the breaker's Failures, the first ones were)")
 	heads, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](
 		`Array.from(document.querySelectorAll('`+section+` table.history th'), th => th.textContent)`))
 	require.NoError(t, err)
@@ -177,7 +181,8 @@ func TestBrowserETL(t *testing.T) {
 	progress := poll[string](t, ctx, 30*time.Second,
 		`(() => { const p = document.querySelector('`+section+` [data-field="progress"]'); return p && +p.dataset.fraction > 0 && p.textContent.includes("left") && p.textContent; })()`,
 		"no progress of the job's declared total")
-	assert.Regexp(t, `read [\d,]+ of 1,000,000 \([\d.]+ %\) · about .+ left`, progress)
+	assert.Regexp(t, `read [\d,]+ of 1,000,000 \([\d.]+ %\) · committed [\d,]+ \([\d.]+ %\) · about .+ left`, progress,
+		"what the checkpoint holds, beside what is read")
 
 	names := poll[[]string](t, ctx, 30*time.Second,
 		`(() => { const n = Array.from(document.querySelectorAll('`+section+` table.errors td:nth-child(2)'), td => td.textContent); return n.includes("status error") && n; })()`,
