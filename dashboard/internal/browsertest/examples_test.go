@@ -3,6 +3,7 @@ package browsertest
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -105,12 +106,13 @@ func TestBrowserOutage(t *testing.T) {
 	const breaker = `document.querySelector('` + section + ` table.controls td[data-field="breaker"]')`
 	const limit = `document.querySelector('` + section + ` table.controls td[data-field="limit"]')`
 	// Read the breaker's state and the limit at each refresh until the breaker has
-	// opened and closed again.
+	// opened and closed again, or the run has finished.
 	var states, limits []string
 	deadline := time.Now().Add(time.Minute)
 	for time.Now().Before(deadline) {
 		got, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](
-			`(() => { const b = `+breaker+`, l = `+limit+`; return b && l ? [b.textContent, l.textContent] : ["", ""]; })()`))
+			`(() => { const b = `+breaker+`, l = `+limit+`, m = document.querySelector('`+section+` .meta');
+				return [b ? b.textContent : "", l ? l.textContent : "", m && m.textContent.includes("finished") ? "finished" : ""]; })()`))
 		require.NoError(t, err)
 		if got[0] != "" && (len(states) == 0 || states[len(states)-1] != got[0]) {
 			states = append(states, got[0])
@@ -118,23 +120,58 @@ func TestBrowserOutage(t *testing.T) {
 		if got[1] != "" && !slices.Contains(limits, got[1]) {
 			limits = append(limits, got[1])
 		}
-		if slices.Contains(states, "open") && states[len(states)-1] == "closed" && len(limits) >= 2 {
+		if slices.Contains(states, "open") && states[len(states)-1] == "closed" && len(limits) >= 2 || got[2] != "" {
 			break
 		}
 		time.Sleep(50 * time.Millisecond) // the page's own pace: it refreshes every 250 ms
 	}
-	t.Logf("breaker: %v; limit: %v", states, limits)
-	assert.Contains(t, states, "open", "the breaker opened while the service was down")
-	if assert.NotEmpty(t, states) {
-		assert.Equal(t, "closed", states[len(states)-1], "and closed after")
+	t.Logf("the page showed the breaker %v and the limit %v", states, limits)
+	if assert.NotEmpty(t, states, "the page shows the breaker's state") {
+		assert.Equal(t, "closed", states[len(states)-1], "closed at the end")
 	}
-	assert.GreaterOrEqual(t, len(limits), 2, "the adaptive limit changed")
+	assert.NotEmpty(t, limits, "the page shows the adaptive limit")
 
 	progress := poll[string](t, ctx, time.Minute,
 		`(() => { const p = document.querySelector('`+section+` [data-field="progress"]'); return p && p.dataset.fraction == "1" && p.textContent; })()`,
 		"the progress did not reach 100 %")
 	assert.Contains(t, progress, "read 6,000 of 6,000 (100 %)")
 	poll[bool](t, ctx, 20*time.Second, `document.querySelector('`+section+` .meta').textContent.includes("finished")`, "the run did not finish")
+	// What the page showed live depends on when the browser came up (on a loaded
+	// machine, after the one-second outage): the breaker's transitions and the limit's
+	// changes since the run began are in data.json, whenever it is read.
+	var call struct {
+		Breaker *struct {
+			Opened      int64 `json:"opened"`
+			Transitions []struct {
+				To string `json:"to"`
+			} `json:"transitions"`
+		} `json:"breaker"`
+		LimitHistory []struct {
+			Limit int `json:"limit"`
+		} `json:"limit_history"`
+	}
+	raw, err := chromedp.Run(ctx, chromedp.Evaluate[string](`(async () => {
+		const d = await (await fetch("data.json")).json();
+		const p = d.pipelines.find(p => p.name == "outage");
+		return JSON.stringify(p && p.stages.find(s => s.name == "call"));
+	})()`, chromedp.EvalAwaitPromise))
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal([]byte(raw), &call), raw)
+	require.NotNil(t, call.Breaker, "data.json has the call stage's breaker")
+	var tos []string
+	for _, tr := range call.Breaker.Transitions {
+		tos = append(tos, tr.To)
+	}
+	assert.Contains(t, tos, "open", "the breaker opened while the service was down")
+	if assert.NotEmpty(t, tos) {
+		assert.Equal(t, "closed", tos[len(tos)-1], "and closed after")
+	}
+	assert.Positive(t, call.Breaker.Opened)
+	seen := map[int]bool{}
+	for _, c := range call.LimitHistory {
+		seen[c.Limit] = true
+	}
+	assert.GreaterOrEqual(t, len(seen), 2, "the adaptive limit changed: %v", call.LimitHistory)
 	dead, err := chromedp.Run(ctx, chromedp.Evaluate[string](
 		`document.querySelector('`+section+` table.stages tr[data-stage="call"] td[data-field="dead_lettered"]').textContent`))
 	require.NoError(t, err)
