@@ -19,7 +19,7 @@ func FuzzWatermark(f *testing.F) {
 			return
 		}
 		n := min(len(data), 64) // positions
-		tr := newTracker(nil, start, 1<<30)
+		tr := newCheckpointTracker(start, 1<<30)
 		// Derived items: each position splits into data[i]%4 items (0 settles at once).
 		var items []uint64
 		pending := make([]int, n) // derived items not yet settled, per position
@@ -74,7 +74,7 @@ func FuzzWatermark(f *testing.F) {
 			order[i], order[j] = order[j], order[i]
 		}
 		for _, u := range order {
-			tr.done(ids[u])
+			tr.settle(ids[u])
 			for _, pos := range units[u] {
 				pending[pos-start]--
 				if pending[pos-start] < 0 {
