@@ -100,100 +100,11 @@ type sender[T any] struct {
 	// producer's counts show that item in flight while it waits.
 	putRun func(vs []T, before func(done int)) (int, error)
 	// track is the run's tracker: the sender is how a producer derives and settles the
-	// positions of what it sends (split, group, ungroup, settle, setAside: DESIGN.md,
-	// section 4). Every sender of a run carries it; the methods pass over noPos, so
+	// positions of what it sends (split, group, ungroup, settle, setAside, in
+	// tracker.go; DESIGN.md, section 4). Every sender of a run carries it; the methods pass over noPos, so
 	// that an untracked run makes no call.
 	track tracker
 }
-
-// wrap returns a sender that puts with put and flushes and drops as snd does: an inline
-// operator's in front of its consumer's.
-func wrap[In, Out any](snd sender[Out], put pushFunc[In]) sender[In] {
-	return sender[In]{put: put, flush: snd.flush, drop: snd.drop, track: snd.track}
-}
-
-// positions returns a sender that puts nothing and only derives and settles positions,
-// for a goroutine whose outputs another one sends (an ordered stage's workers: the
-// window's flusher puts them).
-func (s *sender[T]) positions() sender[T] { return sender[T]{track: s.track} }
-
-// settler returns the sender of a run's end (a sink's, the collecting end's): an item
-// put into it is done with, so its position settles.
-func settler(t tracker) sender[struct{}] {
-	return sender[struct{}]{
-		put: func(_ struct{}, pos uint64) error {
-			if pos != noPos {
-				t.settle(pos)
-			}
-			return nil
-		},
-		flush: func() error { return nil },
-		drop:  func() {},
-		track: t,
-	}
-}
-
-// split records that the item at pos became k items (k = 0: it settled).
-func (s *sender[T]) split(pos uint64, k int) {
-	if pos != noPos && k != 1 {
-		s.track.split(pos, k)
-	}
-}
-
-// group returns the position of a batch of items at positions.
-func (s *sender[T]) group(positions []uint64) uint64 { return s.track.group(positions) }
-
-// ungroup returns the positions of the n items of a batch at pos, or nil after
-// splitting pos into n (see tracker.ungroup).
-func (s *sender[T]) ungroup(pos uint64, n int) []uint64 {
-	if pos == noPos {
-		return nil
-	}
-	return s.track.ungroup(pos, n)
-}
-
-// settle settles an item derived from pos: committed, filtered out, or done with.
-func (s *sender[T]) settle(pos uint64) {
-	if pos != noPos {
-		s.track.settle(pos)
-	}
-}
-
-// setAside settles an item derived from pos that a stage set aside (m: its record, or
-// its hand-back).
-func (s *sender[T]) setAside(pos uint64, m *ackMark) {
-	if pos != noPos {
-		s.track.setAside(pos, m)
-	}
-}
-
-// admit waits until the tracked source may emit pos (see tracker.admit).
-func (s *sender[T]) admit(ctx context.Context, pos uint64, settle func(Settlement)) (uint64, error) {
-	return s.track.admit(ctx, pos, settle)
-}
-
-// skipped reports whether the tracked source's pos was committed in an earlier run,
-// and settles it if so.
-func (s *sender[T]) skipped(pos uint64) bool { return s.track.skipped(pos) }
-
-// hungry and holdsHead tell a batch when the tracked source waits for items it holds
-// (see tracker.hungry).
-func (s *sender[T]) hungry() <-chan struct{} { return s.track.hungry() }
-
-func (s *sender[T]) holdsHead(positions []uint64) (bool, <-chan struct{}) {
-	return s.track.holdsHead(positions)
-}
-
-// scope returns ctx carrying *pos for [Commit] (see tracker.scope).
-func (s *sender[T]) scope(ctx context.Context, pos *uint64) context.Context {
-	if *pos == noPos {
-		return ctx
-	}
-	return s.track.scope(ctx, pos)
-}
-
-// handsBack reports whether an item can be handed back to the tracked source.
-func (s *sender[T]) handsBack() bool { return s.track.handsBack() }
 
 // outlet makes a sender for each goroutine that produces a stream, given the
 // goroutine's hand. Inline operators wrap the outlet of their consumer.
