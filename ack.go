@@ -133,10 +133,9 @@ type ackCfg struct {
 // The run tracks the items derived from each source item with the same machinery as
 // [FromCheckpoint]'s watermark, without the watermark: a mutex per emitted item, one
 // per settled item and one more after each callback, and a map entry per unsettled
-// item. Runs without a tracked source pay nothing for it: their tracker is nil. A
-// pipeline has at most one tracked source, acknowledged or checkpointed: FromAcked
-// panics on a second one. Options: [WithMaxPending] and [WithName] (the source's row,
-// "FromAcked" by default).
+// item. Runs without a tracked source pay nothing for it. A pipeline has at most one
+// tracked source, acknowledged or checkpointed: FromAcked panics on a second one.
+// Options: [WithMaxPending] and [WithName] (the source's row, "FromAcked" by default).
 func FromAcked[T any](p *Pipeline, fn func(ctx context.Context, emit func(v T, settle func(Settlement)) error) error, opts ...AckOption) *Stream[T] {
 	if p == nil {
 		panic("pipeline: FromAcked: nil *Pipeline")
@@ -155,7 +154,7 @@ func FromAcked[T any](p *Pipeline, fn func(ctx context.Context, emit func(v T, s
 		out, done := c.out, c.done
 		rw := r.newRow(name, KindSource, 1, 0, nil)
 		r.addRow(rw)
-		st, t := &rw.workers[0], r.track
+		st := &rw.workers[0]
 		var pos uint64
 		var snd sender[T]
 		emit := func(v T, settle func(Settlement)) error {
@@ -169,7 +168,7 @@ func FromAcked[T any](p *Pipeline, fn func(ctx context.Context, emit func(v T, s
 				callSettle(settle, NotProcessed)
 				return context.Cause(r.ctx)
 			}
-			if err := t.enter(r.ctx, pos, settle); err != nil {
+			if _, err := snd.admit(r.ctx, pos, settle); err != nil { // the source asks for every item
 				callSettle(settle, NotProcessed)
 				return err
 			}
@@ -217,13 +216,14 @@ func callSettle(settle func(Settlement), o Outcome) {
 	}
 }
 
-// ackBook is the part of a tracker that follows an acknowledged source: no watermark,
-// a settle callback per unsettled position instead.
-type ackBook struct {
+// ackTracker is an acknowledged source's [tracker]: no watermark, a settle callback
+// per unsettled position instead.
+type ackTracker struct {
+	lineage     // refs, groups and the source's wait (tracker.go), under mu
 	max     int // the bound on unsettled positions (WithMaxPending)
 	entries map[uint64]ackEntry
 	firing  int       // positions settled whose callback has not returned yet: they count against max
-	ready   []ackFire // settlements to call once the tracker's lock is released
+	ready   []ackFire // settlements to call once the lock is released
 }
 
 type ackEntry struct {
@@ -231,6 +231,8 @@ type ackEntry struct {
 	mark   *ackMark // what a derived item met: set aside, or handed back
 }
 
+// ackMark is what an item set aside met: its record (the destination's, or the
+// hand-back's) and, when back, the delay before the source delivers it again.
 type ackMark struct {
 	dl    DeadLetter[struct{}]
 	back  bool
@@ -242,61 +244,69 @@ type ackFire struct {
 	s      Settlement
 }
 
-func newAckTracker(source any) *tracker {
-	t := newTracker(source, 0, int(^uint(0)>>1))
-	t.acks = &ackBook{entries: map[uint64]ackEntry{}}
+func newAckTracker() *ackTracker {
+	t := &ackTracker{entries: map[uint64]ackEntry{}}
+	t.init()
 	return t
 }
 
-// acked reports whether t follows an acknowledged source.
-func (t *tracker) acked() bool { return t != nil && t.acks != nil }
-
-// enter waits until fewer than the bound of positions are unsettled, then records pos
-// with its callback. While it waits, batches flush what they hold (hungry is closed).
-func (t *tracker) enter(ctx context.Context, pos uint64, settle func(Settlement)) error {
+// admit implements [tracker]: it waits until fewer than the bound of positions are
+// unsettled, then records pos with its callback. The source asks again for every item.
+func (t *ackTracker) admit(ctx context.Context, pos uint64, settle func(Settlement)) (uint64, error) {
 	t.mu.Lock()
-	for len(t.acks.entries)+t.acks.firing >= t.acks.max {
-		if t.wake == nil {
-			t.wake = make(chan struct{})
-		}
-		if !t.starving {
-			t.starving = true
-			if t.hungry == nil {
-				t.hungry = make(chan struct{})
-			}
-			close(t.hungry)
-		}
-		wake := t.wake
-		t.mu.Unlock()
-		select {
-		case <-wake:
-		case <-ctx.Done():
-			return context.Cause(ctx)
-		case <-t.drain:
-			return errDraining
-		}
-		t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := t.waitLocked(ctx, func() bool { return len(t.entries)+t.firing >= t.max }, nil); err != nil {
+		return 0, err
 	}
-	t.acks.entries[pos] = ackEntry{settle: settle}
-	t.mu.Unlock()
-	return nil
+	t.entries[pos] = ackEntry{settle: settle}
+	return pos + 1, nil
 }
 
-// ackDone settles one item derived from pos, which met m on its way (nil: committed or
+// split implements [tracker].
+func (t *ackTracker) split(pos uint64, k int) {
+	if t.refer(pos, k) {
+		t.done(pos, nil)
+	}
+}
+
+// ungroup implements [tracker].
+func (t *ackTracker) ungroup(pos uint64, n int) []uint64 {
+	m, now := t.members(pos, n)
+	if now {
+		t.done(pos, nil)
+	}
+	return m
+}
+
+// settle implements [tracker].
+func (t *ackTracker) settle(pos uint64) { t.done(pos, nil) }
+
+// setAside implements [tracker]: the source item settles DeadLettered, or HandedBack.
+func (t *ackTracker) setAside(pos uint64, m *ackMark) {
+	if pos == noPos {
+		return
+	}
+	kept := *m // the caller's (the worker's item in hand) is the caller's to reuse
+	t.done(pos, &kept)
+}
+
+// done settles one item derived from pos, which met m on its way (nil: committed or
 // filtered), and then calls the callbacks of the source items that became settled.
-func (t *tracker) ackDone(pos uint64, m *ackMark) {
+func (t *ackTracker) done(pos uint64, m *ackMark) {
 	if pos == noPos {
 		return
 	}
 	var buf [1]ackFire
 	t.mu.Lock()
 	if m != nil {
-		t.markAck(pos, m)
+		t.markLocked(pos, m)
 	}
-	t.settle(pos)
-	fire := append(buf[:0], t.acks.ready...)
-	clear(t.acks.ready)
-	t.acks.ready = t.acks.ready[:0]
+	for _, p := range t.unwindLocked(pos) {
+		t.reachedLocked(p)
+	}
+	fire := append(buf[:0], t.ready...)
+	clear(t.ready)
+	t.ready = t.ready[:0]
 	t.mu.Unlock()
 	if len(fire) == 0 {
 		return
@@ -309,7 +319,7 @@ func (t *tracker) ackDone(pos uint64, m *ackMark) {
 			_ = safely(func() error { fire[i].settle(fire[i].s); return nil })
 		}
 		t.mu.Lock()
-		t.acks.firing -= len(fire)
+		t.firing -= len(fire)
 		t.roomLocked()
 		t.mu.Unlock()
 	}()
@@ -319,51 +329,40 @@ func (t *tracker) ackDone(pos uint64, m *ackMark) {
 }
 
 // roomLocked wakes the source if it waits and there is room.
-func (t *tracker) roomLocked() {
-	if t.wake != nil && len(t.acks.entries)+t.acks.firing < t.acks.max {
-		close(t.wake)
-		t.wake = nil
-		t.starving, t.hungry = false, nil
+func (t *ackTracker) roomLocked() {
+	if len(t.entries)+t.firing < t.max {
+		t.openLocked()
 	}
 }
 
-// deadLettered settles an item derived from pos that a dead-letter destination took.
-func (t *tracker) deadLettered(pos uint64, rec DeadLetter[struct{}]) {
-	if t.acked() {
-		t.ackDone(pos, &ackMark{dl: rec})
-		return
-	}
-	t.done(pos)
-}
-
-// markAck records m for pos, or for every member of a batch.
-func (t *tracker) markAck(pos uint64, m *ackMark) {
+// markLocked records m for pos, or for every member of a batch; t.mu must be held.
+func (t *ackTracker) markLocked(pos uint64, m *ackMark) {
 	if pos&groupBit != 0 {
 		for _, p := range t.groups[pos] {
-			t.markAck(p, m)
+			t.markLocked(p, m)
 		}
 		return
 	}
-	e, ok := t.acks.entries[pos]
+	e, ok := t.entries[pos]
 	if ok && (e.mark == nil || m.back && !e.mark.back) {
 		e.mark = m
-		t.acks.entries[pos] = e
+		t.entries[pos] = e
 	}
 }
 
-// ackSettled is settle's end for an acknowledged source: pos and everything derived
-// from it settled.
-func (t *tracker) ackSettled(pos uint64) {
-	e, ok := t.acks.entries[pos]
+// reachedLocked ends pos, whose derived items have all settled: its entry is removed
+// and its Settlement queued in ready. t.mu must be held.
+func (t *ackTracker) reachedLocked(pos uint64) {
+	e, ok := t.entries[pos]
 	if !ok {
 		return
 	}
-	delete(t.acks.entries, pos)
+	delete(t.entries, pos)
 	if e.settle == nil {
 		t.roomLocked()
 		return
 	}
-	t.acks.firing++
+	t.firing++
 	s := Settlement{Outcome: Committed}
 	if m := e.mark; m != nil {
 		s.Outcome, s.DeadLetter = DeadLettered, m.dl
@@ -371,31 +370,43 @@ func (t *tracker) ackSettled(pos uint64) {
 			s.Outcome, s.Delay = HandedBack, m.delay
 		}
 	}
-	t.acks.ready = append(t.acks.ready, ackFire{e.settle, s})
+	t.ready = append(t.ready, ackFire{e.settle, s})
 }
 
-// release settles every position still unsettled as NotProcessed, in emit order, once
-// the run's goroutines are done. A panic in a callback is returned as a
-// [*StageError] of the source, after the other callbacks ran.
-func (t *tracker) release(source string) (err error) {
-	if !t.acked() {
-		return nil
-	}
+// holdsHead implements [tracker]: the source waits for any unsettled item, so a batch
+// that holds items holds it back.
+func (*ackTracker) holdsHead(positions []uint64) (bool, <-chan struct{}) {
+	return len(positions) > 0, nil
+}
+
+// skipped implements [tracker]: an acknowledged source has no earlier run to skip.
+func (*ackTracker) skipped(uint64) bool { return false }
+
+// scope implements [tracker]: there is no progress to commit.
+func (*ackTracker) scope(ctx context.Context, _ *uint64) context.Context { return ctx }
+
+// handsBack implements [tracker]: a broker delivers an item handed back again.
+func (*ackTracker) handsBack() bool { return true }
+
+// finish implements [tracker]: it settles every position still unsettled as
+// NotProcessed, in emit order. A panic in a callback is returned as a [*StageError]
+// of the source, after the other callbacks ran.
+func (t *ackTracker) finish(r *run) (err error) {
 	t.mu.Lock()
-	left := make([]uint64, 0, len(t.acks.entries))
-	for p := range t.acks.entries {
+	left := make([]uint64, 0, len(t.entries))
+	for p := range t.entries {
 		left = append(left, p)
 	}
 	slices.SortFunc(left, cmp.Compare[uint64])
 	settles := make([]func(Settlement), len(left))
 	for i, p := range left {
-		settles[i] = t.acks.entries[p].settle
+		settles[i] = t.entries[p].settle
 	}
-	clear(t.acks.entries)
+	clear(t.entries)
 	t.mu.Unlock()
 	for _, settle := range settles {
 		if perr := safely(func() error { callSettle(settle, NotProcessed); return nil }); perr != nil && err == nil {
-			err = &StageError{Stage: source, Err: perr}
+			err = &StageError{Stage: r.p.ack.name, Err: perr}
 		}
 	}
 	return err
@@ -411,13 +422,13 @@ func stripItem[T any](rec DeadLetter[T]) DeadLetter[struct{}] {
 
 // handBackMark is what the acknowledged source is told of the item in hand that the
 // stage gives back ([WithHandBack]); worker.end settles it.
-func (w *worker[In, Out]) handBackMark(attempts int, first, last error) *ackMark {
+func (w *worker[In, Out]) handBackMark(attempts int, first, last error) ackMark {
 	typ, msg := errTypeName(last), last.Error()
 	firstMsg := msg
 	if first != last { //nolint:errorlint // identity, not equivalence: the same error value
 		firstMsg = first.Error()
 	}
-	m := &ackMark{back: true, dl: DeadLetter[struct{}]{
+	m := ackMark{back: true, dl: DeadLetter[struct{}]{
 		Stage: w.st.name, Attempts: attempts, Class: ClassTransient, ErrType: typ,
 		FirstError: firstMsg, LastError: msg, Time: time.Now(),
 	}}
@@ -426,12 +437,4 @@ func (w *worker[In, Out]) handBackMark(attempts int, first, last error) *ackMark
 	}
 	m.delay = max(m.delay, retryAfterOf(last)) // a delay the error asks for (retryafter.go)
 	return m
-}
-
-// ackName names the acknowledged source's row, for a panic in a settle callback.
-func (p *Pipeline) ackName() string {
-	if p.ack == nil {
-		return ""
-	}
-	return p.ack.name
 }

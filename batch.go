@@ -85,7 +85,7 @@ func Batch[T any](s *Stream[T], size int, opts ...BatchOption) *Stream[[]T] {
 		b := &batcher[T]{
 			consumer: newConsumer(q, 0, 0, &rw.workers[0], buf),
 			ctx:      r.ctx, size: size, maxBytes: cfg.maxBytes, sizer: sizer,
-			linger: cfg.linger, down: next, row: rw, flushes: rw.flushes, track: r.track,
+			linger: cfg.linger, down: next, row: rw, flushes: rw.flushes, tracked: r.tracked(),
 		}
 		r.goSafe(name, func() error {
 			if err := b.loop(); err != nil {
@@ -110,7 +110,7 @@ type batcher[T any] struct {
 	out         sender[[]T]
 	row         *row
 	flushes     *flushCounters
-	track       *tracker
+	tracked     bool        // the run tracks positions: the batch keeps its items' (poss)
 	timer       *time.Timer // WithLinger
 	batch       []T
 	poss        []uint64 // positions of the batch's items (checkpointed runs)
@@ -180,8 +180,8 @@ func (b *batcher[T]) idle(wake <-chan struct{}) (bool, error) {
 	// A checkpointed source waiting for a save may be waiting for an item this batch
 	// holds: then flush it, whatever its size.
 	var hungry, headMoved <-chan struct{}
-	if b.track != nil && len(b.batch) > 0 {
-		if hungry = b.track.hungryChan(); hungry == b.judged {
+	if len(b.poss) > 0 {
+		if hungry = b.out.hungry(); hungry == b.judged {
 			hungry, headMoved = nil, b.moved
 		}
 	}
@@ -193,7 +193,7 @@ func (b *batcher[T]) idle(wake <-chan struct{}) (bool, error) {
 		return false, nil
 	case <-hungry:
 		var holds bool
-		if holds, b.moved = b.track.holdsHead(b.poss); !holds {
+		if holds, b.moved = b.out.holdsHead(b.poss); !holds {
 			b.judged = hungry // wait for input or the head to move; then judge again
 			return false, nil
 		}
@@ -231,7 +231,7 @@ func (b *batcher[T]) items() error {
 			}
 		}
 		b.batch = append(b.batch, v)
-		if b.track != nil {
+		if b.tracked {
 			b.poss = append(b.poss, e.pos)
 			b.judged, b.moved = nil, nil
 		}
@@ -254,8 +254,8 @@ func (b *batcher[T]) flush(reason *counter) error {
 	n := int64(len(b.batch))
 	reason.inc()
 	batch, pos := b.batch, noPos
-	if b.track != nil {
-		pos = b.track.group(b.poss)
+	if b.tracked {
+		pos = b.out.group(b.poss)
 		b.poss = nil
 	}
 	b.batch, b.bytes = nil, 0
@@ -278,10 +278,7 @@ func Flatten[T any](s *Stream[[]T]) *Stream[T] {
 		cs := c.rows // the first rows downstream: they count what a panic kept from them
 		return s.open(r, into[[]T]{out: func(h *hand) sender[[]T] {
 			snd := c.out(h)
-			return sender[[]T]{
-				put:   func(vs []T, pos uint64) error { return flattenPush(r, h, snd.put, vs, pos, cs) },
-				flush: snd.flush, drop: snd.drop,
-			}
+			return wrap(snd, func(vs []T, pos uint64) error { return flattenPush(r, h, &snd, vs, pos, cs) })
 		}, done: c.done, rows: c.rows})
 	}
 	return out
@@ -293,8 +290,8 @@ func Flatten[T any](s *Stream[[]T]) *Stream[T] {
 // one on a [Tee] branch: the upstream counts vs as sent, since items 0..i-1 already
 // reached the next rows, and items i and after, which the panic kept from them, count
 // as failed there. A runtime.Goexit goes on unwinding: the upstream fails vs.
-func flattenPush[T any](r *run, h *hand, push pushFunc[T], vs []T, pos uint64, next []*row) (err error) {
-	poss := r.track.ungroup(pos, len(vs))
+func flattenPush[T any](r *run, h *hand, snd *sender[T], vs []T, pos uint64, next []*row) (err error) {
+	poss := snd.ungroup(pos, len(vs))
 	i := 0
 	defer guard(nil, func(perr error) { // a panic only: a Goexit goes on unwinding
 		for _, c := range next {
@@ -309,7 +306,7 @@ func flattenPush[T any](r *run, h *hand, push pushFunc[T], vs []T, pos uint64, n
 		if poss != nil {
 			pos = poss[i]
 		}
-		if err := push(vs[i], pos); err != nil && first == nil {
+		if err := snd.put(vs[i], pos); err != nil && first == nil {
 			first = err // offer the rest too, so that each is counted
 		}
 	}

@@ -227,37 +227,22 @@ type checkpointCfg struct {
 	loaded   int64 // the position loaded for the current run
 }
 
-// groupBit marks a tracker position that stands for a group (a batch) of positions.
-const groupBit = uint64(1) << 63
+// checkpointTracker is a checkpointed run's [tracker]: the watermark over the source's
+// positions, the saves, and what [Commit] needs to know (commit.go).
+type checkpointTracker struct {
+	lineage        // refs, groups and the source's wait (tracker.go), under mu
+	start   uint64 // the first position of the run
 
-// tracker is a checkpointed run's watermark. A nil *tracker tracks nothing, so call
-// sites need no check.
-type tracker struct {
-	source any    // the checkpointed source's stream
-	start  uint64 // the first position of the run
-
-	mu      sync.Mutex
 	next    uint64              // every position below is settled
 	settled map[uint64]struct{} // settled positions above next
-	refs    map[uint64]int      // extra derived items still to settle, per position
-	groups  map[uint64][]uint64 // batch id -> member positions
-	gid     uint64
-	since   int           // positions settled since the last poke
-	every   int           // poke the saver after this many
-	poke    chan struct{} // the saver's wake-up, capacity 1
-	saved   uint64        // the position saved last
-	limit   uint64        // the source stays below saved+limit (WithMaxRedo)
-	wake    chan struct{} // closed when saved advances, made only when the source waits
-	// While the source waits for a save, batches flush what they hold (they would
-	// otherwise wait for more input, which the source cannot send) and every advance
-	// pokes the saver: hungry is closed while the source waits.
-	hungry   chan struct{}
-	starving bool
-	drain    <-chan struct{} // closed when a budget drains: a waiting source stops
+	since   int                 // positions settled since the last poke
+	every   int                 // poke the saver after this many
+	poke    chan struct{}       // the saver's wake-up, capacity 1
+	saved   uint64              // the position saved last
+	limit   uint64              // the source stays below saved+limit (WithMaxRedo)
 	// moved is closed when next advances; made only when a batch that judged a wait not
 	// to concern it watches for the head to move (it may then hold the new head).
 	moved chan struct{}
-	acks  *ackBook        // an acknowledged source's callbacks (ack.go); nil for a checkpoint
 	skip  []PositionRange // committed above start in an earlier run (commit.go); the source's own
 	prior []PositionRange // the same ranges, kept whole for every save (commit.go)
 	// above counts the positions that settled above next: a save of a CommittedStore
@@ -269,182 +254,101 @@ type tracker struct {
 	commitWake chan struct{}
 }
 
-func newTracker(source any, start uint64, every int) *tracker {
-	return &tracker{
-		source: source, start: start, next: start, every: every, saved: start, limit: ^uint64(0) >> 1,
-		settled: map[uint64]struct{}{}, refs: map[uint64]int{}, groups: map[uint64][]uint64{},
-		poke: make(chan struct{}, 1),
+func newCheckpointTracker(start uint64, every int) *checkpointTracker {
+	t := &checkpointTracker{
+		start: start, next: start, every: every, saved: start, limit: ^uint64(0) >> 1,
+		settled: map[uint64]struct{}{}, poke: make(chan struct{}, 1),
+	}
+	t.init()
+	return t
+}
+
+// split implements [tracker].
+func (t *checkpointTracker) split(pos uint64, k int) {
+	if t.refer(pos, k) {
+		t.settle(pos)
 	}
 }
 
-// done settles one item derived from pos.
-func (t *tracker) done(pos uint64) {
-	if t == nil || pos == noPos {
-		return
+// ungroup implements [tracker].
+func (t *checkpointTracker) ungroup(pos uint64, n int) []uint64 {
+	m, now := t.members(pos, n)
+	if now {
+		t.settle(pos)
 	}
-	if t.acks != nil { // an acknowledged source (ack.go)
-		t.ackDone(pos, nil)
+	return m
+}
+
+// settle implements [tracker].
+func (t *checkpointTracker) settle(pos uint64) {
+	if pos == noPos {
 		return
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.settle(pos)
+	t.settleLocked(pos)
 }
 
-func (t *tracker) settle(pos uint64) {
-	if n := t.refs[pos]; n > 0 {
-		if n == 1 {
-			delete(t.refs, pos)
-		} else {
-			t.refs[pos] = n - 1
+// setAside implements [tracker]: a dead-lettered item settles as a committed one.
+func (t *checkpointTracker) setAside(pos uint64, _ *ackMark) { t.settle(pos) }
+
+// settleLocked settles one item derived from pos; t.mu must be held. A position whose
+// items have all settled goes into settled if it is above next; next itself advances
+// the watermark over every settled position after it, and pokes the saver every
+// `every` positions or while the source starves.
+func (t *checkpointTracker) settleLocked(pos uint64) {
+	for _, p := range t.unwindLocked(pos) {
+		if p != t.next {
+			t.settled[p] = struct{}{}
+			t.above++
+			continue
 		}
-		return
-	}
-	if pos&groupBit != 0 {
-		members := t.groups[pos]
-		delete(t.groups, pos)
-		for _, m := range members {
-			t.settle(m)
-		}
-		return
-	}
-	if t.acks != nil { // an acknowledged source (ack.go): no watermark
-		t.ackSettled(pos)
-		return
-	}
-	if pos != t.next {
-		t.settled[pos] = struct{}{}
-		t.above++
-		return
-	}
-	n := 1
-	t.next++
-	if t.moved != nil {
-		close(t.moved)
-		t.moved = nil
-	}
-	for {
-		if _, ok := t.settled[t.next]; !ok {
-			break
-		}
-		delete(t.settled, t.next)
+		n := 1
 		t.next++
-		n++
-	}
-	t.since += n
-	if t.since >= t.every || t.starving {
-		t.since = 0
-		t.pokeSaver()
-	}
-}
-
-// split records that the item at pos became k items, each of which will settle.
-func (t *tracker) split(pos uint64, k int) {
-	if t == nil || pos == noPos || k == 1 {
-		return
-	}
-	if k == 0 {
-		t.done(pos)
-		return
-	}
-	t.mu.Lock()
-	t.refs[pos] += k - 1
-	t.mu.Unlock()
-}
-
-// group returns an id that settles all of positions when it settles.
-func (t *tracker) group(positions []uint64) uint64 {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.gid++
-	id := groupBit | t.gid
-	t.groups[id] = positions
-	return id
-}
-
-// ungroup returns the member positions of a batch of n items, one per item, when pos is
-// a batch made by [Batch]; otherwise it records that pos became n items and returns nil.
-func (t *tracker) ungroup(pos uint64, n int) []uint64 {
-	if t == nil || pos == noPos {
-		return nil
-	}
-	t.mu.Lock()
-	if m, ok := t.groups[pos]; ok && len(m) == n && t.refs[pos] == 0 {
-		delete(t.groups, pos)
-		t.mu.Unlock()
-		return m
-	}
-	t.mu.Unlock()
-	t.split(pos, n)
-	return nil
-}
-
-// admit blocks until the source may emit position pos (pos < saved+limit) and returns
-// the bound up to which it may go on without asking again.
-func (t *tracker) admit(ctx context.Context, pos uint64) (uint64, error) {
-	t.mu.Lock()
-	for pos >= t.saved+t.limit {
-		if t.wake == nil {
-			t.wake = make(chan struct{})
+		if t.moved != nil {
+			close(t.moved)
+			t.moved = nil
 		}
-		if !t.starving {
-			t.starving = true
-			if t.hungry == nil {
-				t.hungry = make(chan struct{})
+		for {
+			if _, ok := t.settled[t.next]; !ok {
+				break
 			}
-			close(t.hungry)
+			delete(t.settled, t.next)
+			t.next++
+			n++
+		}
+		t.since += n
+		if t.since >= t.every || t.starving {
+			t.since = 0
 			t.pokeSaver()
 		}
-		wake := t.wake
-		t.mu.Unlock()
-		select {
-		case <-wake:
-		case <-ctx.Done():
-			return 0, context.Cause(ctx)
-		case <-t.drain:
-			return 0, errDraining
-		}
-		t.mu.Lock()
 	}
-	bound := t.saved + t.limit
-	t.mu.Unlock()
-	return bound, nil
+}
+
+// admit implements [tracker]: the source waits while pos >= saved+limit.
+func (t *checkpointTracker) admit(ctx context.Context, pos uint64, _ func(Settlement)) (uint64, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := t.waitLocked(ctx, func() bool { return pos >= t.saved+t.limit }, t.pokeSaver); err != nil {
+		return 0, err
+	}
+	return t.saved + t.limit, nil
 }
 
 // markSaved records a saved position and wakes a waiting source.
-func (t *tracker) markSaved(pos int64) {
+func (t *checkpointTracker) markSaved(pos int64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.saved = uint64(pos)
-	if t.wake != nil {
-		close(t.wake)
-		t.wake = nil
-	}
-	if t.starving {
-		t.starving, t.hungry = false, nil
-	}
+	t.openLocked()
 }
 
-// hungryChan returns a channel that is closed while the source waits for a save: a
-// batch holding items flushes them when it is.
-func (t *tracker) hungryChan() <-chan struct{} {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.hungry == nil {
-		t.hungry = make(chan struct{})
-	}
-	return t.hungry
-}
-
-// holdsHead reports whether positions (a batch's) include the watermark's next
-// position, or a batch of positions, which may: then the batch holds the run back.
-// When they do not, moved is closed once the head moves on, when the batch must judge
-// again (the item that held the head may have settled elsewhere: dead-lettered,
-// filtered, or dropped by a flat stage).
-func (t *tracker) holdsHead(positions []uint64) (holds bool, moved <-chan struct{}) {
-	if t.acks != nil { // an acknowledged source (ack.go) waits for any unsettled item
-		return len(positions) > 0, nil
-	}
+// holdsHead implements [tracker]: positions hold the source back when they include the
+// watermark's next position, or a batch of positions, which may. When they do not,
+// moved is closed once the head moves on, when the batch must judge again (the item
+// that held the head may have settled elsewhere: dead-lettered, filtered, or dropped
+// by a flat stage).
+func (t *checkpointTracker) holdsHead(positions []uint64) (holds bool, moved <-chan struct{}) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, p := range positions {
@@ -458,14 +362,17 @@ func (t *tracker) holdsHead(positions []uint64) (holds bool, moved <-chan struct
 	return false, t.moved
 }
 
-func (t *tracker) pokeSaver() {
+// handsBack implements [tracker]: a checkpointed source cannot take an item back.
+func (*checkpointTracker) handsBack() bool { return false }
+
+func (t *checkpointTracker) pokeSaver() {
 	select {
 	case t.poke <- struct{}{}:
 	default:
 	}
 }
 
-func (t *tracker) watermark() int64 {
+func (t *checkpointTracker) watermark() int64 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return int64(t.next)
@@ -473,7 +380,7 @@ func (t *tracker) watermark() int64 {
 
 // saver saves the watermark when poked or at each interval, until stop is closed.
 // A failed save fails the run (r.fail); the saver then stops.
-func (t *tracker) saver(ctx context.Context, store CheckpointStore, interval time.Duration, stop <-chan struct{}, r *run) {
+func (t *checkpointTracker) saver(ctx context.Context, store CheckpointStore, interval time.Duration, stop <-chan struct{}, r *run) {
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for {
@@ -485,7 +392,7 @@ func (t *tracker) saver(ctx context.Context, store CheckpointStore, interval tim
 		case <-t.poke:
 		case <-tick.C:
 		}
-		if _, err := r.saveProgress(ctx, store); err != nil {
+		if _, err := t.save(ctx, store, r); err != nil {
 			if ctx.Err() == nil { // else the run stopped for another reason first
 				r.fail(&StageError{Stage: "checkpoint", Err: err})
 			}
@@ -494,11 +401,23 @@ func (t *tracker) saver(ctx context.Context, store CheckpointStore, interval tim
 	}
 }
 
+// finish implements [tracker]: it saves once more, with the parent context's values
+// and no cancellation.
+func (t *checkpointTracker) finish(r *run) error {
+	if err := safely(func() error {
+		_, err := t.save(context.WithoutCancel(r.parent), r.p.ck.store, r)
+		return err
+	}); err != nil {
+		return &StageError{Stage: "checkpoint", Err: err}
+	}
+	return nil
+}
+
 // progress returns what a save records: the watermark, the ranges settled above it when
 // ranges is set (those loaded at the start of the run included, for a CommittedStore),
 // and the count of positions settled above the watermark so far, which changes
 // whenever the ranges do.
-func (t *tracker) progress(ranges bool) (w int64, above []PositionRange, n uint64) {
+func (t *checkpointTracker) progress(ranges bool) (w int64, above []PositionRange, n uint64) {
 	t.mu.Lock()
 	next, n := t.next, t.above
 	var ps []uint64
@@ -544,11 +463,10 @@ func mergeRanges(a, b []PositionRange, from int64) []PositionRange {
 	return out
 }
 
-// saveProgress saves the run's progress to store if it moved since the last save: the
+// save saves the run's progress to store if it moved since the last save: the
 // watermark, and for a [CommittedStore] the ranges settled above it. It is called by
 // the saver, then once more by finish when the run has ended, never at once.
-func (r *run) saveProgress(ctx context.Context, store CheckpointStore) (saved bool, err error) {
-	t := r.track
+func (t *checkpointTracker) save(ctx context.Context, store CheckpointStore, r *run) (saved bool, err error) {
 	cs, committed := store.(CommittedStore)
 	w, above, n := t.progress(committed)
 	last := r.saved.Load()

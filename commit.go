@@ -65,18 +65,15 @@ type CommittedStore interface {
 // commitScope is the item a checkpointed sink's function is processing, reachable from
 // the attempt's context.
 type commitScope struct {
-	t   *tracker
+	t   *checkpointTracker
 	pos *uint64 // the worker's current position: set to noPos once Commit settled it
 }
 
 type commitKey struct{}
 
-// scope returns ctx carrying the position *pos for [Commit]. It costs one allocation
-// per attempt of a checkpointed sink, none elsewhere.
-func (t *tracker) scope(ctx context.Context, pos *uint64) context.Context {
-	if t.acks != nil { // an acknowledged source (ack.go) has no progress to commit
-		return ctx
-	}
+// scope implements [tracker]: it returns ctx carrying the position *pos for [Commit].
+// It costs one allocation per attempt of a checkpointed sink, none elsewhere.
+func (t *checkpointTracker) scope(ctx context.Context, pos *uint64) context.Context {
 	return context.WithValue(ctx, commitKey{}, &commitScope{t: t, pos: pos})
 }
 
@@ -163,7 +160,7 @@ func Commit(ctx context.Context, fn func(ctx context.Context, p Progress) error)
 			}
 		}
 		if returned && err == nil {
-			t.settle(pos) // under the lock of the wake: a waiting sibling sees it settled
+			t.settleLocked(pos) // under the lock of the wake: a waiting sibling sees it settled
 		}
 		if t.commitWake != nil {
 			close(t.commitWake)
@@ -184,7 +181,7 @@ func Commit(ctx context.Context, fn func(ctx context.Context, p Progress) error)
 // consume a ref of a node where another item's Commit is running its function: then
 // that Commit's preview consumed one too, and neither would claim the node, so the
 // caller must wait for it to end. t.mu must be held.
-func (t *tracker) siblings(pos uint64) (nodes []uint64, wait bool) {
+func (t *checkpointTracker) siblings(pos uint64) (nodes []uint64, wait bool) {
 	used := map[uint64]int{}
 	var walk func(p uint64)
 	walk = func(p uint64) {
@@ -210,7 +207,7 @@ func (t *tracker) siblings(pos uint64) (nodes []uint64, wait bool) {
 // settle if it settled now. t.mu must be held. A node with a ref left consumes one here
 // and is not claimed: a sibling item settles it later, and Commit makes sure that no
 // sibling's function is running meanwhile (siblings), so the last one claims it.
-func (t *tracker) preview(pos uint64) Progress {
+func (t *checkpointTracker) preview(pos uint64) Progress {
 	var leaves []uint64
 	used := map[uint64]int{} // refs consumed by this walk
 	var walk func(p uint64)
@@ -279,16 +276,15 @@ func loadCheckpoint(ctx context.Context, store CheckpointStore) (int64, []Positi
 	return pos, skip, nil
 }
 
-// skipped reports whether the checkpointed source's position pos was committed in an
-// earlier run; if so, it settles it. Positions come in increasing order, so the ranges
-// are consumed from the front.
-func (t *tracker) skipped(pos uint64) bool {
+// skipped implements [tracker]: pos was committed in an earlier run. Positions come in
+// increasing order, so the ranges are consumed from the front.
+func (t *checkpointTracker) skipped(pos uint64) bool {
 	for len(t.skip) > 0 && uint64(t.skip[0].To) <= pos {
 		t.skip = t.skip[1:]
 	}
 	if len(t.skip) == 0 || pos < uint64(t.skip[0].From) {
 		return false
 	}
-	t.done(pos)
+	t.settle(pos)
 	return true
 }

@@ -389,7 +389,7 @@ func Replay[T any](p *Pipeline, path, stage string, opts ...ReplayOption) *Strea
 // It returns the item's ending for end: without a destination the item fails, and a
 // destination's error fails the run.
 func (w *worker[In, Out]) setAside(ctx context.Context, v In, attempts int, class Class, first, last error) (outcome, error) {
-	if class == ClassTransient && w.st.cfg.handBack && w.pos != noPos && w.r.track.acked() {
+	if class == ClassTransient && w.st.cfg.handBack && w.pos != noPos && w.out.handsBack() {
 		w.f = fate{attempts: attempts, mark: w.handBackMark(attempts, first, last)} // ack.go
 		return handedBack, last
 	}
@@ -407,16 +407,14 @@ func (w *worker[In, Out]) setAside(ctx context.Context, v In, attempts int, clas
 		FirstError: firstMsg, LastError: msg, Time: time.Now(),
 	}
 	w.ctxs.publish() // the destination may wait
-	dctx := ctx
-	if w.pos != noPos && w.r.track != nil {
-		dctx = w.r.track.scope(ctx, &w.pos) // the destination may record it with Commit (commit.go)
-	}
+	// The destination may record the item's position with Commit (commit.go).
+	dctx := w.out.scope(ctx, &w.pos)
 	if err := w.st.dl(dctx, rec); err != nil {
 		if ctx.Err() != nil { // the run stopped meanwhile: its cause, not the destination's echo
 			return interrupted, context.Cause(ctx)
 		}
 		return interrupted, &StageError{Stage: w.st.name, Err: fmt.Errorf("dead-letter destination: %w", err)}
 	}
-	w.f = fate{attempts: attempts, letter: stripItem(rec)}
+	w.f = fate{attempts: attempts, mark: ackMark{dl: stripItem(rec)}}
 	return deadLettered, last
 }

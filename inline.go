@@ -18,10 +18,7 @@ func Map[In, Out any](s *Stream[In], fn func(In) Out) *Stream[Out] {
 	out.open = func(r *run, c into[Out]) []*row {
 		return s.open(r, into[In]{out: func(h *hand) sender[In] {
 			snd := c.out(h)
-			return sender[In]{
-				put:   func(v In, pos uint64) error { return snd.put(fn(v), pos) },
-				flush: snd.flush, drop: snd.drop,
-			}
+			return wrap(snd, func(v In, pos uint64) error { return snd.put(fn(v), pos) })
 		}, done: c.done, rows: c.rows})
 	}
 	return out
@@ -71,11 +68,12 @@ func Filter[T any](s *Stream[T], keep func(T) bool, opts ...FilterOption) *Strea
 					}
 					arrived++
 					filtered++
-					r.track.done(pos)
+					snd.settle(pos) // dropped: done with
 					return nil
 				},
 				flush: func() error { err := snd.flush(); commit(); return err },
 				drop:  func() { snd.drop(); commit() },
+				track: snd.track,
 			}
 		}, done)
 		r.addRow(rw)

@@ -116,7 +116,7 @@ func (t *tee[T]) open(r *run, c into[T]) []*row {
 		}
 		return sender[T]{
 			put: func(v T, pos uint64) error {
-				r.track.split(pos, len(snds))
+				snds[0].split(pos, len(snds)) // a copy per branch
 				var first error
 				for i, snd := range snds {
 					if err := teePush(r, h, snd.put, v, pos, rows, i); err != nil && first == nil {
@@ -139,6 +139,7 @@ func (t *tee[T]) open(r *run, c into[T]) []*row {
 					snd.drop()
 				}
 			},
+			track: snds[0].track,
 		}
 	}, done: func() {
 		for _, b := range bs {

@@ -143,7 +143,7 @@ func (p *Pipeline) begin(extra bool) error {
 
 // newRun returns the state of a new run under the caller's ctx.
 func (p *Pipeline) newRun(ctx context.Context) *run {
-	return &run{p: p, parent: ctx, started: time.Now()}
+	return &run{p: p, parent: ctx, started: time.Now(), track: noTrack{}}
 }
 
 // exec wires and runs the graph of run r, then waits for every goroutine. extra, when
@@ -162,6 +162,11 @@ func (p *Pipeline) exec(r *run, extra func(r *run)) (*run, error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	r.cancel = cancel
+	r.drainCh = make(chan struct{})
+	var (
+		ckt *checkpointTracker // the run's tracker (r.track), when it has one of these
+		akt *ackTracker
+	)
 	if ck := p.ck; ck != nil {
 		var (
 			pos  int64
@@ -175,16 +180,16 @@ func (p *Pipeline) exec(r *run, extra func(r *run)) (*run, error) {
 			return r, &StageError{Stage: "checkpoint", Err: fmt.Errorf("load: %w", err)}
 		}
 		ck.loaded = pos
-		r.track = newTracker(ck.source, uint64(pos), ck.every)
-		r.track.skip, r.track.prior = skip, slices.Clone(skip)
+		ckt = newCheckpointTracker(uint64(pos), ck.every)
+		ckt.skip, ckt.prior = skip, slices.Clone(skip)
+		ckt.drain = r.drainCh // a source waiting for a save stops waiting when a budget drains
+		r.track = ckt
 		r.saved.Store(pos)
 	}
 	if p.ack != nil { // an acknowledged source (ack.go)
-		r.track = newAckTracker(p.ack.source)
-	}
-	r.drainCh = make(chan struct{})
-	if r.track != nil {
-		r.track.drain = r.drainCh // a source waiting for room stops waiting when a budget drains
+		akt = newAckTracker()
+		akt.drain = r.drainCh // likewise, waiting for room
+		r.track = akt
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	r.ctx, r.g = gctx, g
@@ -198,14 +203,14 @@ func (p *Pipeline) exec(r *run, extra func(r *run)) (*run, error) {
 		extra(r)
 	}
 	r.order()
-	if p.ck != nil {
-		r.track.limit = uint64(p.ck.maxRedo)
+	if ckt != nil {
+		ckt.limit = uint64(p.ck.maxRedo)
 		if p.ck.maxRedo == 0 {
-			r.track.limit = uint64(p.ck.every + r.inflight())
+			ckt.limit = uint64(p.ck.every + r.inflight())
 		}
 	}
-	if p.ack != nil { // WithMaxPending, or the capacity in flight
-		r.track.acks.max = cmp.Or(p.ack.max, max(r.inflight(), 1))
+	if akt != nil { // WithMaxPending, or the capacity in flight
+		akt.max = cmp.Or(p.ack.max, max(r.inflight(), 1))
 	}
 	// When the run stops, every goroutine sleeping on a queue is woken: they sleep on a
 	// channel of their own, not in a select over the run's done channel.
@@ -222,14 +227,14 @@ func (p *Pipeline) exec(r *run, extra func(r *run)) (*run, error) {
 	}
 	r.pending = nil
 	stop, saverDone := make(chan struct{}), make(chan struct{})
-	if p.ck != nil {
+	if ckt != nil {
 		go func() {
 			defer close(saverDone)
 			// A panic or a runtime.Goexit in the store or in an observer of the saves
 			// fails the run, as in any goroutine of the run.
 			returned := false
 			defer guard(&returned, func(err error) { r.fail(&StageError{Stage: "checkpoint", Err: err}) })
-			r.track.saver(gctx, p.ck.store, p.ck.interval, stop, r)
+			ckt.saver(gctx, p.ck.store, p.ck.interval, stop, r)
 			returned = true
 		}()
 	} else {
@@ -256,19 +261,14 @@ func (p *Pipeline) exec(r *run, extra func(r *run)) (*run, error) {
 	return r, err
 }
 
-// finish saves a checkpointed run's final position, builds the report of the run and
-// publishes it. It returns the run's error, or the final save's.
+// finish ends the run's tracking (a checkpoint's final save, an acknowledged source's
+// last settlements), builds the report of the run and publishes it. It returns the
+// run's error, or the tracker's.
 func (p *Pipeline) finish(r *run, err error) error {
-	if rerr := r.track.release(p.ackName()); rerr != nil && err == nil { // ack.go
-		err = rerr
-	}
-	if r.track != nil && p.ck != nil {
-		if serr := safely(func() error {
-			_, err := r.saveProgress(context.WithoutCancel(r.parent), p.ck.store) // checkpoint.go
-			return err
-		}); serr != nil && err == nil {
-			err = &StageError{Stage: "checkpoint", Err: serr}
-		}
+	// The final save of a checkpoint (checkpoint.go), the acknowledged source's
+	// NotProcessed settlements (ack.go).
+	if terr := r.track.finish(r); terr != nil && err == nil {
+		err = terr
 	}
 	if f := r.failure.Load(); f != nil && err == nil { // an observer of the final save panicked
 		err = f
@@ -298,11 +298,16 @@ type run struct {
 	drainCh  chan struct{}              // closed when a budget drains (after the rows' drain flags are set)
 	failure  atomic.Pointer[StageError] // a failure outside the goroutines' returns (an observer's panic)
 	cancel   context.CancelCauseFunc    // cancels the run with a cause
-	track    *tracker                   // the checkpoint's watermark, nil when none
+	track    tracker                    // the tracked source's (tracker.go): noTrack{} when none
 	pending  []func() error             // goroutines to start once the graph is wired
 	stoppers []func()                   // the queues' stop: wake every sleeper when the run stops
 	tees     map[any]any                // while wiring: each Tee's branches opened so far (*teeWiring[T] by *tee[T])
 }
+
+// tracked reports whether the run's items carry positions: its pipeline has a tracked
+// source ([FromCheckpoint] or [FromAcked]). Wiring asks, to leave out what an untracked
+// run does not need.
+func (r *run) tracked() bool { return r.p.ck != nil || r.p.ack != nil }
 
 // safely calls fn, user code that runs in the run's own goroutines (a store's Load and
 // Save, an acknowledged source's settle callbacks), and returns a panic as a
@@ -338,9 +343,14 @@ func (r *run) spawn(name string, fn func() error) {
 }
 
 // wireInput opens s, the input of the consumer row rw: the rows that feed s directly
-// learn that they feed rw.
+// learn that they feed rw, and the senders of rw's outlet carry the run's tracker.
 func wireInput[T any](r *run, rw *row, s *Stream[T], out outlet[T], done func()) {
-	for _, f := range s.open(r, into[T]{out: out, done: done, rows: []*row{rw}}) {
+	tracked := func(h *hand) sender[T] {
+		snd := out(h)
+		snd.track = r.track
+		return snd
+	}
+	for _, f := range s.open(r, into[T]{out: tracked, done: done, rows: []*row{rw}}) {
 		f.feed(rw)
 	}
 }
@@ -533,7 +543,7 @@ func collect[T any](ctx context.Context, s *Stream[T], ctor string, opts []Colle
 		}
 		var (
 			rw    *row
-			tr    *tracker
+			end   sender[struct{}] // the loop body is done with an item: it settles
 			wired = make(chan struct{})
 			done  = make(chan result, 1)
 		)
@@ -550,7 +560,7 @@ func collect[T any](ctx context.Context, s *Stream[T], ctor string, opts []Colle
 				}
 			}()
 			r, err := p.exec(r, func(r *run) {
-				rw, tr = r.newRow(name, KindSink, 1, buf, q), r.track
+				rw, end = r.newRow(name, KindSink, 1, buf, q), settler(r.track)
 				r.stoppers = append(r.stoppers, q.stop)
 				wireInput(r, rw, s, q.outlet(r.ctx), q.close)
 				r.addRow(rw)
@@ -631,7 +641,7 @@ func collect[T any](ctx context.Context, s *Stream[T], ctor string, opts []Colle
 				cancel(errStopped)
 				break
 			}
-			tr.done(e.pos) // the loop body is done with it: committed
+			end.settle(e.pos) // the loop body is done with it: committed
 		}
 		c.commit()
 		finished = true

@@ -99,6 +99,11 @@ type sender[T any] struct {
 	// Before it may wait for room to put vs[done], it calls before(done), so that the
 	// producer's counts show that item in flight while it waits.
 	putRun func(vs []T, before func(done int)) (int, error)
+	// track is the run's tracker: the sender is how a producer derives and settles the
+	// positions of what it sends (split, group, ungroup, settle, setAside, in
+	// tracker.go; DESIGN.md, section 4). Every sender of a run carries it; the methods pass over noPos, so
+	// that an untracked run makes no call.
+	track tracker
 }
 
 // outlet makes a sender for each goroutine that produces a stream, given the
@@ -527,7 +532,8 @@ func (q *queue[T]) startedBy(i int) int64 {
 }
 
 // outlet returns the queue's outlet: each sender reserves room for a chunk of items at
-// once, holds them, and places them in the ring together.
+// once, holds them, and places them in the ring together. Its senders carry no tracker:
+// wireInput gives them the run's.
 func (q *queue[T]) outlet(ctx context.Context) outlet[T] {
 	return func(h *hand) sender[T] {
 		s := &queueSender[T]{q: q, ctx: ctx, w: newWaiter(), h: h}

@@ -417,7 +417,7 @@ func (r Report) String() string {
 // as in flight, so that its counts only grow.
 func (r *run) report(err error, final bool) Report {
 	rep := Report{Err: err, Checkpoint: -1, Elapsed: time.Since(r.started), Run: r.number, Started: r.started}
-	if r.track != nil && r.p.ck != nil {
+	if _, ok := r.track.(*checkpointTracker); ok { // its checkpoint loaded
 		rep.Checkpoint = r.saved.Load()
 		if at := r.savedAt.Load(); at != 0 {
 			rep.CheckpointSaved = time.Unix(0, at)

@@ -186,13 +186,11 @@ func newSourceNamed[T any](p *Pipeline, ctor, given string, n *int64, total int6
 		rw.declared = total
 		st := &rw.workers[0]
 		pos, bound := noPos, noPos // untracked, unless this is the checkpointed source
-		var track *tracker
-		if r.track != nil && r.track.source == s {
-			track, pos, bound = r.track, r.track.start, 0
-			if r.p.ck != nil { // a checkpoint's, not an acknowledged source's
-				rw.resumed = &atomic.Int64{}
-				rw.resumed.Store(int64(pos))
-			}
+		tracked := r.p.ck != nil && r.p.ck.source == s
+		if tracked {
+			pos, bound = uint64(r.p.ck.loaded), 0 // admit the first item
+			rw.resumed = &atomic.Int64{}
+			rw.resumed.Store(int64(pos))
 		}
 		r.addRow(rw) // complete: a report may read it from now on
 		var snd sender[T]
@@ -222,20 +220,20 @@ func newSourceNamed[T any](p *Pipeline, ctor, given string, n *int64, total int6
 				st.discarded.inc() // taken from the input, never sent: not started
 				return context.Cause(r.ctx)
 			}
-			if track != nil && track.skipped(pos) { // committed in an earlier run (commit.go)
+			if tracked && snd.skipped(pos) { // committed in an earlier run (commit.go)
 				pos++
 				if rw.resumed != nil {
 					rw.resumed.Add(1)
 				}
 				return nil
 			}
-			if pos >= bound && track != nil { // WithMaxRedo: wait for a save
+			if tracked && pos >= bound { // WithMaxRedo: wait for a save
 				err := snd.flush() // the save may wait for what the source holds
 				commit()
 				if err != nil {
 					return err
 				}
-				if bound, err = track.admit(r.ctx, pos); err != nil {
+				if bound, err = snd.admit(r.ctx, pos, nil); err != nil {
 					return err
 				}
 			}
@@ -268,7 +266,7 @@ func newSourceNamed[T any](p *Pipeline, ctor, given string, n *int64, total int6
 			// Only an input that ended closes the queue: after a failure (or a panic)
 			// the consumers stop with the run's context instead, and take nothing for an
 			// end of input.
-			if len(items) > 0 && track == nil && snd.putRun != nil {
+			if len(items) > 0 && !tracked && snd.putRun != nil {
 				err = sendRuns(r.ctx, rw, items, snd, &received, &sent, commit)
 			} else {
 				err = body(r.ctx, emit)

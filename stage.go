@@ -224,7 +224,7 @@ func then[In, Out any](s *Stream[In], st *Stage[In, Out], sink, terminal bool) *
 			if window == 0 {
 				window = buf + chunk*st.workers // runs of chunk/2 or more for every worker (see WithOrdered)
 			}
-			ord = newReorder(window, next(&hand{row: rw}), st.flat != nil, r.track != nil)
+			ord = newReorder(window, next(&hand{row: rw}), st.flat != nil, r.tracked())
 			rw.held, rw.extra = ord.heldCount, window
 		}
 		cl := newClient(r, rw, st) // client.go: nil without rate limit, breaker or adaptive workers
@@ -244,9 +244,9 @@ func then[In, Out any](s *Stream[In], st *Stage[In, Out], sink, terminal bool) *
 			w := &worker[In, Out]{
 				consumer: newConsumer(q, lane, i, &rw.workers[i], rw.capacity),
 				st:       st, r: r, row: rw, budget: b, classify: classify, ord: ord, cl: cl,
-				runMax: 1, share: 1, sink: sink, quiet: terminal && r.track == nil,
+				runMax: 1, share: 1, sink: sink, quiet: terminal && !r.tracked(),
 				direct: ord == nil && st.flat == nil, pending: ord != nil && st.flat == nil,
-				plain: cl == nil && st.flat == nil && (!sink || r.track == nil),
+				plain: cl == nil && st.flat == nil && (!sink || !r.tracked()),
 			}
 			if st.cfg.timeout > 0 {
 				w.ctxs = new(attemptClock)
@@ -256,6 +256,8 @@ func then[In, Out any](s *Stream[In], st *Stage[In, Out], sink, terminal bool) *
 				// Counts and attempt contexts are current while the worker waits.
 				h := &hand{row: rw, waits: []func(){w.commit, w.ctxs.publish}}
 				w.out, w.hand = next(h), h
+			} else {
+				w.out = ord.out.positions() // the window's flusher sends the outputs
 			}
 			if st.flat != nil {
 				w.emit = func(o Out) {
@@ -318,15 +320,9 @@ func To[T any](s *Stream[T], sink *Stage[T, struct{}]) {
 	out := then(s, sink, true, true)
 	out.consumed = true
 	s.p.terminals = append(s.p.terminals, func(r *run) {
-		// The sink's function returned nil: the item's effect is committed (without
-		// a tracker there is nothing to tell: worker.end skips the call).
-		out.open(r, into[struct{}]{out: func(*hand) sender[struct{}] {
-			return sender[struct{}]{
-				put:   func(_ struct{}, pos uint64) error { r.track.done(pos); return nil },
-				flush: func() error { return nil },
-				drop:  func() {},
-			}
-		}, done: func() {}})
+		// The sink's function returned nil: the item's effect is committed, and its
+		// position settles (in an untracked run worker.end skips the call: quiet).
+		out.open(r, into[struct{}]{out: func(*hand) sender[struct{}] { return settler(r.track) }, done: func() {}})
 	})
 }
 
@@ -342,7 +338,7 @@ type worker[In, Out any] struct {
 	st           *Stage[In, Out]
 	r            *run
 	row          *row
-	out          sender[Out]
+	out          sender[Out] // its outputs go there; its positions are derived and settled through it
 	budget       *budgetState
 	classify     func(error) Class
 	buf          []Out // outputs of the current attempt (flat stages)
@@ -571,10 +567,11 @@ const (
 // fate is what end needs to know of the item in hand beyond its error: set by attempts
 // and setAside for the endings that follow failed attempts.
 type fate struct {
-	attempts int                  // the item's attempts so far
-	noDL     bool                 // failed: it would have been set aside had the stage a destination
-	letter   DeadLetter[struct{}] // deadLettered: the record the destination took, without the item
-	mark     *ackMark             // handedBack: what its source is told
+	attempts int  // the item's attempts so far
+	noDL     bool // failed: it would have been set aside had the stage a destination
+	// mark is, for deadLettered, the record the destination took (without the item),
+	// for handedBack what its source is told.
+	mark ackMark
 }
 
 // end settles outcome o of the item in hand, or of n items for abandoned and refused,
@@ -639,12 +636,9 @@ func (w *worker[In, Out]) endOther(o outcome, n int, err error) error {
 		return nil
 	case deadLettered, handedBack:
 		// Settled first: a panic in a settle callback (FromAcked) leaves the item
-		// failed, as after a sink, not counted twice.
-		if o == deadLettered {
-			w.r.track.deadLettered(w.pos, w.f.letter) // set aside for good (a no-op once Commit settled it)
-		} else {
-			w.r.track.ackDone(w.pos, w.f.mark) // ack.go
-		}
+		// failed, as after a sink, not counted twice. A destination's Commit has
+		// settled it already (w.pos is noPos then: commit.go).
+		w.out.setAside(w.pos, &w.f.mark)
 		w.t.deadLettered++ // a hand-back too: the Settlement tells the two apart
 		if o == handedBack {
 			w.t.handedBack++ // of those dead-lettered, for the report's HandedBack
@@ -687,7 +681,7 @@ func (w *worker[In, Out]) endOther(o outcome, n int, err error) error {
 // the run stops midway, every remaining output is still offered, so that each is
 // counted (sent, or unsent) and none is lost from the accounting.
 func (w *worker[In, Out]) putAll() error {
-	w.r.track.split(w.pos, len(w.buf))
+	w.out.split(w.pos, len(w.buf))
 	var first error
 	for _, o := range w.buf {
 		if err := w.out.put(o, w.pos); err != nil && first == nil {
@@ -704,7 +698,7 @@ func (w *worker[In, Out]) putAll() error {
 // item is counted first: the window's from the moment it enters, it is counted once
 // even if an inline operator downstream panics while the window is flushed.
 func (w *worker[In, Out]) enter(ctx context.Context) error {
-	w.r.track.split(w.pos, len(w.buf))
+	w.out.split(w.pos, len(w.buf))
 	w.t.succeeded++
 	w.inHand = false
 	w.ctxs.publish() // the window may wait
@@ -773,8 +767,8 @@ func (w *worker[In, Out]) attempt(ctx context.Context, v In) (out Out, err error
 	if trace.IsEnabled() {
 		defer trace.StartRegion(ctx, w.st.name).End()
 	}
-	if w.sink && w.r.track != nil && w.pos != noPos {
-		ctx = w.r.track.scope(ctx, &w.pos) // for Commit (commit.go)
+	if w.sink {
+		ctx = w.out.scope(ctx, &w.pos) // for Commit (commit.go)
 	}
 	return w.timedCall(ctx, v)
 }
