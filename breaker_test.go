@@ -638,3 +638,169 @@ func TestBreakerWindowShorterThanItsSlices(t *testing.T) {
 		checkReport(t, p.Report())
 	})
 }
+
+// shardItem is an item of one of 4 shards, emitted at a known time.
+type shardItem struct {
+	shard, i int
+	at       time.Duration // when the source emitted it, since the start
+}
+
+// shardService is a simulated service of 4 shards that takes 10 ms per call; shard
+// down fails every call that starts in [from, to) since it was made.
+type shardService struct {
+	start    time.Time
+	down     int
+	from, to time.Duration
+	calls    atomic.Int64
+	failed   atomic.Int64
+}
+
+func (s *shardService) call(ctx context.Context, v shardItem) (shardItem, error) {
+	s.calls.Add(1)
+	at := time.Since(s.start)
+	down := v.shard == s.down && at >= s.from && at < s.to
+	select {
+	case <-time.After(10 * time.Millisecond):
+	case <-ctx.Done():
+		return v, ctx.Err()
+	}
+	if down {
+		s.failed.Add(1)
+		return v, pipeline.Transient(errDown)
+	}
+	return v, nil
+}
+
+// pacedShards emits n items of 4 shards in turn, one every 1/rate s.
+func pacedShards(n, rate int) func(yield func(shardItem) bool) {
+	return func(yield func(shardItem) bool) {
+		start := time.Now()
+		tick := time.NewTicker(time.Second / time.Duration(rate))
+		defer tick.Stop()
+		for i := range n {
+			if !yield(shardItem{shard: i % 4, i: i, at: time.Since(start)}) {
+				return
+			}
+			<-tick.C
+		}
+	}
+}
+
+// TestBreakerPerKeyShardDown is the scenario: 10,000 items of 4 shards at 200/s,
+// shard 3 down for 45 s. With a breaker per shard, the healthy shards' items are
+// delivered at their offered rate throughout (the held items never keep a worker),
+// shard 3's items are held and delivered after it recovers, none is dead-lettered or
+// lost, and the held items stay within the bound. Both rules open shard 3's breaker:
+// the ratio (which a stage-wide breaker would reach for all shards) and a count (which
+// a stage-wide breaker never reaches, the other shards' successes breaking the run).
+func TestBreakerPerKeyShardDown(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		b    pipeline.Breaker
+	}{
+		{"ratio", pipeline.Breaker{FailureRatio: 0.2, OpenFor: time.Second}},
+		{"count", pipeline.Breaker{Failures: 5, OpenFor: time.Second}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				const n, rate = 10000, 200
+				svc := &shardService{start: time.Now(), down: 3, from: 2 * time.Second, to: 47 * time.Second}
+				dead := pipeline.NewDeadLetterBuffer[shardItem](n)
+				start := time.Now()
+				var mu sync.Mutex
+				var healthy [60]int // healthy items delivered per second of the run
+				var late []shardItem
+				var slowest time.Duration // of a healthy item, from its source to the sink
+				var delivered atomic.Int64
+				var peakHeld int64
+				p := pipeline.New()
+				// Until it opens, shard 3's items spend their own attempts: enough of them
+				// that none runs out first (see WithCircuitBreaker).
+				st := pipeline.NewStage("call", 8, svc.call,
+					pipeline.WithRetry(5, pipeline.ConstantBackoff(200*time.Millisecond)),
+					pipeline.WithDeadLetter(dead.Add),
+					pipeline.WithBreakerPerKey(func(v shardItem) int { return v.shard }, tc.b, pipeline.KeyBounds{Held: 3000}))
+				pipeline.To(pipeline.Then(pipeline.FromSeq(p, pacedShards(n, rate)), st), pipeline.NewSink("sink", 1, func(_ context.Context, v shardItem) error {
+					at := time.Since(start)
+					mu.Lock()
+					if v.shard != 3 {
+						healthy[int(at/time.Second)]++
+						slowest = max(slowest, at-v.at)
+					} else if v.at >= 3*time.Second && v.at < 46*time.Second {
+						late = append(late, v)
+					}
+					mu.Unlock()
+					delivered.Add(1)
+					return nil
+				}))
+				var mid pipeline.Report
+				tick := time.NewTicker(time.Second)
+				stop := make(chan struct{})
+				done := make(chan struct{})
+				go func() {
+					defer close(done)
+					for {
+						select {
+						case <-tick.C:
+							s := p.Snapshot()
+							if r, ok := s.Stage("call"); ok && r.Breaker != nil {
+								peakHeld = max(peakHeld, r.Breaker.Holding)
+								if time.Since(start) >= 30*time.Second && mid.Stages == nil {
+									mid = s
+								}
+							}
+						case <-stop:
+							return
+						}
+					}
+				}()
+				require.NoError(t, p.Run(t.Context()))
+				close(stop)
+				<-done
+				tick.Stop()
+
+				rep := p.Report()
+				checkReport(t, rep)
+				call := row(t, rep, "call")
+				t.Logf("%s: %v of virtual time, %d delivered, %d dead-lettered, breaker opened %d times, %d attempts held, peak %d items held, %d calls failed",
+					tc.name, rep.Elapsed, delivered.Load(), call.DeadLettered, call.Breaker.Opened, call.Breaker.Held, peakHeld, svc.failed.Load())
+				assert.Zero(t, call.DeadLettered)
+				assert.Empty(t, dead.Items())
+				assert.Equal(t, int64(n), call.Succeeded)
+				assert.Equal(t, int64(n), delivered.Load(), "none lost")
+				// The healthy shards offer 150/s. Until shard 3's breaker opens, its items
+				// spend their retries' backoff in the workers' hands (a second at most);
+				// from then on, in every whole second to the end of the source, the
+				// healthy items were delivered at 95 % of that or more.
+				t.Logf("healthy items per second: %v; the slowest took %v", healthy[:52], slowest)
+				for s := 4; s < 49; s++ {
+					assert.GreaterOrEqualf(t, healthy[s], 143, "healthy items delivered in second %d", s)
+				}
+				assert.Less(t, slowest, time.Second)
+				// Shard 3's items of the outage were held and delivered after it.
+				assert.Len(t, late, 43*rate/4, "shard 3's items emitted from 3 s to 46 s")
+				// Memory: at most what the outage offered of shard 3, within the bound.
+				assert.LessOrEqual(t, peakHeld, int64(46*rate/4))
+				assert.Greater(t, peakHeld, int64(40*rate/4))
+				// Mid-outage, the snapshot shows shard 3 open and holding, the others not.
+				mc := row(t, mid, "call")
+				require.NotNil(t, mc.Breaker)
+				assert.True(t, mc.Breaker.PerKey)
+				assert.Equal(t, 1, mc.Breaker.KeysOpen)
+				require.Len(t, mc.Breaker.Keys, 1)
+				assert.Equal(t, "3", mc.Breaker.Keys[0].Key)
+				assert.Positive(t, mc.Breaker.Keys[0].Holding)
+				assert.Equal(t, int64(mc.Breaker.Keys[0].Holding), mc.Breaker.Holding)
+				assert.GreaterOrEqual(t, mc.NotStarted, mc.Breaker.Holding, "held items count as not started")
+				// At the end every key is closed and nothing is held.
+				assert.Equal(t, pipeline.BreakerClosed, call.Breaker.State)
+				assert.Zero(t, call.Breaker.Holding)
+				assert.Zero(t, call.Breaker.KeysOpen)
+				assert.Empty(t, call.Breaker.Keys)
+				assert.Less(t, rep.Elapsed, 55*time.Second)
+			})
+		})
+	}
+}
