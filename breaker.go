@@ -236,21 +236,46 @@ func (p *breakerHook) fill(s *StageReport) {
 // breakerReport is the breakers' part of the report's text.
 var breakerReport = policyReport{
 	warnings: func(_ Report, _ Bottleneck, s StageReport) []string {
-		if s.Breaker != nil && s.Breaker.State != BreakerClosed {
+		switch br := s.Breaker; {
+		case br == nil || br.State == BreakerClosed && br.Holding == 0:
+		case br.PerKey:
+			return []string{fmt.Sprintf("stage %q: circuit breakers of %d keys not closed, %d items held: what it calls is failing for those keys",
+				s.Name, br.KeysOpen, br.Holding)}
+		default:
 			return []string{fmt.Sprintf("stage %q: circuit breaker %s for %v: what it calls is failing",
-				s.Name, s.Breaker.State, s.Breaker.TimeOpen.Round(time.Millisecond))}
+				s.Name, br.State, br.TimeOpen.Round(time.Millisecond))}
 		}
 		return nil
 	},
 	lines: func(b *strings.Builder, s StageReport) {
-		if br := s.Breaker; br != nil {
-			fmt.Fprintf(b, "breaker %s: %s, opened %d times, open %v, %d attempts held\n",
-				s.Name, br.State, br.Opened, br.TimeOpen.Round(time.Millisecond), br.Held)
+		br := s.Breaker
+		if br == nil {
+			return
 		}
+		fmt.Fprintf(b, "breaker %s: %s, opened %d times, open %v, %d attempts held",
+			s.Name, br.State, br.Opened, br.TimeOpen.Round(time.Millisecond), br.Held)
+		if br.PerKey {
+			fmt.Fprintf(b, "; per key: %d keys not closed, %d items held", br.KeysOpen, br.Holding)
+			for i, k := range br.Keys[:min(len(br.Keys), 4)] {
+				sep := "; "
+				if i == 0 {
+					sep = " ("
+				}
+				fmt.Fprintf(b, "%s%s: %s, %d held", sep, k.Key, k.State, k.Holding)
+			}
+			if len(br.Keys) > 0 {
+				b.WriteString(")")
+			}
+		}
+		b.WriteString("\n")
 	},
 	line: func(s StageReport) string {
-		if s.Breaker != nil && s.Breaker.State != BreakerClosed {
-			return " breaker=" + s.Breaker.State.String()
+		switch br := s.Breaker; {
+		case br == nil || br.State == BreakerClosed && br.Holding == 0:
+		case br.PerKey:
+			return fmt.Sprintf(" breaker=%s keys-open=%d held=%d", br.State, br.KeysOpen, br.Holding)
+		default:
+			return " breaker=" + br.State.String()
 		}
 		return ""
 	},
@@ -665,9 +690,12 @@ type KeyBounds struct {
 // WithCircuitBreaker (which key is not said); MaxOpen applies per key, and is checked
 // when an attempt of the key is refused (at each failed probe at the latest).
 //
-// In a checkpointed run, a held item keeps the checkpoint from passing it: with
-// [WithMaxRedo], the source stops when it is that far ahead of the oldest held item,
-// and then the healthy keys wait too.
+// In a checkpointed run, a held item keeps the checkpoint from passing it. The held
+// items count in the pipeline's capacity in flight, (bounds.Keys + 1) × bounds.Held
+// more, which raises by as much the defaults of [WithMaxRedo] (so that the source does
+// not wait for held items, at the cost of a longer redo after a crash) and of
+// [WithMaxPending]. With a smaller WithMaxRedo, the source stops when it is that far
+// ahead of the oldest held item, and then the healthy keys wait too.
 //
 // It replaces a [WithCircuitBreaker] or [WithSharedBreaker] of the stage, and a later
 // one replaces it. A closed key's attempt takes two locks and a map lookup of its key
@@ -776,7 +804,19 @@ func newKeyBreakers[In any, K comparable](env policyEnv, key func(In) K, b Break
 		slots: make([]*keyState[In, K], 1, 8), sig: make(chan struct{}),
 	}
 	kb.slots[0] = kb.newState(*new(K), "(other keys)", 0)
+	// The held items are in flight: they count in the run's capacity, so that a
+	// checkpointed or acknowledged source does not wait for them by default.
+	env.row.extra += heldBound(bounds)
 	return kb
+}
+
+// heldBound is the most items a breaker per key holds: (Keys + 1) × Held, at most 2^40.
+func heldBound(b KeyBounds) int {
+	const most = 1 << 40
+	if b.Held > most/(b.Keys+1) {
+		return most
+	}
+	return (b.Keys + 1) * b.Held
 }
 
 func (kb *keyBreakers[In, K]) newState(k K, name string, id uint32) *keyState[In, K] {

@@ -804,3 +804,302 @@ func TestBreakerPerKeyShardDown(t *testing.T) {
 		})
 	}
 }
+
+// keyService is a simulated service that takes 10 ms per call and fails every call of
+// a key in down until downTo since it was made (for ever when downTo is 0).
+type keyService struct {
+	start  time.Time
+	down   map[string]bool
+	downTo time.Duration
+	mu     sync.Mutex
+	calls  map[string]int
+	done   map[int]int // processed items, by value
+}
+
+func newKeyService(downTo time.Duration, down ...string) *keyService {
+	s := &keyService{start: time.Now(), down: map[string]bool{}, downTo: downTo, calls: map[string]int{}, done: map[int]int{}}
+	for _, k := range down {
+		s.down[k] = true
+	}
+	return s
+}
+
+// keyOf is the key of item v of keyService's tests: "a", "b", "c", ... in turn.
+func keyOf(keys int) func(int) string {
+	return func(v int) string { return string(rune('a' + v%keys)) }
+}
+
+func (s *keyService) call(key func(int) string) func(context.Context, int) (int, error) {
+	return func(ctx context.Context, v int) (int, error) {
+		k := key(v)
+		down := s.down[k] && (s.downTo == 0 || time.Since(s.start) < s.downTo)
+		s.mu.Lock()
+		s.calls[k]++
+		s.mu.Unlock()
+		select {
+		case <-time.After(10 * time.Millisecond):
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+		if down {
+			return 0, pipeline.Transient(errDown)
+		}
+		s.mu.Lock()
+		s.done[v]++
+		s.mu.Unlock()
+		return v, nil
+	}
+}
+
+// TestBreakerPerKeyOneWorkerServesOtherKeys checks that an open key's items never keep
+// a worker: with one worker, key a down for 2 s and key b up, every b item is
+// processed before a recovers, and while a is down only its probes reach the service.
+// Then a's held items are processed, each once.
+func TestBreakerPerKeyOneWorkerServesOtherKeys(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		const n = 100
+		svc := newKeyService(2*time.Second, "a")
+		key := keyOf(2)
+		start := time.Now()
+		var bDone []time.Duration
+		p := pipeline.New()
+		st := pipeline.NewStage("call", 1, svc.call(key),
+			pipeline.WithBreakerPerKey(key, pipeline.Breaker{Failures: 1, OpenFor: 500 * time.Millisecond}, pipeline.KeyBounds{}))
+		pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(n)), st), pipeline.NewSink("sink", 1, func(_ context.Context, v int) error {
+			if key(v) == "b" {
+				bDone = append(bDone, time.Since(start))
+			}
+			return nil
+		}))
+		require.NoError(t, p.Run(t.Context()))
+		rep := p.Report()
+		checkReport(t, rep)
+		call := row(t, rep, "call")
+		assert.Equal(t, int64(n), call.Succeeded)
+		assert.Zero(t, call.DeadLettered)
+		require.Len(t, bDone, n/2)
+		assert.Less(t, bDone[len(bDone)-1], time.Second, "b's items do not wait for a")
+		for i := range n {
+			assert.Equal(t, 1, svc.done[i], i)
+		}
+		// a: its first item's failure opens its breaker; then a probe every 500 ms
+		// until 2 s (the ones at 0.5, 1 and 1.5 s fail), then its 50 items.
+		assert.Equal(t, 1+3+n/2, svc.calls["a"])
+		assert.Equal(t, n/2, svc.calls["b"])
+		assert.Equal(t, int64(4), call.Breaker.Opened)
+		assert.Equal(t, int64(4), call.Breaker.Held, "the failed attempts held")
+		assert.Less(t, rep.Elapsed, 2*time.Second+time.Second)
+	})
+}
+
+// TestBreakerPerKeyBounds checks both bounds. Held: key a's breaker holds 5 items, the
+// 15 after them are shed to the dead letters with a *BreakerFullError, and the held 5
+// are processed after a recovers. Keys: with one key state, a (down) has it; b (down)
+// and c (up) share the rest's breaker, so that b's failure holds c's items too, as a
+// stage-wide breaker would; all of them are processed in the end.
+func TestBreakerPerKeyBounds(t *testing.T) {
+	t.Parallel()
+	t.Run("held", func(t *testing.T) {
+		t.Parallel()
+		synctest.Test(t, func(t *testing.T) {
+			const n = 20
+			svc := newKeyService(2*time.Second, "a")
+			key := keyOf(1)
+			dead := pipeline.NewDeadLetterBuffer[int](n)
+			p := pipeline.New()
+			st := pipeline.NewStage("call", 1, svc.call(key), pipeline.WithDeadLetter(dead.Add),
+				pipeline.WithBreakerPerKey(key, pipeline.Breaker{Failures: 1, OpenFor: 500 * time.Millisecond}, pipeline.KeyBounds{Held: 5}))
+			var mid pipeline.Report
+			var mu sync.Mutex
+			time.AfterFunc(time.Second, func() {
+				mu.Lock()
+				defer mu.Unlock()
+				mid = p.Snapshot()
+			})
+			pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(n)), st), pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+			require.NoError(t, p.Run(t.Context()))
+			rep := p.Report()
+			checkReport(t, rep)
+			call := row(t, rep, "call")
+			assert.Equal(t, int64(5), call.Succeeded)
+			assert.Equal(t, int64(n-5), call.DeadLettered)
+			require.Len(t, dead.Items(), n-5)
+			for i, d := range dead.Items() {
+				assert.Equal(t, 5+i, d.Item, "the items past the bound, in order")
+				assert.Equal(t, "*pipeline.BreakerFullError", d.ErrType)
+				assert.Equal(t, (&pipeline.BreakerFullError{Stage: "call", Key: "a", Held: 5}).Error(), d.LastError)
+				assert.Equal(t, pipeline.ClassItem, d.Class)
+				assert.Zero(t, d.Attempts, "shed before any attempt")
+			}
+			require.Len(t, call.Errors, 1, "the held attempts' errors are not the items'")
+			assert.Equal(t, "*pipeline.BreakerFullError", call.Errors[0].Type)
+			assert.Equal(t, int64(n-5), call.Errors[0].DeadLettered)
+			for i := range 5 {
+				assert.Equal(t, 1, svc.done[i], i)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			mc := row(t, mid, "call")
+			require.NotNil(t, mc.Breaker)
+			assert.Equal(t, int64(5), mc.Breaker.Holding)
+			assert.Equal(t, []pipeline.KeyBreakerReport{{Key: "a", State: pipeline.BreakerOpen, Holding: 5, Opened: 2}}, mc.Breaker.Keys)
+			assert.Contains(t, mid.String(), "; per key: 1 keys not closed, 5 items held (a: open, 5 held)\n")
+		})
+	})
+	t.Run("keys", func(t *testing.T) {
+		t.Parallel()
+		synctest.Test(t, func(t *testing.T) {
+			const n = 60
+			svc := newKeyService(time.Second, "a", "b")
+			key := keyOf(3)
+			p := pipeline.New()
+			st := pipeline.NewStage("call", 1, svc.call(key),
+				pipeline.WithBreakerPerKey(key, pipeline.Breaker{Failures: 1, OpenFor: 300 * time.Millisecond}, pipeline.KeyBounds{Keys: 1}))
+			var mid pipeline.Report
+			var mu sync.Mutex
+			time.AfterFunc(500*time.Millisecond, func() {
+				mu.Lock()
+				defer mu.Unlock()
+				mid = p.Snapshot()
+			})
+			pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(n)), st), pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+			require.NoError(t, p.Run(t.Context()))
+			rep := p.Report()
+			checkReport(t, rep)
+			call := row(t, rep, "call")
+			assert.Equal(t, int64(n), call.Succeeded)
+			for i := range n {
+				assert.Equal(t, 1, svc.done[i], i)
+			}
+			assert.Equal(t, n/3, svc.calls["c"], "c is up: each of its items called once, held while the shared breaker was open")
+			mu.Lock()
+			defer mu.Unlock()
+			mc := row(t, mid, "call")
+			require.NotNil(t, mc.Breaker)
+			assert.Equal(t, 2, mc.Breaker.KeysOpen)
+			keys := map[string]int{}
+			for _, k := range mc.Breaker.Keys {
+				keys[k.Key] = k.Holding
+			}
+			assert.Equal(t, map[string]int{"a": n / 3, "(other keys)": 2 * n / 3}, keys)
+		})
+	})
+}
+
+// TestBreakerPerKeyCancel checks a run stopped while items are held: they count as not
+// started, the report says how many were held, every other item settled once, and no
+// goroutine is left.
+func TestBreakerPerKeyCancel(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	synctest.Test(t, func(t *testing.T) {
+		const n = 200
+		svc := newKeyService(0, "a")
+		key := keyOf(2)
+		p := pipeline.New()
+		st := pipeline.NewStage("call", 4, svc.call(key),
+			pipeline.WithBreakerPerKey(key, pipeline.Breaker{Failures: 1, OpenFor: 200 * time.Millisecond}, pipeline.KeyBounds{}))
+		pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(n)), st), pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+		defer cancel()
+		err := p.Run(ctx)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		rep := p.Report()
+		checkAccounting(t, rep)
+		call := row(t, rep, "call")
+		require.NotNil(t, call.Breaker)
+		assert.Equal(t, int64(n/2), call.Succeeded, "b's items")
+		assert.Equal(t, int64(n), call.In)
+		assert.Zero(t, call.DeadLettered)
+		assert.Equal(t, call.Breaker.Holding, call.NotStarted-int64(call.QueueLen), "the held items are not started")
+		assert.Equal(t, int64(n/2), call.Breaker.Holding+call.Failed, "a's items: held, or in a probe when the run stopped")
+		assert.LessOrEqual(t, call.Failed, int64(1))
+		for i := range n {
+			if key(i) == "b" {
+				assert.Equal(t, 1, svc.done[i], i)
+			}
+		}
+	})
+}
+
+// TestBreakerPerKeyCheckpoint checks that a checkpointed run stopped while items are
+// held resumes exactly: its checkpoint stays before the first held item, and the next
+// run (the key up again) processes every item from there; no item is missed.
+func TestBreakerPerKeyCheckpoint(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		const n = 400
+		store := &memStore{}
+		key := keyOf(4)
+		first := newKeyService(0, "d")
+		runOnce := func(svc *keyService, ctx context.Context) (pipeline.Report, error) {
+			p := pipeline.New()
+			st := pipeline.NewSink("call", 4, func(ctx context.Context, v int) error {
+				_, err := svc.call(key)(ctx, v)
+				return err
+			}, pipeline.WithBreakerPerKey(key, pipeline.Breaker{Failures: 1, OpenFor: 300 * time.Millisecond}, pipeline.KeyBounds{}))
+			pipeline.To(pipeline.FromCheckpoint(p, store, from(n), pipeline.WithSaveEvery(10)), st)
+			err := p.Run(ctx)
+			return p.Report(), err
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		defer cancel()
+		rep, err := runOnce(first, ctx)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		checkAccounting(t, rep)
+		call := row(t, rep, "call")
+		assert.Equal(t, int64(3*n/4), call.Succeeded)
+		saved := store.pos
+		assert.LessOrEqual(t, saved, int64(3), "before the first of d's items, which is held")
+		for i := range int(saved) {
+			assert.Equal(t, 1, first.done[i], i)
+		}
+
+		second := newKeyService(0)
+		rep, err = runOnce(second, t.Context())
+		require.NoError(t, err)
+		checkReport(t, rep)
+		assert.Equal(t, int64(n), store.pos)
+		assert.Len(t, second.done, n-int(saved))
+		for i := range n {
+			assert.Equal(t, 1, max(first.done[i], second.done[i]), i) // in one run, or redone past the checkpoint
+			if key(i) == "d" {
+				assert.Zero(t, first.done[i], i)
+			}
+			if key(i) == "d" || i >= int(saved) {
+				assert.Equal(t, 1, second.done[i], i)
+			}
+		}
+	})
+}
+
+// TestBreakerPerKeyPanics checks WithBreakerPerKey's misuse: a nil key, a negative
+// bound, a bad Breaker, another item type, and the stages it cannot serve.
+func TestBreakerPerKeyPanics(t *testing.T) {
+	t.Parallel()
+	key := func(v int) int { return v % 4 }
+	b := pipeline.Breaker{Failures: 3}
+	id := func(_ context.Context, v int) (int, error) { return v, nil }
+	assert.PanicsWithValue(t, "pipeline: WithBreakerPerKey: nil key function", func() {
+		pipeline.WithBreakerPerKey[int, int](nil, b, pipeline.KeyBounds{})
+	})
+	assertPanicsPipeline(t, func() { pipeline.WithBreakerPerKey(key, b, pipeline.KeyBounds{Held: -1}) })
+	assertPanicsPipeline(t, func() { pipeline.WithBreakerPerKey(key, b, pipeline.KeyBounds{Keys: -1}) })
+	assertPanicsPipeline(t, func() { pipeline.WithBreakerPerKey(key, pipeline.Breaker{}, pipeline.KeyBounds{}) })
+	for _, tc := range []struct {
+		opt  pipeline.StageOption
+		want string
+	}{
+		{pipeline.WithOrdered(0), "WithBreakerPerKey and WithOrdered together"},
+		{pipeline.WithKey(func(v int) int { return v }), "WithBreakerPerKey and WithKey together"},
+	} {
+		msg := assertPanicsPipeline(t, func() {
+			pipeline.NewStage("s", 2, id, tc.opt, pipeline.WithBreakerPerKey(key, b, pipeline.KeyBounds{}))
+		})
+		assert.Contains(t, msg, tc.want)
+	}
+	msg := assertPanicsPipeline(t, func() {
+		pipeline.NewStage("s", 2, func(_ context.Context, v string) (string, error) { return v, nil }, pipeline.WithBreakerPerKey(key, b, pipeline.KeyBounds{}))
+	})
+	assert.Contains(t, msg, "for another item type")
+}
