@@ -108,7 +108,8 @@ func (s BreakerState) String() string {
 //
 // The breaker is for the whole stage, whatever its items: a service that fails for some
 // keys only (one shard of several) opens it for all of them when the failing share
-// reaches its rule, and then holds the healthy keys' items too.
+// reaches its rule, and then holds the healthy keys' items too. For such a service,
+// give each key a breaker of its own with [WithBreakerPerKey].
 //
 // A closed breaker takes a lock per attempt, and reads the clock per attempt when
 // b.FailureRatio is set (or the attempt failed): about 13 ns per item and stage on
@@ -667,17 +668,24 @@ type KeyBounds struct {
 // the item's, the worker takes its next item, and the held item waits in its key's
 // list. Once the key's breaker lets attempts through again (half-open, after b.OpenFor
 // or the Retry-After of the failure that opened it), the workers take its held items
-// back, before new ones, oldest first: the first is the probe; when the probes succeed
-// the breaker closes and the rest follow. A held item starts its [WithRetry] attempts
+// back, before new ones, oldest first: the first is the probe (and stays first if it
+// fails); when the probes succeed the breaker closes and the rest follow. A held item starts its [WithRetry] attempts
 // afresh when it is taken back. While the stage's input flows, a worker takes held
 // items back between its runs of items; idle, it waits for the breakers too; once the
 // input has ended, the workers stay until every held item is settled.
 //
-// Memory is bounded by bounds: at most bounds.Held items held per key (an item past it
-// is shed, see [KeyBounds]: dead-lettered under "*pipeline.BreakerFullError" with
-// [WithDeadLetter], or the run fails with it without one), and at most bounds.Keys keys
-// with a breaker of their own (about 1.5 KB each) plus one shared by the keys past it.
-// So at most (bounds.Keys + 1) × bounds.Held items are held.
+// Memory is bounded by bounds, and the choice at each bound is to keep the workers
+// going:
+//   - At most bounds.Held items held per key. An item of a key that holds as many is
+//     shed, not waited for: set aside at once as an item error with a
+//     [*BreakerFullError], so that [WithDeadLetter] gets it and the report counts it
+//     under "*pipeline.BreakerFullError" (without a destination the run fails with
+//     it). An item taken back whose probe fails is held again whatever the count, so a
+//     key may hold up to one more per worker for a moment.
+//   - At most bounds.Keys keys with a breaker of their own (about 1.5 KB each), plus
+//     one that the keys past the bound share (see [KeyBounds]).
+//
+// So about (bounds.Keys + 1) × bounds.Held items are held at most.
 //
 // Each held item settles exactly once: processed (or dead-lettered, or failed) after it
 // is taken back, shed at the bound, or not started when the run stops: the items held
@@ -698,8 +706,9 @@ type KeyBounds struct {
 // ahead of the oldest held item, and then the healthy keys wait too.
 //
 // It replaces a [WithCircuitBreaker] or [WithSharedBreaker] of the stage, and a later
-// one replaces it. A closed key's attempt takes two locks and a map lookup of its key
-// (key is called up to three times per held item). In must be the stage's input type;
+// one replaces it. An attempt of a closed key calls key once and takes the policy's
+// lock twice (a map lookup) and its key's breaker's once; a held item calls key once
+// more when it is held. In must be the stage's input type;
 // the stage's constructor panics otherwise, and with [WithOrdered] or [WithKey] (a held
 // item would stall the order, or be taken back by another key's worker). It panics if
 // key is nil, if a bound is negative, or as WithCircuitBreaker does for b.
@@ -735,9 +744,10 @@ func WithBreakerPerKey[In any, K comparable](key func(In) K, b Breaker, bounds K
 // heldItems is the client's view of a breaker per key: it holds items out of the
 // workers' hands, and gives them back once their key's breaker lets them through.
 type heldItems[In any] interface {
-	// park holds v (at source position pos), or returns a *BreakerFullError when its
-	// key holds as many items as it may.
-	park(v In, pos uint64) error
+	// park holds v (at source position pos), last in its key's list or, when it was
+	// held before (again), first; or returns a *BreakerFullError when its key holds as
+	// many items as it may.
+	park(v In, pos uint64, again bool) error
 	// next returns a held item whose key's breaker lets an attempt through now.
 	next() (v In, pos uint64, ok bool)
 	// wait waits, parked, for wake (input), for a held item that may be taken back
@@ -903,28 +913,27 @@ func (kb *keyBreakers[In, K]) release(ks *keyState[In, K]) {
 	kb.mu.Unlock()
 }
 
-// stateOf returns the state of ticket t's key.
-func (kb *keyBreakers[In, K]) stateOf(t ticket) *keyState[In, K] {
+// end ends the attempt of ticket t and returns its key's state. The state may be
+// evicted from then on; what the caller still tells it is forgotten with it.
+func (kb *keyBreakers[In, K]) end(t ticket) *keyState[In, K] {
 	kb.mu.Lock()
 	defer kb.mu.Unlock()
-	return kb.slots[t.key-1] // not evicted: its attempt is in flight
+	ks := kb.slots[t.key-1] // not evicted: its attempt was in flight
+	ks.inflight--
+	return ks
 }
 
 func (kb *keyBreakers[In, K]) cancel(t ticket) {
-	if t.key == 0 {
-		return
+	if t.key != 0 {
+		kb.end(t).b.cancelProbe(t.probe)
 	}
-	ks := kb.stateOf(t)
-	ks.b.cancelProbe(t.probe)
-	kb.release(ks)
 }
 
 func (kb *keyBreakers[In, K]) after(t ticket, err error, class Class) bool {
 	if t.key == 0 {
 		return false
 	}
-	ks := kb.stateOf(t)
-	defer kb.release(ks)
+	ks := kb.end(t)
 	if err != nil && class == ClassFatal { // the run stops: nothing to hold
 		ks.b.cancelProbe(t.probe)
 		return false
@@ -938,23 +947,32 @@ func (kb *keyBreakers[In, K]) after(t ticket, err error, class Class) bool {
 
 func (kb *keyBreakers[In, K]) holds(In) bool { return false } // it never keeps a worker waiting
 
-func (kb *keyBreakers[In, K]) park(v In, pos uint64) error {
+func (kb *keyBreakers[In, K]) park(v In, pos uint64, again bool) error {
 	k := kb.key(v)
 	kb.mu.Lock()
 	ks := kb.stateLocked(k)
-	if n := len(ks.held) - ks.first; n >= kb.bounds.Held {
+	if n := len(ks.held) - ks.first; n >= kb.bounds.Held && !again { // one held again takes back its room
 		kb.mu.Unlock()
 		return &BreakerFullError{Stage: kb.env.stage, Key: ks.name, Held: n}
 	}
 	if len(ks.held) == ks.first {
 		kb.holders = append(kb.holders, ks)
 	}
-	if ks.first > 0 && len(ks.held) == cap(ks.held) { // slide down rather than grow
-		n := copy(ks.held, ks.held[ks.first:])
-		clear(ks.held[n:])
-		ks.held, ks.first = ks.held[:n], 0
+	h := heldItem[In]{v: v, pos: pos}
+	switch {
+	case again && ks.first > 0: // a failed probe's item stays the oldest
+		ks.first--
+		ks.held[ks.first] = h
+	case again:
+		ks.held = slices.Insert(ks.held, 0, h)
+	default:
+		if ks.first > 0 && len(ks.held) == cap(ks.held) { // slide down rather than grow
+			n := copy(ks.held, ks.held[ks.first:])
+			clear(ks.held[n:])
+			ks.held, ks.first = ks.held[:n], 0
+		}
+		ks.held = append(ks.held, h)
 	}
-	ks.held = append(ks.held, heldItem[In]{v: v, pos: pos})
 	kb.heldN.Add(1)
 	kb.mu.Unlock()
 	if ks.b.closed.Load() { // it closed meanwhile: its item may go on at once
@@ -1098,7 +1116,7 @@ type KeyBreakerReport struct {
 // park is attempts' ending for an item whose key's breaker holds it (errHeld): held,
 // or shed at its key's bound (a *BreakerFullError, set aside as an item error).
 func (w *worker[In, Out]) park(ctx context.Context, v In, attempts int, first error) (outcome, error) {
-	if err := w.cl.keyed.park(v, w.pos); err != nil {
+	if err := w.cl.keyed.park(v, w.pos, w.again); err != nil {
 		return w.setAside(ctx, v, attempts, ClassItem, cmp.Or(first, err), err) // deadletter.go
 	}
 	return held, nil
@@ -1129,7 +1147,9 @@ func (w *worker[In, Out]) resume(ctx context.Context) error {
 			w.hand.last = true // its output goes at once
 		}
 		var out Out
+		w.again = true
 		o, err := w.attempts(ctx, v, &out, nil)
+		w.again = false
 		if err = w.end(o, &out, 1, err); err != nil {
 			w.ctxs.publish()
 			w.stats.busy.v.Store(0)

@@ -371,6 +371,7 @@ type worker[In, Out any] struct {
 	ctxs         *attemptClock   // WithTimeout: the attempts' contexts (nil without; a clock of its own, so that a context kept after its attempt keeps only it alive)
 	cl           *client[In]     // rate limits, breaker, adaptive workers (client.go); nil without
 	tk           ticket          // the current attempt's, from w.cl (client.go)
+	again        bool            // the item in hand was held by its key's breaker (breaker.go): held again, it stays first
 }
 
 // runBudget is about how long a worker's run of items may take: a worker takes as many
