@@ -1103,3 +1103,49 @@ func TestBreakerPerKeyPanics(t *testing.T) {
 	})
 	assert.Contains(t, msg, "for another item type")
 }
+
+// TestBreakerPerStageShardDown is TestBreakerPerKeyShardDown's scenario with one
+// breaker for the stage, the shortfall WithBreakerPerKey is for: by either rule it opens
+// for every shard (shard 3's retries fail together), and the healthy shards' items wait
+// out the outage with shard 3's.
+func TestBreakerPerStageShardDown(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		b    pipeline.Breaker
+	}{
+		{"ratio", pipeline.Breaker{FailureRatio: 0.2, OpenFor: time.Second}},
+		{"count", pipeline.Breaker{Failures: 5, OpenFor: time.Second}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				const n, rate = 10000, 200
+				svc := &shardService{start: time.Now(), down: 3, from: 2 * time.Second, to: 47 * time.Second}
+				start := time.Now()
+				var mu sync.Mutex
+				healthy := 0 // healthy items delivered from 10 s to 40 s
+				p := pipeline.New()
+				st := pipeline.NewStage("call", 8, svc.call,
+					pipeline.WithRetry(5, pipeline.ConstantBackoff(200*time.Millisecond)),
+					discardDead[shardItem](), pipeline.WithCircuitBreaker(tc.b))
+				pipeline.To(pipeline.Then(pipeline.FromSeq(p, pacedShards(n, rate)), st), pipeline.NewSink("sink", 1, func(_ context.Context, v shardItem) error {
+					if at := time.Since(start); v.shard != 3 && at >= 10*time.Second && at < 40*time.Second {
+						mu.Lock()
+						healthy++
+						mu.Unlock()
+					}
+					return nil
+				}))
+				require.NoError(t, p.Run(t.Context()))
+				rep := p.Report()
+				checkReport(t, rep)
+				call := row(t, rep, "call")
+				t.Logf("%s: %v of virtual time, healthy items delivered at %.1f/s from 10 s to 40 s (150/s offered), %d dead-lettered, breaker opened %d times",
+					tc.name, rep.Elapsed, float64(healthy)/30, call.DeadLettered, call.Breaker.Opened)
+				assert.Less(t, healthy, 30*150/2, "the healthy shards are held too")
+				assert.Greater(t, rep.Elapsed, 47*time.Second+10*time.Second, "the healthy items wait for shard 3")
+			})
+		})
+	}
+}
