@@ -651,7 +651,8 @@ type KeyBounds struct {
 	// it takes the state of a key whose breaker is closed, holds nothing and has no
 	// attempt in flight (that key's counts are forgotten); when there is none, it
 	// shares one more breaker with every other such key, as the items of a stage-wide
-	// breaker do.
+	// breaker do. While the bound is reached, a new key's first attempt scans the
+	// keys for such a state: keep Keys above the keys active at once.
 	Keys int
 }
 
@@ -755,6 +756,8 @@ type heldItems[In any] interface {
 	wait(ctx context.Context, wake <-chan struct{}) (woken bool, err error)
 	// holding reports whether items are held.
 	holding() bool
+	// drop forgets every held item (a drained budget: they stay not started).
+	drop()
 }
 
 var (
@@ -983,6 +986,17 @@ func (kb *keyBreakers[In, K]) park(v In, pos uint64, again bool) error {
 
 func (kb *keyBreakers[In, K]) holding() bool { return kb.heldN.Load() > 0 }
 
+func (kb *keyBreakers[In, K]) drop() {
+	kb.mu.Lock()
+	defer kb.mu.Unlock()
+	for _, ks := range kb.holders {
+		clear(ks.held)
+		ks.held, ks.first = nil, 0
+	}
+	kb.holders = nil
+	kb.heldN.Store(0)
+}
+
 func (kb *keyBreakers[In, K]) next() (v In, pos uint64, ok bool) {
 	if kb.heldN.Load() == 0 {
 		return v, 0, false
@@ -1122,12 +1136,22 @@ func (w *worker[In, Out]) park(ctx context.Context, v In, attempts int, first er
 	return held, nil
 }
 
+// keepsHeld reports whether the stage's breaker per key holds items to take back. A
+// drained budget starts no new item: the held ones are dropped, not started.
+func (w *worker[In, Out]) keepsHeld() bool {
+	if w.row.drain.Load() {
+		w.cl.keyed.drop()
+		return false
+	}
+	return w.cl.keyed.holding()
+}
+
 // resume takes back held items whose key's breaker lets them through (a breaker per
 // key), up to a run's worth, before the worker takes new items: each goes through its
 // attempts and ends in end, as an item of a run does.
 func (w *worker[In, Out]) resume(ctx context.Context) error {
 	hs := w.cl.keyed
-	if !hs.holding() {
+	if !w.keepsHeld() {
 		return nil
 	}
 	n := 0

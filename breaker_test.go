@@ -1149,3 +1149,39 @@ func TestBreakerPerStageShardDown(t *testing.T) {
 		})
 	}
 }
+
+// TestBreakerPerKeyDrainedBudget checks that a budget that drains the stage drops the
+// held items (not started) rather than keeping the workers for them: key a is down for
+// good, and key b's failures trip a draining budget; the run ends with the budget's
+// error and a's items count as not started.
+func TestBreakerPerKeyDrainedBudget(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		const n = 40
+		key := keyOf(2)
+		svc := newKeyService(0, "a")
+		call := svc.call(key)
+		p := pipeline.New()
+		st := pipeline.NewStage("call", 1, func(ctx context.Context, v int) (int, error) {
+			if key(v) == "b" && v > 20 {
+				return 0, pipeline.Permanent(errors.New("bad item"))
+			}
+			return call(ctx, v)
+		}, discardDead[int](),
+			pipeline.WithErrorBudget(pipeline.Budget{MaxRatio: 0.1, MinSample: 5, Drain: true}),
+			pipeline.WithBreakerPerKey(key, pipeline.Breaker{Failures: 1, OpenFor: 100 * time.Millisecond}, pipeline.KeyBounds{}))
+		pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(n)), st), pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		defer cancel()
+		err := p.Run(ctx)
+		require.ErrorIs(t, err, pipeline.ErrBudgetExceeded)
+		require.NoError(t, ctx.Err(), "the run ended by itself")
+		rep := p.Report()
+		checkAccounting(t, rep)
+		call2 := row(t, rep, "call")
+		assert.Equal(t, int64(n), call2.In)
+		assert.Equal(t, int64(10), call2.Succeeded, "b's items up to 20")
+		assert.Equal(t, int64(2), call2.DeadLettered, "b's failures that tripped the budget")
+		assert.Equal(t, int64(n-12), call2.NotStarted, "a's items, held and dropped, and b's after the drain")
+	})
+}

@@ -456,7 +456,7 @@ func (w *worker[In, Out]) take(ctx context.Context) error {
 		}
 		seq, ok, err := w.consumer.take(ctx, n, w.share, idle)
 		if !ok {
-			if err == nil && keyed != nil && keyed.holding() { // the input ended: stay for the held items
+			if err == nil && keyed != nil && w.keepsHeld() { // the input ended: stay for the held items
 				_, err = keyed.wait(ctx, nil)
 			}
 			if errors.Is(err, errResume) {
