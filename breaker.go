@@ -651,8 +651,8 @@ type KeyBounds struct {
 	// it takes the state of a key whose breaker is closed, holds nothing and has no
 	// attempt in flight (that key's counts are forgotten); when there is none, it
 	// shares one more breaker with every other such key, as the items of a stage-wide
-	// breaker do. While the bound is reached, a new key's first attempt scans the
-	// keys for such a state: keep Keys above the keys active at once.
+	// breaker do. While the bound is reached, each attempt of a key without a state
+	// of its own scans the keys for one: keep Keys above the keys active at once.
 	Keys int
 }
 
