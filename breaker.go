@@ -781,8 +781,7 @@ type keyBreakers[In any, K comparable] struct {
 
 	mu      sync.Mutex
 	ids     map[K]uint32       // a key's index in slots
-	slots   []*keyState[In, K] // slots[0] is shared by the keys past bounds.Keys; nil: free
-	free    []uint32           // slots freed by an eviction
+	slots   []*keyState[In, K] // slots[0] is shared by the keys past bounds.Keys; an evicted key's slot goes to the next key
 	holders []*keyState[In, K] // the states with held items
 	turn    int                // where next looks first in holders, so that every key gets its turn
 	gone    struct {           // the figures of evicted states
@@ -844,17 +843,11 @@ func (kb *keyBreakers[In, K]) stateLocked(k K) *keyState[In, K] {
 		return kb.slots[id]
 	}
 	var id uint32
-	switch {
-	case len(kb.free) > 0:
-		id = kb.free[len(kb.free)-1]
-		kb.free = kb.free[:len(kb.free)-1]
-	case len(kb.ids) < kb.bounds.Keys:
+	if len(kb.ids) < kb.bounds.Keys {
 		id = uint32(len(kb.slots))
 		kb.slots = append(kb.slots, nil)
-	default:
-		if id = kb.evictLocked(); id == 0 {
-			return kb.slots[0] // every key with a state is busy: share the rest's
-		}
+	} else if id = kb.evictLocked(); id == 0 {
+		return kb.slots[0] // every key with a state is busy: share the rest's
 	}
 	ks := kb.newState(k, fmt.Sprint(k), id)
 	kb.slots[id], kb.ids[k] = ks, id
