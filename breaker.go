@@ -708,8 +708,8 @@ type KeyBounds struct {
 //
 // It replaces a [WithCircuitBreaker] or [WithSharedBreaker] of the stage, and a later
 // one replaces it. An attempt of a closed key calls key once and takes the policy's
-// lock twice (a map lookup) and its key's breaker's once; a held item calls key once
-// more when it is held. In must be the stage's input type;
+// lock twice for reading (a map lookup) and its key's breaker's once; a held item calls
+// key once more when it is held. In must be the stage's input type;
 // the stage's constructor panics otherwise, and with [WithOrdered] or [WithKey] (a held
 // item would stall the order, or be taken back by another key's worker). It panics if
 // key is nil, if a bound is negative, or as WithCircuitBreaker does for b.
@@ -779,7 +779,7 @@ type keyBreakers[In any, K comparable] struct {
 	heldN  atomic.Int64 // items held now
 	failed atomic.Int64 // failed attempts held rather than counted against their items
 
-	mu      sync.Mutex
+	mu      sync.RWMutex       // read-locked for an attempt's lookups
 	ids     map[K]uint32       // a key's index in slots
 	slots   []*keyState[In, K] // slots[0] is shared by the keys past bounds.Keys; an evicted key's slot goes to the next key
 	holders []*keyState[In, K] // the states with held items
@@ -799,7 +799,7 @@ type keyState[In any, K comparable] struct {
 	k        K
 	name     string // the key as %v prints it, for the report
 	id       uint32
-	inflight int // attempts begun and not ended (under keyBreakers.mu): no eviction while any
+	inflight atomic.Int32 // attempts begun and not ended (added to under keyBreakers.mu, read or write): no eviction while any
 	held     []heldItem[In]
 	first    int // held[first:] are the items held, oldest first
 }
@@ -859,7 +859,7 @@ func (kb *keyBreakers[In, K]) stateLocked(k K) *keyState[In, K] {
 func (kb *keyBreakers[In, K]) evictLocked() uint32 {
 	for k, id := range kb.ids {
 		ks := kb.slots[id]
-		if ks.inflight == 0 && len(ks.held) == ks.first && ks.b.closed.Load() {
+		if ks.inflight.Load() == 0 && len(ks.held) == ks.first && ks.b.closed.Load() {
 			r := ks.b.report(kb.env.r.started)
 			kb.gone.opened += r.Opened
 			kb.gone.open += r.TimeOpen
@@ -883,10 +883,20 @@ func (kb *keyBreakers[In, K]) signal() {
 
 func (kb *keyBreakers[In, K]) before(_ context.Context, v In, t ticket) (ticket, error) {
 	k := kb.key(v)
-	kb.mu.Lock()
-	ks := kb.stateLocked(k)
-	ks.inflight++
-	kb.mu.Unlock()
+	kb.mu.RLock()
+	id, ok := kb.ids[k]
+	var ks *keyState[In, K]
+	if ok {
+		ks = kb.slots[id]
+		ks.inflight.Add(1) // under the lock: an eviction (write-locked) sees it
+	}
+	kb.mu.RUnlock()
+	if !ok {
+		kb.mu.Lock()
+		ks = kb.stateLocked(k)
+		ks.inflight.Add(1)
+		kb.mu.Unlock()
+	}
 	if !ks.b.closed.Load() {
 		ok, probe, _, _, err := ks.b.try(&kb.env)
 		if !ok || err != nil {
@@ -903,19 +913,15 @@ func (kb *keyBreakers[In, K]) before(_ context.Context, v In, t ticket) (ticket,
 }
 
 // release ends an attempt of ks's key (or one that never began).
-func (kb *keyBreakers[In, K]) release(ks *keyState[In, K]) {
-	kb.mu.Lock()
-	ks.inflight--
-	kb.mu.Unlock()
-}
+func (kb *keyBreakers[In, K]) release(ks *keyState[In, K]) { ks.inflight.Add(-1) }
 
 // end ends the attempt of ticket t and returns its key's state. The state may be
 // evicted from then on; what the caller still tells it is forgotten with it.
 func (kb *keyBreakers[In, K]) end(t ticket) *keyState[In, K] {
-	kb.mu.Lock()
-	defer kb.mu.Unlock()
+	kb.mu.RLock()
 	ks := kb.slots[t.key-1] // not evicted: its attempt was in flight
-	ks.inflight--
+	kb.mu.RUnlock()
+	ks.inflight.Add(-1)
 	return ks
 }
 
