@@ -1185,3 +1185,49 @@ func TestBreakerPerKeyDrainedBudget(t *testing.T) {
 		assert.Equal(t, int64(n-12), call2.NotStarted, "a's items, held and dropped, and b's after the drain")
 	})
 }
+
+// TestBreakerPerKeyFlatStage checks a flat stage and a sink with a breaker per key: the
+// held items' outputs (two per item) all reach the sink once their key recovers, with
+// workers ∈ {1, 4}.
+func TestBreakerPerKeyFlatStage(t *testing.T) {
+	t.Parallel()
+	for _, workers := range []int{1, 4} {
+		t.Run(fmt.Sprintf("workers=%d", workers), func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				const n = 200
+				key := keyOf(3)
+				svc := newKeyService(time.Second, "c")
+				call := svc.call(key)
+				p := pipeline.New()
+				flat := pipeline.NewFlatStage("split", workers, func(ctx context.Context, v int, emit func(int)) error {
+					if _, err := call(ctx, v); err != nil {
+						return err
+					}
+					emit(v)
+					emit(-v - 1)
+					return nil
+				}, pipeline.WithBreakerPerKey(key, pipeline.Breaker{Failures: 1, OpenFor: 200 * time.Millisecond}, pipeline.KeyBounds{}))
+				var mu sync.Mutex
+				seen := map[int]int{}
+				pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(n)), flat), pipeline.NewSink("sink", 2, func(_ context.Context, v int) error {
+					mu.Lock()
+					defer mu.Unlock()
+					seen[v]++
+					return nil
+				}, pipeline.WithBreakerPerKey(func(v int) bool { return v < 0 }, pipeline.Breaker{Failures: 1}, pipeline.KeyBounds{})))
+				require.NoError(t, p.Run(t.Context()))
+				rep := p.Report()
+				checkAccounting(t, rep) // a flat stage: two outputs per item
+				checkChain(t, rep)
+				assert.Equal(t, int64(n), row(t, rep, "split").Succeeded)
+				assert.Equal(t, int64(2*n), row(t, rep, "sink").Succeeded)
+				require.Len(t, seen, 2*n)
+				for v, c := range seen {
+					assert.Equal(t, 1, c, v)
+				}
+				assert.Positive(t, row(t, rep, "split").Breaker.Opened)
+			})
+		})
+	}
+}
