@@ -799,6 +799,7 @@ func TestBreakerPerKeyShardDown(t *testing.T) {
 				assert.Zero(t, call.Breaker.Holding)
 				assert.Zero(t, call.Breaker.KeysOpen)
 				assert.Empty(t, call.Breaker.Keys)
+				assert.Zero(t, call.InFlight, "an item held by one worker and taken back by another is in flight in neither once done")
 				assert.Less(t, rep.Elapsed, 55*time.Second)
 			})
 		})
@@ -1230,4 +1231,34 @@ func TestBreakerPerKeyFlatStage(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestBreakerPerKeyMaxOpen checks MaxOpen per key: key a down for good fails the run
+// with a *BreakerError at its first failed probe past MaxOpen, once b's items are all
+// processed, and the accounting adds up.
+func TestBreakerPerKeyMaxOpen(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		const n = 40
+		key := keyOf(2)
+		svc := newKeyService(0, "a")
+		start := time.Now()
+		p := pipeline.New()
+		st := pipeline.NewStage("call", 2, svc.call(key),
+			pipeline.WithBreakerPerKey(key, pipeline.Breaker{Failures: 1, OpenFor: 500 * time.Millisecond, MaxOpen: 2 * time.Second}, pipeline.KeyBounds{}))
+		pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(n)), st), pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+		err := p.Run(t.Context())
+		be, ok := errors.AsType[*pipeline.BreakerError](err)
+		require.True(t, ok, "%v", err)
+		assert.ErrorIs(t, err, pipeline.ErrBreakerOpen)
+		assert.GreaterOrEqual(t, be.Open, 2*time.Second)
+		assert.Less(t, time.Since(start), 3*time.Second, "at the first probe past MaxOpen")
+		rep := p.Report()
+		checkAccounting(t, rep)
+		call := row(t, rep, "call")
+		assert.Equal(t, int64(n/2), call.Succeeded, "b's items")
+		assert.Equal(t, int64(1), call.Failed, "the item whose attempt found the breaker open too long")
+		assert.Equal(t, int64(n/2-1), call.NotStarted, "a's other items, held")
+		assert.Equal(t, call.NotStarted, call.Breaker.Holding)
+	})
 }
