@@ -1250,7 +1250,7 @@ func TestBreakerPerKeyMaxOpen(t *testing.T) {
 		err := p.Run(t.Context())
 		be, ok := errors.AsType[*pipeline.BreakerError](err)
 		require.True(t, ok, "%v", err)
-		assert.ErrorIs(t, err, pipeline.ErrBreakerOpen)
+		require.ErrorIs(t, err, pipeline.ErrBreakerOpen)
 		assert.GreaterOrEqual(t, be.Open, 2*time.Second)
 		assert.Less(t, time.Since(start), 3*time.Second, "at the first probe past MaxOpen")
 		rep := p.Report()
