@@ -1,9 +1,12 @@
 package pipeline
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -105,7 +108,8 @@ func (s BreakerState) String() string {
 //
 // The breaker is for the whole stage, whatever its items: a service that fails for some
 // keys only (one shard of several) opens it for all of them when the failing share
-// reaches its rule, and then holds the healthy keys' items too.
+// reaches its rule, and then holds the healthy keys' items too. For such a service,
+// give each key a breaker of its own with [WithBreakerPerKey].
 //
 // A closed breaker takes a lock per attempt, and reads the clock per attempt when
 // b.FailureRatio is set (or the attempt failed): about 13 ns per item and stage on
@@ -233,21 +237,46 @@ func (p *breakerHook) fill(s *StageReport) {
 // breakerReport is the breakers' part of the report's text.
 var breakerReport = policyReport{
 	warnings: func(_ Report, _ Bottleneck, s StageReport) []string {
-		if s.Breaker != nil && s.Breaker.State != BreakerClosed {
+		switch br := s.Breaker; {
+		case br == nil || br.State == BreakerClosed && br.Holding == 0:
+		case br.PerKey:
+			return []string{fmt.Sprintf("stage %q: circuit breakers of %d keys not closed, %d items held: what it calls is failing for those keys",
+				s.Name, br.KeysOpen, br.Holding)}
+		default:
 			return []string{fmt.Sprintf("stage %q: circuit breaker %s for %v: what it calls is failing",
-				s.Name, s.Breaker.State, s.Breaker.TimeOpen.Round(time.Millisecond))}
+				s.Name, br.State, br.TimeOpen.Round(time.Millisecond))}
 		}
 		return nil
 	},
 	lines: func(b *strings.Builder, s StageReport) {
-		if br := s.Breaker; br != nil {
-			fmt.Fprintf(b, "breaker %s: %s, opened %d times, open %v, %d attempts held\n",
-				s.Name, br.State, br.Opened, br.TimeOpen.Round(time.Millisecond), br.Held)
+		br := s.Breaker
+		if br == nil {
+			return
 		}
+		fmt.Fprintf(b, "breaker %s: %s, opened %d times, open %v, %d attempts held",
+			s.Name, br.State, br.Opened, br.TimeOpen.Round(time.Millisecond), br.Held)
+		if br.PerKey {
+			fmt.Fprintf(b, "; per key: %d keys not closed, %d items held", br.KeysOpen, br.Holding)
+			for i, k := range br.Keys[:min(len(br.Keys), 4)] {
+				sep := "; "
+				if i == 0 {
+					sep = " ("
+				}
+				fmt.Fprintf(b, "%s%s: %s, %d held", sep, k.Key, k.State, k.Holding)
+			}
+			if len(br.Keys) > 0 {
+				b.WriteString(")")
+			}
+		}
+		b.WriteString("\n")
 	},
 	line: func(s StageReport) string {
-		if s.Breaker != nil && s.Breaker.State != BreakerClosed {
-			return " breaker=" + s.Breaker.State.String()
+		switch br := s.Breaker; {
+		case br == nil || br.State == BreakerClosed && br.Holding == 0:
+		case br.PerKey:
+			return fmt.Sprintf(" breaker=%s keys-open=%d held=%d", br.State, br.KeysOpen, br.Holding)
+		default:
+			return " breaker=" + br.State.String()
 		}
 		return ""
 	},
@@ -260,7 +289,14 @@ type BreakerReport struct {
 	Opened      int64               // times it opened (from closed, or after a failed probe)
 	TimeOpen    time.Duration       // time spent open or half-open, so far
 	Held        int64               // failed attempts of the stage held for the breaker rather than counted against their items
-	Transitions []BreakerTransition // the latest transitions (at most 32), oldest first
+	Transitions []BreakerTransition // the latest transitions (at most 32), oldest first; none for a breaker per key
+
+	// A breaker per key ([WithBreakerPerKey]): PerKey is true, State is the worst
+	// key's, and Opened and TimeOpen add up the keys'.
+	PerKey   bool
+	Holding  int64              // items held now, out of the workers' hands (counted in NotStarted); in a final report, those the run's stop left
+	KeysOpen int                // keys whose breaker is not closed now
+	Keys     []KeyBreakerReport // the keys whose breaker is not closed or holds items (at most 16), most held first
 }
 
 // BreakerTransition is one change of a circuit breaker's state.
@@ -298,6 +334,7 @@ type breakerState struct {
 	opened    int64
 	openTotal time.Duration // earlier spells, ended
 	history   []transition
+	notify    func() // called (under mu) at every wake: a breaker per key tells its held items' waiters; nil otherwise
 }
 
 // transition is one entry of a breaker's history.
@@ -330,47 +367,55 @@ func (b *breakerState) allow(ctx context.Context, env *policyEnv) (probe bool, e
 		return false, nil
 	}
 	for {
-		var events []Event
-		b.mu.Lock()
-		now := time.Now()
-		if b.state == BreakerOpen && now.Sub(b.openedAt) >= b.openFor {
-			events = append(events, b.moveLocked(BreakerHalfOpen, now, nil, env))
+		ok, probe, wake, changed, err := b.try(env)
+		if ok || err != nil {
+			return probe, err
 		}
-		switch b.state {
-		case BreakerClosed:
-			b.mu.Unlock()
-			env.emit(events)
-			return false, nil
-		case BreakerHalfOpen:
-			if b.probes == 0 && b.probedOK < b.cfg.HalfOpenProbes {
-				b.probes++
-				b.mu.Unlock()
-				env.emit(events)
-				return true, nil
-			}
-		}
-		var open time.Duration
-		if b.cfg.MaxOpen > 0 {
-			if open = b.openWithinLocked(now); open >= b.cfg.MaxOpen {
-				b.mu.Unlock()
-				env.emit(events)
-				return false, &BreakerError{Stage: env.stage, Open: open, MaxOpen: b.cfg.MaxOpen, Window: b.cfg.MaxOpenWindow}
-			}
-		}
-		wake := time.Duration(math.MaxInt64)
-		if b.state == BreakerOpen {
-			wake = b.openFor - now.Sub(b.openedAt)
-		}
-		if b.cfg.MaxOpen > 0 {
-			wake = min(wake, b.cfg.MaxOpen-open) // the time not closed grows at most as fast as the clock
-		}
-		changed := b.changed
-		b.mu.Unlock()
-		env.emit(events)
 		if err := waitChange(ctx, changed, wake); err != nil {
 			return false, err
 		}
 	}
+}
+
+// try reports whether the breaker lets an attempt of env's stage start now (ok), and
+// whether that attempt is a probe. If not, wake is how long until it may (MaxInt64:
+// not before a transition) and changed is closed at the next transition; err is a
+// *BreakerError once the breaker has not been closed for MaxOpen over the last
+// MaxOpenWindow.
+func (b *breakerState) try(env *policyEnv) (ok, probe bool, wake time.Duration, changed <-chan struct{}, err error) {
+	var events []Event
+	b.mu.Lock()
+	defer func() {
+		b.mu.Unlock()
+		env.emit(events)
+	}()
+	now := time.Now()
+	if b.state == BreakerOpen && now.Sub(b.openedAt) >= b.openFor {
+		events = append(events, b.moveLocked(BreakerHalfOpen, now, nil, env))
+	}
+	switch b.state {
+	case BreakerClosed:
+		return true, false, 0, nil, nil
+	case BreakerHalfOpen:
+		if b.probes == 0 && b.probedOK < b.cfg.HalfOpenProbes {
+			b.probes++
+			return true, true, 0, nil, nil
+		}
+	}
+	var open time.Duration
+	if b.cfg.MaxOpen > 0 {
+		if open = b.openWithinLocked(now); open >= b.cfg.MaxOpen {
+			return false, false, 0, nil, &BreakerError{Stage: env.stage, Open: open, MaxOpen: b.cfg.MaxOpen, Window: b.cfg.MaxOpenWindow}
+		}
+	}
+	wake = time.Duration(math.MaxInt64)
+	if b.state == BreakerOpen {
+		wake = b.openFor - now.Sub(b.openedAt)
+	}
+	if b.cfg.MaxOpen > 0 {
+		wake = min(wake, b.cfg.MaxOpen-open) // the time not closed grows at most as fast as the clock
+	}
+	return false, false, wake, b.changed, nil
 }
 
 // waitChange waits until changed is closed, d has passed or ctx is done (its cause).
@@ -397,10 +442,8 @@ func (b *breakerState) cancelProbe(probe bool) {
 	}
 	b.mu.Lock()
 	b.probes--
-	changed := b.changed
-	b.changed = make(chan struct{})
+	b.wakeLocked() // wake a waiter to take the probe
 	b.mu.Unlock()
-	close(changed) // wake a waiter to take the probe
 }
 
 // record adds an attempt's outcome, and reports whether the item is held (the attempt
@@ -552,6 +595,24 @@ func (b *breakerState) moveLocked(to BreakerState, now time.Time, err error, env
 func (b *breakerState) wakeLocked() {
 	close(b.changed)
 	b.changed = make(chan struct{})
+	if b.notify != nil {
+		b.notify()
+	}
+}
+
+// readyLocked reports whether an attempt may start now (try would say ok), and if not,
+// how long until it may (MaxInt64: not before a transition).
+func (b *breakerState) readyLocked(now time.Time) (bool, time.Duration) {
+	switch b.state {
+	case BreakerClosed:
+		return true, 0
+	case BreakerHalfOpen:
+		return b.probes == 0 && b.probedOK < b.cfg.HalfOpenProbes, time.Duration(math.MaxInt64)
+	}
+	if d := b.openFor - now.Sub(b.openedAt); d > 0 {
+		return false, d
+	}
+	return true, 0
 }
 
 // emit sends the events of a breaker's transitions in the run, outside the breaker's
@@ -577,4 +638,554 @@ func (b *breakerState) report(started time.Time) *BreakerReport {
 		rep.TimeOpen += time.Since(b.since)
 	}
 	return rep
+}
+
+// KeyBounds bounds the memory of a breaker per key ([WithBreakerPerKey]). A zero
+// field takes its default.
+type KeyBounds struct {
+	// Held is the most items one key's breaker holds (default 1024). An item of a key
+	// that holds as many already is shed: set aside at once as an item error with a
+	// [*BreakerFullError].
+	Held int
+	// Keys is the most keys with a breaker of their own (default 1024). A new key past
+	// it takes the state of a key whose breaker is closed, holds nothing and has no
+	// attempt in flight (that key's counts are forgotten); when there is none, it
+	// shares one more breaker with every other such key, as the items of a stage-wide
+	// breaker do. While the bound is reached, each attempt of a key without a state
+	// of its own scans the keys for one: keep Keys above the keys active at once.
+	Keys int
+}
+
+// WithBreakerPerKey gives a stage a circuit breaker per key of its items, for a
+// service that fails for some keys only (one shard of several, one tenant's backend):
+// the items of a key whose breaker is open are held, out of the workers' hands, while
+// the workers go on with the other keys' items. Each key's breaker follows b's rules,
+// as [WithCircuitBreaker]'s does for the whole stage, over the attempts of that key's
+// items; b.Counts says which failed attempts count.
+//
+// An item is held when its key's breaker is open (or half-open, with its probe in
+// flight) as its attempt would begin, or when its attempt fails while the breaker is
+// not closed (the one that opens it included): the attempt does not count as one of
+// the item's, the worker takes its next item, and the held item waits in its key's
+// list. Once the key's breaker lets attempts through again (half-open, after b.OpenFor
+// or the Retry-After of the failure that opened it), the workers take its held items
+// back, before new ones, oldest first: the first is the probe (and stays first if it
+// fails); when the probes succeed the breaker closes and the rest follow. A held item starts its [WithRetry] attempts
+// afresh when it is taken back. While the stage's input flows, a worker takes held
+// items back between its runs of items; idle, it waits for the breakers too; once the
+// input has ended, the workers stay until every held item is settled.
+//
+// Memory is bounded by bounds, and the choice at each bound is to keep the workers
+// going:
+//   - At most bounds.Held items held per key. An item of a key that holds as many is
+//     shed, not waited for: set aside at once as an item error with a
+//     [*BreakerFullError], so that [WithDeadLetter] gets it and the report counts it
+//     under "*pipeline.BreakerFullError" (without a destination the run fails with
+//     it). An item taken back whose probe fails is held again whatever the count, so a
+//     key may hold up to one more per worker for a moment.
+//   - At most bounds.Keys keys with a breaker of their own (about 1.5 KB each), plus
+//     one that the keys past the bound share (see [KeyBounds]).
+//
+// So about (bounds.Keys + 1) × bounds.Held items are held at most.
+//
+// Each held item settles exactly once: processed (or dead-lettered, or failed) after it
+// is taken back, shed at the bound, or not started when the run stops: the items held
+// then count in the stage's NotStarted, as items still queued do, and a checkpointed
+// run ([FromCheckpoint]) resumes from before them. While held, an item counts in
+// NotStarted too; [StageReport].Breaker gives how many are held (Holding), the keys
+// whose breaker is not closed (KeysOpen) and, per key, its state and held items
+// (Keys). Its State is the worst key's (open, then half-open), and Opened and TimeOpen
+// add up the keys'. A key's transitions are [Event]s of the stage as with
+// WithCircuitBreaker (which key is not said); MaxOpen applies per key, and is checked
+// when an attempt of the key is refused (at each failed probe at the latest).
+//
+// In a checkpointed run, a held item keeps the checkpoint from passing it. The held
+// items count in the pipeline's capacity in flight, (bounds.Keys + 1) × bounds.Held
+// more, which raises by as much the defaults of [WithMaxRedo] (so that the source does
+// not wait for held items, at the cost of a longer redo after a crash) and of
+// [WithMaxPending]. With a smaller WithMaxRedo, the source stops when it is that far
+// ahead of the oldest held item, and then the healthy keys wait too.
+//
+// It replaces a [WithCircuitBreaker] or [WithSharedBreaker] of the stage, and a later
+// one replaces it. An attempt of a closed key calls key once and takes the policy's
+// lock twice for reading (a map lookup) and its key's breaker's once; a held item calls
+// key once more when it is held. In must be the stage's input type;
+// the stage's constructor panics otherwise, and with [WithOrdered] or [WithKey] (a held
+// item would stall the order, or be taken back by another key's worker). It panics if
+// key is nil, if a bound is negative, or as WithCircuitBreaker does for b.
+func WithBreakerPerKey[In any, K comparable](key func(In) K, b Breaker, bounds KeyBounds) StageOption {
+	if key == nil {
+		panic("pipeline: WithBreakerPerKey: nil key function")
+	}
+	if bounds.Held < 0 || bounds.Keys < 0 {
+		panic(fmt.Sprintf("pipeline: WithBreakerPerKey: negative bound in %+v", bounds))
+	}
+	b = b.normalized("WithBreakerPerKey")
+	if bounds.Held == 0 {
+		bounds.Held = 1024
+	}
+	if bounds.Keys == 0 {
+		bounds.Keys = 1024
+	}
+	return stageOpt(func(c *config) {
+		c.client.add(policyMaker{
+			name: "WithCircuitBreaker", order: orderBreaker,
+			unordered: "WithBreakerPerKey and WithOrdered together; a held item would stall the order",
+			check: func(_ int, keyed bool) string {
+				if keyed {
+					return "WithBreakerPerKey and WithKey together; a held item is taken back by whichever worker is free"
+				}
+				return ""
+			},
+			make: func(env policyEnv) policy[In] { return newKeyBreakers(env, key, b, bounds) },
+		})
+	})
+}
+
+// heldItems is the client's view of a breaker per key: it holds items out of the
+// workers' hands, and gives them back once their key's breaker lets them through.
+type heldItems[In any] interface {
+	// park holds v (at source position pos), last in its key's list or, when it was
+	// held before (again), first; or returns a *BreakerFullError when its key holds as
+	// many items as it may.
+	park(v In, pos uint64, again bool) error
+	// next returns a held item whose key's breaker lets an attempt through now.
+	next() (v In, pos uint64, ok bool)
+	// wait waits, parked, for wake (input), for a held item that may be taken back
+	// (errResume) or for the run to stop (its cause); see consumer.take's idle.
+	wait(ctx context.Context, wake <-chan struct{}) (woken bool, err error)
+	// holding reports whether items are held.
+	holding() bool
+	// drop forgets every held item (a drained budget: they stay not started).
+	drop()
+}
+
+var (
+	// errHeld is what a breaker per key's before returns for an attempt that its key's
+	// breaker does not let through: the worker holds the item (worker.park).
+	errHeld = errors.New("pipeline: held by its key's circuit breaker")
+	// errResume ends a worker's wait: a held item may be taken back.
+	errResume = errors.New("pipeline: a held item may go on")
+)
+
+// keyBreakers is one run's breaker per key of a stage: the keys' states, and their
+// held items.
+type keyBreakers[In any, K comparable] struct {
+	env    policyEnv
+	key    func(In) K
+	cfg    Breaker
+	bounds KeyBounds
+
+	heldN  atomic.Int64 // items held now
+	failed atomic.Int64 // failed attempts held rather than counted against their items
+
+	mu      sync.RWMutex       // read-locked for an attempt's lookups
+	ids     map[K]uint32       // a key's index in slots
+	slots   []*keyState[In, K] // slots[0] is shared by the keys past bounds.Keys; an evicted key's slot goes to the next key
+	holders []*keyState[In, K] // the states with held items
+	turn    int                // where next looks first in holders, so that every key gets its turn
+	gone    struct {           // the figures of evicted states
+		opened int64
+		open   time.Duration
+	}
+
+	sigMu sync.Mutex
+	sig   chan struct{} // closed (and replaced) when a held item's key may let it through
+}
+
+// keyState is one key's breaker and held items.
+type keyState[In any, K comparable] struct {
+	b        *breakerState
+	k        K
+	name     string // the key as %v prints it, for the report
+	id       uint32
+	inflight atomic.Int32 // attempts begun and not ended (added to under keyBreakers.mu, read or write): no eviction while any
+	held     []heldItem[In]
+	first    int // held[first:] are the items held, oldest first
+}
+
+// heldItem is an item held by its key's breaker.
+type heldItem[In any] struct {
+	v   In
+	pos uint64
+}
+
+func newKeyBreakers[In any, K comparable](env policyEnv, key func(In) K, b Breaker, bounds KeyBounds) *keyBreakers[In, K] {
+	kb := &keyBreakers[In, K]{
+		env: env, key: key, cfg: b, bounds: bounds, ids: make(map[K]uint32),
+		slots: make([]*keyState[In, K], 1, 8), sig: make(chan struct{}),
+	}
+	kb.slots[0] = kb.newState(*new(K), "(other keys)", 0)
+	// The held items are in flight: they count in the run's capacity, so that a
+	// checkpointed or acknowledged source does not wait for them by default.
+	env.row.extra += heldBound(bounds)
+	return kb
+}
+
+// heldBound is the most items a breaker per key holds: (Keys + 1) × Held, at most 2^40.
+func heldBound(b KeyBounds) int {
+	const most = 1 << 40
+	if b.Held > most/(b.Keys+1) {
+		return most
+	}
+	return (b.Keys + 1) * b.Held
+}
+
+func (kb *keyBreakers[In, K]) newState(k K, name string, id uint32) *keyState[In, K] {
+	ks := &keyState[In, K]{b: newBreakerState(kb.cfg), k: k, name: name, id: id}
+	ks.b.notify = kb.signal
+	return ks
+}
+
+// stateLocked returns the state of key k, making one if it has none.
+func (kb *keyBreakers[In, K]) stateLocked(k K) *keyState[In, K] {
+	if id, ok := kb.ids[k]; ok {
+		return kb.slots[id]
+	}
+	var id uint32
+	if len(kb.ids) < kb.bounds.Keys {
+		id = uint32(len(kb.slots))
+		kb.slots = append(kb.slots, nil)
+	} else if id = kb.evictLocked(); id == 0 {
+		return kb.slots[0] // every key with a state is busy: share the rest's
+	}
+	ks := kb.newState(k, fmt.Sprint(k), id)
+	kb.slots[id], kb.ids[k] = ks, id
+	return ks
+}
+
+// evictLocked drops the state of a key whose breaker is closed, holds nothing and has
+// no attempt in flight, and returns its slot (0: none).
+func (kb *keyBreakers[In, K]) evictLocked() uint32 {
+	for k, id := range kb.ids {
+		ks := kb.slots[id]
+		if ks.inflight.Load() == 0 && len(ks.held) == ks.first && ks.b.closed.Load() {
+			r := ks.b.report(kb.env.r.started)
+			kb.gone.opened += r.Opened
+			kb.gone.open += r.TimeOpen
+			delete(kb.ids, k)
+			return id
+		}
+	}
+	return 0
+}
+
+// signal wakes the workers that wait for held items.
+func (kb *keyBreakers[In, K]) signal() {
+	if kb.heldN.Load() == 0 {
+		return
+	}
+	kb.sigMu.Lock()
+	close(kb.sig)
+	kb.sig = make(chan struct{})
+	kb.sigMu.Unlock()
+}
+
+func (kb *keyBreakers[In, K]) before(_ context.Context, v In, t ticket) (ticket, error) {
+	k := kb.key(v)
+	kb.mu.RLock()
+	id, ok := kb.ids[k]
+	var ks *keyState[In, K]
+	if ok {
+		ks = kb.slots[id]
+		ks.inflight.Add(1) // under the lock: an eviction (write-locked) sees it
+	}
+	kb.mu.RUnlock()
+	if !ok {
+		kb.mu.Lock()
+		ks = kb.stateLocked(k)
+		ks.inflight.Add(1)
+		kb.mu.Unlock()
+	}
+	if !ks.b.closed.Load() {
+		ok, probe, _, _, err := ks.b.try(&kb.env)
+		if !ok || err != nil {
+			kb.release(ks)
+			if err == nil {
+				err = errHeld
+			}
+			return t, err
+		}
+		t.probe = probe
+	}
+	t.key = ks.id + 1
+	return t, nil
+}
+
+// release ends an attempt of ks's key (or one that never began).
+func (kb *keyBreakers[In, K]) release(ks *keyState[In, K]) { ks.inflight.Add(-1) }
+
+// end ends the attempt of ticket t and returns its key's state. The state may be
+// evicted from then on; what the caller still tells it is forgotten with it.
+func (kb *keyBreakers[In, K]) end(t ticket) *keyState[In, K] {
+	kb.mu.RLock()
+	ks := kb.slots[t.key-1] // not evicted: its attempt was in flight
+	kb.mu.RUnlock()
+	ks.inflight.Add(-1)
+	return ks
+}
+
+func (kb *keyBreakers[In, K]) cancel(t ticket) {
+	if t.key != 0 {
+		kb.end(t).b.cancelProbe(t.probe)
+	}
+}
+
+func (kb *keyBreakers[In, K]) after(t ticket, err error, class Class) bool {
+	if t.key == 0 {
+		return false
+	}
+	ks := kb.end(t)
+	if err != nil && class == ClassFatal { // the run stops: nothing to hold
+		ks.b.cancelProbe(t.probe)
+		return false
+	}
+	held := ks.b.record(t.probe, err != nil && ks.b.counts(err, class), err, &kb.env)
+	if held {
+		kb.failed.Add(1)
+	}
+	return held
+}
+
+func (kb *keyBreakers[In, K]) holds(In) bool { return false } // it never keeps a worker waiting
+
+func (kb *keyBreakers[In, K]) park(v In, pos uint64, again bool) error {
+	k := kb.key(v)
+	kb.mu.Lock()
+	ks := kb.stateLocked(k)
+	if n := len(ks.held) - ks.first; n >= kb.bounds.Held && !again { // one held again takes back its room
+		kb.mu.Unlock()
+		return &BreakerFullError{Stage: kb.env.stage, Key: ks.name, Held: n}
+	}
+	if len(ks.held) == ks.first {
+		kb.holders = append(kb.holders, ks)
+	}
+	h := heldItem[In]{v: v, pos: pos}
+	switch {
+	case again && ks.first > 0: // a failed probe's item stays the oldest
+		ks.first--
+		ks.held[ks.first] = h
+	case again:
+		ks.held = slices.Insert(ks.held, 0, h)
+	default:
+		if ks.first > 0 && len(ks.held) == cap(ks.held) { // slide down rather than grow
+			n := copy(ks.held, ks.held[ks.first:])
+			clear(ks.held[n:])
+			ks.held, ks.first = ks.held[:n], 0
+		}
+		ks.held = append(ks.held, h)
+	}
+	kb.heldN.Add(1)
+	kb.mu.Unlock()
+	if ks.b.closed.Load() { // it closed meanwhile: its item may go on at once
+		kb.signal()
+	}
+	return nil
+}
+
+func (kb *keyBreakers[In, K]) holding() bool { return kb.heldN.Load() > 0 }
+
+func (kb *keyBreakers[In, K]) drop() {
+	kb.mu.Lock()
+	defer kb.mu.Unlock()
+	for _, ks := range kb.holders {
+		clear(ks.held)
+		ks.held, ks.first = nil, 0
+	}
+	kb.holders = nil
+	kb.heldN.Store(0)
+}
+
+func (kb *keyBreakers[In, K]) next() (v In, pos uint64, ok bool) {
+	if kb.heldN.Load() == 0 {
+		return v, 0, false
+	}
+	kb.mu.Lock()
+	defer kb.mu.Unlock()
+	if ks := kb.readyLocked(time.Now()); ks != nil {
+		h := ks.held[ks.first]
+		ks.held[ks.first] = heldItem[In]{}
+		ks.first++
+		if ks.first == len(ks.held) { // none left: forget the list (its memory too, when it grew big)
+			ks.first, ks.held = 0, ks.held[:0]
+			if cap(ks.held) > 64 {
+				ks.held = nil
+			}
+			kb.holders = slices.DeleteFunc(kb.holders, func(o *keyState[In, K]) bool { return o == ks })
+		}
+		kb.heldN.Add(-1)
+		return h.v, h.pos, true
+	}
+	return v, 0, false
+}
+
+// readyLocked returns a state with held items whose breaker lets an attempt through
+// now, taking the keys in turn, or nil.
+func (kb *keyBreakers[In, K]) readyLocked(now time.Time) *keyState[In, K] {
+	n := len(kb.holders)
+	for i := range n {
+		ks := kb.holders[(kb.turn+i)%n]
+		ks.b.mu.Lock()
+		ok, _ := ks.b.readyLocked(now)
+		ks.b.mu.Unlock()
+		if ok {
+			kb.turn = (kb.turn + i + 1) % n
+			return ks
+		}
+	}
+	return nil
+}
+
+// untilReady returns how long until a held item's key may let it through (0: now;
+// MaxInt64: not before a transition).
+func (kb *keyBreakers[In, K]) untilReady() time.Duration {
+	kb.mu.Lock()
+	defer kb.mu.Unlock()
+	now := time.Now()
+	wake := time.Duration(math.MaxInt64)
+	for _, ks := range kb.holders {
+		ks.b.mu.Lock()
+		ok, d := ks.b.readyLocked(now)
+		ks.b.mu.Unlock()
+		if ok {
+			return 0
+		}
+		wake = min(wake, d)
+	}
+	return wake
+}
+
+func (kb *keyBreakers[In, K]) wait(ctx context.Context, wake <-chan struct{}) (bool, error) {
+	var sig <-chan struct{}
+	var timeout <-chan time.Time
+	if kb.heldN.Load() > 0 {
+		kb.sigMu.Lock()
+		sig = kb.sig // before untilReady looks: a signal after it is not lost
+		kb.sigMu.Unlock()
+		d := kb.untilReady()
+		if d == 0 {
+			return false, errResume
+		}
+		if d < time.Duration(math.MaxInt64) {
+			t := time.NewTimer(d)
+			defer t.Stop()
+			timeout = t.C
+		}
+	}
+	select {
+	case <-wake:
+		return true, nil
+	case <-sig:
+	case <-timeout:
+	case <-ctx.Done():
+		return false, context.Cause(ctx)
+	}
+	return false, errResume
+}
+
+func (kb *keyBreakers[In, K]) fill(s *StageReport) {
+	rep := &BreakerReport{PerKey: true, Held: kb.failed.Load(), Holding: kb.heldN.Load()}
+	kb.mu.Lock()
+	rep.Opened, rep.TimeOpen = kb.gone.opened, kb.gone.open
+	for _, ks := range kb.slots {
+		if ks == nil {
+			continue
+		}
+		r := ks.b.report(kb.env.r.started)
+		rep.Opened += r.Opened
+		rep.TimeOpen += r.TimeOpen
+		held := len(ks.held) - ks.first
+		if r.State != BreakerClosed {
+			rep.KeysOpen++
+			if rep.State == BreakerClosed || r.State == BreakerOpen {
+				rep.State = r.State
+			}
+		}
+		if r.State != BreakerClosed || held > 0 {
+			rep.Keys = append(rep.Keys, KeyBreakerReport{Key: ks.name, State: r.State, Holding: held, Opened: r.Opened})
+		}
+	}
+	kb.mu.Unlock()
+	slices.SortFunc(rep.Keys, func(a, b KeyBreakerReport) int {
+		return cmp.Or(cmp.Compare(b.Holding, a.Holding), cmp.Compare(a.Key, b.Key))
+	})
+	if len(rep.Keys) > breakerKeysShown {
+		rep.Keys = rep.Keys[:breakerKeysShown]
+	}
+	s.Breaker = rep
+}
+
+// breakerKeysShown is how many keys a report of a breaker per key lists.
+const breakerKeysShown = 16
+
+// KeyBreakerReport is the account of one key's circuit breaker ([WithBreakerPerKey]).
+type KeyBreakerReport struct {
+	Key     string // as fmt's %v prints it; "(other keys)" for the breaker the keys past KeyBounds.Keys share
+	State   BreakerState
+	Holding int   // items held now
+	Opened  int64 // times it opened
+}
+
+// park is attempts' ending for an item whose key's breaker holds it (errHeld): held,
+// or shed at its key's bound (a *BreakerFullError, set aside as an item error).
+func (w *worker[In, Out]) park(ctx context.Context, v In, attempts int, first error) (outcome, error) {
+	if err := w.cl.keyed.park(v, w.pos, w.again); err != nil {
+		return w.setAside(ctx, v, attempts, ClassItem, cmp.Or(first, err), err) // deadletter.go
+	}
+	return held, nil
+}
+
+// keepsHeld reports whether the stage's breaker per key holds items to take back. A
+// drained budget starts no new item: the held ones are dropped, not started.
+func (w *worker[In, Out]) keepsHeld() bool {
+	if w.row.drain.Load() {
+		w.cl.keyed.drop()
+		return false
+	}
+	return w.cl.keyed.holding()
+}
+
+// resume takes back held items whose key's breaker lets them through (a breaker per
+// key), up to a run's worth, before the worker takes new items: each goes through its
+// attempts and ends in end, as an item of a run does.
+func (w *worker[In, Out]) resume(ctx context.Context) error {
+	hs := w.cl.keyed
+	if !w.keepsHeld() {
+		return nil
+	}
+	n := 0
+	for ; n < w.runMax && w.r.ctx.Err() == nil; n++ {
+		v, pos, ok := hs.next()
+		if !ok {
+			break
+		}
+		if n == 0 {
+			w.stats.busy.v.Store(1)
+			w.tick()
+		}
+		w.pos = pos
+		_ = w.end(resumed, nil, 1, nil)
+		w.inHand = true
+		if w.hand != nil {
+			w.hand.last = true // its output goes at once
+		}
+		var out Out
+		w.again = true
+		o, err := w.attempts(ctx, v, &out, nil)
+		w.again = false
+		if err = w.end(o, &out, 1, err); err != nil {
+			w.ctxs.publish()
+			w.stats.busy.v.Store(0)
+			return err
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	w.ctxs.publish()
+	w.stats.busy.v.Store(0)
+	if w.out.flush != nil {
+		return w.out.flush()
+	}
+	return nil
 }

@@ -638,3 +638,627 @@ func TestBreakerWindowShorterThanItsSlices(t *testing.T) {
 		checkReport(t, p.Report())
 	})
 }
+
+// shardItem is an item of one of 4 shards, emitted at a known time.
+type shardItem struct {
+	shard, i int
+	at       time.Duration // when the source emitted it, since the start
+}
+
+// shardService is a simulated service of 4 shards that takes 10 ms per call; shard
+// down fails every call that starts in [from, to) since it was made.
+type shardService struct {
+	start    time.Time
+	down     int
+	from, to time.Duration
+	calls    atomic.Int64
+	failed   atomic.Int64
+}
+
+func (s *shardService) call(ctx context.Context, v shardItem) (shardItem, error) {
+	s.calls.Add(1)
+	at := time.Since(s.start)
+	down := v.shard == s.down && at >= s.from && at < s.to
+	select {
+	case <-time.After(10 * time.Millisecond):
+	case <-ctx.Done():
+		return v, ctx.Err()
+	}
+	if down {
+		s.failed.Add(1)
+		return v, pipeline.Transient(errDown)
+	}
+	return v, nil
+}
+
+// pacedShards emits n items of 4 shards in turn, one every 1/rate s.
+func pacedShards(n, rate int) func(yield func(shardItem) bool) {
+	return func(yield func(shardItem) bool) {
+		start := time.Now()
+		tick := time.NewTicker(time.Second / time.Duration(rate))
+		defer tick.Stop()
+		for i := range n {
+			if !yield(shardItem{shard: i % 4, i: i, at: time.Since(start)}) {
+				return
+			}
+			<-tick.C
+		}
+	}
+}
+
+// TestBreakerPerKeyShardDown is the scenario: 10,000 items of 4 shards at 200/s,
+// shard 3 down for 45 s. With a breaker per shard, the healthy shards' items are
+// delivered at their offered rate throughout (the held items never keep a worker),
+// shard 3's items are held and delivered after it recovers, none is dead-lettered or
+// lost, and the held items stay within the bound. Both rules open shard 3's breaker:
+// the ratio (which a stage-wide breaker would reach for all shards) and a count (which
+// a stage-wide breaker never reaches, the other shards' successes breaking the run).
+func TestBreakerPerKeyShardDown(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		b    pipeline.Breaker
+	}{
+		{"ratio", pipeline.Breaker{FailureRatio: 0.2, OpenFor: time.Second}},
+		{"count", pipeline.Breaker{Failures: 5, OpenFor: time.Second}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				const n, rate = 10000, 200
+				svc := &shardService{start: time.Now(), down: 3, from: 2 * time.Second, to: 47 * time.Second}
+				dead := pipeline.NewDeadLetterBuffer[shardItem](n)
+				start := time.Now()
+				var mu sync.Mutex
+				var healthy [60]int // healthy items delivered per second of the run
+				var late []shardItem
+				var slowest time.Duration // of a healthy item, from its source to the sink
+				var delivered atomic.Int64
+				var peakHeld int64
+				p := pipeline.New()
+				// Until it opens, shard 3's items spend their own attempts: enough of them
+				// that none runs out first (see WithCircuitBreaker).
+				st := pipeline.NewStage("call", 8, svc.call,
+					pipeline.WithRetry(5, pipeline.ConstantBackoff(200*time.Millisecond)),
+					pipeline.WithDeadLetter(dead.Add),
+					pipeline.WithBreakerPerKey(func(v shardItem) int { return v.shard }, tc.b, pipeline.KeyBounds{Held: 3000}))
+				pipeline.To(pipeline.Then(pipeline.FromSeq(p, pacedShards(n, rate)), st), pipeline.NewSink("sink", 1, func(_ context.Context, v shardItem) error {
+					at := time.Since(start)
+					mu.Lock()
+					if v.shard != 3 {
+						healthy[int(at/time.Second)]++
+						slowest = max(slowest, at-v.at)
+					} else if v.at >= 3*time.Second && v.at < 46*time.Second {
+						late = append(late, v)
+					}
+					mu.Unlock()
+					delivered.Add(1)
+					return nil
+				}))
+				var mid pipeline.Report
+				tick := time.NewTicker(time.Second)
+				stop := make(chan struct{})
+				done := make(chan struct{})
+				go func() {
+					defer close(done)
+					for {
+						select {
+						case <-tick.C:
+							s := p.Snapshot()
+							if r, ok := s.Stage("call"); ok && r.Breaker != nil {
+								peakHeld = max(peakHeld, r.Breaker.Holding)
+								if time.Since(start) >= 30*time.Second && mid.Stages == nil {
+									mid = s
+								}
+							}
+						case <-stop:
+							return
+						}
+					}
+				}()
+				require.NoError(t, p.Run(t.Context()))
+				close(stop)
+				<-done
+				tick.Stop()
+
+				rep := p.Report()
+				checkReport(t, rep)
+				call := row(t, rep, "call")
+				t.Logf("%s: %v of virtual time, %d delivered, %d dead-lettered, breaker opened %d times, %d attempts held, peak %d items held, %d calls failed",
+					tc.name, rep.Elapsed, delivered.Load(), call.DeadLettered, call.Breaker.Opened, call.Breaker.Held, peakHeld, svc.failed.Load())
+				assert.Zero(t, call.DeadLettered)
+				assert.Empty(t, dead.Items())
+				assert.Equal(t, int64(n), call.Succeeded)
+				assert.Equal(t, int64(n), delivered.Load(), "none lost")
+				// The healthy shards offer 150/s. Until shard 3's breaker opens, its items
+				// spend their retries' backoff in the workers' hands (a second at most);
+				// from then on, in every whole second to the end of the source, the
+				// healthy items were delivered at 95 % of that or more.
+				t.Logf("healthy items per second: %v; the slowest took %v", healthy[:52], slowest)
+				for s := 4; s < 49; s++ {
+					assert.GreaterOrEqualf(t, healthy[s], 143, "healthy items delivered in second %d", s)
+				}
+				assert.Less(t, slowest, time.Second)
+				// Shard 3's items of the outage were held and delivered after it.
+				assert.Len(t, late, 43*rate/4, "shard 3's items emitted from 3 s to 46 s")
+				// Memory: at most what the outage offered of shard 3, within the bound.
+				assert.LessOrEqual(t, peakHeld, int64(46*rate/4))
+				assert.Greater(t, peakHeld, int64(40*rate/4))
+				// Mid-outage, the snapshot shows shard 3 open and holding, the others not.
+				mc := row(t, mid, "call")
+				require.NotNil(t, mc.Breaker)
+				assert.True(t, mc.Breaker.PerKey)
+				assert.Equal(t, 1, mc.Breaker.KeysOpen)
+				require.Len(t, mc.Breaker.Keys, 1)
+				assert.Equal(t, "3", mc.Breaker.Keys[0].Key)
+				assert.Positive(t, mc.Breaker.Keys[0].Holding)
+				assert.Equal(t, int64(mc.Breaker.Keys[0].Holding), mc.Breaker.Holding)
+				assert.GreaterOrEqual(t, mc.NotStarted, mc.Breaker.Holding, "held items count as not started")
+				// At the end every key is closed and nothing is held.
+				assert.Equal(t, pipeline.BreakerClosed, call.Breaker.State)
+				assert.Zero(t, call.Breaker.Holding)
+				assert.Zero(t, call.Breaker.KeysOpen)
+				assert.Empty(t, call.Breaker.Keys)
+				assert.Zero(t, call.InFlight, "an item held by one worker and taken back by another is in flight in neither once done")
+				assert.Less(t, rep.Elapsed, 55*time.Second)
+			})
+		})
+	}
+}
+
+// keyService is a simulated service that takes 10 ms per call and fails every call of
+// a key in down until downTo since it was made (for ever when downTo is 0).
+type keyService struct {
+	start  time.Time
+	down   map[string]bool
+	downTo time.Duration
+	mu     sync.Mutex
+	calls  map[string]int
+	done   map[int]int // processed items, by value
+}
+
+func newKeyService(downTo time.Duration, down ...string) *keyService {
+	s := &keyService{start: time.Now(), down: map[string]bool{}, downTo: downTo, calls: map[string]int{}, done: map[int]int{}}
+	for _, k := range down {
+		s.down[k] = true
+	}
+	return s
+}
+
+// keyOf is the key of item v of keyService's tests: "a", "b", "c", ... in turn.
+func keyOf(keys int) func(int) string {
+	return func(v int) string { return string(rune('a' + v%keys)) }
+}
+
+func (s *keyService) call(key func(int) string) func(context.Context, int) (int, error) {
+	return func(ctx context.Context, v int) (int, error) {
+		k := key(v)
+		down := s.down[k] && (s.downTo == 0 || time.Since(s.start) < s.downTo)
+		s.mu.Lock()
+		s.calls[k]++
+		s.mu.Unlock()
+		select {
+		case <-time.After(10 * time.Millisecond):
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+		if down {
+			return 0, pipeline.Transient(errDown)
+		}
+		s.mu.Lock()
+		s.done[v]++
+		s.mu.Unlock()
+		return v, nil
+	}
+}
+
+// TestBreakerPerKeyOneWorkerServesOtherKeys checks that an open key's items never keep
+// a worker: with one worker, key a down for 2 s and key b up, every b item is
+// processed before a recovers, and while a is down only its probes reach the service.
+// Then a's held items are processed, each once.
+func TestBreakerPerKeyOneWorkerServesOtherKeys(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		const n = 100
+		svc := newKeyService(2*time.Second, "a")
+		key := keyOf(2)
+		start := time.Now()
+		var bDone []time.Duration
+		p := pipeline.New()
+		st := pipeline.NewStage("call", 1, svc.call(key),
+			pipeline.WithBreakerPerKey(key, pipeline.Breaker{Failures: 1, OpenFor: 500 * time.Millisecond}, pipeline.KeyBounds{}))
+		pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(n)), st), pipeline.NewSink("sink", 1, func(_ context.Context, v int) error {
+			if key(v) == "b" {
+				bDone = append(bDone, time.Since(start))
+			}
+			return nil
+		}))
+		require.NoError(t, p.Run(t.Context()))
+		rep := p.Report()
+		checkReport(t, rep)
+		call := row(t, rep, "call")
+		assert.Equal(t, int64(n), call.Succeeded)
+		assert.Zero(t, call.DeadLettered)
+		require.Len(t, bDone, n/2)
+		assert.Less(t, bDone[len(bDone)-1], time.Second, "b's items do not wait for a")
+		for i := range n {
+			assert.Equal(t, 1, svc.done[i], i)
+		}
+		// a: its first item's failure opens its breaker; then a probe every 500 ms
+		// until 2 s (the ones at 0.5, 1 and 1.5 s fail), then its 50 items.
+		assert.Equal(t, 1+3+n/2, svc.calls["a"])
+		assert.Equal(t, n/2, svc.calls["b"])
+		assert.Equal(t, int64(4), call.Breaker.Opened)
+		assert.Equal(t, int64(4), call.Breaker.Held, "the failed attempts held")
+		assert.Less(t, rep.Elapsed, 2*time.Second+time.Second)
+	})
+}
+
+// TestBreakerPerKeyBounds checks both bounds. Held: key a's breaker holds 5 items, the
+// 15 after them are shed to the dead letters with a *BreakerFullError, and the held 5
+// are processed after a recovers. Keys: with one key state, a (down) has it; b (down)
+// and c (up) share the rest's breaker, so that b's failure holds c's items too, as a
+// stage-wide breaker would; all of them are processed in the end.
+func TestBreakerPerKeyBounds(t *testing.T) {
+	t.Parallel()
+	t.Run("held", func(t *testing.T) {
+		t.Parallel()
+		synctest.Test(t, func(t *testing.T) {
+			const n = 20
+			svc := newKeyService(2*time.Second, "a")
+			key := keyOf(1)
+			dead := pipeline.NewDeadLetterBuffer[int](n)
+			p := pipeline.New()
+			st := pipeline.NewStage("call", 1, svc.call(key), pipeline.WithDeadLetter(dead.Add),
+				pipeline.WithBreakerPerKey(key, pipeline.Breaker{Failures: 1, OpenFor: 500 * time.Millisecond}, pipeline.KeyBounds{Held: 5}))
+			var mid pipeline.Report
+			var mu sync.Mutex
+			time.AfterFunc(time.Second, func() {
+				mu.Lock()
+				defer mu.Unlock()
+				mid = p.Snapshot()
+			})
+			pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(n)), st), pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+			require.NoError(t, p.Run(t.Context()))
+			rep := p.Report()
+			checkReport(t, rep)
+			call := row(t, rep, "call")
+			assert.Equal(t, int64(5), call.Succeeded)
+			assert.Equal(t, int64(n-5), call.DeadLettered)
+			require.Len(t, dead.Items(), n-5)
+			for i, d := range dead.Items() {
+				assert.Equal(t, 5+i, d.Item, "the items past the bound, in order")
+				assert.Equal(t, "*pipeline.BreakerFullError", d.ErrType)
+				assert.Equal(t, (&pipeline.BreakerFullError{Stage: "call", Key: "a", Held: 5}).Error(), d.LastError)
+				assert.Equal(t, pipeline.ClassItem, d.Class)
+				assert.Zero(t, d.Attempts, "shed before any attempt")
+			}
+			require.Len(t, call.Errors, 1, "the held attempts' errors are not the items'")
+			assert.Equal(t, "*pipeline.BreakerFullError", call.Errors[0].Type)
+			assert.Equal(t, int64(n-5), call.Errors[0].DeadLettered)
+			for i := range 5 {
+				assert.Equal(t, 1, svc.done[i], i)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			mc := row(t, mid, "call")
+			require.NotNil(t, mc.Breaker)
+			assert.Equal(t, int64(5), mc.Breaker.Holding)
+			assert.Equal(t, []pipeline.KeyBreakerReport{{Key: "a", State: pipeline.BreakerOpen, Holding: 5, Opened: 2}}, mc.Breaker.Keys)
+			assert.Contains(t, mid.String(), "; per key: 1 keys not closed, 5 items held (a: open, 5 held)\n")
+		})
+	})
+	t.Run("keys", func(t *testing.T) {
+		t.Parallel()
+		synctest.Test(t, func(t *testing.T) {
+			const n = 60
+			svc := newKeyService(time.Second, "a", "b")
+			key := keyOf(3)
+			p := pipeline.New()
+			st := pipeline.NewStage("call", 1, svc.call(key),
+				pipeline.WithBreakerPerKey(key, pipeline.Breaker{Failures: 1, OpenFor: 300 * time.Millisecond}, pipeline.KeyBounds{Keys: 1}))
+			var mid pipeline.Report
+			var mu sync.Mutex
+			time.AfterFunc(500*time.Millisecond, func() {
+				mu.Lock()
+				defer mu.Unlock()
+				mid = p.Snapshot()
+			})
+			pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(n)), st), pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+			require.NoError(t, p.Run(t.Context()))
+			rep := p.Report()
+			checkReport(t, rep)
+			call := row(t, rep, "call")
+			assert.Equal(t, int64(n), call.Succeeded)
+			for i := range n {
+				assert.Equal(t, 1, svc.done[i], i)
+			}
+			assert.Equal(t, n/3, svc.calls["c"], "c is up: each of its items called once, held while the shared breaker was open")
+			mu.Lock()
+			defer mu.Unlock()
+			mc := row(t, mid, "call")
+			require.NotNil(t, mc.Breaker)
+			assert.Equal(t, 2, mc.Breaker.KeysOpen)
+			keys := map[string]int{}
+			for _, k := range mc.Breaker.Keys {
+				keys[k.Key] = k.Holding
+			}
+			assert.Equal(t, map[string]int{"a": n / 3, "(other keys)": 2 * n / 3}, keys)
+		})
+	})
+}
+
+// TestBreakerPerKeyCancel checks a run stopped while items are held: they count as not
+// started, the report says how many were held, every other item settled once, and no
+// goroutine is left.
+func TestBreakerPerKeyCancel(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	synctest.Test(t, func(t *testing.T) {
+		const n = 200
+		svc := newKeyService(0, "a")
+		key := keyOf(2)
+		p := pipeline.New()
+		st := pipeline.NewStage("call", 4, svc.call(key),
+			pipeline.WithBreakerPerKey(key, pipeline.Breaker{Failures: 1, OpenFor: 200 * time.Millisecond}, pipeline.KeyBounds{}))
+		pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(n)), st), pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+		defer cancel()
+		err := p.Run(ctx)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		rep := p.Report()
+		checkAccounting(t, rep)
+		call := row(t, rep, "call")
+		require.NotNil(t, call.Breaker)
+		assert.Equal(t, int64(n/2), call.Succeeded, "b's items")
+		assert.Equal(t, int64(n), call.In)
+		assert.Zero(t, call.DeadLettered)
+		assert.Equal(t, call.Breaker.Holding, call.NotStarted-int64(call.QueueLen), "the held items are not started")
+		assert.Equal(t, int64(n/2), call.Breaker.Holding+call.Failed, "a's items: held, or in a probe when the run stopped")
+		assert.LessOrEqual(t, call.Failed, int64(1))
+		for i := range n {
+			if key(i) == "b" {
+				assert.Equal(t, 1, svc.done[i], i)
+			}
+		}
+	})
+}
+
+// TestBreakerPerKeyCheckpoint checks that a checkpointed run stopped while items are
+// held resumes exactly: its checkpoint stays before the first held item, and the next
+// run (the key up again) processes every item from there; no item is missed.
+func TestBreakerPerKeyCheckpoint(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		const n = 400
+		store := &memStore{}
+		key := keyOf(4)
+		first := newKeyService(0, "d")
+		runOnce := func(svc *keyService, ctx context.Context) (pipeline.Report, error) {
+			p := pipeline.New()
+			st := pipeline.NewSink("call", 4, func(ctx context.Context, v int) error {
+				_, err := svc.call(key)(ctx, v)
+				return err
+			}, pipeline.WithBreakerPerKey(key, pipeline.Breaker{Failures: 1, OpenFor: 300 * time.Millisecond}, pipeline.KeyBounds{}))
+			pipeline.To(pipeline.FromCheckpoint(p, store, from(n), pipeline.WithSaveEvery(10)), st)
+			err := p.Run(ctx)
+			return p.Report(), err
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		defer cancel()
+		rep, err := runOnce(first, ctx)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		checkAccounting(t, rep)
+		call := row(t, rep, "call")
+		assert.Equal(t, int64(3*n/4), call.Succeeded)
+		saved := store.pos
+		assert.LessOrEqual(t, saved, int64(3), "before the first of d's items, which is held")
+		for i := range int(saved) {
+			assert.Equal(t, 1, first.done[i], i)
+		}
+
+		second := newKeyService(0)
+		rep, err = runOnce(second, t.Context())
+		require.NoError(t, err)
+		checkReport(t, rep)
+		assert.Equal(t, int64(n), store.pos)
+		assert.Len(t, second.done, n-int(saved))
+		for i := range n {
+			assert.Equal(t, 1, max(first.done[i], second.done[i]), i) // in one run, or redone past the checkpoint
+			if key(i) == "d" {
+				assert.Zero(t, first.done[i], i)
+			}
+			if key(i) == "d" || i >= int(saved) {
+				assert.Equal(t, 1, second.done[i], i)
+			}
+		}
+	})
+}
+
+// TestBreakerPerKeyPanics checks WithBreakerPerKey's misuse: a nil key, a negative
+// bound, a bad Breaker, another item type, and the stages it cannot serve.
+func TestBreakerPerKeyPanics(t *testing.T) {
+	t.Parallel()
+	key := func(v int) int { return v % 4 }
+	b := pipeline.Breaker{Failures: 3}
+	id := func(_ context.Context, v int) (int, error) { return v, nil }
+	assert.PanicsWithValue(t, "pipeline: WithBreakerPerKey: nil key function", func() {
+		pipeline.WithBreakerPerKey[int, int](nil, b, pipeline.KeyBounds{})
+	})
+	assertPanicsPipeline(t, func() { pipeline.WithBreakerPerKey(key, b, pipeline.KeyBounds{Held: -1}) })
+	assertPanicsPipeline(t, func() { pipeline.WithBreakerPerKey(key, b, pipeline.KeyBounds{Keys: -1}) })
+	assertPanicsPipeline(t, func() { pipeline.WithBreakerPerKey(key, pipeline.Breaker{}, pipeline.KeyBounds{}) })
+	for _, tc := range []struct {
+		opt  pipeline.StageOption
+		want string
+	}{
+		{pipeline.WithOrdered(0), "WithBreakerPerKey and WithOrdered together"},
+		{pipeline.WithKey(func(v int) int { return v }), "WithBreakerPerKey and WithKey together"},
+	} {
+		msg := assertPanicsPipeline(t, func() {
+			pipeline.NewStage("s", 2, id, tc.opt, pipeline.WithBreakerPerKey(key, b, pipeline.KeyBounds{}))
+		})
+		assert.Contains(t, msg, tc.want)
+	}
+	msg := assertPanicsPipeline(t, func() {
+		pipeline.NewStage("s", 2, func(_ context.Context, v string) (string, error) { return v, nil }, pipeline.WithBreakerPerKey(key, b, pipeline.KeyBounds{}))
+	})
+	assert.Contains(t, msg, "for another item type")
+}
+
+// TestBreakerPerStageShardDown is TestBreakerPerKeyShardDown's scenario with one
+// breaker for the stage, the shortfall WithBreakerPerKey is for: by either rule it opens
+// for every shard (shard 3's retries fail together), and the healthy shards' items wait
+// out the outage with shard 3's.
+func TestBreakerPerStageShardDown(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		b    pipeline.Breaker
+	}{
+		{"ratio", pipeline.Breaker{FailureRatio: 0.2, OpenFor: time.Second}},
+		{"count", pipeline.Breaker{Failures: 5, OpenFor: time.Second}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				const n, rate = 10000, 200
+				svc := &shardService{start: time.Now(), down: 3, from: 2 * time.Second, to: 47 * time.Second}
+				start := time.Now()
+				var mu sync.Mutex
+				healthy := 0 // healthy items delivered from 10 s to 40 s
+				p := pipeline.New()
+				st := pipeline.NewStage("call", 8, svc.call,
+					pipeline.WithRetry(5, pipeline.ConstantBackoff(200*time.Millisecond)),
+					discardDead[shardItem](), pipeline.WithCircuitBreaker(tc.b))
+				pipeline.To(pipeline.Then(pipeline.FromSeq(p, pacedShards(n, rate)), st), pipeline.NewSink("sink", 1, func(_ context.Context, v shardItem) error {
+					if at := time.Since(start); v.shard != 3 && at >= 10*time.Second && at < 40*time.Second {
+						mu.Lock()
+						healthy++
+						mu.Unlock()
+					}
+					return nil
+				}))
+				require.NoError(t, p.Run(t.Context()))
+				rep := p.Report()
+				checkReport(t, rep)
+				call := row(t, rep, "call")
+				t.Logf("%s: %v of virtual time, healthy items delivered at %.1f/s from 10 s to 40 s (150/s offered), %d dead-lettered, breaker opened %d times",
+					tc.name, rep.Elapsed, float64(healthy)/30, call.DeadLettered, call.Breaker.Opened)
+				assert.Less(t, healthy, 30*150/2, "the healthy shards are held too")
+				assert.Greater(t, rep.Elapsed, 47*time.Second+10*time.Second, "the healthy items wait for shard 3")
+			})
+		})
+	}
+}
+
+// TestBreakerPerKeyDrainedBudget checks that a budget that drains the stage drops the
+// held items (not started) rather than keeping the workers for them: key a is down for
+// good, and key b's failures trip a draining budget; the run ends with the budget's
+// error and a's items count as not started.
+func TestBreakerPerKeyDrainedBudget(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		const n = 40
+		key := keyOf(2)
+		svc := newKeyService(0, "a")
+		call := svc.call(key)
+		p := pipeline.New()
+		st := pipeline.NewStage("call", 1, func(ctx context.Context, v int) (int, error) {
+			if key(v) == "b" && v > 20 {
+				return 0, pipeline.Permanent(errors.New("bad item"))
+			}
+			return call(ctx, v)
+		}, discardDead[int](),
+			pipeline.WithErrorBudget(pipeline.Budget{MaxRatio: 0.1, MinSample: 5, Drain: true}),
+			pipeline.WithBreakerPerKey(key, pipeline.Breaker{Failures: 1, OpenFor: 100 * time.Millisecond}, pipeline.KeyBounds{}))
+		pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(n)), st), pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		defer cancel()
+		err := p.Run(ctx)
+		require.ErrorIs(t, err, pipeline.ErrBudgetExceeded)
+		require.NoError(t, ctx.Err(), "the run ended by itself")
+		rep := p.Report()
+		checkAccounting(t, rep)
+		call2 := row(t, rep, "call")
+		assert.Equal(t, int64(n), call2.In)
+		assert.Equal(t, int64(10), call2.Succeeded, "b's items up to 20")
+		assert.Equal(t, int64(2), call2.DeadLettered, "b's failures that tripped the budget")
+		assert.Equal(t, int64(n-12), call2.NotStarted, "a's items, held and dropped, and b's after the drain")
+	})
+}
+
+// TestBreakerPerKeyFlatStage checks a flat stage and a sink with a breaker per key: the
+// held items' outputs (two per item) all reach the sink once their key recovers, with
+// workers ∈ {1, 4}.
+func TestBreakerPerKeyFlatStage(t *testing.T) {
+	t.Parallel()
+	for _, workers := range []int{1, 4} {
+		t.Run(fmt.Sprintf("workers=%d", workers), func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				const n = 200
+				key := keyOf(3)
+				svc := newKeyService(time.Second, "c")
+				call := svc.call(key)
+				p := pipeline.New()
+				flat := pipeline.NewFlatStage("split", workers, func(ctx context.Context, v int, emit func(int)) error {
+					if _, err := call(ctx, v); err != nil {
+						return err
+					}
+					emit(v)
+					emit(-v - 1)
+					return nil
+				}, pipeline.WithBreakerPerKey(key, pipeline.Breaker{Failures: 1, OpenFor: 200 * time.Millisecond}, pipeline.KeyBounds{}))
+				var mu sync.Mutex
+				seen := map[int]int{}
+				pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(n)), flat), pipeline.NewSink("sink", 2, func(_ context.Context, v int) error {
+					mu.Lock()
+					defer mu.Unlock()
+					seen[v]++
+					return nil
+				}, pipeline.WithBreakerPerKey(func(v int) bool { return v < 0 }, pipeline.Breaker{Failures: 1}, pipeline.KeyBounds{})))
+				require.NoError(t, p.Run(t.Context()))
+				rep := p.Report()
+				checkAccounting(t, rep) // a flat stage: two outputs per item
+				checkChain(t, rep)
+				assert.Equal(t, int64(n), row(t, rep, "split").Succeeded)
+				assert.Equal(t, int64(2*n), row(t, rep, "sink").Succeeded)
+				require.Len(t, seen, 2*n)
+				for v, c := range seen {
+					assert.Equal(t, 1, c, v)
+				}
+				assert.Positive(t, row(t, rep, "split").Breaker.Opened)
+			})
+		})
+	}
+}
+
+// TestBreakerPerKeyMaxOpen checks MaxOpen per key: key a down for good fails the run
+// with a *BreakerError at its first failed probe past MaxOpen, once b's items are all
+// processed, and the accounting adds up.
+func TestBreakerPerKeyMaxOpen(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		const n = 40
+		key := keyOf(2)
+		svc := newKeyService(0, "a")
+		start := time.Now()
+		p := pipeline.New()
+		st := pipeline.NewStage("call", 2, svc.call(key),
+			pipeline.WithBreakerPerKey(key, pipeline.Breaker{Failures: 1, OpenFor: 500 * time.Millisecond, MaxOpen: 2 * time.Second}, pipeline.KeyBounds{}))
+		pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(n)), st), pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+		err := p.Run(t.Context())
+		be, ok := errors.AsType[*pipeline.BreakerError](err)
+		require.True(t, ok, "%v", err)
+		require.ErrorIs(t, err, pipeline.ErrBreakerOpen)
+		assert.GreaterOrEqual(t, be.Open, 2*time.Second)
+		assert.Less(t, time.Since(start), 3*time.Second, "at the first probe past MaxOpen")
+		rep := p.Report()
+		checkAccounting(t, rep)
+		call := row(t, rep, "call")
+		assert.Equal(t, int64(n/2), call.Succeeded, "b's items")
+		assert.Equal(t, int64(1), call.Failed, "the item whose attempt found the breaker open too long")
+		assert.Equal(t, int64(n/2-1), call.NotStarted, "a's other items, held")
+		assert.Equal(t, call.NotStarted, call.Breaker.Holding)
+	})
+}

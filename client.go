@@ -73,6 +73,7 @@ type ticket struct {
 	inflight bool          // adaptive.go: it is counted in flight
 	measured bool          // adaptive.go: its latency is measured
 	probe    bool          // breaker.go: it is a half-open breaker's probe
+	key      uint32        // breaker.go: a breaker per key: 1 + the index of the attempt's key state (0: none)
 }
 
 // monotonic returns the time since the process's clock base: a ticket keeps it in 8
@@ -111,6 +112,9 @@ type policyMaker struct {
 	serial bool
 	// holds: the policy's holds may report true; the client asks only those.
 	holds bool
+	// unordered: the policy cannot serve a stage with WithOrdered (the message of the
+	// panic, or "").
+	unordered string
 }
 
 // The orders of the policies: a breaker holds an attempt before it waits for a token,
@@ -146,9 +150,10 @@ type client[In any] struct {
 	// directly, not through itemless (callgrind: about 50 instructions fewer per
 	// attempt of a breaker's stage); nil otherwise.
 	hooks   []hook
-	holders []policy[In] // the policies that may hold an attempt for long (policyMaker.holds)
-	adapt   *adaptive    // adaptive.go: the workers above its limit wait between runs; nil without
-	serial  bool         // a worker takes one item at a time (policyMaker.serial)
+	holders []policy[In]  // the policies that may hold an attempt for long (policyMaker.holds)
+	adapt   *adaptive     // adaptive.go: the workers above its limit wait between runs; nil without
+	keyed   heldItems[In] // breaker.go: a breaker per key, which holds items out of the workers' hands; nil without
+	serial  bool          // a worker takes one item at a time (policyMaker.serial)
 }
 
 // noDeadline is a context without a deadline, canceled with its parent (at the
@@ -170,6 +175,9 @@ func (st *Stage[In, Out]) checkClient(ctor string) {
 		default:
 			var zero In
 			panic(fmt.Sprintf("pipeline: %s(%q): %s for another item type on a stage of %T", ctor, st.name, m.name, zero))
+		}
+		if m.unordered != "" && st.cfg.ordered {
+			panic(fmt.Sprintf("pipeline: %s(%q): %s", ctor, st.name, m.unordered))
 		}
 		if m.check != nil {
 			if msg := m.check(st.workers, st.cfg.key != nil); msg != "" {
@@ -202,6 +210,9 @@ func newClient[In, Out any](r *run, rw *row, st *Stage[In, Out]) *client[In] {
 		case func(policyEnv) policy[In]:
 			p = mk(env)
 			keyed = true
+			if h, ok := p.(heldItems[In]); ok {
+				cl.keyed = h
+			}
 		}
 		cl.policies = append(cl.policies, p)
 		cl.serial = cl.serial || m.serial

@@ -140,7 +140,10 @@
 // Breaker.Counts says which errors count toward opening (leave a 429 out). A stage's
 // breaker is its own, for the whole stage whatever the items' keys;
 // [NewCircuitBreaker] makes one that the stages of several pipelines share with
-// [WithSharedBreaker], so that one service's outage is seen once.
+// [WithSharedBreaker], so that one service's outage is seen once. [WithBreakerPerKey]
+// gives each key a breaker of its own instead, for a service that fails for some keys
+// only: a failing key's items are held out of the workers' hands (at most
+// [KeyBounds].Held per key) while the workers go on with the other keys.
 //
 // [WithAdaptiveWorkers] moves the number of the stage's active workers between a
 // minimum and its workers from the latency and errors it measures, settling where the

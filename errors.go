@@ -324,6 +324,30 @@ func (e *BreakerError) Error() string {
 // Is reports whether target is [ErrBreakerOpen].
 func (e *BreakerError) Is(target error) bool { return target == ErrBreakerOpen }
 
+// ErrBreakerFull is matched (with [errors.Is]) by the error of an item shed because
+// its key's circuit breaker already held as many items as it may
+// ([WithBreakerPerKey]'s KeyBounds.Held). The concrete error is a [*BreakerFullError].
+var ErrBreakerFull = errors.New("pipeline: a key's circuit breaker holds too many items")
+
+// BreakerFullError reports an item of Stage that was shed, not held, because the
+// circuit breaker of its key (Key, as fmt's %v prints it) held Held items already, its
+// bound ([WithBreakerPerKey]). It is an item error ([ClassItem]): dead-lettered, or the
+// run fails with it on a stage without a destination. It matches [ErrBreakerFull]; the
+// report counts it under its type, "*pipeline.BreakerFullError".
+type BreakerFullError struct {
+	Stage string
+	Key   string
+	Held  int
+}
+
+// Error implements error.
+func (e *BreakerFullError) Error() string {
+	return fmt.Sprintf("pipeline: stage %q: the circuit breaker of key %s holds %d items, its bound: shed", e.Stage, e.Key, e.Held)
+}
+
+// Is reports whether target is [ErrBreakerFull].
+func (e *BreakerFullError) Is(target error) bool { return target == ErrBreakerFull }
+
 // ErrRetryAfterTooLong is matched (with [errors.Is]) by the error of an item whose
 // failed attempt asked, with a Retry-After, for a longer delay than its stage's cap
 // (see [WithRetryAfterCap]). The concrete error is a [*RetryAfterError].

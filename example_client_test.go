@@ -433,3 +433,92 @@ func ExampleLimitChange() {
 	// 600ms: 9 (grow)
 	// 670ms: 8 (latency)
 }
+
+// This example shows WithBreakerPerKey: a service of two shards, "us" down for its
+// first three calls. Its breaker opens at the first failure and holds the shard's
+// items, while the one worker goes on with the "eu" items; the probes every 50 ms fail
+// twice, then one succeeds, the breaker closes, and the held items follow.
+func ExampleWithBreakerPerKey() {
+	var usCalls atomic.Int64
+	shard := func(v int) string { return [...]string{"eu", "us"}[v%2] }
+	service := func(_ context.Context, v int) (int, error) {
+		if shard(v) == "us" && usCalls.Add(1) <= 3 {
+			return 0, pipeline.Transient(errors.New("503 service unavailable"))
+		}
+		return v, nil
+	}
+	p := pipeline.New()
+	call := pipeline.NewStage("call", 1, service,
+		pipeline.WithBreakerPerKey(shard, pipeline.Breaker{Failures: 1, OpenFor: 50 * time.Millisecond}, pipeline.KeyBounds{Held: 100}))
+	out, err := pipeline.Collect(context.Background(), pipeline.Then(pipeline.FromSlice(p, ints(6)), call))
+	s, _ := p.Report().Stage("call")
+	fmt.Println(out, err)
+	fmt.Println("opened:", s.Breaker.Opened, "attempts held:", s.Breaker.Held, "held now:", s.Breaker.Holding, "dead-lettered:", s.DeadLettered)
+	// Output:
+	// [0 2 4 1 3 5] <nil>
+	// opened: 3 attempts held: 3 held now: 0 dead-lettered: 0
+}
+
+// This example shows KeyBounds: a key's breaker holds at most Held items, and the items
+// of that key past them are shed to the dead-letter destination with a
+// *BreakerFullError, here the last three of key "a".
+func ExampleKeyBounds() {
+	var calls atomic.Int64
+	service := func(_ context.Context, v int) (int, error) {
+		if calls.Add(1) == 1 { // down for its first call
+			return 0, pipeline.Transient(errors.New("503 service unavailable"))
+		}
+		return v, nil
+	}
+	dead := pipeline.NewDeadLetterBuffer[int](10)
+	p := pipeline.New()
+	call := pipeline.NewStage("call", 1, service, pipeline.WithDeadLetter(dead.Add),
+		pipeline.WithBreakerPerKey(func(int) string { return "a" }, pipeline.Breaker{Failures: 1, OpenFor: 20 * time.Millisecond}, pipeline.KeyBounds{Held: 2}))
+	out, err := pipeline.Collect(context.Background(), pipeline.Then(pipeline.FromSlice(p, ints(5)), call))
+	fmt.Println(out, err)
+	for _, d := range dead.Items() {
+		fmt.Println(d.Item, d.ErrType, d.Attempts)
+	}
+	// Output:
+	// [0 1] <nil>
+	// 2 *pipeline.BreakerFullError 0
+	// 3 *pipeline.BreakerFullError 0
+	// 4 *pipeline.BreakerFullError 0
+}
+
+// This example shows the error of an item shed at its key's bound, and how to match it.
+func ExampleBreakerFullError() {
+	var err error = &pipeline.BreakerFullError{Stage: "call", Key: "us", Held: 1024}
+	fmt.Println(errors.Is(err, pipeline.ErrBreakerFull))
+	fmt.Println(err)
+	// Output:
+	// true
+	// pipeline: stage "call": the circuit breaker of key us holds 1024 items, its bound: shed
+}
+
+// This example shows KeyBreakerReport: a Snapshot taken while key "us" is held lists
+// its breaker, open, and the item it holds (here from the call of the next item, of
+// key "eu").
+func ExampleKeyBreakerReport() {
+	var usCalls atomic.Int64
+	shard := func(v int) string { return [...]string{"us", "eu"}[v%2] }
+	var p *pipeline.Pipeline
+	service := func(_ context.Context, v int) (int, error) {
+		switch {
+		case shard(v) == "us" && usCalls.Add(1) == 1:
+			return 0, pipeline.Transient(errors.New("503 service unavailable"))
+		case v == 1:
+			s, _ := p.Snapshot().Stage("call")
+			fmt.Printf("%+v\n", s.Breaker.Keys)
+		}
+		return v, nil
+	}
+	p = pipeline.New()
+	call := pipeline.NewStage("call", 1, service,
+		pipeline.WithBreakerPerKey(shard, pipeline.Breaker{Failures: 1, OpenFor: 10 * time.Millisecond}, pipeline.KeyBounds{}))
+	out, err := pipeline.Collect(context.Background(), pipeline.Then(pipeline.FromSlice(p, ints(2)), call))
+	fmt.Println(out, err)
+	// Output:
+	// [{Key:us State:open Holding:1 Opened:1}]
+	// [1 0] <nil>
+}

@@ -485,6 +485,9 @@ func (w *worker[In, Out]) attempts(ctx context.Context, v In, out *Out, made err
 					if ctx.Err() != nil {
 						return interrupted, context.Cause(ctx)
 					}
+					if errors.Is(err, errHeld) { // its key's breaker holds it (breaker.go)
+						return w.park(ctx, v, attempt-1, first)
+					}
 					if errors.Is(err, ErrThrottled) { // shed: no token within WithMaxTokenWait (ratelimit.go)
 						return w.setAside(ctx, v, attempt-1, ClassItem, cmp.Or(first, err), err) // deadletter.go
 					}

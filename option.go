@@ -21,7 +21,7 @@ type PipelineOption interface{ pipelineOption(*config) } //nolint:revive // name
 // [WithDeadLetter], [WithErrorBudget] and [WithHandBack]; for order, [WithOrdered] and
 // [WithKey]; for its queue, [WithBuffer]; for a client of a service,
 // [WithRateLimit], [WithRateLimitPerKey], [WithMaxTokenWait], [WithCircuitBreaker],
-// [WithSharedBreaker] and [WithAdaptiveWorkers].
+// [WithSharedBreaker], [WithBreakerPerKey] and [WithAdaptiveWorkers].
 type StageOption interface{ stageOption(*config) }
 
 // BatchOption configures [Batch] and [ToBatches]. The options: [WithLinger],

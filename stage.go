@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime/trace"
 	"sync/atomic"
@@ -366,6 +367,7 @@ type worker[In, Out any] struct {
 	ctxs         *attemptClock   // WithTimeout: the attempts' contexts (nil without; a clock of its own, so that a context kept after its attempt keeps only it alive)
 	cl           *client[In]     // rate limits, breaker, adaptive workers (client.go); nil without
 	tk           ticket          // the current attempt's, from w.cl (client.go)
+	again        bool            // the item in hand was held by its key's breaker (breaker.go): held again, it stays first
 }
 
 // runBudget is about how long a worker's run of items may take: a worker takes as many
@@ -418,8 +420,13 @@ func (w *worker[In, Out]) loop() (err error) {
 // take is the worker's loop over its input, a run of items at a time.
 func (w *worker[In, Out]) take(ctx context.Context) error {
 	var adapt *adaptive // WithAdaptiveWorkers (adaptive.go): nil, so one register test per run
+	var keyed heldItems[In]
+	var idle func(wake <-chan struct{}) (bool, error) // consumer.take's
 	if w.cl != nil {
-		adapt = w.cl.adapt
+		adapt, keyed = w.cl.adapt, w.cl.keyed
+	}
+	if keyed != nil { // a breaker per key (breaker.go): an idle worker waits for held items too
+		idle = func(wake <-chan struct{}) (bool, error) { return keyed.wait(ctx, wake) }
 	}
 	for {
 		if adapt != nil { // above the adaptive limit: wait, with the last run counted
@@ -435,8 +442,22 @@ func (w *worker[In, Out]) take(ctx context.Context) error {
 		if w.ord != nil { // runs that leave the window room for every worker's next one
 			n = min(n, max(1, len(w.ord.slots)/(2*w.st.workers)))
 		}
-		seq, ok, err := w.consumer.take(ctx, n, w.share, nil)
+		if keyed != nil { // held items whose key lets them through go first (breaker.go)
+			if err := w.resume(ctx); err != nil {
+				if w.out.drop != nil {
+					w.out.drop()
+				}
+				return err
+			}
+		}
+		seq, ok, err := w.consumer.take(ctx, n, w.share, idle)
 		if !ok {
+			if err == nil && keyed != nil && w.keepsHeld() { // the input ended: stay for the held items
+				_, err = keyed.wait(ctx, nil)
+			}
+			if errors.Is(err, errResume) {
+				continue
+			}
 			if w.cl != nil {
 				w.cl.ended()
 			}
@@ -562,6 +583,8 @@ const (
 	abandoned                   // not started: the run is stopping
 	drained                     // not started: a drained budget
 	refused                     // counted succeeded, never entered the window (the run stopped): failed
+	held                        // out of the worker's hands, held by its key's breaker (breaker.go): not started, until resumed
+	resumed                     // a held item taken back: no longer not started; it goes on to another ending
 )
 
 // fate is what end needs to know of the item in hand beyond its error: set by attempts
@@ -672,6 +695,13 @@ func (w *worker[In, Out]) endOther(o outcome, n int, err error) error {
 	case refused:
 		w.t.succeeded -= int64(n)
 		w.t.failed += int64(n)
+		return nil
+	case held:
+		w.t.discarded++ // not started until taken back, and so if the run stops first
+		w.inHand = false
+		return nil
+	case resumed:
+		w.t.discarded--
 		return nil
 	}
 	panic("pipeline: internal error: an unknown outcome")

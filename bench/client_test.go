@@ -31,6 +31,9 @@ func BenchmarkClientOverhead(b *testing.B) {
 		{"breaker", func() []pipeline.StageOption {
 			return []pipeline.StageOption{pipeline.WithCircuitBreaker(pipeline.Breaker{Failures: 5, OpenFor: time.Second})}
 		}},
+		{"breakerperkey", func() []pipeline.StageOption {
+			return []pipeline.StageOption{pipeline.WithBreakerPerKey(func(v int) int { return v % 16 }, pipeline.Breaker{Failures: 5, OpenFor: time.Second}, pipeline.KeyBounds{})}
+		}},
 		{"adaptive", func() []pipeline.StageOption { return []pipeline.StageOption{pipeline.WithAdaptiveWorkers(4)} }},
 		{"ratelimit", func() []pipeline.StageOption {
 			return []pipeline.StageOption{pipeline.WithRateLimit(rate.NewLimiter(rate.Limit(math.Inf(1)), 1))}
