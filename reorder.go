@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 )
@@ -66,7 +67,8 @@ type reorder[Out any] struct {
 	next     uint64 // sequence number of the oldest unsettled item
 	slots    []slot[Out]
 	flushing bool          // a worker is pushing outputs downstream
-	wake     chan struct{} // closed when next advances, made only when someone waits
+	waiting  []*waiter     // goroutines waiting for next to advance: each gets a token when it does
+	spare    []*waiter     // waiters of earlier waits, for the next: a wait allocates nothing in steady state
 	held     atomic.Int64  // items settled with outputs but not yet pushed
 	flat     bool          // outputs in slot.outs, not slot.out
 	out      sender[Out]   // used by the flusher only
@@ -132,19 +134,33 @@ func (o *reorder[Out]) admit(ctx context.Context, seq uint64) error {
 // waitLocked waits while seq is beyond the window; o.mu is held when it is called and
 // when it returns (the run's cause if the run stops meanwhile).
 func (o *reorder[Out]) waitLocked(ctx context.Context, seq uint64) error {
+	if seq < o.next+uint64(len(o.slots)) {
+		return nil
+	}
+	var w *waiter // one per wait, kept for the next (a channel per wait cost S5 cpu 4,000 allocations per run)
+	if n := len(o.spare); n > 0 {
+		w, o.spare = o.spare[n-1], o.spare[:n-1]
+	} else {
+		w = newWaiter()
+	}
+	defer func() { o.spare = append(o.spare, w) }()
 	for seq >= o.next+uint64(len(o.slots)) {
-		if o.wake == nil {
-			o.wake = make(chan struct{})
-		}
-		wake := o.wake
+		o.waiting = append(o.waiting, w)
 		o.mu.Unlock()
 		select {
-		case <-wake:
+		case <-w.ch:
+			o.mu.Lock()
 		case <-ctx.Done():
 			o.mu.Lock()
+			// Off the list, with no token left: the flusher wakes under the lock, so
+			// either w is still listed or its token is in its channel.
+			if i := slices.Index(o.waiting, w); i >= 0 {
+				o.waiting = slices.Delete(o.waiting, i, i+1)
+			} else {
+				<-w.ch
+			}
 			return context.Cause(ctx)
 		}
-		o.mu.Lock()
 	}
 	return nil
 }
@@ -296,10 +312,7 @@ func (o *reorder[Out]) flush(stats *workerStats) error {
 			}
 		}
 		o.head.Store(o.next)
-		if o.wake != nil {
-			close(o.wake)
-			o.wake = nil
-		}
+		wakeSome(&o.waiting, len(o.waiting))
 	}
 }
 
