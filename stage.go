@@ -437,7 +437,7 @@ func (w *worker[In, Out]) take(ctx context.Context) error {
 			n = 1 // an item may wait for a token: the rest stay queued for the other workers (other keys)
 		}
 		if w.ord != nil { // runs that leave the window room for every worker's next one
-			n = min(n, max(1, len(w.ord.slots)/(2*w.st.workers)))
+			n = min(n, max(1, w.ord.size()/(2*w.st.workers)))
 		}
 		seq, ok, err := w.consumer.take(ctx, n, w.share, nil)
 		if !ok {
@@ -473,7 +473,7 @@ func (w *worker[In, Out]) items(ctx context.Context, seq uint64) error {
 	}
 	var si0, slots int // the run's first slot in the window, and the window's size
 	if w.ord != nil {
-		slots = len(w.ord.slots)
+		slots = w.ord.size()
 		si0 = int(seq % uint64(slots))
 	}
 	for j := w.j; j < w.k; j = w.j {
