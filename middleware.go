@@ -231,9 +231,8 @@ func (k *attemptClock) begin(parent context.Context, base time.Time, now, d time
 	// its words (an interface comparison is a call).
 	ep, s := k.ep, k.slab
 	fresh := ep == nil || now-(ep.due-d) > runBudget || !sameContext(ep.parent, parent)
-	if s != nil && (s.d != d || s.base != base) {
-		fresh = true // a slab's attempts share base and d (they never change for a worker)
-		s = nil
+	if fresh && s != nil && (s.d != d || s.base != base) {
+		s = nil // a slab's attempts share base and d (the run's start and the stage's timeout: a clock's never change)
 	}
 	if s == nil || k.i == len(s.slots) || fresh && s.neps == len(s.eps) {
 		k.publish() // what publish looks through stays in one slab
@@ -442,7 +441,11 @@ func (c *attemptCtx) cancel(a *armedCtx, err error) {
 }
 
 // finish is the worker's end of an attempt: a context looked at during it is canceled
-// now (and its timer stopped), any other when the worker next publishes.
+// now (and its timer stopped), any other when the worker next publishes. The worker
+// calls it only when its clock's looks is set: a look stores looks before the function
+// returns, and a look from another goroutine that the worker's load misses is one
+// after the attempt returned, which the next publish sees (one load per attempt that
+// nobody looked at, instead of finding its slot).
 func (c *attemptCtx) finish() {
 	if p := c.slot(false); p != nil {
 		if a := p.Load(); a != nil {

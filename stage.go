@@ -792,12 +792,19 @@ func (w *worker[In, Out]) timedCall(ctx context.Context, v In) (out Out, err err
 	if d := w.st.cfg.timeout; d <= 0 {
 		out, err = w.call(ctx, v)
 	} else {
-		a := w.ctxs.begin(ctx, w.r.started, w.clock, d)
-		out, err = w.call(a, v)
+		k := w.ctxs
+		a := k.begin(ctx, w.r.started, w.clock, d)
+		if w.st.flat == nil {
+			out, err = w.st.fn(a, v)
+		} else {
+			out, err = w.call(a, v)
+		}
 		if err != nil && a.timedOut() {
 			err = &timeoutError{after: d, err: err}
 		}
-		a.finish()
+		if k.looks.Load() {
+			a.finish()
+		}
 	}
 	if timed {
 		w.measured(t0)
