@@ -483,8 +483,10 @@ func (w *worker[In, Out]) items(ctx context.Context, seq uint64) error {
 		e := &w.run[j]
 		v := e.v
 		w.pos, w.seq = e.pos, seq+uint64(j)
-		if w.si = si0 + j; w.si >= slots && slots > 0 { // a run is at most half the window: one wrap at most
-			w.si -= slots
+		if slots > 0 { // ordered: its slot (a run is at most half the window: one wrap at most)
+			if w.si = si0 + j; w.si >= slots {
+				w.si -= slots
+			}
 		}
 		*e = item[In]{}
 		w.j = j + 1
