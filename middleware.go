@@ -123,9 +123,10 @@ func sleep(ctx context.Context, backoff Backoff, attempt int, err error) error {
 
 // attemptCtx is the context of one attempt under WithTimeout. context.WithTimeout costs
 // a timer, a channel and several allocations per call, whether or not the function ever
-// looks at its context; this one costs two bytes of a slab of 64 (about 200 bytes per
-// 64 attempts, with no pointer per attempt for the collector to follow) and no locked
-// instruction when the function does not look at it. Its start is the worker's last
+// looks at its context; this one costs two bytes of a slab of 64 (320 bytes per 64
+// attempts, with room for the epochs of up to four runs of them, and no pointer per
+// attempt for the collector to follow) and no locked instruction when the function
+// does not look at it. Its start is the worker's last
 // clock reading (taken once per run of items, and after each timed attempt), checked
 // when the function first looks at its context (Done, Err, Deadline): a reading more
 // than staleStart old is replaced by that moment's. Its lock, channel and timer are made
