@@ -631,8 +631,11 @@ func (s *queueSender[T]) putRun(vs []T, before func(done int)) (int, error) {
 			}
 		}
 		n := min(s.avail, len(vs)-done)
-		for _, v := range vs[done : done+n] {
-			s.buf = append(s.buf, item[T]{v, noPos})
+		b := len(s.buf)
+		s.buf = slices.Grow(s.buf, n)[:b+n] // no append per item: its length and capacity tests
+		src, dst := vs[done:done+n], s.buf[b:b+n]
+		for k := range dst {
+			dst[k] = item[T]{src[k], noPos}
 		}
 		s.avail -= n
 		done += n

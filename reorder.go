@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 )
@@ -42,13 +43,6 @@ const (
 	slotSkip            // finished, no output (dead-lettered, filtered, skipped)
 )
 
-type slot[Out any] struct {
-	state slotState
-	pos   uint64
-	out   Out   // one-to-one stages: the output
-	outs  []Out // flat stages: every output
-}
-
 // entry is the outcome of one item of a one-to-one ordered stage, settled with the
 // other items of its worker's run; its output is in its slot already (fill).
 type entry struct {
@@ -60,43 +54,66 @@ type entry struct {
 // items) with its sequence number; whichever worker settles the head item flushes
 // every consecutive finished item downstream, in order, while the others go on.
 type reorder[Out any] struct {
-	head     atomic.Uint64 // next, for admit's check without the lock (read per item)
-	_        [56]byte      // head on a line of its own: the lock is written on every settle
-	mu       sync.Mutex
-	next     uint64 // sequence number of the oldest unsettled item
-	slots    []slot[Out]
-	flushing bool          // a worker is pushing outputs downstream
-	wake     chan struct{} // closed when next advances, made only when someone waits
-	held     atomic.Int64  // items settled with outputs but not yet pushed
-	flat     bool          // outputs in slot.outs, not slot.out
-	out      sender[Out]   // used by the flusher only
-	run      []Out         // the flusher's: outputs put a run at a time (out.putRun), when bulk
+	head atomic.Uint64 // next, for admit's check without the lock (read per item)
+	_    [56]byte      // head on a line of its own: the lock is written on every settle
+	mu   sync.Mutex
+	next uint64 // sequence number of the oldest unsettled item
+	// The slots, item seq's at seq modulo the window's size, in arrays of their own
+	// fields: a one-to-one stage's outputs lie side by side, so that the flusher puts
+	// a pass's outputs from there with one putRun, with no copy of its own.
+	state    []slotState
+	outs     []Out        // one-to-one stages: each slot's output
+	flats    [][]Out      // flat stages: each slot's outputs
+	pos      []uint64     // tracked runs: each slot's position (noPos otherwise)
+	flushing bool         // a worker is pushing outputs downstream
+	waiting  []*waiter    // goroutines waiting for next to advance: each gets a token when it does
+	spare    []*waiter    // waiters of earlier waits, for the next: a wait allocates nothing in steady state
+	held     atomic.Int64 // items settled with outputs but not yet pushed
+	flat     bool         // outputs in flats, not outs
+	bulk     bool         // one-to-one, untracked, into a plain queue: a pass goes out in runs (out.putRun)
+	out      sender[Out]  // used by the flusher only
 }
 
 // newReorder returns the window of an ordered stage whose outputs go to out. tracked
 // tells that the run tracks positions: without, and into a plain queue, the flusher
 // puts each run of outputs in order with one putRun, not a put per item.
 func newReorder[Out any](window int, out sender[Out], flat, tracked bool) *reorder[Out] {
-	o := &reorder[Out]{slots: make([]slot[Out], window), out: out, flat: flat}
-	if !flat && !tracked && out.putRun != nil {
-		o.run = make([]Out, 0, chunk)
+	o := &reorder[Out]{state: make([]slotState, window), out: out, flat: flat}
+	if flat {
+		o.flats = make([][]Out, window)
+	} else {
+		o.outs = make([]Out, window)
 	}
+	if tracked {
+		o.pos = make([]uint64, window)
+	}
+	o.bulk = !flat && !tracked && out.putRun != nil
 	return o
 }
 
-// putRun puts the outputs gathered in o.run, and then, if the run stopped midway, offers
-// the rest one by one, so that each is counted as sent or unsent; first keeps the first
-// error.
-func (o *reorder[Out]) putRun(first *error) {
-	n, err := o.out.putRun(o.run, nothingBefore)
+// size is the window's size, in items.
+func (o *reorder[Out]) size() int { return len(o.state) }
+
+// posAt returns the position of the item in slot i.
+func (o *reorder[Out]) posAt(i int) uint64 {
+	if o.pos == nil {
+		return noPos
+	}
+	return o.pos[i]
+}
+
+// putRun puts the outputs vs (slots of the window) with one putRun, and then, if the
+// run stopped midway, offers the rest one by one, so that each is counted as sent or
+// unsent; first keeps the first error. It empties the slots' outputs.
+func (o *reorder[Out]) putRun(vs []Out, first *error) {
+	n, err := o.out.putRun(vs, nothingBefore)
 	if err != nil && *first == nil {
 		*first = err
 	}
-	for _, v := range o.run[n:] {
+	for _, v := range vs[n:] {
 		_ = o.out.put(v, noPos) // the run's cause again
 	}
-	clear(o.run)
-	o.run = o.run[:0]
+	clear(vs)
 }
 
 // nothingBefore is the before of a putRun with no counts to publish.
@@ -110,12 +127,14 @@ func nothingBefore(int) {}
 // i is seq's slot, seq modulo the window's size, which the worker follows through its
 // run without a division per item.
 func (o *reorder[Out]) fill(i int, pos uint64, out *Out) {
-	s := &o.slots[i]
-	s.pos, s.out = pos, *out
+	o.outs[i] = *out
+	if o.pos != nil {
+		o.pos[i] = pos
+	}
 }
 
 // inside reports whether item seq is inside the window, with an atomic load.
-func (o *reorder[Out]) inside(seq uint64) bool { return seq < o.head.Load()+uint64(len(o.slots)) }
+func (o *reorder[Out]) inside(seq uint64) bool { return seq < o.head.Load()+uint64(len(o.state)) }
 
 // admit blocks while item seq is beyond the window, before a worker starts it: the
 // items started, finished and being pushed are at most the window. It returns the
@@ -132,19 +151,33 @@ func (o *reorder[Out]) admit(ctx context.Context, seq uint64) error {
 // waitLocked waits while seq is beyond the window; o.mu is held when it is called and
 // when it returns (the run's cause if the run stops meanwhile).
 func (o *reorder[Out]) waitLocked(ctx context.Context, seq uint64) error {
-	for seq >= o.next+uint64(len(o.slots)) {
-		if o.wake == nil {
-			o.wake = make(chan struct{})
-		}
-		wake := o.wake
+	if seq < o.next+uint64(len(o.state)) {
+		return nil
+	}
+	var w *waiter // one per wait, kept for the next (a channel per wait cost S5 cpu 4,000 allocations per run)
+	if n := len(o.spare); n > 0 {
+		w, o.spare = o.spare[n-1], o.spare[:n-1]
+	} else {
+		w = newWaiter()
+	}
+	defer func() { o.spare = append(o.spare, w) }()
+	for seq >= o.next+uint64(len(o.state)) {
+		o.waiting = append(o.waiting, w)
 		o.mu.Unlock()
 		select {
-		case <-wake:
+		case <-w.ch:
+			o.mu.Lock()
 		case <-ctx.Done():
 			o.mu.Lock()
+			// Off the list, with no token left: the flusher wakes under the lock, so
+			// either w is still listed or its token is in its channel.
+			if i := slices.Index(o.waiting, w); i >= 0 {
+				o.waiting = slices.Delete(o.waiting, i, i+1)
+			} else {
+				<-w.ch
+			}
 			return context.Cause(ctx)
 		}
-		o.mu.Lock()
 	}
 	return nil
 }
@@ -158,8 +191,11 @@ func (o *reorder[Out]) waitLocked(ctx context.Context, seq uint64) error {
 // downstream) must not count it again.
 func (o *reorder[Out]) settle(ctx context.Context, stats *workerStats, seq, pos uint64, outs []Out, skip bool) (entered bool, err error) {
 	if !skip { // the slot is the worker's until it settles the item (see fill)
-		s := &o.slots[seq%uint64(len(o.slots))]
-		s.pos, s.outs = pos, append(s.outs[:0], outs...)
+		i := seq % uint64(len(o.state))
+		if o.pos != nil {
+			o.pos[i] = pos
+		}
+		o.flats[i] = append(o.flats[i][:0], outs...)
 	}
 	one := [1]entry{{seq: seq, skip: skip}}
 	return o.settleRun(ctx, stats, one[:], nil)
@@ -168,7 +204,7 @@ func (o *reorder[Out]) settle(ctx context.Context, stats *workerStats, seq, pos 
 // settleRun is settle for the items of a run of a one-to-one stage, under one lock:
 // onEntered, if not nil, is called once they are in the window, before any flushing.
 func (o *reorder[Out]) settleRun(ctx context.Context, stats *workerStats, es []entry, onEntered func()) (entered bool, err error) {
-	w := uint64(len(o.slots))
+	w := uint64(len(o.state))
 	o.mu.Lock()
 	last := es[0].seq
 	for _, e := range es {
@@ -189,16 +225,15 @@ func (o *reorder[Out]) settleRun(ctx context.Context, stats *workerStats, es []e
 				i = 0
 			}
 		}
-		s := &o.slots[i]
 		if e.skip {
-			s.state = slotSkip
+			o.state[i] = slotSkip
 			continue
 		}
-		s.state = slotReady // its output was filled in before
+		o.state[i] = slotReady // its output was filled in before
 		ready++
 	}
 	o.held.Add(int64(ready))
-	flush := !o.flushing && o.slots[o.next%w].state != slotEmpty
+	flush := !o.flushing && o.state[o.next%w] != slotEmpty
 	o.flushing = o.flushing || flush
 	o.mu.Unlock()
 	if onEntered != nil {
@@ -215,7 +250,7 @@ func (o *reorder[Out]) settleRun(ctx context.Context, stats *workerStats, es []e
 // stay taken until they are pushed, so that the window holds at most its size, pushing
 // included; meanwhile only the flusher reads them (their workers are done with them).
 func (o *reorder[Out]) flush(stats *workerStats) error {
-	w := uint64(len(o.slots))
+	w := len(o.state)
 	// out counts the items pushed and not yet taken out of held; a panic (or Goexit)
 	// in an inline operator downstream, in the middle of a run of items, leaves only
 	// the rest held, and what the sender holds unsent.
@@ -230,10 +265,10 @@ func (o *reorder[Out]) flush(stats *workerStats) error {
 	}()
 	o.mu.Lock()
 	var first error
-	i0 := o.next % w // the head's slot; the others follow it, with no division each
+	i0 := int(o.next % uint64(w)) // the head's slot; the others follow it, with no division each
 	for {
 		end, i := o.next, i0
-		for end-o.next < w && o.slots[i].state != slotEmpty {
+		for end-o.next < uint64(w) && o.state[i] != slotEmpty {
 			end++
 			if i++; i == w {
 				i = 0
@@ -246,42 +281,65 @@ func (o *reorder[Out]) flush(stats *workerStats) error {
 			return first
 		}
 		o.mu.Unlock()
-		i = i0
-		for seq := o.next; seq < end; seq, i = seq+1, i+1 {
-			if i == w {
-				i = 0
-			}
-			h := &o.slots[i]
-			if h.state != slotReady {
-				continue
-			}
-			if !o.flat {
-				if o.run != nil { // put with the rest of the pass, or of its chunk (no user code)
-					o.run = append(o.run, h.out)
-					if len(o.run) == cap(o.run) {
-						o.putRun(&first)
+		n := int(end - o.next)
+		switch {
+		case o.bulk:
+			// Each stretch of ready slots, up to a skipped one or the end of the
+			// ring, goes out with one putRun straight from the slots (no user code).
+			for k, i := 0, i0; k < n; {
+				if o.state[i] != slotReady {
+					k++
+					if i++; i == w {
+						i = 0
 					}
-				} else if err := o.out.put(h.out, h.pos); err != nil && first == nil {
+					continue
+				}
+				a := i
+				for k < n && i < w && o.state[i] == slotReady {
+					k++
+					i++
+				}
+				o.putRun(o.outs[a:i], &first)
+				emitted += int64(i - a)
+				out += int64(i - a)
+				if i == w {
+					i = 0
+				}
+			}
+		case !o.flat:
+			for k, i := 0, i0; k < n; k, i = k+1, i+1 {
+				if i == w {
+					i = 0
+				}
+				if o.state[i] != slotReady {
+					continue
+				}
+				if err := o.out.put(o.outs[i], o.posAt(i)); err != nil && first == nil {
 					first = err // offer the rest too, so that each is counted as sent or unsent
 				}
 				var zero Out
-				h.out = zero
+				o.outs[i] = zero
 				emitted++
 				out++
-				continue
 			}
-			for _, v := range h.outs {
-				if err := o.out.put(v, h.pos); err != nil && first == nil {
-					first = err
+		default:
+			for k, i := 0, i0; k < n; k, i = k+1, i+1 {
+				if i == w {
+					i = 0
 				}
-				emitted++
+				if o.state[i] != slotReady {
+					continue
+				}
+				for _, v := range o.flats[i] {
+					if err := o.out.put(v, o.posAt(i)); err != nil && first == nil {
+						first = err
+					}
+					emitted++
+				}
+				clear(o.flats[i])
+				o.flats[i] = o.flats[i][:0]
+				out++ // a flat item with no output too: nothing to push, out of the window
 			}
-			clear(h.outs)
-			h.outs = h.outs[:0]
-			out++ // a flat item with no output too: nothing to push, out of the window
-		}
-		if len(o.run) > 0 {
-			o.putRun(&first)
 		}
 		if err := o.out.flush(); err != nil && first == nil {
 			first = err
@@ -290,16 +348,13 @@ func (o *reorder[Out]) flush(stats *workerStats) error {
 		out = 0
 		o.mu.Lock()
 		for ; o.next < end; o.next++ {
-			o.slots[i0].state = slotEmpty
+			o.state[i0] = slotEmpty
 			if i0++; i0 == w {
 				i0 = 0
 			}
 		}
 		o.head.Store(o.next)
-		if o.wake != nil {
-			close(o.wake)
-			o.wake = nil
-		}
+		wakeSome(&o.waiting, len(o.waiting))
 	}
 }
 

@@ -440,7 +440,7 @@ func (w *worker[In, Out]) take(ctx context.Context) error {
 			n = 1 // an item may wait for a token: the rest stay queued for the other workers (other keys)
 		}
 		if w.ord != nil { // runs that leave the window room for every worker's next one
-			n = min(n, max(1, len(w.ord.slots)/(2*w.st.workers)))
+			n = min(n, max(1, w.ord.size()/(2*w.st.workers)))
 		}
 		if keyed != nil { // held items whose key lets them through go first (breaker.go)
 			if err := w.resume(ctx); err != nil {
@@ -490,7 +490,7 @@ func (w *worker[In, Out]) items(ctx context.Context, seq uint64) error {
 	}
 	var si0, slots int // the run's first slot in the window, and the window's size
 	if w.ord != nil {
-		slots = len(w.ord.slots)
+		slots = w.ord.size()
 		si0 = int(seq % uint64(slots))
 	}
 	for j := w.j; j < w.k; j = w.j {
@@ -500,8 +500,10 @@ func (w *worker[In, Out]) items(ctx context.Context, seq uint64) error {
 		e := &w.run[j]
 		v := e.v
 		w.pos, w.seq = e.pos, seq+uint64(j)
-		if w.si = si0 + j; w.si >= slots && slots > 0 { // a run is at most half the window: one wrap at most
-			w.si -= slots
+		if slots > 0 { // ordered: its slot (a run is at most half the window: one wrap at most)
+			if w.si = si0 + j; w.si >= slots {
+				w.si -= slots
+			}
 		}
 		*e = item[In]{}
 		w.j = j + 1
@@ -816,12 +818,19 @@ func (w *worker[In, Out]) timedCall(ctx context.Context, v In) (out Out, err err
 	if d := w.st.cfg.timeout; d <= 0 {
 		out, err = w.call(ctx, v)
 	} else {
-		a := w.ctxs.begin(ctx, w.r.started, w.clock, d)
-		out, err = w.call(a, v)
+		k := w.ctxs
+		a := k.begin(ctx, w.r.started, w.clock, d)
+		if w.st.flat == nil {
+			out, err = w.st.fn(a, v)
+		} else {
+			out, err = w.call(a, v)
+		}
 		if err != nil && a.timedOut() {
 			err = &timeoutError{after: d, err: err}
 		}
-		a.finish()
+		if k.looks.Load() {
+			a.finish()
+		}
 	}
 	if timed {
 		w.measured(t0)
