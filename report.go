@@ -35,6 +35,9 @@ const (
 	// KindBatch is a [Batch] (also the batching row of [ToBatches]): one worker filling
 	// batches from an input queue; its Out counts batches and Flushes their reasons.
 	KindBatch Kind = "batch"
+	// KindWindow is a [Window] stage: one worker folding items into windows; its Out
+	// counts results and Windows holds its state.
+	KindWindow Kind = "window"
 )
 
 // workerStats are one worker's counters. Each worker writes only its own, so counting
@@ -75,6 +78,7 @@ type row struct {
 	workers  []workerStats
 	held     func() int64   // ordered stages: items finished but still in the window
 	flushes  *flushCounters // batches: flush reasons
+	windows  *windowStats   // window stages (window.go)
 	timeout  time.Duration  // the stage's WithTimeout
 	next     []string       // the rows this one feeds directly
 	extra    int            // items held beyond queue and workers: a reorder window, a partial batch
@@ -232,7 +236,7 @@ type Report struct {
 // batch, as its Kind says.
 type StageReport struct {
 	Name    string
-	Kind    Kind // KindSource, KindStage, KindSink, KindFilter or KindBatch
+	Kind    Kind // KindSource, KindStage, KindSink, KindFilter, KindBatch or KindWindow
 	Workers int
 
 	In           int64 // items that reached the stage (for a source: items it holds, when known, else items it produced)
@@ -257,6 +261,10 @@ type StageReport struct {
 	PeakQueue int // the longest the queue was when a worker took an item (at most QueueCap)
 
 	Flushes Flushes // batches: flushes by reason
+
+	// Windows is, for a [Window] stage (KindWindow), its open windows, watermark, lag
+	// and late items; nil for other rows.
+	Windows *WindowReport
 
 	// Live figures (see [Pipeline.Snapshot]). In a final report, QueueLen, Busy,
 	// InFlight and Window describe the moment the run ended (all 0 after a success),
@@ -493,6 +501,9 @@ func (r *run) report(err error, final bool) Report {
 		}
 		if rw.flushes != nil {
 			s.Flushes = rw.flushes.load()
+		}
+		if rw.windows != nil {
+			s.Windows = rw.windows.load()
 		}
 		s.SetAside = rw.setAside.Load()
 		if rw.q != nil {
