@@ -333,7 +333,7 @@ func Window[T any, K comparable, V any](s *Stream[T], kind WindowKind, key func(
 			consumer: newConsumer(q, 0, 0, &rw.workers[0], buf),
 			ctx:      r.ctx, name: name, kind: kind, key: key, at: at, agg: agg, cfg: cfg, late: late,
 			down: c.out, row: rw, ws: ws, held: &held, track: windowTrack{r.track},
-			wins: map[winKey[K]]*win[K, V]{}, sessions: map[K][]*win[K, V]{},
+			wins: map[int64]map[K]*win[K, V]{}, sessions: map[K][]*win[K, V]{},
 			wm: math.MinInt64, maxEvent: math.MinInt64, floor: math.MinInt64,
 		}
 		if kind.gap > 0 {

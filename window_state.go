@@ -13,12 +13,6 @@ import (
 // queue, a map of the windows it holds, and a heap of them by the event time at which
 // each must act (fire an open window, forget a fired one). See DESIGN.md, "Windows".
 
-// winKey names a tumbling or sliding window: its key and its start.
-type winKey[K comparable] struct {
-	key   K
-	start int64
-}
-
 // win is one window held: open, or fired and kept for late items (fired).
 type win[K comparable, V any] struct {
 	key        K
@@ -82,8 +76,11 @@ type windower[T any, K comparable, V any] struct {
 	held        *atomic.Int64 // heldN, for the report's Window
 	heldN       int64
 	track       windowTrack
-	wins        map[winKey[K]]*win[K, V] // tumbling and sliding
-	sessions    map[K][]*win[K, V]       // sessions of each key, by start, disjoint
+	wins        map[int64]map[K]*win[K, V] // tumbling and sliding, by start, then key
+	lastStart   int64                      // the start of the last bucket of wins looked up, and that bucket
+	lastBucket  map[K]*win[K, V]
+	scratch     []*win[K, V]       // the windows of the item being added
+	sessions    map[K][]*win[K, V] // sessions of each key, by start, disjoint
 	due         winHeap[K, V]
 	count       int           // windows held
 	retain      time.Duration // how long a fired window is kept: the allowed lateness, or a session's gap
@@ -199,15 +196,19 @@ func (w *windower[T, K, V]) addAligned(v T, k K, t int64, pos uint64) error {
 	last := floorDiv(t, slide) * slide
 	first := last - (size-1-(t-last))/slide*slide // the earliest start s with s > t - size
 	n := int((last-first)/slide) + 1
+	wns := w.scratch[:0]
 	for {
 		if e0 := first + size; e0 <= w.floor || e0+int64(w.retain) <= w.wm {
 			return w.setLate(v, pos, t)
 		}
+		wns = wns[:0]
 		need := 0
 		for s := first; s <= last; s += slide {
-			if _, ok := w.wins[winKey[K]{k, s}]; !ok {
+			wn := w.bucket(s)[k]
+			if wn == nil {
 				need++
 			}
+			wns = append(wns, wn)
 		}
 		if need == 0 || w.count+need <= w.cfg.maxWindows {
 			break
@@ -216,6 +217,7 @@ func (w *windower[T, K, V]) addAligned(v T, k K, t int64, pos uint64) error {
 			return err
 		}
 	}
+	w.scratch = wns
 	if pos != noPos {
 		if w.retain > 0 {
 			w.track.fellInto(pos, 2*n)
@@ -224,11 +226,17 @@ func (w *windower[T, K, V]) addAligned(v T, k K, t int64, pos uint64) error {
 		}
 	}
 	w.t.succeeded++
-	for s := first; s <= last; s += slide {
-		wn := w.wins[winKey[K]{k, s}]
+	for i, s := 0, first; s <= last; i, s = i+1, s+slide {
+		wn := wns[i]
 		if wn == nil {
 			wn = w.open(k, s, s+size)
-			w.wins[winKey[K]{k, s}] = wn
+			b := w.bucket(s)
+			if b == nil {
+				b = map[K]*win[K, V]{}
+				w.wins[s] = b
+				w.lastStart, w.lastBucket = s, b
+			}
+			b[k] = wn
 		}
 		w.fold(wn, v, pos)
 		if w.retain > 0 && pos != noPos {
@@ -249,7 +257,21 @@ func (w *windower[T, K, V]) addAligned(v T, k K, t int64, pos uint64) error {
 			}
 		}
 	}
+	clear(wns)
 	return nil
+}
+
+// bucket returns the windows that start at s, by key (nil when there are none): an
+// in-order input looks up the same bucket item after item.
+func (w *windower[T, K, V]) bucket(s int64) map[K]*win[K, V] {
+	if s == w.lastStart && w.lastBucket != nil {
+		return w.lastBucket
+	}
+	b := w.wins[s]
+	if b != nil {
+		w.lastStart, w.lastBucket = s, b
+	}
+	return b
 }
 
 // addSession folds v into the session of its key that t reaches, merging the sessions
@@ -394,7 +416,14 @@ func (w *windower[T, K, V]) forget(wn *win[K, V], closed bool) {
 			w.sessions[wn.key] = list
 		}
 	} else {
-		delete(w.wins, winKey[K]{wn.key, wn.start})
+		b := w.wins[wn.start]
+		delete(b, wn.key)
+		if len(b) == 0 {
+			delete(w.wins, wn.start)
+			if w.lastStart == wn.start {
+				w.lastBucket = nil
+			}
+		}
 	}
 	if closed {
 		w.track.closed(wn.all)
