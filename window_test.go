@@ -679,3 +679,77 @@ func TestWindowMergedInputs(t *testing.T) {
 	}
 	assert.Equal(t, want, got)
 }
+
+// TestWindowProcessingTime windows by the clock: the event time is time.Now, and the
+// idle timeout fires the last window of a quiet source (synctest's clock starts on a
+// minute).
+func TestWindowProcessingTime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		type fired struct {
+			at    time.Duration
+			value int
+		}
+		got := make(chan fired, 3)
+		p := pipeline.New()
+		src := pipeline.Generate(p, func(ctx context.Context, emit func(int) error) error {
+			for _, d := range []time.Duration{0, 30 * time.Second, 40 * time.Second} { // at 0, 30 s and 70 s
+				time.Sleep(d) // the events' own pace, on the bubble's clock
+				if err := emit(1); err != nil {
+					return err
+				}
+			}
+			<-ctx.Done()
+			return nil
+		})
+		w := pipeline.Window(src, pipeline.Tumbling(time.Minute), func(int) string { return "all" },
+			func(int) time.Time { return time.Now() }, pipeline.Reduce(addInts), pipeline.WithIdleTimeout(time.Second))
+		pipeline.To(w, pipeline.NewSink("sink", 1, func(_ context.Context, r pipeline.WindowResult[string, int]) error {
+			got <- fired{time.Since(start), r.Value}
+			return nil
+		}))
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error)
+		go func() { done <- p.Run(ctx) }()
+		// The idle clock fires [0, 60) 1 s after the item at 30 s plus the 30 s the
+		// watermark lacks; [60, 120) likewise after the item at 70 s.
+		assert.Equal(t, fired{61 * time.Second, 2}, <-got)
+		assert.Equal(t, fired{121 * time.Second, 1}, <-got)
+		cancel()
+		require.ErrorIs(t, <-done, context.Canceled)
+	})
+}
+
+// TestWindowFiresEarlyForACheckpointSave: a checkpointed source waits for a save that
+// needs the items of an open window (WithMaxRedo smaller than the window's items); the
+// stage fires that window early rather than stall, and every item is accounted for.
+func TestWindowFiresEarlyForACheckpointSave(t *testing.T) {
+	t.Parallel()
+	evs := make([]ev, 200)
+	for i := range evs {
+		evs[i] = ev{Key: i % 2, T: tsec(float64(i) / 10), V: 1} // all in one minute
+	}
+	p := pipeline.New()
+	src := pipeline.FromCheckpoint(p, pipeline.NewFileCheckpoint(t.TempDir()+"/ck"), func(_ context.Context, pos int64) iter.Seq2[ev, error] {
+		return func(yield func(ev, error) bool) {
+			for _, e := range evs[pos:] {
+				if !yield(e, nil) {
+					return
+				}
+			}
+		}
+	}, pipeline.WithSaveEvery(10), pipeline.WithMaxRedo(20))
+	dl := pipeline.NewDeadLetterBuffer[ev](len(evs))
+	res, err := pipeline.Collect(t.Context(), pipeline.Window(src, pipeline.Tumbling(time.Minute), evKey, evTime, sumAgg(), pipeline.WithLateItems(dl.Add)))
+	require.NoError(t, err)
+	n := 0
+	for _, r := range res {
+		n += r.Count
+	}
+	assert.Equal(t, len(evs), n+len(dl.Items()), "every item in a result or set aside")
+	rep := p.Report()
+	checkAccounting(t, rep)
+	s, _ := rep.Stage("Window")
+	assert.Positive(t, s.Windows.Forced)
+	assert.Equal(t, int64(len(evs)), rep.Checkpoint)
+}
