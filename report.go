@@ -378,7 +378,7 @@ func sortCauses(m map[causeKey]int64) []Cause {
 
 // String formats the report as a compact table, one line per row (in: items that
 // reached it; ok: finished; out: sent on; dropped: filtered out; queue: peak/capacity),
-// then each batch's flushes by reason, the run's error and the main causes of dead
+// then each batch's flushes by reason, each window stage's state, the run's error and the main causes of dead
 // letters.
 func (r Report) String() string {
 	var b strings.Builder
@@ -400,6 +400,11 @@ func (r Report) String() string {
 			}
 			fmt.Fprintf(&b, "%s: %d batches: %d full, %d by bytes, %d by linger, %d at the end, %d for a checkpoint\n",
 				label, s.Out, f.Size, f.Bytes, f.Linger, f.End, f.Checkpoint)
+		}
+	}
+	for _, s := range r.Stages {
+		if w := s.Windows; w != nil {
+			b.WriteString(w.line(s.Name, s.Out)) // window.go
 		}
 	}
 	for _, s := range r.Stages {

@@ -219,6 +219,16 @@ type WindowReport struct {
 	Forced       int64         // windows fired or forgotten before their time: at the bound, or for a checkpointed source's save
 }
 
+// line is the report's line for a window stage that emitted out results.
+func (r *WindowReport) line(name string, out int64) string {
+	wm := "none yet"
+	if !r.Watermark.IsZero() {
+		wm = r.Watermark.Format(time.RFC3339Nano) + ", lag " + r.Lag.String()
+	}
+	return fmt.Sprintf("window %s: %d results (%d updates), %d open, watermark %s, %d late, %d fired early\n",
+		name, out, r.Updates, r.Open, wm, r.Late, r.Forced)
+}
+
 // windowStats are the figures of a window stage's report, written by its goroutine.
 type windowStats struct {
 	open, late, updates, forced atomic.Int64

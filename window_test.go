@@ -753,3 +753,14 @@ func TestWindowFiresEarlyForACheckpointSave(t *testing.T) {
 	assert.Positive(t, s.Windows.Forced)
 	assert.Equal(t, int64(len(evs)), rep.Checkpoint)
 }
+
+func TestWindowReportLine(t *testing.T) {
+	t.Parallel()
+	dl := pipeline.NewDeadLetterBuffer[ev](10)
+	p := pipeline.New()
+	_, err := pipeline.Collect(t.Context(), pipeline.Window(pipeline.FromSlice(p, []ev{{0, tsec(1), 1}, {0, tsec(25), 2}, {0, tsec(9), 4}}),
+		pipeline.Tumbling(10*time.Second), evKey, evTime, sumAgg(), pipeline.WithMaxDelay(10*time.Second), pipeline.WithLateItems(dl.Add)))
+	require.NoError(t, err)
+	assert.Contains(t, p.Report().String(),
+		"window Window: 2 results (0 updates), 0 open, watermark 2026-12-02T00:00:15Z, lag 10s, 1 late, 0 fired early\n")
+}
