@@ -313,3 +313,17 @@ func ExampleWindowReport() {
 	// open: 1 watermark: 12:01:10 lag: 10s
 	// <nil>
 }
+
+// This example shows WithWindowWorkers: the keys spread over two workers, each with
+// its own windows and watermark. Results of different workers come out in any order.
+func ExampleWithWindowWorkers() {
+	p := pipeline.New()
+	clicks := pipeline.FromSlice(p, []click{{"ann", at(0, 5)}, {"bob", at(0, 30)}, {"ann", at(0, 59)}, {"cyd", at(1, 0)}})
+	perMinute := pipeline.Window(clicks, pipeline.Tumbling(time.Minute), clickUser, clickTime, pipeline.Fold(0, countClicks),
+		pipeline.WithWindowWorkers(2))
+	printWindows(pipeline.Collect(context.Background(), perMinute))
+	// Unordered output:
+	// ann [12:00:00, 12:01:00) 2
+	// bob [12:00:00, 12:01:00) 1
+	// cyd [12:01:00, 12:02:00) 1
+}

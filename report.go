@@ -78,7 +78,7 @@ type row struct {
 	workers  []workerStats
 	held     func() int64   // ordered stages: items finished but still in the window
 	flushes  *flushCounters // batches: flush reasons
-	windows  *windowStats   // window stages (window.go)
+	windows  windowRow      // window stages (window.go)
 	timeout  time.Duration  // the stage's WithTimeout
 	next     []string       // the rows this one feeds directly
 	extra    int            // items held beyond queue and workers: a reorder window, a partial batch

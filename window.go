@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"fmt"
+	"hash/maphash"
 	"math"
 	"sync/atomic"
 	"time"
@@ -115,13 +116,13 @@ type WindowResult[K comparable, V any] struct {
 
 // WindowOption configures a [Window] stage. The options: [WithMaxDelay],
 // [WithAllowedLateness], [WithIdleTimeout], [WithMaxWindows], [WithWindowBackpressure],
-// [WithLateItems], [WithBuffer] and [WithName].
+// [WithWindowWorkers], [WithLateItems], [WithBuffer] and [WithName].
 type WindowOption interface{ windowOption(*windowConfig) }
 
 type windowConfig struct {
 	config                   // name, buffer
 	maxDelay, lateness, idle time.Duration
-	maxWindows               int
+	maxWindows, workers      int
 	backpressure             bool
 	late                     any // func(context.Context, DeadLetter[T]) error, checked by Window
 }
@@ -184,6 +185,19 @@ func WithMaxWindows(n int) WindowOption {
 	return windowOpt(func(c *windowConfig) { c.maxWindows = n })
 }
 
+// WithWindowWorkers spreads a [Window] stage over n goroutines, each with the keys
+// that a hash gives it, its own windows (its share of [WithMaxWindows]) and its own
+// watermark, over the items of its keys: a window fires when its worker's watermark
+// reaches its end, and results come out in order of end per worker. A worker's
+// watermark is never ahead of the stage's single one, so no item is late that would
+// not be with one worker; windows may fire later. It panics if n < 1. The default is 1.
+func WithWindowWorkers(n int) WindowOption {
+	if n < 1 {
+		panic(fmt.Sprintf("pipeline: WithWindowWorkers(%d): need at least 1", n))
+	}
+	return windowOpt(func(c *windowConfig) { c.workers = n })
+}
+
 // WithWindowBackpressure makes a [Window] stage at its bound ([WithMaxWindows]) wait,
 // taking no more input, until the idle clock ([WithIdleTimeout], which it needs:
 // Window panics without it) brings the window due first to its time; the stage's
@@ -235,15 +249,28 @@ type windowStats struct {
 	wm, maxEvent                atomic.Int64 // nanoseconds since the epoch; math.MinInt64 before the first item
 }
 
-func (s *windowStats) load() *WindowReport {
-	r := &WindowReport{Open: s.open.Load(), Late: s.late.Load(), Updates: s.updates.Load(), Forced: s.forced.Load()}
-	wm, mx := s.wm.Load(), s.maxEvent.Load()
+// windowRow is a window stage's figures, one windowStats per worker.
+type windowRow []*windowStats
+
+// load sums the workers' counts; the stage's watermark is the least of those of the
+// workers that have seen an item, its greatest event time the greatest.
+func (ws windowRow) load() *WindowReport {
+	r := &WindowReport{}
+	wm, mx := int64(math.MaxInt64), int64(math.MinInt64)
+	for _, s := range ws {
+		r.Open += s.open.Load()
+		r.Late += s.late.Load()
+		r.Updates += s.updates.Load()
+		r.Forced += s.forced.Load()
+		if m := s.maxEvent.Load(); m != math.MinInt64 {
+			mx = max(mx, m)
+			wm = min(wm, s.wm.Load())
+		}
+	}
 	if mx != math.MinInt64 {
 		r.MaxEventTime = time.Unix(0, mx).UTC()
-		if wm != math.MinInt64 {
-			r.Watermark = time.Unix(0, wm).UTC()
-			r.Lag = time.Duration(max(0, mx-wm))
-		}
+		r.Watermark = time.Unix(0, wm).UTC()
+		r.Lag = time.Duration(max(0, mx-wm))
 	}
 	return r
 }
@@ -328,36 +355,62 @@ func Window[T any, K comparable, V any](s *Stream[T], kind WindowKind, key func(
 	buf := cfg.bufferOr(p.cfg.bufferOr(DefaultBuffer))
 	out := newStream[WindowResult[K, V]](p, desc)
 	out.open = func(r *run, c into[WindowResult[K, V]]) []*row {
-		q := newQueue[T](buf, 1)
+		n := max(cfg.workers, 1)
+		var q *queue[T]
+		if n == 1 {
+			q = newQueue[T](buf, 1)
+		} else {
+			seed := maphash.MakeSeed()
+			q = newKeyedQueue(n, buf, func(v T) uint64 { return maphash.Comparable(seed, key(v)) })
+		}
 		r.stoppers = append(r.stoppers, q.stop)
-		rw := r.newRow(name, KindWindow, 1, buf, q)
-		ws := &windowStats{}
-		ws.wm.Store(math.MinInt64)
-		ws.maxEvent.Store(math.MinInt64)
-		rw.windows = ws
-		var held atomic.Int64
-		rw.held = held.Load
+		rw := r.newRow(name, KindWindow, n, buf, q)
+		helds := make([]atomic.Int64, n)
+		rw.held = func() int64 {
+			var h int64
+			for i := range helds {
+				h += helds[i].Load()
+			}
+			return h
+		}
 		wireInput(r, rw, s, q.outlet(r.ctx), q.close)
 		r.addRow(rw)
-		w := &windower[T, K, V]{
-			consumer: newConsumer(q, 0, 0, &rw.workers[0], buf),
-			ctx:      r.ctx, name: name, kind: kind, key: key, at: at, agg: agg, cfg: cfg, late: late,
-			down: c.out, row: rw, ws: ws, held: &held, track: windowTrack{r.track},
-			wins: map[int64]map[K]*win[K, V]{}, sessions: map[K][]*win[K, V]{},
-			wm: math.MinInt64, maxEvent: math.MinInt64, floor: math.MinInt64,
-		}
-		if kind.gap > 0 {
-			w.retain = kind.gap
-		} else {
-			w.retain = cfg.lateness
-		}
-		r.goSafe(name, func() error {
-			if err := w.loop(); err != nil {
-				return err // no end of input downstream: the consumers stop with the run
+		var left atomic.Int32
+		left.Store(int32(n))
+		var failed atomic.Bool // a worker failed: downstream sees no end of input
+		for i := range n {
+			ws := &windowStats{}
+			ws.wm.Store(math.MinInt64)
+			ws.maxEvent.Store(math.MinInt64)
+			rw.windows = append(rw.windows, ws)
+			w := &windower[T, K, V]{
+				consumer: newConsumer(q, i, i, &rw.workers[i], buf),
+				ctx:      r.ctx, name: name, kind: kind, key: key, at: at, agg: agg, cfg: cfg, late: late,
+				down: c.out, row: rw, ws: ws, held: &helds[i], track: windowTrack{r.track},
+				wins: map[int64]map[K]*win[K, V]{}, sessions: map[K][]*win[K, V]{},
+				wm: math.MinInt64, maxEvent: math.MinInt64, floor: math.MinInt64,
+				max: (cfg.maxWindows + n - 1) / n,
 			}
-			c.done()
-			return nil
-		})
+			if kind.gap > 0 {
+				w.retain = kind.gap
+			} else {
+				w.retain = cfg.lateness
+			}
+			r.goSafe(name, func() (err error) {
+				returned := false
+				defer func() {
+					if err != nil || !returned {
+						failed.Store(true)
+					}
+					if left.Add(-1) == 0 && !failed.Load() {
+						c.done()
+					}
+				}()
+				err = w.loop() // an error: no end of input downstream, the consumers stop with the run
+				returned = true
+				return err
+			})
+		}
 		return []*row{rw}
 	}
 	return out

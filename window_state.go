@@ -83,6 +83,7 @@ type windower[T any, K comparable, V any] struct {
 	sessions    map[K][]*win[K, V] // sessions of each key, by start, disjoint
 	due         winHeap[K, V]
 	count       int           // windows held
+	max         int           // at most: this worker's share of WithMaxWindows
 	retain      time.Duration // how long a fired window is kept: the allowed lateness, or a session's gap
 	wm          int64         // the watermark
 	maxEvent    int64
@@ -210,7 +211,7 @@ func (w *windower[T, K, V]) addAligned(v T, k K, t int64, pos uint64) error {
 			}
 			wns = append(wns, wn)
 		}
-		if need == 0 || w.count+need <= w.cfg.maxWindows {
+		if need == 0 || w.count+need <= w.max {
 			break
 		}
 		if err := w.makeRoom(); err != nil {
@@ -295,7 +296,7 @@ func (w *windower[T, K, V]) addSession(v T, k K, t int64, pos uint64) error {
 			}
 			hi++
 		}
-		if hi > lo || w.count < w.cfg.maxWindows {
+		if hi > lo || w.count < w.max {
 			break
 		}
 		if err := w.makeRoom(); err != nil {

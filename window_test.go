@@ -490,6 +490,7 @@ func TestWindowMisuse(t *testing.T) {
 			pipeline.Window(src(), pipeline.Tumbling(time.Second), evKey, evTime, sumAgg(), pipeline.WithLateItems(pipeline.NewDeadLetterBuffer[int](1).Add))
 		},
 		func() { pipeline.WithMaxWindows(0) },
+		func() { pipeline.WithWindowWorkers(0) },
 		func() { pipeline.WithIdleTimeout(0) },
 		func() { pipeline.WithMaxDelay(-1) },
 		func() {
@@ -555,7 +556,7 @@ func (s *winTable) write(pr pipeline.Progress, r pipeline.WindowResult[int, int]
 // TestWindowExactlyOnceAcrossKills stops a checkpointed run at random points (from the
 // source, or from the sink after a commit) and resumes it until a run ends: every
 // window's row equals the model's, and for tumbling and session windows was written
-// once; sliding windows keep the row with the larger count.
+// once; sliding windows keep the row with the larger count. Odd seeds run two workers.
 func TestWindowExactlyOnceAcrossKills(t *testing.T) {
 	t.Parallel()
 	for _, spec := range winSpecs {
@@ -585,7 +586,8 @@ func TestWindowExactlyOnceAcrossKills(t *testing.T) {
 					}
 				}, pipeline.WithSaveEvery(7), pipeline.WithMaxRedo(1<<20)) // room for every open window's items
 				var mu sync.Mutex
-				pipeline.To(pipeline.Window(src, spec.kind(), evKey, evTime, sumAgg(), pipeline.WithMaxDelay(delay)),
+				workers := 1 + int(seed%2)
+				pipeline.To(pipeline.Window(src, spec.kind(), evKey, evTime, sumAgg(), pipeline.WithMaxDelay(delay), pipeline.WithWindowWorkers(workers)),
 					pipeline.NewSink("table", 2, func(ctx context.Context, r pipeline.WindowResult[int, int]) error {
 						err := pipeline.Commit(ctx, func(_ context.Context, pr pipeline.Progress) error {
 							table.write(pr, r)
@@ -763,4 +765,32 @@ func TestWindowReportLine(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, p.Report().String(),
 		"window Window: 2 results (0 updates), 0 open, watermark 2026-12-02T00:00:15Z, lag 10s, 1 late, 0 fired early\n")
+}
+
+// TestWindowWorkers spreads the keys over three workers, each with its own watermark:
+// with a delay that covers the input's disorder no item is late, whatever the keys'
+// spread, and the results equal the model's.
+func TestWindowWorkers(t *testing.T) {
+	t.Parallel()
+	for _, spec := range winSpecs {
+		t.Run(spec.name, func(t *testing.T) {
+			t.Parallel()
+			for seed := range uint64(10) {
+				rng := rand.New(rand.NewPCG(seed, 11))
+				evs := stream(rng, 500, 1+rng.IntN(8), 2*time.Second, 6*time.Second)
+				want, _ := model(spec, evs, 6*time.Second, 0)
+				res, s, err := collectWindows(t, evs, spec.kind(), pipeline.WithMaxDelay(6*time.Second), pipeline.WithWindowWorkers(3))
+				require.NoError(t, err)
+				got := map[wkey]wval{}
+				for _, r := range res {
+					assert.False(t, r.Update)
+					got[wkey{r.Key, r.Start}] = wval{end: r.End, sum: r.Value, n: r.Count}
+				}
+				assert.Equal(t, want, got, "seed %d", seed)
+				assert.Equal(t, 3, s.Workers)
+				assert.Zero(t, s.Windows.Open)
+				assert.Zero(t, s.Windows.Late)
+			}
+		})
+	}
 }

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"runtime"
 	"sync/atomic"
@@ -15,7 +16,8 @@ import (
 // time, 5 % of them up to 10 s out of order, summed per key over 1-minute tumbling
 // windows with a watermark 10 s behind the latest event. impl=loop is one goroutine
 // with a map of open windows per minute, fired by a hand-written watermark;
-// impl=pipeline is a FromSlice source, a Window stage and a sink that counts results.
+// impl=pipeline is a FromSlice source, a Window stage (1 and GOMAXPROCS workers keyed
+// by key) and a sink that counts results.
 
 const (
 	s9Events = 1_000_000
@@ -114,23 +116,25 @@ func BenchmarkS9Window(b *testing.B) {
 			return n
 		})
 	})
-	b.Run("impl=pipeline/workers=1", func(b *testing.B) {
-		var n atomic.Int64
-		p := pipeline.New()
-		w := pipeline.Window(pipeline.FromSlice(p, evs), pipeline.Tumbling(time.Minute),
-			func(e s9Event) int { return e.Key }, func(e s9Event) time.Time { return e.At },
-			pipeline.Fold(int64(0), func(s int64, e s9Event) int64 { return s + e.V }),
-			pipeline.WithMaxDelay(s9Delay))
-		pipeline.To(w, pipeline.NewSink("count", 1, func(context.Context, pipeline.WindowResult[int, int64]) error {
-			n.Add(1)
-			return nil
-		}))
-		measure(b, func() int64 {
-			n.Store(0)
-			if err := p.Run(b.Context()); err != nil {
-				b.Fatal(err)
-			}
-			return n.Load()
+	for _, workers := range []int{1, runtime.GOMAXPROCS(0)} {
+		b.Run(fmt.Sprintf("impl=pipeline/workers=%d", workers), func(b *testing.B) {
+			var n atomic.Int64
+			p := pipeline.New()
+			w := pipeline.Window(pipeline.FromSlice(p, evs), pipeline.Tumbling(time.Minute),
+				func(e s9Event) int { return e.Key }, func(e s9Event) time.Time { return e.At },
+				pipeline.Fold(int64(0), func(s int64, e s9Event) int64 { return s + e.V }),
+				pipeline.WithMaxDelay(s9Delay), pipeline.WithWindowWorkers(workers))
+			pipeline.To(w, pipeline.NewSink("count", 1, func(context.Context, pipeline.WindowResult[int, int64]) error {
+				n.Add(1)
+				return nil
+			}))
+			measure(b, func() int64 {
+				n.Store(0)
+				if err := p.Run(b.Context()); err != nil {
+					b.Fatal(err)
+				}
+				return n.Load()
+			})
 		})
-	})
+	}
 }
