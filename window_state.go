@@ -196,6 +196,18 @@ func (w *windower[T, K, V]) addAligned(v T, k K, t int64, pos uint64) error {
 	size, slide := int64(w.kind.size), int64(w.kind.slide)
 	last := floorDiv(t, slide) * slide
 	first := last - (size-1-(t-last))/slide*slide // the earliest start s with s > t - size
+	// One window, open, and no lateness: the common case, in short.
+	if first == last && w.retain == 0 {
+		if e0 := first + size; e0 > w.floor && e0 > w.wm {
+			if wn := w.bucket(first)[k]; wn != nil {
+				w.fold(wn, v, pos)
+				wn.owns++
+				w.heldN++
+				w.t.succeeded++
+				return nil
+			}
+		}
+	}
 	n := int((last-first)/slide) + 1
 	wns := w.scratch[:0]
 	for {
