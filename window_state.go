@@ -84,6 +84,7 @@ type windower[T any, K comparable, V any] struct {
 	due         winHeap[K, V]
 	count       int           // windows held
 	max         int           // at most: this worker's share of WithMaxWindows
+	inHand      bool          // the item being added is not counted yet
 	retain      time.Duration // how long a fired window is kept: the allowed lateness, or a session's gap
 	wm          int64         // the watermark
 	maxEvent    int64
@@ -152,7 +153,12 @@ func (w *windower[T, K, V]) take() error {
 func (w *windower[T, K, V]) items() error {
 	for w.j < w.k {
 		e := w.next()
+		w.inHand = true
 		if err := w.add(e.v, e.pos); err != nil {
+			if w.inHand { // stopped before it was counted (waiting for room)
+				w.t.failed++
+				w.inHand = false
+			}
 			w.t.discarded += int64(w.rest())
 			return err
 		}
@@ -204,6 +210,7 @@ func (w *windower[T, K, V]) addAligned(v T, k K, t int64, pos uint64) error {
 				wn.owns++
 				w.heldN++
 				w.t.succeeded++
+				w.inHand = false
 				return nil
 			}
 		}
@@ -239,6 +246,7 @@ func (w *windower[T, K, V]) addAligned(v T, k K, t int64, pos uint64) error {
 		}
 	}
 	w.t.succeeded++
+	w.inHand = false
 	for i, s := 0, first; s <= last; i, s = i+1, s+slide {
 		wn := wns[i]
 		if wn == nil {
@@ -339,6 +347,7 @@ func (w *windower[T, K, V]) addSession(v T, k K, t int64, pos uint64) error {
 	s.owns++
 	w.heldN++
 	w.t.succeeded++
+	w.inHand = false
 	return nil
 }
 
@@ -586,6 +595,7 @@ func (w *windower[T, K, V]) setLate(v T, pos uint64, t int64) error {
 		time.Unix(0, t).UTC().Format(time.RFC3339Nano), time.Unix(0, w.wm).UTC().Format(time.RFC3339Nano))
 	if w.late == nil {
 		w.t.failed++
+		w.inHand = false
 		w.row.addError("late", func(e *ErrorCount) { e.Failed++ })
 		return &StageError{Stage: w.name, Err: fmt.Errorf("%w%s", ErrLate, msg[len(ErrLate.Error()):])}
 	}
@@ -595,12 +605,14 @@ func (w *windower[T, K, V]) setLate(v T, pos uint64, t int64) error {
 	}
 	if err := w.out.flush(); err != nil { // the destination may wait: publish first
 		w.t.failed++
+		w.inHand = false
 		return err
 	}
 	w.commit()
 	w.publish()
 	if err := w.late(w.track.lateScope(w.ctx, &pos), rec); err != nil {
 		w.t.failed++
+		w.inHand = false
 		if w.ctx.Err() != nil { // the run stopped meanwhile: its cause, not the destination's echo
 			return context.Cause(w.ctx)
 		}
@@ -608,6 +620,7 @@ func (w *windower[T, K, V]) setLate(v T, pos uint64, t int64) error {
 	}
 	w.track.lateDone(pos, stripItem(rec))
 	w.t.deadLettered++
+	w.inHand = false
 	w.row.addCause("late", causeMessage(ErrLate))
 	w.row.addError("late", func(e *ErrorCount) { e.DeadLettered++ })
 	return nil

@@ -794,3 +794,34 @@ func TestWindowWorkers(t *testing.T) {
 		})
 	}
 }
+
+// TestWindowStopsWhileAtTheBound cancels a run while the stage waits at its bound
+// (backpressure): the item it held counts as failed, and the accounting adds up.
+func TestWindowStopsWhileAtTheBound(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := pipeline.New()
+		src := pipeline.Generate(p, func(ctx context.Context, emit func(ev) error) error {
+			for _, e := range []ev{{0, tsec(1), 1}, {0, tsec(70), 2}} {
+				if err := emit(e); err != nil {
+					return err
+				}
+			}
+			<-ctx.Done()
+			return nil
+		})
+		pipeline.To(pipeline.Window(src, pipeline.Tumbling(time.Minute), evKey, evTime, sumAgg(), pipeline.WithMaxDelay(time.Hour),
+			pipeline.WithMaxWindows(1), pipeline.WithWindowBackpressure(), pipeline.WithIdleTimeout(time.Hour)),
+			pipeline.NewSink("sink", 1, func(context.Context, pipeline.WindowResult[int, int]) error { return nil }))
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error)
+		go func() { done <- p.Run(ctx) }()
+		synctest.Wait() // the second item waits for room
+		cancel()
+		require.ErrorIs(t, <-done, context.Canceled)
+		rep := p.Report()
+		checkAccounting(t, rep)
+		s, _ := rep.Stage("Window")
+		assert.Equal(t, int64(2), s.In)
+		assert.Equal(t, int64(2), s.Failed, "the item of the open window and the one waiting for room")
+	})
+}
