@@ -167,6 +167,18 @@
 // counting why each batch was flushed; [Flatten] undoes it; [ToBatches] feeds a sink that
 // takes batches, such as a database's bulk insert.
 //
+// # Windows
+//
+// [Window] rolls a stream up by key over event time: [Tumbling], [Sliding] and
+// [Session] windows, folded by [Fold], [FoldMerge] or [Reduce] into a [WindowResult]
+// per window. A window fires when the watermark (the greatest event time seen less
+// [WithMaxDelay], moved by the clock after [WithIdleTimeout]) reaches its end; a late
+// item updates its window within [WithAllowedLateness] and is set aside past it
+// ([WithLateItems], ErrType "late"), never dropped unseen. A stage holds at most
+// [WithMaxWindows] windows. In a checkpointed run an item settles when every window it
+// fell into has, so that a sink that commits each result writes each window once
+// across a crash.
+//
 // # Checkpointing
 //
 // [FromCheckpoint] makes a source restartable: a [CheckpointStore] ([FileCheckpoint], or one of

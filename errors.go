@@ -20,6 +20,11 @@ var ErrBudgetExceeded = errors.New("pipeline: error budget exceeded")
 // [context.DeadlineExceeded].
 var ErrTimeout = errors.New("pipeline: attempt timed out")
 
+// ErrLate is matched (with [errors.Is]) by the error of a run stopped by a late item of
+// a [Window] stage without [WithLateItems]: an item behind the watermark by more than
+// the allowed lateness.
+var ErrLate = errors.New("pipeline: item late for its window")
+
 // ErrBadCheckpoint is matched (with [errors.Is]) by the error of a run whose
 // [CheckpointStore] loaded a position that cannot be one (a negative number).
 var ErrBadCheckpoint = errors.New("pipeline: the checkpoint store loaded an invalid position")

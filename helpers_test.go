@@ -53,7 +53,7 @@ func checkAccounting(t *testing.T, rep pipeline.Report) {
 			assert.GreaterOrEqualf(t, c, int64(0), "row %q has a negative count\n%v", s.Name, rep)
 		}
 		switch s.Kind {
-		case pipeline.KindStage, pipeline.KindSink, pipeline.KindBatch:
+		case pipeline.KindStage, pipeline.KindSink, pipeline.KindBatch, pipeline.KindWindow:
 			assert.Equalf(t, s.In, s.Succeeded+s.DeadLettered+s.Failed+s.NotStarted,
 				"row %q: In != Succeeded+DeadLettered+Failed+NotStarted\n%v", s.Name, rep)
 		case pipeline.KindSource:

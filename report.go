@@ -35,6 +35,9 @@ const (
 	// KindBatch is a [Batch] (also the batching row of [ToBatches]): one worker filling
 	// batches from an input queue; its Out counts batches and Flushes their reasons.
 	KindBatch Kind = "batch"
+	// KindWindow is a [Window] stage: one worker folding items into windows; its Out
+	// counts results and Windows holds its state.
+	KindWindow Kind = "window"
 )
 
 // workerStats are one worker's counters. Each worker writes only its own, so counting
@@ -75,6 +78,7 @@ type row struct {
 	workers  []workerStats
 	held     func() int64   // ordered stages: items finished but still in the window
 	flushes  *flushCounters // batches: flush reasons
+	windows  windowRow      // window stages (window.go)
 	timeout  time.Duration  // the stage's WithTimeout
 	next     []string       // the rows this one feeds directly
 	extra    int            // items held beyond queue and workers: a reorder window, a partial batch
@@ -232,7 +236,7 @@ type Report struct {
 // batch, as its Kind says.
 type StageReport struct {
 	Name    string
-	Kind    Kind // KindSource, KindStage, KindSink, KindFilter or KindBatch
+	Kind    Kind // KindSource, KindStage, KindSink, KindFilter, KindBatch or KindWindow
 	Workers int
 
 	In           int64 // items that reached the stage (for a source: items it holds, when known, else items it produced)
@@ -257,6 +261,10 @@ type StageReport struct {
 	PeakQueue int // the longest the queue was when a worker took an item (at most QueueCap)
 
 	Flushes Flushes // batches: flushes by reason
+
+	// Windows is, for a [Window] stage (KindWindow), its open windows, watermark, lag
+	// and late items; nil for other rows.
+	Windows *WindowReport
 
 	// Live figures (see [Pipeline.Snapshot]). In a final report, QueueLen, Busy,
 	// InFlight and Window describe the moment the run ended (all 0 after a success),
@@ -370,7 +378,7 @@ func sortCauses(m map[causeKey]int64) []Cause {
 
 // String formats the report as a compact table, one line per row (in: items that
 // reached it; ok: finished; out: sent on; dropped: filtered out; queue: peak/capacity),
-// then each batch's flushes by reason, the run's error and the main causes of dead
+// then each batch's flushes by reason, each window stage's state, the run's error and the main causes of dead
 // letters.
 func (r Report) String() string {
 	var b strings.Builder
@@ -392,6 +400,11 @@ func (r Report) String() string {
 			}
 			fmt.Fprintf(&b, "%s: %d batches: %d full, %d by bytes, %d by linger, %d at the end, %d for a checkpoint\n",
 				label, s.Out, f.Size, f.Bytes, f.Linger, f.End, f.Checkpoint)
+		}
+	}
+	for _, s := range r.Stages {
+		if w := s.Windows; w != nil {
+			b.WriteString(w.line(s.Name, s.Out)) // window.go
 		}
 	}
 	for _, s := range r.Stages {
@@ -493,6 +506,9 @@ func (r *run) report(err error, final bool) Report {
 		}
 		if rw.flushes != nil {
 			s.Flushes = rw.flushes.load()
+		}
+		if rw.windows != nil {
+			s.Windows = rw.windows.load()
 		}
 		s.SetAside = rw.setAside.Load()
 		if rw.q != nil {

@@ -442,6 +442,10 @@ func TestSchemaDocumented(t *testing.T) {
 	c.rep.Stages[1].OldestAttempt = time.Second
 	c.rep.Stages[1].Breaker = &pipeline.BreakerReport{State: pipeline.BreakerOpen, Transitions: []pipeline.BreakerTransition{{To: pipeline.BreakerOpen}}}
 	c.rep.Stages[0].Resumed = 2 // a resumed checkpointed run
+	c.rep.Stages = append(c.rep.Stages, pipeline.StageReport{
+		Name: "w", Kind: pipeline.KindWindow, Workers: 1, QueueCap: 4,
+		Windows: &pipeline.WindowReport{Open: 1, Watermark: time.Now(), Lag: time.Second},
+	})
 	h := newHandler(t)
 	h.add("p", c.snapshot, WithRowStats(c.rep.Stages[0].Name, func() map[string]int64 { return map[string]int64{"acked": 1, "redelivered": 0} }))
 	var d any
@@ -514,4 +518,12 @@ func TestRowStatsMisuse(t *testing.T) {
 	assert.Panics(t, func() { WithRowStats("read", nil) })
 	h := newHandler(t, WithHistory(0))
 	assert.PanicsWithValue(t, `dashboard: Add("p"): option 1 of 1 is nil`, func() { h.Add("p", pipeline.New(), nil) })
+}
+
+// TestWindowNodeLine: a window stage's node shows its open windows, the watermark's
+// lag and its late items in place of the latency.
+func TestWindowNodeLine(t *testing.T) {
+	t.Parallel()
+	s := &stageJSON{Kind: pipeline.KindWindow, Workers: 1, Windows: &windowsJSON{Open: 3, Lag: 10, Late: 2}}
+	assert.Equal(t, "3 open · lag 10s · late 2", nodeLines(s)[1])
 }

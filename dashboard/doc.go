@@ -111,6 +111,10 @@
 //	      "bottleneck": true,
 //	      "flushes": {"size": 9, "bytes": 0, "linger": 1, "end": 1, "checkpoint": 0},
 //	                                         batches only: flushes by reason
+//	      "windows": {"open": 3, "watermark": "2026-12-02T09:00:50Z", "lag_seconds": 10,
+//	                  "late": 0, "updates": 0, "forced": 0},
+//	                                         window stages only (pipeline.WindowReport);
+//	                                         watermark absent before the first item
 //	      "errors": [{"type": "*net.OpError", "name": "network error",
 //	                  "retried": 12, "dead_lettered": 3, "failed": 0}],
 //	      "causes": [{"type": "*net.OpError", "name": "network error",

@@ -102,6 +102,7 @@ type (
 		Next         []string         `json:"next"`
 		Bottleneck   bool             `json:"bottleneck"`
 		Flushes      *flushesJSON     `json:"flushes,omitempty"`
+		Windows      *windowsJSON     `json:"windows,omitempty"`
 		Errors       []errorJSON      `json:"errors"`
 		Causes       []causeJSON      `json:"causes"`
 		Limit        int              `json:"limit"`
@@ -137,6 +138,14 @@ type (
 		P90   float64 `json:"p90_seconds"`
 		P99   float64 `json:"p99_seconds"`
 		Max   float64 `json:"max_seconds"`
+	}
+	windowsJSON struct { // a window stage (pipeline.WindowReport)
+		Open      int64   `json:"open"`
+		Watermark string  `json:"watermark,omitempty"` // RFC 3339, empty before the first item
+		Lag       float64 `json:"lag_seconds"`
+		Late      int64   `json:"late"`
+		Updates   int64   `json:"updates"`
+		Forced    int64   `json:"forced"`
 	}
 	flushesJSON struct {
 		Size       int64 `json:"size"`
@@ -329,6 +338,12 @@ func newStageJSON(s pipeline.StageReport, bottleneck bool) stageJSON {
 		f := s.Flushes
 		j.Flushes = &flushesJSON{Size: f.Size, Bytes: f.Bytes, Linger: f.Linger, End: f.End, Checkpoint: f.Checkpoint}
 	}
+	if w := s.Windows; w != nil {
+		j.Windows = &windowsJSON{Open: w.Open, Lag: w.Lag.Seconds(), Late: w.Late, Updates: w.Updates, Forced: w.Forced}
+		if !w.Watermark.IsZero() {
+			j.Windows.Watermark = w.Watermark.Format(time.RFC3339Nano)
+		}
+	}
 	for i, e := range s.Errors {
 		j.Errors[i] = errorJSON{Type: e.Type, Name: errorName(e.Type), Retried: e.Retried, DeadLettered: e.DeadLettered, Failed: e.Failed}
 	}
@@ -479,6 +494,9 @@ func nodeLines(s *stageJSON) [4]string {
 			fmt.Fprintf(&b, " · retried %s", count(s.Retried))
 		}
 		l[2] = b.String()
+		if w := s.Windows; w != nil { // a window stage: its state, beside the latency
+			l[1] = fmt.Sprintf("%s open · lag %s · late %s", count(w.Open), seconds(w.Lag), count(w.Late))
+		}
 		if f := s.Flushes; f != nil { // a batch: its rate and Out count batches
 			l[0] = fmt.Sprintf("busy %d/%d · %s", s.Busy, s.Workers, batchRate(s.Rate))
 			l[1] = fmt.Sprintf("%s items in %s batches", count(s.Succeeded), count(s.Out))

@@ -1,0 +1,473 @@
+package pipeline
+
+import (
+	"context"
+	"fmt"
+	"hash/maphash"
+	"math"
+	"sync/atomic"
+	"time"
+)
+
+// WindowKind is the shape of the windows of a [Window] stage: [Tumbling], [Sliding] or
+// [Session]. Its zero value is not a kind: Window panics when given it.
+type WindowKind struct {
+	size, slide time.Duration // tumbling (slide == size) and sliding
+	gap         time.Duration // sessions
+}
+
+// Tumbling returns windows of the given size that tile event time: [0, size),
+// [size, 2×size), ... counted from the Unix epoch, so that every item falls into
+// exactly one. It panics if size <= 0.
+func Tumbling(size time.Duration) WindowKind {
+	if size <= 0 {
+		panic(fmt.Sprintf("pipeline: Tumbling(%v): the size must be positive", size))
+	}
+	return WindowKind{size: size, slide: size}
+}
+
+// Sliding returns windows of the given size that start every slide, from the Unix
+// epoch: an item falls into about size/slide of them (into every window whose
+// [start, start+size) holds its event time). It panics unless 0 < slide <= size.
+func Sliding(size, slide time.Duration) WindowKind {
+	if slide <= 0 || slide > size {
+		panic(fmt.Sprintf("pipeline: Sliding(%v, %v): need 0 < slide <= size", size, slide))
+	}
+	return WindowKind{size: size, slide: slide}
+}
+
+// Session returns session windows: the items of one key whose event times are less
+// than gap apart are one session, [first item, last item + gap). An item that closes
+// the gap between two sessions of its key merges them, so that the aggregate must
+// merge values ([Reduce] or [FoldMerge]). It panics if gap <= 0.
+func Session(gap time.Duration) WindowKind {
+	if gap <= 0 {
+		panic(fmt.Sprintf("pipeline: Session(%v): the gap must be positive", gap))
+	}
+	return WindowKind{gap: gap}
+}
+
+func (k WindowKind) String() string {
+	switch {
+	case k.gap > 0:
+		return fmt.Sprintf("Session(%v)", k.gap)
+	case k.slide == k.size:
+		return fmt.Sprintf("Tumbling(%v)", k.size)
+	default:
+		return fmt.Sprintf("Sliding(%v, %v)", k.size, k.slide)
+	}
+}
+
+// Aggregate is how a [Window] stage folds the items of a window into its value: made
+// by [Fold], [FoldMerge] or [Reduce]. The items of a window are folded in the order
+// they arrive, not in event-time order: an aggregate that does not commute (the last
+// value, a list) gives results that depend on the disorder of the input.
+type Aggregate[T, V any] struct {
+	init  V
+	first func(T) V // the value of a window of one item (Reduce); nil: fold(init, item)
+	fold  func(V, T) V
+	merge func(V, V) V // two sessions into one; nil when the aggregate cannot
+}
+
+// Fold returns an aggregate whose windows start at init and fold each item in with
+// fold. It cannot merge values: give [Session] windows [FoldMerge] or [Reduce]. It
+// panics if fold is nil.
+func Fold[T, V any](init V, fold func(V, T) V) Aggregate[T, V] {
+	if fold == nil {
+		panic("pipeline: Fold: nil fold function")
+	}
+	return Aggregate[T, V]{init: init, fold: fold}
+}
+
+// FoldMerge returns an aggregate like [Fold]'s that merges the values of two windows
+// with merge (the earlier session's value first), as [Session] windows need. It panics
+// if fold or merge is nil.
+func FoldMerge[T, V any](init V, fold func(V, T) V, merge func(V, V) V) Aggregate[T, V] {
+	if fold == nil || merge == nil {
+		panic("pipeline: FoldMerge: nil fold or merge function")
+	}
+	return Aggregate[T, V]{init: init, fold: fold, merge: merge}
+}
+
+// Reduce returns an aggregate whose value is the first item of the window, reduced
+// with each later one by fn (a sum, a maximum); fn also merges sessions. It panics if
+// fn is nil.
+func Reduce[T any](fn func(T, T) T) Aggregate[T, T] {
+	if fn == nil {
+		panic("pipeline: Reduce: nil function")
+	}
+	return Aggregate[T, T]{first: func(v T) T { return v }, fold: fn, merge: fn}
+}
+
+// WindowResult is what a [Window] stage emits for a window: its key, its span
+// [Start, End) in event time, the aggregate's value over its items and their count.
+// Update is false for a window's first result and true for each later one, emitted
+// when an item within the allowed lateness ([WithAllowedLateness]) changed a window
+// that had already fired; every result holds the whole window, so that a sink writes
+// (upserts) it by Key and Start.
+type WindowResult[K comparable, V any] struct {
+	Key    K
+	Start  time.Time
+	End    time.Time
+	Value  V
+	Count  int
+	Update bool
+}
+
+// WindowOption configures a [Window] stage. The options: [WithMaxDelay],
+// [WithAllowedLateness], [WithIdleTimeout], [WithMaxWindows], [WithWindowBackpressure],
+// [WithWindowWorkers], [WithLateItems], [WithBuffer] and [WithName].
+type WindowOption interface{ windowOption(*windowConfig) }
+
+type windowConfig struct {
+	config                   // name, buffer
+	maxDelay, lateness, idle time.Duration
+	maxWindows, workers      int
+	backpressure             bool
+	late                     any // func(context.Context, DeadLetter[T]) error, checked by Window
+}
+
+type windowOpt func(*windowConfig)
+
+func (f windowOpt) windowOption(c *windowConfig) { f(c) }
+
+func (o BufferOption) windowOption(c *windowConfig) { o.set(&c.config) }
+func (o NameOption) windowOption(c *windowConfig)   { c.name = o.name }
+
+// DefaultMaxWindows is the most windows a [Window] stage holds at once without
+// [WithMaxWindows].
+const DefaultMaxWindows = 10_000
+
+// WithMaxDelay sets how far out of order a [Window] stage's input may be: the
+// watermark, the event time up to which the stage takes its input as complete, is the
+// greatest event time seen minus d. A window fires when the watermark reaches its end.
+// The default, 0, takes the input as in event-time order. It panics if d < 0.
+func WithMaxDelay(d time.Duration) WindowOption {
+	if d < 0 {
+		panic(fmt.Sprintf("pipeline: WithMaxDelay(%v): negative delay", d))
+	}
+	return windowOpt(func(c *windowConfig) { c.maxDelay = d })
+}
+
+// WithAllowedLateness keeps a [Tumbling] or [Sliding] window for d after it fired: an
+// item that arrives in that time changes it, and the stage emits the window again with
+// Update set. An item later still is late: see [WithLateItems]. The default, 0, makes
+// every item behind the watermark late. [Window] panics when it is given with [Session]
+// windows. It panics if d < 0.
+func WithAllowedLateness(d time.Duration) WindowOption {
+	if d < 0 {
+		panic(fmt.Sprintf("pipeline: WithAllowedLateness(%v): negative lateness", d))
+	}
+	return windowOpt(func(c *windowConfig) { c.lateness = d })
+}
+
+// WithIdleTimeout makes the watermark of a [Window] stage advance with the clock once
+// no item has arrived for d: by the time elapsed since d after the last item, so that
+// an idle input does not hold its windows open for ever. Without it, only items (and
+// the end of the input) move the watermark. It panics if d <= 0.
+func WithIdleTimeout(d time.Duration) WindowOption {
+	if d <= 0 {
+		panic(fmt.Sprintf("pipeline: WithIdleTimeout(%v): the timeout must be positive", d))
+	}
+	return windowOpt(func(c *windowConfig) { c.idle = d })
+}
+
+// WithMaxWindows bounds the windows a [Window] stage holds at once (open ones, and
+// fired ones kept for [WithAllowedLateness] or, for sessions, for a gap), over every
+// key, at n; the default is [DefaultMaxWindows]. At the bound, before it opens another
+// window, the stage acts on the window due first as if its time had come: it fires an
+// open window (the watermark moves to its end) or forgets a fired one (its later items
+// are late). [WithWindowBackpressure] makes it wait instead. It panics if n < 1.
+func WithMaxWindows(n int) WindowOption {
+	if n < 1 {
+		panic(fmt.Sprintf("pipeline: WithMaxWindows(%d): need at least 1", n))
+	}
+	return windowOpt(func(c *windowConfig) { c.maxWindows = n })
+}
+
+// WithWindowWorkers spreads a [Window] stage over n goroutines, each with the keys
+// that a hash gives it, its own windows (its share of [WithMaxWindows]) and its own
+// watermark, over the items of its keys: a window fires when its worker's watermark
+// reaches its end, and results come out in order of end per worker. A worker's
+// watermark is never ahead of the stage's single one, so no item is late that would
+// not be with one worker; windows may fire later. It panics if n < 1. The default is 1.
+func WithWindowWorkers(n int) WindowOption {
+	if n < 1 {
+		panic(fmt.Sprintf("pipeline: WithWindowWorkers(%d): need at least 1", n))
+	}
+	return windowOpt(func(c *windowConfig) { c.workers = n })
+}
+
+// WithWindowBackpressure makes a [Window] stage at its bound ([WithMaxWindows]) wait,
+// taking no more input, until the idle clock ([WithIdleTimeout], which it needs:
+// Window panics without it) brings the window due first to its time; the stage's
+// queue then fills and holds back its producers. Nothing fires before its time, at the
+// price of a stall of at least the idle timeout at each window the bound delays.
+func WithWindowBackpressure() WindowOption {
+	return windowOpt(func(c *windowConfig) { c.backpressure = true })
+}
+
+// WithLateItems sends each late item of a [Window] stage (an item behind the
+// watermark by more than [WithAllowedLateness], or whose window was forgotten at the
+// bound of [WithMaxWindows]) to fn, as a [DeadLetter] of class [ClassItem] whose
+// ErrType is "late"; the stage's report counts them as dead-lettered, with the cause
+// type "late", and in [WindowReport].Late. fn is called from the stage's goroutine; as a
+// dead-letter destination, it may call [Commit]. If fn returns an error, the run stops
+// with it. Without WithLateItems, a late item stops the run with an error matching
+// [ErrLate]. T must be the stage's item type: Window panics otherwise.
+func WithLateItems[T any](fn func(ctx context.Context, dl DeadLetter[T]) error) WindowOption {
+	if fn == nil {
+		panic("pipeline: WithLateItems(nil)")
+	}
+	return windowOpt(func(c *windowConfig) { c.late = fn })
+}
+
+// WindowReport is the state of a [Window] stage, in its [StageReport].Windows.
+type WindowReport struct {
+	Open         int64         // windows held now: open, or fired and kept for late items
+	Watermark    time.Time     // the event time up to which the input is taken as complete; zero before the first item
+	MaxEventTime time.Time     // the greatest event time seen; zero before the first item
+	Lag          time.Duration // MaxEventTime - Watermark: the delay, or less once the idle clock moved the watermark
+	Late         int64         // items behind the watermark, set aside (also in DeadLettered)
+	Updates      int64         // results emitted with Update set
+	Forced       int64         // windows fired or forgotten before their time: at the bound, or for a checkpointed source's save
+}
+
+// line is the report's line for a window stage that emitted out results.
+func (r *WindowReport) line(name string, out int64) string {
+	wm := "none yet"
+	if !r.Watermark.IsZero() {
+		wm = r.Watermark.Format(time.RFC3339Nano) + ", lag " + r.Lag.String()
+	}
+	return fmt.Sprintf("window %s: %d results (%d updates), %d open, watermark %s, %d late, %d fired early\n",
+		name, out, r.Updates, r.Open, wm, r.Late, r.Forced)
+}
+
+// windowStats are the figures of a window stage's report, written by its goroutine.
+type windowStats struct {
+	open, late, updates, forced atomic.Int64
+	wm, maxEvent                atomic.Int64 // nanoseconds since the epoch; math.MinInt64 before the first item
+}
+
+// windowRow is a window stage's figures, one windowStats per worker.
+type windowRow []*windowStats
+
+// load sums the workers' counts; the stage's watermark is the least of those of the
+// workers that have seen an item, its greatest event time the greatest.
+func (ws windowRow) load() *WindowReport {
+	r := &WindowReport{}
+	wm, mx := int64(math.MaxInt64), int64(math.MinInt64)
+	for _, s := range ws {
+		r.Open += s.open.Load()
+		r.Late += s.late.Load()
+		r.Updates += s.updates.Load()
+		r.Forced += s.forced.Load()
+		if m := s.maxEvent.Load(); m != math.MinInt64 {
+			mx = max(mx, m)
+			wm = min(wm, s.wm.Load())
+		}
+	}
+	if mx != math.MinInt64 {
+		r.MaxEventTime = time.Unix(0, mx).UTC()
+		r.Watermark = time.Unix(0, wm).UTC()
+		r.Lag = time.Duration(max(0, mx-wm))
+	}
+	return r
+}
+
+// Window groups the items of s by key and by window of event time (at) and emits, for
+// each window, the aggregate of its items ([Fold], [FoldMerge], [Reduce]) as a
+// [WindowResult], on one goroutine with its own input queue ([WithBuffer]). Windows are
+// [Tumbling], [Sliding] or [Session]. See docs/windows.md.
+//
+// A window fires, and its result is emitted, when the watermark reaches its end: the
+// greatest event time seen less [WithMaxDelay], moved on by the clock on an idle input
+// ([WithIdleTimeout]); when the input ends, every window left fires, in order of end.
+// Results come out in order of end (then of opening). An item is late when the earliest
+// window it falls into has fired and its [WithAllowedLateness] has passed (a session
+// item: when its own session, [t, t+gap), would have fired, or when it reaches a session
+// that has): it goes into none of its windows and is set aside ([WithLateItems]), so
+// that no item is dropped unseen. The stage holds at most [WithMaxWindows] windows.
+//
+// In a checkpointed run ([FromCheckpoint]) an item settles only when the results of
+// every window it fell into have settled downstream (a sink committed them), and a
+// resumed run reads the items of every window not committed again: each window's
+// result is written once by a sink that commits it with the run's progress ([Commit]),
+// from a [CommittedStore], which Window then needs (it panics on a checkpointed source
+// whose store is not one). Sliding windows share items, so after a crash a window
+// already committed may come out again with the part of its items that windows not
+// committed share with it, with a smaller Count: a sink of sliding windows keeps the
+// row with the larger Count. While the source waits for a save that needs items an
+// open window holds ([WithMaxRedo]), the stage fires that window early: give
+// WithMaxRedo room for the items of the windows open at once.
+//
+// The stage's items count as succeeded when they are folded into their windows, and
+// as failed if the run stops before their last window fired (the report's Window
+// shows them until then); Out counts results. It costs a map look-up per item and window
+// it falls into, and a heap push per window opened; BenchmarkS9Window (bench/)
+// measures it against a hand-written loop. It
+// panics if key, at or the aggregate is missing, on a [Session] window without a merge
+// or with [WithAllowedLateness], and on [WithWindowBackpressure] without
+// [WithIdleTimeout].
+func Window[T any, K comparable, V any](s *Stream[T], kind WindowKind, key func(T) K, at func(T) time.Time, agg Aggregate[T, V], opts ...WindowOption) *Stream[WindowResult[K, V]] {
+	s.check("Window")
+	if kind == (WindowKind{}) {
+		panic("pipeline: Window: the zero WindowKind: use Tumbling, Sliding or Session")
+	}
+	if key == nil || at == nil || agg.fold == nil {
+		panic("pipeline: Window needs a key function, an event-time function and an aggregate (Fold, FoldMerge or Reduce)")
+	}
+	var cfg windowConfig
+	for i, o := range opts {
+		if o == nil {
+			panic(fmt.Sprintf("pipeline: Window: option %d of %d is nil", i+1, len(opts)))
+		}
+		o.windowOption(&cfg)
+	}
+	if kind.gap > 0 && agg.merge == nil {
+		panic("pipeline: Window: Session windows need an aggregate that merges (FoldMerge or Reduce)")
+	}
+	if kind.gap > 0 && cfg.lateness > 0 {
+		panic("pipeline: Window: WithAllowedLateness is for Tumbling and Sliding windows, not Session")
+	}
+	if cfg.backpressure && cfg.idle == 0 {
+		panic("pipeline: Window: WithWindowBackpressure needs WithIdleTimeout (only the clock can move a full stage's watermark)")
+	}
+	var late func(context.Context, DeadLetter[T]) error
+	if cfg.late != nil {
+		var ok bool
+		if late, ok = cfg.late.(func(context.Context, DeadLetter[T]) error); !ok {
+			var zero T
+			panic(fmt.Sprintf("pipeline: Window: WithLateItems for another item type on a stream of %T", zero))
+		}
+	}
+	p := s.p
+	if p.ck != nil {
+		if _, ok := p.ck.store.(CommittedStore); !ok {
+			panic("pipeline: Window: a checkpointed run with windows needs a CommittedStore (FileCheckpoint, pgpipe's Checkpoint): a resume must skip the items of committed windows")
+		}
+	}
+	if cfg.maxWindows == 0 {
+		cfg.maxWindows = DefaultMaxWindows
+	}
+	name := p.rowName(cfg.name, "Window")
+	desc := fmt.Sprintf("window %q", name)
+	s.consume(desc)
+	buf := cfg.bufferOr(p.cfg.bufferOr(DefaultBuffer))
+	out := newStream[WindowResult[K, V]](p, desc)
+	out.open = func(r *run, c into[WindowResult[K, V]]) []*row {
+		n := max(cfg.workers, 1)
+		var q *queue[T]
+		if n == 1 {
+			q = newQueue[T](buf, 1)
+		} else {
+			seed := maphash.MakeSeed()
+			q = newKeyedQueue(n, buf, func(v T) uint64 { return maphash.Comparable(seed, key(v)) })
+		}
+		r.stoppers = append(r.stoppers, q.stop)
+		rw := r.newRow(name, KindWindow, n, buf, q)
+		helds := make([]atomic.Int64, n)
+		rw.held = func() int64 {
+			var h int64
+			for i := range helds {
+				h += helds[i].Load()
+			}
+			return h
+		}
+		wireInput(r, rw, s, q.outlet(r.ctx), q.close)
+		r.addRow(rw)
+		var left atomic.Int32
+		left.Store(int32(n))
+		var failed atomic.Bool // a worker failed: downstream sees no end of input
+		for i := range n {
+			ws := &windowStats{}
+			ws.wm.Store(math.MinInt64)
+			ws.maxEvent.Store(math.MinInt64)
+			rw.windows = append(rw.windows, ws)
+			w := &windower[T, K, V]{
+				consumer: newConsumer(q, i, i, &rw.workers[i], buf),
+				ctx:      r.ctx, name: name, kind: kind, key: key, at: at, agg: agg, cfg: cfg, late: late,
+				down: c.out, row: rw, ws: ws, held: &helds[i], track: windowTrack[WindowResult[K, V]]{on: r.tracked()},
+				wins: map[int64]map[K]*win[K, V]{}, sessions: map[K][]*win[K, V]{},
+				wm: math.MinInt64, maxEvent: math.MinInt64, floor: math.MinInt64,
+				max: (cfg.maxWindows + n - 1) / n,
+			}
+			if kind.gap > 0 {
+				w.retain = kind.gap
+			} else {
+				w.retain = cfg.lateness
+			}
+			r.goSafe(name, func() (err error) {
+				returned := false
+				defer func() {
+					if err != nil || !returned {
+						failed.Store(true)
+					}
+					if left.Add(-1) == 0 && !failed.Load() {
+						c.done()
+					}
+				}()
+				err = w.loop() // an error: no end of input downstream, the consumers stop with the run
+				returned = true
+				return err
+			})
+		}
+		return []*row{rw}
+	}
+	return out
+}
+
+// windowTrack holds every position call of a window stage: each goes through the
+// stage's sender (see DESIGN.md, "Windows"). on is false in an untracked run, which
+// then makes none.
+type windowTrack[R any] struct {
+	s  *sender[R]
+	on bool
+}
+
+// fellInto records that the item at pos will be settled k times: once by a result of
+// each window it fell into, and once more per window kept for late items (closed).
+func (wt windowTrack[R]) fellInto(pos uint64, k int) {
+	if wt.on {
+		wt.s.split(pos, k)
+	}
+}
+
+// result returns the position of a result made of the items at poss: it settles one
+// share of each when the result settles downstream.
+func (wt windowTrack[R]) result(poss []uint64) uint64 {
+	if !wt.on || len(poss) == 0 {
+		return noPos
+	}
+	return wt.s.group(poss)
+}
+
+// closed settles the share of each item at poss that a window kept for late items held.
+func (wt windowTrack[R]) closed(poss []uint64) {
+	if wt.on && len(poss) > 0 {
+		wt.s.settle(wt.s.group(poss))
+	}
+}
+
+// lateScope returns the context for a late item's destination (it may Commit), and
+// lateDone settles the item once the destination took it, unless Commit did.
+func (wt windowTrack[R]) lateScope(ctx context.Context, pos *uint64) context.Context {
+	if !wt.on {
+		return ctx
+	}
+	return wt.s.scope(ctx, pos)
+}
+
+func (wt windowTrack[R]) lateDone(pos uint64, rec DeadLetter[struct{}]) {
+	if wt.on {
+		wt.s.setAside(pos, &ackMark{dl: rec})
+	}
+}
+
+// hungry is closed while the checkpointed source waits for a save; holdsHead tells
+// whether the positions held keep that save back (moved closes when that may change).
+func (wt windowTrack[R]) hungry() <-chan struct{} { return wt.s.hungry() }
+
+func (wt windowTrack[R]) holdsHead(poss []uint64) (bool, <-chan struct{}) {
+	return wt.s.holdsHead(poss)
+}

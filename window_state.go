@@ -1,0 +1,637 @@
+package pipeline
+
+import (
+	"container/heap"
+	"context"
+	"fmt"
+	"slices"
+	"sync/atomic"
+	"time"
+)
+
+// This file is the machinery of [Window]: one goroutine (windower) with its own input
+// queue, a map of the windows it holds, and a heap of them by the event time at which
+// each must act (fire an open window, forget a fired one). See DESIGN.md, "Windows".
+
+// win is one window held: open, or fired and kept for late items (fired).
+type win[K comparable, V any] struct {
+	key        K
+	start, end int64 // nanoseconds since the epoch, [start, end)
+	val        V
+	n          int      // items folded
+	owns       int      // items whose last window this is: held until it fires
+	poss       []uint64 // positions folded since the last result (tracked runs)
+	all        []uint64 // every member position while it is kept for late items: the share closing settles
+	fired      bool
+	due        int64  // when it must act: end while open, end + retention once fired
+	seq        uint64 // opening order: ties of due
+	idx        int    // in the heap, -1 when out of it
+}
+
+// winHeap orders the windows held by due, then by opening.
+type winHeap[K comparable, V any] []*win[K, V]
+
+func (h winHeap[K, V]) Len() int { return len(h) }
+func (h winHeap[K, V]) Less(i, j int) bool {
+	if h[i].due != h[j].due {
+		return h[i].due < h[j].due
+	}
+	return h[i].seq < h[j].seq
+}
+
+func (h winHeap[K, V]) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].idx, h[j].idx = i, j
+}
+
+func (h *winHeap[K, V]) Push(x any) {
+	wn := x.(*win[K, V])
+	wn.idx = len(*h)
+	*h = append(*h, wn)
+}
+
+func (h *winHeap[K, V]) Pop() any {
+	old := *h
+	wn := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	wn.idx = -1
+	return wn
+}
+
+type windower[T any, K comparable, V any] struct {
+	consumer[T] // its input, its run of items, its tally and statistics
+	ctx         context.Context
+	name        string
+	kind        WindowKind
+	key         func(T) K
+	at          func(T) time.Time
+	agg         Aggregate[T, V]
+	cfg         windowConfig
+	late        func(context.Context, DeadLetter[T]) error
+	down        outlet[WindowResult[K, V]]
+	out         sender[WindowResult[K, V]]
+	row         *row
+	ws          *windowStats
+	held        *atomic.Int64 // heldN, for the report's Window
+	heldN       int64
+	track       windowTrack[WindowResult[K, V]]
+	wins        map[int64]map[K]*win[K, V] // tumbling and sliding, by start, then key
+	lastStart   int64                      // the start of the last bucket of wins looked up, and that bucket
+	lastBucket  map[K]*win[K, V]
+	scratch     []*win[K, V]       // the windows of the item being added
+	sessions    map[K][]*win[K, V] // sessions of each key, by start, disjoint
+	due         winHeap[K, V]
+	count       int           // windows held
+	max         int           // at most: this worker's share of WithMaxWindows
+	inHand      bool          // the item being added is not counted yet
+	retain      time.Duration // how long a fired window is kept: the allowed lateness, or a session's gap
+	wm          int64         // the watermark
+	maxEvent    int64
+	floor       int64 // windows ending at or before it were forgotten at the bound: their items are late
+	seq         uint64
+	// The idle clock: the watermark moves on from anchor by the time since last past
+	// the idle timeout.
+	last   time.Time
+	anchor int64
+	timer  *time.Timer
+	// judged is the hunger already judged not to concern this stage, moved closes
+	// when the head moves on after that judgement (as for a batch).
+	judged, moved <-chan struct{}
+}
+
+func (w *windower[T, K, V]) loop() error {
+	w.out = w.down(&hand{row: w.row, waits: []func(){w.commit, w.publish}}) // counts current while it waits
+	w.track.s = &w.out
+	returned := false
+	defer func() {
+		w.publish()
+		if w.timer != nil {
+			w.timer.Stop()
+		}
+		if !returned { // user code (key, at, the aggregate, downstream) panicked or exited: fail what is in hand
+			w.t.discarded += int64(w.rest())
+			w.commit()
+			s := w.stats
+			s.failed.add(s.received.load() - s.succeeded.load() - s.deadLettered.load() - s.failed.load() - s.discarded.load())
+			w.out.drop()
+		}
+	}()
+	err := w.take()
+	returned = true
+	w.commit()
+	return err
+}
+
+func (w *windower[T, K, V]) take() error {
+	for {
+		_, ok, err := w.consumer.take(w.ctx, chunk, 0, w.idle)
+		if ok {
+			if w.cfg.idle > 0 {
+				w.last = time.Now()
+			}
+			if err := w.items(); err != nil {
+				return err
+			}
+			w.anchor = w.wm
+			w.publish() // before the results reach a reader of the report
+			if err := w.out.flush(); err != nil {
+				return err
+			}
+			continue
+		}
+		if err == nil { // the input ended
+			if w.ctx.Err() != nil {
+				return context.Cause(w.ctx)
+			}
+			return w.finish()
+		}
+		return err
+	}
+}
+
+// items folds the run taken into its windows, firing those the watermark passes.
+func (w *windower[T, K, V]) items() error {
+	for w.j < w.k {
+		e := w.next()
+		w.inHand = true
+		if err := w.add(e.v, e.pos); err != nil {
+			if w.inHand { // stopped before it was counted (waiting for room)
+				w.t.failed++
+				w.inHand = false
+			}
+			w.t.discarded += int64(w.rest())
+			return err
+		}
+	}
+	return nil
+}
+
+// publish stores the figures the report reads.
+func (w *windower[T, K, V]) publish() {
+	w.held.Store(w.heldN)
+	w.ws.open.Store(int64(w.count))
+	w.ws.wm.Store(w.wm)
+	w.ws.maxEvent.Store(w.maxEvent)
+}
+
+// add folds v into its windows (or sets it aside, late), then moves the watermark on.
+func (w *windower[T, K, V]) add(v T, pos uint64) error {
+	t := w.at(v).UnixNano()
+	k := w.key(v)
+	var err error
+	if w.kind.gap > 0 {
+		err = w.addSession(v, k, t, pos)
+	} else {
+		err = w.addAligned(v, k, t, pos)
+	}
+	if err != nil {
+		return err
+	}
+	if t > w.maxEvent {
+		w.maxEvent = t
+		if wm := t - int64(w.cfg.maxDelay); wm > w.wm {
+			w.wm = wm
+			return w.fireDue()
+		}
+	}
+	return nil
+}
+
+// addAligned folds v into each tumbling or sliding window that holds t.
+func (w *windower[T, K, V]) addAligned(v T, k K, t int64, pos uint64) error {
+	size, slide := int64(w.kind.size), int64(w.kind.slide)
+	last := floorDiv(t, slide) * slide
+	first := last - (size-1-(t-last))/slide*slide // the earliest start s with s > t - size
+	// One window, open, and no lateness: the common case, in short.
+	if first == last && w.retain == 0 {
+		if e0 := first + size; e0 > w.floor && e0 > w.wm {
+			if wn := w.bucket(first)[k]; wn != nil {
+				w.fold(wn, v, pos)
+				wn.owns++
+				w.heldN++
+				w.t.succeeded++
+				w.inHand = false
+				return nil
+			}
+		}
+	}
+	n := int((last-first)/slide) + 1
+	wns := w.scratch[:0]
+	for {
+		if e0 := first + size; e0 <= w.floor || e0+int64(w.retain) <= w.wm {
+			return w.setLate(v, pos, t)
+		}
+		wns = wns[:0]
+		need := 0
+		for s := first; s <= last; s += slide {
+			wn := w.bucket(s)[k]
+			if wn == nil {
+				need++
+			}
+			wns = append(wns, wn)
+		}
+		if need == 0 || w.count+need <= w.max {
+			break
+		}
+		if err := w.makeRoom(); err != nil {
+			return err
+		}
+	}
+	w.scratch = wns
+	if pos != noPos {
+		if w.retain > 0 {
+			w.track.fellInto(pos, 2*n)
+		} else {
+			w.track.fellInto(pos, n)
+		}
+	}
+	w.t.succeeded++
+	w.inHand = false
+	for i, s := 0, first; s <= last; i, s = i+1, s+slide {
+		wn := wns[i]
+		if wn == nil {
+			wn = w.open(k, s, s+size)
+			b := w.bucket(s)
+			if b == nil {
+				b = map[K]*win[K, V]{}
+				w.wins[s] = b
+				w.lastStart, w.lastBucket = s, b
+			}
+			b[k] = wn
+		}
+		w.fold(wn, v, pos)
+		if w.retain > 0 && pos != noPos {
+			wn.all = append(wn.all, pos)
+		}
+		switch {
+		case wn.fired: // within the allowed lateness: the window again, updated
+			if err := w.emit(wn, true); err != nil {
+				return err
+			}
+		case s == last:
+			wn.owns++
+			w.heldN++
+		}
+		if !wn.fired && wn.end <= w.wm { // opened behind the watermark, within the lateness
+			if err := w.fire(wn); err != nil {
+				return err
+			}
+		}
+	}
+	clear(wns)
+	return nil
+}
+
+// bucket returns the windows that start at s, by key (nil when there are none): an
+// in-order input looks up the same bucket item after item.
+func (w *windower[T, K, V]) bucket(s int64) map[K]*win[K, V] {
+	if s == w.lastStart && w.lastBucket != nil {
+		return w.lastBucket
+	}
+	b := w.wins[s]
+	if b != nil {
+		w.lastStart, w.lastBucket = s, b
+	}
+	return b
+}
+
+// addSession folds v into the session of its key that t reaches, merging the sessions
+// it bridges, or opens one.
+func (w *windower[T, K, V]) addSession(v T, k K, t int64, pos uint64) error {
+	gap := int64(w.kind.gap)
+	var lo, hi int // the sessions [lo, hi) of k that [t, t+gap) overlaps
+	for {
+		if t+gap <= w.wm || t < w.floor {
+			return w.setLate(v, pos, t)
+		}
+		list := w.sessions[k]
+		lo = 0
+		for lo < len(list) && list[lo].end <= t {
+			lo++
+		}
+		hi = lo
+		for hi < len(list) && list[hi].start < t+gap {
+			if list[hi].fired { // it reaches a session that fired
+				return w.setLate(v, pos, t)
+			}
+			hi++
+		}
+		if hi > lo || w.count < w.max {
+			break
+		}
+		if err := w.makeRoom(); err != nil {
+			return err
+		}
+	}
+	list := w.sessions[k]
+	var s *win[K, V]
+	if hi == lo {
+		s = w.open(k, t, t+gap)
+		w.sessions[k] = slices.Insert(list, lo, s)
+	} else {
+		s = list[lo]
+		for _, o := range slices.Clone(list[lo+1 : hi]) { // forget shifts the list
+			s.val = w.agg.merge(s.val, o.val)
+			s.n += o.n
+			s.owns += o.owns
+			s.poss = append(s.poss, o.poss...)
+			s.end = max(s.end, o.end)
+			o.owns = 0
+			w.forget(o, false)
+		}
+		s.start, s.end = min(s.start, t), max(s.end, t+gap)
+		s.due = s.end
+		heap.Fix(&w.due, s.idx)
+	}
+	w.fold(s, v, pos)
+	s.owns++
+	w.heldN++
+	w.t.succeeded++
+	w.inHand = false
+	return nil
+}
+
+// open makes a window [start, end) of k and schedules it.
+func (w *windower[T, K, V]) open(k K, start, end int64) *win[K, V] {
+	w.seq++
+	wn := &win[K, V]{key: k, start: start, end: end, val: w.agg.init, due: end, seq: w.seq, idx: -1}
+	heap.Push(&w.due, wn)
+	w.count++
+	return wn
+}
+
+func (w *windower[T, K, V]) fold(wn *win[K, V], v T, pos uint64) {
+	if wn.n == 0 && w.agg.first != nil {
+		wn.val = w.agg.first(v)
+	} else {
+		wn.val = w.agg.fold(wn.val, v)
+	}
+	wn.n++
+	if pos != noPos {
+		wn.poss = append(wn.poss, pos)
+	}
+}
+
+// fireDue fires the open windows, and forgets the fired ones, that the watermark
+// passed, in order of due.
+func (w *windower[T, K, V]) fireDue() error {
+	for len(w.due) > 0 && w.due[0].due <= w.wm {
+		wn := w.due[0]
+		if wn.fired {
+			w.forget(wn, true)
+			continue
+		}
+		if err := w.fire(wn); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// fire emits an open window's first result, then keeps it for late items (due again
+// at end + retention) or forgets it.
+func (w *windower[T, K, V]) fire(wn *win[K, V]) error {
+	wn.fired = true
+	w.heldN -= int64(wn.owns)
+	wn.owns = 0
+	err := w.emit(wn, false)
+	if w.retain > 0 {
+		wn.due = wn.end + int64(w.retain)
+		heap.Fix(&w.due, wn.idx)
+	} else {
+		w.forget(wn, true)
+	}
+	return err
+}
+
+// emit sends the window's result on, carrying the positions folded since the last one.
+func (w *windower[T, K, V]) emit(wn *win[K, V], update bool) error {
+	res := WindowResult[K, V]{
+		Key: wn.key, Start: time.Unix(0, wn.start).UTC(), End: time.Unix(0, wn.end).UTC(),
+		Value: wn.val, Count: wn.n, Update: update,
+	}
+	pos := w.track.result(wn.poss)
+	wn.poss = nil
+	if update {
+		w.ws.updates.Add(1)
+	}
+	err := w.out.put(res, pos)
+	w.t.emitted++ // sent, or counted unsent by put
+	return err
+}
+
+// forget drops a window from the stage's state; closed settles the share of its items
+// it kept for late items.
+func (w *windower[T, K, V]) forget(wn *win[K, V], closed bool) {
+	if wn.idx >= 0 {
+		heap.Remove(&w.due, wn.idx)
+	}
+	w.count--
+	if w.kind.gap > 0 {
+		list := w.sessions[wn.key]
+		if i := slices.Index(list, wn); i >= 0 {
+			list = slices.Delete(list, i, i+1)
+		}
+		if len(list) == 0 {
+			delete(w.sessions, wn.key)
+		} else {
+			w.sessions[wn.key] = list
+		}
+	} else {
+		b := w.wins[wn.start]
+		delete(b, wn.key)
+		if len(b) == 0 {
+			delete(w.wins, wn.start)
+			if w.lastStart == wn.start {
+				w.lastBucket = nil
+			}
+		}
+	}
+	if closed {
+		w.track.closed(wn.all)
+	}
+	wn.all = nil
+}
+
+// makeRoom acts on the window due first, the stage being at its bound: it fires it
+// (the watermark moves to its end) or, fired already, forgets it (its items are late
+// from now on); with WithWindowBackpressure it waits for the idle clock instead.
+func (w *windower[T, K, V]) makeRoom() error {
+	if w.cfg.backpressure {
+		return w.waitRoom()
+	}
+	return w.force()
+}
+
+func (w *windower[T, K, V]) force() error {
+	wn := w.due[0]
+	w.ws.forced.Add(1)
+	if wn.fired {
+		w.floor = max(w.floor, wn.end)
+		w.forget(wn, true)
+		return nil
+	}
+	w.wm = max(w.wm, wn.due)
+	return w.fireDue()
+}
+
+// idleAt is when the idle clock brings the watermark to the due of the window due
+// first, and what the watermark is at now.
+func (w *windower[T, K, V]) idleAt() time.Time {
+	return w.last.Add(w.cfg.idle + time.Duration(w.due[0].due-w.anchor))
+}
+
+func (w *windower[T, K, V]) idleTick() error {
+	if wm := w.anchor + int64(time.Since(w.last)-w.cfg.idle); wm > w.wm {
+		w.wm = wm
+	}
+	return w.fireDue()
+}
+
+// waitRoom waits, taking no input, until the idle clock brings the window due first to
+// its time, and acts on it.
+func (w *windower[T, K, V]) waitRoom() error {
+	if err := w.out.flush(); err != nil { // publish before wait
+		return err
+	}
+	w.commit()
+	w.publish()
+	w.anchor = w.wm
+	t := w.idleTimer(time.Until(w.idleAt()))
+	select {
+	case <-t:
+	case <-w.ctx.Done():
+		return context.Cause(w.ctx)
+	}
+	return w.idleTick()
+}
+
+func (w *windower[T, K, V]) idleTimer(d time.Duration) <-chan time.Time {
+	if w.timer == nil {
+		w.timer = time.NewTimer(d)
+	} else {
+		w.timer.Reset(d)
+	}
+	return w.timer.C
+}
+
+// idle waits, parked, for input, for the idle clock to bring a window to its time, for
+// a checkpointed source that waits for a save that needs items the windows hold, or for
+// the run to stop (see consumer.take).
+func (w *windower[T, K, V]) idle(wake <-chan struct{}) (bool, error) {
+	var tick <-chan time.Time
+	if w.cfg.idle > 0 && len(w.due) > 0 && !w.last.IsZero() {
+		tick = w.idleTimer(time.Until(w.idleAt()))
+		defer w.timer.Stop()
+	}
+	var hungry, headMoved <-chan struct{}
+	if w.track.on && w.count > 0 {
+		if hungry = w.track.hungry(); hungry == w.judged {
+			hungry, headMoved = nil, w.moved
+		}
+	}
+	act := func(err error) (bool, error) {
+		w.publish()
+		if err == nil {
+			err = w.out.flush()
+		}
+		return false, err
+	}
+	select {
+	case <-wake:
+		return true, nil
+	case <-tick:
+		return act(w.idleTick())
+	case <-headMoved:
+		w.judged, w.moved = nil, nil
+		return false, nil
+	case <-hungry:
+		var holds bool
+		if holds, w.moved = w.track.holdsHead(w.positions()); !holds {
+			w.judged = hungry // wait for input or the head to move; then judge again
+			return false, nil
+		}
+		w.moved = nil
+		return act(w.force())
+	case <-w.ctx.Done():
+		return false, context.Cause(w.ctx)
+	}
+}
+
+// positions returns the positions the windows hold unsettled.
+func (w *windower[T, K, V]) positions() []uint64 {
+	var poss []uint64
+	for _, wn := range w.due {
+		poss = append(poss, wn.poss...)
+		poss = append(poss, wn.all...)
+	}
+	return poss
+}
+
+// finish fires every open window left, in order of due, and forgets every window: the
+// input ended.
+func (w *windower[T, K, V]) finish() error {
+	for len(w.due) > 0 {
+		wn := w.due[0]
+		if !wn.fired {
+			wn.fired = true
+			w.heldN -= int64(wn.owns)
+			wn.owns = 0
+			if err := w.emit(wn, false); err != nil {
+				return err
+			}
+		}
+		w.forget(wn, true)
+	}
+	w.publish()
+	return w.out.flush()
+}
+
+// setLate sets a late item aside: to WithLateItems' destination, or, without one, it
+// fails the run with ErrLate.
+func (w *windower[T, K, V]) setLate(v T, pos uint64, t int64) error {
+	w.ws.late.Add(1)
+	msg := fmt.Sprintf("%v: event time %s, watermark %s", ErrLate,
+		time.Unix(0, t).UTC().Format(time.RFC3339Nano), time.Unix(0, w.wm).UTC().Format(time.RFC3339Nano))
+	if w.late == nil {
+		w.t.failed++
+		w.inHand = false
+		w.row.addError("late", func(e *ErrorCount) { e.Failed++ })
+		return &StageError{Stage: w.name, Err: fmt.Errorf("%w%s", ErrLate, msg[len(ErrLate.Error()):])}
+	}
+	rec := DeadLetter[T]{
+		Stage: w.name, Item: v, Class: ClassItem, ErrType: "late",
+		FirstError: msg, LastError: msg, Time: time.Now(),
+	}
+	if err := w.out.flush(); err != nil { // the destination may wait: publish first
+		w.t.failed++
+		w.inHand = false
+		return err
+	}
+	w.commit()
+	w.publish()
+	if err := w.late(w.track.lateScope(w.ctx, &pos), rec); err != nil {
+		w.t.failed++
+		w.inHand = false
+		if w.ctx.Err() != nil { // the run stopped meanwhile: its cause, not the destination's echo
+			return context.Cause(w.ctx)
+		}
+		return &StageError{Stage: w.name, Err: fmt.Errorf("late-item destination: %w", err)}
+	}
+	w.track.lateDone(pos, stripItem(rec))
+	w.t.deadLettered++
+	w.inHand = false
+	w.row.addCause("late", causeMessage(ErrLate))
+	w.row.addError("late", func(e *ErrorCount) { e.DeadLettered++ })
+	return nil
+}
+
+// floorDiv is a / b rounded towards minus infinity (b > 0).
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b < 0 {
+		q--
+	}
+	return q
+}

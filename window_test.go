@@ -1,0 +1,827 @@
+package pipeline_test
+
+import (
+	"context"
+	"fmt"
+	"iter"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"sort"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gopipeline/pipeline"
+)
+
+// ev is an event of the window tests: a key, an event time and a value.
+type ev struct {
+	Key int
+	T   time.Time
+	V   int
+}
+
+func evKey(e ev) int                      { return e.Key }
+func evTime(e ev) time.Time               { return e.T }
+func evSum(s int, e ev) int               { return s + e.V }
+func addInts(a, b int) int                { return a + b }
+func sumAgg() pipeline.Aggregate[ev, int] { return pipeline.FoldMerge(0, evSum, addInts) }
+
+// epoch is the event time of offset 0 in the window tests.
+var epoch = time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
+
+func tsec(s float64) time.Time { return epoch.Add(time.Duration(s * float64(time.Second))) }
+
+// wkey names a window of the model: its key and start.
+type wkey struct {
+	key   int
+	start time.Time
+}
+
+// wval is a window's value in the model: the sum and count of its items, and its end.
+type wval struct {
+	end    time.Time
+	sum, n int
+	writes int // the table's: times the window's row was written
+}
+
+// winSpec is a window kind with the parameters the model needs.
+type winSpec struct {
+	name             string
+	size, slide, gap time.Duration
+}
+
+func (w winSpec) kind() pipeline.WindowKind {
+	switch {
+	case w.gap > 0:
+		return pipeline.Session(w.gap)
+	case w.slide == w.size:
+		return pipeline.Tumbling(w.size)
+	default:
+		return pipeline.Sliding(w.size, w.slide)
+	}
+}
+
+// model computes, item by item in arrival order and without the stage's code, each
+// window's sum and count, and the late items: an aligned item is late when the earliest
+// window holding it ended at or before the watermark less the lateness; the watermark is
+// the greatest event time seen less the delay. Sessions are computed offline from the
+// sorted times of each key: the model holds for sessions when no item is late (a delay
+// at least the input's disorder).
+func model(spec winSpec, evs []ev, delay, lateness time.Duration) (map[wkey]wval, int) {
+	out := map[wkey]wval{}
+	if spec.gap > 0 {
+		byKey := map[int][]ev{}
+		for _, e := range evs {
+			byKey[e.Key] = append(byKey[e.Key], e)
+		}
+		for k, es := range byKey {
+			sort.SliceStable(es, func(i, j int) bool { return es[i].T.Before(es[j].T) })
+			var cur wkey
+			var v wval
+			for i, e := range es {
+				if i == 0 || e.T.Sub(es[i-1].T) >= spec.gap {
+					if i > 0 {
+						out[cur] = v
+					}
+					cur, v = wkey{k, e.T}, wval{}
+				}
+				v.sum += e.V
+				v.n++
+				v.end = e.T.Add(spec.gap)
+			}
+			out[cur] = v
+		}
+		return out, 0
+	}
+	late := 0
+	wm := time.Time{}
+	seen := false
+	var maxT time.Time
+	for _, e := range evs {
+		var starts []time.Time
+		// every start aligned to the slide, from the epoch, with start <= t < start+size
+		base := time.Unix(0, 0).UTC()
+		k := int64(e.T.Sub(base) / spec.slide)
+		for s := base.Add(time.Duration(k) * spec.slide); e.T.Before(s.Add(spec.size)); s = s.Add(-spec.slide) {
+			starts = append([]time.Time{s}, starts...)
+		}
+		if seen && !starts[0].Add(spec.size).Add(lateness).After(wm) {
+			late++
+		} else {
+			for _, s := range starts {
+				v := out[wkey{e.Key, s}]
+				v.sum += e.V
+				v.n++
+				v.end = s.Add(spec.size)
+				out[wkey{e.Key, s}] = v
+			}
+		}
+		if !seen || e.T.After(maxT) {
+			maxT, seen = e.T, true
+			if w := e.T.Add(-delay); w.After(wm) || wm.IsZero() {
+				wm = w
+			}
+		}
+	}
+	return out, late
+}
+
+// stream returns n events over keys keys, in arrival order, with event times that
+// grow by up to step and are each up to disorder behind the latest one before it.
+func stream(rng *rand.Rand, n, keys int, step, disorder time.Duration) []ev {
+	evs := make([]ev, n)
+	base := tsec(0)
+	for i := range evs {
+		base = base.Add(time.Duration(rng.Int64N(int64(step) + 1)))
+		t := base
+		if disorder > 0 && rng.IntN(3) == 0 {
+			t = t.Add(-time.Duration(rng.Int64N(int64(disorder) + 1)))
+		}
+		evs[i] = ev{Key: rng.IntN(keys), T: t, V: 1 + rng.IntN(9)}
+	}
+	return evs
+}
+
+var winSpecs = []winSpec{
+	{name: "tumbling", size: 10 * time.Second, slide: 10 * time.Second},
+	{name: "sliding", size: 10 * time.Second, slide: 4 * time.Second},
+	{name: "session", gap: 3 * time.Second},
+}
+
+// checkWindows runs one random stream through a Window stage and compares its results
+// with the model's: the last result of each window equals the model's, each window has
+// exactly one first result, and late items are dead-lettered and counted.
+func checkWindows(t *testing.T, spec winSpec, seed uint64, delay, lateness time.Duration) {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b9))
+	evs := stream(rng, rng.IntN(300), 1+rng.IntN(4), 2*time.Second, 6*time.Second)
+	if spec.gap > 0 {
+		delay = max(delay, 6*time.Second) // the session model holds without late items
+		lateness = 0
+	}
+	want, wantLate := model(spec, evs, delay, lateness)
+	p := pipeline.New()
+	dl := pipeline.NewDeadLetterBuffer[ev](1000)
+	res, err := pipeline.Collect(t.Context(), pipeline.Window(pipeline.FromSlice(p, evs), spec.kind(), evKey, evTime, sumAgg(),
+		pipeline.WithMaxDelay(delay), pipeline.WithAllowedLateness(lateness), pipeline.WithLateItems(dl.Add)))
+	require.NoError(t, err)
+	got := map[wkey]wval{}
+	firsts := map[wkey]int{}
+	var lastEnd time.Time
+	for _, r := range res {
+		k := wkey{r.Key, r.Start}
+		if !r.Update {
+			firsts[k]++
+			if lateness == 0 {
+				assert.False(t, r.End.Before(lastEnd), "first results come in order of end: %v after %v", r.End, lastEnd)
+				lastEnd = r.End
+			}
+		} else {
+			assert.Positive(t, lateness, "an update without allowed lateness")
+			assert.Equal(t, 1, firsts[k], "an update before the first result")
+		}
+		got[k] = wval{end: r.End, sum: r.Value, n: r.Count}
+	}
+	assert.Equal(t, want, got, "seed %d", seed)
+	for k, n := range firsts {
+		assert.Equal(t, 1, n, "window %v fired %d times", k, n)
+	}
+	assert.Len(t, dl.Items(), wantLate)
+	for _, d := range dl.Items() {
+		assert.Equal(t, "late", d.ErrType)
+	}
+	rep := p.Report()
+	checkAccounting(t, rep)
+	s, ok := rep.Stage("Window")
+	require.True(t, ok)
+	assert.Equal(t, int64(wantLate), s.DeadLettered)
+	require.NotNil(t, s.Windows)
+	assert.Equal(t, int64(wantLate), s.Windows.Late)
+	assert.Zero(t, s.Windows.Open)
+	assert.Equal(t, int64(len(res)), s.Out)
+}
+
+func TestWindowMatchesModel(t *testing.T) {
+	t.Parallel()
+	for _, spec := range winSpecs {
+		for _, d := range []struct{ delay, lateness time.Duration }{{0, 0}, {2 * time.Second, 0}, {6 * time.Second, 0}, {time.Second, 3 * time.Second}} {
+			t.Run(fmt.Sprintf("%s/delay=%v/lateness=%v", spec.name, d.delay, d.lateness), func(t *testing.T) {
+				t.Parallel()
+				for seed := range uint64(25) {
+					checkWindows(t, spec, seed, d.delay, d.lateness)
+				}
+			})
+		}
+	}
+}
+
+func FuzzWindow(f *testing.F) {
+	f.Add(uint64(1), uint8(0), uint8(0), uint8(0))
+	f.Add(uint64(2), uint8(1), uint8(2), uint8(0))
+	f.Add(uint64(3), uint8(2), uint8(6), uint8(0))
+	f.Add(uint64(4), uint8(0), uint8(1), uint8(3))
+	f.Add(uint64(5), uint8(1), uint8(1), uint8(5))
+	f.Fuzz(func(t *testing.T, seed uint64, kind, delay, lateness uint8) {
+		spec := winSpecs[int(kind)%len(winSpecs)]
+		checkWindows(t, spec, seed, time.Duration(delay%10)*time.Second, time.Duration(lateness%10)*time.Second)
+	})
+}
+
+// collectWindows runs evs through a Window stage and returns its results and report.
+func collectWindows(t *testing.T, evs []ev, kind pipeline.WindowKind, opts ...pipeline.WindowOption) ([]pipeline.WindowResult[int, int], pipeline.StageReport, error) {
+	t.Helper()
+	p := pipeline.New()
+	res, err := pipeline.Collect(t.Context(), pipeline.Window(pipeline.FromSlice(p, evs), kind, evKey, evTime, sumAgg(), opts...))
+	s, _ := p.Report().Stage("Window")
+	checkAccounting(t, p.Report())
+	return res, s, err
+}
+
+// span is a result as "key [start, end) sum/count", times in seconds from epoch.
+func span(r pipeline.WindowResult[int, int]) string {
+	s := fmt.Sprintf("%d [%g, %g) %d/%d", r.Key, r.Start.Sub(epoch).Seconds(), r.End.Sub(epoch).Seconds(), r.Value, r.Count)
+	if r.Update {
+		s += " update"
+	}
+	return s
+}
+
+func spans(rs []pipeline.WindowResult[int, int]) []string {
+	out := make([]string, len(rs))
+	for i, r := range rs {
+		out[i] = span(r)
+	}
+	return out
+}
+
+func TestWindowBoundaries(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		kind pipeline.WindowKind
+		evs  []ev
+		want []string
+	}{
+		{"no items", pipeline.Tumbling(10 * time.Second), nil, []string{}},
+		{"one item", pipeline.Tumbling(10 * time.Second), []ev{{0, tsec(3), 5}}, []string{"0 [0, 10) 5/1"}},
+		{
+			"an item on a boundary starts the next window; empty windows emit nothing",
+			pipeline.Tumbling(10 * time.Second),
+			[]ev{{0, tsec(0), 1}, {0, tsec(9.999999999), 2}, {0, tsec(10), 4}, {0, tsec(40), 8}},
+			[]string{"0 [0, 10) 3/2", "0 [10, 20) 4/1", "0 [40, 50) 8/1"},
+		},
+		{
+			"sliding: an item is in every window holding it, a boundary in the later one",
+			pipeline.Sliding(10*time.Second, 5*time.Second),
+			[]ev{{0, tsec(5), 1}, {0, tsec(12), 2}},
+			[]string{"0 [0, 10) 1/1", "0 [5, 15) 3/2", "0 [10, 20) 2/1"},
+		},
+		{
+			"sessions: items exactly a gap apart are two sessions, closer ones one",
+			pipeline.Session(3 * time.Second),
+			[]ev{{0, tsec(0), 1}, {0, tsec(3), 2}, {0, tsec(5.5), 4}, {1, tsec(5.5), 8}},
+			[]string{"0 [0, 3) 1/1", "0 [3, 8.5) 6/2", "1 [5.5, 8.5) 8/1"},
+		},
+		{
+			"sessions: an item that closes the gap merges two sessions",
+			pipeline.Session(3 * time.Second),
+			[]ev{{0, tsec(10), 1}, {0, tsec(15), 2}, {0, tsec(12.5), 4}},
+			[]string{"0 [10, 18) 7/3"},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			res, _, err := collectWindows(t, tc.evs, tc.kind, pipeline.WithMaxDelay(10*time.Second))
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, spans(res))
+		})
+	}
+}
+
+func TestWindowLateItems(t *testing.T) {
+	t.Parallel()
+	// The watermark is 15 s after the item at 25 s: the window [0, 10) has fired, and
+	// the item at 9 s is late; the one at 12 s is not.
+	evs := []ev{{0, tsec(1), 1}, {0, tsec(25), 2}, {0, tsec(9), 4}, {0, tsec(12), 8}}
+	t.Run("set aside with class late and counted", func(t *testing.T) {
+		t.Parallel()
+		dl := pipeline.NewDeadLetterBuffer[ev](10)
+		res, s, err := collectWindows(t, evs, pipeline.Tumbling(10*time.Second), pipeline.WithMaxDelay(10*time.Second), pipeline.WithLateItems(dl.Add))
+		require.NoError(t, err)
+		assert.Equal(t, []string{"0 [0, 10) 1/1", "0 [10, 20) 8/1", "0 [20, 30) 2/1"}, spans(res))
+		require.Len(t, dl.Items(), 1)
+		d := dl.Items()[0]
+		assert.Equal(t, ev{0, tsec(9), 4}, d.Item)
+		assert.Equal(t, "late", d.ErrType)
+		assert.Equal(t, pipeline.ClassItem, d.Class)
+		assert.Equal(t, int64(1), s.DeadLettered)
+		assert.Equal(t, int64(1), s.Windows.Late)
+		require.Len(t, s.Causes, 1)
+		assert.Equal(t, "late", s.Causes[0].Type)
+	})
+	t.Run("without a destination the run fails with ErrLate", func(t *testing.T) {
+		t.Parallel()
+		_, s, err := collectWindows(t, evs, pipeline.Tumbling(10*time.Second), pipeline.WithMaxDelay(10*time.Second))
+		require.ErrorIs(t, err, pipeline.ErrLate)
+		assert.Equal(t, int64(1), s.Failed-s.Window, "the late item, besides the items of open windows")
+	})
+	t.Run("within the allowed lateness an item updates its window", func(t *testing.T) {
+		t.Parallel()
+		res, s, err := collectWindows(t, evs, pipeline.Tumbling(10*time.Second), pipeline.WithMaxDelay(10*time.Second), pipeline.WithAllowedLateness(20*time.Second))
+		require.NoError(t, err)
+		assert.Equal(t, []string{"0 [0, 10) 1/1", "0 [0, 10) 5/2 update", "0 [10, 20) 8/1", "0 [20, 30) 2/1"}, spans(res))
+		assert.Equal(t, int64(1), s.Windows.Updates)
+		assert.Zero(t, s.DeadLettered)
+	})
+	t.Run("a session item that reaches a fired session is late", func(t *testing.T) {
+		t.Parallel()
+		dl := pipeline.NewDeadLetterBuffer[ev](10)
+		// [0, 3) fires when the watermark reaches 3 (item at 4); 2.5 would extend it.
+		res, _, err := collectWindows(t, []ev{{0, tsec(0), 1}, {0, tsec(4), 2}, {0, tsec(3.5), 4}, {0, tsec(2.5), 8}},
+			pipeline.Session(3*time.Second), pipeline.WithMaxDelay(time.Second), pipeline.WithLateItems(dl.Add))
+		require.NoError(t, err)
+		assert.Equal(t, []string{"0 [0, 3) 1/1", "0 [3.5, 7) 6/2"}, spans(res))
+		require.Len(t, dl.Items(), 1)
+		assert.Equal(t, 8, dl.Items()[0].Item.V)
+	})
+}
+
+func TestWindowMaxWindows(t *testing.T) {
+	t.Parallel()
+	// At most two windows, a delay of 100 s: the third window fires the one due first
+	// early (the watermark moves to its end, 60 s), and a later item of it is late.
+	evs := []ev{{0, tsec(1), 1}, {0, tsec(70), 2}, {1, tsec(75), 4}, {0, tsec(30), 8}, {1, tsec(80), 16}}
+	t.Run("fires the window due first", func(t *testing.T) {
+		t.Parallel()
+		p := pipeline.New()
+		dl := pipeline.NewDeadLetterBuffer[ev](10)
+		var maxOpen int64
+		var res []string
+		pipeline.To(pipeline.Window(pipeline.FromSlice(p, evs), pipeline.Tumbling(time.Minute), evKey, evTime, sumAgg(),
+			pipeline.WithMaxDelay(100*time.Second), pipeline.WithMaxWindows(2), pipeline.WithLateItems(dl.Add)),
+			pipeline.NewSink("sink", 1, func(_ context.Context, r pipeline.WindowResult[int, int]) error {
+				s, _ := p.Snapshot().Stage("Window")
+				maxOpen = max(maxOpen, s.Windows.Open)
+				res = append(res, span(r))
+				return nil
+			}))
+		require.NoError(t, p.Run(t.Context()))
+		assert.Equal(t, []string{"0 [0, 60) 1/1", "0 [60, 120) 2/1", "1 [60, 120) 20/2"}, res)
+		assert.LessOrEqual(t, maxOpen, int64(2))
+		s, _ := p.Report().Stage("Window")
+		assert.Equal(t, int64(1), s.Windows.Forced)
+		require.Len(t, dl.Items(), 1)
+		assert.Equal(t, 8, dl.Items()[0].Item.V)
+		checkAccounting(t, p.Report())
+	})
+	t.Run("backpressure waits for the idle clock", func(t *testing.T) {
+		t.Parallel()
+		synctest.Test(t, func(t *testing.T) {
+			start := time.Now()
+			var fired []time.Duration
+			p := pipeline.New()
+			pipeline.To(pipeline.Window(pipeline.FromSlice(p, evs[:2]), pipeline.Tumbling(time.Minute), evKey, evTime, sumAgg(),
+				pipeline.WithMaxDelay(100*time.Second), pipeline.WithMaxWindows(1), pipeline.WithWindowBackpressure(), pipeline.WithIdleTimeout(time.Second)),
+				pipeline.NewSink("sink", 1, func(context.Context, pipeline.WindowResult[int, int]) error {
+					fired = append(fired, time.Since(start))
+					return nil
+				}))
+			require.NoError(t, p.Run(t.Context()))
+			// The first window is due at 60 s and the watermark is -99 s: the idle clock
+			// reaches 60 s 159 s after the idle timeout of 1 s; the second window fires
+			// at the end of the input, at once.
+			assert.Equal(t, []time.Duration{160 * time.Second, 160 * time.Second}, fired)
+			s, _ := p.Report().Stage("Window")
+			assert.Zero(t, s.Windows.Forced)
+			assert.Zero(t, s.Windows.Late)
+		})
+	})
+}
+
+func TestWindowIdleTimeoutAdvancesTheWatermark(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		got := make(chan time.Duration, 2)
+		p := pipeline.New()
+		src := pipeline.Generate(p, func(ctx context.Context, emit func(ev) error) error {
+			if err := emit(ev{0, tsec(30), 1}); err != nil {
+				return err
+			}
+			<-ctx.Done() // an idle source, which never ends by itself
+			return nil
+		})
+		pipeline.To(pipeline.Window(src, pipeline.Tumbling(time.Minute), evKey, evTime, sumAgg(),
+			pipeline.WithMaxDelay(10*time.Second), pipeline.WithIdleTimeout(5*time.Second)),
+			pipeline.NewSink("sink", 1, func(_ context.Context, r pipeline.WindowResult[int, int]) error {
+				got <- time.Since(start)
+				return nil
+			}))
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error)
+		go func() { done <- p.Run(ctx) }()
+		// the watermark is 20 s: it reaches the window's end, 60 s, 40 s after the idle
+		// timeout of 5 s.
+		assert.Equal(t, 45*time.Second, <-got)
+		synctest.Wait()
+		s, _ := p.Snapshot().Stage("Window")
+		assert.Equal(t, tsec(60), s.Windows.Watermark)
+		assert.Equal(t, tsec(30), s.Windows.MaxEventTime)
+		assert.Zero(t, s.Windows.Open)
+		cancel()
+		require.ErrorIs(t, <-done, context.Canceled)
+	})
+}
+
+func TestWindowReportWhileOpen(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := pipeline.New()
+		src := pipeline.Generate(p, func(ctx context.Context, emit func(ev) error) error {
+			for _, e := range []ev{{0, tsec(1), 1}, {1, tsec(12), 2}, {0, tsec(20), 4}} {
+				if err := emit(e); err != nil {
+					return err
+				}
+			}
+			<-ctx.Done()
+			return nil
+		})
+		pipeline.To(pipeline.Window(src, pipeline.Tumbling(time.Minute), evKey, evTime, sumAgg(), pipeline.WithMaxDelay(5*time.Second)),
+			pipeline.NewSink("sink", 1, func(context.Context, pipeline.WindowResult[int, int]) error { return nil }))
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error)
+		go func() { done <- p.Run(ctx) }()
+		synctest.Wait()
+		s, _ := p.Snapshot().Stage("Window")
+		assert.Equal(t, pipeline.KindWindow, s.Kind)
+		assert.Equal(t, &pipeline.WindowReport{Open: 2, Watermark: tsec(15), MaxEventTime: tsec(20), Lag: 5 * time.Second}, s.Windows)
+		assert.Equal(t, int64(3), s.Window, "items held in open windows")
+		cancel()
+		require.ErrorIs(t, <-done, context.Canceled)
+		rep := p.Report()
+		checkAccounting(t, rep)
+		s, _ = rep.Stage("Window")
+		assert.Equal(t, int64(3), s.Failed, "the items of windows open when the run stopped")
+	})
+}
+
+func TestWindowMisuse(t *testing.T) {
+	t.Parallel()
+	p := pipeline.New()
+	src := func() *pipeline.Stream[ev] { return pipeline.FromSlice(p, []ev{}) }
+	for _, f := range []func(){
+		func() { pipeline.Tumbling(0) },
+		func() { pipeline.Sliding(time.Second, 2*time.Second) },
+		func() { pipeline.Session(-1) },
+		func() { pipeline.Window(src(), pipeline.WindowKind{}, evKey, evTime, sumAgg()) },
+		func() { pipeline.Window(src(), pipeline.Tumbling(time.Second), (func(ev) int)(nil), evTime, sumAgg()) },
+		func() { pipeline.Window(src(), pipeline.Session(time.Second), evKey, evTime, pipeline.Fold(0, evSum)) },
+		func() {
+			pipeline.Window(src(), pipeline.Session(time.Second), evKey, evTime, sumAgg(), pipeline.WithAllowedLateness(time.Second))
+		},
+		func() {
+			pipeline.Window(src(), pipeline.Tumbling(time.Second), evKey, evTime, sumAgg(), pipeline.WithWindowBackpressure())
+		},
+		func() {
+			pipeline.Window(src(), pipeline.Tumbling(time.Second), evKey, evTime, sumAgg(), pipeline.WithLateItems(pipeline.NewDeadLetterBuffer[int](1).Add))
+		},
+		func() { pipeline.WithMaxWindows(0) },
+		func() { pipeline.WithWindowWorkers(0) },
+		func() { pipeline.WithIdleTimeout(0) },
+		func() { pipeline.WithMaxDelay(-1) },
+		func() {
+			q := pipeline.New()
+			s := pipeline.FromCheckpoint(q, &memStore{}, func(context.Context, int64) iter.Seq2[ev, error] { return nil })
+			pipeline.Window(s, pipeline.Tumbling(time.Second), evKey, evTime, sumAgg())
+		},
+	} {
+		assertPanicsPipeline(t, f)
+	}
+}
+
+// winTable is a CommittedStore in memory that also holds a table of window rows,
+// written with the progress in one "transaction" (Commit's fn), as a database sink
+// does.
+type winTable struct {
+	mu        sync.Mutex
+	pos       int64
+	committed []pipeline.PositionRange
+	rows      map[wkey]wval
+	keepMore  bool // upsert only a row with a larger count (sliding windows)
+}
+
+func (s *winTable) Load(ctx context.Context) (int64, error) {
+	pos, _, err := s.LoadCommitted(ctx)
+	return pos, err
+}
+
+func (s *winTable) LoadCommitted(context.Context) (int64, []pipeline.PositionRange, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.pos, slices.Clone(s.committed), nil
+}
+
+func (s *winTable) Save(ctx context.Context, pos int64) error { return s.SaveCommitted(ctx, pos, nil) }
+
+func (s *winTable) SaveCommitted(_ context.Context, pos int64, committed []pipeline.PositionRange) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.record(pos, committed)
+	return nil
+}
+
+func (s *winTable) record(pos int64, committed []pipeline.PositionRange) {
+	s.pos = max(s.pos, pos)
+	s.committed = append(slices.DeleteFunc(s.committed, func(r pipeline.PositionRange) bool { return r.To <= s.pos }), committed...)
+}
+
+// write upserts r's row and records pr, in one step.
+func (s *winTable) write(pr pipeline.Progress, r pipeline.WindowResult[int, int]) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := wkey{r.Key, r.Start}
+	old, ok := s.rows[k]
+	if !ok || !s.keepMore || r.Count > old.n {
+		s.rows[k] = wval{end: r.End, sum: r.Value, n: r.Count, writes: old.writes + 1}
+	}
+	if pr.Checkpointed {
+		s.record(pr.Watermark, pr.Committed)
+	}
+}
+
+// TestWindowExactlyOnceAcrossKills stops a checkpointed run at random points (from the
+// source, or from the sink after a commit) and resumes it until a run ends: every
+// window's row equals the model's, and for tumbling and session windows was written
+// once; sliding windows keep the row with the larger count. Odd seeds run two workers.
+func TestWindowExactlyOnceAcrossKills(t *testing.T) {
+	t.Parallel()
+	for _, spec := range winSpecs {
+		t.Run(spec.name, func(t *testing.T) {
+			t.Parallel()
+			for seed := range uint64(12) {
+				rng := rand.New(rand.NewPCG(seed, 7))
+				evs := stream(rng, 200+rng.IntN(200), 1+rng.IntN(5), 2*time.Second, 6*time.Second)
+				delay := 6 * time.Second // no item is late: every run sees the same windows
+				want, _ := model(spec, evs, delay, 0)
+				table := &winTable{rows: map[wkey]wval{}, keepMore: spec.slide != spec.size && spec.gap == 0}
+				var ctx context.Context
+				var cancel context.CancelFunc
+				var killAt, emitted, commits int
+				p := pipeline.New()
+				src := pipeline.FromCheckpoint(p, table, func(_ context.Context, pos int64) iter.Seq2[ev, error] {
+					return func(yield func(ev, error) bool) {
+						for _, e := range evs[pos:] {
+							emitted++
+							if emitted == killAt {
+								cancel()
+							}
+							if !yield(e, nil) {
+								return
+							}
+						}
+					}
+				}, pipeline.WithSaveEvery(7), pipeline.WithMaxRedo(1<<20)) // room for every open window's items
+				var mu sync.Mutex
+				workers := 1 + int(seed%2)
+				pipeline.To(pipeline.Window(src, spec.kind(), evKey, evTime, sumAgg(), pipeline.WithMaxDelay(delay), pipeline.WithWindowWorkers(workers)),
+					pipeline.NewSink("table", 2, func(ctx context.Context, r pipeline.WindowResult[int, int]) error {
+						err := pipeline.Commit(ctx, func(_ context.Context, pr pipeline.Progress) error {
+							table.write(pr, r)
+							return nil
+						})
+						mu.Lock()
+						commits++
+						if commits == -killAt {
+							cancel()
+						}
+						mu.Unlock()
+						return err
+					}))
+				for run := 0; ; run++ {
+					require.Less(t, run, 100, "seed %d: no run ended", seed)
+					ctx, cancel = context.WithCancel(t.Context())
+					emitted, commits = 0, 0
+					switch rng.IntN(3) {
+					case 0:
+						killAt = 1 + rng.IntN(len(evs)) // from the source
+					case 1:
+						killAt = -(1 + rng.IntN(len(want)+1)) // from the sink
+					default:
+						killAt = math.MaxInt // let it end
+					}
+					err := p.Run(ctx)
+					cancel()
+					checkAccounting(t, p.Report())
+					if err == nil {
+						break
+					}
+					require.ErrorIs(t, err, context.Canceled)
+				}
+				got := map[wkey]wval{}
+				for k, v := range table.rows {
+					if spec.slide == spec.size || spec.gap > 0 {
+						assert.Equal(t, 1, v.writes, "seed %d: window %v written %d times", seed, k, v.writes)
+					}
+					v.writes = 0
+					got[k] = v
+				}
+				assert.Equal(t, want, got, "seed %d", seed)
+			}
+		})
+	}
+}
+
+// TestWindowMergedInputs feeds a window from two sources merged, each in event-time
+// order, taking turns item by item, the second's clock 5 s behind the first's: the
+// consumer sees them skewed by at most a sender's chunk (64 items, up to 2 s apart)
+// more, and a delay that covers that skew makes the results equal the model's (see
+// docs/windows.md, "Merged inputs").
+func TestWindowMergedInputs(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewPCG(3, 3))
+	a := stream(rng, 300, 3, 2*time.Second, 0)
+	b := stream(rng, 300, 3, 2*time.Second, 0)
+	for i := range b {
+		b[i].T = b[i].T.Add(-5 * time.Second)
+	}
+	turn := []chan struct{}{make(chan struct{}, 1), make(chan struct{}, 1)}
+	turn[0] <- struct{}{}
+	p := pipeline.New()
+	from := func(me int, evs []ev) *pipeline.Stream[ev] {
+		return pipeline.Generate(p, func(ctx context.Context, emit func(ev) error) error {
+			defer close(turn[1-me]) // the other one goes on alone
+			for _, e := range evs {
+				select {
+				case <-turn[me]:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+				err := emit(e)
+				turn[1-me] <- struct{}{}
+				if err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	merged := pipeline.Merge(from(0, a), from(1, b))
+	res, err := pipeline.Collect(t.Context(), pipeline.Window(merged, pipeline.Tumbling(10*time.Second), evKey, evTime, sumAgg(),
+		pipeline.WithMaxDelay(5*time.Second+64*2*time.Second)))
+	require.NoError(t, err)
+	want, late := model(winSpecs[0], slices.Concat(a, b), time.Hour, 0)
+	require.Zero(t, late)
+	got := map[wkey]wval{}
+	for _, r := range res {
+		got[wkey{r.Key, r.Start}] = wval{end: r.End, sum: r.Value, n: r.Count}
+	}
+	assert.Equal(t, want, got)
+}
+
+// TestWindowProcessingTime windows by the clock: the event time is time.Now, and the
+// idle timeout fires the last window of a quiet source (synctest's clock starts on a
+// minute).
+func TestWindowProcessingTime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		type fired struct {
+			at    time.Duration
+			value int
+		}
+		got := make(chan fired, 3)
+		p := pipeline.New()
+		src := pipeline.Generate(p, func(ctx context.Context, emit func(int) error) error {
+			for _, d := range []time.Duration{0, 30 * time.Second, 40 * time.Second} { // at 0, 30 s and 70 s
+				time.Sleep(d) // the events' own pace, on the bubble's clock
+				if err := emit(1); err != nil {
+					return err
+				}
+			}
+			<-ctx.Done()
+			return nil
+		})
+		w := pipeline.Window(src, pipeline.Tumbling(time.Minute), func(int) string { return "all" },
+			func(int) time.Time { return time.Now() }, pipeline.Reduce(addInts), pipeline.WithIdleTimeout(time.Second))
+		pipeline.To(w, pipeline.NewSink("sink", 1, func(_ context.Context, r pipeline.WindowResult[string, int]) error {
+			got <- fired{time.Since(start), r.Value}
+			return nil
+		}))
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error)
+		go func() { done <- p.Run(ctx) }()
+		// The idle clock fires [0, 60) 1 s after the item at 30 s plus the 30 s the
+		// watermark lacks; [60, 120) likewise after the item at 70 s.
+		assert.Equal(t, fired{61 * time.Second, 2}, <-got)
+		assert.Equal(t, fired{121 * time.Second, 1}, <-got)
+		cancel()
+		require.ErrorIs(t, <-done, context.Canceled)
+	})
+}
+
+// TestWindowFiresEarlyForACheckpointSave: a checkpointed source waits for a save that
+// needs the items of an open window (WithMaxRedo smaller than the window's items); the
+// stage fires that window early rather than stall, and every item is accounted for.
+func TestWindowFiresEarlyForACheckpointSave(t *testing.T) {
+	t.Parallel()
+	evs := make([]ev, 200)
+	for i := range evs {
+		evs[i] = ev{Key: i % 2, T: tsec(float64(i) / 10), V: 1} // all in one minute
+	}
+	p := pipeline.New()
+	src := pipeline.FromCheckpoint(p, pipeline.NewFileCheckpoint(t.TempDir()+"/ck"), func(_ context.Context, pos int64) iter.Seq2[ev, error] {
+		return func(yield func(ev, error) bool) {
+			for _, e := range evs[pos:] {
+				if !yield(e, nil) {
+					return
+				}
+			}
+		}
+	}, pipeline.WithSaveEvery(10), pipeline.WithMaxRedo(20))
+	dl := pipeline.NewDeadLetterBuffer[ev](len(evs))
+	res, err := pipeline.Collect(t.Context(), pipeline.Window(src, pipeline.Tumbling(time.Minute), evKey, evTime, sumAgg(), pipeline.WithLateItems(dl.Add)))
+	require.NoError(t, err)
+	n := 0
+	for _, r := range res {
+		n += r.Count
+	}
+	assert.Equal(t, len(evs), n+len(dl.Items()), "every item in a result or set aside")
+	rep := p.Report()
+	checkAccounting(t, rep)
+	s, _ := rep.Stage("Window")
+	assert.Positive(t, s.Windows.Forced)
+	assert.Equal(t, int64(len(evs)), rep.Checkpoint)
+}
+
+func TestWindowReportLine(t *testing.T) {
+	t.Parallel()
+	dl := pipeline.NewDeadLetterBuffer[ev](10)
+	p := pipeline.New()
+	_, err := pipeline.Collect(t.Context(), pipeline.Window(pipeline.FromSlice(p, []ev{{0, tsec(1), 1}, {0, tsec(25), 2}, {0, tsec(9), 4}}),
+		pipeline.Tumbling(10*time.Second), evKey, evTime, sumAgg(), pipeline.WithMaxDelay(10*time.Second), pipeline.WithLateItems(dl.Add)))
+	require.NoError(t, err)
+	assert.Contains(t, p.Report().String(),
+		"window Window: 2 results (0 updates), 0 open, watermark 2026-12-02T00:00:15Z, lag 10s, 1 late, 0 fired early\n")
+}
+
+// TestWindowWorkers spreads the keys over three workers, each with its own watermark:
+// with a delay that covers the input's disorder no item is late, whatever the keys'
+// spread, and the results equal the model's.
+func TestWindowWorkers(t *testing.T) {
+	t.Parallel()
+	for _, spec := range winSpecs {
+		t.Run(spec.name, func(t *testing.T) {
+			t.Parallel()
+			for seed := range uint64(10) {
+				rng := rand.New(rand.NewPCG(seed, 11))
+				evs := stream(rng, 500, 1+rng.IntN(8), 2*time.Second, 6*time.Second)
+				want, _ := model(spec, evs, 6*time.Second, 0)
+				res, s, err := collectWindows(t, evs, spec.kind(), pipeline.WithMaxDelay(6*time.Second), pipeline.WithWindowWorkers(3))
+				require.NoError(t, err)
+				got := map[wkey]wval{}
+				for _, r := range res {
+					assert.False(t, r.Update)
+					got[wkey{r.Key, r.Start}] = wval{end: r.End, sum: r.Value, n: r.Count}
+				}
+				assert.Equal(t, want, got, "seed %d", seed)
+				assert.Equal(t, 3, s.Workers)
+				assert.Zero(t, s.Windows.Open)
+				assert.Zero(t, s.Windows.Late)
+			}
+		})
+	}
+}
+
+// TestWindowStopsWhileAtTheBound cancels a run while the stage waits at its bound
+// (backpressure): the item it held counts as failed, and the accounting adds up.
+func TestWindowStopsWhileAtTheBound(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := pipeline.New()
+		src := pipeline.Generate(p, func(ctx context.Context, emit func(ev) error) error {
+			for _, e := range []ev{{0, tsec(1), 1}, {0, tsec(70), 2}} {
+				if err := emit(e); err != nil {
+					return err
+				}
+			}
+			<-ctx.Done()
+			return nil
+		})
+		pipeline.To(pipeline.Window(src, pipeline.Tumbling(time.Minute), evKey, evTime, sumAgg(), pipeline.WithMaxDelay(time.Hour),
+			pipeline.WithMaxWindows(1), pipeline.WithWindowBackpressure(), pipeline.WithIdleTimeout(time.Hour)),
+			pipeline.NewSink("sink", 1, func(context.Context, pipeline.WindowResult[int, int]) error { return nil }))
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error)
+		go func() { done <- p.Run(ctx) }()
+		synctest.Wait() // the second item waits for room
+		cancel()
+		require.ErrorIs(t, <-done, context.Canceled)
+		rep := p.Report()
+		checkAccounting(t, rep)
+		s, _ := rep.Stage("Window")
+		assert.Equal(t, int64(2), s.In)
+		assert.Equal(t, int64(2), s.Failed, "the item of the open window and the one waiting for room")
+	})
+}
