@@ -105,8 +105,9 @@ func browser(t *testing.T) context.Context {
 }
 
 // TestBrowser loads the page while a pipeline runs and checks the rendered DOM: every
-// stage drawn, the bottleneck highlighted, dead letters by cause, and figures that
-// change between two reads as the page updates itself from the events stream.
+// stage drawn, the bottleneck highlighted, dead letters by cause, figures that change
+// between two reads as the page updates itself from the events stream, and recent
+// percentiles that part from the whole run's after a latency shift.
 func TestBrowser(t *testing.T) {
 	ctx := browser(t)
 
@@ -115,13 +116,18 @@ func TestBrowser(t *testing.T) {
 	runCtx, stop := context.WithCancel(t.Context())
 	ran := make(chan error, 1)
 	go func() { ran <- p.Run(runCtx) }()
-	go func() { // the workload's pace: about 2,000 items per second through enrich
+	slow := make(chan struct{}) // closed: the service slows down twentyfold
+	go func() {                 // the workload's pace: about 2,000 items per second through enrich
 		tick := time.NewTicker(500 * time.Microsecond)
 		defer tick.Stop()
+		slowed := slow
 		for {
 			select {
 			case <-runCtx.Done():
 				return
+			case <-slowed:
+				tick.Reset(10 * time.Millisecond)
+				slowed = nil
 			case <-tick.C:
 				select {
 				case gate <- struct{}{}:
@@ -235,6 +241,34 @@ func TestBrowser(t *testing.T) {
 		`fetch("data.json").then(r => r.json()).then(d => d.pipelines[0].name == "etl" && d.version)`, chromedp.EvalAwaitPromise))
 	require.NoError(t, err)
 	assert.Equal(t, 1, version)
+
+	// A latency shift: the service slows down, from about 2 ms an item to about 40 ms.
+	// Once most items of the last 10 s are slow ones, the page's recent p50 is the new
+	// latency, while the whole run's, most of whose items came before, stays near the
+	// old one. (The whole run's turns too once the slow items outnumber the fast ones:
+	// 5,000 fast ones first keep that far off.)
+	_, err = chromedp.Run(ctx, chromedp.Poll[bool](`(async () => {
+			const d = await (await fetch("data.json")).json();
+			return d.pipelines[0].stages.find(s => s.name == "enrich").latency.count >= 5000;
+		})()`, chromedp.WithPollingInterval(250*time.Millisecond), chromedp.WithPollingTimeout(time.Minute)))
+	require.NoError(t, err, "enrich did not reach 5,000 items")
+	close(slow)
+	shift := time.Now()
+	const enrich = `document.querySelector('` + section + ` tr[data-stage="enrich"] td[data-field="%s"]').textContent`
+	wholeBefore, err := chromedp.Run(ctx, chromedp.Evaluate[string](fmt.Sprintf(enrich, "p50")))
+	require.NoError(t, err)
+	lat, err := chromedp.Run(ctx, chromedp.Poll[[]float64](`(async () => {
+			const d = await (await fetch("data.json")).json();
+			const s = d.pipelines[0].stages.find(s => s.name == "enrich");
+			return s.recent_latency.p50_seconds >= 4 * s.latency.p50_seconds && [s.recent_latency.p50_seconds, s.latency.p50_seconds];
+		})()`, chromedp.WithPollingInterval(250*time.Millisecond), chromedp.WithPollingTimeout(45*time.Second)))
+	require.NoError(t, err, "the recent p50 did not rise above the whole run's after the shift")
+	t.Logf("%v after the shift: recent p50 %.1f ms, whole run's %.1f ms (before the shift %s)",
+		time.Since(shift).Round(time.Second), lat[0]*1e3, lat[1]*1e3, wholeBefore)
+	cells, err := chromedp.Run(ctx, chromedp.Poll[[]string](fmt.Sprintf(`(() => { const r = `+enrich+`, w = `+enrich+`; return r != w && [r, w]; })()`, "recent-p50", "p50"),
+		chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(5*time.Second)))
+	require.NoError(t, err, "the page shows the same recent and whole-run p50")
+	t.Logf("the page: p50 10 s %s, p50 %s", cells[0], cells[1])
 
 	// Close (the server shutting down) ends the stream; the page says so.
 	h.Close()
