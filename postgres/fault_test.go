@@ -615,13 +615,12 @@ func standbyWaiter(t *testing.T, pool *pgxpool.Pool) int32 {
 	return pid
 }
 
-// TestFaultTerminateDuringStandbyWait kills the writer's backend while its COMMIT waits
-// for a synchronous standby. The transaction was committed locally, so it commits as
-// the backend exits (with a warning): the writer, which lost its connection, reads the
-// checkpoint back, learns that the batch committed, and does not write it again. (If
-// the standby requirement is reset before the backend sees the termination, its COMMIT
-// succeeds instead and the next batch meets the FATAL: TestFaultTerminateAsStandbyWaitEnds.)
-func TestFaultTerminateDuringStandbyWait(t *testing.T) {
+// commitWaitingForStandby starts a checkpointed job of one writer with a synchronous
+// standby required that never comes ("nobody"), and returns once a COMMIT of the
+// writer waits for it: the pool, the standby setter, the job, its run and the pid of
+// the waiting backend.
+func commitWaitingForStandby(t *testing.T) (*pgxpool.Pool, func(string), *job, *gatedRun, int32) {
+	t.Helper()
 	pool := newPool(t, 8)
 	standby := syncStandby(t, pool)
 	j := newJob(t, pool, false, 10000, 1000, 1)
@@ -636,6 +635,18 @@ func TestFaultTerminateDuringStandbyWait(t *testing.T) {
 		return len(done) > 0 || pid != 0
 	})
 	require.NotZero(t, pid, "the run ended first")
+	return pool, standby, j, g, pid
+}
+
+// TestFaultTerminateDuringStandbyWait kills the writer's backend while its COMMIT waits
+// for a synchronous standby. The transaction was committed locally, so it commits as
+// the backend exits (with a warning): the writer, which lost its connection, reads the
+// checkpoint back, learns that the batch committed, and does not write it again. (If
+// the standby requirement is reset before the backend sees the termination, its COMMIT
+// succeeds instead and the next batch meets the FATAL: TestFaultTerminateAsStandbyWaitEnds.)
+func TestFaultTerminateDuringStandbyWait(t *testing.T) {
+	pool, standby, j, g, pid := commitWaitingForStandby(t)
+	done := g.done
 	mustExec(t, pool, "SELECT pg_terminate_backend($1)", pid)
 	standby("")
 	require.NoError(t, awaitRun(t, done))
@@ -652,20 +663,8 @@ func TestFaultTerminateDuringStandbyWait(t *testing.T) {
 // interleaving that TestFaultTerminateDuringStandbyWait meets about once in forty
 // runs.)
 func TestFaultTerminateAsStandbyWaitEnds(t *testing.T) {
-	pool := newPool(t, 8)
-	standby := syncStandby(t, pool)
-	j := newJob(t, pool, false, 10000, 1000, 1)
-	j.copts = []pipeline.CheckpointOption{pipeline.WithSaveEvery(1 << 30), pipeline.WithSaveInterval(time.Hour)}
-	g := j.startGated(t, 5000)
+	pool, standby, j, g, pid := commitWaitingForStandby(t)
 	done := g.done
-	standby("nobody")
-	close(g.release)
-	var pid int32
-	waitFor(t, "a COMMIT waiting for the standby", func() bool {
-		pid = standbyWaiter(t, pool)
-		return len(done) > 0 || pid != 0
-	})
-	require.NotZero(t, pid, "the run ended first")
 	// The backend's pid is its process's: the server runs on this machine
 	// (scripts/postgres.sh), as this test's user or one it may signal.
 	if err := syscall.Kill(int(pid), syscall.SIGSTOP); err != nil {
