@@ -3,7 +3,6 @@ package pipelineotel_test
 import (
 	"context"
 	"errors"
-	"iter"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -231,15 +230,7 @@ func TestCheckpoint(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		store := &memStore{}
 		p := pipeline.New()
-		src := pipeline.FromCheckpoint(p, store, func(_ context.Context, pos int64) iter.Seq2[int, error] {
-			return func(yield func(int, error) bool) {
-				for i := int(pos); i < 250; i++ {
-					if !yield(i, nil) {
-						return
-					}
-				}
-			}
-		}, pipeline.WithSaveEvery(100))
+		src := pipeline.FromCheckpoint(p, store, scenario.Positions(250), pipeline.WithSaveEvery(100))
 		pipeline.To(src, pipeline.NewSink("sink", 2, func(context.Context, int) error { return nil }))
 		reader, provider := newReader(t)
 		_, err := pipelineotel.Register(p, provider.Meter("test"))
@@ -262,15 +253,7 @@ func TestCheckpointResumed(t *testing.T) {
 		store := &memStore{}
 		store.pos.Store(100)
 		p := pipeline.New()
-		src := pipeline.FromCheckpoint(p, store, func(_ context.Context, pos int64) iter.Seq2[int, error] {
-			return func(yield func(int, error) bool) {
-				for i := int(pos); i < 250; i++ {
-					if !yield(i, nil) {
-						return
-					}
-				}
-			}
-		}, pipeline.WithTotal(250))
+		src := pipeline.FromCheckpoint(p, store, scenario.Positions(250), pipeline.WithTotal(250))
 		pipeline.To(src, pipeline.NewSink("sink", 2, func(context.Context, int) error { return nil }))
 		reader, provider := newReader(t)
 		_, err := pipelineotel.Register(p, provider.Meter("test"))
