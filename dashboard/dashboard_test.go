@@ -440,7 +440,7 @@ func TestSchemaDocumented(t *testing.T) {
 	c.rep.Stages[1].Causes = []pipeline.Cause{{Type: "error", Message: "bad", Count: 1}}
 	c.rep.Stages[1].LimitHistory = []pipeline.LimitChange{{At: time.Second, Limit: 1, Reason: "latency"}}
 	c.rep.Stages[1].OldestAttempt = time.Second
-	c.rep.Stages[1].Breaker = &pipeline.BreakerReport{State: pipeline.BreakerOpen, Transitions: []pipeline.BreakerTransition{{To: pipeline.BreakerOpen}}}
+	c.rep.Stages[1].Breaker = &pipeline.BreakerReport{State: pipeline.BreakerOpen, Transitions: []pipeline.BreakerTransition{{To: pipeline.BreakerOpen}}, PerKey: true, Holding: 1, KeysOpen: 1}
 	c.rep.Stages[0].Resumed = 2 // a resumed checkpointed run
 	c.rep.Stages = append(c.rep.Stages, pipeline.StageReport{
 		Name: "w", Kind: pipeline.KindWindow, Workers: 1, QueueCap: 4,

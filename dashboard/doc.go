@@ -124,8 +124,11 @@
 //	      "limit_history": [{"at_seconds": 2.5, "limit": 8, "reason": "latency"}],
 //	                                         WithAdaptiveWorkers only: its latest changes
 //	      "breaker": {"state": "open", "opened": 1, "open_seconds": 0.75, "held": 40,
-//	                  "transitions": [{"to": "open", "at_seconds": 1.02}]},
-//	                                         WithCircuitBreaker only
+//	                  "transitions": [{"to": "open", "at_seconds": 1.02}],
+//	                  "per_key": true, "holding": 120, "keys_open": 1},
+//	                                         WithCircuitBreaker only; the last three with
+//	                                         WithBreakerPerKey only: items held now, keys
+//	                                         whose breaker is not closed
 //	      "throttled_seconds": 0,            time its workers waited for rate-limit tokens
 //	      "counters": {"acked": 1200, "redelivered": 3}
 //	                                         a connector's counters (WithRowStats) only: the

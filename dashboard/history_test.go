@@ -287,6 +287,32 @@ func TestJSONControls(t *testing.T) {
 	assert.Nil(t, d.Pipelines[0].Stages[2].LimitHistory, "none without WithAdaptiveWorkers")
 }
 
+// TestJSONBreakerPerKey: data.json and the stage's node carry a breaker per key's items
+// held now and its keys not closed.
+func TestJSONBreakerPerKey(t *testing.T) {
+	t.Parallel()
+	c := newCounter()
+	w := &c.rep.Stages[1]
+	w.Breaker = &pipeline.BreakerReport{
+		State: pipeline.BreakerOpen, Opened: 2, TimeOpen: time.Second, PerKey: true, Holding: 120, KeysOpen: 1,
+		Keys: []pipeline.KeyBreakerReport{{Key: "3", State: pipeline.BreakerOpen, Holding: 120, Opened: 2}},
+	}
+	h := newHandler(t)
+	h.add("p", c.snapshot)
+	var d struct {
+		Pipelines []struct {
+			Stages []struct{ Breaker *breakerJSON }
+		}
+	}
+	require.NoError(t, json.Unmarshal([]byte(body(t, get(t, h, "GET", "/data.json"))), &d))
+	b := d.Pipelines[0].Stages[1].Breaker
+	require.NotNil(t, b)
+	assert.True(t, b.PerKey)
+	assert.Equal(t, int64(120), b.Holding)
+	assert.Equal(t, 1, b.KeysOpen)
+	assert.Contains(t, body(t, get(t, h, "GET", "/")), "breaker 1 key open, 120 items held", "the stage's node")
+}
+
 // TestProgressResumed: a resumed checkpointed run's progress counts the positions done
 // before it started, and shows beside what is read the position its checkpoint holds
 // (behind what is read), on the page and in data.json.

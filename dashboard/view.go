@@ -121,6 +121,11 @@ type (
 		Open        float64          `json:"open_seconds"`
 		Held        int64            `json:"held"`
 		Transitions []transitionJSON `json:"transitions"`
+		// A breaker per key (WithBreakerPerKey) only: its items held now out of the
+		// workers' hands, and its keys whose breaker is not closed.
+		PerKey   bool  `json:"per_key,omitempty"`
+		Holding  int64 `json:"holding,omitempty"`
+		KeysOpen int   `json:"keys_open,omitempty"`
 	}
 	transitionJSON struct {
 		To string  `json:"to"`
@@ -326,6 +331,7 @@ func newStageJSON(s pipeline.StageReport, bottleneck bool) stageJSON {
 		j.Breaker = &breakerJSON{
 			State: b.State.String(), Opened: b.Opened, Open: b.TimeOpen.Seconds(), Held: b.Held,
 			Transitions: make([]transitionJSON, len(b.Transitions)),
+			PerKey:      b.PerKey, Holding: b.Holding, KeysOpen: b.KeysOpen,
 		}
 		for i, t := range b.Transitions {
 			j.Breaker.Transitions[i] = transitionJSON{To: t.To.String(), At: t.At.Seconds()}
@@ -534,7 +540,14 @@ func countersLine(c map[string]int64) string {
 func controlLine(s *stageJSON) string {
 	var parts []string
 	b := s.Breaker
-	if b != nil && b.State != pipeline.BreakerClosed.String() {
+	switch {
+	case b != nil && b.PerKey && b.KeysOpen > 0:
+		keys := "keys"
+		if b.KeysOpen == 1 {
+			keys = "key"
+		}
+		parts = append(parts, fmt.Sprintf("breaker %d %s %s, %s items held", b.KeysOpen, keys, b.State, count(b.Holding)))
+	case b != nil && b.State != pipeline.BreakerClosed.String():
 		parts = append(parts, fmt.Sprintf("breaker %s %s, %s held", b.State, seconds(b.Open), count(b.Held)))
 	}
 	if s.LimitHistory != nil {

@@ -53,6 +53,8 @@
 //	pipeline.stage.breaker.open_time Gauge (float)  s          pipeline.stage (time open or half-open)
 //	pipeline.stage.breaker.openings  UpDownCounter  {opening}  pipeline.stage (times it opened)
 //	pipeline.stage.breaker.held      UpDownCounter  {attempt}  pipeline.stage (failed attempts held, not counted against items)
+//	pipeline.stage.breaker.holding   UpDownCounter  {item}     pipeline.stage (a breaker per key: items it holds now)
+//	pipeline.stage.breaker.keys_open UpDownCounter  {key}      pipeline.stage (a breaker per key: keys not closed now)
 //
 // All are observable instruments: Int64 unless marked float.
 //

@@ -62,6 +62,7 @@ type instruments struct {
 	// Clients of a service (WithRateLimit, WithCircuitBreaker, WithAdaptiveWorkers).
 	workerLimit, breakerState, breakerOpened, breakerHeld metric.Int64ObservableUpDownCounter
 	throttled, breakerOpen                                metric.Float64ObservableGauge
+	breakerHolding, breakerKeysOpen                       metric.Int64ObservableUpDownCounter // a breaker per key
 }
 
 // Register creates the package's instruments (see the package documentation) on meter
@@ -136,6 +137,10 @@ func Register(p *pipeline.Pipeline, meter metric.Meter, opts ...Option) (metric.
 	in.breakerOpened = upDown("pipeline.stage.breaker.openings", "{opening}", "Times the stage's circuit breaker opened in the current or last run.")
 	in.breakerHeld = upDown("pipeline.stage.breaker.held", "{attempt}",
 		"Failed attempts the stage's circuit breaker held (not counted against their items) in the current or last run.")
+	in.breakerHolding = upDown("pipeline.stage.breaker.holding", "{item}",
+		"Items a breaker per key (WithBreakerPerKey) holds now out of the workers' hands, for keys whose breaker is not closed.")
+	in.breakerKeysOpen = upDown("pipeline.stage.breaker.keys_open", "{key}",
+		"Keys whose breaker is not closed now, of a breaker per key (WithBreakerPerKey).")
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
@@ -146,7 +151,8 @@ func Register(p *pipeline.Pipeline, meter metric.Meter, opts ...Option) (metric.
 	}, in.active, in.elapsed, in.items, in.input, in.output, in.inFlight, in.retries, in.errs, in.flushes,
 		in.queueLen, in.queueCap, in.queuePeak, in.workers, in.held, in.duration, in.timed, in.timeout, in.oldestAttempt,
 		in.checkpointPosition, in.checkpointAge, in.handedBack, in.total, in.resumed,
-		in.workerLimit, in.throttled, in.breakerState, in.breakerOpen, in.breakerOpened, in.breakerHeld)
+		in.workerLimit, in.throttled, in.breakerState, in.breakerOpen, in.breakerOpened, in.breakerHeld,
+		in.breakerHolding, in.breakerKeysOpen)
 }
 
 // observe records the figures of one snapshot.
@@ -273,4 +279,8 @@ func observeClient(in *instruments, s *pipeline.StageReport, stage attribute.Key
 	seconds(in.breakerOpen, b.TimeOpen, stage)
 	count(in.breakerOpened, b.Opened, stage)
 	count(in.breakerHeld, b.Held, stage)
+	if b.PerKey {
+		count(in.breakerHolding, b.Holding, stage)
+		count(in.breakerKeysOpen, int64(b.KeysOpen), stage)
+	}
 }

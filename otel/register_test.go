@@ -402,6 +402,49 @@ func BenchmarkCollect(b *testing.B) {
 	}
 }
 
+// TestBreakerPerKey collects the instruments of a breaker per key, in virtual time:
+// while key 1's service is down, its breaker is open and holds key 1's items, and key
+// 0's go on; once it is back (before OpenFor), the probe closes it and nothing is held.
+func TestBreakerPerKey(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var down atomic.Bool
+		down.Store(true)
+		p := pipeline.New()
+		call := pipeline.NewSink("call", 2, func(_ context.Context, v int) error {
+			if v%2 == 1 && down.Load() {
+				return pipeline.Transient(errors.New("503"))
+			}
+			return nil
+		}, pipeline.WithRetry(2, nil), pipeline.WithBreakerPerKey(func(v int) int { return v % 2 },
+			pipeline.Breaker{Failures: 1, OpenFor: time.Minute}, pipeline.KeyBounds{}))
+		items := make([]int, 20)
+		for i := range items {
+			items[i] = i
+		}
+		pipeline.To(pipeline.FromSlice(p, items), call)
+		reader, provider := newReader(t)
+		reg, err := pipelineotel.Register(p, provider.Meter("test"))
+		require.NoError(t, err)
+		defer func() { require.NoError(t, reg.Unregister()) }()
+		ran := make(chan error, 1)
+		go func() { ran <- p.Run(t.Context()) }()
+		synctest.Wait() // key 0 done; key 1's items held until OpenFor
+
+		checkValues(t, collect(t, reader), map[string]float64{
+			`pipeline.stage.breaker.holding{pipeline.stage=call}`:   10,
+			`pipeline.stage.breaker.keys_open{pipeline.stage=call}`: 1,
+		})
+		down.Store(false)
+		require.NoError(t, <-ran)
+		got := collect(t, reader)
+		checkValues(t, got, map[string]float64{
+			`pipeline.stage.breaker.holding{pipeline.stage=call}`:   0,
+			`pipeline.stage.breaker.keys_open{pipeline.stage=call}`: 0,
+		})
+		assert.Equal(t, "{item}", got[`pipeline.stage.breaker.holding{pipeline.stage=call}`].unit)
+	})
+}
+
 // TestClient collects the instruments of a stage's circuit breaker, rate limit and
 // adaptive workers, in virtual time: a service down for its first 3 calls opens the
 // breaker once, for OpenFor and the successful probe's 1 ms.

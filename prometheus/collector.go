@@ -64,6 +64,7 @@ type Collector struct {
 	// Clients of a service (WithRateLimit, WithCircuitBreaker, WithAdaptiveWorkers).
 	workerLimit, throttled                                *prometheus.Desc
 	breakerState, breakerOpen, breakerOpened, breakerHeld *prometheus.Desc
+	breakerHolding, breakerKeysOpen                       *prometheus.Desc // a breaker per key
 }
 
 // NewCollector returns a collector of the metrics of p, which it reads on each scrape;
@@ -143,6 +144,10 @@ func NewCollector(p *pipeline.Pipeline, opts ...Option) *Collector {
 			"Times the stage's circuit breaker opened in the current or last run.", "stage"),
 		breakerHeld: desc("pipeline_stage_breaker_held_total",
 			"Failed attempts the stage's circuit breaker held (not counted against their items) in the current or last run.", "stage"),
+		breakerHolding: desc("pipeline_stage_breaker_holding_items",
+			"Items a breaker per key (WithBreakerPerKey) holds now out of the workers' hands, for keys whose breaker is not closed.", "stage"),
+		breakerKeysOpen: desc("pipeline_stage_breaker_keys_open",
+			"Keys whose breaker is not closed now, of a breaker per key (WithBreakerPerKey).", "stage"),
 	}
 }
 
@@ -155,6 +160,7 @@ func (c *Collector) descs() []*prometheus.Desc {
 		c.queueLen, c.queueCap, c.queuePeak, c.workers, c.busy, c.inFlight, c.held,
 		c.latency, c.timeout, c.oldestAttempt, c.checkpointPosition, c.checkpointAge,
 		c.workerLimit, c.throttled, c.breakerState, c.breakerOpen, c.breakerOpened, c.breakerHeld,
+		c.breakerHolding, c.breakerKeysOpen,
 		c.handedBack, c.total, c.resumed,
 	}
 }
@@ -289,5 +295,9 @@ func (c *Collector) collectClient(ch chan<- prometheus.Metric, s *pipeline.Stage
 		ch <- prometheus.MustNewConstMetric(c.breakerOpen, prometheus.CounterValue, b.TimeOpen.Seconds(), s.Name)
 		ch <- prometheus.MustNewConstMetric(c.breakerOpened, prometheus.CounterValue, float64(b.Opened), s.Name)
 		ch <- prometheus.MustNewConstMetric(c.breakerHeld, prometheus.CounterValue, float64(b.Held), s.Name)
+		if b.PerKey {
+			ch <- prometheus.MustNewConstMetric(c.breakerHolding, prometheus.GaugeValue, float64(b.Holding), s.Name)
+			ch <- prometheus.MustNewConstMetric(c.breakerKeysOpen, prometheus.GaugeValue, float64(b.KeysOpen), s.Name)
+		}
 	}
 }

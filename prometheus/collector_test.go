@@ -568,6 +568,54 @@ func BenchmarkScrape(b *testing.B) {
 	}
 }
 
+// TestCollectorBreakerPerKey checks the gauges of a breaker per key, in virtual time:
+// while key 1's service is down, its breaker is open and holds key 1's items, and key
+// 0's go on; once it is back (before OpenFor), the probe closes it and nothing is held.
+func TestCollectorBreakerPerKey(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		var down atomic.Bool
+		down.Store(true)
+		p := pipeline.New()
+		call := pipeline.NewSink("call", 2, func(_ context.Context, v int) error {
+			if v%2 == 1 && down.Load() {
+				return pipeline.Transient(errors.New("503"))
+			}
+			return nil
+		}, pipeline.WithRetry(2, nil), pipeline.WithBreakerPerKey(func(v int) int { return v % 2 },
+			pipeline.Breaker{Failures: 1, OpenFor: time.Minute}, pipeline.KeyBounds{}))
+		items := make([]int, 20)
+		for i := range items {
+			items[i] = i
+		}
+		pipeline.To(pipeline.FromSlice(p, items), call)
+		reg := prometheus.NewRegistry()
+		require.NoError(t, reg.Register(pipelineprom.NewCollector(p)))
+		ran := make(chan error, 1)
+		go func() { ran <- p.Run(t.Context()) }()
+		synctest.Wait() // key 0 done; key 1's items held until OpenFor
+
+		text := gather(t, reg)
+		got, types := samples(t, text)
+		checkSamples(t, got, map[string]float64{
+			`pipeline_stage_breaker_holding_items{stage="call"}`: 10,
+			`pipeline_stage_breaker_keys_open{stage="call"}`:     1,
+		}, text)
+		assert.Equal(t, dto.MetricType_GAUGE, types["pipeline_stage_breaker_holding_items"])
+		assert.Equal(t, dto.MetricType_GAUGE, types["pipeline_stage_breaker_keys_open"])
+
+		down.Store(false)
+		require.NoError(t, <-ran)
+		text = gather(t, reg)
+		got, _ = samples(t, text)
+		checkSamples(t, got, map[string]float64{
+			`pipeline_stage_breaker_holding_items{stage="call"}`:           0,
+			`pipeline_stage_breaker_keys_open{stage="call"}`:               0,
+			`pipeline_stage_items_total{outcome="succeeded",stage="call"}`: 20,
+		}, text)
+	})
+}
+
 // TestCollectorClient checks the metrics of a stage's circuit breaker, rate limit and
 // adaptive workers, in virtual time: a service down for its first 3 calls opens the
 // breaker once (the first probe, at OpenFor, succeeds), and a stage without those

@@ -54,6 +54,8 @@
 //	pipeline_stage_breaker_open_seconds_total counter stage                time the breaker spent open or half-open
 //	pipeline_stage_breaker_opened_total      counter  stage                times it opened
 //	pipeline_stage_breaker_held_total        counter  stage                failed attempts it held (not counted against items)
+//	pipeline_stage_breaker_holding_items     gauge    stage                a breaker per key: items it holds now
+//	pipeline_stage_breaker_keys_open         gauge    stage                a breaker per key: keys not closed now
 //
 // Sources and filters have no queue, workers or latency; batches have no latency. For
 // every stage, in = succeeded + dead_lettered + failed + in_flight + not_started, where
