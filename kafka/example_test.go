@@ -263,6 +263,43 @@ func ExampleSource_Stats() {
 	// fetched: 3 committed: 2 undecodable: 1
 }
 
+// This example shows the consumer lag a run sees while its sink holds the records,
+// and the counters a dashboard row shows (dashboard.WithRowStats).
+func ExampleStats_Counters() {
+	env := newExampleEnv("1", "2", "3")
+	defer env.close()
+
+	src := kafka.NewSource(env.client(), "lagging", []string{"orders"}, pipeline.JSONCodec[int]{},
+		kafka.WithCommitInterval(50*time.Millisecond))
+	p := pipeline.New()
+	release := make(chan struct{})
+	pipeline.To(src.Stream(p), pipeline.NewSink("held", 1, func(ctx context.Context, m kafka.Message[int]) error {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		if m.Value == 3 {
+			src.Stop()
+		}
+		return nil
+	}))
+	done := make(chan error, 1)
+	go func() { done <- p.Run(context.Background()) }()
+	for src.Stats().TotalLag() != 3 { // nothing committed yet: the three records
+		time.Sleep(10 * time.Millisecond)
+	}
+	fmt.Println("lag of orders/0:", src.Stats().Lag[kafka.TopicPartition{Topic: "orders", Partition: 0}])
+	close(release)
+	if err := <-done; err != nil {
+		fmt.Println(err)
+	}
+	c := src.Stats().Counters()
+	fmt.Println("committed:", c["committed"], "lag:", c["lag"])
+	// Output:
+	// lag of orders/0: 3
+	// committed: 3 lag: 0
+}
+
 // This example shows a stage keyed by partition: its four workers process the records
 // of each partition one at a time and in offset order.
 func ExampleMessage_TopicPartition() {

@@ -48,15 +48,44 @@ type part struct {
 	committed int64 // the last offset committed for this assignment, -1 for none
 	behind    int64 // records behind mark (settled, no longer pending)
 	behindAt  int64 // behind when the last committed mark was taken
+	hwm       int64 // the partition's high watermark, last seen (a fetch, a listing), -1 unknown
+	start     int64 // the offset of the assignment's first record taken, -1 before one
+	logStart  int64 // the partition's log start offset, if listed (for lag before start is known), -1 unknown
 }
 
 func newPart(tp TopicPartition) *part {
-	return &part{tp: tp, live: true, committed: -1}
+	return &part{tp: tp, live: true, committed: -1, hwm: -1, start: -1, logStart: -1}
+}
+
+// lag returns the records of p between its committed offset and its high watermark:
+// committed is what this assignment committed, else group (the group's committed
+// offset when the assignment began, -1 for none), else the assignment's first record,
+// else the partition's log start offset (a group with no commit consumes from there,
+// unless told to start at the end: kgo.ConsumeResetOffset). ok is false while either
+// end is unknown.
+func (p *part) lag(group int64) (lag int64, ok bool) {
+	committed := p.committed
+	if committed < 0 {
+		committed = group
+	}
+	if committed < 0 {
+		committed = p.start
+	}
+	if committed < 0 {
+		committed = p.logStart
+	}
+	if p.hwm < 0 || committed < 0 {
+		return 0, false
+	}
+	return max(p.hwm-committed, 0), true
 }
 
 // add appends rec, the next record of the partition, in the pipeline.
 func (p *part) add(rec *kgo.Record) *entry {
 	e := &entry{p: p, rec: rec, offset: rec.Offset, epoch: rec.LeaderEpoch, state: inPipeline}
+	if p.start < 0 {
+		p.start = rec.Offset
+	}
 	p.pending = append(p.pending, e)
 	p.busy++
 	return e

@@ -204,6 +204,59 @@ type Stats struct {
 	FetchErrors  int64 // errors the client reported and the source went on after
 	DLErrors     int64 // dead letters whose produce failed (their records are emitted again)
 	Paused       int64 // times a partition's fetches were paused: WithMaxPending of its records settled behind an unsettled one
+
+	// Lag is the consumer lag of each partition the current run holds: its high
+	// watermark (the offset the next record produced to it will get) minus its
+	// committed offset, the records a new owner would have to consume. The
+	// committed offset is the run's last commit of the partition, or, before one,
+	// the group's when the partition was assigned (with none, the first record the
+	// run took of it, or before that the log's start, as a group with no commit
+	// consumes from there unless kgo.ConsumeResetOffset says the end). The high watermark is the last one seen, in a fetch
+	// response or in a listing of the topics' end offsets the source makes every
+	// [WithCommitInterval], so that lag grows while backpressure holds fetches back.
+	// A partition is missing while either end is unknown (just assigned, nothing
+	// fetched yet), and Lag is nil between runs.
+	Lag map[TopicPartition]int64
+}
+
+// TotalLag returns the sum of st.Lag: the records of the current run's partitions
+// not committed yet.
+func (st Stats) TotalLag() int64 {
+	var n int64
+	for _, l := range st.Lag {
+		n += l
+	}
+	return n
+}
+
+// Counters returns the counts as a map, for a view that shows a connector's counters
+// on its row, such as the dashboard's WithRowStats:
+//
+//	h.Add("orders", p, dashboard.WithRowStats("Kafka", func() map[string]int64 {
+//		return src.Stats().Counters()
+//	}))
+//
+// "fetched", "committed", "dead-lettered", "handed back", "not processed" and "lag"
+// (TotalLag) are always there; the other counts of Stats, by their names in lower
+// case ("stale", "revoked", "commit errors", ...), only when not 0. It makes a new
+// map on each call.
+func (st Stats) Counters() map[string]int64 {
+	m := map[string]int64{
+		"fetched": st.Fetched, "committed": st.Committed, "dead-lettered": st.DeadLettered,
+		"handed back": st.HandedBack, "not processed": st.NotProcessed, "lag": st.TotalLag(),
+	}
+	for k, v := range map[string]int64{
+		"undecodable": st.Undecodable, "stale": st.Stale, "uncommitted": st.Uncommitted,
+		"dropped": st.Dropped, "assigned": st.Assigned, "revoked": st.Revoked,
+		"revoke waited": st.RevokeWaited, "lost": st.Lost, "commits": st.Commits,
+		"commit errors": st.CommitErrors, "fetch errors": st.FetchErrors,
+		"dead-letter errors": st.DLErrors, "paused": st.Paused,
+	} {
+		if v != 0 {
+			m[k] = v
+		}
+	}
+	return m
 }
 
 // Source reads topics as a member of a Kafka consumer group, as the acknowledged source
@@ -343,7 +396,35 @@ func (s *Source[T]) Stats() Stats {
 		Stale: s.stale.Load(), Uncommitted: s.uncommitted.Load(), Dropped: s.dropped.Load(), Assigned: s.assigned.Load(), Revoked: s.revoked.Load(),
 		RevokeWaited: s.revokeWaited.Load(), Lost: s.lost.Load(), Commits: s.commits.Load(), CommitErrors: s.commitErrors.Load(),
 		FetchErrors: s.fetchErrors.Load(), DLErrors: s.dlErrors.Load(), Paused: s.paused.Load(),
+		Lag: s.lag(),
 	}
+}
+
+// lag returns the lag of the current run's partitions, nil without a run.
+func (s *Source[T]) lag() map[TopicPartition]int64 {
+	s.mu.Lock()
+	ss := s.cur
+	s.mu.Unlock()
+	if ss == nil {
+		return nil
+	}
+	group := ss.cl.CommittedOffsets() // before ss.mu: the client's callbacks take ss.mu under its own locks
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	lag := make(map[TopicPartition]int64, len(ss.parts))
+	for tp, p := range ss.parts {
+		if !p.live {
+			continue
+		}
+		g := int64(-1)
+		if eo, ok := group[tp.Topic][tp.Partition]; ok {
+			g = eo.Offset
+		}
+		if l, ok := p.lag(g); ok {
+			lag[tp] = l
+		}
+	}
+	return lag
 }
 
 // checkTopics fails with a [*GroupError] when a topic of the source does not exist or
@@ -553,10 +634,10 @@ func (ss *session[T]) poll(ctx context.Context, out chan<- polledBatch) {
 	// wait tells the batches downstream to flush what they hold. At maxPending, every
 	// held record could be emitted, none waiting, and a partial batch without a linger
 	// would hold its items for good.
-	max := ss.s.cfg.maxPending + 1
+	limit := ss.s.cfg.maxPending + 1
 	for {
 		ss.mu.Lock()
-		for ss.held >= max {
+		for ss.held >= limit {
 			ch := ss.waitLocked()
 			ss.mu.Unlock()
 			select {
@@ -566,7 +647,7 @@ func (ss *session[T]) poll(ctx context.Context, out chan<- polledBatch) {
 			}
 			ss.mu.Lock()
 		}
-		room := max - ss.held
+		room := limit - ss.held
 		ss.mu.Unlock()
 		fs := ss.cl.PollRecords(ctx, room)
 		if ctx.Err() != nil || fs.IsClientClosed() {
@@ -580,6 +661,11 @@ func (ss *session[T]) poll(ctx context.Context, out chan<- polledBatch) {
 			}
 		})
 		ss.mu.Lock()
+		fs.EachPartition(func(fp kgo.FetchTopicPartition) {
+			if p := ss.parts[TopicPartition{fp.Topic, fp.Partition}]; p != nil && fp.Err == nil {
+				p.hwm = max(p.hwm, fp.HighWatermark)
+			}
+		})
 		fs.EachRecord(func(r *kgo.Record) {
 			p := ss.parts[TopicPartition{r.Topic, r.Partition}]
 			if p == nil || !p.live || p.revoking {
@@ -894,8 +980,47 @@ func (ss *session[T]) commitLoop(ctx context.Context) {
 			return
 		case <-tick.C:
 			ss.commitDue(ctx, true)
+			ss.listEnds(ctx)
 		}
 	}
+}
+
+// listEnds updates the high watermarks of the live partitions from a listing of the
+// topics' end offsets (for Stats.Lag): a partition whose fetches wait (the pipeline
+// is full, or it is paused) shows no newer one. A failed listing changes nothing.
+func (ss *session[T]) listEnds(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, ss.s.cfg.timeout)
+	defer cancel()
+	adm := kadm.NewClient(ss.cl)
+	ends, err := adm.ListEndOffsets(ctx, ss.s.topics...)
+	if err != nil {
+		return
+	}
+	ss.mu.Lock()
+	needStart := false
+	ends.Each(func(o kadm.ListedOffset) {
+		if p := ss.parts[TopicPartition{o.Topic, o.Partition}]; p != nil && o.Err == nil {
+			p.hwm = max(p.hwm, o.Offset)
+			needStart = needStart || p.committed < 0 && p.start < 0
+		}
+	})
+	ss.mu.Unlock()
+	if !needStart {
+		return
+	}
+	// A partition with nothing committed by this run and no record taken yet: its lag
+	// may have to count from the log's start (Stats.Lag).
+	starts, err := adm.ListStartOffsets(ctx, ss.s.topics...)
+	if err != nil {
+		return
+	}
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	starts.Each(func(o kadm.ListedOffset) {
+		if p := ss.parts[TopicPartition{o.Topic, o.Partition}]; p != nil && o.Err == nil {
+			p.logStart = o.Offset
+		}
+	})
 }
 
 // commitDue commits the watermarks of the live partitions (not those being revoked,
