@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/gopipeline/pipeline"
 	"github.com/gopipeline/pipeline/kafka"
@@ -326,6 +327,27 @@ func ExampleMessage_TopicPartition() {
 	// P
 	// Q
 	// R
+}
+
+// This example shows a run whose dead-letter topic the broker refuses (a permission
+// missing: no retry can help, so the run fails at once), and a patience for causes that
+// may pass, such as a dead-letter topic not created yet.
+func ExampleDeadLetterError() {
+	env := newExampleEnv(`not json`)
+	defer env.close()
+	env.cluster.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: "rejected", Err: kerr.TopicAuthorizationFailed, Count: -1})
+
+	src := kafka.NewSource(env.client(), "orders", []string{"orders"}, pipeline.JSONCodec[int]{},
+		kafka.WithDeadLetterTopic(env.prod, "rejected"), kafka.WithDeadLetterTimeout(30*time.Second))
+	p := pipeline.New()
+	pipeline.To(src.Stream(p), pipeline.NewSink("drop", 1, func(context.Context, kafka.Message[int]) error { return nil }))
+	err := p.Run(context.Background())
+	if de, ok := errors.AsType[*kafka.DeadLetterError](err); ok {
+		fmt.Printf("record %s/%d@%d, permanent: %v, unauthorized: %v\n", de.From.Topic, de.From.Partition, de.Offset,
+			de.Permanent, errors.Is(err, kerr.TopicAuthorizationFailed))
+	}
+	// Output:
+	// record orders/0@0, permanent: true, unauthorized: true
 }
 
 // This example shows the error of a run whose topic does not exist.

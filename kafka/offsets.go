@@ -32,6 +32,8 @@ type entry struct {
 	offset int64
 	epoch  int32
 	state  uint8
+	// dlSince is when its dead letter first failed (Unix ns), 0 if none did.
+	dlSince int64
 }
 
 // part is one assignment of a partition to the run.

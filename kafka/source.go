@@ -58,6 +58,28 @@ func (e *GroupError) Error() string {
 // Unwrap returns Err.
 func (e *GroupError) Unwrap() error { return e.Err }
 
+// DeadLetterError is the error with which a run fails when the dead letter of a
+// record cannot be produced to the dead-letter topic ([WithDeadLetterTopic]): at once
+// when the broker's answer says that no retry can succeed (Permanent: a permission
+// missing, the record too large, ...), or once it kept failing for
+// [WithDeadLetterTimeout]. Err is the last produce's error ([kerr.MessageTooLarge],
+// [kerr.TopicAuthorizationFailed], [kerr.UnknownTopicOrPartition], ... matchable with
+// errors.Is). The record stays uncommitted.
+type DeadLetterError struct {
+	Topic     string         // the dead-letter topic
+	From      TopicPartition // the record's partition
+	Offset    int64          // and offset
+	Permanent bool           // Err cannot pass: the run failed at the first attempt
+	Err       error
+}
+
+func (e *DeadLetterError) Error() string {
+	return fmt.Sprintf("kafka: dead letter of %s/%d@%d to topic %q: %v", e.From.Topic, e.From.Partition, e.Offset, e.Topic, e.Err)
+}
+
+// Unwrap returns Err.
+func (e *DeadLetterError) Unwrap() error { return e.Err }
+
 // ErrConcurrentRun is the error with which a run fails when its [Source] is already
 // serving another run: a Source serves one run at a time.
 var ErrConcurrentRun = errors.New("kafka: the source is already serving a run")
@@ -102,6 +124,7 @@ type sourceConfig struct {
 	timeout     time.Duration
 	dl          *kgo.Client
 	dlTopic     string
+	dlPatience  time.Duration
 }
 
 // WithName names the source's row in the pipeline's report ("Kafka" by default). It
@@ -168,7 +191,9 @@ func WithRequestTimeout(d time.Duration) SourceOption {
 // headers and the Header* headers, and settles the record (its offset may then be
 // committed) only once the produce is acknowledged. If the produce fails, the record
 // stays unsettled and is emitted again a second later, to be set aside (and produced)
-// again. The produce runs where the item settled (a stage's dead-letter path; the
+// again, for at most [WithDeadLetterTimeout]; a failure no retry can mend (a
+// permission missing, the record too large) fails the run at once with a
+// [*DeadLetterError]. The produce runs where the item settled (a stage's dead-letter path; the
 // source itself for an undecodable record) and waits for the acknowledgement, at most
 // [WithRequestTimeout]. Without this option a dead-lettered record settles once the
 // stage's own dead-letter destination ([pipeline.WithDeadLetter]) took the item, and an
@@ -182,6 +207,20 @@ func WithDeadLetterTopic(cl *kgo.Client, topic string) SourceOption {
 		panic("kafka: WithDeadLetterTopic needs a client and a topic")
 	}
 	return sourceOpt(func(c *sourceConfig) { c.dl, c.dlTopic = cl, topic })
+}
+
+// WithDeadLetterTimeout bounds how long a record's dead letter may keep failing to be
+// produced to the [WithDeadLetterTopic] for a cause that may pass (the topic does not
+// exist yet, the broker is unreachable, a produce timed out); after that the run fails
+// with a [*DeadLetterError]. A cause that cannot pass (a permission missing, the record
+// too large for the topic: a broker error Kafka calls not retriable) fails the run at
+// the first attempt. Either way the record is not committed: the group's next run meets
+// it again. The default is one minute. It panics if d <= 0.
+func WithDeadLetterTimeout(d time.Duration) SourceOption {
+	if d <= 0 {
+		panic(fmt.Sprintf("kafka: WithDeadLetterTimeout(%v): need a positive duration", d))
+	}
+	return sourceOpt(func(c *sourceConfig) { c.dlPatience = d })
 }
 
 // Stats counts what a [Source] did, over all its runs.
@@ -353,7 +392,10 @@ func NewSource[T any](client []kgo.Opt, group string, topics []string, codec pip
 	if group == "" || len(topics) == 0 || slices.Contains(topics, "") || codec == nil {
 		panic("kafka: NewSource needs a group, topics and a codec")
 	}
-	cfg := sourceConfig{name: "Kafka", maxPending: 1000, commitEvery: time.Second, revokeWait: 5 * time.Second, timeout: 10 * time.Second}
+	cfg := sourceConfig{
+		name: "Kafka", maxPending: 1000, commitEvery: time.Second, revokeWait: 5 * time.Second, timeout: 10 * time.Second,
+		dlPatience: time.Minute,
+	}
 	for i, o := range opts {
 		if o == nil {
 			panic(fmt.Sprintf("kafka: NewSource: option %d of %d is nil", i+1, len(opts)))
@@ -475,7 +517,7 @@ func (s *Source[T]) run(ctx context.Context, emit func(Message[T], func(pipeline
 	}
 	ss := &session[T]{
 		s: s, parts: map[TopicPartition]*part{}, changed: make(chan struct{}),
-		kick: make(chan struct{}, 1), stopped: make(chan struct{}),
+		kick: make(chan struct{}, 1), stopped: make(chan struct{}), failed: make(chan struct{}),
 	}
 	opts := append(slices.Clone(s.client),
 		kgo.ConsumerGroup(s.group), kgo.ConsumeTopics(s.topics...),
@@ -525,11 +567,13 @@ func (s *Source[T]) run(ctx context.Context, emit func(Message[T], func(pipeline
 			return context.Cause(ctx)
 		case <-ss.stopped:
 			return nil
+		case <-ss.failed:
+			return ss.failErr
 		case <-ss.kick:
 		case <-timer.C:
 		case b := <-polled:
 			for i, r := range b.recs {
-				if ss.isStopped() || ctx.Err() != nil {
+				if ss.isStopped() || ss.isFailed() || ctx.Err() != nil {
 					ss.drop(len(b.recs) - i)
 					break
 				}
@@ -569,6 +613,9 @@ type session[T any] struct {
 	kick     chan struct{} // a retry was scheduled
 	stopped  chan struct{}
 	stopOnce sync.Once
+	failed   chan struct{} // closed when failErr is set: the run fails with it
+	failErr  error
+	failOnce sync.Once
 }
 
 type retryAt struct {
@@ -588,6 +635,23 @@ type polledRec struct {
 }
 
 func (ss *session[T]) stop() { ss.stopOnce.Do(func() { close(ss.stopped) }) }
+
+func (ss *session[T]) isFailed() bool {
+	select {
+	case <-ss.failed:
+		return true
+	default:
+		return false
+	}
+}
+
+// fail makes the run fail with err (the first one given).
+func (ss *session[T]) fail(err error) {
+	ss.failOnce.Do(func() {
+		ss.failErr = err
+		close(ss.failed)
+	})
+}
 
 func (ss *session[T]) isStopped() bool {
 	select {
@@ -812,6 +876,11 @@ func (ss *session[T]) deadLetter(e *entry, dl pipeline.DeadLetter[struct{}]) boo
 		cancel()
 		if err != nil {
 			ss.s.dlErrors.Add(1)
+			if derr := ss.deadLetterFailed(e, err); derr != nil {
+				ss.abandon(e) // uncommitted: the next run meets it again
+				ss.fail(derr)
+				return false
+			}
 			ss.retryLater(e, deadLetterRetry)
 			return false
 		}
@@ -819,6 +888,24 @@ func (ss *session[T]) deadLetter(e *entry, dl pipeline.DeadLetter[struct{}]) boo
 	ss.s.deadLettered.Add(1)
 	ss.done(e)
 	return true
+}
+
+// deadLetterFailed returns the error the run fails with when e's dead letter could
+// not be produced (err): at once for a cause that cannot pass, once the first failure
+// of e's dead letter is WithDeadLetterTimeout old for others, else nil (try again).
+func (ss *session[T]) deadLetterFailed(e *entry, err error) error {
+	now := time.Now()
+	ss.mu.Lock()
+	if e.dlSince == 0 {
+		e.dlSince = now.UnixNano()
+	}
+	since := time.Unix(0, e.dlSince)
+	ss.mu.Unlock()
+	permanent := unrecoverable(err)
+	if !permanent && now.Sub(since) < ss.s.cfg.dlPatience {
+		return nil
+	}
+	return &DeadLetterError{Topic: ss.s.cfg.dlTopic, From: e.p.tp, Offset: e.offset, Permanent: permanent, Err: err}
 }
 
 // done settles e: its partition's watermark may move.
