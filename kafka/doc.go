@@ -20,9 +20,19 @@
 // partition (a crash, a member removed from the group, an item slower than
 // [WithRevokeTimeout] at a revoke) is processed again by the partition's next owner.
 // [Stats].Stale and [Stats].Uncommitted count, on the old owner, the records left to
-// be redone. Sinks must therefore be idempotent, or tolerate duplicates. Offsets
-// committed in the sink's own transaction (PostgreSQL, Kafka transactions), which make
-// a sink exactly once, are not part of this package yet.
+// be redone. Sinks must therefore be idempotent, or tolerate duplicates.
+//
+// # Exactly once, Kafka to Kafka
+//
+// With [WithTransactionalID], the source's client is a transactional producer, and
+// [NewTransactSink] produces each batch in a Kafka transaction that also commits the
+// offsets its records take the group to: a consumer downstream that reads committed
+// sees each input record's output once, across crashes and rebalances. A rebalance or a
+// failed produce aborts the open transaction, and the source takes its partitions back
+// to their committed offsets. It needs each partition's records to reach the sink in
+// offset order (a stage keyed by partition) and every output of a record in one batch;
+// dead letters stay at least once. Offsets committed in a PostgreSQL transaction are
+// not part of this package yet.
 //
 // # Rebalances
 //

@@ -350,6 +350,36 @@ func ExampleDeadLetterError() {
 	// record orders/0@0, permanent: true, unauthorized: true
 }
 
+// This example shows Kafka to Kafka exactly once: each batch of outputs is produced in
+// a transaction that also commits the offsets of the records they come from. The
+// stage keeps each output's origin (the message's Topic, Partition and Offset) and is
+// keyed by partition, so that each partition's records reach the sink in order.
+func ExampleNewTransactSink() {
+	env := newExampleEnv("a", "b", "c")
+	defer env.close()
+
+	src := kafka.NewSource(env.client(), "shipping", []string{"orders"}, kafka.Bytes{},
+		kafka.WithTransactionalID("shipping-1")) // one id per member, the same across its restarts
+	p := pipeline.New()
+	upper := pipeline.Then(src.Stream(p), pipeline.NewStage("upper", 2, func(_ context.Context, m kafka.Message[[]byte]) (kafka.Message[string], error) {
+		if string(m.Value) == "c" {
+			src.Stop()
+		}
+		return kafka.Message[string]{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Key: m.Key, Value: strings.ToUpper(string(m.Value))}, nil
+	}, pipeline.WithKey(kafka.Message[[]byte].TopicPartition)))
+	pipeline.ToBatches(upper, 10, kafka.NewTransactSink("ship", src, "shipped", pipeline.JSONCodec[string]{}, nil),
+		pipeline.WithLinger(10*time.Millisecond))
+	if err := p.Run(context.Background()); err != nil {
+		fmt.Println(err)
+	}
+	fmt.Println(env.read("shipped", 3))
+	st := src.Stats()
+	fmt.Println("committed:", st.Committed, "aborted:", st.Aborted)
+	// Output:
+	// ["A" "B" "C"]
+	// committed: 3 aborted: 0
+}
+
 // This example shows the error of a run whose topic does not exist.
 func ExampleGroupError() {
 	env := newExampleEnv()

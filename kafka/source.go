@@ -125,6 +125,7 @@ type sourceConfig struct {
 	dl          *kgo.Client
 	dlTopic     string
 	dlPatience  time.Duration
+	txnID       string
 }
 
 // WithName names the source's row in the pipeline's report ("Kafka" by default). It
@@ -243,6 +244,9 @@ type Stats struct {
 	FetchErrors  int64 // errors the client reported and the source went on after
 	DLErrors     int64 // dead letters whose produce failed (their records are emitted again)
 	Paused       int64 // times a partition's fetches were paused: WithMaxPending of its records settled behind an unsettled one
+	Transactions int64 // transactions committed (NewTransactSink, and the source's own for offsets)
+	Aborted      int64 // transactions aborted (a rebalance, a failed produce): what they held is redone
+	OutOfOrder   int64 // records a transaction produced past an unsettled earlier record of their partition
 
 	// Lag is the consumer lag of each partition the current run holds: its high
 	// watermark (the offset the next record produced to it will get) minus its
@@ -290,6 +294,7 @@ func (st Stats) Counters() map[string]int64 {
 		"revoke waited": st.RevokeWaited, "lost": st.Lost, "commits": st.Commits,
 		"commit errors": st.CommitErrors, "fetch errors": st.FetchErrors,
 		"dead-letter errors": st.DLErrors, "paused": st.Paused,
+		"transactions": st.Transactions, "aborted": st.Aborted, "out of order": st.OutOfOrder,
 	} {
 		if v != 0 {
 			m[k] = v
@@ -369,9 +374,12 @@ type Source[T any] struct {
 	fetched, committed, deadLettered, undecodable, handedBack, notProcessed atomic.Int64
 	stale, uncommitted, dropped, assigned, revoked, revokeWaited, lost      atomic.Int64
 	commits, commitErrors, fetchErrors, dlErrors, paused                    atomic.Int64
+	transactions, aborted, outOfOrder                                       atomic.Int64
+	crash                                                                   atomic.Bool // a test's crash (export_test.go)
 
 	mu       sync.Mutex
 	cur      *session[T] // the current run's, if any
+	open     *session[T] // the session whose client is open (until its last item settled), for NewTransactSink
 	running  bool        // a run is under way (from its start, before cur is set)
 	stopping bool
 }
@@ -438,6 +446,7 @@ func (s *Source[T]) Stats() Stats {
 		Stale: s.stale.Load(), Uncommitted: s.uncommitted.Load(), Dropped: s.dropped.Load(), Assigned: s.assigned.Load(), Revoked: s.revoked.Load(),
 		RevokeWaited: s.revokeWaited.Load(), Lost: s.lost.Load(), Commits: s.commits.Load(), CommitErrors: s.commitErrors.Load(),
 		FetchErrors: s.fetchErrors.Load(), DLErrors: s.dlErrors.Load(), Paused: s.paused.Load(),
+		Transactions: s.transactions.Load(), Aborted: s.aborted.Load(), OutOfOrder: s.outOfOrder.Load(),
 		Lag: s.lag(),
 	}
 }
@@ -524,9 +533,19 @@ func (s *Source[T]) run(ctx context.Context, emit func(Message[T], func(pipeline
 		kgo.DisableAutoCommit(), kgo.BlockRebalanceOnPoll(),
 		kgo.OnPartitionsAssigned(ss.assigned), kgo.OnPartitionsRevoked(ss.revoked), kgo.OnPartitionsLost(ss.lost),
 	)
-	cl, err := kgo.NewClient(opts...)
-	if err != nil {
-		return fmt.Errorf("kafka: client: %w", err)
+	var cl *kgo.Client
+	if s.cfg.txnID != "" {
+		opts = append(opts, kgo.TransactionalID(s.cfg.txnID), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+		tx, err := kgo.NewGroupTransactSession(opts...)
+		if err != nil {
+			return fmt.Errorf("kafka: client: %w", err)
+		}
+		ss.tx, cl = tx, tx.Client()
+	} else {
+		var err error
+		if cl, err = kgo.NewClient(opts...); err != nil {
+			return fmt.Errorf("kafka: client: %w", err)
+		}
 	}
 	ss.cl = cl
 	if perr != nil {
@@ -536,7 +555,7 @@ func (s *Source[T]) run(ctx context.Context, emit func(Message[T], func(pipeline
 		}
 	}
 	s.mu.Lock()
-	s.cur = ss
+	s.cur, s.open = ss, ss
 	stopping := s.stopping
 	s.mu.Unlock()
 	if stopping {
@@ -597,6 +616,10 @@ func (s *Source[T]) run(ctx context.Context, emit func(Message[T], func(pipeline
 type session[T any] struct {
 	s  *Source[T]
 	cl *kgo.Client
+	tx *kgo.GroupTransactSession // with WithTransactionalID: cl's session
+
+	txnMu  sync.Mutex // with tx: held through a transaction, from its Begin to its End
+	pollMu sync.Mutex // with tx: held through a poll and through a transaction (kgo: no poll during Begin or End)
 
 	commitMu sync.Mutex // held from collecting watermarks until their commit is done
 
@@ -713,9 +736,10 @@ func (ss *session[T]) poll(ctx context.Context, out chan<- polledBatch) {
 		}
 		room := limit - ss.held
 		ss.mu.Unlock()
-		fs := ss.cl.PollRecords(ctx, room)
+		fs, unlock := ss.pollRecords(ctx, room)
 		if ctx.Err() != nil || fs.IsClientClosed() {
 			ss.cl.AllowRebalance()
+			unlock()
 			return
 		}
 		var b polledBatch
@@ -736,11 +760,15 @@ func (ss *session[T]) poll(ctx context.Context, out chan<- polledBatch) {
 				ss.s.dropped.Add(1)
 				return
 			}
+			if p.start < 0 {
+				p.start = r.Offset
+			}
 			b.recs = append(b.recs, polledRec{p: p, rec: r})
 		})
 		ss.held += len(b.recs)
 		ss.mu.Unlock()
 		ss.cl.AllowRebalance()
+		unlock()
 		if len(b.recs) == 0 && b.err == nil {
 			continue
 		}
@@ -1053,6 +1081,17 @@ func (ss *session[T]) end() {
 // finish commits the watermarks of every partition and closes the client, which leaves
 // the group (its last revoke finds nothing more to commit).
 func (ss *session[T]) finish() {
+	defer func() {
+		ss.s.mu.Lock()
+		if ss.s.open == ss {
+			ss.s.open = nil
+		}
+		ss.s.mu.Unlock()
+	}()
+	if ss.s.crash.Load() { // a test's crash: no last commit
+		ss.cl.Close()
+		return
+	}
 	ss.commitDue(context.Background(), false)
 	ss.cl.CloseAllowingRebalance()
 }
@@ -1113,6 +1152,12 @@ func (ss *session[T]) listEnds(ctx context.Context) {
 // commitDue commits the watermarks of the live partitions (not those being revoked,
 // when skipRevoking) that moved since their last commit.
 func (ss *session[T]) commitDue(ctx context.Context, skipRevoking bool) {
+	if ss.tx != nil { // offsets only in a transaction
+		if err := ss.transact(ctx, nil); err != nil && ctx.Err() == nil {
+			ss.fail(err)
+		}
+		return
+	}
 	ss.commitMu.Lock()
 	defer ss.commitMu.Unlock()
 	ss.mu.Lock()
@@ -1206,6 +1251,12 @@ func (ss *session[T]) assigned(_ context.Context, _ *kgo.Client, assigned map[st
 // revoked stops emitting the revoked partitions' records, waits (a while) for their
 // items in the pipeline to settle, and commits their watermarks.
 func (ss *session[T]) revoked(ctx context.Context, cl *kgo.Client, revoked map[string][]int32) {
+	if ss.tx != nil {
+		// A transaction cannot end in this callback (kgo's session holds the lock its
+		// End needs), and the session aborts the open one: what it held is redone.
+		ss.endParts(revoked)
+		return
+	}
 	ss.mu.Lock()
 	var ps []*part
 	for topic, partitions := range revoked {

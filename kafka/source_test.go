@@ -291,6 +291,21 @@ func TestNewSourcePanicsOnMissingArguments(t *testing.T) {
 		{name: "request timeout", fn: func() { kafka.WithRequestTimeout(0) }, want: "kafka: WithRequestTimeout(0s): need a positive timeout"},
 		{name: "dead-letter topic", fn: func() { kafka.WithDeadLetterTopic(nil, "dead") }, want: "kafka: WithDeadLetterTopic needs a client and a topic"},
 		{name: "dead-letter timeout", fn: func() { kafka.WithDeadLetterTimeout(0) }, want: "kafka: WithDeadLetterTimeout(0s): need a positive duration"},
+		{name: "transactional id", fn: func() { kafka.WithTransactionalID("") }, want: `kafka: WithTransactionalID(""): empty id`},
+		{
+			name: "transact sink without id",
+			fn: func() {
+				kafka.NewTransactSink("out", kafka.NewSource(nil, "g", []string{"t"}, idCodec{}), "out", idCodec{}, nil)
+			},
+			want: `kafka: NewTransactSink("out"): the source has no WithTransactionalID`,
+		},
+		{
+			name: "transact sink without topic",
+			fn: func() {
+				kafka.NewTransactSink("out", kafka.NewSource(nil, "g", []string{"t"}, idCodec{}, kafka.WithTransactionalID("x")), "", idCodec{}, nil)
+			},
+			want: `kafka: NewTransactSink("out") needs a source, a topic and a codec`,
+		},
 		{name: "name", fn: func() { kafka.WithName("") }, want: `kafka: WithName(""): empty name`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
