@@ -1154,7 +1154,8 @@ func (ss *session[T]) listEnds(ctx context.Context) {
 func (ss *session[T]) commitDue(ctx context.Context, skipRevoking bool) {
 	if ss.tx != nil { // offsets only in a transaction
 		if err := ss.transact(ctx, nil); err != nil && ctx.Err() == nil {
-			ss.fail(err)
+			ss.s.commitErrors.Add(1)
+			ss.fail(err) // after the run's end (its last commit), counted only
 		}
 		return
 	}
