@@ -50,7 +50,8 @@
 // carry leader epochs (Kafka 2.1 or later), and, for the dead-letter topic and the
 // sink, the idempotent producer (which needs the IDEMPOTENT_WRITE permission before
 // Kafka 3.0). So it needs Apache Kafka 2.1 or later (3.x recommended) or a broker that
-// speaks the same APIs, such as Redpanda. It has no path of its own for a test
+// speaks the same APIs, such as Redpanda; [NewTransactSink] needs Kafka 2.5 or later
+// (KIP-447: transactional offset commits fenced by the group's generation). It has no path of its own for a test
 // cluster: its tests run against kfake, franz-go's in-process cluster, and no real
 // broker was at hand to run them against.
 package kafka
