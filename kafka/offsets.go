@@ -53,10 +53,30 @@ type part struct {
 	hwm       int64 // the partition's high watermark, last seen (a fetch, a listing), -1 unknown
 	start     int64 // the offset of the assignment's first record taken, -1 before one
 	logStart  int64 // the partition's log start offset, if listed (for lag before start is known), -1 unknown
+	maxPolled int64 // the last offset polled for this assignment, -1 before one
+	replayTo  int64 // after a rewind: the last offset polled before it, until polled again; -1 none
+}
+
+// admit reports whether a polled record at offset goes on: records come in offset
+// order, so one at or below the last polled is a repeat; after a rewind (replayTo),
+// one above what was polled before it comes from a fetch made before the rewind and is
+// dropped, until the replay gets back there.
+func (p *part) admit(offset int64) bool {
+	if p.replayTo >= 0 && offset > p.replayTo || offset <= p.maxPolled {
+		return false
+	}
+	if offset == p.replayTo {
+		p.replayTo = -1
+	}
+	p.maxPolled = offset
+	if p.start < 0 {
+		p.start = offset
+	}
+	return true
 }
 
 func newPart(tp TopicPartition) *part {
-	return &part{tp: tp, live: true, committed: -1, hwm: -1, start: -1, logStart: -1}
+	return &part{tp: tp, live: true, committed: -1, hwm: -1, start: -1, logStart: -1, maxPolled: -1, replayTo: -1}
 }
 
 // lag returns the records of p between its committed offset and its high watermark:

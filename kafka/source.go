@@ -630,6 +630,7 @@ type session[T any] struct {
 	waiting     bool
 	outstanding int // emitted items whose settle was not called yet
 	retries     []retryAt
+	txnDone     map[*entry]bool // entries whose outputs a transaction committed, until they settle
 	bodyDone    bool
 	finished    bool
 
@@ -760,8 +761,9 @@ func (ss *session[T]) poll(ctx context.Context, out chan<- polledBatch) {
 				ss.s.dropped.Add(1)
 				return
 			}
-			if p.start < 0 {
-				p.start = r.Offset
+			if !p.admit(r.Offset) {
+				ss.s.dropped.Add(1)
+				return
 			}
 			b.recs = append(b.recs, polledRec{p: p, rec: r})
 		})
@@ -940,6 +942,7 @@ func (ss *session[T]) deadLetterFailed(e *entry, err error) error {
 func (ss *session[T]) done(e *entry) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
+	delete(ss.txnDone, e)
 	if !e.p.live {
 		ss.s.stale.Add(1)
 		return

