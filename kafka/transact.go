@@ -60,7 +60,9 @@ func WithTransactionalID(id string) SourceOption {
 // A transaction aborts when the group rebalances while it is open (kgo's
 // GroupTransactSession) or a produce fails: the source then takes every partition
 // back to its last committed offset, and what was in the pipeline is done again
-// ([Stats].Aborted counts the aborts; their items settle as Stale). A failure that
+// ([Stats].Aborted counts the aborts; their items settle as Stale). A message still in
+// the pipeline from before the rewind names the same record as its replay: whichever
+// reaches the sink first is that record's output, the other is not produced. A failure that
 // leaves the transactional producer unusable (kgo: no error of an End is retriable), a
 // missing permission or a record too large fails the run. Dead letters are produced
 // outside the transactions, through [WithDeadLetterTopic]'s client: at least once. It
