@@ -40,7 +40,8 @@ func WithTransactionalID(id string) SourceOption {
 // through src's own client, each batch in one Kafka transaction that also commits, per
 // partition, the offsets the batch's records take the group to: downstream consumers
 // that read committed (kgo.FetchIsolationLevel(kgo.ReadCommitted())) see each input
-// record's output exactly once, across crashes and rebalances. src must have
+// record's output exactly once, across rebalances and a crash (under repeated SIGKILLs
+// of member processes a duplicate was still seen once; see docs/kafka.md). src must have
 // [WithTransactionalID]; attach the sink with [pipeline.ToBatches] to the stream of
 // that source's pipeline.
 //
