@@ -761,7 +761,11 @@ func (ss *session[T]) poll(ctx context.Context, out chan<- polledBatch) {
 				ss.s.dropped.Add(1)
 				return
 			}
-			if !p.admit(r.Offset) {
+			if ss.tx == nil {
+				if p.start < 0 {
+					p.start = r.Offset
+				}
+			} else if !p.admit(r.Offset) { // only a transactional source rewinds (SetOffsets)
 				ss.s.dropped.Add(1)
 				return
 			}
