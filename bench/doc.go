@@ -1,5 +1,5 @@
 // Package bench holds the end-to-end benchmarks of github.com/gopipeline/pipeline: the
-// scenarios S1 to S7 (each described at its benchmark), written through the library's
+// scenarios S1 to S8 (each described at its benchmark), written through the library's
 // public API exactly as a user would write them, beside hand-written baselines (goroutines, bounded
 // channels and errgroup) and the peer library github.com/sourcegraph/conc. It is a
 // nested module, so that the core module never depends on conc; the go.work at the

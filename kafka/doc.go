@@ -20,9 +20,21 @@
 // partition (a crash, a member removed from the group, an item slower than
 // [WithRevokeTimeout] at a revoke) is processed again by the partition's next owner.
 // [Stats].Stale and [Stats].Uncommitted count, on the old owner, the records left to
-// be redone. Sinks must therefore be idempotent, or tolerate duplicates. Offsets
-// committed in the sink's own transaction (PostgreSQL, Kafka transactions), which make
-// a sink exactly once, are not part of this package yet.
+// be redone. Sinks must therefore be idempotent, or tolerate duplicates.
+//
+// # Exactly once, Kafka to Kafka
+//
+// With [WithTransactionalID], the source's client is a transactional producer, and
+// [NewTransactSink] produces each batch in a Kafka transaction that also commits the
+// offsets its records take the group to: a consumer downstream that reads committed
+// sees each input record's output once, across rebalances and a crash (the tests
+// that kill member processes again and again still saw a duplicate once: at least
+// once there, until its cause is found). A rebalance or a
+// failed produce aborts the open transaction, and the source takes its partitions back
+// to their committed offsets. It needs each partition's records to reach the sink in
+// offset order (a stage keyed by partition) and every output of a record in one batch;
+// dead letters stay at least once. Offsets committed in a PostgreSQL transaction are
+// not part of this package yet.
 //
 // # Rebalances
 //
@@ -40,7 +52,8 @@
 // carry leader epochs (Kafka 2.1 or later), and, for the dead-letter topic and the
 // sink, the idempotent producer (which needs the IDEMPOTENT_WRITE permission before
 // Kafka 3.0). So it needs Apache Kafka 2.1 or later (3.x recommended) or a broker that
-// speaks the same APIs, such as Redpanda. It has no path of its own for a test
+// speaks the same APIs, such as Redpanda; [NewTransactSink] needs Kafka 2.5 or later
+// (KIP-447: transactional offset commits fenced by the group's generation). It has no path of its own for a test
 // cluster: its tests run against kfake, franz-go's in-process cluster, and no real
 // broker was at hand to run them against.
 package kafka

@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/gopipeline/pipeline"
 	"github.com/gopipeline/pipeline/kafka"
@@ -263,6 +264,43 @@ func ExampleSource_Stats() {
 	// fetched: 3 committed: 2 undecodable: 1
 }
 
+// This example shows the consumer lag a run sees while its sink holds the records,
+// and the counters a dashboard row shows (dashboard.WithRowStats).
+func ExampleStats_Counters() {
+	env := newExampleEnv("1", "2", "3")
+	defer env.close()
+
+	src := kafka.NewSource(env.client(), "lagging", []string{"orders"}, pipeline.JSONCodec[int]{},
+		kafka.WithCommitInterval(50*time.Millisecond))
+	p := pipeline.New()
+	release := make(chan struct{})
+	pipeline.To(src.Stream(p), pipeline.NewSink("held", 1, func(ctx context.Context, m kafka.Message[int]) error {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		if m.Value == 3 {
+			src.Stop()
+		}
+		return nil
+	}))
+	done := make(chan error, 1)
+	go func() { done <- p.Run(context.Background()) }()
+	for src.Stats().TotalLag() != 3 { // nothing committed yet: the three records
+		time.Sleep(10 * time.Millisecond)
+	}
+	fmt.Println("lag of orders/0:", src.Stats().Lag[kafka.TopicPartition{Topic: "orders", Partition: 0}])
+	close(release)
+	if err := <-done; err != nil {
+		fmt.Println(err)
+	}
+	c := src.Stats().Counters()
+	fmt.Println("committed:", c["committed"], "lag:", c["lag"])
+	// Output:
+	// lag of orders/0: 3
+	// committed: 3 lag: 0
+}
+
 // This example shows a stage keyed by partition: its four workers process the records
 // of each partition one at a time and in offset order.
 func ExampleMessage_TopicPartition() {
@@ -289,6 +327,57 @@ func ExampleMessage_TopicPartition() {
 	// P
 	// Q
 	// R
+}
+
+// This example shows a run whose dead-letter topic the broker refuses (a permission
+// missing: no retry can help, so the run fails at once), and a patience for causes that
+// may pass, such as a dead-letter topic not created yet.
+func ExampleDeadLetterError() {
+	env := newExampleEnv(`not json`)
+	defer env.close()
+	env.cluster.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: "rejected", Err: kerr.TopicAuthorizationFailed, Count: -1})
+
+	src := kafka.NewSource(env.client(), "orders", []string{"orders"}, pipeline.JSONCodec[int]{},
+		kafka.WithDeadLetterTopic(env.prod, "rejected"), kafka.WithDeadLetterTimeout(30*time.Second))
+	p := pipeline.New()
+	pipeline.To(src.Stream(p), pipeline.NewSink("drop", 1, func(context.Context, kafka.Message[int]) error { return nil }))
+	err := p.Run(context.Background())
+	if de, ok := errors.AsType[*kafka.DeadLetterError](err); ok {
+		fmt.Printf("record %s/%d@%d, permanent: %v, unauthorized: %v\n", de.From.Topic, de.From.Partition, de.Offset,
+			de.Permanent, errors.Is(err, kerr.TopicAuthorizationFailed))
+	}
+	// Output:
+	// record orders/0@0, permanent: true, unauthorized: true
+}
+
+// This example shows Kafka to Kafka exactly once: each batch of outputs is produced in
+// a transaction that also commits the offsets of the records they come from. The
+// stage keeps each output's origin (the message's Topic, Partition and Offset) and is
+// keyed by partition, so that each partition's records reach the sink in order.
+func ExampleNewTransactSink() {
+	env := newExampleEnv("a", "b", "c")
+	defer env.close()
+
+	src := kafka.NewSource(env.client(), "shipping", []string{"orders"}, kafka.Bytes{},
+		kafka.WithTransactionalID("shipping-1")) // one id per member, the same across its restarts
+	p := pipeline.New()
+	upper := pipeline.Then(src.Stream(p), pipeline.NewStage("upper", 2, func(_ context.Context, m kafka.Message[[]byte]) (kafka.Message[string], error) {
+		if string(m.Value) == "c" {
+			src.Stop()
+		}
+		return kafka.Message[string]{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Key: m.Key, Value: strings.ToUpper(string(m.Value))}, nil
+	}, pipeline.WithKey(kafka.Message[[]byte].TopicPartition)))
+	pipeline.ToBatches(upper, 10, kafka.NewTransactSink("ship", src, "shipped", pipeline.JSONCodec[string]{}, nil),
+		pipeline.WithLinger(10*time.Millisecond))
+	if err := p.Run(context.Background()); err != nil {
+		fmt.Println(err)
+	}
+	fmt.Println(env.read("shipped", 3))
+	st := src.Stats()
+	fmt.Println("committed:", st.Committed, "aborted:", st.Aborted)
+	// Output:
+	// ["A" "B" "C"]
+	// committed: 3 aborted: 0
 }
 
 // This example shows the error of a run whose topic does not exist.

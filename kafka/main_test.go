@@ -1,12 +1,17 @@
 package kafka_test
 
 import (
+	"os"
 	"testing"
 
 	"go.uber.org/goleak"
 )
 
-// TestMain fails the test binary if any goroutine outlives the tests.
+// TestMain runs a member process of the kill test when asked to (killChildEnv), and
+// otherwise fails the test binary if any goroutine outlives the tests.
 func TestMain(m *testing.M) {
+	if os.Getenv(killChildEnv) != "" {
+		os.Exit(runKillChild())
+	}
 	goleak.VerifyTestMain(m)
 }

@@ -32,6 +32,8 @@ type entry struct {
 	offset int64
 	epoch  int32
 	state  uint8
+	// dlSince is when its dead letter first failed (Unix ns), 0 if none did.
+	dlSince int64
 }
 
 // part is one assignment of a partition to the run.
@@ -48,15 +50,64 @@ type part struct {
 	committed int64 // the last offset committed for this assignment, -1 for none
 	behind    int64 // records behind mark (settled, no longer pending)
 	behindAt  int64 // behind when the last committed mark was taken
+	hwm       int64 // the partition's high watermark, last seen (a fetch, a listing), -1 unknown
+	start     int64 // the offset of the assignment's first record taken, -1 before one
+	logStart  int64 // the partition's log start offset, if listed (for lag before start is known), -1 unknown
+	maxPolled int64 // the last offset polled for this assignment, -1 before one
+	replayTo  int64 // after a rewind: the last offset polled before it, until polled again; -1 none
+}
+
+// admit reports whether a polled record at offset goes on: records come in offset
+// order, so one at or below the last polled is a repeat; after a rewind (replayTo),
+// one above what was polled before it comes from a fetch made before the rewind and is
+// dropped, until the replay gets back there.
+func (p *part) admit(offset int64) bool {
+	if p.replayTo >= 0 && offset > p.replayTo || offset <= p.maxPolled {
+		return false
+	}
+	if offset == p.replayTo {
+		p.replayTo = -1
+	}
+	p.maxPolled = offset
+	if p.start < 0 {
+		p.start = offset
+	}
+	return true
 }
 
 func newPart(tp TopicPartition) *part {
-	return &part{tp: tp, live: true, committed: -1}
+	return &part{tp: tp, live: true, committed: -1, hwm: -1, start: -1, logStart: -1, maxPolled: -1, replayTo: -1}
+}
+
+// lag returns the records of p between its committed offset and its high watermark:
+// committed is what this assignment committed, else group (the group's committed
+// offset when the assignment began, -1 for none), else the assignment's first record,
+// else the partition's log start offset (a group with no commit consumes from there,
+// unless told to start at the end: kgo.ConsumeResetOffset). ok is false while either
+// end is unknown.
+func (p *part) lag(group int64) (lag int64, ok bool) {
+	committed := p.committed
+	if committed < 0 {
+		committed = group
+	}
+	if committed < 0 {
+		committed = p.start
+	}
+	if committed < 0 {
+		committed = p.logStart
+	}
+	if p.hwm < 0 || committed < 0 {
+		return 0, false
+	}
+	return max(p.hwm-committed, 0), true
 }
 
 // add appends rec, the next record of the partition, in the pipeline.
 func (p *part) add(rec *kgo.Record) *entry {
 	e := &entry{p: p, rec: rec, offset: rec.Offset, epoch: rec.LeaderEpoch, state: inPipeline}
+	if p.start < 0 {
+		p.start = rec.Offset
+	}
 	p.pending = append(p.pending, e)
 	p.busy++
 	return e

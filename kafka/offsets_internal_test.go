@@ -248,3 +248,38 @@ func TestSettledBehindHeldRecordIsBounded(t *testing.T) {
 	check()
 	assert.Less(t, src.Stats().Fetched, int64(n), "the paused partition was fetched to its end")
 }
+
+// TestPartLagCountsFromTheBestKnownCommit takes a partition's committed offset from
+// this assignment's commit, else the group's, else the first record taken, else the
+// log's start: the lag is the high watermark minus it, unknown while either is.
+func TestPartLagCountsFromTheBestKnownCommit(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name                                string
+		hwm, committed, group, start, first int64
+		lag                                 int64
+		ok                                  bool
+	}{
+		{name: "nothing known", hwm: -1, committed: -1, group: -1, start: -1, first: -1},
+		{name: "no high watermark", hwm: -1, committed: 5, group: -1, start: -1, first: -1},
+		{name: "no offset", hwm: 50, committed: -1, group: -1, start: -1, first: -1},
+		{name: "log start", hwm: 50, committed: -1, group: -1, start: 10, first: -1, lag: 40, ok: true},
+		{name: "first record", hwm: 50, committed: -1, group: -1, start: 10, first: 20, lag: 30, ok: true},
+		{name: "group's commit", hwm: 50, committed: -1, group: 25, start: 10, first: 20, lag: 25, ok: true},
+		{name: "own commit", hwm: 50, committed: 45, group: 25, start: 10, first: 20, lag: 5, ok: true},
+		{name: "caught up", hwm: 50, committed: 50, group: 25, start: 10, first: 20, lag: 0, ok: true},
+		{name: "listing behind the commit", hwm: 40, committed: 50, group: -1, start: -1, first: -1, lag: 0, ok: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			p := newPart(TopicPartition{"t", 0})
+			p.hwm, p.committed, p.logStart = tc.hwm, tc.committed, tc.start
+			if tc.first >= 0 {
+				p.add(&kgo.Record{Offset: tc.first})
+			}
+			lag, ok := p.lag(tc.group)
+			assert.Equal(t, tc.ok, ok)
+			assert.Equal(t, tc.lag, lag)
+		})
+	}
+}

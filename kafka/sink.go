@@ -89,13 +89,32 @@ func produceError(ctx context.Context, err error) error {
 		return context.Cause(ctx)
 	}
 	err = fmt.Errorf("kafka: produce: %w", err)
-	for _, auth := range []error{kerr.TopicAuthorizationFailed, kerr.ClusterAuthorizationFailed, kerr.TransactionalIDAuthorizationFailed, kerr.SaslAuthenticationFailed} {
-		if errors.Is(err, auth) { // a permission missing: no batch can go, none should be set aside
-			return pipeline.Fatal(err)
-		}
+	if unauthorized(err) { // a permission missing: no batch can go, none should be set aside
+		return pipeline.Fatal(err)
 	}
-	if ke, ok := errors.AsType[*kerr.Error](err); ok && !ke.Retriable {
+	if unrecoverable(err) {
 		return pipeline.Permanent(err)
 	}
 	return pipeline.Transient(err)
+}
+
+// unauthorized reports whether err, a failed produce, says a permission is missing.
+func unauthorized(err error) bool {
+	for _, auth := range []error{kerr.TopicAuthorizationFailed, kerr.ClusterAuthorizationFailed, kerr.TransactionalIDAuthorizationFailed, kerr.SaslAuthenticationFailed} {
+		if errors.Is(err, auth) {
+			return true
+		}
+	}
+	return false
+}
+
+// unrecoverable reports whether err, a failed produce, cannot pass by trying again: a
+// permission missing, or a broker error Kafka marks not retriable (a record too large,
+// an invalid record, ...).
+func unrecoverable(err error) bool {
+	if unauthorized(err) {
+		return true
+	}
+	ke, ok := errors.AsType[*kerr.Error](err)
+	return ok && !ke.Retriable
 }

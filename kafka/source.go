@@ -58,6 +58,28 @@ func (e *GroupError) Error() string {
 // Unwrap returns Err.
 func (e *GroupError) Unwrap() error { return e.Err }
 
+// DeadLetterError is the error with which a run fails when the dead letter of a
+// record cannot be produced to the dead-letter topic ([WithDeadLetterTopic]): at once
+// when the broker's answer says that no retry can succeed (Permanent: a permission
+// missing, the record too large, ...), or once it kept failing for
+// [WithDeadLetterTimeout]. Err is the last produce's error ([kerr.MessageTooLarge],
+// [kerr.TopicAuthorizationFailed], [kerr.UnknownTopicOrPartition], ... matchable with
+// errors.Is). The record stays uncommitted.
+type DeadLetterError struct {
+	Topic     string         // the dead-letter topic
+	From      TopicPartition // the record's partition
+	Offset    int64          // and offset
+	Permanent bool           // Err cannot pass: the run failed at the first attempt
+	Err       error
+}
+
+func (e *DeadLetterError) Error() string {
+	return fmt.Sprintf("kafka: dead letter of %s/%d@%d to topic %q: %v", e.From.Topic, e.From.Partition, e.Offset, e.Topic, e.Err)
+}
+
+// Unwrap returns Err.
+func (e *DeadLetterError) Unwrap() error { return e.Err }
+
 // ErrConcurrentRun is the error with which a run fails when its [Source] is already
 // serving another run: a Source serves one run at a time.
 var ErrConcurrentRun = errors.New("kafka: the source is already serving a run")
@@ -102,6 +124,8 @@ type sourceConfig struct {
 	timeout     time.Duration
 	dl          *kgo.Client
 	dlTopic     string
+	dlPatience  time.Duration
+	txnID       string
 }
 
 // WithName names the source's row in the pipeline's report ("Kafka" by default). It
@@ -168,7 +192,9 @@ func WithRequestTimeout(d time.Duration) SourceOption {
 // headers and the Header* headers, and settles the record (its offset may then be
 // committed) only once the produce is acknowledged. If the produce fails, the record
 // stays unsettled and is emitted again a second later, to be set aside (and produced)
-// again. The produce runs where the item settled (a stage's dead-letter path; the
+// again, for at most [WithDeadLetterTimeout]; a failure no retry can mend (a
+// permission missing, the record too large) fails the run at once with a
+// [*DeadLetterError]. The produce runs where the item settled (a stage's dead-letter path; the
 // source itself for an undecodable record) and waits for the acknowledgement, at most
 // [WithRequestTimeout]. Without this option a dead-lettered record settles once the
 // stage's own dead-letter destination ([pipeline.WithDeadLetter]) took the item, and an
@@ -182,6 +208,20 @@ func WithDeadLetterTopic(cl *kgo.Client, topic string) SourceOption {
 		panic("kafka: WithDeadLetterTopic needs a client and a topic")
 	}
 	return sourceOpt(func(c *sourceConfig) { c.dl, c.dlTopic = cl, topic })
+}
+
+// WithDeadLetterTimeout bounds how long a record's dead letter may keep failing to be
+// produced to the [WithDeadLetterTopic] for a cause that may pass (the topic does not
+// exist yet, the broker is unreachable, a produce timed out); after that the run fails
+// with a [*DeadLetterError]. A cause that cannot pass (a permission missing, the record
+// too large for the topic: a broker error Kafka calls not retriable) fails the run at
+// the first attempt. Either way the record is not committed: the group's next run meets
+// it again. The default is one minute. It panics if d <= 0.
+func WithDeadLetterTimeout(d time.Duration) SourceOption {
+	if d <= 0 {
+		panic(fmt.Sprintf("kafka: WithDeadLetterTimeout(%v): need a positive duration", d))
+	}
+	return sourceOpt(func(c *sourceConfig) { c.dlPatience = d })
 }
 
 // Stats counts what a [Source] did, over all its runs.
@@ -204,6 +244,63 @@ type Stats struct {
 	FetchErrors  int64 // errors the client reported and the source went on after
 	DLErrors     int64 // dead letters whose produce failed (their records are emitted again)
 	Paused       int64 // times a partition's fetches were paused: WithMaxPending of its records settled behind an unsettled one
+	Transactions int64 // transactions committed (NewTransactSink, and the source's own for offsets)
+	Aborted      int64 // transactions aborted (a rebalance, a failed produce): what they held is redone
+	OutOfOrder   int64 // records a transaction produced past an unsettled earlier record of their partition
+
+	// Lag is the consumer lag of each partition the current run holds: its high
+	// watermark (the offset the next record produced to it will get) minus its
+	// committed offset, the records a new owner would have to consume. The
+	// committed offset is the run's last commit of the partition, or, before one,
+	// the group's when the partition was assigned (with none, the first record the
+	// run took of it, or before that the log's start, as a group with no commit
+	// consumes from there unless kgo.ConsumeResetOffset says the end). The high watermark is the last one seen, in a fetch
+	// response or in a listing of the topics' end offsets the source makes every
+	// [WithCommitInterval], so that lag grows while backpressure holds fetches back.
+	// A partition is missing while either end is unknown (just assigned, nothing
+	// fetched yet), and Lag is nil between runs.
+	Lag map[TopicPartition]int64
+}
+
+// TotalLag returns the sum of st.Lag: the records of the current run's partitions
+// not committed yet.
+func (st Stats) TotalLag() int64 {
+	var n int64
+	for _, l := range st.Lag {
+		n += l
+	}
+	return n
+}
+
+// Counters returns the counts as a map, for a view that shows a connector's counters
+// on its row, such as the dashboard's WithRowStats:
+//
+//	h.Add("orders", p, dashboard.WithRowStats("Kafka", func() map[string]int64 {
+//		return src.Stats().Counters()
+//	}))
+//
+// "fetched", "committed", "dead-lettered", "handed back", "not processed" and "lag"
+// (TotalLag) are always there; the other counts of Stats, by their names in lower
+// case ("stale", "revoked", "commit errors", ...), only when not 0. It makes a new
+// map on each call.
+func (st Stats) Counters() map[string]int64 {
+	m := map[string]int64{
+		"fetched": st.Fetched, "committed": st.Committed, "dead-lettered": st.DeadLettered,
+		"handed back": st.HandedBack, "not processed": st.NotProcessed, "lag": st.TotalLag(),
+	}
+	for k, v := range map[string]int64{
+		"undecodable": st.Undecodable, "stale": st.Stale, "uncommitted": st.Uncommitted,
+		"dropped": st.Dropped, "assigned": st.Assigned, "revoked": st.Revoked,
+		"revoke waited": st.RevokeWaited, "lost": st.Lost, "commits": st.Commits,
+		"commit errors": st.CommitErrors, "fetch errors": st.FetchErrors,
+		"dead-letter errors": st.DLErrors, "paused": st.Paused,
+		"transactions": st.Transactions, "aborted": st.Aborted, "out of order": st.OutOfOrder,
+	} {
+		if v != 0 {
+			m[k] = v
+		}
+	}
+	return m
 }
 
 // Source reads topics as a member of a Kafka consumer group, as the acknowledged source
@@ -277,9 +374,12 @@ type Source[T any] struct {
 	fetched, committed, deadLettered, undecodable, handedBack, notProcessed atomic.Int64
 	stale, uncommitted, dropped, assigned, revoked, revokeWaited, lost      atomic.Int64
 	commits, commitErrors, fetchErrors, dlErrors, paused                    atomic.Int64
+	transactions, aborted, outOfOrder                                       atomic.Int64
+	crash                                                                   atomic.Bool // a test's crash (export_test.go)
 
 	mu       sync.Mutex
 	cur      *session[T] // the current run's, if any
+	open     *session[T] // the session whose client is open (until its last item settled), for NewTransactSink
 	running  bool        // a run is under way (from its start, before cur is set)
 	stopping bool
 }
@@ -300,7 +400,10 @@ func NewSource[T any](client []kgo.Opt, group string, topics []string, codec pip
 	if group == "" || len(topics) == 0 || slices.Contains(topics, "") || codec == nil {
 		panic("kafka: NewSource needs a group, topics and a codec")
 	}
-	cfg := sourceConfig{name: "Kafka", maxPending: 1000, commitEvery: time.Second, revokeWait: 5 * time.Second, timeout: 10 * time.Second}
+	cfg := sourceConfig{
+		name: "Kafka", maxPending: 1000, commitEvery: time.Second, revokeWait: 5 * time.Second, timeout: 10 * time.Second,
+		dlPatience: time.Minute,
+	}
 	for i, o := range opts {
 		if o == nil {
 			panic(fmt.Sprintf("kafka: NewSource: option %d of %d is nil", i+1, len(opts)))
@@ -343,7 +446,36 @@ func (s *Source[T]) Stats() Stats {
 		Stale: s.stale.Load(), Uncommitted: s.uncommitted.Load(), Dropped: s.dropped.Load(), Assigned: s.assigned.Load(), Revoked: s.revoked.Load(),
 		RevokeWaited: s.revokeWaited.Load(), Lost: s.lost.Load(), Commits: s.commits.Load(), CommitErrors: s.commitErrors.Load(),
 		FetchErrors: s.fetchErrors.Load(), DLErrors: s.dlErrors.Load(), Paused: s.paused.Load(),
+		Transactions: s.transactions.Load(), Aborted: s.aborted.Load(), OutOfOrder: s.outOfOrder.Load(),
+		Lag: s.lag(),
 	}
+}
+
+// lag returns the lag of the current run's partitions, nil without a run.
+func (s *Source[T]) lag() map[TopicPartition]int64 {
+	s.mu.Lock()
+	ss := s.cur
+	s.mu.Unlock()
+	if ss == nil {
+		return nil
+	}
+	group := ss.cl.CommittedOffsets() // before ss.mu: the client's callbacks take ss.mu under its own locks
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	lag := make(map[TopicPartition]int64, len(ss.parts))
+	for tp, p := range ss.parts {
+		if !p.live {
+			continue
+		}
+		g := int64(-1)
+		if eo, ok := group[tp.Topic][tp.Partition]; ok {
+			g = eo.Offset
+		}
+		if l, ok := p.lag(g); ok {
+			lag[tp] = l
+		}
+	}
+	return lag
 }
 
 // checkTopics fails with a [*GroupError] when a topic of the source does not exist or
@@ -394,16 +526,26 @@ func (s *Source[T]) run(ctx context.Context, emit func(Message[T], func(pipeline
 	}
 	ss := &session[T]{
 		s: s, parts: map[TopicPartition]*part{}, changed: make(chan struct{}),
-		kick: make(chan struct{}, 1), stopped: make(chan struct{}),
+		kick: make(chan struct{}, 1), stopped: make(chan struct{}), failed: make(chan struct{}),
 	}
 	opts := append(slices.Clone(s.client),
 		kgo.ConsumerGroup(s.group), kgo.ConsumeTopics(s.topics...),
 		kgo.DisableAutoCommit(), kgo.BlockRebalanceOnPoll(),
 		kgo.OnPartitionsAssigned(ss.assigned), kgo.OnPartitionsRevoked(ss.revoked), kgo.OnPartitionsLost(ss.lost),
 	)
-	cl, err := kgo.NewClient(opts...)
-	if err != nil {
-		return fmt.Errorf("kafka: client: %w", err)
+	var cl *kgo.Client
+	if s.cfg.txnID != "" {
+		opts = append(opts, kgo.TransactionalID(s.cfg.txnID), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+		tx, err := kgo.NewGroupTransactSession(opts...)
+		if err != nil {
+			return fmt.Errorf("kafka: client: %w", err)
+		}
+		ss.tx, cl = tx, tx.Client()
+	} else {
+		var err error
+		if cl, err = kgo.NewClient(opts...); err != nil {
+			return fmt.Errorf("kafka: client: %w", err)
+		}
 	}
 	ss.cl = cl
 	if perr != nil {
@@ -413,7 +555,7 @@ func (s *Source[T]) run(ctx context.Context, emit func(Message[T], func(pipeline
 		}
 	}
 	s.mu.Lock()
-	s.cur = ss
+	s.cur, s.open = ss, ss
 	stopping := s.stopping
 	s.mu.Unlock()
 	if stopping {
@@ -444,11 +586,13 @@ func (s *Source[T]) run(ctx context.Context, emit func(Message[T], func(pipeline
 			return context.Cause(ctx)
 		case <-ss.stopped:
 			return nil
+		case <-ss.failed:
+			return ss.failErr
 		case <-ss.kick:
 		case <-timer.C:
 		case b := <-polled:
 			for i, r := range b.recs {
-				if ss.isStopped() || ctx.Err() != nil {
+				if ss.isStopped() || ss.isFailed() || ctx.Err() != nil {
 					ss.drop(len(b.recs) - i)
 					break
 				}
@@ -472,6 +616,10 @@ func (s *Source[T]) run(ctx context.Context, emit func(Message[T], func(pipeline
 type session[T any] struct {
 	s  *Source[T]
 	cl *kgo.Client
+	tx *kgo.GroupTransactSession // with WithTransactionalID: cl's session
+
+	txnMu  sync.Mutex // with tx: held through a transaction, from its Begin to its End
+	pollMu sync.Mutex // with tx: held through a poll and through a transaction (kgo: no poll during Begin or End)
 
 	commitMu sync.Mutex // held from collecting watermarks until their commit is done
 
@@ -482,12 +630,16 @@ type session[T any] struct {
 	waiting     bool
 	outstanding int // emitted items whose settle was not called yet
 	retries     []retryAt
+	txnDone     map[*entry]bool // entries whose outputs a transaction committed, until they settle
 	bodyDone    bool
 	finished    bool
 
 	kick     chan struct{} // a retry was scheduled
 	stopped  chan struct{}
 	stopOnce sync.Once
+	failed   chan struct{} // closed when failErr is set: the run fails with it
+	failErr  error
+	failOnce sync.Once
 }
 
 type retryAt struct {
@@ -507,6 +659,23 @@ type polledRec struct {
 }
 
 func (ss *session[T]) stop() { ss.stopOnce.Do(func() { close(ss.stopped) }) }
+
+func (ss *session[T]) isFailed() bool {
+	select {
+	case <-ss.failed:
+		return true
+	default:
+		return false
+	}
+}
+
+// fail makes the run fail with err (the first one given).
+func (ss *session[T]) fail(err error) {
+	ss.failOnce.Do(func() {
+		ss.failErr = err
+		close(ss.failed)
+	})
+}
 
 func (ss *session[T]) isStopped() bool {
 	select {
@@ -553,10 +722,10 @@ func (ss *session[T]) poll(ctx context.Context, out chan<- polledBatch) {
 	// wait tells the batches downstream to flush what they hold. At maxPending, every
 	// held record could be emitted, none waiting, and a partial batch without a linger
 	// would hold its items for good.
-	max := ss.s.cfg.maxPending + 1
+	limit := ss.s.cfg.maxPending + 1
 	for {
 		ss.mu.Lock()
-		for ss.held >= max {
+		for ss.held >= limit {
 			ch := ss.waitLocked()
 			ss.mu.Unlock()
 			select {
@@ -566,11 +735,12 @@ func (ss *session[T]) poll(ctx context.Context, out chan<- polledBatch) {
 			}
 			ss.mu.Lock()
 		}
-		room := max - ss.held
+		room := limit - ss.held
 		ss.mu.Unlock()
-		fs := ss.cl.PollRecords(ctx, room)
+		fs, unlock := ss.pollRecords(ctx, room)
 		if ctx.Err() != nil || fs.IsClientClosed() {
 			ss.cl.AllowRebalance()
+			unlock()
 			return
 		}
 		var b polledBatch
@@ -580,9 +750,22 @@ func (ss *session[T]) poll(ctx context.Context, out chan<- polledBatch) {
 			}
 		})
 		ss.mu.Lock()
+		fs.EachPartition(func(fp kgo.FetchTopicPartition) {
+			if p := ss.parts[TopicPartition{fp.Topic, fp.Partition}]; p != nil && fp.Err == nil {
+				p.hwm = max(p.hwm, fp.HighWatermark)
+			}
+		})
 		fs.EachRecord(func(r *kgo.Record) {
 			p := ss.parts[TopicPartition{r.Topic, r.Partition}]
 			if p == nil || !p.live || p.revoking {
+				ss.s.dropped.Add(1)
+				return
+			}
+			if ss.tx == nil {
+				if p.start < 0 {
+					p.start = r.Offset
+				}
+			} else if !p.admit(r.Offset) { // only a transactional source rewinds (SetOffsets)
 				ss.s.dropped.Add(1)
 				return
 			}
@@ -591,6 +774,7 @@ func (ss *session[T]) poll(ctx context.Context, out chan<- polledBatch) {
 		ss.held += len(b.recs)
 		ss.mu.Unlock()
 		ss.cl.AllowRebalance()
+		unlock()
 		if len(b.recs) == 0 && b.err == nil {
 			continue
 		}
@@ -726,6 +910,11 @@ func (ss *session[T]) deadLetter(e *entry, dl pipeline.DeadLetter[struct{}]) boo
 		cancel()
 		if err != nil {
 			ss.s.dlErrors.Add(1)
+			if derr := ss.deadLetterFailed(e, err); derr != nil {
+				ss.abandon(e) // uncommitted: the next run meets it again
+				ss.fail(derr)
+				return false
+			}
 			ss.retryLater(e, deadLetterRetry)
 			return false
 		}
@@ -735,10 +924,29 @@ func (ss *session[T]) deadLetter(e *entry, dl pipeline.DeadLetter[struct{}]) boo
 	return true
 }
 
+// deadLetterFailed returns the error the run fails with when e's dead letter could
+// not be produced (err): at once for a cause that cannot pass, once the first failure
+// of e's dead letter is WithDeadLetterTimeout old for others, else nil (try again).
+func (ss *session[T]) deadLetterFailed(e *entry, err error) error {
+	now := time.Now()
+	ss.mu.Lock()
+	if e.dlSince == 0 {
+		e.dlSince = now.UnixNano()
+	}
+	since := time.Unix(0, e.dlSince)
+	ss.mu.Unlock()
+	permanent := unrecoverable(err)
+	if !permanent && now.Sub(since) < ss.s.cfg.dlPatience {
+		return nil
+	}
+	return &DeadLetterError{Topic: ss.s.cfg.dlTopic, From: e.p.tp, Offset: e.offset, Permanent: permanent, Err: err}
+}
+
 // done settles e: its partition's watermark may move.
 func (ss *session[T]) done(e *entry) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
+	delete(ss.txnDone, e)
 	if !e.p.live {
 		ss.s.stale.Add(1)
 		return
@@ -880,6 +1088,17 @@ func (ss *session[T]) end() {
 // finish commits the watermarks of every partition and closes the client, which leaves
 // the group (its last revoke finds nothing more to commit).
 func (ss *session[T]) finish() {
+	defer func() {
+		ss.s.mu.Lock()
+		if ss.s.open == ss {
+			ss.s.open = nil
+		}
+		ss.s.mu.Unlock()
+	}()
+	if ss.s.crash.Load() { // a test's crash: no last commit
+		ss.cl.Close()
+		return
+	}
 	ss.commitDue(context.Background(), false)
 	ss.cl.CloseAllowingRebalance()
 }
@@ -894,13 +1113,59 @@ func (ss *session[T]) commitLoop(ctx context.Context) {
 			return
 		case <-tick.C:
 			ss.commitDue(ctx, true)
+			ss.listEnds(ctx)
 		}
 	}
+}
+
+// listEnds updates the high watermarks of the live partitions from a listing of the
+// topics' end offsets (for Stats.Lag): a partition whose fetches wait (the pipeline
+// is full, or it is paused) shows no newer one. A failed listing changes nothing.
+func (ss *session[T]) listEnds(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, ss.s.cfg.timeout)
+	defer cancel()
+	adm := kadm.NewClient(ss.cl)
+	ends, err := adm.ListEndOffsets(ctx, ss.s.topics...)
+	if err != nil {
+		return
+	}
+	ss.mu.Lock()
+	needStart := false
+	ends.Each(func(o kadm.ListedOffset) {
+		if p := ss.parts[TopicPartition{o.Topic, o.Partition}]; p != nil && o.Err == nil {
+			p.hwm = max(p.hwm, o.Offset)
+			needStart = needStart || p.committed < 0 && p.start < 0
+		}
+	})
+	ss.mu.Unlock()
+	if !needStart {
+		return
+	}
+	// A partition with nothing committed by this run and no record taken yet: its lag
+	// may have to count from the log's start (Stats.Lag).
+	starts, err := adm.ListStartOffsets(ctx, ss.s.topics...)
+	if err != nil {
+		return
+	}
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	starts.Each(func(o kadm.ListedOffset) {
+		if p := ss.parts[TopicPartition{o.Topic, o.Partition}]; p != nil && o.Err == nil {
+			p.logStart = o.Offset
+		}
+	})
 }
 
 // commitDue commits the watermarks of the live partitions (not those being revoked,
 // when skipRevoking) that moved since their last commit.
 func (ss *session[T]) commitDue(ctx context.Context, skipRevoking bool) {
+	if ss.tx != nil { // offsets only in a transaction
+		if err := ss.transact(ctx, nil); err != nil && ctx.Err() == nil {
+			ss.s.commitErrors.Add(1)
+			ss.fail(err) // after the run's end (its last commit), counted only
+		}
+		return
+	}
 	ss.commitMu.Lock()
 	defer ss.commitMu.Unlock()
 	ss.mu.Lock()
@@ -994,6 +1259,12 @@ func (ss *session[T]) assigned(_ context.Context, _ *kgo.Client, assigned map[st
 // revoked stops emitting the revoked partitions' records, waits (a while) for their
 // items in the pipeline to settle, and commits their watermarks.
 func (ss *session[T]) revoked(ctx context.Context, cl *kgo.Client, revoked map[string][]int32) {
+	if ss.tx != nil {
+		// A transaction cannot end in this callback (kgo's session holds the lock its
+		// End needs), and the session aborts the open one: what it held is redone.
+		ss.endParts(revoked)
+		return
+	}
 	ss.mu.Lock()
 	var ps []*part
 	for topic, partitions := range revoked {

@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/gopipeline/pipeline"
 	"github.com/gopipeline/pipeline/kafka"
@@ -289,6 +290,22 @@ func TestNewSourcePanicsOnMissingArguments(t *testing.T) {
 		{name: "revoke timeout", fn: func() { kafka.WithRevokeTimeout(-time.Second) }, want: "kafka: WithRevokeTimeout(-1s): need a duration >= 0"},
 		{name: "request timeout", fn: func() { kafka.WithRequestTimeout(0) }, want: "kafka: WithRequestTimeout(0s): need a positive timeout"},
 		{name: "dead-letter topic", fn: func() { kafka.WithDeadLetterTopic(nil, "dead") }, want: "kafka: WithDeadLetterTopic needs a client and a topic"},
+		{name: "dead-letter timeout", fn: func() { kafka.WithDeadLetterTimeout(0) }, want: "kafka: WithDeadLetterTimeout(0s): need a positive duration"},
+		{name: "transactional id", fn: func() { kafka.WithTransactionalID("") }, want: `kafka: WithTransactionalID(""): empty id`},
+		{
+			name: "transact sink without id",
+			fn: func() {
+				kafka.NewTransactSink("out", kafka.NewSource(nil, "g", []string{"t"}, idCodec{}), "out", idCodec{}, nil)
+			},
+			want: `kafka: NewTransactSink("out"): the source has no WithTransactionalID`,
+		},
+		{
+			name: "transact sink without topic",
+			fn: func() {
+				kafka.NewTransactSink("out", kafka.NewSource(nil, "g", []string{"t"}, idCodec{}, kafka.WithTransactionalID("x")), "", idCodec{}, nil)
+			},
+			want: `kafka: NewTransactSink("out") needs a source, a topic and a codec`,
+		},
 		{name: "name", fn: func() { kafka.WithName("") }, want: `kafka: WithName(""): empty name`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -343,6 +360,70 @@ func TestDeadLetterSettlesOnlyOnceProduced(t *testing.T) {
 	assert.Equal(t, int64(1), st.Undecodable, "counted once, when its dead letter is produced")
 	assert.Positive(t, st.DLErrors)
 	t.Logf("%+v", st)
+}
+
+// TestDeadLetterThatCannotSucceedFailsRun sets a record aside whose dead letter the
+// broker refuses for a cause that cannot pass (a permission, a record too large), or
+// for one that might (a topic missing) for longer than WithDeadLetterTimeout: the run
+// fails with a DeadLetterError naming the record (it retried every second, for good),
+// and the record's offset is not committed, while those before it are.
+func TestDeadLetterThatCannotSucceedFailsRun(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name      string
+		topic     string      // the dead-letter topic
+		fault     *kerr.Error // the broker's answer to its produce, if any
+		permanent bool
+		want      error
+	}{
+		{name: "no permission", topic: deadTopic, fault: kerr.TopicAuthorizationFailed, permanent: true, want: kerr.TopicAuthorizationFailed},
+		{name: "record too large", topic: deadTopic, fault: kerr.MessageTooLarge, permanent: true, want: kerr.MessageTooLarge},
+		{name: "topic missing", topic: "nowhere", want: kerr.UnknownTopicOrPartition},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := t.Context()
+			c := newCluster(t)
+			if tc.fault != nil {
+				c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: tc.topic, Err: tc.fault, Count: -1})
+			}
+			prod := newClient(t, c, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+			var recs []*kgo.Record
+			for i := range 6 {
+				r := &kgo.Record{Topic: inTopic, Partition: 0, Value: valueOf(i)}
+				if i == 2 {
+					r.Value = []byte("junk")
+				}
+				recs = append(recs, r)
+			}
+			require.NoError(t, prod.ProduceSync(ctx, recs...).FirstErr())
+			dlProd := newClient(t, c, kgo.UnknownTopicRetries(1), kgo.MetadataMinAge(50*time.Millisecond))
+			src := kafka.NewSource(consumerOpts(c), "doomed", []string{inTopic}, idCodec{},
+				kafka.WithDeadLetterTopic(dlProd, tc.topic), kafka.WithRequestTimeout(5*time.Second),
+				kafka.WithDeadLetterTimeout(1500*time.Millisecond))
+			p := pipeline.New()
+			pipeline.To(src.Stream(p), pipeline.NewSink("count", 1, func(context.Context, kafka.Message[int]) error { return nil }))
+			rctx, cancel := context.WithTimeout(ctx, time.Minute)
+			defer cancel()
+			err := p.Run(rctx)
+			require.Error(t, err)
+			require.NotErrorIs(t, err, context.DeadlineExceeded)
+			require.ErrorIs(t, err, tc.want)
+			de, ok := errors.AsType[*kafka.DeadLetterError](err)
+			require.True(t, ok, "%v", err)
+			assert.Equal(t, kafka.DeadLetterError{
+				Topic: tc.topic, From: kafka.TopicPartition{Topic: inTopic, Partition: 0}, Offset: 2, Permanent: tc.permanent, Err: de.Err,
+			}, *de)
+			st := src.Stats()
+			if tc.permanent {
+				assert.Equal(t, int64(1), st.DLErrors, "failed at the first attempt")
+			} else {
+				assert.Greater(t, st.DLErrors, int64(1), "tried again before giving up")
+			}
+			assert.Zero(t, st.DeadLettered)
+			assert.LessOrEqual(t, committedOffsets(ctx, t, c, "doomed", inTopic)[0], int64(2), "the record's offset is not committed")
+		})
+	}
 }
 
 // TestCanceledRunCommitsWhatSettled cancels a run with items in flight: Run returns the

@@ -1,0 +1,88 @@
+package kafka_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gopipeline/pipeline"
+	"github.com/gopipeline/pipeline/kafka"
+)
+
+// TestStatsLagFollowsHighWatermarkAndCommits holds every item at the sink: each
+// partition's lag is its every record, 100 (nothing committed); released, the lag goes
+// to 0 as the watermarks are committed; records produced while the sink holds again
+// show as lag once more (the fetch or the source's listing of end offsets sees them),
+// and between runs Lag is nil.
+func TestStatsLagFollowsHighWatermarkAndCommits(t *testing.T) {
+	t.Parallel()
+	const n = 1200
+	ctx := t.Context()
+	c := newCluster(t)
+	produceIDs(ctx, t, c, inTopic, n)
+	src := kafka.NewSource(consumerOpts(c), "lag", []string{inTopic}, idCodec{},
+		kafka.WithMaxPending(2*n), kafka.WithCommitInterval(50*time.Millisecond))
+	var mu sync.Mutex
+	gate := make(chan struct{})
+	wait := func() <-chan struct{} {
+		mu.Lock()
+		defer mu.Unlock()
+		return gate
+	}
+	p := pipeline.New()
+	pipeline.To(src.Stream(p), pipeline.NewSink("held", 4, func(ctx context.Context, _ kafka.Message[int]) error {
+		select {
+		case <-wait():
+			return nil
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	}))
+	assert.Nil(t, src.Stats().Lag, "before the run")
+	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	errc := runAsync(rctx, p)
+
+	every := func(want int64) func() bool {
+		return func() bool {
+			lag := src.Stats().Lag
+			if len(lag) != partitions {
+				return false
+			}
+			for _, l := range lag {
+				if l != want {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	eventually(t, 30*time.Second, "a lag of 100 on each partition", every(n/partitions))
+	assert.Equal(t, int64(n), src.Stats().TotalLag())
+	assert.Equal(t, int64(n), src.Stats().Counters()["lag"])
+
+	mu.Lock()
+	close(gate)
+	mu.Unlock()
+	eventually(t, 30*time.Second, "no lag once committed", every(0))
+
+	mu.Lock()
+	gate = make(chan struct{})
+	mu.Unlock()
+	produceIDs(ctx, t, c, inTopic, n)
+	eventually(t, 30*time.Second, "the new records as lag", every(n/partitions))
+
+	mu.Lock()
+	close(gate)
+	mu.Unlock()
+	eventually(t, 30*time.Second, "no lag once committed again", every(0))
+	src.Stop()
+	require.NoError(t, <-errc)
+	st := src.Stats()
+	assert.Nil(t, st.Lag, "after the run")
+	assert.Equal(t, int64(2*n), st.Committed)
+}

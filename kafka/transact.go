@@ -1,0 +1,324 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/gopipeline/pipeline"
+)
+
+// errCrashed is the error of a run its test crashed (crashForTest): it ends without
+// ending its open transaction or committing anything, as if the process died.
+var errCrashed = errors.New("kafka: crashed (a test's crash)")
+
+// txnPollWait bounds a poll of a transactional source: a transaction waits for the
+// poll in progress to end before it begins (kgo allows no poll during Begin or End).
+const txnPollWait = 100 * time.Millisecond
+
+// WithTransactionalID makes the source's client a transactional producer with id
+// (kgo.TransactionalID), reading the topics read-committed, for [NewTransactSink]:
+// that sink produces each batch in a Kafka transaction that also commits the consumed
+// offsets, and the source commits its offsets only in transactions too (those of
+// records filtered out or dead-lettered, every [WithCommitInterval], in a transaction
+// of their own). Each member of the group needs an id of its own, the same across its
+// restarts (a host name, a pod's ordinal): a member that starts with the id of one that
+// died fences it (its open transaction is aborted). It panics if id is empty.
+func WithTransactionalID(id string) SourceOption {
+	if id == "" {
+		panic(`kafka: WithTransactionalID(""): empty id`)
+	}
+	return sourceOpt(func(c *sourceConfig) { c.txnID = id })
+}
+
+// NewTransactSink returns a sink stage that produces batches of messages to topic
+// through src's own client, each batch in one Kafka transaction that also commits, per
+// partition, the offsets the batch's records take the group to: downstream consumers
+// that read committed (kgo.FetchIsolationLevel(kgo.ReadCommitted())) see each input
+// record's output exactly once, across rebalances and a crash (under repeated SIGKILLs
+// of member processes a duplicate was still seen once; see docs/kafka.md). src must have
+// [WithTransactionalID]; attach the sink with [pipeline.ToBatches] to the stream of
+// that source's pipeline.
+//
+// The sink's items are [Message] values whose Topic, Partition and Offset name the
+// input record they come from (copy them from the source's message; Value is what is
+// produced, encoded by codec); meta, if not nil, gives each record's key and headers
+// (else the input's key and no headers). A transaction commits a partition's offset
+// up to the batch's last record of it when every earlier record of the partition has
+// settled (committed in an earlier transaction, filtered out, dead-lettered) or is in
+// the batch; so give the sink each partition's records in offset order (a stage keyed
+// by [Message.TopicPartition], no hand-back) and every output of a record in one
+// batch (one output per record). A record of a batch that goes past an unsettled
+// earlier one is produced all the same, but the offset commits only up to that one:
+// such records, counted in [Stats].OutOfOrder, are produced again if the run dies
+// before a later transaction commits past them (at least once).
+//
+// A transaction aborts when the group rebalances while it is open (kgo's
+// GroupTransactSession) or a produce fails: the source then takes every partition
+// back to its last committed offset, and what was in the pipeline is done again
+// ([Stats].Aborted counts the aborts; their items settle as Stale). A message still in
+// the pipeline from before the rewind names the same record as its replay: whichever
+// reaches the sink first is that record's output, the other is not produced. A failure that
+// leaves the transactional producer unusable (kgo: no error of an End is retriable), a
+// missing permission or a record too large fails the run. Dead letters are produced
+// outside the transactions, through [WithDeadLetterTopic]'s client: at least once. It
+// panics if src has no transactional id, or if codec is nil or topic empty.
+func NewTransactSink[In, T any](name string, src *Source[In], topic string, codec pipeline.Codec[T], meta func(Message[T]) (key []byte, headers []kgo.RecordHeader), opts ...pipeline.StageOption) *pipeline.Stage[[]Message[T], struct{}] {
+	if src == nil || codec == nil || topic == "" {
+		panic(fmt.Sprintf("kafka: NewTransactSink(%q) needs a source, a topic and a codec", name))
+	}
+	if src.cfg.txnID == "" {
+		panic(fmt.Sprintf("kafka: NewTransactSink(%q): the source has no WithTransactionalID", name))
+	}
+	return pipeline.NewSink(name, 1, func(ctx context.Context, batch []Message[T]) error {
+		ss := src.session()
+		if ss == nil {
+			return pipeline.Fatal(fmt.Errorf("kafka: NewTransactSink(%q): its source is not running", name))
+		}
+		out := make([]txnRecord, len(batch))
+		for i, m := range batch {
+			data, err := codec.Marshal(m.Value)
+			if err != nil {
+				return pipeline.Permanent(fmt.Errorf("kafka: encode: %w", err))
+			}
+			r := &kgo.Record{Topic: topic, Key: m.Key, Value: data}
+			if meta != nil {
+				r.Key, r.Headers = meta(m)
+			}
+			out[i] = txnRecord{from: m.TopicPartition(), offset: m.Offset, rec: r}
+		}
+		return ss.transact(ctx, out)
+	}, opts...)
+}
+
+// txnRecord is a record to produce in a transaction, and the input record it is for.
+type txnRecord struct {
+	from   TopicPartition
+	offset int64
+	rec    *kgo.Record
+}
+
+// session returns the session whose client is open: the current run's, until its
+// last item settled (after its body ended: the sink's last batches); nil otherwise.
+func (s *Source[T]) session() *session[T] {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.open
+}
+
+// pollRecords polls at most room records. With a transactional client it holds
+// pollMu through the poll (and until the caller's unlock, once the records are
+// tagged), and waits at most txnPollWait for records, so that a transaction waits
+// little for its turn.
+func (ss *session[T]) pollRecords(ctx context.Context, room int) (kgo.Fetches, func()) {
+	if ss.tx == nil {
+		return ss.cl.PollRecords(ctx, room), func() {}
+	}
+	ss.pollMu.Lock()
+	pctx, cancel := context.WithTimeout(ctx, txnPollWait)
+	defer cancel()
+	return ss.cl.PollRecords(pctx, room), ss.pollMu.Unlock
+}
+
+// transact produces recs (none: commits offsets only) in one transaction that commits
+// the offsets they and the records settled so far take the live partitions to. A
+// transaction that aborts takes every partition back to its last committed offset.
+// It returns an error only when the run must fail.
+func (ss *session[T]) transact(ctx context.Context, recs []txnRecord) error {
+	ss.txnMu.Lock()
+	defer ss.txnMu.Unlock()
+	ss.pollMu.Lock()
+	defer ss.pollMu.Unlock()
+	if ss.s.crash.Load() {
+		return pipeline.Fatal(errCrashed)
+	}
+
+	offs, marks, live, inTxn := ss.prospect(recs)
+	if len(offs) == 0 && len(live) == 0 {
+		return nil // nothing to produce or commit
+	}
+	if err := ss.tx.Begin(); err != nil {
+		return pipeline.Fatal(fmt.Errorf("kafka: begin transaction: %w", err))
+	}
+	if len(live) > 0 {
+		if err := ss.cl.ProduceSync(ctx, live...).FirstErr(); err != nil {
+			if _, aerr := ss.tx.End(context.WithoutCancel(ctx), kgo.TryAbort); aerr != nil {
+				return pipeline.Fatal(fmt.Errorf("kafka: abort transaction: %w (after a failed produce: %w)", aerr, err))
+			}
+			ss.rewind()
+			if perr := produceError(ctx, err); unrecoverable(err) || ctx.Err() != nil {
+				return pipeline.Fatal(perr)
+			}
+			return nil // the batch's records are redone from the committed offsets
+		}
+	}
+	if ss.s.crash.Load() { // a test's crash: the transaction stays open, as if the process died
+		return pipeline.Fatal(errCrashed)
+	}
+	// The commit carries our offsets, not the client's (what it polled): rewrite the
+	// request, keeping the topic IDs it found.
+	octx := kgo.PreTxnCommitFnContext(context.WithoutCancel(ctx), func(req *kmsg.TxnOffsetCommitRequest) error {
+		ids := map[string][16]byte{}
+		for _, t := range req.Topics {
+			ids[t.Topic] = t.TopicID
+		}
+		req.Topics = req.Topics[:0]
+		for topic, ps := range offs {
+			t := kmsg.NewTxnOffsetCommitRequestTopic()
+			t.Topic, t.TopicID = topic, ids[topic]
+			for partition, eo := range ps {
+				p := kmsg.NewTxnOffsetCommitRequestTopicPartition()
+				p.Partition, p.Offset, p.LeaderEpoch = partition, eo.Offset, eo.Epoch
+				t.Partitions = append(t.Partitions, p)
+			}
+			req.Topics = append(req.Topics, t)
+		}
+		return nil
+	})
+	committed, err := ss.tx.End(octx, kgo.TryCommit)
+	if err != nil {
+		return pipeline.Fatal(fmt.Errorf("kafka: end transaction: %w", err))
+	}
+	if !committed {
+		ss.s.aborted.Add(1)
+		ss.rewind()
+		return nil
+	}
+	ss.s.transactions.Add(1)
+	if len(offs) > 0 {
+		ss.s.commits.Add(1)
+	}
+	ss.mu.Lock()
+	for p, off := range marks {
+		if p.live && off > p.committed {
+			p.committed, p.behindAt = off, p.behind
+		}
+	}
+	// The batch's entries settle once the sink returns, maybe after the next batch's
+	// transaction computes its offsets: until then they count as done there.
+	if ss.txnDone == nil {
+		ss.txnDone = map[*entry]bool{}
+	}
+	for e := range inTxn {
+		ss.txnDone[e] = true
+	}
+	ss.mu.Unlock()
+	return nil
+}
+
+// prospect returns the offsets a transaction of recs commits: per live partition, one
+// past the prefix of records settled, in recs, or in a committed transaction and not
+// settled yet (txnDone), where it passes what was committed;
+// marks has the same per part. live are the records to produce: those whose input
+// record is in the pipeline of a live partition (a revoked one's next owner redoes the
+// others). Records past an unsettled earlier one are counted in Stats.OutOfOrder.
+func (ss *session[T]) prospect(recs []txnRecord) (offs map[string]map[int32]kgo.EpochOffset, marks map[*part]int64, live []*kgo.Record, inTxn map[*entry]bool) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	inTxn = map[*entry]bool{}
+	for _, r := range recs {
+		p := ss.parts[r.from]
+		if p == nil || !p.live || p.revoking {
+			continue
+		}
+		i, ok := slices.BinarySearchFunc(p.pending, r.offset, func(e *entry, off int64) int {
+			switch {
+			case e.offset < off:
+				return -1
+			case e.offset > off:
+				return 1
+			}
+			return 0
+		})
+		// A message names its record by partition and offset only: after a rewind, a
+		// stale one (of the assignment before) names the same record as its replay,
+		// and whichever comes first is that record's output; the other is not produced.
+		if !ok || p.pending[i].state != inPipeline || inTxn[p.pending[i]] || ss.txnDone[p.pending[i]] {
+			continue
+		}
+		inTxn[p.pending[i]] = true
+		live = append(live, r.rec)
+	}
+	offs = map[string]map[int32]kgo.EpochOffset{}
+	marks = map[*part]int64{}
+	for _, p := range ss.parts {
+		if !p.live || p.revoking {
+			continue
+		}
+		mark, ok := p.mark, p.hasMark
+		n := 0
+		for n < len(p.pending) && (p.pending[n].state == settled || inTxn[p.pending[n]] || ss.txnDone[p.pending[n]]) {
+			mark, ok = kgo.EpochOffset{Epoch: p.pending[n].epoch, Offset: p.pending[n].offset + 1}, true
+			n++
+		}
+		for _, e := range p.pending[n:] {
+			if inTxn[e] {
+				ss.s.outOfOrder.Add(1)
+			}
+		}
+		if ok && mark.Offset > p.committed {
+			addOffsetAt(offs, p.tp, mark)
+			marks[p] = mark.Offset
+		}
+	}
+	return offs, marks, live, inTxn
+}
+
+func addOffsetAt(offs map[string]map[int32]kgo.EpochOffset, tp TopicPartition, eo kgo.EpochOffset) {
+	t := offs[tp.Topic]
+	if t == nil {
+		t = map[int32]kgo.EpochOffset{}
+		offs[tp.Topic] = t
+	}
+	t[tp.Partition] = eo
+}
+
+// rewind ends every live partition's assignment after an aborted transaction (what
+// they hold settles as stale) and takes the client back, per partition, to the offset
+// this run last committed, or the first record it polled: the client's own rewind
+// skips a partition with no committed offset. pollMu must be held.
+func (ss *session[T]) rewind() {
+	ss.mu.Lock()
+	to := map[string]map[int32]kgo.EpochOffset{}
+	for tp, p := range ss.parts {
+		if !p.live {
+			continue
+		}
+		at := p.committed
+		if at < 0 {
+			at = p.start
+		}
+		if at >= 0 {
+			addOffsetAt(to, tp, kgo.EpochOffset{Epoch: -1, Offset: at})
+		}
+		ss.s.uncommitted.Add(p.uncommitted() + ss.endPartLocked(p))
+		np := newPart(tp)
+		np.committed = p.committed
+		if at >= 0 && at <= p.maxPolled {
+			np.replayTo = p.maxPolled // the client may still hand over records fetched before the rewind
+		}
+		ss.parts[tp] = np
+	}
+	ss.mu.Unlock()
+	ss.cl.SetOffsets(to)
+}
+
+// endParts ends the assignments of the partitions in m (revoked from a transactional
+// source: nothing of theirs can be committed now).
+func (ss *session[T]) endParts(m map[string][]int32) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	for topic, partitions := range m {
+		for _, n := range partitions {
+			if p := ss.parts[TopicPartition{topic, n}]; p != nil && p.live {
+				ss.s.uncommitted.Add(p.uncommitted() + ss.endPartLocked(p))
+				ss.s.revoked.Add(1)
+			}
+		}
+	}
+}
