@@ -1155,6 +1155,10 @@ func (w *worker[In, Out]) resume(ctx context.Context) error {
 	}
 	n := 0
 	for ; n < w.runMax && w.r.ctx.Err() == nil; n++ {
+		if n > 0 && w.row.drain.Load() { // a drained budget: start no held item either
+			hs.drop()
+			break
+		}
 		v, pos, ok := hs.next()
 		if !ok {
 			break

@@ -1262,3 +1262,41 @@ func TestBreakerPerKeyMaxOpen(t *testing.T) {
 		assert.Equal(t, call.NotStarted, call.Breaker.Holding)
 	})
 }
+
+// TestBreakerPerKeyDrainStopsTakingBack: once an error budget drains, a worker taking
+// back a key's held items starts no more of them, as it starts no new item: key "a"
+// fails its first call, then passes its probe, then fails every call; the budget
+// drains within a few failures. (The loop over held items did not look, and went on
+// to dead-letter some sixty of them.)
+func TestBreakerPerKeyDrainStopsTakingBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const n = 400
+		key := keyOf(2)
+		var aCalls atomic.Int64
+		p := pipeline.New()
+		st := pipeline.NewStage("call", 1, func(ctx context.Context, v int) (int, error) {
+			if key(v) == "a" {
+				switch aCalls.Add(1) {
+				case 1:
+					return 0, pipeline.Transient(errors.New("down"))
+				case 2:
+					return v, nil
+				default:
+					return 0, pipeline.Permanent(errors.New("bad"))
+				}
+			}
+			return v, nil
+		}, discardDead[int](),
+			pipeline.WithErrorBudget(pipeline.Budget{MaxRatio: 0.5, MinSample: 5, Window: 5, Drain: true}),
+			pipeline.WithBreakerPerKey(key, pipeline.Breaker{Failures: 1, OpenFor: 100 * time.Millisecond}, pipeline.KeyBounds{}))
+		pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(n)), st), pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+		err := p.Run(t.Context())
+		rep := p.Report()
+		assert.ErrorIs(t, err, pipeline.ErrBudgetExceeded)
+		call := row(t, rep, "call")
+		t.Logf("a calls %d, dead-lettered %d", aCalls.Load(), call.DeadLettered)
+		checkAccounting(t, rep)
+		// With MinSample 5, Window 5, MaxRatio 0.5: at most a few failures before the drain trips.
+		assert.LessOrEqual(t, call.DeadLettered, int64(5))
+	})
+}
