@@ -396,6 +396,7 @@ func Window[T any, K comparable, V any](s *Stream[T], kind WindowKind, key func(
 				w.retain = kind.gap
 			} else {
 				w.retain = cfg.lateness
+				w.fast = kind.slide == kind.size && w.retain == 0
 			}
 			r.goSafe(name, func() (err error) {
 				returned := false

@@ -85,6 +85,8 @@ type windower[T any, K comparable, V any] struct {
 	count       int           // windows held
 	max         int           // at most: this worker's share of WithMaxWindows
 	inHand      bool          // the item being added is not counted yet
+	fast        bool          // tumbling windows kept for no lateness: itemsTumbling
+	sj          int           // itemsTumbling: the items of the run before it are counted started
 	retain      time.Duration // how long a fired window is kept: the allowed lateness, or a session's gap
 	wm          int64         // the watermark
 	maxEvent    int64
@@ -101,7 +103,7 @@ type windower[T any, K comparable, V any] struct {
 }
 
 func (w *windower[T, K, V]) loop() error {
-	w.out = w.down(&hand{row: w.row, waits: []func(){w.commit, w.publish}}) // counts current while it waits
+	w.out = w.down(&hand{row: w.row, waits: []func(){w.started, w.commit, w.publish}}) // counts current while it waits
 	w.track.s = &w.out
 	returned := false
 	defer func() {
@@ -110,6 +112,7 @@ func (w *windower[T, K, V]) loop() error {
 			w.timer.Stop()
 		}
 		if !returned { // user code (key, at, the aggregate, downstream) panicked or exited: fail what is in hand
+			w.started()
 			w.t.discarded += int64(w.rest())
 			w.commit()
 			s := w.stats
@@ -152,6 +155,9 @@ func (w *windower[T, K, V]) take() error {
 
 // items folds the run taken into its windows, firing those the watermark passes.
 func (w *windower[T, K, V]) items() error {
+	if w.fast {
+		return w.itemsTumbling()
+	}
 	for w.j < w.k {
 		e := w.next()
 		w.inHand = true
@@ -167,6 +173,82 @@ func (w *windower[T, K, V]) items() error {
 	return nil
 }
 
+// itemsTumbling is items for tumbling windows kept for no lateness, the common case:
+// an item whose window is open is folded in after one look-up, in this loop. The items
+// of the run are marked started in one call (started), before anything that may wait
+// and at the end of the run, rather than one by one; the rest go through addAt.
+func (w *windower[T, K, V]) itemsTumbling() error {
+	size := int64(w.kind.size)
+	at, key, fold, first := w.at, w.key, w.agg.fold, w.agg.first
+	w.sj = 1 // take counted the run's first item started
+	for w.j < w.k {
+		e := &w.run[w.j]
+		w.j++
+		t := at(e.v).UnixNano()
+		k := key(e.v)
+		s := t - t%size
+		if t%size < 0 {
+			s -= size
+		}
+		var wn *win[K, V]
+		if e0 := s + size; e0 > w.floor && e0 > w.wm {
+			b := w.lastBucket
+			if s != w.lastStart || b == nil {
+				b = w.bucket(s)
+			}
+			wn = b[k]
+		}
+		if wn == nil || wn.n == 0 && first != nil { // a window to open, a late item, a first item to reduce
+			w.started()
+			v, pos := e.v, e.pos
+			*e = item[T]{}
+			w.inHand = true
+			if err := w.addAt(v, pos, k, t); err != nil {
+				if w.inHand { // stopped before it was counted (waiting for room)
+					w.t.failed++
+					w.inHand = false
+				}
+				w.t.discarded += int64(w.rest())
+				return err
+			}
+			continue
+		}
+		wn.val = fold(wn.val, e.v)
+		wn.n++
+		if e.pos != noPos {
+			wn.poss = append(wn.poss, e.pos)
+		}
+		wn.owns++
+		w.heldN++
+		w.t.succeeded++
+		if t > w.maxEvent {
+			w.maxEvent = t
+			if wm := t - int64(w.cfg.maxDelay); wm > w.wm {
+				w.wm = wm
+				if len(w.due) > 0 && w.due[0].due <= wm {
+					w.started()
+					if err := w.fireDue(); err != nil {
+						w.t.discarded += int64(w.rest())
+						return err
+					}
+				}
+			}
+		}
+	}
+	w.started()
+	clear(w.run[:w.k])
+	return nil
+}
+
+// started marks the items of the run up to the one in hand as started (see
+// itemsTumbling): their room in the queue is free.
+func (w *windower[T, K, V]) started() {
+	if w.fast && w.j > w.sj {
+		w.q.started(w.id, w.j-w.sj)
+		w.sj = w.j
+	}
+}
+
 // publish stores the figures the report reads.
 func (w *windower[T, K, V]) publish() {
 	w.held.Store(w.heldN)
@@ -178,7 +260,11 @@ func (w *windower[T, K, V]) publish() {
 // add folds v into its windows (or sets it aside, late), then moves the watermark on.
 func (w *windower[T, K, V]) add(v T, pos uint64) error {
 	t := w.at(v).UnixNano()
-	k := w.key(v)
+	return w.addAt(v, pos, w.key(v), t)
+}
+
+// addAt is add of an item whose key is k and event time t.
+func (w *windower[T, K, V]) addAt(v T, pos uint64, k K, t int64) error {
 	var err error
 	if w.kind.gap > 0 {
 		err = w.addSession(v, k, t, pos)
