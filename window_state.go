@@ -80,6 +80,8 @@ type windower[T any, K comparable, V any] struct {
 	lastStart   int64                      // the start of the last bucket of wins looked up, and that bucket
 	lastBucket  map[K]*win[K, V]
 	scratch     []*win[K, V]       // the windows of the item being added
+	freeWins    []*win[K, V]       // tumbling and sliding: windows forgotten, to reuse (at most max)
+	freeBuckets []map[K]*win[K, V] // buckets of wins emptied, to reuse with their room (cap: how many)
 	sessions    map[K][]*win[K, V] // sessions of each key, by start, disjoint
 	due         winHeap[K, V]
 	count       int           // windows held
@@ -221,6 +223,9 @@ func (w *windower[T, K, V]) itemsTumbling() error {
 		wn.owns++
 		w.heldN++
 		w.t.succeeded++
+		if w.j-w.sj >= startEvery {
+			w.started()
+		}
 		if t > w.maxEvent {
 			w.maxEvent = t
 			if wm := t - int64(w.cfg.maxDelay); wm > w.wm {
@@ -239,6 +244,9 @@ func (w *windower[T, K, V]) itemsTumbling() error {
 	clear(w.run[:w.k])
 	return nil
 }
+
+// startEvery is how many items itemsTumbling folds between two calls of started.
+const startEvery = 16
 
 // started marks the items of the run up to the one in hand as started (see
 // itemsTumbling): their room in the queue is free.
@@ -340,7 +348,13 @@ func (w *windower[T, K, V]) addAligned(v T, k K, t int64, pos uint64) error {
 			wn = w.open(k, s, s+size)
 			b := w.bucket(s)
 			if b == nil {
-				b = map[K]*win[K, V]{}
+				if n := len(w.freeBuckets); n > 0 { // emptied, with the room of a bucket of its time
+					b = w.freeBuckets[n-1]
+					w.freeBuckets[n-1] = nil
+					w.freeBuckets = w.freeBuckets[:n-1]
+				} else {
+					b = map[K]*win[K, V]{}
+				}
 				w.wins[s] = b
 				w.lastStart, w.lastBucket = s, b
 			}
@@ -441,7 +455,15 @@ func (w *windower[T, K, V]) addSession(v T, k K, t int64, pos uint64) error {
 // open makes a window [start, end) of k and schedules it.
 func (w *windower[T, K, V]) open(k K, start, end int64) *win[K, V] {
 	w.seq++
-	wn := &win[K, V]{key: k, start: start, end: end, val: w.agg.init, due: end, seq: w.seq, idx: -1}
+	var wn *win[K, V]
+	if n := len(w.freeWins); n > 0 {
+		wn = w.freeWins[n-1]
+		w.freeWins[n-1] = nil
+		w.freeWins = w.freeWins[:n-1]
+	} else {
+		wn = new(win[K, V])
+	}
+	*wn = win[K, V]{key: k, start: start, end: end, val: w.agg.init, due: end, seq: w.seq, idx: -1}
 	heap.Push(&w.due, wn)
 	w.count++
 	return wn
@@ -532,12 +554,23 @@ func (w *windower[T, K, V]) forget(wn *win[K, V], closed bool) {
 			if w.lastStart == wn.start {
 				w.lastBucket = nil
 			}
+			if len(w.freeBuckets) < cap(w.freeBuckets) {
+				w.freeBuckets = append(w.freeBuckets, b)
+			}
 		}
 	}
 	if closed {
 		w.track.closed(wn.all)
 	}
 	wn.all = nil
+	if w.kind.gap == 0 && len(w.freeWins) < w.max {
+		// Nothing refers to it any more: the next window opened reuses it. A session
+		// merged into another may still be looked at by its caller: never reused.
+		var zero win[K, V]
+		*wn = zero
+		wn.idx = -1
+		w.freeWins = append(w.freeWins, wn)
+	}
 }
 
 // makeRoom acts on the window due first, the stage being at its bound: it fires it
