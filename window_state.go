@@ -180,23 +180,30 @@ func (w *windower[T, K, V]) items() error {
 // of the run are marked started in one call (started), before anything that may wait
 // and at the end of the run, rather than one by one; the rest go through addAt.
 func (w *windower[T, K, V]) itemsTumbling() error {
-	size := int64(w.kind.size)
+	size, delay := int64(w.kind.size), int64(w.cfg.maxDelay)
 	at, key, fold, first := w.at, w.key, w.agg.fold, w.agg.first
+	run := w.run[:w.k]
 	w.sj = 1 // take counted the run's first item started
-	for w.j < w.k {
-		e := &w.run[w.j]
+	// The state the loop reads per item, in locals, read again after anything else
+	// may have changed it (addAt, fireDue).
+	bStart, b := w.lastStart, w.lastBucket
+	bound := max(w.floor, w.wm) // a window must end after it to be open
+	for w.j < len(run) {
+		e := &run[w.j]
 		w.j++
 		t := at(e.v).UnixNano()
 		k := key(e.v)
-		s := t - t%size
-		if t%size < 0 {
+		r := t % size
+		s := t - r
+		if r < 0 {
 			s -= size
 		}
 		var wn *win[K, V]
-		if e0 := s + size; e0 > w.floor && e0 > w.wm {
-			b := w.lastBucket
-			if s != w.lastStart || b == nil {
-				b = w.bucket(s)
+		if s+size > bound {
+			if s != bStart || b == nil {
+				if b = w.bucket(s); b != nil {
+					bStart = s
+				}
 			}
 			wn = b[k]
 		}
@@ -213,6 +220,7 @@ func (w *windower[T, K, V]) itemsTumbling() error {
 				w.t.discarded += int64(w.rest())
 				return err
 			}
+			bStart, b, bound = w.lastStart, w.lastBucket, max(w.floor, w.wm)
 			continue
 		}
 		wn.val = fold(wn.val, e.v)
@@ -228,20 +236,22 @@ func (w *windower[T, K, V]) itemsTumbling() error {
 		}
 		if t > w.maxEvent {
 			w.maxEvent = t
-			if wm := t - int64(w.cfg.maxDelay); wm > w.wm {
+			if wm := t - delay; wm > w.wm {
 				w.wm = wm
+				bound = max(bound, wm)
 				if len(w.due) > 0 && w.due[0].due <= wm {
 					w.started()
 					if err := w.fireDue(); err != nil {
 						w.t.discarded += int64(w.rest())
 						return err
 					}
+					bStart, b, bound = w.lastStart, w.lastBucket, max(w.floor, w.wm)
 				}
 			}
 		}
 	}
 	w.started()
-	clear(w.run[:w.k])
+	clear(run)
 	return nil
 }
 
