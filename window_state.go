@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -186,16 +187,26 @@ func (w *windower[T, K, V]) itemsTumbling() error {
 	w.sj = 1 // take counted the run's first item started
 	// The state the loop reads per item, in locals, read again after anything else
 	// may have changed it (addAt, fireDue).
-	bStart, b := w.lastStart, w.lastBucket
-	bound := max(w.floor, w.wm) // a window must end after it to be open
+	var (
+		bStart, bound, due int64 // bound: a window must end after it to be open; due: the heap's first
+		b                  map[K]*win[K, V]
+	)
+	reload := func() {
+		bStart, b, bound, due = w.lastStart, w.lastBucket, max(w.floor, w.wm), math.MaxInt64
+		if len(w.due) > 0 {
+			due = w.due[0].due
+		}
+	}
+	reload()
 	for w.j < len(run) {
 		e := &run[w.j]
 		w.j++
 		t := at(e.v).UnixNano()
 		k := key(e.v)
-		r := t % size
-		s := t - r
-		if r < 0 {
+		var s int64
+		if b != nil && t >= bStart && t < bStart+size { // the bucket in hand: no division
+			s = bStart
+		} else if s = t - t%size; s > t {
 			s -= size
 		}
 		var wn *win[K, V]
@@ -220,7 +231,7 @@ func (w *windower[T, K, V]) itemsTumbling() error {
 				w.t.discarded += int64(w.rest())
 				return err
 			}
-			bStart, b, bound = w.lastStart, w.lastBucket, max(w.floor, w.wm)
+			reload()
 			continue
 		}
 		wn.val = fold(wn.val, e.v)
@@ -239,13 +250,13 @@ func (w *windower[T, K, V]) itemsTumbling() error {
 			if wm := t - delay; wm > w.wm {
 				w.wm = wm
 				bound = max(bound, wm)
-				if len(w.due) > 0 && w.due[0].due <= wm {
+				if due <= wm {
 					w.started()
 					if err := w.fireDue(); err != nil {
 						w.t.discarded += int64(w.rest())
 						return err
 					}
-					bStart, b, bound = w.lastStart, w.lastBucket, max(w.floor, w.wm)
+					reload()
 				}
 			}
 		}
