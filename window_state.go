@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -80,11 +81,15 @@ type windower[T any, K comparable, V any] struct {
 	lastStart   int64                      // the start of the last bucket of wins looked up, and that bucket
 	lastBucket  map[K]*win[K, V]
 	scratch     []*win[K, V]       // the windows of the item being added
+	freeWins    []*win[K, V]       // tumbling and sliding: windows forgotten, to reuse (at most max)
+	freeBuckets []map[K]*win[K, V] // buckets of wins emptied, to reuse with their room (cap: how many)
 	sessions    map[K][]*win[K, V] // sessions of each key, by start, disjoint
 	due         winHeap[K, V]
 	count       int           // windows held
 	max         int           // at most: this worker's share of WithMaxWindows
 	inHand      bool          // the item being added is not counted yet
+	fast        bool          // tumbling windows kept for no lateness: itemsTumbling
+	sj          int           // itemsTumbling: the items of the run before it are counted started
 	retain      time.Duration // how long a fired window is kept: the allowed lateness, or a session's gap
 	wm          int64         // the watermark
 	maxEvent    int64
@@ -101,7 +106,7 @@ type windower[T any, K comparable, V any] struct {
 }
 
 func (w *windower[T, K, V]) loop() error {
-	w.out = w.down(&hand{row: w.row, waits: []func(){w.commit, w.publish}}) // counts current while it waits
+	w.out = w.down(&hand{row: w.row, waits: []func(){w.started, w.commit, w.publish}}) // counts current while it waits
 	w.track.s = &w.out
 	returned := false
 	defer func() {
@@ -110,6 +115,7 @@ func (w *windower[T, K, V]) loop() error {
 			w.timer.Stop()
 		}
 		if !returned { // user code (key, at, the aggregate, downstream) panicked or exited: fail what is in hand
+			w.started()
 			w.t.discarded += int64(w.rest())
 			w.commit()
 			s := w.stats
@@ -152,6 +158,9 @@ func (w *windower[T, K, V]) take() error {
 
 // items folds the run taken into its windows, firing those the watermark passes.
 func (w *windower[T, K, V]) items() error {
+	if w.fast {
+		return w.itemsTumbling()
+	}
 	for w.j < w.k {
 		e := w.next()
 		w.inHand = true
@@ -167,6 +176,108 @@ func (w *windower[T, K, V]) items() error {
 	return nil
 }
 
+// itemsTumbling is items for tumbling windows kept for no lateness, the common case:
+// an item whose window is open is folded in after one look-up, in this loop. The items
+// of the run are marked started in one call (started), before anything that may wait
+// and at the end of the run, rather than one by one; the rest go through addAt.
+func (w *windower[T, K, V]) itemsTumbling() error {
+	size, delay := int64(w.kind.size), int64(w.cfg.maxDelay)
+	at, key, fold, first := w.at, w.key, w.agg.fold, w.agg.first
+	run := w.run[:w.k]
+	w.sj = 1 // take counted the run's first item started
+	// The state the loop reads per item, in locals, read again after anything else
+	// may have changed it (addAt, fireDue).
+	var (
+		bStart, bound, due int64 // bound: a window must end after it to be open; due: the heap's first
+		b                  map[K]*win[K, V]
+	)
+	reload := func() {
+		bStart, b, bound, due = w.lastStart, w.lastBucket, max(w.floor, w.wm), math.MaxInt64
+		if len(w.due) > 0 {
+			due = w.due[0].due
+		}
+	}
+	reload()
+	for w.j < len(run) {
+		e := &run[w.j]
+		w.j++
+		t := at(e.v).UnixNano()
+		k := key(e.v)
+		var s int64
+		if b != nil && t >= bStart && t < bStart+size { // the bucket in hand: no division
+			s = bStart
+		} else if s = t - t%size; s > t {
+			s -= size
+		}
+		var wn *win[K, V]
+		if s+size > bound {
+			if s != bStart || b == nil {
+				if b = w.bucket(s); b != nil {
+					bStart = s
+				}
+			}
+			wn = b[k]
+		}
+		if wn == nil || wn.n == 0 && first != nil { // a window to open, a late item, a first item to reduce
+			w.started()
+			v, pos := e.v, e.pos
+			*e = item[T]{}
+			w.inHand = true
+			if err := w.addAt(v, pos, k, t); err != nil {
+				if w.inHand { // stopped before it was counted (waiting for room)
+					w.t.failed++
+					w.inHand = false
+				}
+				w.t.discarded += int64(w.rest())
+				return err
+			}
+			reload()
+			continue
+		}
+		wn.val = fold(wn.val, e.v)
+		wn.n++
+		if e.pos != noPos {
+			wn.poss = append(wn.poss, e.pos)
+		}
+		wn.owns++
+		w.heldN++
+		w.t.succeeded++
+		if w.j-w.sj >= startEvery {
+			w.started()
+		}
+		if t > w.maxEvent {
+			w.maxEvent = t
+			if wm := t - delay; wm > w.wm {
+				w.wm = wm
+				bound = max(bound, wm)
+				if due <= wm {
+					w.started()
+					if err := w.fireDue(); err != nil {
+						w.t.discarded += int64(w.rest())
+						return err
+					}
+					reload()
+				}
+			}
+		}
+	}
+	w.started()
+	clear(run)
+	return nil
+}
+
+// startEvery is how many items itemsTumbling folds between two calls of started.
+const startEvery = 16
+
+// started marks the items of the run up to the one in hand as started (see
+// itemsTumbling): their room in the queue is free.
+func (w *windower[T, K, V]) started() {
+	if w.fast && w.j > w.sj {
+		w.q.started(w.id, w.j-w.sj)
+		w.sj = w.j
+	}
+}
+
 // publish stores the figures the report reads.
 func (w *windower[T, K, V]) publish() {
 	w.held.Store(w.heldN)
@@ -178,7 +289,11 @@ func (w *windower[T, K, V]) publish() {
 // add folds v into its windows (or sets it aside, late), then moves the watermark on.
 func (w *windower[T, K, V]) add(v T, pos uint64) error {
 	t := w.at(v).UnixNano()
-	k := w.key(v)
+	return w.addAt(v, pos, w.key(v), t)
+}
+
+// addAt is add of an item whose key is k and event time t.
+func (w *windower[T, K, V]) addAt(v T, pos uint64, k K, t int64) error {
 	var err error
 	if w.kind.gap > 0 {
 		err = w.addSession(v, k, t, pos)
@@ -254,7 +369,13 @@ func (w *windower[T, K, V]) addAligned(v T, k K, t int64, pos uint64) error {
 			wn = w.open(k, s, s+size)
 			b := w.bucket(s)
 			if b == nil {
-				b = map[K]*win[K, V]{}
+				if n := len(w.freeBuckets); n > 0 { // emptied, with the room of a bucket of its time
+					b = w.freeBuckets[n-1]
+					w.freeBuckets[n-1] = nil
+					w.freeBuckets = w.freeBuckets[:n-1]
+				} else {
+					b = map[K]*win[K, V]{}
+				}
 				w.wins[s] = b
 				w.lastStart, w.lastBucket = s, b
 			}
@@ -355,7 +476,15 @@ func (w *windower[T, K, V]) addSession(v T, k K, t int64, pos uint64) error {
 // open makes a window [start, end) of k and schedules it.
 func (w *windower[T, K, V]) open(k K, start, end int64) *win[K, V] {
 	w.seq++
-	wn := &win[K, V]{key: k, start: start, end: end, val: w.agg.init, due: end, seq: w.seq, idx: -1}
+	var wn *win[K, V]
+	if n := len(w.freeWins); n > 0 {
+		wn = w.freeWins[n-1]
+		w.freeWins[n-1] = nil
+		w.freeWins = w.freeWins[:n-1]
+	} else {
+		wn = new(win[K, V])
+	}
+	*wn = win[K, V]{key: k, start: start, end: end, val: w.agg.init, due: end, seq: w.seq, idx: -1}
 	heap.Push(&w.due, wn)
 	w.count++
 	return wn
@@ -446,12 +575,23 @@ func (w *windower[T, K, V]) forget(wn *win[K, V], closed bool) {
 			if w.lastStart == wn.start {
 				w.lastBucket = nil
 			}
+			if len(w.freeBuckets) < cap(w.freeBuckets) {
+				w.freeBuckets = append(w.freeBuckets, b)
+			}
 		}
 	}
 	if closed {
 		w.track.closed(wn.all)
 	}
 	wn.all = nil
+	if w.kind.gap == 0 && len(w.freeWins) < w.max {
+		// Nothing refers to it any more: the next window opened reuses it. A session
+		// merged into another may still be looked at by its caller: never reused.
+		var zero win[K, V]
+		*wn = zero
+		wn.idx = -1
+		w.freeWins = append(w.freeWins, wn)
+	}
 }
 
 // makeRoom acts on the window due first, the stage being at its bound: it fires it
