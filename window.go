@@ -299,7 +299,10 @@ func (ws windowRow) load() *WindowReport {
 // committed share with it, with a smaller Count: a sink of sliding windows keeps the
 // row with the larger Count. While the source waits for a save that needs items an
 // open window holds ([WithMaxRedo]), the stage fires that window early: give
-// WithMaxRedo room for the items of the windows open at once.
+// WithMaxRedo room for the items of the windows open at once. A window fired early
+// moves the watermark to its end, as at the bound: every later item with an earlier
+// event time is late then, even in an ordered input (with no [WithLateItems], the run
+// fails with [ErrLate]).
 //
 // The stage's items count as succeeded when they are folded into their windows, and
 // as failed if the run stops before their last window fired (the report's Window
@@ -349,6 +352,13 @@ func Window[T any, K comparable, V any](s *Stream[T], kind WindowKind, key func(
 	}
 	if cfg.maxWindows == 0 {
 		cfg.maxWindows = DefaultMaxWindows
+	}
+	if kind.slide > 0 { // an item falls into up to ceil(size/slide) windows, all open at once
+		per, workers := int((kind.size+kind.slide-1)/kind.slide), max(cfg.workers, 1)
+		if share := (cfg.maxWindows + workers - 1) / workers; per > share {
+			panic(fmt.Sprintf("pipeline: Window: an item falls into up to %d windows of %v every %v, more than the %d open windows a worker may hold (WithMaxWindows(%d) over %d workers)",
+				per, kind.size, kind.slide, share, cfg.maxWindows, workers))
+		}
 	}
 	name := p.rowName(cfg.name, "Window")
 	desc := fmt.Sprintf("window %q", name)

@@ -125,6 +125,9 @@ func (w *windower[T, K, V]) loop() error {
 	}()
 	err := w.take()
 	returned = true
+	if err != nil {
+		w.out.drop() // the results it holds are never sent: counted so, their room given back
+	}
 	w.commit()
 	return err
 }
@@ -346,7 +349,7 @@ func (w *windower[T, K, V]) addAligned(v T, k K, t int64, pos uint64) error {
 			}
 			wns = append(wns, wn)
 		}
-		if need == 0 || w.count+need <= w.max {
+		if need == 0 || w.count+need <= w.max || w.count == 0 { // nothing open to fire: Window's check keeps need within max
 			break
 		}
 		if err := w.makeRoom(); err != nil {
@@ -637,7 +640,9 @@ func (w *windower[T, K, V]) waitRoom() error {
 	}
 	w.commit()
 	w.publish()
-	w.anchor = w.wm
+	// Each wait is an idle period of its own, from the watermark as it is now: a second
+	// wait in one run of items must not count again the idle time the first one used.
+	w.anchor, w.last = w.wm, time.Now()
 	t := w.idleTimer(time.Until(w.idleAt()))
 	select {
 	case <-t:

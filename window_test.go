@@ -825,3 +825,73 @@ func TestWindowStopsWhileAtTheBound(t *testing.T) {
 		assert.Equal(t, int64(2), s.Failed, "the item of the open window and the one waiting for room")
 	})
 }
+
+// TestWindowBoundHoldsAnItemsWindows: an item of a sliding window falls into up to
+// ceil(size/slide) windows, open at once; a bound per worker (WithMaxWindows over
+// WithWindowWorkers) below that panics when the stage is built (it failed the run
+// with an index out of range when the first such item came).
+func TestWindowBoundHoldsAnItemsWindows(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		kind pipeline.WindowKind
+		opts []pipeline.WindowOption
+	}{
+		{"bound", pipeline.Sliding(10*time.Second, time.Second), []pipeline.WindowOption{pipeline.WithMaxWindows(2)}},
+		{"bound over workers", pipeline.Sliding(2*time.Second, time.Second), []pipeline.WindowOption{pipeline.WithMaxWindows(4), pipeline.WithWindowWorkers(4)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := pipeline.New()
+			defer func() {
+				msg, _ := recover().(string)
+				assert.Contains(t, msg, "pipeline: Window: an item falls into up to")
+			}()
+			pipeline.Window(pipeline.FromSlice(p, []ev{{0, tsec(5), 1}}), tc.kind, evKey, evTime, sumAgg(), tc.opts...)
+			t.Fatal("no panic")
+		})
+	}
+	evs := []ev{{0, tsec(5), 1}, {1, tsec(6), 1}}
+	_, _, err := collectWindows(t, evs, pipeline.Sliding(2*time.Second, time.Second), pipeline.WithMaxWindows(8), pipeline.WithWindowWorkers(4))
+	assert.NoError(t, err, "2 windows an item, 2 a worker")
+}
+
+// TestWindowFailureCountsResultsItHeld: when the stage fails (a late item without
+// WithLateItems), the results it had emitted but not yet handed on are counted as
+// never sent, so that its Out is what its consumer's In has (four results vanished
+// from the counts).
+func TestWindowFailureCountsResultsItHeld(t *testing.T) {
+	evs := []ev{{0, tsec(1), 1}, {1, tsec(2), 1}, {0, tsec(61), 1}, {1, tsec(62), 1}, {0, tsec(121), 1}, {0, tsec(5), 1}}
+	p := pipeline.New()
+	pipeline.To(pipeline.Window(pipeline.FromSlice(p, evs), pipeline.Tumbling(time.Minute), evKey, evTime, sumAgg(), pipeline.WithBuffer(64)),
+		pipeline.NewSink("sink", 1, func(context.Context, pipeline.WindowResult[int, int]) error { return nil }))
+	require.ErrorIs(t, p.Run(t.Context()), pipeline.ErrLate)
+	rep := p.Report()
+	w, _ := rep.Stage("Window")
+	s, _ := rep.Stage("sink")
+	assert.Equal(t, w.Out, s.In, "every result counted out reaches the sink's In, sent or counted unsent")
+	checkAccounting(t, rep)
+}
+
+// TestWindowBackpressureEachWaitIsAnIdlePeriod: with WithWindowBackpressure at a bound
+// of one window, each window the bound delays waits an idle period of its own: the
+// second wait in one run of items does not count again the idle time of the first
+// (both fired at 11 s).
+func TestWindowBackpressureEachWaitIsAnIdlePeriod(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		var fired []time.Duration
+		p := pipeline.New()
+		evs := []ev{{0, tsec(0), 1}, {1, tsec(10), 1}, {2, tsec(20), 1}}
+		pipeline.To(pipeline.Window(pipeline.FromSlice(p, evs), pipeline.Tumbling(10*time.Second), evKey, evTime, sumAgg(),
+			pipeline.WithMaxWindows(1), pipeline.WithWindowBackpressure(), pipeline.WithIdleTimeout(time.Second)),
+			pipeline.NewSink("sink", 1, func(context.Context, pipeline.WindowResult[int, int]) error {
+				fired = append(fired, time.Since(start))
+				return nil
+			}))
+		require.NoError(t, p.Run(t.Context()))
+		require.Len(t, fired, 3)
+		// [0,10) fires once the idle clock takes the watermark from 0 to 10: 1 s + 10 s;
+		// [10,20) waits as long again, from then.
+		assert.Equal(t, 11*time.Second, fired[0])
+		assert.GreaterOrEqual(t, fired[1], 22*time.Second)
+	})
+}
