@@ -409,19 +409,7 @@ func TestBreakerPerKey(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var down atomic.Bool
 		down.Store(true)
-		p := pipeline.New()
-		call := pipeline.NewSink("call", 2, func(_ context.Context, v int) error {
-			if v%2 == 1 && down.Load() {
-				return pipeline.Transient(errors.New("503"))
-			}
-			return nil
-		}, pipeline.WithRetry(2, nil), pipeline.WithBreakerPerKey(func(v int) int { return v % 2 },
-			pipeline.Breaker{Failures: 1, OpenFor: time.Minute}, pipeline.KeyBounds{}))
-		items := make([]int, 20)
-		for i := range items {
-			items[i] = i
-		}
-		pipeline.To(pipeline.FromSlice(p, items), call)
+		p := scenario.KeyOneDown(&down)
 		reader, provider := newReader(t)
 		reg, err := pipelineotel.Register(p, provider.Meter("test"))
 		require.NoError(t, err)

@@ -576,19 +576,7 @@ func TestCollectorBreakerPerKey(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var down atomic.Bool
 		down.Store(true)
-		p := pipeline.New()
-		call := pipeline.NewSink("call", 2, func(_ context.Context, v int) error {
-			if v%2 == 1 && down.Load() {
-				return pipeline.Transient(errors.New("503"))
-			}
-			return nil
-		}, pipeline.WithRetry(2, nil), pipeline.WithBreakerPerKey(func(v int) int { return v % 2 },
-			pipeline.Breaker{Failures: 1, OpenFor: time.Minute}, pipeline.KeyBounds{}))
-		items := make([]int, 20)
-		for i := range items {
-			items[i] = i
-		}
-		pipeline.To(pipeline.FromSlice(p, items), call)
+		p := scenario.KeyOneDown(&down)
 		reg := prometheus.NewRegistry()
 		require.NoError(t, reg.Register(pipelineprom.NewCollector(p)))
 		ran := make(chan error, 1)

@@ -2,6 +2,9 @@ package scenario
 
 import (
 	"context"
+	"errors"
+	"sync/atomic"
+	"time"
 
 	"github.com/gopipeline/pipeline"
 )
@@ -48,4 +51,25 @@ func RowName(p *pipeline.Pipeline, kind pipeline.Kind) (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// KeyOneDown builds a pipeline of 20 items into a sink "call" of 2 workers with a
+// breaker per key (v % 2; one failure opens it, for a minute): while down is true,
+// key 1's calls fail (transient), so that its breaker opens and holds key 1's items,
+// while key 0's go through. Once down is false, the probe at a minute closes it.
+func KeyOneDown(down *atomic.Bool) *pipeline.Pipeline {
+	p := pipeline.New()
+	call := pipeline.NewSink("call", 2, func(_ context.Context, v int) error {
+		if v%2 == 1 && down.Load() {
+			return pipeline.Transient(errors.New("503"))
+		}
+		return nil
+	}, pipeline.WithRetry(2, nil), pipeline.WithBreakerPerKey(func(v int) int { return v % 2 },
+		pipeline.Breaker{Failures: 1, OpenFor: time.Minute}, pipeline.KeyBounds{}))
+	items := make([]int, 20)
+	for i := range items {
+		items[i] = i
+	}
+	pipeline.To(pipeline.FromSlice(p, items), call)
+	return p
 }
