@@ -1292,7 +1292,7 @@ func TestBreakerPerKeyDrainStopsTakingBack(t *testing.T) {
 		pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(n)), st), pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
 		err := p.Run(t.Context())
 		rep := p.Report()
-		assert.ErrorIs(t, err, pipeline.ErrBudgetExceeded)
+		require.ErrorIs(t, err, pipeline.ErrBudgetExceeded)
 		call := row(t, rep, "call")
 		t.Logf("a calls %d, dead-lettered %d", aCalls.Load(), call.DeadLettered)
 		checkAccounting(t, rep)

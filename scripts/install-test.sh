@@ -200,7 +200,16 @@ say "ok: ${#all[@]} packages of ${#mod_paths[@]} modules installed with go get a
 # gets the arguments of a short run; a new command module needs an entry here.
 declare -A cmd_args=(
 	[examples/etl]="-fresh -n 300 -web= -progress 1h -dir $tmp/etl-out"
+	[examples/windows]="-fresh -n 2000"
 )
+# examples/windows writes into PostgreSQL: the server of $DATABASE_URL (test.sh's), or a
+# throwaway one of the repository's script, stopped at exit.
+if [[ -z ${DATABASE_URL:-} ]]; then
+	root=$(git rev-parse --show-toplevel)
+	DATABASE_URL=$("$root/scripts/postgres.sh" start) || die "no DATABASE_URL, and scripts/postgres.sh start failed"
+	export DATABASE_URL
+	trap '"$root/scripts/postgres.sh" stop >/dev/null; cleanup' EXIT
+fi
 elsewhere=$tmp/elsewhere
 mkdir -p "$elsewhere"
 for m in "${cmds[@]}"; do
