@@ -1066,11 +1066,11 @@ func (kb *keyBreakers[In, K]) wait(ctx context.Context, wake <-chan struct{}) (b
 		if d == 0 {
 			return false, errResume
 		}
-		if d < time.Duration(math.MaxInt64) {
-			t := time.NewTimer(d)
-			defer t.Stop()
-			timeout = t.C
-		}
+		// Not before a transition (a half-open key's probe in flight): look again after
+		// a second at the latest, should the transition's signal be missed.
+		t := time.NewTimer(min(d, time.Second))
+		defer t.Stop()
+		timeout = t.C
 	}
 	select {
 	case <-wake:
