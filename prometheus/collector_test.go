@@ -389,28 +389,8 @@ func TestCheckpointResumed(t *testing.T) {
 // (WithDeadLetter) does not.
 func TestHandedBack(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		p := pipeline.New()
-		msgs := pipeline.FromAcked(p, func(_ context.Context, emit func(int, func(pipeline.Settlement)) error) error {
-			for i := range 5 {
-				if err := emit(i, func(pipeline.Settlement) {}); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-		call := pipeline.NewStage("call", 2, func(_ context.Context, v int) (int, error) {
-			if v%2 == 1 { // 1 and 3: handed back
-				return 0, pipeline.Transient(errors.New("503"))
-			}
-			return v, nil
-		}, pipeline.WithHandBack(), pipeline.WithRetry(1, nil))
 		var kept atomic.Int64
-		pipeline.To(pipeline.Then(msgs, call), pipeline.NewSink("sink", 1, func(_ context.Context, v int) error {
-			if v == 4 {
-				return pipeline.Permanent(errors.New("bad record"))
-			}
-			return nil
-		}, pipeline.WithDeadLetter(func(context.Context, pipeline.DeadLetter[int]) error { kept.Add(1); return nil })))
+		p := scenario.HandBack(&kept)
 		reg := prometheus.NewPedanticRegistry()
 		reg.MustRegister(pipelineprom.NewCollector(p))
 		require.NoError(t, p.Run(t.Context()))

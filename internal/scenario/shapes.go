@@ -73,3 +73,32 @@ func KeyOneDown(down *atomic.Bool) *pipeline.Pipeline {
 	pipeline.To(pipeline.FromSlice(p, items), call)
 	return p
 }
+
+// HandBack builds a pipeline of an acknowledged source of 5 items into a stage "call"
+// (WithHandBack, 2 attempts) whose odd items fail transiently, so that 1 and 3 are
+// handed back, and a sink "sink" that dead-letters item 4 into its own destination,
+// which counts it in kept.
+func HandBack(kept *atomic.Int64) *pipeline.Pipeline {
+	p := pipeline.New()
+	msgs := pipeline.FromAcked(p, func(_ context.Context, emit func(int, func(pipeline.Settlement)) error) error {
+		for i := range 5 {
+			if err := emit(i, func(pipeline.Settlement) {}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	call := pipeline.NewStage("call", 2, func(_ context.Context, v int) (int, error) {
+		if v%2 == 1 {
+			return 0, pipeline.Transient(errors.New("503"))
+		}
+		return v, nil
+	}, pipeline.WithHandBack(), pipeline.WithRetry(1, nil))
+	pipeline.To(pipeline.Then(msgs, call), pipeline.NewSink("sink", 1, func(_ context.Context, v int) error {
+		if v == 4 {
+			return pipeline.Permanent(errors.New("bad record"))
+		}
+		return nil
+	}, pipeline.WithDeadLetter(func(context.Context, pipeline.DeadLetter[int]) error { kept.Add(1); return nil })))
+	return p
+}
