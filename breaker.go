@@ -870,11 +870,12 @@ func (kb *keyBreakers[In, K]) evictLocked() uint32 {
 	return 0
 }
 
-// signal wakes the workers that wait for held items.
+// signal wakes the workers that wait for held items: at a key's transition (or a
+// probe's end), and when the last held item is taken. It must not skip a signal
+// when nothing is held at that moment: a worker may be taking a held item out and
+// putting it back (a probe refused, a failed probe's item), and the workers that
+// waited meanwhile would then wait for the next signal, perhaps for ever.
 func (kb *keyBreakers[In, K]) signal() {
-	if kb.heldN.Load() == 0 {
-		return
-	}
 	kb.sigMu.Lock()
 	close(kb.sig)
 	kb.sig = make(chan struct{})
@@ -994,6 +995,7 @@ func (kb *keyBreakers[In, K]) drop() {
 	}
 	kb.holders = nil
 	kb.heldN.Store(0)
+	kb.signal()
 }
 
 func (kb *keyBreakers[In, K]) next() (v In, pos uint64, ok bool) {
@@ -1013,7 +1015,9 @@ func (kb *keyBreakers[In, K]) next() (v In, pos uint64, ok bool) {
 			}
 			kb.holders = slices.DeleteFunc(kb.holders, func(o *keyState[In, K]) bool { return o == ks })
 		}
-		kb.heldN.Add(-1)
+		if kb.heldN.Add(-1) == 0 {
+			defer kb.signal() // the workers waiting for held items may end (after the unlock)
+		}
 		return h.v, h.pos, true
 	}
 	return v, 0, false
@@ -1037,8 +1041,8 @@ func (kb *keyBreakers[In, K]) readyLocked(now time.Time) *keyState[In, K] {
 }
 
 // untilReady returns how long until a held item's key may let it through (0: now;
-// MaxInt64: not before a transition).
-func (kb *keyBreakers[In, K]) untilReady() time.Duration {
+// MaxInt64: not before a transition), and whether any item is held.
+func (kb *keyBreakers[In, K]) untilReady() (time.Duration, bool) {
 	kb.mu.Lock()
 	defer kb.mu.Unlock()
 	now := time.Now()
@@ -1048,29 +1052,35 @@ func (kb *keyBreakers[In, K]) untilReady() time.Duration {
 		ok, d := ks.b.readyLocked(now)
 		ks.b.mu.Unlock()
 		if ok {
-			return 0
+			return 0, true
 		}
 		wake = min(wake, d)
 	}
-	return wake
+	return wake, len(kb.holders) > 0
 }
 
+// wait waits for an item on wake (nil: the input ended), or for a held item that may
+// be taken back (errResume). With nothing held and no input to wait for it returns
+// errResume at once, for the caller to look again (and end).
 func (kb *keyBreakers[In, K]) wait(ctx context.Context, wake <-chan struct{}) (bool, error) {
 	var sig <-chan struct{}
 	var timeout <-chan time.Time
+	if kb.heldN.Load() == 0 && wake == nil {
+		return false, errResume
+	}
 	if kb.heldN.Load() > 0 {
 		kb.sigMu.Lock()
 		sig = kb.sig // before untilReady looks: a signal after it is not lost
 		kb.sigMu.Unlock()
-		d := kb.untilReady()
-		if d == 0 {
+		d, held := kb.untilReady()
+		if d == 0 || !held && wake == nil { // none held now: the last was taken before sig was read
 			return false, errResume
 		}
-		// Not before a transition (a half-open key's probe in flight): look again after
-		// a second at the latest, should the transition's signal be missed.
-		t := time.NewTimer(min(d, time.Second))
-		defer t.Stop()
-		timeout = t.C
+		if d < time.Duration(math.MaxInt64) { // else not before a transition: its signal wakes us
+			t := time.NewTimer(d)
+			defer t.Stop()
+			timeout = t.C
+		}
 	}
 	select {
 	case <-wake:

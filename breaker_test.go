@@ -1300,3 +1300,46 @@ func TestBreakerPerKeyDrainStopsTakingBack(t *testing.T) {
 		assert.LessOrEqual(t, call.DeadLettered, int64(5))
 	})
 }
+
+// TestBreakerPerKeyIdleWorkersEnd checks that workers waiting for held items all end
+// once the held items are done, whichever worker took them: many workers, every item
+// in the queue at once (so the input ends while items are held), one key down for a
+// while. A worker that waited for a signal that never came would leave the run
+// blocked, which synctest reports as a deadlock.
+func TestBreakerPerKeyIdleWorkersEnd(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		workers int
+		items   int
+		probes  int
+	}{
+		{"2 workers", 2, 4, 1},
+		{"4 workers", 4, 12, 1},
+		{"8 workers", 8, 40, 1},
+		{"8 workers 3 probes", 8, 40, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			for i := range 50 {
+				synctest.Test(t, func(t *testing.T) {
+					svc := newKeyService(time.Duration(100+10*i)*time.Millisecond, "a")
+					key := keyOf(2)
+					p := pipeline.New()
+					st := pipeline.NewStage("call", tc.workers, svc.call(key),
+						pipeline.WithBreakerPerKey(key, pipeline.Breaker{Failures: 1, OpenFor: 50 * time.Millisecond, HalfOpenProbes: tc.probes}, pipeline.KeyBounds{}))
+					var got atomic.Int64
+					pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(tc.items)), st), pipeline.NewSink("sink", 1, func(context.Context, int) error {
+						got.Add(1)
+						return nil
+					}))
+					require.NoError(t, p.Run(t.Context()))
+					assert.Equal(t, int64(tc.items), got.Load())
+					for v := range tc.items {
+						assert.Equal(t, 1, svc.done[v], v)
+					}
+				})
+			}
+		})
+	}
+}
