@@ -730,11 +730,12 @@ type consumer[T any] struct {
 	k, j     int       // the run's length, and the index of its next item
 	t        tally     // outcomes since the last commit
 	stats    *workerStats
-	capacity int // the queue's, for the peak it records
+	capacity int         // the queue's, for the peak it records
+	starts   *startCount // its count in q.starts (worker.items gives back each item's room itself)
 }
 
 func newConsumer[T any](q *queue[T], lane, id int, stats *workerStats, capacity int) consumer[T] {
-	return consumer[T]{q: q, lane: lane, id: id, wt: newWaiter(), run: make([]item[T], chunk), stats: stats, capacity: capacity}
+	return consumer[T]{q: q, lane: lane, id: id, wt: newWaiter(), run: make([]item[T], chunk), stats: stats, capacity: capacity, starts: &q.starts[id]}
 }
 
 // take commits the counts of the last run and takes the next run of at most n items
