@@ -536,12 +536,23 @@ func (q *queue[T]) startedBy(i int) int64 {
 // wireInput gives them the run's.
 func (q *queue[T]) outlet(ctx context.Context) outlet[T] {
 	return func(h *hand) sender[T] {
-		s := &queueSender[T]{q: q, ctx: ctx, w: newWaiter(), h: h}
+		s := &queueSender[T]{q: q, ctx: ctx, w: newWaiter(), h: h, plain: q.hash == nil && q.capacity > 0}
 		if h != nil {
 			h.placers = append(h.placers, s.place)
 		}
-		snd := sender[T]{put: s.put, flush: s.flush, drop: s.drop}
-		if q.hash == nil && q.capacity > 0 {
+		// put: an item for which room is reserved in a plain queue joins the buffer,
+		// in the function the producer calls (a method value would add a call per
+		// item to reach the method).
+		put := func(v T, pos uint64) error {
+			if s.avail > 0 && s.plain {
+				s.avail--
+				s.buf = append(s.buf, item[T]{v, pos})
+				return nil
+			}
+			return s.putMore(v, pos)
+		}
+		snd := sender[T]{put: put, flush: s.flush, drop: s.drop}
+		if s.plain {
 			snd.putRun = s.putRun
 		}
 		return snd
@@ -558,6 +569,7 @@ type queueSender[T any] struct {
 	avail int       // room reserved and not yet used
 	h     *hand
 	busy  bool // in reserve: its items are being placed
+	plain bool // the queue has one lane and room for more than one item
 }
 
 // place puts the items held in the ring, keeping the room reserved for more.
@@ -571,7 +583,9 @@ func (s *queueSender[T]) place() {
 	s.reset()
 }
 
-func (s *queueSender[T]) put(v T, pos uint64) error {
+// putMore is the sender's put (outlet) for an item that needs more than its place in
+// the buffer: room to reserve, a lane, a rendezvous.
+func (s *queueSender[T]) putMore(v T, pos uint64) error {
 	var lane uint32
 	if s.q.hash != nil { // user code: in the producer's goroutine, outside the lock
 		lane = uint32(s.q.hash(v) % uint64(len(s.q.lanes)))
@@ -730,11 +744,12 @@ type consumer[T any] struct {
 	k, j     int       // the run's length, and the index of its next item
 	t        tally     // outcomes since the last commit
 	stats    *workerStats
-	capacity int // the queue's, for the peak it records
+	capacity int         // the queue's, for the peak it records
+	starts   *startCount // its count in q.starts (worker.items gives back each item's room itself)
 }
 
 func newConsumer[T any](q *queue[T], lane, id int, stats *workerStats, capacity int) consumer[T] {
-	return consumer[T]{q: q, lane: lane, id: id, wt: newWaiter(), run: make([]item[T], chunk), stats: stats, capacity: capacity}
+	return consumer[T]{q: q, lane: lane, id: id, wt: newWaiter(), run: make([]item[T], chunk), stats: stats, capacity: capacity, starts: &q.starts[id]}
 }
 
 // take commits the counts of the last run and takes the next run of at most n items

@@ -247,6 +247,7 @@ func then[In, Out any](s *Stream[In], st *Stage[In, Out], sink, terminal bool) *
 				st:       st, r: r, row: rw, budget: b, classify: classify, ord: ord, cl: cl,
 				runMax: 1, share: 1, sink: sink, quiet: terminal && !r.tracked(),
 				direct: ord == nil && st.flat == nil, pending: ord != nil && st.flat == nil,
+				fast:  ord == nil && st.flat == nil && b == nil,
 				plain: cl == nil && st.flat == nil && (!sink || !r.tracked()),
 			}
 			if st.cfg.timeout > 0 {
@@ -347,16 +348,16 @@ type worker[In, Out any] struct {
 	hand         *hand           // the worker's, when it has a sender of its own
 	runMax       int             // the most items to take at once: fewer, the slower the function
 	share        int             // the least run worth waking another worker for (takeOrPark)
-	n            uint64          // items started, for timing one in 64
+	untimed      int             // attempts to make before the next timed one: one in 64 is timed, or every one while they are slow (measured)
 	clock        time.Duration   // the worker's last clock reading, as an offset from the run's start
 	pos          uint64          // the current item's source position (checkpointed runs)
 	seq          uint64          // the current item's sequence number (ordered stages)
 	si           int             // its slot in the reorder window: seq modulo the window's size
 	ord          *reorder[Out]   // the reorder window (ordered stages)
 	pend         []entry         // ordered one-to-one stages: the run's outcomes, settled together
-	slow         bool            // the last timed attempt took long: time every attempt
 	plain        bool            // no client, no Commit scope, one output per item: items makes the first attempt itself
 	direct       bool            // unordered, one output per item: end puts it itself
+	fast         bool            // direct and no error budget: end settles a succeeded item in its first lines
 	pending      bool            // ordered, one output per item: end puts it in its slot, settle in the window
 	quiet        bool            // an untracked run's sink: its sender has nothing to tell
 	sink         bool            // the stage is a sink (NewSink, or attached by To): Commit and SetAside work
@@ -499,26 +500,31 @@ func (w *worker[In, Out]) items(ctx context.Context, seq uint64) error {
 		// producers; the first item's since take.
 		e := &w.run[j]
 		v := e.v
-		w.pos, w.seq = e.pos, seq+uint64(j)
-		if slots > 0 { // ordered: its slot (a run is at most half the window: one wrap at most)
-			if w.si = si0 + j; w.si >= slots {
-				w.si -= slots
-			}
-		}
+		w.pos = e.pos
 		*e = item[In]{}
 		w.j = j + 1
-		if j > 0 {
-			w.q.started(w.id, 1)
+		if j > 0 { // queue.started, inline: a call per item cost 3x4 3 % of the library's instructions
+			s := &w.starts.v
+			s.Store(s.Load() + 1)
+			if w.q.pwait.Load() != 0 {
+				w.q.wakeProducers()
+			}
 		}
 		if stop.Err() != nil { // the run is stopping: start nothing new
 			return w.abandon(ctx, 1, context.Cause(ctx))
 		}
-		if w.ord != nil && !w.ord.inside(w.seq) { // start only what the window has room for
-			if err := w.settle(ctx); err != nil { // the window may wait for this run's items
-				return w.abandon(ctx, 1, err)
+		if slots > 0 { // ordered: its sequence number and slot (a run is at most half the window: one wrap at most)
+			w.seq = seq + uint64(j)
+			if w.si = si0 + j; w.si >= slots {
+				w.si -= slots
 			}
-			if err := w.ord.admit(ctx, w.seq); err != nil {
-				return w.abandon(ctx, 1, err)
+			if !w.ord.inside(w.seq) { // start only what the window has room for
+				if err := w.settle(ctx); err != nil { // the window may wait for this run's items
+					return w.abandon(ctx, 1, err)
+				}
+				if err := w.ord.admit(ctx, w.seq); err != nil {
+					return w.abandon(ctx, 1, err)
+				}
 			}
 		}
 		if w.row.drain.Load() { // a drained budget: start no new item
@@ -537,17 +543,13 @@ func (w *worker[In, Out]) items(ctx context.Context, seq uint64) error {
 		if plain {
 			if timeout {
 				out, err = w.timedCall(ctx, v)
-			} else { // timedCall, inline: even a helper for the timing costs 1xP 4 %
-				var t0 time.Time
-				timed := w.slow || w.n&63 == 0
-				w.n++
-				if timed {
-					t0 = time.Now()
-				}
+			} else if w.untimed > 0 { // timedCall, inline: even a helper for the timing costs 1xP 4 %
+				w.untimed--
 				out, err = fn(ctx, v)
-				if timed {
-					w.measured(t0)
-				}
+			} else {
+				t0 := time.Now()
+				out, err = fn(ctx, v)
+				w.measured(t0)
 			}
 			if err != nil {
 				o, err = w.attempts(ctx, v, &out, err)
@@ -610,11 +612,27 @@ type fate struct {
 // An item is counted before anything that may panic after it (a settle callback, an
 // inline operator past the window), so that it is never counted twice.
 func (w *worker[In, Out]) end(o outcome, out *Out, n int, err error) error {
-	if o == succeeded { // first, apart: the one outcome of nearly every item
+	if o == succeeded && w.fast { // first, apart: the one outcome of nearly every item
+		var perr error
+		if !w.quiet {
+			perr = w.out.put(*out, w.pos) // counted after: a panic downstream leaves the item failed, not both
+		}
+		w.t.emitted++
+		w.t.succeeded++
+		w.inHand = false
+		return perr
+	}
+	return w.endMore(o, out, n, err)
+}
+
+// endMore is end for every outcome but a succeeded one of a fast worker: apart, so
+// that end's own frame stays small for nearly every item. Only end calls it.
+func (w *worker[In, Out]) endMore(o outcome, out *Out, n int, err error) error {
+	if o == succeeded {
 		switch {
 		case w.direct:
 			if !w.quiet {
-				err = w.out.put(*out, w.pos) // counted after: a panic downstream leaves the item failed, not both
+				err = w.out.put(*out, w.pos) // counted after, as in end
 			}
 			w.t.emitted++
 			w.t.succeeded++
@@ -649,8 +667,7 @@ func (w *worker[In, Out]) deliver(ctx context.Context) (err error) {
 	return err
 }
 
-// endOther is end for every outcome but succeeded: apart, so that end's own frame stays
-// small for the one outcome of nearly every item. Only end calls it.
+// endOther is end for every outcome but succeeded. Only endMore calls it.
 func (w *worker[In, Out]) endOther(o outcome, n int, err error) error {
 	ctx := w.ctx
 	switch o {
@@ -810,10 +827,11 @@ func (w *worker[In, Out]) attempt(ctx context.Context, v In) (out Out, err error
 // clock's cost not to matter.
 func (w *worker[In, Out]) timedCall(ctx context.Context, v In) (out Out, err error) {
 	var t0 time.Time
-	timed := w.slow || w.n&63 == 0
-	w.n++
+	timed := w.untimed == 0
 	if timed {
 		t0 = time.Now()
+	} else {
+		w.untimed--
 	}
 	if d := w.st.cfg.timeout; d <= 0 {
 		out, err = w.call(ctx, v)
@@ -844,7 +862,10 @@ func (w *worker[In, Out]) measured(t0 time.Time) {
 	d := time.Since(t0)
 	w.clock = t0.Sub(w.r.started) + d
 	w.stats.lat.record(d)
-	w.slow = d > 20*time.Microsecond
+	w.untimed = 63 // the next 63 attempts are not timed, unless this one was slow
+	if d > 20*time.Microsecond {
+		w.untimed = 0
+	}
 	w.runMax, w.share = chunk, chunk
 	if d > 0 {
 		w.runMax = int(min(max(runBudget/d, 1), chunk))
