@@ -132,7 +132,9 @@ func produceIDs(ctx context.Context, t *testing.T, c *kfake.Cluster, from, n int
 // idCodec decodes produceIDs' values.
 type idCodec struct{}
 
-func (idCodec) Marshal(v int64) ([]byte, error) { return binary.BigEndian.AppendUint64(nil, uint64(v)), nil }
+func (idCodec) Marshal(v int64) ([]byte, error) {
+	return binary.BigEndian.AppendUint64(nil, uint64(v)), nil
+}
 
 func (idCodec) Unmarshal(data []byte, v *int64) error {
 	if len(data) != 8 {
