@@ -95,10 +95,10 @@ func newCluster(t *testing.T) *kfake.Cluster {
 
 // consumerOpts are a member's client options: short sessions and heartbeats, so that
 // rebalances take a fraction of a second.
-func consumerOpts(brokers ...string) []kgo.Opt {
+func consumerOpts(session time.Duration, brokers ...string) []kgo.Opt {
 	return []kgo.Opt{
 		kgo.SeedBrokers(brokers...),
-		kgo.SessionTimeout(2 * time.Second),
+		kgo.SessionTimeout(session),
 		kgo.HeartbeatInterval(100 * time.Millisecond),
 		kgo.RebalanceTimeout(10 * time.Second),
 		kgo.FetchMaxWait(100 * time.Millisecond),
@@ -155,28 +155,22 @@ type member struct {
 // (nil: a plain writer), its offsets in store.
 func startMember(ctx context.Context, t *testing.T, brokers []string, group string, store *kafkapg.Offsets, w *pgpipe.Writer[row], opts ...kafka.SourceOption) *member {
 	t.Helper()
-	m := newMember(brokers, group, store, w, 50, opts...)
+	m := newMember(brokers, group, store, w, 2*time.Second, opts...)
 	go func() { m.done <- m.p.Run(ctx) }()
 	return m
 }
 
-func newMember(brokers []string, group string, store *kafkapg.Offsets, w *pgpipe.Writer[row], batch int, opts ...kafka.SourceOption) *member {
+func newMember(brokers []string, group string, store *kafkapg.Offsets, w *pgpipe.Writer[row], session time.Duration, opts ...kafka.SourceOption) *member {
 	opts = append([]kafka.SourceOption{kafka.WithOffsetStore(store), kafka.WithCommitInterval(100 * time.Millisecond),
 		kafka.WithRevokeTimeout(200 * time.Millisecond), kafka.WithMaxPending(300)}, opts...)
-	src := kafka.NewSource(consumerOpts(brokers...), group, []string{inTopic}, idCodec{}, opts...)
+	src := kafka.NewSource(consumerOpts(session, brokers...), group, []string{inTopic}, idCodec{}, opts...)
 	p := pipeline.New()
 	keyed := pipeline.Then(src.Stream(p), pipeline.NewStage("map", 4, func(_ context.Context, m kafka.Message[int64]) (kafka.Message[row], error) {
 		return kafka.Message[row]{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset,
 			Value: row{ID: m.Value, Part: m.Partition, Off: m.Offset}}, nil
 	}, pipeline.WithKey(kafka.Message[int64].TopicPartition)))
-	pipeline.ToBatches(keyed, batch, kafkapg.NewSink("pg", src, w), pipeline.WithLinger(10*time.Millisecond))
+	pipeline.ToBatches(keyed, 50, kafkapg.NewSink("pg", src, w), pipeline.WithLinger(10*time.Millisecond))
 	return &member{src: src, p: p, done: make(chan error, 1)}
-}
-
-// start runs m.
-func (m *member) start(ctx context.Context) *member {
-	go func() { m.done <- m.p.Run(ctx) }()
-	return m
 }
 
 // stop stops m gracefully and waits for its run.
