@@ -161,13 +161,17 @@ func startMember(ctx context.Context, t *testing.T, brokers []string, group stri
 }
 
 func newMember(brokers []string, group string, store *kafkapg.Offsets, w *pgpipe.Writer[row], session time.Duration, opts ...kafka.SourceOption) *member {
-	opts = append([]kafka.SourceOption{kafka.WithOffsetStore(store), kafka.WithCommitInterval(100 * time.Millisecond),
-		kafka.WithRevokeTimeout(200 * time.Millisecond), kafka.WithMaxPending(300)}, opts...)
+	opts = append([]kafka.SourceOption{
+		kafka.WithOffsetStore(store), kafka.WithCommitInterval(100 * time.Millisecond),
+		kafka.WithRevokeTimeout(200 * time.Millisecond), kafka.WithMaxPending(300),
+	}, opts...)
 	src := kafka.NewSource(consumerOpts(session, brokers...), group, []string{inTopic}, idCodec{}, opts...)
 	p := pipeline.New()
 	keyed := pipeline.Then(src.Stream(p), pipeline.NewStage("map", 4, func(_ context.Context, m kafka.Message[int64]) (kafka.Message[row], error) {
-		return kafka.Message[row]{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset,
-			Value: row{ID: m.Value, Part: m.Partition, Off: m.Offset}}, nil
+		return kafka.Message[row]{
+			Topic: m.Topic, Partition: m.Partition, Offset: m.Offset,
+			Value: row{ID: m.Value, Part: m.Partition, Off: m.Offset},
+		}, nil
 	}, pipeline.WithKey(kafka.Message[int64].TopicPartition)))
 	pipeline.ToBatches(keyed, 50, kafkapg.NewSink("pg", src, w), pipeline.WithLinger(10*time.Millisecond))
 	return &member{src: src, p: p, done: make(chan error, 1)}
