@@ -245,7 +245,7 @@ type Stats struct {
 	FetchErrors  int64 // errors the client reported and the source went on after
 	DLErrors     int64 // dead letters whose produce failed (their records are emitted again)
 	Paused       int64 // times a partition's fetches were paused: WithMaxPending of its records settled behind an unsettled one
-	Transactions int64 // transactions committed (NewTransactSink, and the source's own for offsets)
+	Transactions int64 // transactions committed (NewTransactSink, and the source's own for offsets; a store's, with WithOffsetStore)
 	Aborted      int64 // transactions aborted (a rebalance, a failed produce): what they held is redone
 	OutOfOrder   int64 // records a transaction produced past an unsettled earlier record of their partition
 	Claimed      int64 // partitions claimed in the offset store (WithOffsetStore)

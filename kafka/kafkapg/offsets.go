@@ -128,13 +128,28 @@ func (o *Offsets) Stored(ctx context.Context) (map[kafka.TopicPartition]int64, e
 
 // commit stores offsets in tx (a batch's transaction), marked with id, and returns the
 // partitions whose epoch was not the one given.
+//
+// It first bounds how long the session may sit idle in the transaction from there
+// (idleLimit): the rows it updates are the ones a claim locks, and a member paused
+// between these UPDATEs and its COMMIT (a SIGSTOP, a VM paused) would otherwise hold
+// up the claims of its partitions for as long as its connection lives.
 func (o *Offsets) commit(ctx context.Context, tx pgx.Tx, offsets []kafka.StoreOffset, id int64) ([]kafka.TopicPartition, error) {
 	b := &pgx.Batch{}
+	b.Queue(`SET LOCAL idle_in_transaction_session_timeout = '` + idleLimit + `'`)
 	for _, so := range offsets {
 		b.Queue(commitSQL, o.job, so.Topic, so.Partition, so.Epoch, so.Next, id)
 	}
-	return fencedBy(tx.SendBatch(ctx, b), offsets)
+	br := tx.SendBatch(ctx, b)
+	if _, err := br.Exec(); err != nil {
+		return nil, errors.Join(err, br.Close())
+	}
+	return fencedBy(br, offsets)
 }
+
+// idleLimit is the idle_in_transaction_session_timeout of a batch's transaction once
+// it updated its offsets' rows: the server ends a session paused longer than that
+// before its COMMIT.
+const idleLimit = "30s"
 
 // fencedBy reads the answers of br, one UPDATE per offset, and returns the partitions
 // whose UPDATE changed no row.
