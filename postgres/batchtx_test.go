@@ -3,9 +3,11 @@ package pgpipe_test
 import (
 	"context"
 	"errors"
+	"strconv"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -73,4 +75,55 @@ func TestWriteRunsBeforeCommitInTheBatchTransaction(t *testing.T) {
 	err = pgpipe.NewWriter(pool, table, pgpipe.Struct[event](), pgpipe.WithCheckpoint(ck)).Write(ctx, "load", events(1), pgpipe.BatchTx{})
 	class, _ := pipeline.ClassOf(err)
 	assert.Equal(t, pipeline.ClassFatal, class, "a checkpointed writer: %v", err)
+}
+
+// killCommits makes the first n COMMITs of transactions that inserted into table end
+// their session (a deferred trigger terminates its own backend): a FATAL at COMMIT, whose
+// outcome the client cannot know (here: rolled back).
+func killCommits(tb testing.TB, pool *pgxpool.Pool, table string, n int) {
+	tb.Helper()
+	seq, fn := table+"_kills", table+"_kill"
+	mustExec(tb, pool, "CREATE SEQUENCE "+seq)
+	mustExec(tb, pool, `CREATE FUNCTION `+fn+`() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF nextval('`+seq+`') <= `+strconv.Itoa(n)+` THEN PERFORM pg_terminate_backend(pg_backend_pid()); END IF;
+			RETURN NULL;
+		END $$`)
+	mustExec(tb, pool, "CREATE CONSTRAINT TRIGGER "+fn+" AFTER INSERT ON "+table+" DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION "+fn+"()")
+	tb.Cleanup(func() {
+		mustExec(tb, pool, "DROP TABLE IF EXISTS "+table)
+		mustExec(tb, pool, "DROP FUNCTION IF EXISTS "+fn+"()")
+		mustExec(tb, pool, "DROP SEQUENCE IF EXISTS "+seq)
+	})
+}
+
+// TestWriteResolvesACommitOfUnknownOutcome checks that a COMMIT whose session ends (a
+// FATAL) goes to BatchTx.Resolve, whose answer is Write's, and without one fails with a
+// transient ErrCommitUnknown.
+func TestWriteResolvesACommitOfUnknownOutcome(t *testing.T) {
+	ctx := t.Context()
+	pool := newPool(t, 4)
+	table := createEvents(t, pool, false)
+	killCommits(t, pool, table, 2)
+	w := pgpipe.NewWriter(pool, table, pgpipe.Struct[event]())
+
+	err := w.Write(ctx, "load", events(3), pgpipe.BatchTx{})
+	require.ErrorIs(t, err, pgpipe.ErrCommitUnknown)
+	class, _ := pipeline.ClassOf(err)
+	assert.Equal(t, pipeline.ClassTransient, class)
+
+	var cause error
+	notCommitted := errors.New("read back: not committed")
+	err = w.Write(ctx, "load", events(3), pgpipe.BatchTx{Resolve: func(_ context.Context, c error) error {
+		cause = c
+		return pipeline.Transient(notCommitted)
+	}})
+	require.ErrorIs(t, err, notCommitted, "Resolve's answer")
+	require.Error(t, cause, "Resolve got the COMMIT's error")
+	rows, _ := count(t, pool, table)
+	assert.Zero(t, rows, "the two transactions rolled back")
+
+	require.NoError(t, w.Write(ctx, "load", events(3), pgpipe.BatchTx{}), "the third COMMIT goes through")
+	rows, _ = count(t, pool, table)
+	assert.Equal(t, int64(3), rows)
 }

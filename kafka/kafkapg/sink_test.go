@@ -159,4 +159,44 @@ func TestSinkWritesEachRecordOnceThroughRebalances(t *testing.T) {
 	t.Logf("stale (not written again) over the members: %d", stale)
 }
 
-var _ = context.Background
+
+// TestSinkSettlesCommitsCutOff ends the session of the first three COMMITs of the
+// sink's transactions (a deferred trigger on the table terminates its own backend: a
+// FATAL, whose outcome the client cannot know): the sink reads the offsets' rows back,
+// finds the transactions did not commit, and writes the batches again. Each record
+// once.
+func TestSinkSettlesCommitsCutOff(t *testing.T) {
+	ctx := t.Context()
+	pool := newPool(t)
+	table := newTable(t, pool)
+	seq, fn := table+"_kills", table+"_kill"
+	for _, sql := range []string{
+		"CREATE SEQUENCE " + seq,
+		`CREATE FUNCTION ` + fn + `() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF nextval('` + seq + `') <= 3 THEN PERFORM pg_terminate_backend(pg_backend_pid()); END IF;
+			RETURN NULL;
+		END $$`,
+		"CREATE CONSTRAINT TRIGGER " + fn + " AFTER INSERT ON " + table + " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION " + fn + "()",
+	} {
+		_, err := pool.Exec(ctx, sql)
+		require.NoError(t, err, sql)
+	}
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+table)
+		_, _ = pool.Exec(context.Background(), "DROP FUNCTION IF EXISTS "+fn+"()")
+		_, _ = pool.Exec(context.Background(), "DROP SEQUENCE IF EXISTS "+seq)
+	})
+	store := kafkapg.NewOffsets(pool, uniqueName("cutoff"))
+	c := newCluster(t)
+	produceIDs(ctx, t, c, 0, 1200)
+	m := startMember(ctx, t, c.ListenAddrs(), "cutoff", store, pgpipe.NewWriter(pool, table, pgpipe.Struct[row]()))
+	waitRows(t, pool, table, 1200, 30*time.Second)
+	m.stop(t)
+	var kills int64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT last_value FROM "+seq).Scan(&kills))
+	assert.GreaterOrEqual(t, kills, int64(3), "COMMITs cut off")
+	rows, distinct := count(t, pool, table)
+	assert.Equal(t, int64(1200), distinct)
+	assert.Equal(t, int64(1200), rows, "each record once")
+}
