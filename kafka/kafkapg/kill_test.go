@@ -107,7 +107,7 @@ func (c *child) stop(t *testing.T) {
 // COMMIT) and starts it again; a fourth member joins for a while and leaves, to force
 // more rebalances. The table then holds each record once, counted from the rows. In
 // CI: 30,000 records and 15 kills the first time in the process (about 30 s under the
-// race detector on a shared 2-vCPU machine), 3,000 and 2 when -count or -cpu repeats it;
+// race detector on a shared 2-vCPU machine), 1,500 and 1 when -count or -cpu repeats it;
 // with KAFKAPG_KILL_FULL=1, 300,000 and 30.
 func TestSIGKILLedMembersWriteEachRecordOnce(t *testing.T) {
 	if testing.Short() {
@@ -118,7 +118,7 @@ func TestSIGKILLedMembersWriteEachRecordOnce(t *testing.T) {
 	case os.Getenv(fullEnv) == "1":
 		n, kills = 300_000, 30
 	case killRuns.Add(1) > 1: // -count or -cpu repeats it: a smaller one
-		n, kills = 3_000, 2
+		n, kills = 1_500, 1
 	}
 	ctx := t.Context()
 	pool := newPool(t)

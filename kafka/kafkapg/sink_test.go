@@ -159,7 +159,6 @@ func TestSinkWritesEachRecordOnceThroughRebalances(t *testing.T) {
 	t.Logf("stale (not written again) over the members: %d", stale)
 }
 
-
 // TestSinkSettlesCommitsCutOff ends the session of the first three COMMITs of the
 // sink's transactions (a deferred trigger on the table terminates its own backend: a
 // FATAL, whose outcome the client cannot know): the sink reads the offsets' rows back,
