@@ -552,6 +552,16 @@ func (s *Source[T]) run(ctx context.Context, emit func(Message[T], func(pipeline
 			return fmt.Errorf("kafka: client: %w", err)
 		}
 		ss.tx, cl = tx, tx.Client()
+		// Fence a predecessor under this id now (InitProducerID aborts its open
+		// transaction), not at the first transaction: a predecessor killed after its
+		// TxnOffsetCommit holds the group's offsets, the group's offset fetches fail
+		// (UNSTABLE_OFFSET_COMMIT) until its transaction ends, and without the fence
+		// nothing would be fetched to begin one: the group would wait for the
+		// broker's transaction timeout.
+		if _, _, err := cl.ProducerID(ctx); err != nil {
+			tx.CloseAllowingRebalance()
+			return fmt.Errorf("kafka: transactional id %q: %w", s.cfg.txnID, err)
+		}
 	} else {
 		var err error
 		if cl, err = kgo.NewClient(opts...); err != nil {
