@@ -103,39 +103,6 @@ type windower[T any, K comparable, V any] struct {
 	// judged is the hunger already judged not to concern this stage, moved closes
 	// when the head moves on after that judgement (as for a batch).
 	judged, moved <-chan struct{}
-	// Inline (window_inline.go): the run, the consumer's end of input, the items
-	// received since the last commit, the run's items not started (for the report), the
-	// error that stopped the stage, and the producer's sender the results go through.
-	r        *run
-	finished func()
-	recv     int64
-	untaken  *atomic.Int64
-	broken   error
-	cur      *inlineSender[T, K, V]
-}
-
-// commit adds the tally to the statistics; inline, also the items received and those
-// not started yet.
-func (w *windower[T, K, V]) commit() {
-	if w.recv != 0 {
-		w.stats.received.add(w.recv)
-		w.recv = 0
-	}
-	if w.untaken != nil {
-		w.untaken.Store(int64(w.k - w.j))
-	}
-	w.consumer.commit()
-}
-
-// rest is consumer.rest, also for an inline stage, which has no queue and reads its
-// runs in place (window_inline.go): it gives back nothing.
-func (w *windower[T, K, V]) rest() int {
-	if w.q != nil {
-		return w.consumer.rest()
-	}
-	n := w.k - w.j
-	w.j = w.k
-	return n
 }
 
 func (w *windower[T, K, V]) loop() error {
@@ -580,9 +547,6 @@ func (w *windower[T, K, V]) emit(wn *win[K, V], update bool) error {
 	wn.poss = nil
 	if update {
 		w.ws.updates.Add(1)
-	}
-	if w.q == nil { // inline: the producer's sender may hand the result on at once
-		w.publish()
 	}
 	err := w.out.put(res, pos)
 	w.t.emitted++ // sent, or counted unsent by put
