@@ -358,12 +358,6 @@ func (w *Writer[T]) write(ctx context.Context, stage string, batch []T) error {
 	if len(batch) == 0 {
 		return w.settleEmpty(ctx)
 	}
-	return w.writeWith(ctx, stage, batch, nil)
-}
-
-// writeWith writes batch (de-duplicated in the upsert modes) in one transaction, with
-// hook's extensions if not nil; the error it returns is classified for the pipeline.
-func (w *Writer[T]) writeWith(ctx context.Context, stage string, batch []T, hook *BatchTx) error {
 	rows := batch
 	if w.cfg.mode != modeInsert {
 		rows = w.dedupe(batch)
@@ -373,12 +367,12 @@ func (w *Writer[T]) writeWith(ctx context.Context, stage string, batch []T, hook
 		return w.classify(ctx, err)
 	}
 	defer conn.Release()
-	return w.classify(ctx, w.writeOn(ctx, conn.Conn(), stage, rows, hook))
+	return w.classify(ctx, w.writeOn(ctx, conn.Conn(), stage, rows))
 }
 
-func (w *Writer[T]) writeOn(ctx context.Context, conn *pgx.Conn, stage string, rows []T, hook *BatchTx) error {
+func (w *Writer[T]) writeOn(ctx context.Context, conn *pgx.Conn, stage string, rows []T) error {
 	var rejected error // the whole batch's row error, when it had one
-	if w.cfg.mode == modeInsert && w.cfg.ck == nil && hook == nil {
+	if w.cfg.mode == modeInsert && w.cfg.ck == nil {
 		// One COPY is atomic: no transaction needed unless rows must be isolated.
 		err := w.copyRows(ctx, conn, w.ident, rows)
 		if err == nil {
@@ -401,7 +395,7 @@ func (w *Writer[T]) writeOn(ctx context.Context, conn *pgx.Conn, stage string, r
 		}
 	}()
 	b := &bisection[T]{hints: true}
-	if rejected == nil && len(rows) > 0 {
+	if rejected == nil {
 		err = w.load(ctx, tx, rows)
 		if err != nil && rowError(err) == nil {
 			return err
@@ -426,11 +420,7 @@ func (w *Writer[T]) writeOn(ctx context.Context, conn *pgx.Conn, stage string, r
 			return err
 		}
 	}
-	if hook != nil {
-		if err := w.commitWith(ctx, tx, hook); err != nil {
-			return err
-		}
-	} else if err := w.commit(ctx, tx); err != nil {
+	if err := w.commit(ctx, tx); err != nil {
 		return err
 	}
 	w.stats.batches.Add(1)
