@@ -1016,7 +1016,7 @@ func (kb *keyBreakers[In, K]) next() (v In, pos uint64, ok bool) {
 			kb.holders = slices.DeleteFunc(kb.holders, func(o *keyState[In, K]) bool { return o == ks })
 		}
 		if kb.heldN.Add(-1) == 0 {
-			defer kb.signal() // the workers waiting for held items may end (after the unlock)
+			defer kb.signal() // the workers waiting for held items may end (it runs before the unlock: sigMu nests inside mu, as under a breaker's mu)
 		}
 		return h.v, h.pos, true
 	}
@@ -1065,10 +1065,11 @@ func (kb *keyBreakers[In, K]) untilReady() (time.Duration, bool) {
 func (kb *keyBreakers[In, K]) wait(ctx context.Context, wake <-chan struct{}) (bool, error) {
 	var sig <-chan struct{}
 	var timeout <-chan time.Time
-	if kb.heldN.Load() == 0 && wake == nil {
-		return false, errResume
-	}
-	if kb.heldN.Load() > 0 {
+	if kb.heldN.Load() == 0 {
+		if wake == nil {
+			return false, errResume
+		}
+	} else {
 		kb.sigMu.Lock()
 		sig = kb.sig // before untilReady looks: a signal after it is not lost
 		kb.sigMu.Unlock()

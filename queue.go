@@ -196,6 +196,13 @@ type startCount struct {
 	_ [56]byte
 }
 
+// add counts k items started, and reports whether producers wait for room (pwait):
+// then the caller wakes them. Not generic, so that it inlines where an item starts.
+func (c *startCount) add(k int, pwait *atomic.Int32) bool {
+	c.v.Store(c.v.Load() + int64(k))
+	return pwait.Load() != 0
+}
+
 // newQueue returns a queue of one lane taken by takers workers.
 func newQueue[T any](capacity, takers int) *queue[T] {
 	q := &queue[T]{capacity: capacity, lanes: make([]lane[T], 1), starts: make([]startCount, takers), earlyBy: make([]int64, takers)}
@@ -452,9 +459,7 @@ func (q *queue[T]) takeOrPark(ctx context.Context, i int, dst []item[T], w *wait
 // never start), waking the producers if they wait for it. It costs a store on the
 // worker's own cache line and a load.
 func (q *queue[T]) started(i, k int) {
-	c := &q.starts[i].v
-	c.Store(c.Load() + int64(k))
-	if q.pwait.Load() != 0 {
+	if q.starts[i].add(k, &q.pwait) {
 		q.wakeProducers()
 	}
 }
@@ -536,23 +541,22 @@ func (q *queue[T]) startedBy(i int) int64 {
 // wireInput gives them the run's.
 func (q *queue[T]) outlet(ctx context.Context) outlet[T] {
 	return func(h *hand) sender[T] {
-		s := &queueSender[T]{q: q, ctx: ctx, w: newWaiter(), h: h, plain: q.hash == nil && q.capacity > 0}
+		s := &queueSender[T]{q: q, ctx: ctx, w: newWaiter(), h: h}
 		if h != nil {
 			h.placers = append(h.placers, s.place)
 		}
-		// put: an item for which room is reserved in a plain queue joins the buffer,
-		// in the function the producer calls (a method value would add a call per
-		// item to reach the method).
-		put := func(v T, pos uint64) error {
-			if s.avail > 0 && s.plain {
-				s.avail--
-				s.buf = append(s.buf, item[T]{v, pos})
-				return nil
+		snd := sender[T]{put: s.putMore, flush: s.flush, drop: s.drop}
+		if q.hash == nil && q.capacity > 0 { // one lane, room for more than one item
+			// An item for which room is reserved joins the buffer in the function the
+			// producer calls (the method value alone would add a call per item).
+			snd.put = func(v T, pos uint64) error {
+				if s.avail > 0 {
+					s.avail--
+					s.buf = append(s.buf, item[T]{v, pos})
+					return nil
+				}
+				return s.putMore(v, pos)
 			}
-			return s.putMore(v, pos)
-		}
-		snd := sender[T]{put: put, flush: s.flush, drop: s.drop}
-		if s.plain {
 			snd.putRun = s.putRun
 		}
 		return snd
@@ -569,7 +573,6 @@ type queueSender[T any] struct {
 	avail int       // room reserved and not yet used
 	h     *hand
 	busy  bool // in reserve: its items are being placed
-	plain bool // the queue has one lane and room for more than one item
 }
 
 // place puts the items held in the ring, keeping the room reserved for more.

@@ -503,12 +503,8 @@ func (w *worker[In, Out]) items(ctx context.Context, seq uint64) error {
 		w.pos = e.pos
 		*e = item[In]{}
 		w.j = j + 1
-		if j > 0 { // queue.started, inline: a call per item cost 3x4 3 % of the library's instructions
-			s := &w.starts.v
-			s.Store(s.Load() + 1)
-			if w.q.pwait.Load() != 0 {
-				w.q.wakeProducers()
-			}
+		if j > 0 && w.starts.add(1, &w.q.pwait) { // queue.started, without its call (3x4: 3 % of the library's instructions)
+			w.q.wakeProducers()
 		}
 		if stop.Err() != nil { // the run is stopping: start nothing new
 			return w.abandon(ctx, 1, context.Cause(ctx))
@@ -630,7 +626,7 @@ func (w *worker[In, Out]) end(o outcome, out *Out, n int, err error) error {
 func (w *worker[In, Out]) endMore(o outcome, out *Out, n int, err error) error {
 	if o == succeeded {
 		switch {
-		case w.direct:
+		case w.direct: // end's first lines, with the budget recorded below (a call to record in end costs every item a larger frame: 3x4 +2 % by callgrind)
 			if !w.quiet {
 				err = w.out.put(*out, w.pos) // counted after, as in end
 			}
