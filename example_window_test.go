@@ -327,3 +327,47 @@ func ExampleWithWindowWorkers() {
 	// bob [12:00:00, 12:01:00) 1
 	// cyd [12:01:00, 12:02:00) 1
 }
+
+// This example shows WithWatermarkPer over a Merge: the clicks of two sites, each in
+// time order, and the second site's arrive late, after all of the first's. With one
+// watermark for both, the first site's clicks would have taken it to 12:02:30 and
+// every click of the second site would be late; with one per site, the second holds
+// the windows open until its own clicks pass them.
+func ExampleWithWatermarkPer() {
+	type siteClick struct {
+		click
+		Site int
+	}
+	p := pipeline.New()
+	first := make(chan struct{})
+	site := func(n int, wait <-chan struct{}, clicks ...click) *pipeline.Stream[siteClick] {
+		return pipeline.Generate(p, func(ctx context.Context, emit func(siteClick) error) error {
+			if n == 0 {
+				defer close(first)
+			} else {
+				<-wait
+			}
+			for _, c := range clicks {
+				if err := emit(siteClick{c, n}); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	clicks := pipeline.Merge(
+		site(0, nil, click{"ann", at(0, 10)}, click{"ann", at(1, 20)}, click{"ann", at(2, 30)}),
+		site(1, first, click{"bob", at(0, 40)}, click{"bob", at(0, 50)}, click{"bob", at(1, 5)}),
+	)
+	perMinute := pipeline.Window(clicks, pipeline.Tumbling(time.Minute),
+		func(c siteClick) string { return c.User }, func(c siteClick) time.Time { return c.At },
+		pipeline.Fold(0, func(n int, _ siteClick) int { return n + 1 }),
+		pipeline.WithWatermarkPer(2, func(c siteClick) int { return c.Site }))
+	printWindows(pipeline.Collect(context.Background(), perMinute))
+	// Output:
+	// ann [12:00:00, 12:01:00) 1
+	// bob [12:00:00, 12:01:00) 2
+	// ann [12:01:00, 12:02:00) 1
+	// bob [12:01:00, 12:02:00) 1
+	// ann [12:02:00, 12:03:00) 1
+}

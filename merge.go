@@ -17,6 +17,10 @@ import (
 //
 // To merge the output of another pipeline, make it a source of this one:
 // FromSeq2(p, All(ctx, other)).
+//
+// A [Window] over a merged stream has one watermark over all its inputs unless it is
+// given [WithWatermarkPer], with a function that tells from an item which input it
+// came from: its watermark is then the least of its inputs'.
 func Merge[T any](streams ...*Stream[T]) *Stream[T] {
 	if len(streams) == 0 {
 		panic("pipeline: Merge of no streams")

@@ -125,6 +125,8 @@ type windowConfig struct {
 	maxWindows, workers      int
 	backpressure             bool
 	late                     any // func(context.Context, DeadLetter[T]) error, checked by Window
+	inputs                   int // WithWatermarkPer
+	input                    any // func(T) int, checked by Window
 }
 
 type windowOpt func(*windowConfig)
@@ -196,6 +198,37 @@ func WithWindowWorkers(n int) WindowOption {
 		panic(fmt.Sprintf("pipeline: WithWindowWorkers(%d): need at least 1", n))
 	}
 	return windowOpt(func(c *windowConfig) { c.workers = n })
+}
+
+// WithWatermarkPer gives a [Window] stage a watermark per input, for a stream that
+// joins n inputs each in (or nearly in) event-time order of its own but not with each
+// other: the sources of a [Merge], the partitions of a Kafka topic. input says which
+// of the n inputs an item came from (0 to n-1; the function is called once per item,
+// from the stage's goroutine). Each input's watermark is the greatest event time of
+// its items less [WithMaxDelay], and the stage's is the least of them: an input that
+// lags behind the others holds the windows open rather than having its items found
+// late. So WithMaxDelay needs only cover the disorder within an input.
+//
+// Until every input has sent an item the watermark does not move. An input that
+// stops sending (ended, or stalled) holds it where its last item left it, until the
+// end of the whole stream; with [WithIdleTimeout], an input none of whose items have
+// arrived for the idle timeout is left out of the least until its next item (which is
+// late if the watermark passed it meanwhile), and the idle clock moves the watermark
+// when no input sends. With [WithWindowWorkers], each worker takes the least over the
+// items of its keys: an input none of whose items reach a worker holds that worker's
+// windows (give WithIdleTimeout).
+//
+// An input outside [0, n) makes the stage fail the run (a panic in its goroutine,
+// reported as the stage's error). It panics if n < 1 or input is nil; [Window] panics
+// if input is for another item type than the stage's.
+func WithWatermarkPer[T any](n int, input func(T) int) WindowOption {
+	if n < 1 {
+		panic(fmt.Sprintf("pipeline: WithWatermarkPer(%d): need at least one input", n))
+	}
+	if input == nil {
+		panic("pipeline: WithWatermarkPer: nil input function")
+	}
+	return windowOpt(func(c *windowConfig) { c.inputs, c.input = n, input })
 }
 
 // WithWindowBackpressure makes a [Window] stage at its bound ([WithMaxWindows]) wait,
@@ -344,6 +377,14 @@ func Window[T any, K comparable, V any](s *Stream[T], kind WindowKind, key func(
 			panic(fmt.Sprintf("pipeline: Window: WithLateItems for another item type on a stream of %T", zero))
 		}
 	}
+	var input func(T) int
+	if cfg.input != nil {
+		var ok bool
+		if input, ok = cfg.input.(func(T) int); !ok {
+			var zero T
+			panic(fmt.Sprintf("pipeline: Window: WithWatermarkPer for another item type on a stream of %T", zero))
+		}
+	}
 	p := s.p
 	if p.ck != nil {
 		if _, ok := p.ck.store.(CommittedStore); !ok {
@@ -401,6 +442,9 @@ func Window[T any, K comparable, V any](s *Stream[T], kind WindowKind, key func(
 				wins: map[int64]map[K]*win[K, V]{}, sessions: map[K][]*win[K, V]{}, freeBuckets: make([]map[K]*win[K, V], 0, 2),
 				wm: math.MinInt64, maxEvent: math.MinInt64, floor: math.MinInt64,
 				max: (cfg.maxWindows + n - 1) / n,
+			}
+			if input != nil {
+				w.inputs = newInputTimes(cfg.inputs, input, name)
 			}
 			if kind.gap > 0 {
 				w.retain = kind.gap

@@ -93,6 +93,7 @@ type windower[T any, K comparable, V any] struct {
 	retain      time.Duration // how long a fired window is kept: the allowed lateness, or a session's gap
 	wm          int64         // the watermark
 	maxEvent    int64
+	inputs      *inputTimes[T] // WithWatermarkPer: the watermark per input (nil: one for all)
 	floor       int64 // windows ending at or before it were forgotten at the bound: their items are late
 	seq         uint64
 	// The idle clock: the watermark moves on from anchor by the time since last past
@@ -138,11 +139,14 @@ func (w *windower[T, K, V]) take() error {
 		if ok {
 			if w.cfg.idle > 0 {
 				w.last = time.Now()
+				if w.inputs != nil {
+					w.inputs.idle(w.last, w.cfg.idle)
+				}
 			}
 			if err := w.items(); err != nil {
 				return err
 			}
-			w.anchor = w.wm
+			w.anchor = w.idleAnchor()
 			w.publish() // before the results reach a reader of the report
 			if err := w.out.flush(); err != nil {
 				return err
@@ -248,19 +252,24 @@ func (w *windower[T, K, V]) itemsTumbling() error {
 		if w.j-w.sj >= startEvery {
 			w.started()
 		}
+		wm := int64(math.MinInt64)
 		if t > w.maxEvent {
 			w.maxEvent = t
-			if wm := t - delay; wm > w.wm {
-				w.wm = wm
-				bound = max(bound, wm)
-				if due <= wm {
-					w.started()
-					if err := w.fireDue(); err != nil {
-						w.t.discarded += int64(w.rest())
-						return err
-					}
-					reload()
+			wm = t - delay
+		}
+		if w.inputs != nil { // the least over the inputs instead
+			wm = w.inputs.see(e.v, t, delay)
+		}
+		if wm > w.wm {
+			w.wm = wm
+			bound = max(bound, wm)
+			if due <= wm {
+				w.started()
+				if err := w.fireDue(); err != nil {
+					w.t.discarded += int64(w.rest())
+					return err
 				}
+				reload()
 			}
 		}
 	}
@@ -306,12 +315,17 @@ func (w *windower[T, K, V]) addAt(v T, pos uint64, k K, t int64) error {
 	if err != nil {
 		return err
 	}
+	wm := int64(math.MinInt64)
 	if t > w.maxEvent {
 		w.maxEvent = t
-		if wm := t - int64(w.cfg.maxDelay); wm > w.wm {
-			w.wm = wm
-			return w.fireDue()
-		}
+		wm = t - int64(w.cfg.maxDelay)
+	}
+	if w.inputs != nil { // the least over the inputs instead
+		wm = w.inputs.see(v, t, int64(w.cfg.maxDelay))
+	}
+	if wm > w.wm {
+		w.wm = wm
+		return w.fireDue()
 	}
 	return nil
 }
@@ -619,6 +633,16 @@ func (w *windower[T, K, V]) force() error {
 	return w.fireDue()
 }
 
+// idleAnchor is the watermark the idle clock moves on from: the stage's or, while a
+// watermark per input has not moved (an input sent nothing yet), the one the greatest
+// event time gives (MinInt64: none).
+func (w *windower[T, K, V]) idleAnchor() int64 {
+	if w.wm == math.MinInt64 && w.maxEvent != math.MinInt64 {
+		return w.maxEvent - int64(w.cfg.maxDelay)
+	}
+	return w.wm
+}
+
 // idleAt is when the idle clock brings the watermark to the due of the window due
 // first, and what the watermark is at now.
 func (w *windower[T, K, V]) idleAt() time.Time {
@@ -626,6 +650,9 @@ func (w *windower[T, K, V]) idleAt() time.Time {
 }
 
 func (w *windower[T, K, V]) idleTick() error {
+	if w.anchor == math.MinInt64 { // no watermark to move on from
+		return nil
+	}
 	if wm := w.anchor + int64(time.Since(w.last)-w.cfg.idle); wm > w.wm {
 		w.wm = wm
 	}
@@ -642,7 +669,10 @@ func (w *windower[T, K, V]) waitRoom() error {
 	w.publish()
 	// Each wait is an idle period of its own, from the watermark as it is now: a second
 	// wait in one run of items must not count again the idle time the first one used.
-	w.anchor, w.last = w.wm, time.Now()
+	w.anchor, w.last = w.idleAnchor(), time.Now()
+	if w.anchor == math.MinInt64 { // no watermark for the clock to move on: fire early
+		return w.force()
+	}
 	t := w.idleTimer(time.Until(w.idleAt()))
 	select {
 	case <-t:
@@ -666,7 +696,7 @@ func (w *windower[T, K, V]) idleTimer(d time.Duration) <-chan time.Time {
 // the run to stop (see consumer.take).
 func (w *windower[T, K, V]) idle(wake <-chan struct{}) (bool, error) {
 	var tick <-chan time.Time
-	if w.cfg.idle > 0 && len(w.due) > 0 && !w.last.IsZero() {
+	if w.cfg.idle > 0 && len(w.due) > 0 && !w.last.IsZero() && w.anchor != math.MinInt64 {
 		tick = w.idleTimer(time.Until(w.idleAt()))
 		defer w.timer.Stop()
 	}

@@ -493,6 +493,11 @@ func TestWindowMisuse(t *testing.T) {
 		func() { pipeline.WithWindowWorkers(0) },
 		func() { pipeline.WithIdleTimeout(0) },
 		func() { pipeline.WithMaxDelay(-1) },
+		func() { pipeline.WithWatermarkPer(0, evKey) },
+		func() { pipeline.WithWatermarkPer[ev](2, nil) },
+		func() {
+			pipeline.Window(src(), pipeline.Tumbling(time.Second), evKey, evTime, sumAgg(), pipeline.WithWatermarkPer(2, func(int) int { return 0 }))
+		},
 		func() {
 			q := pipeline.New()
 			s := pipeline.FromCheckpoint(q, &memStore{}, func(context.Context, int64) iter.Seq2[ev, error] { return nil })
@@ -895,4 +900,146 @@ func TestWindowBackpressureEachWaitIsAnIdlePeriod(t *testing.T) {
 		assert.Equal(t, 11*time.Second, fired[0])
 		assert.GreaterOrEqual(t, fired[1], 22*time.Second)
 	})
+}
+
+// mergeLagging merges two sources of the same event times, 0 to 300 s a second apart
+// on keys 0 (input 0) and 1 (input 1): the second starts only once the first has ended,
+// so all its items are behind the first's greatest event time.
+func mergeLagging(p *pipeline.Pipeline) (*pipeline.Stream[ev], []ev) {
+	var a, b []ev
+	for i := range 300 {
+		a = append(a, ev{0, tsec(float64(i)), 1})
+		b = append(b, ev{1, tsec(float64(i)), 2})
+	}
+	first := make(chan struct{})
+	sa := pipeline.Generate(p, func(ctx context.Context, emit func(ev) error) error {
+		defer close(first)
+		for _, e := range a {
+			if err := emit(e); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	sb := pipeline.Generate(p, func(ctx context.Context, emit func(ev) error) error {
+		select {
+		case <-first:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		for _, e := range b {
+			if err := emit(e); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return pipeline.Merge(sa, sb), slices.Concat(a, b)
+}
+
+// TestWindowWatermarkPerInput: with a watermark per input, an input that lags behind
+// the other holds the windows open, and none of its items is late; with one watermark
+// for both, the lagging input's items are late.
+func TestWindowWatermarkPerInput(t *testing.T) {
+	t.Parallel()
+	spec := winSpec{name: "tumbling", size: time.Minute, slide: time.Minute}
+	for _, workers := range []int{1, 3} {
+		t.Run(fmt.Sprintf("workers=%d", workers), func(t *testing.T) {
+			t.Parallel()
+			p := pipeline.New()
+			merged, evs := mergeLagging(p)
+			res, err := pipeline.Collect(t.Context(), pipeline.Window(merged, spec.kind(), evKey, evTime, sumAgg(),
+				pipeline.WithWatermarkPer(2, evKey), pipeline.WithWindowWorkers(workers)))
+			require.NoError(t, err)
+			want, late := model(spec, evs, time.Hour, 0)
+			require.Zero(t, late)
+			got := map[wkey]wval{}
+			for _, r := range res {
+				got[wkey{r.Key, r.Start}] = wval{end: r.End, sum: r.Value, n: r.Count}
+			}
+			assert.Equal(t, want, got)
+		})
+	}
+	t.Run("one watermark", func(t *testing.T) {
+		t.Parallel()
+		p := pipeline.New()
+		merged, _ := mergeLagging(p)
+		late := pipeline.NewDeadLetterBuffer[ev](300)
+		_, err := pipeline.Collect(t.Context(), pipeline.Window(merged, spec.kind(), evKey, evTime, sumAgg(), pipeline.WithLateItems(late.Add)))
+		require.NoError(t, err)
+		s, _ := p.Report().Stage("Window")
+		assert.Positive(t, s.Windows.Late, "the lagging input's items, behind the first one's")
+	})
+}
+
+// TestWindowWatermarkPerInputIdle: an input that sends nothing for the idle timeout is
+// left out of the least, so the other input's items fire the windows; without the
+// timeout it holds them where its last item left it.
+func TestWindowWatermarkPerInputIdle(t *testing.T) {
+	for _, idle := range []bool{true, false} {
+		t.Run(fmt.Sprintf("idle=%v", idle), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				p := pipeline.New()
+				quiet := pipeline.Generate(p, func(ctx context.Context, emit func(ev) error) error {
+					if err := emit(ev{0, tsec(30), 1}); err != nil {
+						return err
+					}
+					<-ctx.Done() // stalled: it never ends by itself
+					return nil
+				})
+				busy := pipeline.Generate(p, func(ctx context.Context, emit func(ev) error) error {
+					for i := range 300 {
+						if err := emit(ev{1, tsec(float64(i)), 2}); err != nil {
+							return err
+						}
+						time.Sleep(time.Second)
+					}
+					<-ctx.Done()
+					return nil
+				})
+				opts := []pipeline.WindowOption{pipeline.WithWatermarkPer(2, evKey)}
+				if idle {
+					opts = append(opts, pipeline.WithIdleTimeout(5*time.Second))
+				}
+				var mu sync.Mutex
+				var got []string
+				pipeline.To(pipeline.Window(pipeline.Merge(quiet, busy), pipeline.Tumbling(time.Minute), evKey, evTime, sumAgg(), opts...),
+					pipeline.NewSink("sink", 1, func(_ context.Context, r pipeline.WindowResult[int, int]) error {
+						mu.Lock()
+						defer mu.Unlock()
+						got = append(got, span(r))
+						return nil
+					}))
+				ctx, cancel := context.WithCancel(t.Context())
+				done := make(chan error)
+				go func() { done <- p.Run(ctx) }()
+				time.Sleep(300 * time.Second) // the busy input's last item, at 299 s
+				synctest.Wait()
+				s, _ := p.Snapshot().Stage("Window")
+				mu.Lock()
+				slices.Sort(got)
+				if idle {
+					assert.Equal(t, tsec(299), s.Windows.Watermark, "the busy input's")
+					assert.Equal(t, []string{"0 [0, 60) 1/1", "1 [0, 60) 120/60", "1 [120, 180) 120/60", "1 [180, 240) 120/60", "1 [60, 120) 120/60"}, got)
+				} else {
+					assert.Equal(t, tsec(30), s.Windows.Watermark, "the quiet input's")
+					assert.Empty(t, got)
+				}
+				mu.Unlock()
+				cancel()
+				require.ErrorIs(t, <-done, context.Canceled)
+			})
+		})
+	}
+}
+
+// TestWindowWatermarkPerInputOutOfRange: an input outside [0, n) fails the run.
+func TestWindowWatermarkPerInputOutOfRange(t *testing.T) {
+	t.Parallel()
+	p := pipeline.New()
+	src := pipeline.FromSlice(p, []ev{{0, tsec(1), 1}, {5, tsec(2), 1}})
+	_, err := pipeline.Collect(t.Context(), pipeline.Window(src, pipeline.Tumbling(time.Minute), evKey, evTime, sumAgg(), pipeline.WithWatermarkPer(2, evKey)))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "input 5 for an item, outside [0, 2)")
+	checkAccounting(t, p.Report())
 }
