@@ -94,7 +94,7 @@ type windower[T any, K comparable, V any] struct {
 	wm          int64         // the watermark
 	maxEvent    int64
 	inputs      *inputTimes[T] // WithWatermarkPer: the watermark per input (nil: one for all)
-	floor       int64 // windows ending at or before it were forgotten at the bound: their items are late
+	floor       int64          // windows ending at or before it were forgotten at the bound: their items are late
 	seq         uint64
 	// The idle clock: the watermark moves on from anchor by the time since last past
 	// the idle timeout.
