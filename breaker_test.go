@@ -1257,8 +1257,11 @@ func TestBreakerPerKeyMaxOpen(t *testing.T) {
 		checkAccounting(t, rep)
 		call := row(t, rep, "call")
 		assert.Equal(t, int64(n/2), call.Succeeded, "b's items")
-		assert.Equal(t, int64(1), call.Failed, "the item whose attempt found the breaker open too long")
-		assert.Equal(t, int64(n/2-1), call.NotStarted, "a's other items, held")
+		// Each worker may take a held item back as the open time passes MaxOpen: its
+		// attempt finds the breaker open too long, fails, and stops the run.
+		assert.GreaterOrEqual(t, call.Failed, int64(1), "the items whose attempt found the breaker open too long")
+		assert.LessOrEqual(t, call.Failed, int64(2), "one per worker at most")
+		assert.Equal(t, int64(n/2)-call.Failed, call.NotStarted, "a's other items, held")
 		assert.Equal(t, call.NotStarted, call.Breaker.Holding)
 	})
 }
