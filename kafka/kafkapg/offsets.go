@@ -37,8 +37,19 @@ const (
 		RETURNING epoch, next_offset`
 	saveSQL = `UPDATE ` + Table + ` SET next_offset = GREATEST(next_offset, $5), updated_at = now()
 		WHERE job = $1 AND topic = $2 AND partition = $3 AND epoch = $4`
-	commitSQL = `UPDATE ` + Table + ` SET next_offset = GREATEST(next_offset, $5), commit_id = $6, updated_at = now()
-		WHERE job = $1 AND topic = $2 AND partition = $3 AND epoch = $4`
+	// commitSQL stores a batch's offsets in one statement: it locks the rows whose
+	// epoch is still the one given in the order of the key (as a claim does, so that
+	// the two cannot deadlock: an UPDATE joined to unnest locks in the plan's order),
+	// then moves their offsets, and returns the partitions it stored.
+	commitSQL = `WITH u AS (
+			SELECT * FROM unnest($2::text[], $3::integer[], $4::bigint[], $5::bigint[]) AS u(topic, partition, epoch, next)
+		), l AS (
+			SELECT o.topic, o.partition, u.next FROM ` + Table + ` o JOIN u ON o.topic = u.topic AND o.partition = u.partition
+			WHERE o.job = $1 AND o.epoch = u.epoch ORDER BY o.topic, o.partition FOR UPDATE OF o
+		)
+		UPDATE ` + Table + ` o SET next_offset = GREATEST(o.next_offset, l.next), commit_id = $6, updated_at = now()
+		FROM l WHERE o.job = $1 AND o.topic = l.topic AND o.partition = l.partition
+		RETURNING o.topic, o.partition`
 )
 
 // Offsets is a [kafka.OffsetStore] in PostgreSQL: the consumed offsets of one consumer
@@ -134,16 +145,38 @@ func (o *Offsets) Stored(ctx context.Context) (map[kafka.TopicPartition]int64, e
 // between these UPDATEs and its COMMIT (a SIGSTOP, a VM paused) would otherwise hold
 // up the claims of its partitions for as long as its connection lives.
 func (o *Offsets) commit(ctx context.Context, tx pgx.Tx, offsets []kafka.StoreOffset, id int64) ([]kafka.TopicPartition, error) {
+	topics, parts := make([]string, len(offsets)), make([]int32, len(offsets))
+	epochs, nexts := make([]int64, len(offsets)), make([]int64, len(offsets))
+	for i, so := range offsets {
+		topics[i], parts[i], epochs[i], nexts[i] = so.Topic, so.Partition, so.Epoch, so.Next
+	}
 	b := &pgx.Batch{}
 	b.Queue(`SET LOCAL idle_in_transaction_session_timeout = '` + idleLimit + `'`)
-	for _, so := range offsets {
-		b.Queue(commitSQL, o.job, so.Topic, so.Partition, so.Epoch, so.Next, id)
-	}
-	br := tx.SendBatch(ctx, b)
+	b.Queue(commitSQL, o.job, topics, parts, epochs, nexts, id)
+	br := tx.SendBatch(ctx, b) // one round trip
 	if _, err := br.Exec(); err != nil {
 		return nil, errors.Join(err, br.Close())
 	}
-	return fencedBy(br, offsets)
+	rows, err := br.Query()
+	if err != nil {
+		return nil, errors.Join(err, br.Close())
+	}
+	stored := make(map[kafka.TopicPartition]bool, len(offsets))
+	var tp kafka.TopicPartition
+	_, err = pgx.ForEachRow(rows, []any{&tp.Topic, &tp.Partition}, func() error {
+		stored[tp] = true
+		return nil
+	})
+	if err = errors.Join(err, br.Close()); err != nil {
+		return nil, err
+	}
+	var fenced []kafka.TopicPartition
+	for _, so := range offsets {
+		if !stored[so.TopicPartition] {
+			fenced = append(fenced, so.TopicPartition)
+		}
+	}
+	return fenced, nil
 }
 
 // idleLimit is the idle_in_transaction_session_timeout of a batch's transaction once
