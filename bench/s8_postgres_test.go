@@ -10,12 +10,18 @@ import (
 	"strconv"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/gopipeline/pipeline"
+	"github.com/gopipeline/pipeline/kafka"
+	"github.com/gopipeline/pipeline/kafka/kafkapg"
+	pgpipe "github.com/gopipeline/pipeline/postgres"
 )
 
 // S8 into PostgreSQL: the same topic as the rest of S8, read by a new group each
@@ -26,9 +32,9 @@ import (
 //
 //   - sink=postgres/impl=plain: franz-go and pgx by hand, as a skilled user writes it
 //     (s8PGPlain);
-//   - sink=postgres/impl=pipeline: the group source → batches of s8PGBatch → pgpipe,
-//     offsets in the batch's transaction (added with the connector's PostgreSQL
-//     offsets; it shares s8PGMeasure, the tables and s8PGBatch with impl=plain).
+//   - sink=postgres/impl=pipeline: the group source with kafkapg's offsets → batches
+//     of s8PGBatch → kafkapg.NewSink (pgpipe), offsets in the batch's transaction
+//     (s8PGPipeline).
 //
 // An iteration starts on an empty rows table and ends once the offsets stored for the
 // group reach every partition's end; the rows are then counted (untimed): lost, the
@@ -103,14 +109,30 @@ func newS8PG(b *testing.B) *s8PG {
 	suffix := strconv.Itoa(os.Getpid())
 	db := &s8PG{pool: pool, rows: "s8_rows_" + suffix, offsets: "s8_offsets_" + suffix}
 	db.exec(b, "DROP TABLE IF EXISTS "+db.rows+", "+db.offsets)
+	db.forgetOffsets(b)
 	db.exec(b, "CREATE TABLE "+db.rows+" (id bigint NOT NULL, payload bytea NOT NULL)")
 	db.exec(b, "CREATE TABLE "+db.offsets+" (group_name text NOT NULL, topic text NOT NULL, partition int NOT NULL,"+
 		" next_offset bigint NOT NULL, PRIMARY KEY (group_name, topic, partition))")
 	b.Cleanup(func() {
 		db.exec(b, "DROP TABLE IF EXISTS "+db.rows+", "+db.offsets)
+		db.forgetOffsets(b)
 		pool.Close()
 	})
 	return db
+}
+
+// forgetOffsets deletes the offsets impl=pipeline stored in kafkapg's table under
+// this process's names (s8PGStoreName), if the table exists: an earlier process of
+// the same id may have left some.
+func (db *s8PG) forgetOffsets(b *testing.B) {
+	b.Helper()
+	var have bool
+	if err := db.pool.QueryRow(context.Background(), "SELECT to_regclass($1) IS NOT NULL", kafkapg.Table).Scan(&have); err != nil {
+		b.Fatal(err)
+	}
+	if have {
+		db.exec(b, "DELETE FROM "+kafkapg.Table+" WHERE job LIKE '"+db.rows+"/%'")
+	}
 }
 
 func (db *s8PG) exec(b *testing.B, sql string) {
@@ -266,6 +288,97 @@ func s8PGPlain(ctx context.Context, b *testing.B, c *kfake.Cluster, db *s8PG, gr
 			next[p] = o
 		}
 	}
+}
+
+// s8PGPipeline is the library into PostgreSQL: kafka.Source with its offsets in
+// kafkapg's table (under a name of this process and group, s8PGStoreName), at most
+// three batches of records in the pipeline (kafka.WithMaxPending, as NewSink's doc
+// advises), each record decoded into its row (s8RowCodec: the work s8PGPlain does in
+// its COPY) → pipeline.ToBatches of at most s8PGBatch records (5 ms linger) →
+// kafkapg.NewSink, a pgpipe.Writer COPYing each batch's rows and storing its
+// partitions' offsets in the same transaction, fenced by the claim's epoch. With a part of the topic, a
+// one-worker stage before the batches leaves out the records beyond it (they settle,
+// their offsets are stored without rows). It returns once the offsets stored reach
+// part's limits (read every 5 ms), after a graceful stop.
+func s8PGPipeline(ctx context.Context, b *testing.B, c *kfake.Cluster, db *s8PG, group string, part s8PGPart) {
+	b.Helper()
+	store := kafkapg.NewOffsets(db.pool, s8PGStoreName(db, group))
+	src := kafka.NewSource(s8Opts(c), group, []string{s8Topic}, s8RowCodec{}, kafka.WithOffsetStore(store), kafka.WithMaxPending(3*s8PGBatch))
+	w := pgpipe.NewWriter(db.pool, db.rows, pgpipe.Struct[s8Row]())
+	p := pipeline.New()
+	recs := src.Stream(p)
+	if part.n < s8Items {
+		recs = pipeline.Then(recs, pipeline.NewFlatStage("part", 1, func(_ context.Context, m kafka.Message[s8Row], emit func(kafka.Message[s8Row])) error {
+			if m.Offset < part.limits[m.Partition] {
+				emit(m)
+			}
+			return nil
+		}))
+	}
+	pipeline.ToBatches(recs, s8PGBatch, kafkapg.NewSink("pg", src, w), pipeline.WithLinger(5*time.Millisecond))
+	errc := make(chan error, 1)
+	go func() { errc <- p.Run(ctx) }()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+wait:
+	for {
+		select {
+		case err := <-errc:
+			b.Fatalf("the run ended early: %v", err)
+		case <-tick.C:
+			offs, err := s8PGPipelineStored(ctx, db, group)
+			if err != nil {
+				b.Fatal(err)
+			}
+			done := true
+			for p, limit := range part.limits {
+				done = done && offs[p] >= limit
+			}
+			if done {
+				break wait
+			}
+		}
+	}
+	src.Stop()
+	if err := <-errc; err != nil {
+		b.Fatal(err)
+	}
+}
+
+// s8Row is a record's row: its id (the value's first 8 bytes) and its value.
+type s8Row struct {
+	ID      int64  `db:"id"`
+	Payload []byte `db:"payload"`
+}
+
+// s8RowCodec decodes a record's value into its row, as s8PGPlain does in its COPY.
+type s8RowCodec struct{}
+
+func (s8RowCodec) Marshal(r s8Row) ([]byte, error) { return r.Payload, nil }
+
+func (s8RowCodec) Unmarshal(data []byte, r *s8Row) error {
+	if len(data) < 8 {
+		return errors.New("a record shorter than its id")
+	}
+	*r = s8Row{ID: int64(binary.BigEndian.Uint64(data)), Payload: data}
+	return nil
+}
+
+// s8PGStoreName is the name of group's offsets in kafkapg's table: of this process's
+// tables too, since each process counts its groups from 1 and the table outlives it.
+func s8PGStoreName(db *s8PG, group string) string { return db.rows + "/" + group }
+
+// s8PGPipelineStored reads the next offsets kafkapg stores for group.
+func s8PGPipelineStored(ctx context.Context, db *s8PG, group string) (map[int32]int64, error) {
+	stored, err := kafkapg.NewOffsets(db.pool, s8PGStoreName(db, group)).Stored(ctx)
+	if err != nil {
+		return nil, err
+	}
+	offs := make(map[int32]int64, len(stored))
+	for tp, next := range stored {
+		offs[tp.Partition] = next
+	}
+	return offs, nil
 }
 
 // s8PGStored reads the next offsets db.offsets holds for group, of the given partitions

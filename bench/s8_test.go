@@ -68,11 +68,13 @@ func BenchmarkS8Kafka(b *testing.B) {
 				return s8PGStored(ctx, db, group, nil)
 			})
 		})
-		// sink=postgres/impl=pipeline goes here, beside impl=plain, in the same run:
-		// kafka.Source → pipeline.ToBatches of s8PGBatch → pgpipe into db.rows with
-		// the offsets in each batch's transaction, through s8PGMeasure (reading only
-		// part, as s8PGPlain does), its stored offsets read back from where the
-		// connector keeps them.
+		b.Run("impl=pipeline", func(b *testing.B) {
+			s8PGMeasure(b, db, "pipeline", part, func(ctx context.Context, group string) {
+				s8PGPipeline(ctx, b, c, db, group, part)
+			}, func(ctx context.Context, group string) (map[int32]int64, error) {
+				return s8PGPipelineStored(ctx, db, group)
+			})
+		})
 	})
 }
 

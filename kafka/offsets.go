@@ -32,6 +32,7 @@ type entry struct {
 	offset int64
 	epoch  int32
 	state  uint8
+	inTxn  bool // with WithOffsetStore: kept by the store transaction in progress
 	// dlSince is when its dead letter first failed (Unix ns), 0 if none did.
 	dlSince int64
 }

@@ -128,22 +128,26 @@ func (s *Source[T]) BeginStoreTxn(from []Origin) (*StoreTxn, error) {
 		return nil, errors.New("kafka: BeginStoreTxn: the source is not running")
 	}
 	ss.storeMu.Lock()
-	offs, keep, parts, marks, inTxn := ss.storeProspect(from)
+	offs, keep, parts, marks, kept := ss.storeProspect(from)
 	return &StoreTxn{Offsets: offs, Keep: keep, end: func(committed bool, fenced []TopicPartition) {
 		defer ss.storeMu.Unlock()
 		ss.mu.Lock()
 		defer ss.mu.Unlock()
-		if committed && len(fenced) == 0 {
+		ok := committed && len(fenced) == 0
+		if ok {
 			for p, next := range marks {
 				p.stored = max(p.stored, next)
 			}
 			if ss.txnDone == nil {
 				ss.txnDone = map[*entry]bool{}
 			}
-			for e := range inTxn {
+			ss.s.transactions.Add(1)
+		}
+		for _, e := range kept {
+			e.inTxn = false
+			if ok {
 				ss.txnDone[e] = true
 			}
-			ss.s.transactions.Add(1)
 		}
 		ss.fenceLocked(parts, fenced)
 	}}, nil
@@ -152,25 +156,32 @@ func (s *Source[T]) BeginStoreTxn(from []Origin) (*StoreTxn, error) {
 // storeProspect returns what a store transaction for items from writes: the offsets,
 // per owned partition, one past the prefix of records settled, kept, or in a committed
 // transaction and not settled yet (txnDone), for each partition kept or whose offset
-// passes what is stored; which items to keep; and per part its offset and the entries
-// kept.
-func (ss *session[T]) storeProspect(from []Origin) (offs []StoreOffset, keep []bool, parts map[TopicPartition]*part, marks map[*part]int64, inTxn map[*entry]bool) {
+// passes what is stored; which items to keep; per part its offset; and the entries
+// kept, marked inTxn until the transaction ends.
+func (ss *session[T]) storeProspect(from []Origin) (offs []StoreOffset, keep []bool, parts map[TopicPartition]*part, marks map[*part]int64, kept []*entry) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	keep = make([]bool, len(from))
-	inTxn = map[*entry]bool{}
+	kept = make([]*entry, 0, len(from))
 	touched := map[*part]bool{}
+	var (
+		p    *part // of lastTP: a batch holds runs of one partition's records
+		last TopicPartition
+	)
 	for i, o := range from {
-		p := ss.parts[o.TopicPartition]
+		if p == nil || o.TopicPartition != last {
+			p, last = ss.parts[o.TopicPartition], o.TopicPartition
+		}
 		if p == nil || !p.live || !p.claimed {
 			continue
 		}
-		j, ok := slices.BinarySearchFunc(p.pending, o.Offset, func(e *entry, off int64) int { return cmp.Compare(e.offset, off) })
-		if !ok || p.pending[j].state != inPipeline || inTxn[p.pending[j]] || ss.txnDone[p.pending[j]] {
+		e := p.find(o.Offset)
+		if e == nil || e.state != inPipeline || e.inTxn || ss.txnDone[e] {
 			continue
 		}
 		keep[i] = true
-		inTxn[p.pending[j]] = true
+		e.inTxn = true
+		kept = append(kept, e)
 		touched[p] = true
 	}
 	parts = map[TopicPartition]*part{}
@@ -184,13 +195,15 @@ func (ss *session[T]) storeProspect(from []Origin) (offs []StoreOffset, keep []b
 			next = max(next, p.mark.Offset)
 		}
 		n := 0
-		for n < len(p.pending) && (p.pending[n].state == settled || inTxn[p.pending[n]] || ss.txnDone[p.pending[n]]) {
+		for n < len(p.pending) && (p.pending[n].state == settled || p.pending[n].inTxn || ss.txnDone[p.pending[n]]) {
 			next = max(next, p.pending[n].offset+1)
 			n++
 		}
-		for _, e := range p.pending[n:] {
-			if inTxn[e] {
-				ss.s.outOfOrder.Add(1)
+		if touched[p] {
+			for _, e := range p.pending[n:] {
+				if e.inTxn {
+					ss.s.outOfOrder.Add(1)
+				}
 			}
 		}
 		if next > p.stored || touched[p] {
@@ -200,7 +213,25 @@ func (ss *session[T]) storeProspect(from []Origin) (offs []StoreOffset, keep []b
 		}
 	}
 	sortOffsets(offs)
-	return offs, keep, parts, marks, inTxn
+	return offs, keep, parts, marks, kept
+}
+
+// find returns the pending entry of the record at offset, nil if none is. Offsets are
+// mostly consecutive: it looks where offset would be if they all were, before it
+// searches.
+func (p *part) find(offset int64) *entry {
+	n := len(p.pending)
+	if n == 0 {
+		return nil
+	}
+	if g := offset - p.pending[0].offset; g >= 0 && g < int64(n) && p.pending[g].offset == offset {
+		return p.pending[g]
+	}
+	j, ok := slices.BinarySearchFunc(p.pending, offset, func(e *entry, off int64) int { return cmp.Compare(e.offset, off) })
+	if !ok {
+		return nil
+	}
+	return p.pending[j]
 }
 
 func sortOffsets(offs []StoreOffset) {

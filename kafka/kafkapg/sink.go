@@ -45,7 +45,15 @@ var errFenced = errors.New("kafkapg: a partition has another owner")
 // an error that matches [pgpipe.ErrCommitUnknown]. Other failures are classified as
 // the writer's (see [pgpipe.Writer.Write]); the stage retries transient ones 30 times,
 // with backoff from 20 ms to 2 s (opts, given after that, may replace it). The stage
-// has one worker: transactions store offsets one after the other. w must not have
+// has one worker: transactions store offsets one after the other.
+//
+// Batch size and speed: a batch should fill while the one before it commits, so the
+// source must let more records into the pipeline than one batch holds: give it
+// [kafka.WithMaxPending] of two or three batches (its default, 1,000, is one batch of
+// 1,000: a source at its limit makes the batch stage flush what it has, and the
+// transactions then carry half batches). The stage's input queue holds one batch by
+// default (pipeline.WithBuffer(1), replaceable in opts): batches that queue up in front
+// of the one worker were flushed early for nothing. w must not have
 // [pgpipe.WithCheckpoint] (the run fails at its first batch); its upsert modes and
 // dead-letter table work as in [pgpipe.Writer.Sink]. It panics if src or w is nil, or
 // if src's offset store is not an [*Offsets].
@@ -57,7 +65,10 @@ func NewSink[In, R any](name string, src *kafka.Source[In], w *pgpipe.Writer[R],
 	if !ok {
 		panic(fmt.Sprintf("kafkapg: NewSink(%q): the source's offset store is %T, not a *kafkapg.Offsets: give it kafka.WithOffsetStore(kafkapg.NewOffsets(pool, group))", name, src.OffsetStore()))
 	}
-	all := append([]pipeline.StageOption{pipeline.WithRetry(30, pipeline.ExponentialBackoff(20*time.Millisecond, 2*time.Second))}, opts...)
+	all := append([]pipeline.StageOption{
+		pipeline.WithRetry(30, pipeline.ExponentialBackoff(20*time.Millisecond, 2*time.Second)),
+		pipeline.WithBuffer(1),
+	}, opts...)
 	return pipeline.NewSink(name, 1, func(ctx context.Context, batch []kafka.Message[R]) error {
 		from := make([]kafka.Origin, len(batch))
 		for i, m := range batch {
