@@ -10,7 +10,7 @@ require (
 	github.com/gopipeline/pipeline v0.1.0
 	github.com/gopipeline/pipeline/jetstream v0.0.0-00010101000000-000000000000
 	github.com/gopipeline/pipeline/kafka v0.0.0-00010101000000-000000000000
-	github.com/gopipeline/pipeline/postgres v0.0.0-00010101000000-000000000000
+	github.com/gopipeline/pipeline/postgres v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/nats-io/nats-server/v2 v2.15.2
 	github.com/nats-io/nats.go v1.55.0

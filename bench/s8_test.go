@@ -29,8 +29,8 @@ import (
 //
 // Both end with a commit of every record's offset, checked. Metrics: records/s; lost,
 // the records of an iteration never processed (must be 0); duplicated, records
-// processed more than once (must be 0: nothing crashes here). The PostgreSQL variants
-// of S8 (offsets in the rows' transaction) wait for that part of the connector.
+// processed more than once (must be 0: nothing crashes here). The PostgreSQL variants,
+// sink=postgres/impl=..., are in s8_postgres_test.go.
 const (
 	s8Items      = 2_000_000
 	s8Partitions = 12
@@ -56,6 +56,24 @@ func BenchmarkS8Kafka(b *testing.B) {
 	b.Run("impl=pipeline", func(b *testing.B) {
 		s8Measure(b, c, "pipeline", func(ctx context.Context, group string, seen *s8Seen) {
 			s8Pipeline(ctx, b, c, group, seen)
+		})
+	})
+	b.Run("sink=postgres", func(b *testing.B) { // s8_postgres_test.go
+		db := newS8PG(b)
+		part := newS8PGPart(b, s8Ends(ctx, b, c))
+		b.Run("impl=plain", func(b *testing.B) {
+			s8PGMeasure(b, db, "plain", part, func(ctx context.Context, group string) {
+				s8PGPlain(ctx, b, c, db, group, part)
+			}, func(ctx context.Context, group string) (map[int32]int64, error) {
+				return s8PGStored(ctx, db, group, nil)
+			})
+		})
+		b.Run("impl=pipeline", func(b *testing.B) {
+			s8PGMeasure(b, db, "pipeline", part, func(ctx context.Context, group string) {
+				s8PGPipeline(ctx, b, c, db, group, part)
+			}, func(ctx context.Context, group string) (map[int32]int64, error) {
+				return s8PGPipelineStored(ctx, db, group)
+			})
 		})
 	})
 }

@@ -33,8 +33,20 @@
 // failed produce aborts the open transaction, and the source takes its partitions back
 // to their committed offsets. It needs each partition's records to reach the sink in
 // offset order (a stage keyed by partition) and every output of a record in one batch;
-// dead letters stay at least once. Offsets committed in a PostgreSQL transaction are
-// not part of this package yet.
+// dead letters stay at least once.
+//
+// # Exactly once into PostgreSQL
+//
+// With [WithOffsetStore], the consumed offsets live in an [OffsetStore] beside the
+// sink's outputs: on each assignment the source claims the partitions there (a new
+// epoch per partition, which fences every earlier owner) and starts each one from the
+// offset stored, and the sink stores, in the transaction of each batch's outputs, the
+// offset the batch takes each partition to, only under the claimed epoch
+// ([Source.BeginStoreTxn]). The package kafkapg does it in PostgreSQL: its NewSink
+// writes each batch with a pgpipe writer in one transaction with the offsets, so each
+// record's row is written once, across crashes, rebalances and an owner paused past
+// its session (its transaction finds the epoch moved and rolls back). As with
+// [NewTransactSink], each partition's records must reach the sink in offset order.
 //
 // # Rebalances
 //

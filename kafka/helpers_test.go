@@ -65,15 +65,27 @@ func newClient(t *testing.T, c *kfake.Cluster, opts ...kgo.Opt) *kgo.Client {
 // i % partitions, with key "k<i>" and value i as 8 big-endian bytes (valueOf).
 func produceIDs(ctx context.Context, t *testing.T, c *kfake.Cluster, topic string, n int) {
 	t.Helper()
-	// Small record batches (about 20 records each): a fetch of at most 1 KiB per
-	// partition then spans every partition.
-	cl := newClient(t, c, kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.ProducerBatchMaxBytes(1024))
+	produceIDsWith(ctx, t, newIDProducer(t, c), topic, 0, n)
+}
+
+// newIDProducer returns the producer of produceIDs, closed when the test ends. Its
+// record batches are small (about 20 records each): a fetch of at most 1 KiB per
+// partition then spans every partition.
+func newIDProducer(t *testing.T, c *kfake.Cluster) *kgo.Client {
+	t.Helper()
+	return newClient(t, c, kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.ProducerBatchMaxBytes(1024))
+}
+
+// produceIDsWith writes the records of produceIDs from ... from+n-1 with cl (a
+// newIDProducer).
+func produceIDsWith(ctx context.Context, t *testing.T, cl *kgo.Client, topic string, from, n int) {
+	t.Helper()
 	recs := make([]*kgo.Record, 0, 512)
 	flush := func() {
 		require.NoError(t, cl.ProduceSync(ctx, recs...).FirstErr())
 		recs = recs[:0]
 	}
-	for i := range n {
+	for i := from; i < from+n; i++ {
 		recs = append(recs, &kgo.Record{Topic: topic, Partition: int32(i % partitions), Key: []byte("k" + strconv.Itoa(i)), Value: valueOf(i)})
 		if len(recs) == cap(recs) {
 			flush()

@@ -132,20 +132,28 @@ func (k *killChild) stop(t *testing.T) {
 // transaction left behind, its session left to expire), restarting it under the same
 // transactional id (which fences what it left open). A read-committed consumer of the
 // output then finds each input record's output, and counts the duplicates (see the
-// end: not yet zero in every run). 20,000 records and 8
-// kills (some 100 s under the race detector on a shared 2-vCPU machine) the first time
-// in the process, 5,000 and 3 when -count or -cpu repeats it.
+// end: not yet zero in every run). At least 20,000 records (more are produced while
+// the test waits for a restarted member to commit, so that it has records to commit)
+// and 8 kills, some 17 s under the race detector on a shared 2-vCPU machine.
+//
+// It runs once per test process: the repeats of -count and -cpu skip it. -cpu does not
+// reach the member processes (each runs with the default GOMAXPROCS, whatever the
+// parent's), and a repeat only draws other kill moments, at some 10 s each: CI's
+// -count=3 -cpu=1,4 would run it six times. To draw more kill moments, run more
+// processes: for i in $(seq 10); do go test -race -run SIGKILLed; done.
 func TestSIGKILLedMembersOutputEveryRecord(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts and kills processes")
 	}
-	n, kills := 20_000, 8
-	if killRuns.Add(1) > 1 { // -count or -cpu repeats it: a smaller one
-		n, kills = 5_000, 3
+	if killRuns.Add(1) > 1 {
+		t.Skip("runs once per test process (see the doc comment): this is a repeat of -count or -cpu")
 	}
+	const kills, trickle = 8, 240
+	n := 10_000 // at least 20,000 in the end: the trickle adds more
 	ctx := t.Context()
 	c := newCluster(t)
-	produceIDs(ctx, t, c, inTopic, n)
+	producer := newIDProducer(t, c)
+	produceIDsWith(ctx, t, producer, inTopic, 0, n)
 	brokers := strings.Join(c.ListenAddrs(), ",")
 	ids := []string{"m0", "m1", "m2"}
 	children := make([]*killChild, len(ids))
@@ -154,14 +162,34 @@ func TestSIGKILLedMembersOutputEveryRecord(t *testing.T) {
 	}
 	for k := range kills {
 		i := k % len(ids)
-		select {
-		case err := <-children[i].ready:
-			require.NoError(t, err)
-		case <-time.After(2 * time.Minute):
-			t.Fatalf("member %s not ready", ids[i])
+		// A member is ready once it committed a few transactions, so it needs records
+		// of its partitions: while the test waits, it produces more (trickle on every
+		// partition each 100 ms). With all the records produced up front, a member
+		// restarted late found none left and never got ready ("member m1 not ready"
+		// on a loaded machine).
+		tick := time.NewTicker(100 * time.Millisecond)
+		limit := time.NewTimer(3 * time.Minute)
+	wait:
+		for {
+			select {
+			case err := <-children[i].ready:
+				require.NoError(t, err)
+				break wait
+			case <-tick.C:
+				produceIDsWith(ctx, t, producer, inTopic, n, trickle)
+				n += trickle
+			case <-limit.C:
+				t.Fatalf("member %s not ready after 3 minutes", ids[i])
+			}
 		}
+		tick.Stop()
+		limit.Stop()
 		children[i].kill(t)
 		children[i] = startKillChild(t, brokers, ids[i])
+	}
+	if n < 20_000 {
+		produceIDsWith(ctx, t, producer, inTopic, n, 20_000-n)
+		n = 20_000
 	}
 	ends := endOffsets(ctx, t, c, inTopic)
 	eventually(t, 2*time.Minute, "every input offset committed", func() bool {

@@ -32,6 +32,7 @@ type entry struct {
 	offset int64
 	epoch  int32
 	state  uint8
+	inTxn  bool // with WithOffsetStore: kept by the store transaction in progress
 	// dlSince is when its dead letter first failed (Unix ns), 0 if none did.
 	dlSince int64
 }
@@ -55,6 +56,10 @@ type part struct {
 	logStart  int64 // the partition's log start offset, if listed (for lag before start is known), -1 unknown
 	maxPolled int64 // the last offset polled for this assignment, -1 before one
 	replayTo  int64 // after a rewind: the last offset polled before it, until polled again; -1 none
+	// With WithOffsetStore: the assignment's claim of the partition in the store.
+	claimed bool
+	epoch   int64 // the claim's epoch
+	stored  int64 // the next offset known to be in the store, -1 none
 }
 
 // admit reports whether a polled record at offset goes on: records come in offset
@@ -76,7 +81,7 @@ func (p *part) admit(offset int64) bool {
 }
 
 func newPart(tp TopicPartition) *part {
-	return &part{tp: tp, live: true, committed: -1, hwm: -1, start: -1, logStart: -1, maxPolled: -1, replayTo: -1}
+	return &part{tp: tp, live: true, committed: -1, hwm: -1, start: -1, logStart: -1, maxPolled: -1, replayTo: -1, stored: -1}
 }
 
 // lag returns the records of p between its committed offset and its high watermark:

@@ -126,6 +126,7 @@ type sourceConfig struct {
 	dlTopic     string
 	dlPatience  time.Duration
 	txnID       string
+	store       OffsetStore
 }
 
 // WithName names the source's row in the pipeline's report ("Kafka" by default). It
@@ -244,9 +245,11 @@ type Stats struct {
 	FetchErrors  int64 // errors the client reported and the source went on after
 	DLErrors     int64 // dead letters whose produce failed (their records are emitted again)
 	Paused       int64 // times a partition's fetches were paused: WithMaxPending of its records settled behind an unsettled one
-	Transactions int64 // transactions committed (NewTransactSink, and the source's own for offsets)
+	Transactions int64 // transactions committed (NewTransactSink, and the source's own for offsets; a store's, with WithOffsetStore)
 	Aborted      int64 // transactions aborted (a rebalance, a failed produce): what they held is redone
 	OutOfOrder   int64 // records a transaction produced past an unsettled earlier record of their partition
+	Claimed      int64 // partitions claimed in the offset store (WithOffsetStore)
+	Fenced       int64 // partitions a store transaction found claimed by another owner (fenced): its records of them were not written
 
 	// Lag is the consumer lag of each partition the current run holds: its high
 	// watermark (the offset the next record produced to it will get) minus its
@@ -295,6 +298,7 @@ func (st Stats) Counters() map[string]int64 {
 		"commit errors": st.CommitErrors, "fetch errors": st.FetchErrors,
 		"dead-letter errors": st.DLErrors, "paused": st.Paused,
 		"transactions": st.Transactions, "aborted": st.Aborted, "out of order": st.OutOfOrder,
+		"claimed": st.Claimed, "fenced": st.Fenced,
 	} {
 		if v != 0 {
 			m[k] = v
@@ -374,7 +378,7 @@ type Source[T any] struct {
 	fetched, committed, deadLettered, undecodable, handedBack, notProcessed atomic.Int64
 	stale, uncommitted, dropped, assigned, revoked, revokeWaited, lost      atomic.Int64
 	commits, commitErrors, fetchErrors, dlErrors, paused                    atomic.Int64
-	transactions, aborted, outOfOrder                                       atomic.Int64
+	transactions, aborted, outOfOrder, claimed, fenced                      atomic.Int64
 	crash                                                                   atomic.Bool // a test's crash (export_test.go)
 
 	mu       sync.Mutex
@@ -413,6 +417,9 @@ func NewSource[T any](client []kgo.Opt, group string, topics []string, codec pip
 	if cfg.dl != nil {
 		checkProducer("WithDeadLetterTopic", cfg.dl)
 	}
+	if cfg.store != nil && cfg.txnID != "" {
+		panic("kafka: NewSource: WithOffsetStore and WithTransactionalID: the offsets go to one place, the store or a Kafka transaction")
+	}
 	return &Source[T]{client: slices.Clone(client), group: group, topics: slices.Clone(topics), codec: codec, cfg: cfg}
 }
 
@@ -447,6 +454,7 @@ func (s *Source[T]) Stats() Stats {
 		RevokeWaited: s.revokeWaited.Load(), Lost: s.lost.Load(), Commits: s.commits.Load(), CommitErrors: s.commitErrors.Load(),
 		FetchErrors: s.fetchErrors.Load(), DLErrors: s.dlErrors.Load(), Paused: s.paused.Load(),
 		Transactions: s.transactions.Load(), Aborted: s.aborted.Load(), OutOfOrder: s.outOfOrder.Load(),
+		Claimed: s.claimed.Load(), Fenced: s.fenced.Load(),
 		Lag: s.lag(),
 	}
 }
@@ -533,6 +541,9 @@ func (s *Source[T]) run(ctx context.Context, emit func(Message[T], func(pipeline
 		kgo.DisableAutoCommit(), kgo.BlockRebalanceOnPoll(),
 		kgo.OnPartitionsAssigned(ss.assigned), kgo.OnPartitionsRevoked(ss.revoked), kgo.OnPartitionsLost(ss.lost),
 	)
+	if s.cfg.store != nil {
+		opts = append(opts, kgo.AdjustFetchOffsetsFn(ss.adjust))
+	}
 	var cl *kgo.Client
 	if s.cfg.txnID != "" {
 		opts = append(opts, kgo.TransactionalID(s.cfg.txnID), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
@@ -541,6 +552,16 @@ func (s *Source[T]) run(ctx context.Context, emit func(Message[T], func(pipeline
 			return fmt.Errorf("kafka: client: %w", err)
 		}
 		ss.tx, cl = tx, tx.Client()
+		// Fence a predecessor under this id now (InitProducerID aborts its open
+		// transaction), not at the first transaction: a predecessor killed after its
+		// TxnOffsetCommit holds the group's offsets, the group's offset fetches fail
+		// (UNSTABLE_OFFSET_COMMIT) until its transaction ends, and without the fence
+		// nothing would be fetched to begin one: the group would wait for the
+		// broker's transaction timeout.
+		if _, _, err := cl.ProducerID(ctx); err != nil {
+			tx.CloseAllowingRebalance()
+			return fmt.Errorf("kafka: transactional id %q: %w", s.cfg.txnID, err)
+		}
 	} else {
 		var err error
 		if cl, err = kgo.NewClient(opts...); err != nil {
@@ -622,6 +643,7 @@ type session[T any] struct {
 	pollMu sync.Mutex // with tx: held through a poll and through a transaction (kgo: no poll during Begin or End)
 
 	commitMu sync.Mutex // held from collecting watermarks until their commit is done
+	storeMu  sync.Mutex // with WithOffsetStore: held through a sink's store transaction (BeginStoreTxn to End)
 
 	mu          sync.Mutex
 	parts       map[TopicPartition]*part
@@ -757,7 +779,7 @@ func (ss *session[T]) poll(ctx context.Context, out chan<- polledBatch) {
 		})
 		fs.EachRecord(func(r *kgo.Record) {
 			p := ss.parts[TopicPartition{r.Topic, r.Partition}]
-			if p == nil || !p.live || p.revoking {
+			if p == nil || !p.live || p.revoking || ss.s.cfg.store != nil && !p.claimed {
 				ss.s.dropped.Add(1)
 				return
 			}
@@ -1100,6 +1122,7 @@ func (ss *session[T]) finish() {
 		return
 	}
 	ss.commitDue(context.Background(), false)
+	ss.saveStore(context.Background(), nil)
 	ss.cl.CloseAllowingRebalance()
 }
 
@@ -1113,6 +1136,7 @@ func (ss *session[T]) commitLoop(ctx context.Context) {
 			return
 		case <-tick.C:
 			ss.commitDue(ctx, true)
+			ss.saveStore(ctx, nil)
 			ss.listEnds(ctx)
 		}
 	}
@@ -1307,6 +1331,7 @@ wait:
 			break wait
 		}
 	}
+	ss.saveStore(ctx, ps)
 	ss.commitMu.Lock()
 	defer ss.commitMu.Unlock()
 	ss.mu.Lock()

@@ -2,13 +2,16 @@ package kafka_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/gopipeline/pipeline"
 	"github.com/gopipeline/pipeline/kafka"
@@ -22,8 +25,8 @@ type txnMember struct {
 	errc <-chan error
 }
 
-func startTxnMember(ctx context.Context, c *kfake.Cluster, group, id string) *txnMember {
-	src := kafka.NewSource(consumerOpts(c), group, []string{inTopic}, idCodec{},
+func startTxnMember(ctx context.Context, c *kfake.Cluster, group, id string, opts ...kgo.Opt) *txnMember {
+	src := kafka.NewSource(append(consumerOpts(c), opts...), group, []string{inTopic}, idCodec{},
 		kafka.WithTransactionalID(id), kafka.WithCommitInterval(50*time.Millisecond), kafka.WithMaxPending(300))
 	p := pipeline.New()
 	keyed := pipeline.Then(src.Stream(p), pipeline.NewStage("map", 4, func(_ context.Context, m kafka.Message[int]) (kafka.Message[int], error) {
@@ -109,5 +112,61 @@ func TestTransactSinkOutputsEachRecordOnceAcrossCrashAndRebalances(t *testing.T)
 	t.Logf("crashed a: %+v", crashed)
 	for i, m := range members {
 		t.Logf("member %d: %+v", i, m.src.Stats())
+	}
+}
+
+// TestRestartedMemberFencesItsOpenTransactionAtStart leaves a member's transaction
+// open with its offsets in it, as a process killed between its TxnOffsetCommit and its
+// EndTxn leaves it (the broker drops the member's EndTxn, and the run fails): while
+// that transaction holds the group's offsets, the broker answers the group's offset
+// fetches UNSTABLE_OFFSET_COMMIT, so no member can start its partitions. The member
+// restarted under the same transactional id must fence it at once, not at its first
+// transaction (which never comes, since it fetches nothing) nor at the broker's
+// transaction timeout (2 minutes here, longer than the test waits): every record's
+// output is then read committed exactly once.
+func TestRestartedMemberFencesItsOpenTransactionAtStart(t *testing.T) {
+	t.Parallel()
+	const n = 2000
+	ctx := t.Context()
+	c := newCluster(t)
+	produceIDs(ctx, t, c, inTopic, n)
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	var dying, dropped atomic.Bool
+	deadEpoch := int16(-1)
+	c.ControlKey(int16(kmsg.EndTxn), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		r := req.(*kmsg.EndTxnRequest)
+		if r.TransactionalID != "member-a" || !dying.Load() || deadEpoch >= 0 && r.ProducerEpoch != deadEpoch {
+			return nil, nil, false
+		}
+		deadEpoch = r.ProducerEpoch // this member "died" before its EndTxn reached the broker
+		dropped.Store(true)
+		resp := r.ResponseKind().(*kmsg.EndTxnResponse)
+		resp.ErrorCode = kerr.InvalidTxnState.Code
+		return resp, nil, true
+	})
+	long := kgo.TransactionTimeout(2 * time.Minute)
+	a := startTxnMember(rctx, c, "fence", "member-a", long)
+	eventually(t, 30*time.Second, "a few transactions", func() bool { return a.src.Stats().Transactions > 3 })
+	dying.Store(true)
+	require.Error(t, <-a.errc, "the run whose EndTxn was dropped")
+	require.True(t, dropped.Load(), "an EndTxn dropped")
+	a2 := startTxnMember(rctx, c, "fence", "member-a", long)
+	ends := endOffsets(ctx, t, c, inTopic)
+	eventually(t, 30*time.Second, "every input offset committed", func() bool {
+		return assert.ObjectsAreEqual(ends, committedOffsets(ctx, t, c, "fence", inTopic))
+	})
+	a2.src.Stop()
+	require.NoError(t, <-a2.errc)
+	seen := map[int]int{}
+	for _, r := range readCommitted(ctx, t, c, outTopic, n) {
+		var id int
+		require.NoError(t, idCodec{}.Unmarshal(r.Value, &id))
+		seen[id]++
+	}
+	require.Len(t, seen, n, "every record's output")
+	for id, k := range seen {
+		require.Equal(t, 1, k, "the output of record %d, read committed", id)
 	}
 }

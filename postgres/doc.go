@@ -50,5 +50,8 @@
 // the commit fails with [ErrCommitUnknown], fatal, and the next run's Load learns the
 // outcome.
 // Dead letters written to a [DeadLetterTable] commit with their batch; other
-// destinations are at least once.
+// destinations are at least once. A sink that records a progress of its own (the
+// consumed Kafka offsets of the kafka module's kafkapg package) writes each batch with
+// [Writer.Write], whose [BatchTx] runs its statements in the batch's transaction and
+// settles a COMMIT of unknown outcome its own way.
 package pgpipe

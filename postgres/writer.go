@@ -358,6 +358,12 @@ func (w *Writer[T]) write(ctx context.Context, stage string, batch []T) error {
 	if len(batch) == 0 {
 		return w.settleEmpty(ctx)
 	}
+	return w.writeWith(ctx, stage, batch, nil)
+}
+
+// writeWith writes batch (de-duplicated in the upsert modes) in one transaction, with
+// hook's extensions if not nil; the error it returns is classified for the pipeline.
+func (w *Writer[T]) writeWith(ctx context.Context, stage string, batch []T, hook *BatchTx) error {
 	rows := batch
 	if w.cfg.mode != modeInsert {
 		rows = w.dedupe(batch)
@@ -367,12 +373,12 @@ func (w *Writer[T]) write(ctx context.Context, stage string, batch []T) error {
 		return w.classify(ctx, err)
 	}
 	defer conn.Release()
-	return w.classify(ctx, w.writeOn(ctx, conn.Conn(), stage, rows))
+	return w.classify(ctx, w.writeOn(ctx, conn.Conn(), stage, rows, hook))
 }
 
-func (w *Writer[T]) writeOn(ctx context.Context, conn *pgx.Conn, stage string, rows []T) error {
+func (w *Writer[T]) writeOn(ctx context.Context, conn *pgx.Conn, stage string, rows []T, hook *BatchTx) error {
 	var rejected error // the whole batch's row error, when it had one
-	if w.cfg.mode == modeInsert && w.cfg.ck == nil {
+	if w.cfg.mode == modeInsert && w.cfg.ck == nil && hook == nil {
 		// One COPY is atomic: no transaction needed unless rows must be isolated.
 		err := w.copyRows(ctx, conn, w.ident, rows)
 		if err == nil {
@@ -395,7 +401,7 @@ func (w *Writer[T]) writeOn(ctx context.Context, conn *pgx.Conn, stage string, r
 		}
 	}()
 	b := &bisection[T]{hints: true}
-	if rejected == nil {
+	if rejected == nil && len(rows) > 0 {
 		err = w.load(ctx, tx, rows)
 		if err != nil && rowError(err) == nil {
 			return err
@@ -420,7 +426,11 @@ func (w *Writer[T]) writeOn(ctx context.Context, conn *pgx.Conn, stage string, r
 			return err
 		}
 	}
-	if err := w.commit(ctx, tx); err != nil {
+	if hook != nil {
+		if err := w.commitWith(ctx, tx, hook); err != nil {
+			return err
+		}
+	} else if err := w.commit(ctx, tx); err != nil {
 		return err
 	}
 	w.stats.batches.Add(1)
