@@ -367,15 +367,7 @@ func Window[T any, K comparable, V any](s *Stream[T], kind WindowKind, key func(
 	out := newStream[WindowResult[K, V]](p, desc)
 	out.open = func(r *run, c into[WindowResult[K, V]]) []*row {
 		n := max(cfg.workers, 1)
-		var q *queue[T]
-		if n == 1 {
-			q = newQueue[T](buf, 1)
-		} else {
-			seed := maphash.MakeSeed()
-			q = newKeyedQueue(n, buf, func(v T) uint64 { return maphash.Comparable(seed, key(v)) })
-		}
-		r.stoppers = append(r.stoppers, q.stop)
-		rw := r.newRow(name, KindWindow, n, buf, q)
+		rw := r.newRow(name, KindWindow, n, buf, nil)
 		helds := make([]atomic.Int64, n)
 		rw.held = func() int64 {
 			var h int64
@@ -384,12 +376,7 @@ func Window[T any, K comparable, V any](s *Stream[T], kind WindowKind, key func(
 			}
 			return h
 		}
-		wireInput(r, rw, s, q.outlet(r.ctx), q.close)
-		r.addRow(rw)
-		var left atomic.Int32
-		left.Store(int32(n))
-		var failed atomic.Bool // a worker failed: downstream sees no end of input
-		for i := range n {
+		newWindower := func(i int, q *queue[T]) *windower[T, K, V] {
 			ws := &windowStats{}
 			ws.wm.Store(math.MinInt64)
 			ws.maxEvent.Store(math.MinInt64)
@@ -408,6 +395,43 @@ func Window[T any, K comparable, V any](s *Stream[T], kind WindowKind, key func(
 				w.retain = cfg.lateness
 				w.fast = kind.slide == kind.size && w.retain == 0
 			}
+			return w
+		}
+		var q *queue[T]
+		if n == 1 && cfg.idle == 0 && !cfg.bufferSet && !r.tracked() {
+			// Perhaps inline (window_inline.go): that depends on the producers, which only
+			// opening the input tells.
+			in := &windowInput[T, K, V]{track: r.track}
+			feeders := s.open(r, into[T]{out: in.outlet, done: in.inputDone, rows: []*row{rw}})
+			for _, f := range feeders {
+				f.feed(rw)
+			}
+			if len(feeders) == 1 && len(feeders[0].workers) == 1 {
+				w := newWindower(0, nil)
+				in.inline(w, r, c.done)
+				rw.q, rw.capacity = inlineLen{stats: &rw.workers[0], untaken: w.untaken}, 0
+				r.addRow(rw)
+				return []*row{rw}
+			}
+			q = newQueue[T](buf, 1)
+			in.queued(q.outlet(r.ctx), q.close)
+		} else {
+			if n == 1 {
+				q = newQueue[T](buf, 1)
+			} else {
+				seed := maphash.MakeSeed()
+				q = newKeyedQueue(n, buf, func(v T) uint64 { return maphash.Comparable(seed, key(v)) })
+			}
+			wireInput(r, rw, s, q.outlet(r.ctx), q.close)
+		}
+		rw.q = q
+		r.stoppers = append(r.stoppers, q.stop)
+		r.addRow(rw)
+		var left atomic.Int32
+		left.Store(int32(n))
+		var failed atomic.Bool // a worker failed: downstream sees no end of input
+		for i := range n {
+			w := newWindower(i, q)
 			r.goSafe(name, func() (err error) {
 				returned := false
 				defer func() {

@@ -103,6 +103,23 @@ type windower[T any, K comparable, V any] struct {
 	// judged is the hunger already judged not to concern this stage, moved closes
 	// when the head moves on after that judgement (as for a batch).
 	judged, moved <-chan struct{}
+	// Inline (window_inline.go; q is nil): the run, the consumer's end of input, the
+	// run's items not started yet (for the report), the error that stopped the stage,
+	// and the producer's sender the results go through.
+	r        *run
+	finished func()
+	untaken  *atomic.Int64
+	broken   error
+	cur      *inlineSender[T, K, V]
+}
+
+// commit adds the tally to the statistics; inline, it also stores how many items of
+// the run in hand are not started yet.
+func (w *windower[T, K, V]) commit() {
+	if w.untaken != nil {
+		w.untaken.Store(int64(w.k - w.j))
+	}
+	w.consumer.commit()
 }
 
 func (w *windower[T, K, V]) loop() error {
@@ -162,7 +179,7 @@ func (w *windower[T, K, V]) take() error {
 // items folds the run taken into its windows, firing those the watermark passes.
 func (w *windower[T, K, V]) items() error {
 	if w.fast {
-		return w.itemsTumbling()
+		return w.itemsTumbling(nil)
 	}
 	for w.j < w.k {
 		e := w.next()
@@ -183,10 +200,17 @@ func (w *windower[T, K, V]) items() error {
 // an item whose window is open is folded in after one look-up, in this loop. The items
 // of the run are marked started in one call (started), before anything that may wait
 // and at the end of the run, rather than one by one; the rest go through addAt.
-func (w *windower[T, K, V]) itemsTumbling() error {
+//
+// With vals nil it folds the run taken, w.run[:w.k]; an inline stage
+// (window_inline.go) gives it its producer's untracked values instead, read in place
+// (w.k is len(vals)), which spares their copy into the run.
+func (w *windower[T, K, V]) itemsTumbling(vals []T) error {
 	size, delay := int64(w.kind.size), int64(w.cfg.maxDelay)
 	at, key, fold, first := w.at, w.key, w.agg.fold, w.agg.first
 	run := w.run[:w.k]
+	if vals != nil {
+		run = nil
+	}
 	w.sj = 1 // take counted the run's first item started
 	// The state the loop reads per item, in locals, read again after anything else
 	// may have changed it (addAt, fireDue).
@@ -201,11 +225,19 @@ func (w *windower[T, K, V]) itemsTumbling() error {
 		}
 	}
 	reload()
-	for w.j < len(run) {
-		e := &run[w.j]
+	for w.j < w.k {
+		i := w.j
 		w.j++
-		t := at(e.v).UnixNano()
-		k := key(e.v)
+		var v *T
+		pos := noPos
+		if run != nil {
+			e := &run[i]
+			v, pos = &e.v, e.pos
+		} else {
+			v = &vals[i]
+		}
+		t := at(*v).UnixNano()
+		k := key(*v)
 		var s int64
 		if b != nil && t >= bStart && t < bStart+size { // the bucket in hand: no division
 			s = bStart
@@ -223,8 +255,10 @@ func (w *windower[T, K, V]) itemsTumbling() error {
 		}
 		if wn == nil || wn.n == 0 && first != nil { // a window to open, a late item, a first item to reduce
 			w.started()
-			v, pos := e.v, e.pos
-			*e = item[T]{}
+			v := *v
+			if run != nil {
+				run[i] = item[T]{}
+			}
 			w.inHand = true
 			if err := w.addAt(v, pos, k, t); err != nil {
 				if w.inHand { // stopped before it was counted (waiting for room)
@@ -237,10 +271,10 @@ func (w *windower[T, K, V]) itemsTumbling() error {
 			reload()
 			continue
 		}
-		wn.val = fold(wn.val, e.v)
+		wn.val = fold(wn.val, *v)
 		wn.n++
-		if e.pos != noPos {
-			wn.poss = append(wn.poss, e.pos)
+		if pos != noPos {
+			wn.poss = append(wn.poss, pos)
 		}
 		wn.owns++
 		w.heldN++
@@ -276,7 +310,9 @@ const startEvery = 16
 // itemsTumbling): their room in the queue is free.
 func (w *windower[T, K, V]) started() {
 	if w.fast && w.j > w.sj {
-		w.q.started(w.id, w.j-w.sj)
+		if w.q != nil { // inline, the items have no room to give back
+			w.q.started(w.id, w.j-w.sj)
+		}
 		w.sj = w.j
 	}
 }
@@ -547,6 +583,9 @@ func (w *windower[T, K, V]) emit(wn *win[K, V], update bool) error {
 	wn.poss = nil
 	if update {
 		w.ws.updates.Add(1)
+	}
+	if w.q == nil { // inline: the producer's sender may hand the result on at once
+		w.publish()
 	}
 	err := w.out.put(res, pos)
 	w.t.emitted++ // sent, or counted unsent by put
