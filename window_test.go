@@ -2,6 +2,7 @@ package pipeline_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"iter"
 	"math"
@@ -1072,4 +1073,68 @@ func TestWindowInlineAgreesWithQueued(t *testing.T) {
 			assert.Len(t, inline.late, wantLate, name)
 		}
 	}
+}
+
+// TestWindowPanicInFoldFailsTheRun: a panic in the aggregate fails the run under the
+// window stage's name, as a *PanicError, on both paths (inline, it runs in the
+// producer's goroutine), and the accounting adds up.
+func TestWindowPanicInFoldFailsTheRun(t *testing.T) {
+	t.Parallel()
+	onPaths(t, func(t *testing.T, path ...pipeline.WindowOption) {
+		evs := make([]ev, 500)
+		for i := range evs {
+			evs[i] = ev{Key: i % 3, T: tsec(float64(i)), V: 1}
+		}
+		p := pipeline.New()
+		boom := pipeline.Fold(0, func(s int, e ev) int {
+			if e.T.Equal(tsec(300)) {
+				panic("boom")
+			}
+			return s + e.V
+		})
+		_, err := pipeline.Collect(t.Context(), pipeline.Window(pipeline.FromSlice(p, evs), pipeline.Tumbling(time.Minute), evKey, evTime, boom, path...))
+		se, ok := errors.AsType[*pipeline.StageError](err)
+		require.True(t, ok, "%v", err)
+		assert.Equal(t, "Window", se.Stage)
+		pe, ok := errors.AsType[*pipeline.PanicError](err)
+		require.True(t, ok, "%v", err)
+		assert.Equal(t, "boom", pe.Value)
+		rep := p.Report()
+		checkAccounting(t, rep)
+		s, _ := rep.Stage("Window")
+		assert.Positive(t, s.Failed)
+	})
+}
+
+// TestWindowDrainsWithItsInput: a drained error budget upstream ends the window
+// stage's input; it fires every window it holds, on both paths.
+func TestWindowDrainsWithItsInput(t *testing.T) {
+	t.Parallel()
+	onPaths(t, func(t *testing.T, path ...pipeline.WindowOption) {
+		evs := make([]ev, 2000)
+		for i := range evs {
+			evs[i] = ev{Key: i % 3, T: tsec(float64(i)), V: 1}
+		}
+		p := pipeline.New()
+		st := pipeline.NewStage("check", 1, func(_ context.Context, e ev) (ev, error) {
+			if e.T.After(tsec(700)) {
+				return e, pipeline.Permanent(errBoom)
+			}
+			return e, nil
+		}, discardDead[ev](), pipeline.WithErrorBudget(pipeline.Budget{MaxRatio: 0, MinSample: 1, Drain: true}))
+		res, err := pipeline.Collect(t.Context(), pipeline.Window(pipeline.Then(pipeline.FromSlice(p, evs), st), pipeline.Tumbling(time.Minute), evKey, evTime, sumAgg(), path...))
+		be, ok := errors.AsType[*pipeline.BudgetError](err)
+		require.True(t, ok, "%v", err)
+		assert.True(t, be.Drained)
+		rep := p.Report()
+		checkAccounting(t, rep)
+		s, _ := rep.Stage("Window")
+		n := 0
+		for _, r := range res {
+			n += r.Count
+		}
+		assert.Equal(t, int64(n), s.Succeeded, "every item folded is in a result")
+		assert.Equal(t, 701, n, "the items before the budget tripped")
+		assert.Zero(t, s.Windows.Open)
+	})
 }
