@@ -277,8 +277,19 @@ func (ws windowRow) load() *WindowReport {
 
 // Window groups the items of s by key and by window of event time (at) and emits, for
 // each window, the aggregate of its items ([Fold], [FoldMerge], [Reduce]) as a
-// [WindowResult], on one goroutine with its own input queue ([WithBuffer]). Windows are
-// [Tumbling], [Sliding] or [Session]. See docs/windows.md.
+// [WindowResult], on one goroutine with its own input queue ([WithBuffer]), or inline
+// (below). Windows are [Tumbling], [Sliding] or [Session]. See docs/windows.md.
+//
+// A stage of one worker folds inline when it can: when one goroutine produces its input
+// (a source, or a stage of one worker, through any inline operators such as [Map]), the
+// run tracks no positions (no [FromCheckpoint] or [FromAcked] source), and it has neither
+// [WithIdleTimeout] (only a goroutine of its own can wait for the clock) nor a
+// [WithBuffer] of its own. It then has no queue and no goroutine: each item is folded in
+// the producer's goroutine, as Map runs, and the results are handed on from there, so
+// the producer waits while the stage's consumer is full. Its results, their order, its
+// late items, bound and report are those of the queued stage (its row shows no queue); a
+// panic in key, at or the aggregate fails the run under the stage's name. Give it
+// WithBuffer to have the queue and its goroutine instead.
 //
 // A window fires, and its result is emitted, when the watermark reaches its end: the
 // greatest event time seen less [WithMaxDelay], moved on by the clock on an idle input
@@ -307,8 +318,9 @@ func (ws windowRow) load() *WindowReport {
 // The stage's items count as succeeded when they are folded into their windows, and
 // as failed if the run stops before their last window fired (the report's Window
 // shows them until then); Out counts results. It costs a map look-up per item and window
-// it falls into, and a heap push per window opened; BenchmarkS9Window (bench/)
-// measures it against a hand-written loop. It
+// it falls into, and a heap push per window opened, plus, queued, the hop from its
+// producer's goroutine; BenchmarkS9Window (bench/) measures it against a hand-written
+// loop. It
 // panics if key, at or the aggregate is missing, on a [Session] window without a merge
 // or with [WithAllowedLateness], and on [WithWindowBackpressure] without
 // [WithIdleTimeout].

@@ -14,8 +14,10 @@ import (
 // tracked source waiting for a save needs the stage to fire the windows that hold it
 // back, which a stage folding in that very source's goroutine cannot), and a single
 // goroutine produces its input (so that folds never run concurrently, with no lock).
-// Otherwise it is the windower's goroutine behind a queue (window_state.go). See
-// DESIGN.md, "Windows".
+// Otherwise it is the windower's goroutine behind a queue (window_state.go). Inline, it
+// folds with the queued stage's own code (items, itemsTumbling): the producer's sender
+// fills the windower's run, or hands itemsTumbling its values in place. See DESIGN.md,
+// "Windows".
 
 // windowInput is the input of a one-worker Window stage that may fold inline: whether
 // it does is known once its input is wired, when the rows that feed it say how many
