@@ -281,7 +281,8 @@ func (ws windowRow) load() *WindowReport {
 // (below). Windows are [Tumbling], [Sliding] or [Session]. See docs/windows.md.
 //
 // A stage of one worker folds inline when it can: when one goroutine produces its input
-// (a source, or a stage of one worker, through any inline operators such as [Map]), the
+// (a source, or a stage of one worker, directly or through [Map]; a [Filter] between
+// them, a row of its own, does not tell, so it keeps the queue), the
 // run tracks no positions (no [FromCheckpoint] or [FromAcked] source), and it has neither
 // [WithIdleTimeout] (only a goroutine of its own can wait for the clock) nor a
 // [WithBuffer] of its own. It then has no queue and no goroutine: each item is folded in
