@@ -282,14 +282,14 @@ func (ws windowRow) load() *WindowReport {
 //
 // A stage of one worker folds inline when it can: when one goroutine produces its input
 // (a source, or a stage of one worker, directly or through [Map]; a [Filter] between
-// them, a row of its own, does not tell, so it keeps the queue), the
-// run tracks no positions (no [FromCheckpoint] or [FromAcked] source), and it has neither
+// them, a row of its own, does not tell, so it keeps the queue), the run tracks no
+// positions (no [FromCheckpoint] or [FromAcked] source), and it has neither
 // [WithIdleTimeout] (only a goroutine of its own can wait for the clock) nor a
 // [WithBuffer] of its own. It then has no queue and no goroutine: each item is folded in
 // the producer's goroutine, as Map runs, and the results are handed on from there, so
 // the producer waits while the stage's consumer is full. Its results, their order, its
-// late items, bound and report are those of the queued stage (its row shows no queue); a
-// panic in key, at or the aggregate fails the run under the stage's name. Give it
+// late items, bound and report are those of the queued stage (its row shows no queue);
+// a panic in key, at or the aggregate fails the run under the stage's name. Give it
 // WithBuffer to have the queue and its goroutine instead.
 //
 // A window fires, and its result is emitted, when the watermark reaches its end: the
