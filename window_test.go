@@ -1138,3 +1138,30 @@ func TestWindowDrainsWithItsInput(t *testing.T) {
 		assert.Zero(t, s.Windows.Open)
 	})
 }
+
+// TestWindowOfWindows chains two windows (per-10-second sums, then per-minute sums of
+// those): the second one's producer is the first one, inline or queued; on both paths
+// the per-minute results are the sums of the input's minutes.
+func TestWindowOfWindows(t *testing.T) {
+	t.Parallel()
+	onPaths(t, func(t *testing.T, path ...pipeline.WindowOption) {
+		rng := rand.New(rand.NewPCG(5, 5))
+		evs := stream(rng, 3000, 4, time.Second, 0)
+		p := pipeline.New()
+		tens := pipeline.Window(pipeline.FromSlice(p, evs), pipeline.Tumbling(10*time.Second), evKey, evTime, sumAgg(), with(path, pipeline.WithName("tens"))...)
+		mins, err := pipeline.Collect(t.Context(), pipeline.Window(tens, pipeline.Tumbling(time.Minute),
+			func(r pipeline.WindowResult[int, int]) int { return r.Key },
+			func(r pipeline.WindowResult[int, int]) time.Time { return r.Start },
+			pipeline.Fold(0, func(s int, r pipeline.WindowResult[int, int]) int { return s + r.Value }),
+			with(path, pipeline.WithName("minutes"))...))
+		require.NoError(t, err)
+		want, _ := model(winSpec{size: time.Minute, slide: time.Minute}, evs, 0, 0)
+		got := map[wkey]wval{}
+		for _, r := range mins {
+			w := want[wkey{r.Key, r.Start}]
+			got[wkey{r.Key, r.Start}] = wval{end: r.End, sum: r.Value, n: w.n}
+		}
+		assert.Equal(t, want, got)
+		checkAccounting(t, p.Report())
+	})
+}
