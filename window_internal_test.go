@@ -31,8 +31,11 @@ func TestWindowRunsInlineWhenItCan(t *testing.T) {
 		{"a stage of one worker", func(p *Pipeline) *Stream[wev] {
 			return Then(FromSlice(p, evs), NewStage("id", 1, func(_ context.Context, e wev) (wev, error) { return e, nil }))
 		}, nil, true},
-		{"sliding windows, lateness, a bound", func(p *Pipeline) *Stream[wev] { return FromSlice(p, evs) },
-			[]WindowOption{WithAllowedLateness(time.Second), WithMaxWindows(10), WithMaxDelay(time.Second)}, true},
+		{
+			"sliding windows, lateness, a bound", func(p *Pipeline) *Stream[wev] { return FromSlice(p, evs) },
+			[]WindowOption{WithAllowedLateness(time.Second), WithMaxWindows(10), WithMaxDelay(time.Second)},
+			true,
+		},
 		// A Filter's row has no workers of its own: the stage cannot tell how many
 		// goroutines feed it, and keeps its queue.
 		{"a source and Filter", func(p *Pipeline) *Stream[wev] { return Filter(FromSlice(p, evs), func(wev) bool { return true }) }, nil, false},

@@ -159,7 +159,8 @@ var winSpecs = []winSpec{
 // items in the goroutine that produces them (what it does when it can: see Window), or
 // queued, in a goroutine of its own behind its input queue (a WithBuffer of its own asks
 // for the queue). Every test of a one-worker stage whose configuration allows both runs
-// on both, and they must give the same results and figures.
+// on both (a subtest per path, named for it), and they must give the same results and
+// figures.
 type windowPath struct {
 	name string
 	opts []pipeline.WindowOption
@@ -168,15 +169,6 @@ type windowPath struct {
 var windowPaths = []windowPath{
 	{"inline", nil},
 	{"queued", []pipeline.WindowOption{pipeline.WithBuffer(pipeline.DefaultBuffer)}},
-}
-
-// onPaths runs test once per windowPath, as a subtest named for the path; opts is the
-// path's options, to append to the Window's.
-func onPaths(t *testing.T, test func(t *testing.T, opts ...pipeline.WindowOption)) {
-	t.Helper()
-	for _, path := range windowPaths {
-		t.Run(path.name, func(t *testing.T) { test(t, path.opts...) })
-	}
 }
 
 // with returns opts followed by more, in a new slice.
@@ -348,18 +340,27 @@ func TestWindowBoundaries(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			onPaths(t, func(t *testing.T, path ...pipeline.WindowOption) {
-				res, _, err := collectWindows(t, tc.evs, tc.kind, with(path, pipeline.WithMaxDelay(10*time.Second))...)
-				require.NoError(t, err)
-				assert.Equal(t, tc.want, spans(res))
-			})
+			for _, wp := range windowPaths {
+				t.Run(wp.name, func(t *testing.T) {
+					t.Parallel()
+					path := wp.opts
+					res, _, err := collectWindows(t, tc.evs, tc.kind, with(path, pipeline.WithMaxDelay(10*time.Second))...)
+					require.NoError(t, err)
+					assert.Equal(t, tc.want, spans(res))
+				})
+			}
 		})
 	}
 }
 
 func TestWindowLateItems(t *testing.T) {
 	t.Parallel()
-	onPaths(t, testWindowLateItems)
+	for _, wp := range windowPaths {
+		t.Run(wp.name, func(t *testing.T) {
+			t.Parallel()
+			testWindowLateItems(t, wp.opts...)
+		})
+	}
 }
 
 func testWindowLateItems(t *testing.T, path ...pipeline.WindowOption) {
@@ -416,28 +417,32 @@ func TestWindowMaxWindows(t *testing.T) {
 	evs := []ev{{0, tsec(1), 1}, {0, tsec(70), 2}, {1, tsec(75), 4}, {0, tsec(30), 8}, {1, tsec(80), 16}}
 	t.Run("fires the window due first", func(t *testing.T) {
 		t.Parallel()
-		onPaths(t, func(t *testing.T, path ...pipeline.WindowOption) {
-			p := pipeline.New()
-			dl := pipeline.NewDeadLetterBuffer[ev](10)
-			var maxOpen int64
-			var res []string
-			pipeline.To(pipeline.Window(pipeline.FromSlice(p, evs), pipeline.Tumbling(time.Minute), evKey, evTime, sumAgg(),
-				with(path, pipeline.WithMaxDelay(100*time.Second), pipeline.WithMaxWindows(2), pipeline.WithLateItems(dl.Add))...),
-				pipeline.NewSink("sink", 1, func(_ context.Context, r pipeline.WindowResult[int, int]) error {
-					s, _ := p.Snapshot().Stage("Window")
-					maxOpen = max(maxOpen, s.Windows.Open)
-					res = append(res, span(r))
-					return nil
-				}))
-			require.NoError(t, p.Run(t.Context()))
-			assert.Equal(t, []string{"0 [0, 60) 1/1", "0 [60, 120) 2/1", "1 [60, 120) 20/2"}, res)
-			assert.LessOrEqual(t, maxOpen, int64(2))
-			s, _ := p.Report().Stage("Window")
-			assert.Equal(t, int64(1), s.Windows.Forced)
-			require.Len(t, dl.Items(), 1)
-			assert.Equal(t, 8, dl.Items()[0].Item.V)
-			checkAccounting(t, p.Report())
-		})
+		for _, wp := range windowPaths {
+			t.Run(wp.name, func(t *testing.T) {
+				t.Parallel()
+				path := wp.opts
+				p := pipeline.New()
+				dl := pipeline.NewDeadLetterBuffer[ev](10)
+				var maxOpen int64
+				var res []string
+				pipeline.To(pipeline.Window(pipeline.FromSlice(p, evs), pipeline.Tumbling(time.Minute), evKey, evTime, sumAgg(),
+					with(path, pipeline.WithMaxDelay(100*time.Second), pipeline.WithMaxWindows(2), pipeline.WithLateItems(dl.Add))...),
+					pipeline.NewSink("sink", 1, func(_ context.Context, r pipeline.WindowResult[int, int]) error {
+						s, _ := p.Snapshot().Stage("Window")
+						maxOpen = max(maxOpen, s.Windows.Open)
+						res = append(res, span(r))
+						return nil
+					}))
+				require.NoError(t, p.Run(t.Context()))
+				assert.Equal(t, []string{"0 [0, 60) 1/1", "0 [60, 120) 2/1", "1 [60, 120) 20/2"}, res)
+				assert.LessOrEqual(t, maxOpen, int64(2))
+				s, _ := p.Report().Stage("Window")
+				assert.Equal(t, int64(1), s.Windows.Forced)
+				require.Len(t, dl.Items(), 1)
+				assert.Equal(t, 8, dl.Items()[0].Item.V)
+				checkAccounting(t, p.Report())
+			})
+		}
 	})
 	t.Run("backpressure waits for the idle clock", func(t *testing.T) {
 		t.Parallel()
@@ -498,7 +503,11 @@ func TestWindowIdleTimeoutAdvancesTheWatermark(t *testing.T) {
 }
 
 func TestWindowReportWhileOpen(t *testing.T) {
-	onPaths(t, testWindowReportWhileOpen)
+	for _, wp := range windowPaths {
+		t.Run(wp.name, func(t *testing.T) {
+			testWindowReportWhileOpen(t, wp.opts...)
+		})
+	}
 }
 
 func testWindowReportWhileOpen(t *testing.T, path ...pipeline.WindowOption) {
@@ -821,7 +830,12 @@ func TestWindowFiresEarlyForACheckpointSave(t *testing.T) {
 
 func TestWindowReportLine(t *testing.T) {
 	t.Parallel()
-	onPaths(t, testWindowReportLine)
+	for _, wp := range windowPaths {
+		t.Run(wp.name, func(t *testing.T) {
+			t.Parallel()
+			testWindowReportLine(t, wp.opts...)
+		})
+	}
 }
 
 func testWindowReportLine(t *testing.T, path ...pipeline.WindowOption) {
@@ -927,7 +941,11 @@ func TestWindowBoundHoldsAnItemsWindows(t *testing.T) {
 // never sent, so that its Out is what its consumer's In has (four results vanished
 // from the counts).
 func TestWindowFailureCountsResultsItHeld(t *testing.T) {
-	onPaths(t, testWindowFailureCountsResultsItHeld)
+	for _, wp := range windowPaths {
+		t.Run(wp.name, func(t *testing.T) {
+			testWindowFailureCountsResultsItHeld(t, wp.opts...)
+		})
+	}
 }
 
 func testWindowFailureCountsResultsItHeld(t *testing.T, path ...pipeline.WindowOption) {
@@ -1080,63 +1098,71 @@ func TestWindowInlineAgreesWithQueued(t *testing.T) {
 // producer's goroutine), and the accounting adds up.
 func TestWindowPanicInFoldFailsTheRun(t *testing.T) {
 	t.Parallel()
-	onPaths(t, func(t *testing.T, path ...pipeline.WindowOption) {
-		evs := make([]ev, 500)
-		for i := range evs {
-			evs[i] = ev{Key: i % 3, T: tsec(float64(i)), V: 1}
-		}
-		p := pipeline.New()
-		boom := pipeline.Fold(0, func(s int, e ev) int {
-			if e.T.Equal(tsec(300)) {
-				panic("boom")
+	for _, wp := range windowPaths {
+		t.Run(wp.name, func(t *testing.T) {
+			t.Parallel()
+			path := wp.opts
+			evs := make([]ev, 500)
+			for i := range evs {
+				evs[i] = ev{Key: i % 3, T: tsec(float64(i)), V: 1}
 			}
-			return s + e.V
+			p := pipeline.New()
+			boom := pipeline.Fold(0, func(s int, e ev) int {
+				if e.T.Equal(tsec(300)) {
+					panic("boom")
+				}
+				return s + e.V
+			})
+			_, err := pipeline.Collect(t.Context(), pipeline.Window(pipeline.FromSlice(p, evs), pipeline.Tumbling(time.Minute), evKey, evTime, boom, path...))
+			se, ok := errors.AsType[*pipeline.StageError](err)
+			require.True(t, ok, "%v", err)
+			assert.Equal(t, "Window", se.Stage)
+			pe, ok := errors.AsType[*pipeline.PanicError](err)
+			require.True(t, ok, "%v", err)
+			assert.Equal(t, "boom", pe.Value)
+			rep := p.Report()
+			checkAccounting(t, rep)
+			s, _ := rep.Stage("Window")
+			assert.Positive(t, s.Failed)
 		})
-		_, err := pipeline.Collect(t.Context(), pipeline.Window(pipeline.FromSlice(p, evs), pipeline.Tumbling(time.Minute), evKey, evTime, boom, path...))
-		se, ok := errors.AsType[*pipeline.StageError](err)
-		require.True(t, ok, "%v", err)
-		assert.Equal(t, "Window", se.Stage)
-		pe, ok := errors.AsType[*pipeline.PanicError](err)
-		require.True(t, ok, "%v", err)
-		assert.Equal(t, "boom", pe.Value)
-		rep := p.Report()
-		checkAccounting(t, rep)
-		s, _ := rep.Stage("Window")
-		assert.Positive(t, s.Failed)
-	})
+	}
 }
 
 // TestWindowDrainsWithItsInput: a drained error budget upstream ends the window
 // stage's input; it fires every window it holds, on both paths.
 func TestWindowDrainsWithItsInput(t *testing.T) {
 	t.Parallel()
-	onPaths(t, func(t *testing.T, path ...pipeline.WindowOption) {
-		evs := make([]ev, 2000)
-		for i := range evs {
-			evs[i] = ev{Key: i % 3, T: tsec(float64(i)), V: 1}
-		}
-		p := pipeline.New()
-		st := pipeline.NewStage("check", 1, func(_ context.Context, e ev) (ev, error) {
-			if e.T.After(tsec(700)) {
-				return e, pipeline.Permanent(errBoom)
+	for _, wp := range windowPaths {
+		t.Run(wp.name, func(t *testing.T) {
+			t.Parallel()
+			path := wp.opts
+			evs := make([]ev, 2000)
+			for i := range evs {
+				evs[i] = ev{Key: i % 3, T: tsec(float64(i)), V: 1}
 			}
-			return e, nil
-		}, discardDead[ev](), pipeline.WithErrorBudget(pipeline.Budget{MaxRatio: 0, MinSample: 1, Drain: true}))
-		res, err := pipeline.Collect(t.Context(), pipeline.Window(pipeline.Then(pipeline.FromSlice(p, evs), st), pipeline.Tumbling(time.Minute), evKey, evTime, sumAgg(), path...))
-		be, ok := errors.AsType[*pipeline.BudgetError](err)
-		require.True(t, ok, "%v", err)
-		assert.True(t, be.Drained)
-		rep := p.Report()
-		checkAccounting(t, rep)
-		s, _ := rep.Stage("Window")
-		n := 0
-		for _, r := range res {
-			n += r.Count
-		}
-		assert.Equal(t, int64(n), s.Succeeded, "every item folded is in a result")
-		assert.Equal(t, 701, n, "the items before the budget tripped")
-		assert.Zero(t, s.Windows.Open)
-	})
+			p := pipeline.New()
+			st := pipeline.NewStage("check", 1, func(_ context.Context, e ev) (ev, error) {
+				if e.T.After(tsec(700)) {
+					return e, pipeline.Permanent(errBoom)
+				}
+				return e, nil
+			}, discardDead[ev](), pipeline.WithErrorBudget(pipeline.Budget{MaxRatio: 0, MinSample: 1, Drain: true}))
+			res, err := pipeline.Collect(t.Context(), pipeline.Window(pipeline.Then(pipeline.FromSlice(p, evs), st), pipeline.Tumbling(time.Minute), evKey, evTime, sumAgg(), path...))
+			be, ok := errors.AsType[*pipeline.BudgetError](err)
+			require.True(t, ok, "%v", err)
+			assert.True(t, be.Drained)
+			rep := p.Report()
+			checkAccounting(t, rep)
+			s, _ := rep.Stage("Window")
+			n := 0
+			for _, r := range res {
+				n += r.Count
+			}
+			assert.Equal(t, int64(n), s.Succeeded, "every item folded is in a result")
+			assert.Equal(t, 701, n, "the items before the budget tripped")
+			assert.Zero(t, s.Windows.Open)
+		})
+	}
 }
 
 // TestWindowOfWindows chains two windows (per-10-second sums, then per-minute sums of
@@ -1144,24 +1170,28 @@ func TestWindowDrainsWithItsInput(t *testing.T) {
 // the per-minute results are the sums of the input's minutes.
 func TestWindowOfWindows(t *testing.T) {
 	t.Parallel()
-	onPaths(t, func(t *testing.T, path ...pipeline.WindowOption) {
-		rng := rand.New(rand.NewPCG(5, 5))
-		evs := stream(rng, 3000, 4, time.Second, 0)
-		p := pipeline.New()
-		tens := pipeline.Window(pipeline.FromSlice(p, evs), pipeline.Tumbling(10*time.Second), evKey, evTime, sumAgg(), with(path, pipeline.WithName("tens"))...)
-		mins, err := pipeline.Collect(t.Context(), pipeline.Window(tens, pipeline.Tumbling(time.Minute),
-			func(r pipeline.WindowResult[int, int]) int { return r.Key },
-			func(r pipeline.WindowResult[int, int]) time.Time { return r.Start },
-			pipeline.Fold(0, func(s int, r pipeline.WindowResult[int, int]) int { return s + r.Value }),
-			with(path, pipeline.WithName("minutes"))...))
-		require.NoError(t, err)
-		want, _ := model(winSpec{size: time.Minute, slide: time.Minute}, evs, 0, 0)
-		got := map[wkey]wval{}
-		for _, r := range mins {
-			w := want[wkey{r.Key, r.Start}]
-			got[wkey{r.Key, r.Start}] = wval{end: r.End, sum: r.Value, n: w.n}
-		}
-		assert.Equal(t, want, got)
-		checkAccounting(t, p.Report())
-	})
+	for _, wp := range windowPaths {
+		t.Run(wp.name, func(t *testing.T) {
+			t.Parallel()
+			path := wp.opts
+			rng := rand.New(rand.NewPCG(5, 5))
+			evs := stream(rng, 3000, 4, time.Second, 0)
+			p := pipeline.New()
+			tens := pipeline.Window(pipeline.FromSlice(p, evs), pipeline.Tumbling(10*time.Second), evKey, evTime, sumAgg(), with(path, pipeline.WithName("tens"))...)
+			mins, err := pipeline.Collect(t.Context(), pipeline.Window(tens, pipeline.Tumbling(time.Minute),
+				func(r pipeline.WindowResult[int, int]) int { return r.Key },
+				func(r pipeline.WindowResult[int, int]) time.Time { return r.Start },
+				pipeline.Fold(0, func(s int, r pipeline.WindowResult[int, int]) int { return s + r.Value }),
+				with(path, pipeline.WithName("minutes"))...))
+			require.NoError(t, err)
+			want, _ := model(winSpec{size: time.Minute, slide: time.Minute}, evs, 0, 0)
+			got := map[wkey]wval{}
+			for _, r := range mins {
+				w := want[wkey{r.Key, r.Start}]
+				got[wkey{r.Key, r.Start}] = wval{end: r.End, sum: r.Value, n: w.n}
+			}
+			assert.Equal(t, want, got)
+			checkAccounting(t, p.Report())
+		})
+	}
 }
