@@ -751,8 +751,15 @@ type consumer[T any] struct {
 	starts   *startCount // its count in q.starts (worker.items gives back each item's room itself)
 }
 
+// newConsumer makes the consumer id of q. With q nil, it is the consumer of an inline
+// window stage (window_inline.go), whose producer fills its run: it only hands out the
+// run's items (next, rest) and keeps its tally (commit).
 func newConsumer[T any](q *queue[T], lane, id int, stats *workerStats, capacity int) consumer[T] {
-	return consumer[T]{q: q, lane: lane, id: id, wt: newWaiter(), run: make([]item[T], chunk), stats: stats, capacity: capacity, starts: &q.starts[id]}
+	c := consumer[T]{q: q, lane: lane, id: id, run: make([]item[T], chunk), stats: stats, capacity: capacity}
+	if q != nil {
+		c.wt, c.starts = newWaiter(), &q.starts[id]
+	}
+	return c
 }
 
 // take commits the counts of the last run and takes the next run of at most n items
@@ -801,7 +808,7 @@ func (c *consumer[T]) next() item[T] {
 	e := &c.run[j]
 	it := *e
 	*e = item[T]{}
-	if j > 0 {
+	if j > 0 && c.q != nil {
 		c.q.started(c.id, 1)
 	}
 	return it
@@ -815,7 +822,7 @@ func (c *consumer[T]) left() int { return c.k - c.j }
 func (c *consumer[T]) rest() int {
 	n := c.k - c.j
 	clear(c.run[c.j:c.k])
-	if n > 0 {
+	if n > 0 && c.q != nil {
 		c.q.started(c.id, n)
 	}
 	c.j = c.k

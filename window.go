@@ -310,8 +310,20 @@ func (ws windowRow) load() *WindowReport {
 
 // Window groups the items of s by key and by window of event time (at) and emits, for
 // each window, the aggregate of its items ([Fold], [FoldMerge], [Reduce]) as a
-// [WindowResult], on one goroutine with its own input queue ([WithBuffer]). Windows are
-// [Tumbling], [Sliding] or [Session]. See docs/windows.md.
+// [WindowResult], on one goroutine with its own input queue ([WithBuffer]), or inline
+// (below). Windows are [Tumbling], [Sliding] or [Session]. See docs/windows.md.
+//
+// A stage of one worker folds inline when it can: when one goroutine produces its input
+// (a source, or a stage of one worker, directly or through [Map]; a [Filter] between
+// them, a row of its own, does not tell, so it keeps the queue), the run tracks no
+// positions (no [FromCheckpoint] or [FromAcked] source), and it has neither
+// [WithIdleTimeout] (only a goroutine of its own can wait for the clock) nor a
+// [WithBuffer] of its own. It then has no queue and no goroutine: each item is folded in
+// the producer's goroutine, as Map runs, and the results are handed on from there, so
+// the producer waits while the stage's consumer is full. Its results, their order, its
+// late items, bound and report are those of the queued stage (its row shows no queue);
+// a panic in key, at or the aggregate fails the run under the stage's name. Give it
+// WithBuffer to have the queue and its goroutine instead.
 //
 // A window fires, and its result is emitted, when the watermark reaches its end: the
 // greatest event time seen less [WithMaxDelay], moved on by the clock on an idle input
@@ -340,8 +352,9 @@ func (ws windowRow) load() *WindowReport {
 // The stage's items count as succeeded when they are folded into their windows, and
 // as failed if the run stops before their last window fired (the report's Window
 // shows them until then); Out counts results. It costs a map look-up per item and window
-// it falls into, and a heap push per window opened; BenchmarkS9Window (bench/)
-// measures it against a hand-written loop. It
+// it falls into, and a heap push per window opened, plus, queued, the hop from its
+// producer's goroutine; BenchmarkS9Window (bench/) measures it against a hand-written
+// loop. It
 // panics if key, at or the aggregate is missing, on a [Session] window without a merge
 // or with [WithAllowedLateness], and on [WithWindowBackpressure] without
 // [WithIdleTimeout].
@@ -408,15 +421,7 @@ func Window[T any, K comparable, V any](s *Stream[T], kind WindowKind, key func(
 	out := newStream[WindowResult[K, V]](p, desc)
 	out.open = func(r *run, c into[WindowResult[K, V]]) []*row {
 		n := max(cfg.workers, 1)
-		var q *queue[T]
-		if n == 1 {
-			q = newQueue[T](buf, 1)
-		} else {
-			seed := maphash.MakeSeed()
-			q = newKeyedQueue(n, buf, func(v T) uint64 { return maphash.Comparable(seed, key(v)) })
-		}
-		r.stoppers = append(r.stoppers, q.stop)
-		rw := r.newRow(name, KindWindow, n, buf, q)
+		rw := r.newRow(name, KindWindow, n, buf, nil)
 		helds := make([]atomic.Int64, n)
 		rw.held = func() int64 {
 			var h int64
@@ -425,12 +430,7 @@ func Window[T any, K comparable, V any](s *Stream[T], kind WindowKind, key func(
 			}
 			return h
 		}
-		wireInput(r, rw, s, q.outlet(r.ctx), q.close)
-		r.addRow(rw)
-		var left atomic.Int32
-		left.Store(int32(n))
-		var failed atomic.Bool // a worker failed: downstream sees no end of input
-		for i := range n {
+		newWindower := func(i int, q *queue[T]) *windower[T, K, V] {
 			ws := &windowStats{}
 			ws.wm.Store(math.MinInt64)
 			ws.maxEvent.Store(math.MinInt64)
@@ -452,6 +452,43 @@ func Window[T any, K comparable, V any](s *Stream[T], kind WindowKind, key func(
 				w.retain = cfg.lateness
 				w.fast = kind.slide == kind.size && w.retain == 0
 			}
+			return w
+		}
+		var q *queue[T]
+		if n == 1 && cfg.idle == 0 && !cfg.bufferSet && !r.tracked() {
+			// Perhaps inline (window_inline.go): that depends on the producers, which only
+			// opening the input tells.
+			in := &windowInput[T, K, V]{track: r.track}
+			feeders := s.open(r, into[T]{out: in.outlet, done: in.inputDone, rows: []*row{rw}})
+			for _, f := range feeders {
+				f.feed(rw)
+			}
+			if len(feeders) == 1 && len(feeders[0].workers) == 1 {
+				w := newWindower(0, nil)
+				in.inline(w, r, c.done)
+				rw.q, rw.capacity = inlineLen{stats: &rw.workers[0], untaken: w.untaken}, 0
+				r.addRow(rw)
+				return []*row{rw}
+			}
+			q = newQueue[T](buf, 1)
+			in.queued(q.outlet(r.ctx), q.close)
+		} else {
+			if n == 1 {
+				q = newQueue[T](buf, 1)
+			} else {
+				seed := maphash.MakeSeed()
+				q = newKeyedQueue(n, buf, func(v T) uint64 { return maphash.Comparable(seed, key(v)) })
+			}
+			wireInput(r, rw, s, q.outlet(r.ctx), q.close)
+		}
+		rw.q = q
+		r.stoppers = append(r.stoppers, q.stop)
+		r.addRow(rw)
+		var left atomic.Int32
+		left.Store(int32(n))
+		var failed atomic.Bool // a worker failed: downstream sees no end of input
+		for i := range n {
+			w := newWindower(i, q)
 			r.goSafe(name, func() (err error) {
 				returned := false
 				defer func() {

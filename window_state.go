@@ -1,7 +1,6 @@
 package pipeline
 
 import (
-	"container/heap"
 	"context"
 	"fmt"
 	"math"
@@ -29,35 +28,86 @@ type win[K comparable, V any] struct {
 	idx        int    // in the heap, -1 when out of it
 }
 
-// winHeap orders the windows held by due, then by opening.
+// winHeap orders the windows held by due, then by opening: a binary min-heap whose
+// windows know their index (idx). Its methods are its own rather than container/heap's,
+// whose calls through an interface cost BenchmarkS9Window 5 % of its time (a window
+// forgotten sifts down through about log2(windows held) levels).
 type winHeap[K comparable, V any] []*win[K, V]
 
-func (h winHeap[K, V]) Len() int { return len(h) }
-func (h winHeap[K, V]) Less(i, j int) bool {
-	if h[i].due != h[j].due {
-		return h[i].due < h[j].due
+func (h winHeap[K, V]) less(i, j int) bool {
+	a, b := h[i], h[j]
+	if a.due != b.due {
+		return a.due < b.due
 	}
-	return h[i].seq < h[j].seq
+	return a.seq < b.seq
 }
 
-func (h winHeap[K, V]) Swap(i, j int) {
+func (h winHeap[K, V]) swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
 	h[i].idx, h[j].idx = i, j
 }
 
-func (h *winHeap[K, V]) Push(x any) {
-	wn := x.(*win[K, V])
-	wn.idx = len(*h)
-	*h = append(*h, wn)
+// up moves the window at j towards the root while it is less than its parent.
+func (h winHeap[K, V]) up(j int) {
+	for j > 0 {
+		i := (j - 1) / 2
+		if !h.less(j, i) {
+			return
+		}
+		h.swap(i, j)
+		j = i
+	}
 }
 
-func (h *winHeap[K, V]) Pop() any {
+// down moves the window at i0 towards the leaves of h[:n] while a child is less than
+// it, and tells whether it moved.
+func (h winHeap[K, V]) down(i0, n int) bool {
+	i := i0
+	for {
+		j := 2*i + 1
+		if j >= n {
+			break
+		}
+		if j2 := j + 1; j2 < n && h.less(j2, j) {
+			j = j2
+		}
+		if !h.less(j, i) {
+			break
+		}
+		h.swap(i, j)
+		i = j
+	}
+	return i > i0
+}
+
+// push adds wn.
+func (h *winHeap[K, V]) push(wn *win[K, V]) {
+	wn.idx = len(*h)
+	*h = append(*h, wn)
+	h.up(wn.idx)
+}
+
+// remove takes out the window at i.
+func (h *winHeap[K, V]) remove(i int) {
 	old := *h
-	wn := old[len(old)-1]
-	old[len(old)-1] = nil
-	*h = old[:len(old)-1]
+	n := len(old) - 1
+	if i != n {
+		old.swap(i, n)
+		if !old.down(i, n) {
+			old.up(i)
+		}
+	}
+	wn := old[n]
+	old[n] = nil
+	*h = old[:n]
 	wn.idx = -1
-	return wn
+}
+
+// fix restores the order after the due of the window at i changed.
+func (h winHeap[K, V]) fix(i int) {
+	if !h.down(i, len(h)) {
+		h.up(i)
+	}
 }
 
 type windower[T any, K comparable, V any] struct {
@@ -104,6 +154,23 @@ type windower[T any, K comparable, V any] struct {
 	// judged is the hunger already judged not to concern this stage, moved closes
 	// when the head moves on after that judgement (as for a batch).
 	judged, moved <-chan struct{}
+	// Inline (window_inline.go; q is nil): the run, the consumer's end of input, the
+	// run's items not started yet (for the report), the error that stopped the stage,
+	// and the producer's sender the results go through.
+	r        *run
+	finished func()
+	untaken  *atomic.Int64
+	broken   error
+	cur      *inlineSender[T, K, V]
+}
+
+// commit adds the tally to the statistics; inline, it also stores how many items of
+// the run in hand are not started yet.
+func (w *windower[T, K, V]) commit() {
+	if w.untaken != nil {
+		w.untaken.Store(int64(w.k - w.j))
+	}
+	w.consumer.commit()
 }
 
 func (w *windower[T, K, V]) loop() error {
@@ -166,7 +233,7 @@ func (w *windower[T, K, V]) take() error {
 // items folds the run taken into its windows, firing those the watermark passes.
 func (w *windower[T, K, V]) items() error {
 	if w.fast {
-		return w.itemsTumbling()
+		return w.itemsTumbling(nil)
 	}
 	for w.j < w.k {
 		e := w.next()
@@ -187,10 +254,17 @@ func (w *windower[T, K, V]) items() error {
 // an item whose window is open is folded in after one look-up, in this loop. The items
 // of the run are marked started in one call (started), before anything that may wait
 // and at the end of the run, rather than one by one; the rest go through addAt.
-func (w *windower[T, K, V]) itemsTumbling() error {
+//
+// With vals nil it folds the run taken, w.run[:w.k]; an inline stage
+// (window_inline.go) gives it its producer's untracked values instead, read in place
+// (w.k is len(vals)), which spares their copy into the run.
+func (w *windower[T, K, V]) itemsTumbling(vals []T) error {
 	size, delay := int64(w.kind.size), int64(w.cfg.maxDelay)
 	at, key, fold, first := w.at, w.key, w.agg.fold, w.agg.first
 	run := w.run[:w.k]
+	if vals != nil {
+		run = nil
+	}
 	w.sj = 1 // take counted the run's first item started
 	// The state the loop reads per item, in locals, read again after anything else
 	// may have changed it (addAt, fireDue).
@@ -205,11 +279,19 @@ func (w *windower[T, K, V]) itemsTumbling() error {
 		}
 	}
 	reload()
-	for w.j < len(run) {
-		e := &run[w.j]
+	for w.j < w.k {
+		i := w.j
 		w.j++
-		t := at(e.v).UnixNano()
-		k := key(e.v)
+		var v *T
+		pos := noPos
+		if run != nil {
+			e := &run[i]
+			v, pos = &e.v, e.pos
+		} else {
+			v = &vals[i]
+		}
+		t := at(*v).UnixNano()
+		k := key(*v)
 		var s int64
 		if b != nil && t >= bStart && t < bStart+size { // the bucket in hand: no division
 			s = bStart
@@ -227,8 +309,10 @@ func (w *windower[T, K, V]) itemsTumbling() error {
 		}
 		if wn == nil || wn.n == 0 && first != nil { // a window to open, a late item, a first item to reduce
 			w.started()
-			v, pos := e.v, e.pos
-			*e = item[T]{}
+			v := *v
+			if run != nil {
+				run[i] = item[T]{}
+			}
 			w.inHand = true
 			if err := w.addAt(v, pos, k, t); err != nil {
 				if w.inHand { // stopped before it was counted (waiting for room)
@@ -241,10 +325,10 @@ func (w *windower[T, K, V]) itemsTumbling() error {
 			reload()
 			continue
 		}
-		wn.val = fold(wn.val, e.v)
+		wn.val = fold(wn.val, *v)
 		wn.n++
-		if e.pos != noPos {
-			wn.poss = append(wn.poss, e.pos)
+		if pos != noPos {
+			wn.poss = append(wn.poss, pos)
 		}
 		wn.owns++
 		w.heldN++
@@ -258,7 +342,7 @@ func (w *windower[T, K, V]) itemsTumbling() error {
 			wm = t - delay
 		}
 		if w.inputs != nil { // the least over the inputs instead
-			wm = w.inputs.see(e.v, t, delay)
+			wm = w.inputs.see(*v, t, delay)
 		}
 		if wm > w.wm {
 			w.wm = wm
@@ -285,7 +369,9 @@ const startEvery = 16
 // itemsTumbling): their room in the queue is free.
 func (w *windower[T, K, V]) started() {
 	if w.fast && w.j > w.sj {
-		w.q.started(w.id, w.j-w.sj)
+		if w.q != nil { // inline, the items have no room to give back
+			w.q.started(w.id, w.j-w.sj)
+		}
 		w.sj = w.j
 	}
 }
@@ -480,7 +566,7 @@ func (w *windower[T, K, V]) addSession(v T, k K, t int64, pos uint64) error {
 		}
 		s.start, s.end = min(s.start, t), max(s.end, t+gap)
 		s.due = s.end
-		heap.Fix(&w.due, s.idx)
+		w.due.fix(s.idx)
 	}
 	w.fold(s, v, pos)
 	s.owns++
@@ -502,7 +588,7 @@ func (w *windower[T, K, V]) open(k K, start, end int64) *win[K, V] {
 		wn = new(win[K, V])
 	}
 	*wn = win[K, V]{key: k, start: start, end: end, val: w.agg.init, due: end, seq: w.seq, idx: -1}
-	heap.Push(&w.due, wn)
+	w.due.push(wn)
 	w.count++
 	return wn
 }
@@ -544,7 +630,7 @@ func (w *windower[T, K, V]) fire(wn *win[K, V]) error {
 	err := w.emit(wn, false)
 	if w.retain > 0 {
 		wn.due = wn.end + int64(w.retain)
-		heap.Fix(&w.due, wn.idx)
+		w.due.fix(wn.idx)
 	} else {
 		w.forget(wn, true)
 	}
@@ -562,6 +648,9 @@ func (w *windower[T, K, V]) emit(wn *win[K, V], update bool) error {
 	if update {
 		w.ws.updates.Add(1)
 	}
+	if w.q == nil { // inline: the producer's sender may hand the result on at once
+		w.publish()
+	}
 	err := w.out.put(res, pos)
 	w.t.emitted++ // sent, or counted unsent by put
 	return err
@@ -571,7 +660,7 @@ func (w *windower[T, K, V]) emit(wn *win[K, V], update bool) error {
 // it kept for late items.
 func (w *windower[T, K, V]) forget(wn *win[K, V], closed bool) {
 	if wn.idx >= 0 {
-		heap.Remove(&w.due, wn.idx)
+		w.due.remove(wn.idx)
 	}
 	w.count--
 	if w.kind.gap > 0 {

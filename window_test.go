@@ -2,6 +2,7 @@ package pipeline_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"iter"
 	"math"
@@ -154,10 +155,32 @@ var winSpecs = []winSpec{
 	{name: "session", gap: 3 * time.Second},
 }
 
+// windowPath is one of the two ways a one-worker Window stage runs: inline, folding its
+// items in the goroutine that produces them (what it does when it can: see Window), or
+// queued, in a goroutine of its own behind its input queue (a WithBuffer of its own asks
+// for the queue). Every test of a one-worker stage whose configuration allows both runs
+// on both (a subtest per path, named for it), and they must give the same results and
+// figures.
+type windowPath struct {
+	name string
+	opts []pipeline.WindowOption
+}
+
+var windowPaths = []windowPath{
+	{"inline", nil},
+	{"queued", []pipeline.WindowOption{pipeline.WithBuffer(pipeline.DefaultBuffer)}},
+}
+
+// with returns opts followed by more, in a new slice.
+func with(opts []pipeline.WindowOption, more ...pipeline.WindowOption) []pipeline.WindowOption {
+	return slices.Concat(opts, more)
+}
+
 // checkWindows runs one random stream through a Window stage and compares its results
 // with the model's: the last result of each window equals the model's, each window has
-// exactly one first result, and late items are dead-lettered and counted.
-func checkWindows(t *testing.T, spec winSpec, seed uint64, delay, lateness time.Duration) {
+// exactly one first result, and late items are dead-lettered and counted. It returns
+// the results and the stage's report.
+func checkWindows(t *testing.T, spec winSpec, seed uint64, delay, lateness time.Duration, path ...pipeline.WindowOption) ([]pipeline.WindowResult[int, int], pipeline.StageReport) {
 	t.Helper()
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b9))
 	evs := stream(rng, rng.IntN(300), 1+rng.IntN(4), 2*time.Second, 6*time.Second)
@@ -169,7 +192,7 @@ func checkWindows(t *testing.T, spec winSpec, seed uint64, delay, lateness time.
 	p := pipeline.New()
 	dl := pipeline.NewDeadLetterBuffer[ev](1000)
 	res, err := pipeline.Collect(t.Context(), pipeline.Window(pipeline.FromSlice(p, evs), spec.kind(), evKey, evTime, sumAgg(),
-		pipeline.WithMaxDelay(delay), pipeline.WithAllowedLateness(lateness), pipeline.WithLateItems(dl.Add)))
+		with(path, pipeline.WithMaxDelay(delay), pipeline.WithAllowedLateness(lateness), pipeline.WithLateItems(dl.Add))...))
 	require.NoError(t, err)
 	got := map[wkey]wval{}
 	firsts := map[wkey]int{}
@@ -205,18 +228,21 @@ func checkWindows(t *testing.T, spec winSpec, seed uint64, delay, lateness time.
 	assert.Equal(t, int64(wantLate), s.Windows.Late)
 	assert.Zero(t, s.Windows.Open)
 	assert.Equal(t, int64(len(res)), s.Out)
+	return res, s
 }
 
 func TestWindowMatchesModel(t *testing.T) {
 	t.Parallel()
 	for _, spec := range winSpecs {
 		for _, d := range []struct{ delay, lateness time.Duration }{{0, 0}, {2 * time.Second, 0}, {6 * time.Second, 0}, {time.Second, 3 * time.Second}} {
-			t.Run(fmt.Sprintf("%s/delay=%v/lateness=%v", spec.name, d.delay, d.lateness), func(t *testing.T) {
-				t.Parallel()
-				for seed := range uint64(25) {
-					checkWindows(t, spec, seed, d.delay, d.lateness)
-				}
-			})
+			for _, path := range windowPaths {
+				t.Run(fmt.Sprintf("%s/delay=%v/lateness=%v/%s", spec.name, d.delay, d.lateness, path.name), func(t *testing.T) {
+					t.Parallel()
+					for seed := range uint64(25) {
+						checkWindows(t, spec, seed, d.delay, d.lateness, path.opts...)
+					}
+				})
+			}
 		}
 	}
 }
@@ -229,8 +255,25 @@ func FuzzWindow(f *testing.F) {
 	f.Add(uint64(5), uint8(1), uint8(1), uint8(5))
 	f.Fuzz(func(t *testing.T, seed uint64, kind, delay, lateness uint8) {
 		spec := winSpecs[int(kind)%len(winSpecs)]
-		checkWindows(t, spec, seed, time.Duration(delay%10)*time.Second, time.Duration(lateness%10)*time.Second)
+		d, l := time.Duration(delay%10)*time.Second, time.Duration(lateness%10)*time.Second
+		inline, si := checkWindows(t, spec, seed, d, l, windowPaths[0].opts...)
+		queued, sq := checkWindows(t, spec, seed, d, l, windowPaths[1].opts...)
+		assert.Equal(t, spans(queued), spans(inline), "the same results in the same order on both paths")
+		assert.Equal(t, figures(sq, false), figures(si, false))
 	})
+}
+
+// figures are the counts of a window stage's report that do not depend on its path.
+// When the run failed, so do In and NotStarted: they count the items the producer had
+// handed on when the run stopped, and a queue takes more of them than an inline stage.
+func figures(s pipeline.StageReport, failed bool) string {
+	w := s.Windows
+	f := fmt.Sprintf("out %d ok %d dead %d failed %d window %d; open %d wm %v max %v late %d updates %d forced %d",
+		s.Out, s.Succeeded, s.DeadLettered, s.Failed, s.Window, w.Open, w.Watermark, w.MaxEventTime, w.Late, w.Updates, w.Forced)
+	if !failed {
+		f += fmt.Sprintf("; in %d notstarted %d", s.In, s.NotStarted)
+	}
+	return f
 }
 
 // collectWindows runs evs through a Window stage and returns its results and report.
@@ -297,22 +340,37 @@ func TestWindowBoundaries(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			res, _, err := collectWindows(t, tc.evs, tc.kind, pipeline.WithMaxDelay(10*time.Second))
-			require.NoError(t, err)
-			assert.Equal(t, tc.want, spans(res))
+			for _, wp := range windowPaths {
+				t.Run(wp.name, func(t *testing.T) {
+					t.Parallel()
+					path := wp.opts
+					res, _, err := collectWindows(t, tc.evs, tc.kind, with(path, pipeline.WithMaxDelay(10*time.Second))...)
+					require.NoError(t, err)
+					assert.Equal(t, tc.want, spans(res))
+				})
+			}
 		})
 	}
 }
 
 func TestWindowLateItems(t *testing.T) {
 	t.Parallel()
+	for _, wp := range windowPaths {
+		t.Run(wp.name, func(t *testing.T) {
+			t.Parallel()
+			testWindowLateItems(t, wp.opts...)
+		})
+	}
+}
+
+func testWindowLateItems(t *testing.T, path ...pipeline.WindowOption) {
 	// The watermark is 15 s after the item at 25 s: the window [0, 10) has fired, and
 	// the item at 9 s is late; the one at 12 s is not.
 	evs := []ev{{0, tsec(1), 1}, {0, tsec(25), 2}, {0, tsec(9), 4}, {0, tsec(12), 8}}
 	t.Run("set aside with class late and counted", func(t *testing.T) {
 		t.Parallel()
 		dl := pipeline.NewDeadLetterBuffer[ev](10)
-		res, s, err := collectWindows(t, evs, pipeline.Tumbling(10*time.Second), pipeline.WithMaxDelay(10*time.Second), pipeline.WithLateItems(dl.Add))
+		res, s, err := collectWindows(t, evs, pipeline.Tumbling(10*time.Second), with(path, pipeline.WithMaxDelay(10*time.Second), pipeline.WithLateItems(dl.Add))...)
 		require.NoError(t, err)
 		assert.Equal(t, []string{"0 [0, 10) 1/1", "0 [10, 20) 8/1", "0 [20, 30) 2/1"}, spans(res))
 		require.Len(t, dl.Items(), 1)
@@ -327,13 +385,13 @@ func TestWindowLateItems(t *testing.T) {
 	})
 	t.Run("without a destination the run fails with ErrLate", func(t *testing.T) {
 		t.Parallel()
-		_, s, err := collectWindows(t, evs, pipeline.Tumbling(10*time.Second), pipeline.WithMaxDelay(10*time.Second))
+		_, s, err := collectWindows(t, evs, pipeline.Tumbling(10*time.Second), with(path, pipeline.WithMaxDelay(10*time.Second))...)
 		require.ErrorIs(t, err, pipeline.ErrLate)
 		assert.Equal(t, int64(1), s.Failed-s.Window, "the late item, besides the items of open windows")
 	})
 	t.Run("within the allowed lateness an item updates its window", func(t *testing.T) {
 		t.Parallel()
-		res, s, err := collectWindows(t, evs, pipeline.Tumbling(10*time.Second), pipeline.WithMaxDelay(10*time.Second), pipeline.WithAllowedLateness(20*time.Second))
+		res, s, err := collectWindows(t, evs, pipeline.Tumbling(10*time.Second), with(path, pipeline.WithMaxDelay(10*time.Second), pipeline.WithAllowedLateness(20*time.Second))...)
 		require.NoError(t, err)
 		assert.Equal(t, []string{"0 [0, 10) 1/1", "0 [0, 10) 5/2 update", "0 [10, 20) 8/1", "0 [20, 30) 2/1"}, spans(res))
 		assert.Equal(t, int64(1), s.Windows.Updates)
@@ -344,7 +402,7 @@ func TestWindowLateItems(t *testing.T) {
 		dl := pipeline.NewDeadLetterBuffer[ev](10)
 		// [0, 3) fires when the watermark reaches 3 (item at 4); 2.5 would extend it.
 		res, _, err := collectWindows(t, []ev{{0, tsec(0), 1}, {0, tsec(4), 2}, {0, tsec(3.5), 4}, {0, tsec(2.5), 8}},
-			pipeline.Session(3*time.Second), pipeline.WithMaxDelay(time.Second), pipeline.WithLateItems(dl.Add))
+			pipeline.Session(3*time.Second), with(path, pipeline.WithMaxDelay(time.Second), pipeline.WithLateItems(dl.Add))...)
 		require.NoError(t, err)
 		assert.Equal(t, []string{"0 [0, 3) 1/1", "0 [3.5, 7) 6/2"}, spans(res))
 		require.Len(t, dl.Items(), 1)
@@ -359,26 +417,32 @@ func TestWindowMaxWindows(t *testing.T) {
 	evs := []ev{{0, tsec(1), 1}, {0, tsec(70), 2}, {1, tsec(75), 4}, {0, tsec(30), 8}, {1, tsec(80), 16}}
 	t.Run("fires the window due first", func(t *testing.T) {
 		t.Parallel()
-		p := pipeline.New()
-		dl := pipeline.NewDeadLetterBuffer[ev](10)
-		var maxOpen int64
-		var res []string
-		pipeline.To(pipeline.Window(pipeline.FromSlice(p, evs), pipeline.Tumbling(time.Minute), evKey, evTime, sumAgg(),
-			pipeline.WithMaxDelay(100*time.Second), pipeline.WithMaxWindows(2), pipeline.WithLateItems(dl.Add)),
-			pipeline.NewSink("sink", 1, func(_ context.Context, r pipeline.WindowResult[int, int]) error {
-				s, _ := p.Snapshot().Stage("Window")
-				maxOpen = max(maxOpen, s.Windows.Open)
-				res = append(res, span(r))
-				return nil
-			}))
-		require.NoError(t, p.Run(t.Context()))
-		assert.Equal(t, []string{"0 [0, 60) 1/1", "0 [60, 120) 2/1", "1 [60, 120) 20/2"}, res)
-		assert.LessOrEqual(t, maxOpen, int64(2))
-		s, _ := p.Report().Stage("Window")
-		assert.Equal(t, int64(1), s.Windows.Forced)
-		require.Len(t, dl.Items(), 1)
-		assert.Equal(t, 8, dl.Items()[0].Item.V)
-		checkAccounting(t, p.Report())
+		for _, wp := range windowPaths {
+			t.Run(wp.name, func(t *testing.T) {
+				t.Parallel()
+				path := wp.opts
+				p := pipeline.New()
+				dl := pipeline.NewDeadLetterBuffer[ev](10)
+				var maxOpen int64
+				var res []string
+				pipeline.To(pipeline.Window(pipeline.FromSlice(p, evs), pipeline.Tumbling(time.Minute), evKey, evTime, sumAgg(),
+					with(path, pipeline.WithMaxDelay(100*time.Second), pipeline.WithMaxWindows(2), pipeline.WithLateItems(dl.Add))...),
+					pipeline.NewSink("sink", 1, func(_ context.Context, r pipeline.WindowResult[int, int]) error {
+						s, _ := p.Snapshot().Stage("Window")
+						maxOpen = max(maxOpen, s.Windows.Open)
+						res = append(res, span(r))
+						return nil
+					}))
+				require.NoError(t, p.Run(t.Context()))
+				assert.Equal(t, []string{"0 [0, 60) 1/1", "0 [60, 120) 2/1", "1 [60, 120) 20/2"}, res)
+				assert.LessOrEqual(t, maxOpen, int64(2))
+				s, _ := p.Report().Stage("Window")
+				assert.Equal(t, int64(1), s.Windows.Forced)
+				require.Len(t, dl.Items(), 1)
+				assert.Equal(t, 8, dl.Items()[0].Item.V)
+				checkAccounting(t, p.Report())
+			})
+		}
 	})
 	t.Run("backpressure waits for the idle clock", func(t *testing.T) {
 		t.Parallel()
@@ -439,6 +503,14 @@ func TestWindowIdleTimeoutAdvancesTheWatermark(t *testing.T) {
 }
 
 func TestWindowReportWhileOpen(t *testing.T) {
+	for _, wp := range windowPaths {
+		t.Run(wp.name, func(t *testing.T) {
+			testWindowReportWhileOpen(t, wp.opts...)
+		})
+	}
+}
+
+func testWindowReportWhileOpen(t *testing.T, path ...pipeline.WindowOption) {
 	synctest.Test(t, func(t *testing.T) {
 		p := pipeline.New()
 		src := pipeline.Generate(p, func(ctx context.Context, emit func(ev) error) error {
@@ -450,7 +522,7 @@ func TestWindowReportWhileOpen(t *testing.T) {
 			<-ctx.Done()
 			return nil
 		})
-		pipeline.To(pipeline.Window(src, pipeline.Tumbling(time.Minute), evKey, evTime, sumAgg(), pipeline.WithMaxDelay(5*time.Second)),
+		pipeline.To(pipeline.Window(src, pipeline.Tumbling(time.Minute), evKey, evTime, sumAgg(), with(path, pipeline.WithMaxDelay(5*time.Second))...),
 			pipeline.NewSink("sink", 1, func(context.Context, pipeline.WindowResult[int, int]) error { return nil }))
 		ctx, cancel := context.WithCancel(t.Context())
 		done := make(chan error)
@@ -763,10 +835,19 @@ func TestWindowFiresEarlyForACheckpointSave(t *testing.T) {
 
 func TestWindowReportLine(t *testing.T) {
 	t.Parallel()
+	for _, wp := range windowPaths {
+		t.Run(wp.name, func(t *testing.T) {
+			t.Parallel()
+			testWindowReportLine(t, wp.opts...)
+		})
+	}
+}
+
+func testWindowReportLine(t *testing.T, path ...pipeline.WindowOption) {
 	dl := pipeline.NewDeadLetterBuffer[ev](10)
 	p := pipeline.New()
 	_, err := pipeline.Collect(t.Context(), pipeline.Window(pipeline.FromSlice(p, []ev{{0, tsec(1), 1}, {0, tsec(25), 2}, {0, tsec(9), 4}}),
-		pipeline.Tumbling(10*time.Second), evKey, evTime, sumAgg(), pipeline.WithMaxDelay(10*time.Second), pipeline.WithLateItems(dl.Add)))
+		pipeline.Tumbling(10*time.Second), evKey, evTime, sumAgg(), with(path, pipeline.WithMaxDelay(10*time.Second), pipeline.WithLateItems(dl.Add))...))
 	require.NoError(t, err)
 	assert.Contains(t, p.Report().String(),
 		"window Window: 2 results (0 updates), 0 open, watermark 2026-12-02T00:00:15Z, lag 10s, 1 late, 0 fired early\n")
@@ -865,9 +946,17 @@ func TestWindowBoundHoldsAnItemsWindows(t *testing.T) {
 // never sent, so that its Out is what its consumer's In has (four results vanished
 // from the counts).
 func TestWindowFailureCountsResultsItHeld(t *testing.T) {
+	for _, wp := range windowPaths {
+		t.Run(wp.name, func(t *testing.T) {
+			testWindowFailureCountsResultsItHeld(t, wp.opts...)
+		})
+	}
+}
+
+func testWindowFailureCountsResultsItHeld(t *testing.T, path ...pipeline.WindowOption) {
 	evs := []ev{{0, tsec(1), 1}, {1, tsec(2), 1}, {0, tsec(61), 1}, {1, tsec(62), 1}, {0, tsec(121), 1}, {0, tsec(5), 1}}
 	p := pipeline.New()
-	pipeline.To(pipeline.Window(pipeline.FromSlice(p, evs), pipeline.Tumbling(time.Minute), evKey, evTime, sumAgg(), pipeline.WithBuffer(64)),
+	pipeline.To(pipeline.Window(pipeline.FromSlice(p, evs), pipeline.Tumbling(time.Minute), evKey, evTime, sumAgg(), path...),
 		pipeline.NewSink("sink", 1, func(context.Context, pipeline.WindowResult[int, int]) error { return nil }))
 	require.ErrorIs(t, p.Run(t.Context()), pipeline.ErrLate)
 	rep := p.Report()
@@ -1042,4 +1131,214 @@ func TestWindowWatermarkPerInputOutOfRange(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "input 5 for an item, outside [0, 2)")
 	checkAccounting(t, p.Report())
+}
+
+// TestWindowInlineAgreesWithQueued runs random streams (kinds, delays, lateness, bounds
+// that force windows out, an aggregate that reduces, late items with and without a
+// destination) through a one-worker Window stage on both paths, behind three kinds of
+// producer (a source's runs, an inline Map's items one by one, a stage's worker): the
+// results, in order, the error, the late items and the stage's figures (see figures) are
+// the same;
+// without a bound and with a destination, tumbling and sliding results also equal the
+// model's (checkWindows covers sessions).
+func TestWindowInlineAgreesWithQueued(t *testing.T) {
+	t.Parallel()
+	type outcome struct {
+		res  []string
+		err  string
+		figs string
+		late []ev
+	}
+	producers := []struct {
+		name string
+		in   func(p *pipeline.Pipeline, evs []ev) *pipeline.Stream[ev]
+	}{
+		{"source", func(p *pipeline.Pipeline, evs []ev) *pipeline.Stream[ev] { return pipeline.FromSlice(p, evs) }},
+		{"map", func(p *pipeline.Pipeline, evs []ev) *pipeline.Stream[ev] {
+			return pipeline.Map(pipeline.FromSlice(p, evs), func(e ev) ev { return e })
+		}},
+		{"stage", func(p *pipeline.Pipeline, evs []ev) *pipeline.Stream[ev] {
+			return pipeline.Then(pipeline.FromSlice(p, evs), pipeline.NewStage("id", 1, func(_ context.Context, e ev) (ev, error) { return e, nil }))
+		}},
+	}
+	sumEvs := pipeline.Reduce(func(a, b ev) ev { return ev{a.Key, a.T, a.V + b.V} })
+	for seed := range uint64(80) {
+		rng := rand.New(rand.NewPCG(seed, 23))
+		spec := winSpecs[rng.IntN(len(winSpecs))]
+		evs := stream(rng, rng.IntN(2000), 1+rng.IntN(20), time.Second, 8*time.Second)
+		delay := time.Duration(rng.IntN(10)) * time.Second
+		var lateness time.Duration
+		if spec.gap == 0 {
+			lateness = time.Duration(rng.IntN(3)) * 2 * time.Second
+		}
+		reduce := rng.IntN(2) == 0
+		bound := 0
+		if rng.IntN(3) == 0 {
+			bound = 3 + rng.IntN(20)
+		}
+		withDest := rng.IntN(4) != 0
+		prod := producers[rng.IntN(len(producers))]
+		name := fmt.Sprintf("seed=%d/%s/%s/delay=%v/lateness=%v/bound=%d/reduce=%v/dest=%v", seed, prod.name, spec.name, delay, lateness, bound, reduce, withDest)
+		run := func(path []pipeline.WindowOption) ([]pipeline.WindowResult[int, int], outcome) {
+			p := pipeline.New()
+			dl := pipeline.NewDeadLetterBuffer[ev](len(evs))
+			opts := with(path, pipeline.WithMaxDelay(delay), pipeline.WithAllowedLateness(lateness))
+			if bound > 0 {
+				opts = append(opts, pipeline.WithMaxWindows(bound))
+			}
+			if withDest {
+				opts = append(opts, pipeline.WithLateItems(dl.Add))
+			}
+			in := prod.in(p, evs)
+			var rs []pipeline.WindowResult[int, int]
+			var err error
+			if reduce {
+				var es []pipeline.WindowResult[int, ev]
+				es, err = pipeline.Collect(t.Context(), pipeline.Window(in, spec.kind(), evKey, evTime, sumEvs, opts...))
+				for _, r := range es {
+					rs = append(rs, pipeline.WindowResult[int, int]{Key: r.Key, Start: r.Start, End: r.End, Value: r.Value.V, Count: r.Count, Update: r.Update})
+				}
+			} else {
+				rs, err = pipeline.Collect(t.Context(), pipeline.Window(in, spec.kind(), evKey, evTime, sumAgg(), opts...))
+			}
+			rep := p.Report()
+			checkAccounting(t, rep)
+			s, ok := rep.Stage("Window")
+			require.True(t, ok, name)
+			o := outcome{res: spans(rs), figs: figures(s, err != nil)}
+			for _, d := range dl.Items() {
+				o.late = append(o.late, d.Item)
+			}
+			if err != nil {
+				o.err = err.Error()
+			}
+			return rs, o
+		}
+		rs, inline := run(windowPaths[0].opts)
+		_, queued := run(windowPaths[1].opts)
+		if inline.err != "" || queued.err != "" {
+			// The run failed (a late item, no destination): the results that reached
+			// Collect before it stopped are a part of the same sequence, as long as the
+			// timing let through.
+			short, long := inline.res, queued.res
+			if len(short) > len(long) {
+				short, long = long, short
+			}
+			assert.Equal(t, long[:len(short)], short, name)
+			inline.res, queued.res = nil, nil
+		}
+		assert.Equal(t, queued, inline, name)
+		if bound == 0 && withDest && spec.gap == 0 {
+			want, wantLate := model(spec, evs, delay, lateness)
+			got := map[wkey]wval{}
+			for _, r := range rs {
+				got[wkey{r.Key, r.Start}] = wval{end: r.End, sum: r.Value, n: r.Count}
+			}
+			assert.Equal(t, want, got, name)
+			assert.Len(t, inline.late, wantLate, name)
+		}
+	}
+}
+
+// TestWindowPanicInFoldFailsTheRun: a panic in the aggregate fails the run under the
+// window stage's name, as a *PanicError, on both paths (inline, it runs in the
+// producer's goroutine), and the accounting adds up.
+func TestWindowPanicInFoldFailsTheRun(t *testing.T) {
+	t.Parallel()
+	for _, wp := range windowPaths {
+		t.Run(wp.name, func(t *testing.T) {
+			t.Parallel()
+			path := wp.opts
+			evs := make([]ev, 500)
+			for i := range evs {
+				evs[i] = ev{Key: i % 3, T: tsec(float64(i)), V: 1}
+			}
+			p := pipeline.New()
+			boom := pipeline.Fold(0, func(s int, e ev) int {
+				if e.T.Equal(tsec(300)) {
+					panic("boom")
+				}
+				return s + e.V
+			})
+			_, err := pipeline.Collect(t.Context(), pipeline.Window(pipeline.FromSlice(p, evs), pipeline.Tumbling(time.Minute), evKey, evTime, boom, path...))
+			se, ok := errors.AsType[*pipeline.StageError](err)
+			require.True(t, ok, "%v", err)
+			assert.Equal(t, "Window", se.Stage)
+			pe, ok := errors.AsType[*pipeline.PanicError](err)
+			require.True(t, ok, "%v", err)
+			assert.Equal(t, "boom", pe.Value)
+			rep := p.Report()
+			checkAccounting(t, rep)
+			s, _ := rep.Stage("Window")
+			assert.Positive(t, s.Failed)
+		})
+	}
+}
+
+// TestWindowDrainsWithItsInput: a drained error budget upstream ends the window
+// stage's input; it fires every window it holds, on both paths.
+func TestWindowDrainsWithItsInput(t *testing.T) {
+	t.Parallel()
+	for _, wp := range windowPaths {
+		t.Run(wp.name, func(t *testing.T) {
+			t.Parallel()
+			path := wp.opts
+			evs := make([]ev, 2000)
+			for i := range evs {
+				evs[i] = ev{Key: i % 3, T: tsec(float64(i)), V: 1}
+			}
+			p := pipeline.New()
+			st := pipeline.NewStage("check", 1, func(_ context.Context, e ev) (ev, error) {
+				if e.T.After(tsec(700)) {
+					return e, pipeline.Permanent(errBoom)
+				}
+				return e, nil
+			}, discardDead[ev](), pipeline.WithErrorBudget(pipeline.Budget{MaxRatio: 0, MinSample: 1, Drain: true}))
+			res, err := pipeline.Collect(t.Context(), pipeline.Window(pipeline.Then(pipeline.FromSlice(p, evs), st), pipeline.Tumbling(time.Minute), evKey, evTime, sumAgg(), path...))
+			be, ok := errors.AsType[*pipeline.BudgetError](err)
+			require.True(t, ok, "%v", err)
+			assert.True(t, be.Drained)
+			rep := p.Report()
+			checkAccounting(t, rep)
+			s, _ := rep.Stage("Window")
+			n := 0
+			for _, r := range res {
+				n += r.Count
+			}
+			assert.Equal(t, int64(n), s.Succeeded, "every item folded is in a result")
+			assert.Equal(t, 701, n, "the items before the budget tripped")
+			assert.Zero(t, s.Windows.Open)
+		})
+	}
+}
+
+// TestWindowOfWindows chains two windows (per-10-second sums, then per-minute sums of
+// those): the second one's producer is the first one, inline or queued; on both paths
+// the per-minute results are the sums of the input's minutes.
+func TestWindowOfWindows(t *testing.T) {
+	t.Parallel()
+	for _, wp := range windowPaths {
+		t.Run(wp.name, func(t *testing.T) {
+			t.Parallel()
+			path := wp.opts
+			rng := rand.New(rand.NewPCG(5, 5))
+			evs := stream(rng, 3000, 4, time.Second, 0)
+			p := pipeline.New()
+			tens := pipeline.Window(pipeline.FromSlice(p, evs), pipeline.Tumbling(10*time.Second), evKey, evTime, sumAgg(), with(path, pipeline.WithName("tens"))...)
+			mins, err := pipeline.Collect(t.Context(), pipeline.Window(tens, pipeline.Tumbling(time.Minute),
+				func(r pipeline.WindowResult[int, int]) int { return r.Key },
+				func(r pipeline.WindowResult[int, int]) time.Time { return r.Start },
+				pipeline.Fold(0, func(s int, r pipeline.WindowResult[int, int]) int { return s + r.Value }),
+				with(path, pipeline.WithName("minutes"))...))
+			require.NoError(t, err)
+			want, _ := model(winSpec{size: time.Minute, slide: time.Minute}, evs, 0, 0)
+			got := map[wkey]wval{}
+			for _, r := range mins {
+				w := want[wkey{r.Key, r.Start}]
+				got[wkey{r.Key, r.Start}] = wval{end: r.End, sum: r.Value, n: w.n}
+			}
+			assert.Equal(t, want, got)
+			checkAccounting(t, p.Report())
+		})
+	}
 }

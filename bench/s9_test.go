@@ -17,7 +17,9 @@ import (
 // windows with a watermark 10 s behind the latest event. impl=loop is one goroutine
 // with a map of open windows per minute, fired by a hand-written watermark;
 // impl=pipeline is a FromSlice source, a Window stage (1 and GOMAXPROCS workers keyed
-// by key) and a sink that counts results.
+// by key) and a sink that counts results; with one worker the stage folds inline, in
+// the source's goroutine. impl=queued/workers=1 is that stage given a WithBuffer of its
+// own, which keeps its queue and goroutine: the hop the inline stage saves.
 
 const (
 	s9Events = 1_000_000
@@ -116,14 +118,22 @@ func BenchmarkS9Window(b *testing.B) {
 			return n
 		})
 	})
-	for _, workers := range []int{1, runtime.GOMAXPROCS(0)} {
-		b.Run(fmt.Sprintf("impl=pipeline/workers=%d", workers), func(b *testing.B) {
+	for _, v := range []struct {
+		impl    string
+		workers int
+		queued  bool
+	}{{"pipeline", 1, false}, {"queued", 1, true}, {"pipeline", runtime.GOMAXPROCS(0), false}} {
+		workers := v.workers
+		b.Run(fmt.Sprintf("impl=%s/workers=%d", v.impl, workers), func(b *testing.B) {
 			var n atomic.Int64
 			p := pipeline.New()
+			opts := []pipeline.WindowOption{pipeline.WithMaxDelay(s9Delay), pipeline.WithWindowWorkers(workers)}
+			if v.queued {
+				opts = append(opts, pipeline.WithBuffer(pipeline.DefaultBuffer))
+			}
 			w := pipeline.Window(pipeline.FromSlice(p, evs), pipeline.Tumbling(time.Minute),
 				func(e s9Event) int { return e.Key }, func(e s9Event) time.Time { return e.At },
-				pipeline.Fold(int64(0), func(s int64, e s9Event) int64 { return s + e.V }),
-				pipeline.WithMaxDelay(s9Delay), pipeline.WithWindowWorkers(workers))
+				pipeline.Fold(int64(0), func(s int64, e s9Event) int64 { return s + e.V }), opts...)
 			pipeline.To(w, pipeline.NewSink("count", 1, func(context.Context, pipeline.WindowResult[int, int64]) error {
 				n.Add(1)
 				return nil
