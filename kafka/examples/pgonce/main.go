@@ -274,7 +274,7 @@ func waitRows(ctx context.Context, pool *pgxpool.Pool, table string, want int64,
 		for i, m := range members {
 			select {
 			case <-m.done:
-				return fmt.Errorf("member %d exited by itself: %v", i+1, m.err)
+				return fmt.Errorf("member %d exited by itself: %w", i+1, m.err)
 			default:
 			}
 		}
