@@ -116,7 +116,8 @@ type WindowResult[K comparable, V any] struct {
 
 // WindowOption configures a [Window] stage. The options: [WithMaxDelay],
 // [WithAllowedLateness], [WithIdleTimeout], [WithMaxWindows], [WithWindowBackpressure],
-// [WithWindowWorkers], [WithLateItems], [WithBuffer] and [WithName].
+// [WithWindowWorkers], [WithWatermarkPer], [WithLateItems], [WithBuffer] and
+// [WithName].
 type WindowOption interface{ windowOption(*windowConfig) }
 
 type windowConfig struct {
