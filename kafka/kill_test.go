@@ -46,7 +46,7 @@ func runKillChild() int {
 	keyed := pipeline.Then(src.Stream(p), pipeline.NewStage("map", 4, func(_ context.Context, m kafka.Message[int]) (kafka.Message[int], error) {
 		return m, nil
 	}, pipeline.WithKey(kafka.Message[int].TopicPartition)))
-	pipeline.ToBatches(keyed, 40, kafka.NewTransactSink("out", src, outTopic, idCodec{}, nil), pipeline.WithLinger(10*time.Millisecond))
+	pipeline.ToBatches(keyed, 40, kafka.NewTransactSink("out", src, outTopic, idCodec{}, originHeaders(os.Getenv(killIDEnv))), pipeline.WithLinger(10*time.Millisecond))
 	go func() {
 		_, _ = io.Copy(io.Discard, os.Stdin)
 		src.Stop()
@@ -198,8 +198,10 @@ func TestSIGKILLedMembersOutputEveryRecord(t *testing.T) {
 	for _, ch := range children {
 		ch.stop(t)
 	}
+	recs := readCommitted(ctx, t, c, outTopic, n)
+	reportDuplicates(t, recs)
 	seen := map[int]int{}
-	for _, r := range readCommitted(ctx, t, c, outTopic, n) {
+	for _, r := range recs {
 		var id int
 		require.NoError(t, idCodec{}.Unmarshal(r.Value, &id))
 		seen[id]++
