@@ -27,11 +27,11 @@
 // With [WithTransactionalID], the source's client is a transactional producer, and
 // [NewTransactSink] produces each batch in a Kafka transaction that also commits the
 // offsets its records take the group to: a consumer downstream that reads committed
-// sees each input record's output once, across rebalances and a crash (the tests
-// that kill member processes again and again still saw a duplicate once: at least
-// once there, until its cause is found). A rebalance or a
-// failed produce aborts the open transaction, and the source takes its partitions back
-// to their committed offsets. It needs each partition's records to reach the sink in
+// sees each input record's output once, across rebalances and crashes. A rebalance
+// or a failed produce aborts the open transaction, and the source takes its
+// partitions back to their committed offsets (a message from before that rewind and
+// its replay name the same record: the first to reach the sink in its partition's
+// order is produced). It needs each partition's records to reach the sink in
 // offset order (a stage keyed by partition) and every output of a record in one batch;
 // dead letters stay at least once.
 //

@@ -247,7 +247,7 @@ type Stats struct {
 	Paused       int64 // times a partition's fetches were paused: WithMaxPending of its records settled behind an unsettled one
 	Transactions int64 // transactions committed (NewTransactSink, and the source's own for offsets; a store's, with WithOffsetStore)
 	Aborted      int64 // transactions aborted (a rebalance, a failed produce): what they held is redone
-	OutOfOrder   int64 // records a transaction produced past an unsettled earlier record of their partition
+	OutOfOrder   int64 // records a batch held back, past an earlier record of their partition not produced yet (NewTransactSink; with WithOffsetStore: written past an unsettled one)
 	Claimed      int64 // partitions claimed in the offset store (WithOffsetStore)
 	Fenced       int64 // partitions a store transaction found claimed by another owner (fenced): its records of them were not written
 
@@ -882,6 +882,10 @@ func (ss *session[T]) emitEntry(emit func(Message[T], func(pipeline.Settlement))
 func (ss *session[T]) settle(e *entry, st pipeline.Settlement) {
 	switch st.Outcome {
 	case pipeline.Committed:
+		if ss.unproduced(e) {
+			ss.retryLater(e, txnPollWait) // its batch held it back: produce it in order
+			break
+		}
 		ss.s.committed.Add(1)
 		ss.done(e)
 	case pipeline.DeadLettered:
@@ -962,6 +966,19 @@ func (ss *session[T]) deadLetterFailed(e *entry, err error) error {
 		return nil
 	}
 	return &DeadLetterError{Topic: ss.s.cfg.dlTopic, From: e.p.tp, Offset: e.offset, Permanent: permanent, Err: err}
+}
+
+// unproduced reports whether e, of a live partition, was held back by a transactional
+// batch (prospect) and no transaction produced it since: its settle must not count
+// it done, or its output would be lost.
+func (ss *session[T]) unproduced(e *entry) bool {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if !e.heldBack || !e.p.live || ss.txnDone[e] {
+		return false
+	}
+	e.heldBack = false
+	return true
 }
 
 // done settles e: its partition's watermark may move.

@@ -40,8 +40,7 @@ func WithTransactionalID(id string) SourceOption {
 // through src's own client, each batch in one Kafka transaction that also commits, per
 // partition, the offsets the batch's records take the group to: downstream consumers
 // that read committed (kgo.FetchIsolationLevel(kgo.ReadCommitted())) see each input
-// record's output exactly once, across rebalances and a crash (under repeated SIGKILLs
-// of member processes a duplicate was still seen once; see docs/kafka.md). src must have
+// record's output exactly once, across rebalances and crashes. src must have
 // [WithTransactionalID]; attach the sink with [pipeline.ToBatches] to the stream of
 // that source's pipeline.
 //
@@ -53,17 +52,20 @@ func WithTransactionalID(id string) SourceOption {
 // settled (committed in an earlier transaction, filtered out, dead-lettered) or is in
 // the batch; so give the sink each partition's records in offset order (a stage keyed
 // by [Message.TopicPartition], no hand-back) and every output of a record in one
-// batch (one output per record). A record of a batch that goes past an unsettled
-// earlier one is produced all the same, but the offset commits only up to that one:
-// such records, counted in [Stats].OutOfOrder, are produced again if the run dies
-// before a later transaction commits past them (at least once).
+// batch (one output per record). A record of a batch that goes past an earlier one
+// neither settled nor produced is held back (counted in [Stats].OutOfOrder): its
+// output would commit without its offset, and whoever redoes the partition from that
+// offset would produce it again. Such a message is most often one from before a
+// rewind (see below), whose replay comes later in order; a record's own message held
+// back is emitted again once it settles, and produced in a later batch.
 //
 // A transaction aborts when the group rebalances while it is open (kgo's
 // GroupTransactSession) or a produce fails: the source then takes every partition
 // back to its last committed offset, and what was in the pipeline is done again
 // ([Stats].Aborted counts the aborts; their items settle as Stale). A message still in
 // the pipeline from before the rewind names the same record as its replay: whichever
-// reaches the sink first is that record's output, the other is not produced. A failure that
+// reaches the sink first, in its partition's order, is that record's output, the other
+// is not produced. A failure that
 // leaves the transactional producer unusable (kgo: no error of an End is retriable), a
 // missing permission or a record too large fails the run. Dead letters are produced
 // outside the transactions, through [WithDeadLetterTopic]'s client: at least once. It
@@ -216,11 +218,18 @@ func (ss *session[T]) transact(ctx context.Context, recs []txnRecord) error {
 // settled yet (txnDone), where it passes what was committed;
 // marks has the same per part. live are the records to produce: those whose input
 // record is in the pipeline of a live partition (a revoked one's next owner redoes the
-// others). Records past an unsettled earlier one are counted in Stats.OutOfOrder.
+// others) and extends that prefix. A record past an earlier one that is neither
+// settled nor produced is not produced (counted in Stats.OutOfOrder and marked
+// heldBack): its output would commit without its offset, and be produced again by
+// whoever redoes the partition from the committed offset. After a rewind, such a
+// message is most often a stale one (its replay comes later, in order); if it is the
+// record's own, the record is emitted again when it settles (settle).
 func (ss *session[T]) prospect(recs []txnRecord) (offs map[string]map[int32]kgo.EpochOffset, marks map[*part]int64, live []*kgo.Record, inTxn map[*entry]bool) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	inTxn = map[*entry]bool{}
+	done := func(e *entry) bool { return e.state == settled || inTxn[e] || ss.txnDone[e] }
+	prefix := map[*part]int{} // per part: how many of its first entries are done
 	for _, r := range recs {
 		p := ss.parts[r.from]
 		if p == nil || !p.live || p.revoking {
@@ -241,6 +250,16 @@ func (ss *session[T]) prospect(recs []txnRecord) (offs map[string]map[int32]kgo.
 		if !ok || p.pending[i].state != inPipeline || inTxn[p.pending[i]] || ss.txnDone[p.pending[i]] {
 			continue
 		}
+		n := prefix[p]
+		for n < len(p.pending) && done(p.pending[n]) {
+			n++
+		}
+		prefix[p] = n
+		if i > n { // past a record neither settled nor produced
+			p.pending[i].heldBack = true
+			ss.s.outOfOrder.Add(1)
+			continue
+		}
 		inTxn[p.pending[i]] = true
 		live = append(live, r.rec)
 	}
@@ -251,15 +270,8 @@ func (ss *session[T]) prospect(recs []txnRecord) (offs map[string]map[int32]kgo.
 			continue
 		}
 		mark, ok := p.mark, p.hasMark
-		n := 0
-		for n < len(p.pending) && (p.pending[n].state == settled || inTxn[p.pending[n]] || ss.txnDone[p.pending[n]]) {
+		for n := 0; n < len(p.pending) && done(p.pending[n]); n++ {
 			mark, ok = kgo.EpochOffset{Epoch: p.pending[n].epoch, Offset: p.pending[n].offset + 1}, true
-			n++
-		}
-		for _, e := range p.pending[n:] {
-			if inTxn[e] {
-				ss.s.outOfOrder.Add(1)
-			}
 		}
 		if ok && mark.Offset > p.committed {
 			addOffsetAt(offs, p.tp, mark)

@@ -1,0 +1,62 @@
+package kafka
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/gopipeline/pipeline"
+)
+
+// TestTransactionHoldsBackRecordsPastAnUnproducedOne gives a transaction's prospect a
+// partition whose records 10 ... 14 were polled again after a rewind, and a batch with
+// the stale messages of 12 and 13 (those of 10 and 11 reached the sink before their
+// replays were polled): 12 and 13 must not be produced, since the transaction could
+// commit the offset only up to 10, and whoever redoes the partition from there would
+// produce them again (issue 22's duplicate). A batch of 10 ... 12 is produced and
+// commits 13. A record's own message held back is emitted again when it settles,
+// not counted done.
+func TestTransactionHoldsBackRecordsPastAnUnproducedOne(t *testing.T) {
+	t.Parallel()
+	tp := TopicPartition{"in", 0}
+	newSession := func() (*session[int], []*entry) {
+		ss := &session[int]{s: &Source[int]{}, parts: map[TopicPartition]*part{}, changed: make(chan struct{}), kick: make(chan struct{}, 1)}
+		p := newPart(tp)
+		ss.parts[tp] = p
+		var es []*entry
+		for o := int64(10); o < 15; o++ {
+			es = append(es, p.add(&kgo.Record{Topic: tp.Topic, Partition: tp.Partition, Offset: o}))
+		}
+		ss.held = len(es)
+		return ss, es
+	}
+	recs := func(offsets ...int64) []txnRecord {
+		var rs []txnRecord
+		for _, o := range offsets {
+			rs = append(rs, txnRecord{from: tp, offset: o, rec: &kgo.Record{Value: []byte{byte(o)}}})
+		}
+		return rs
+	}
+
+	ss, es := newSession()
+	offs, _, live, _ := ss.prospect(recs(12, 13))
+	assert.Empty(t, live, "records past 10 and 11, neither settled nor produced")
+	assert.Empty(t, offs, "no offset to commit")
+	assert.Equal(t, int64(2), ss.s.outOfOrder.Load(), "records held back")
+
+	// 12's own message was held back: when it settles, it is emitted again.
+	ss.settle(es[2], pipeline.Settlement{Outcome: pipeline.Committed})
+	assert.Equal(t, waitingRetry, es[2].state, "12 waits to be emitted again")
+	require.Len(t, ss.retries, 1)
+	assert.Same(t, es[2], ss.retries[0].e)
+	assert.Zero(t, ss.s.committed.Load(), "12 is not counted committed")
+
+	ss, _ = newSession()
+	offs, marks, live, _ := ss.prospect(recs(10, 11, 12))
+	assert.Len(t, live, 3, "10 ... 12, in order")
+	assert.Equal(t, map[string]map[int32]kgo.EpochOffset{"in": {0: {Offset: 13}}}, offs)
+	assert.Equal(t, map[*part]int64{ss.parts[tp]: 13}, marks)
+	assert.Zero(t, ss.s.outOfOrder.Load())
+}
