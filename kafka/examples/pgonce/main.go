@@ -50,7 +50,7 @@ type order struct {
 }
 
 func main() {
-	member := flag.Bool("member", false, "run as a consumer process (the program starts these itself)")
+	member := flag.Int("member", 0, "run as consumer process n (the program starts these itself)")
 	brokers := flag.String("brokers", "", "the seed brokers of a member")
 	table := flag.String("table", "pgonce_orders", "the table the rows go into (made anew, with the offsets' store of the same name)")
 	records := flag.Int("records", 20_000, "how many records to produce")
@@ -62,8 +62,8 @@ func main() {
 		os.Exit(2)
 	}
 	var err error
-	if *member {
-		err = runMember(url, strings.Split(*brokers, ","), *table)
+	if *member > 0 {
+		err = runMember(url, strings.Split(*brokers, ","), *table, *member)
 	} else {
 		err = run(url, *table, *records, *kills)
 	}
@@ -73,11 +73,13 @@ func main() {
 	}
 }
 
-// runMember is one consumer process: records → a stage keyed by partition (each
+// runMember is consumer process n: records → a stage keyed by partition (each
 // partition's records in offset order) → batches of up to 500 → PostgreSQL, the
 // batch's rows and its partitions' offsets in one transaction. It runs until its
-// standard input closes (a graceful stop), or until it is killed.
-func runMember(url string, brokers []string, table string) error {
+// standard input closes (a graceful stop), or until it is killed. Its group
+// membership is static (KIP-345): a member restarted after a crash takes the dead
+// one's place, and its partitions, at once, rather than after its session expires.
+func runMember(url string, brokers []string, table string, n int) error {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
@@ -86,12 +88,16 @@ func runMember(url string, brokers []string, table string) error {
 	defer pool.Close()
 	src := kafka.NewSource([]kgo.Opt{
 		kgo.SeedBrokers(brokers...),
-		kgo.SessionTimeout(time.Second), // a killed member's partitions move on a second later
+		kgo.InstanceID(fmt.Sprintf("pgonce-%d", n)),
+		kgo.SessionTimeout(time.Second), // a killed member not restarted loses its partitions a second later
 		kgo.HeartbeatInterval(100 * time.Millisecond),
+		kgo.RebalanceTimeout(10 * time.Second), // a rebalance waits at most this for the members to rejoin
 		kgo.FetchMaxWait(100 * time.Millisecond),
+		kgo.RetryBackoffFn(func(int) time.Duration { return 50 * time.Millisecond }),
 	}, group, []string{topic}, idCodec{},
 		kafka.WithOffsetStore(kafkapg.NewOffsets(pool, table)), // where a partition's new owner starts
-		kafka.WithRevokeTimeout(200*time.Millisecond), kafka.WithMaxPending(1500))
+		kafka.WithRevokeTimeout(200*time.Millisecond), kafka.WithMaxPending(1500),
+		kafka.WithRequestTimeout(5*time.Second))
 	go func() {
 		_, _ = io.Copy(io.Discard, os.Stdin)
 		src.Stop()
@@ -139,7 +145,7 @@ func run(url, table string, records, kills int) error {
 	start := time.Now()
 	members := make([]*child, 3)
 	for i := range members {
-		if members[i], err = startMember(brokers, table); err != nil {
+		if members[i], err = startMember(brokers, table, i+1); err != nil {
 			return err
 		}
 	}
@@ -172,7 +178,7 @@ func run(url, table string, records, kills int) error {
 		i := k % len(members)
 		members[i].kill()
 		fmt.Printf("killed member %d (pid %d) with %s rows in the table\n", i+1, members[i].cmd.Process.Pid, commas(rowsNow(ctx, pool, table)))
-		if members[i], err = startMember(brokers, table); err != nil {
+		if members[i], err = startMember(brokers, table, i+1); err != nil {
 			return err
 		}
 	}
@@ -206,12 +212,12 @@ type child struct {
 	err   error
 }
 
-func startMember(brokers, table string) (*child, error) {
+func startMember(brokers, table string, n int) (*child, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(self, "-member", "-brokers", brokers, "-table", table)
+	cmd := exec.Command(self, "-member", fmt.Sprint(n), "-brokers", brokers, "-table", table)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
