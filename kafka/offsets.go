@@ -33,8 +33,9 @@ type entry struct {
 	epoch  int32
 	state  uint8
 	inTxn  bool // with WithOffsetStore: kept by the store transaction in progress
-	// heldBack: with NewTransactSink, a batch held its record back (past an earlier one
-	// not produced yet): if its own message settles it unproduced, it is emitted again.
+	// heldBack: a transactional batch (NewTransactSink) or a store transaction
+	// (WithOffsetStore) held its record back (past an earlier one neither settled nor
+	// produced or written): if its own message settles it so, it is emitted again.
 	heldBack bool
 	// dlSince is when its dead letter first failed (Unix ns), 0 if none did.
 	dlSince int64

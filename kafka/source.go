@@ -247,7 +247,7 @@ type Stats struct {
 	Paused       int64 // times a partition's fetches were paused: WithMaxPending of its records settled behind an unsettled one
 	Transactions int64 // transactions committed (NewTransactSink, and the source's own for offsets; a store's, with WithOffsetStore)
 	Aborted      int64 // transactions aborted (a rebalance, a failed produce): what they held is redone
-	OutOfOrder   int64 // records a batch held back, past an earlier record of their partition not produced yet (NewTransactSink; with WithOffsetStore: written past an unsettled one)
+	OutOfOrder   int64 // records a batch held back, past an earlier record of their partition neither settled nor produced (NewTransactSink) or written (WithOffsetStore) yet
 	Claimed      int64 // partitions claimed in the offset store (WithOffsetStore)
 	Fenced       int64 // partitions a store transaction found claimed by another owner (fenced): its records of them were not written
 
@@ -969,8 +969,8 @@ func (ss *session[T]) deadLetterFailed(e *entry, err error) error {
 }
 
 // unproduced reports whether e, of a live partition, was held back by a transactional
-// batch (prospect) and no transaction produced it since: its settle must not count
-// it done, or its output would be lost.
+// batch (prospect) or a store transaction (storeProspect) and no transaction produced
+// or wrote it since: its settle must not count it done, or its output would be lost.
 func (ss *session[T]) unproduced(e *entry) bool {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()

@@ -96,7 +96,8 @@ type StoreTxn struct {
 	Offsets []StoreOffset
 	// Keep tells, for each origin given to BeginStoreTxn, whether its output goes
 	// into the transaction: its record is in the pipeline of a partition this member
-	// owns, and no other item named it first (a message from before a partition was
+	// owns, every earlier record of the partition settled or is written, and no other
+	// item named it first (a message from before a partition was
 	// claimed again names the same record as its replay: the first to reach a
 	// transaction is its output).
 	Keep []bool
@@ -116,9 +117,13 @@ func (t *StoreTxn) End(committed bool, fenced []TopicPartition) { t.end(committe
 // [StoreTxn.End]. A partition's offset goes past a batch's records when every earlier
 // record of the partition settled or is in the batch, so the sink must get each
 // partition's records in offset order (a stage keyed by [Message.TopicPartition]) and
-// every output of a record in one batch; a record past an unsettled earlier one is
-// output all the same (counted in [Stats].OutOfOrder) and is at least once. It fails if
-// the source has no store or is not running.
+// every output of a record in one batch. A record past an earlier one neither settled
+// nor written is not kept (counted in [Stats].OutOfOrder): the offset could not be
+// stored past the earlier one, and whoever redoes the partition from there would write
+// it again. Such a message is most often one from before the partition was claimed
+// again, whose replay comes later in order; a record's own message not kept is emitted
+// again once it settles, and written by a later transaction. It fails if the source
+// has no store or is not running.
 func (s *Source[T]) BeginStoreTxn(from []Origin) (*StoreTxn, error) {
 	if s.cfg.store == nil {
 		return nil, errors.New("kafka: BeginStoreTxn: the source has no WithOffsetStore")
@@ -164,6 +169,8 @@ func (ss *session[T]) storeProspect(from []Origin) (offs []StoreOffset, keep []b
 	keep = make([]bool, len(from))
 	kept = make([]*entry, 0, len(from))
 	touched := map[*part]bool{}
+	done := func(e *entry) bool { return e.state == settled || e.inTxn || ss.txnDone[e] }
+	prefix := map[*part]int{} // per part: how many of its first entries are done
 	var (
 		p    *part // of lastTP: a batch holds runs of one partition's records
 		last TopicPartition
@@ -175,8 +182,22 @@ func (ss *session[T]) storeProspect(from []Origin) (offs []StoreOffset, keep []b
 		if p == nil || !p.live || !p.claimed {
 			continue
 		}
-		e := p.find(o.Offset)
-		if e == nil || e.state != inPipeline || e.inTxn || ss.txnDone[e] {
+		j := p.index(o.Offset)
+		if j < 0 {
+			continue
+		}
+		e := p.pending[j]
+		if e.state != inPipeline || e.inTxn || ss.txnDone[e] {
+			continue
+		}
+		n := prefix[p]
+		for n < len(p.pending) && done(p.pending[n]) {
+			n++
+		}
+		prefix[p] = n
+		if j > n { // past a record neither settled nor written: its offset could not be stored
+			e.heldBack = true
+			ss.s.outOfOrder.Add(1)
 			continue
 		}
 		keep[i] = true
@@ -194,17 +215,8 @@ func (ss *session[T]) storeProspect(from []Origin) (offs []StoreOffset, keep []b
 		if p.hasMark {
 			next = max(next, p.mark.Offset)
 		}
-		n := 0
-		for n < len(p.pending) && (p.pending[n].state == settled || p.pending[n].inTxn || ss.txnDone[p.pending[n]]) {
+		for n := 0; n < len(p.pending) && done(p.pending[n]); n++ {
 			next = max(next, p.pending[n].offset+1)
-			n++
-		}
-		if touched[p] {
-			for _, e := range p.pending[n:] {
-				if e.inTxn {
-					ss.s.outOfOrder.Add(1)
-				}
-			}
 		}
 		if next > p.stored || touched[p] {
 			offs = append(offs, StoreOffset{TopicPartition: tp, Epoch: p.epoch, Next: next})
@@ -216,22 +228,22 @@ func (ss *session[T]) storeProspect(from []Origin) (offs []StoreOffset, keep []b
 	return offs, keep, parts, marks, kept
 }
 
-// find returns the pending entry of the record at offset, nil if none is. Offsets are
-// mostly consecutive: it looks where offset would be if they all were, before it
+// index returns the index in pending of the record at offset, -1 if none is. Offsets
+// are mostly consecutive: it looks where offset would be if they all were, before it
 // searches.
-func (p *part) find(offset int64) *entry {
+func (p *part) index(offset int64) int {
 	n := len(p.pending)
 	if n == 0 {
-		return nil
+		return -1
 	}
 	if g := offset - p.pending[0].offset; g >= 0 && g < int64(n) && p.pending[g].offset == offset {
-		return p.pending[g]
+		return int(g)
 	}
 	j, ok := slices.BinarySearchFunc(p.pending, offset, func(e *entry, off int64) int { return cmp.Compare(e.offset, off) })
 	if !ok {
-		return nil
+		return -1
 	}
-	return p.pending[j]
+	return j
 }
 
 func sortOffsets(offs []StoreOffset) {

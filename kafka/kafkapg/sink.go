@@ -31,8 +31,9 @@ var errFenced = errors.New("kafkapg: a partition has another owner")
 // is stored later). Give the sink each partition's records in offset order (a stage
 // keyed by [kafka.Message.TopicPartition], no hand-back): a transaction stores a
 // partition's offset past its records only when every earlier record settled or is
-// in the batch; a row written past an unsettled earlier record ([kafka.Stats].OutOfOrder)
-// is at least once. Rows whose records are not this member's any more (their
+// in the batch; a row past an earlier record neither settled nor written is not
+// written ([kafka.Stats].OutOfOrder): its record's own message is emitted again once it
+// settles, and written, in order, by a later transaction. Rows whose records are not this member's any more (their
 // partition was revoked or claimed by another owner), and a message from before a
 // partition was claimed again when its replay was written first (or the other way
 // round), are not written.
