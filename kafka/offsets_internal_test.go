@@ -135,6 +135,20 @@ func dueSession() (ss *session[int], a, b *entry) {
 	return ss, a, b
 }
 
+// pendingSession returns a session whose partition tp has the records from ... to-1
+// in the pipeline.
+func pendingSession(tp TopicPartition, from, to int64) (*session[int], []*entry) {
+	ss := &session[int]{s: &Source[int]{}, parts: map[TopicPartition]*part{}, changed: make(chan struct{}), kick: make(chan struct{}, 1)}
+	p := newPart(tp)
+	ss.parts[tp] = p
+	var es []*entry
+	for o := from; o < to; o++ {
+		es = append(es, p.add(&kgo.Record{Topic: tp.Topic, Partition: tp.Partition, Offset: o}))
+	}
+	ss.held = len(es)
+	return ss, es
+}
+
 // TestRetryDueEmitErrorLeavesTheRestWaiting: when an emit of the due retries fails
 // (the run is canceled, a budget drained it), the records after it were never emitted
 // and are not in the pipeline: a revoke must not wait for them. (They stayed marked

@@ -5,7 +5,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/gopipeline/pipeline"
 )
@@ -20,15 +19,9 @@ func TestStoreTxnHoldsBackRecordsPastAnUnwrittenOne(t *testing.T) {
 	t.Parallel()
 	tp := TopicPartition{"in", 0}
 	newSession := func() (*session[int], []*entry) {
-		ss := &session[int]{s: &Source[int]{}, parts: map[TopicPartition]*part{}, changed: make(chan struct{}), kick: make(chan struct{}, 1)}
-		p := newPart(tp)
+		ss, es := pendingSession(tp, 10, 15)
+		p := ss.parts[tp]
 		p.claimed, p.epoch, p.stored = true, 3, 10
-		ss.parts[tp] = p
-		var es []*entry
-		for o := int64(10); o < 15; o++ {
-			es = append(es, p.add(&kgo.Record{Topic: tp.Topic, Partition: tp.Partition, Offset: o}))
-		}
-		ss.held = len(es)
 		return ss, es
 	}
 	from := func(offsets ...int64) []Origin {

@@ -21,17 +21,7 @@ import (
 func TestTransactionHoldsBackRecordsPastAnUnproducedOne(t *testing.T) {
 	t.Parallel()
 	tp := TopicPartition{"in", 0}
-	newSession := func() (*session[int], []*entry) {
-		ss := &session[int]{s: &Source[int]{}, parts: map[TopicPartition]*part{}, changed: make(chan struct{}), kick: make(chan struct{}, 1)}
-		p := newPart(tp)
-		ss.parts[tp] = p
-		var es []*entry
-		for o := int64(10); o < 15; o++ {
-			es = append(es, p.add(&kgo.Record{Topic: tp.Topic, Partition: tp.Partition, Offset: o}))
-		}
-		ss.held = len(es)
-		return ss, es
-	}
+	newSession := func() (*session[int], []*entry) { return pendingSession(tp, 10, 15) }
 	recs := func(offsets ...int64) []txnRecord {
 		var rs []txnRecord
 		for _, o := range offsets {
