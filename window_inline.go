@@ -207,24 +207,14 @@ func (s *inlineSender[T, K, V]) drop() {
 // gets the error. A runtime.Goexit is counted the same and goes on.
 func (w *windower[T, K, V]) foldRun(k int, vals []T) (err error) {
 	returned := false
-	defer func() {
-		if returned {
-			return
-		}
-		v := recover()
+	defer guard(&returned, func(perr error) {
 		w.t.discarded += int64(w.rest())
 		w.commit()
 		s := w.stats
 		s.failed.add(s.received.load() - s.succeeded.load() - s.deadLettered.load() - s.failed.load() - s.discarded.load())
 		w.publish()
-		e := &StageError{Stage: w.name, Err: ErrGoexit}
-		if v != nil {
-			e.Err = newPanicError(v)
-		}
-		w.broken = e
-		w.r.fail(e)
-		err = e // a Goexit goes on unwinding
-	}()
+		err = w.fail(perr) // a Goexit goes on unwinding
+	})
 	w.k, w.j = k, 0
 	w.stats.received.add(int64(k))
 	if w.fast && vals != nil {
@@ -243,6 +233,15 @@ func (w *windower[T, K, V]) foldRun(k int, vals []T) (err error) {
 	return err
 }
 
+// fail stops the stage and the run with err, a panic or Goexit of user code that
+// guard caught in the producer's goroutine, under the stage's name.
+func (w *windower[T, K, V]) fail(err error) error {
+	e := &StageError{Stage: w.name, Err: err}
+	w.broken = e
+	w.r.fail(e)
+	return e
+}
+
 // inlineFinish ends the stage's input: it fires every window left and ends its
 // consumer's input, unless the stage failed.
 func (w *windower[T, K, V]) inlineFinish() {
@@ -256,21 +255,12 @@ func (w *windower[T, K, V]) inlineFinish() {
 		w.track.s = &w.out
 	}
 	returned := false
-	defer func() {
-		if returned {
-			return
-		}
-		v := recover()
+	defer guard(&returned, func(perr error) {
 		w.commit()
 		w.publish()
 		w.out.drop()
-		e := &StageError{Stage: w.name, Err: ErrGoexit}
-		if v != nil {
-			e.Err = newPanicError(v)
-		}
-		w.broken = e
-		w.r.fail(e)
-	}()
+		w.fail(perr)
+	})
 	err := w.finish()
 	w.commit()
 	returned = true

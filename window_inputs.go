@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"time"
@@ -76,7 +77,7 @@ func (it *inputTimes[T]) idle(now time.Time, d time.Duration) {
 		switch {
 		case it.touched[i] || it.seen[i].IsZero(): // an item in the last run, or the first run
 			it.touched[i] = false
-			it.seen[i] = cmpOrTime(it.runAt, now)
+			it.seen[i] = cmp.Or(it.runAt, now) // the run it arrived in; now for the first
 		case !it.out[i] && now.Sub(it.seen[i]) >= d:
 			it.out[i], changed = true, true
 		}
@@ -85,12 +86,4 @@ func (it *inputTimes[T]) idle(now time.Time, d time.Duration) {
 	if changed {
 		it.least = it.leastNow()
 	}
-}
-
-// cmpOrTime is a unless it is zero, else b.
-func cmpOrTime(a, b time.Time) time.Time {
-	if a.IsZero() {
-		return b
-	}
-	return a
 }
