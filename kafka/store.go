@@ -170,7 +170,7 @@ func (ss *session[T]) storeProspect(from []Origin) (offs []StoreOffset, keep []b
 	kept = make([]*entry, 0, len(from))
 	touched := map[*part]bool{}
 	done := func(e *entry) bool { return e.state == settled || e.inTxn || ss.txnDone[e] }
-	prefix := map[*part]int{} // per part: how many of its first entries are done
+	ord := inOrder{}
 	var (
 		p    *part // of lastTP: a batch holds runs of one partition's records
 		last TopicPartition
@@ -190,14 +190,8 @@ func (ss *session[T]) storeProspect(from []Origin) (offs []StoreOffset, keep []b
 		if e.state != inPipeline || e.inTxn || ss.txnDone[e] {
 			continue
 		}
-		n := prefix[p]
-		for n < len(p.pending) && done(p.pending[n]) {
-			n++
-		}
-		prefix[p] = n
-		if j > n { // past a record neither settled nor written: its offset could not be stored
-			e.heldBack = true
-			ss.s.outOfOrder.Add(1)
+		if ord.past(p, j, done) { // past a record neither settled nor written: its offset could not be stored
+			ss.holdBack(e)
 			continue
 		}
 		keep[i] = true
@@ -226,6 +220,30 @@ func (ss *session[T]) storeProspect(from []Origin) (offs []StoreOffset, keep []b
 	}
 	sortOffsets(offs)
 	return offs, keep, parts, marks, kept
+}
+
+// inOrder is, per partition, how many of its first pending records are done (settled,
+// or in a transaction), as a transaction's prospect extends it record by record.
+type inOrder map[*part]int
+
+// past reports whether p.pending[j] comes past a record of p that is not done: a
+// transaction cannot move p's offset past that one, so whoever redoes p from there
+// would output this record again.
+func (o inOrder) past(p *part, j int, done func(*entry) bool) bool {
+	n := o[p]
+	for n < len(p.pending) && done(p.pending[n]) {
+		n++
+	}
+	o[p] = n
+	return j > n
+}
+
+// holdBack marks e held back by a transaction's prospect (counted in
+// Stats.OutOfOrder): if its own message settles it unwritten, it is emitted again
+// (unproduced). ss.mu must be held.
+func (ss *session[T]) holdBack(e *entry) {
+	e.heldBack = true
+	ss.s.outOfOrder.Add(1)
 }
 
 // index returns the index in pending of the record at offset, -1 if none is. Offsets

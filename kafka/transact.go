@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -229,35 +228,21 @@ func (ss *session[T]) prospect(recs []txnRecord) (offs map[string]map[int32]kgo.
 	defer ss.mu.Unlock()
 	inTxn = map[*entry]bool{}
 	done := func(e *entry) bool { return e.state == settled || inTxn[e] || ss.txnDone[e] }
-	prefix := map[*part]int{} // per part: how many of its first entries are done
+	ord := inOrder{}
 	for _, r := range recs {
 		p := ss.parts[r.from]
 		if p == nil || !p.live || p.revoking {
 			continue
 		}
-		i, ok := slices.BinarySearchFunc(p.pending, r.offset, func(e *entry, off int64) int {
-			switch {
-			case e.offset < off:
-				return -1
-			case e.offset > off:
-				return 1
-			}
-			return 0
-		})
+		i := p.index(r.offset)
 		// A message names its record by partition and offset only: after a rewind, a
 		// stale one (of the assignment before) names the same record as its replay,
 		// and whichever comes first is that record's output; the other is not produced.
-		if !ok || p.pending[i].state != inPipeline || inTxn[p.pending[i]] || ss.txnDone[p.pending[i]] {
+		if i < 0 || p.pending[i].state != inPipeline || inTxn[p.pending[i]] || ss.txnDone[p.pending[i]] {
 			continue
 		}
-		n := prefix[p]
-		for n < len(p.pending) && done(p.pending[n]) {
-			n++
-		}
-		prefix[p] = n
-		if i > n { // past a record neither settled nor produced
-			p.pending[i].heldBack = true
-			ss.s.outOfOrder.Add(1)
+		if ord.past(p, i, done) { // past a record neither settled nor produced
+			ss.holdBack(p.pending[i])
 			continue
 		}
 		inTxn[p.pending[i]] = true
