@@ -26,6 +26,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -133,7 +134,9 @@ func run(url, table string, records, kills int) error {
 			return err
 		}
 	}
-	if _, err := pool.Exec(ctx, "DELETE FROM kafkapg_offsets WHERE job = $1", table); err != nil && !strings.Contains(err.Error(), "does not exist") {
+	var pe *pgconn.PgError
+	if _, err := pool.Exec(ctx, "DELETE FROM "+kafkapg.Table+" WHERE job = $1", table); err != nil &&
+		(!errors.As(err, &pe) || pe.Code != "42P01") { // undefined_table: no claim was ever made here
 		return err
 	}
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topic), kfake.GroupMinSessionTimeout(100*time.Millisecond))
