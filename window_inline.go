@@ -213,7 +213,8 @@ func (w *windower[T, K, V]) foldRun(k int, vals []T) (err error) {
 		s := w.stats
 		s.failed.add(s.received.load() - s.succeeded.load() - s.deadLettered.load() - s.failed.load() - s.discarded.load())
 		w.publish()
-		err = w.fail(perr) // a Goexit goes on unwinding
+		w.fail(perr)
+		err = w.broken // a Goexit goes on unwinding
 	})
 	w.k, w.j = k, 0
 	w.stats.received.add(int64(k))
@@ -235,11 +236,10 @@ func (w *windower[T, K, V]) foldRun(k int, vals []T) (err error) {
 
 // fail stops the stage and the run with err, a panic or Goexit of user code that
 // guard caught in the producer's goroutine, under the stage's name.
-func (w *windower[T, K, V]) fail(err error) error {
+func (w *windower[T, K, V]) fail(err error) {
 	e := &StageError{Stage: w.name, Err: err}
 	w.broken = e
 	w.r.fail(e)
-	return e
 }
 
 // inlineFinish ends the stage's input: it fires every window left and ends its
