@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/gopipeline/pipeline/internal/scenario"
 )
@@ -167,3 +169,84 @@ func eventually(t *testing.T, limit time.Duration, what string, cond func() bool
 func itoa32(i int32) string { return strconv.FormatInt(int64(i), 10) }
 
 func itoa64(i int64) string { return strconv.FormatInt(i, 10) }
+
+// stablePerPartition makes c answer a group's offset fetches as Kafka does (KIP-447):
+// UNSTABLE_OFFSET_COMMIT only for the partitions that an open transaction holds
+// offsets of. kfake answers it for every partition of the group while any
+// transaction holds offsets of any of them, so with several transactional members
+// a newly assigned partition waits for a moment when no member is between its
+// TxnOffsetCommit and its EndTxn; the client retries each second, and under load a
+// retry can keep landing in another member's transaction (seen once in CI: a member
+// waited a minute). A fetch that asks for no partition held by an open transaction is
+// passed on without RequireStable. A transaction is open from its TxnOffsetCommit
+// until its EndTxn, or until its transactional id is initialised again (which aborts
+// it); one kfake aborts on its own timeout stays held here, which only leaves kfake's
+// own answer in place. Partitions are told apart by number only (newer requests name
+// topics by ID), which can only leave more of kfake's answers in place. Tests whose
+// EndTxn may be dropped must not use it.
+func stablePerPartition(c *kfake.Cluster) {
+	type txn struct {
+		pid   int64
+		epoch int16
+		parts map[string]map[int32]bool // group → partitions (of any topic: newer versions name topics by ID only)
+	}
+	var mu sync.Mutex
+	open := map[string]*txn{} // by transactional id
+	observe := func(key kmsg.Key, fn func(kmsg.Request)) {
+		c.ControlKey(int16(key), func(req kmsg.Request) (kmsg.Response, error, bool) {
+			c.KeepControl()
+			mu.Lock()
+			defer mu.Unlock()
+			fn(req)
+			return nil, nil, false
+		})
+	}
+	observe(kmsg.InitProducerID, func(req kmsg.Request) {
+		if id := req.(*kmsg.InitProducerIDRequest).TransactionalID; id != nil {
+			delete(open, *id)
+		}
+	})
+	observe(kmsg.TxnOffsetCommit, func(req kmsg.Request) {
+		r := req.(*kmsg.TxnOffsetCommitRequest)
+		x := open[r.TransactionalID]
+		if x == nil || x.pid != r.ProducerID || x.epoch != r.ProducerEpoch {
+			x = &txn{pid: r.ProducerID, epoch: r.ProducerEpoch, parts: map[string]map[int32]bool{}}
+			open[r.TransactionalID] = x
+		}
+		for _, t := range r.Topics {
+			for _, p := range t.Partitions {
+				if x.parts[r.Group] == nil {
+					x.parts[r.Group] = map[int32]bool{}
+				}
+				x.parts[r.Group][p.Partition] = true
+			}
+		}
+	})
+	observe(kmsg.EndTxn, func(req kmsg.Request) {
+		r := req.(*kmsg.EndTxnRequest)
+		if x := open[r.TransactionalID]; x != nil && x.pid == r.ProducerID && x.epoch == r.ProducerEpoch {
+			delete(open, r.TransactionalID)
+		}
+	})
+	observe(kmsg.OffsetFetch, func(req kmsg.Request) {
+		r := req.(*kmsg.OffsetFetchRequest)
+		if !r.RequireStable {
+			return
+		}
+		for _, g := range r.Groups {
+			if g.Topics == nil {
+				return // every partition of the group: leave it to kfake
+			}
+			for _, t := range g.Topics {
+				for _, x := range open {
+					for _, p := range t.Partitions {
+						if x.parts[g.Group][p] {
+							return
+						}
+					}
+				}
+			}
+		}
+		r.RequireStable = false
+	})
+}

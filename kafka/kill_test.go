@@ -151,6 +151,7 @@ func TestSIGKILLedMembersOutputEveryRecord(t *testing.T) {
 	n := 10_000 // at least 20,000 in the end: the trickle adds more
 	ctx := t.Context()
 	c := newCluster(t)
+	stablePerPartition(c)
 	producer := newIDProducer(t, c)
 	produceIDsWith(ctx, t, producer, inTopic, 0, n)
 	brokers := strings.Join(c.ListenAddrs(), ",")

@@ -113,6 +113,7 @@ func TestTransactSinkOutputsEachRecordOnceAcrossCrashAndRebalances(t *testing.T)
 	const n = 6000
 	ctx := t.Context()
 	c := newCluster(t)
+	stablePerPartition(c)
 	produceIDs(ctx, t, c, inTopic, n)
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
@@ -227,6 +228,7 @@ func TestTransactSinkOutputsEachRecordOnceAcrossRepeatedCrashes(t *testing.T) {
 	n := 6000
 	ctx := t.Context()
 	c := newCluster(t)
+	stablePerPartition(c)
 	producer := newIDProducer(t, c)
 	produceIDsWith(ctx, t, producer, inTopic, 0, n)
 	rctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
@@ -237,6 +239,13 @@ func TestTransactSinkOutputsEachRecordOnceAcrossRepeatedCrashes(t *testing.T) {
 	for i, id := range ids {
 		members[i] = startTxnMember(rctx, c, "churn", id, short)
 	}
+	t.Cleanup(func() {
+		if t.Failed() { // what each member held when the test gave up
+			for i, m := range members {
+				t.Logf("member %s: %+v", ids[i], m.src.Stats())
+			}
+		}
+	})
 	var stats []kafka.Stats
 	for k := range rounds {
 		i := k % len(ids)
