@@ -67,10 +67,18 @@ func TestWithLagPutsThePartitionsOnTheSourceRow(t *testing.T) {
 	}{
 		{"nil", nil, nil, 0},
 		{"empty", []pipeline.PartitionLag{}, []pipeline.PartitionLag{}, 0},
-		{"in the source's order", []pipeline.PartitionLag{{"t/10", 5}, {"t/2", 7}, {"t/1", 0}},
-			[]pipeline.PartitionLag{{"t/10", 5}, {"t/2", 7}, {"t/1", 0}}, 12},
-		{"a label twice added up", []pipeline.PartitionLag{{"a", 1}, {"b", 2}, {"a", 3}},
-			[]pipeline.PartitionLag{{"a", 4}, {"b", 2}}, 6},
+		{
+			"in the source's order",
+			[]pipeline.PartitionLag{{"t/10", 5}, {"t/2", 7}, {"t/1", 0}},
+			[]pipeline.PartitionLag{{"t/10", 5}, {"t/2", 7}, {"t/1", 0}},
+			12,
+		},
+		{
+			"a label twice added up",
+			[]pipeline.PartitionLag{{"a", 1}, {"b", 2}, {"a", 3}},
+			[]pipeline.PartitionLag{{"a", 4}, {"b", 2}},
+			6,
+		},
 		{"many labels, each twice", many, manyWant, 40},
 	}
 	for _, tt := range tests {
@@ -140,15 +148,26 @@ func TestReportShowsTheSourcesLag(t *testing.T) {
 		progress  string // the start of Line
 		noLagLine bool
 	}{
-		{"three partitions", []pipeline.PartitionLag{{"orders/0", 600}, {"orders/1", 634}, {"orders/2", 0}},
-			"source kafka: lag 1234 on 3 partitions: orders/0 600, orders/1 634, orders/2 0\n", "kafka lag=1234 | ", false},
-		{"one partition", []pipeline.PartitionLag{{"file", 7}},
-			"source kafka: lag 7 on 1 partition: file 7\n", "kafka lag=7 | ", false},
-		{"none held", []pipeline.PartitionLag{},
-			"source kafka: lag 0 on 0 partitions\n", "kafka lag=0 | ", false},
-		{"twelve: the furthest behind", twelve,
+		{
+			"three partitions",
+			[]pipeline.PartitionLag{{"orders/0", 600}, {"orders/1", 634}, {"orders/2", 0}},
+			"source kafka: lag 1234 on 3 partitions: orders/0 600, orders/1 634, orders/2 0\n", "kafka lag=1234 | ", false,
+		},
+		{
+			"one partition",
+			[]pipeline.PartitionLag{{"file", 7}},
+			"source kafka: lag 7 on 1 partition: file 7\n", "kafka lag=7 | ", false,
+		},
+		{
+			"none held",
+			[]pipeline.PartitionLag{},
+			"source kafka: lag 0 on 0 partitions\n", "kafka lag=0 | ", false,
+		},
+		{
+			"twelve: the furthest behind", twelve,
 			"source kafka: lag 21 on 12 partitions, furthest behind: orders/4 4, orders/9 4, orders/3 3, orders/8 3, orders/2 2, orders/7 2\n",
-			"kafka lag=21 | ", false},
+			"kafka lag=21 | ", false,
+		},
 		{"not known", nil, "", "sink ", true},
 	}
 	for _, tt := range tests {

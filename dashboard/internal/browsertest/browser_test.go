@@ -370,8 +370,10 @@ func TestBrowserSourceLag(t *testing.T) {
 		require.NoError(t, err, "the page did not show a lag of %s", want)
 		return got
 	}
-	assert.Equal(t, shown{Cell: "105", Title: "orders/0 5 · orders/1 100", Node: "lag 105 · 2 partitions",
-		Parts: []string{"orders/0 5", "orders/1 100"}}, poll("105"))
+	assert.Equal(t, shown{
+		Cell: "105", Title: "orders/0 5 · orders/1 100", Node: "lag 105 · 2 partitions",
+		Parts: []string{"orders/0 5", "orders/1 100"},
+	}, poll("105"))
 	header, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](
 		`Array.from(document.querySelectorAll('`+section+` table.stages thead th'), th => th.textContent)`))
 	require.NoError(t, err)
@@ -382,6 +384,8 @@ func TestBrowserSourceLag(t *testing.T) {
 	assert.Empty(t, empty, "a sink has no lag")
 
 	behind.Store(1995) // the page follows
-	assert.Equal(t, shown{Cell: "2,000", Title: "orders/0 5 · orders/1 1,995", Node: "lag 2,000 · 2 partitions",
-		Parts: []string{"orders/0 5", "orders/1 1,995"}}, poll("2,000"))
+	assert.Equal(t, shown{
+		Cell: "2,000", Title: "orders/0 5 · orders/1 1,995", Node: "lag 2,000 · 2 partitions",
+		Parts: []string{"orders/0 5", "orders/1 1,995"},
+	}, poll("2,000"))
 }
