@@ -62,7 +62,7 @@ type Settlement struct {
 }
 
 // AckOption configures an acknowledged source: [FromAcked]. The options:
-// [WithMaxPending] and [WithName].
+// [WithMaxPending], [WithLag] and [WithName].
 type AckOption interface{ ackOption(*config) }
 
 type ackOpt func(*config)
@@ -108,6 +108,8 @@ type ackCfg struct {
 	source any    // the *Stream
 	name   string // its row
 	max    int    // WithMaxPending, 0 for the default
+
+	lag func() []PartitionLag // WithLag (lag.go), nil without
 }
 
 // FromAcked returns an acknowledged source: a source whose items carry a settle
@@ -135,7 +137,8 @@ type ackCfg struct {
 // per settled item and one more after each callback, and a map entry per unsettled
 // item. Runs without a tracked source pay nothing for it. A pipeline has at most one
 // tracked source, acknowledged or checkpointed: FromAcked panics on a second one.
-// Options: [WithMaxPending] and [WithName] (the source's row, "FromAcked" by default).
+// Options: [WithMaxPending], [WithLag] (its backlog per partition, in the report) and
+// [WithName] (the source's row, "FromAcked" by default).
 func FromAcked[T any](p *Pipeline, fn func(ctx context.Context, emit func(v T, settle func(Settlement)) error) error, opts ...AckOption) *Stream[T] {
 	if p == nil {
 		panic("pipeline: FromAcked: nil *Pipeline")
@@ -149,10 +152,11 @@ func FromAcked[T any](p *Pipeline, fn func(ctx context.Context, emit func(v T, s
 	cfg := configure("FromAcked", opts, AckOption.ackOption)
 	name := p.rowName(cfg.name, "FromAcked")
 	s := newStream[T](p, "source "+name)
-	p.ack = &ackCfg{source: s, name: name, max: cfg.maxRedo}
+	p.ack = &ackCfg{source: s, name: name, max: cfg.maxRedo, lag: cfg.lag}
 	s.open = func(r *run, c into[T]) []*row {
 		out, done := c.out, c.done
 		rw := r.newRow(name, KindSource, 1, 0, nil)
+		rw.lag = r.p.ack.lag
 		r.addRow(rw)
 		st := &rw.workers[0]
 		var pos uint64

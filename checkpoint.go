@@ -213,7 +213,7 @@ func FromCheckpoint[T any](p *Pipeline, store CheckpointStore, from func(ctx con
 	if cfg.maxRedo != 0 && cfg.maxRedo <= cfg.saveEvery {
 		panic(fmt.Sprintf("pipeline: FromCheckpoint: WithMaxRedo(%d) must be more than the save count %d", cfg.maxRedo, cfg.saveEvery))
 	}
-	p.ck = &checkpointCfg{store: store, every: cfg.saveEvery, interval: cfg.saveInterval, maxRedo: cfg.maxRedo, source: s}
+	p.ck = &checkpointCfg{store: store, every: cfg.saveEvery, interval: cfg.saveInterval, maxRedo: cfg.maxRedo, source: s, lag: cfg.lag}
 	start = func() int64 { return p.ck.loaded }
 	return s
 }
@@ -223,8 +223,9 @@ type checkpointCfg struct {
 	every    int
 	interval time.Duration
 	maxRedo  int
-	source   any   // the *Stream of the checkpointed source
-	loaded   int64 // the position loaded for the current run
+	source   any                   // the *Stream of the checkpointed source
+	lag      func() []PartitionLag // WithLag (lag.go), nil without
+	loaded   int64                 // the position loaded for the current run
 }
 
 // checkpointTracker is a checkpointed run's [tracker]: the watermark over the source's

@@ -92,12 +92,13 @@
 //
 // Everything optional is an option value, and each scope has its own option type:
 // [PipelineOption] for [New], [StageOption] for a stage, [BatchOption], [SourceOption],
-// [CheckpointOption], [FilterOption], [CollectOption], [ReplayOption],
+// [CheckpointOption], [AckOption], [FilterOption], [CollectOption], [ReplayOption],
 // [DeadLetterFileOption] and [ReadOption]. An option given where it means nothing does
 // not compile. An option that fits several scopes returns a concrete type implementing
 // each of them: [WithBuffer] (a pipeline's default, a stage's, a batch's, the end read by
 // [Collect]), [WithName] (the rows that have no name argument: sources, [Batch],
 // [Filter], [Collect] and [All]), [WithTotal] (a source's and [FromCheckpoint]'s),
+// [WithLag] ([FromAcked]'s and [FromCheckpoint]'s),
 // [WithClassifier] and [WithErrorBudget] (a pipeline's
 // default, or a stage's own), and [WithCodec]. A nil option panics.
 //

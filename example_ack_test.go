@@ -188,3 +188,58 @@ func ExampleSettlement() {
 	// Output:
 	// dead-lettered store item 1 rejected
 }
+
+// This example shows an acknowledged source that reports its backlog per partition
+// with WithLag: here the messages of each partition not committed yet. A Snapshot
+// taken while the first message is in the sink shows every message behind; the final
+// report, none.
+func ExampleWithLag() {
+	var mu sync.Mutex
+	partitions := []string{"orders/0", "orders/1"}
+	behind := map[string]int64{"orders/0": 2, "orders/1": 1} // not committed yet
+	lag := func() []pipeline.PartitionLag {
+		mu.Lock()
+		defer mu.Unlock()
+		out := make([]pipeline.PartitionLag, 0, len(partitions))
+		for _, part := range partitions {
+			out = append(out, pipeline.PartitionLag{Partition: part, Lag: behind[part]})
+		}
+		return out
+	}
+	p := pipeline.New()
+	msgs := pipeline.FromAcked(p, func(_ context.Context, emit func(string, func(pipeline.Settlement)) error) error {
+		for _, part := range []string{"orders/0", "orders/1", "orders/0"} {
+			err := emit(part, func(s pipeline.Settlement) {
+				if s.Outcome == pipeline.Committed {
+					mu.Lock()
+					behind[part]--
+					mu.Unlock()
+				}
+			})
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	}, pipeline.WithName("orders"), pipeline.WithLag(lag))
+	first := true
+	pipeline.To(msgs, pipeline.NewSink("store", 1, func(context.Context, string) error {
+		if first { // one worker: no other call runs meanwhile
+			first = false
+			src, _ := p.Snapshot().Stage("orders")
+			fmt.Println("while running:", src.Lag, "total", src.TotalLag())
+		}
+		return nil
+	}))
+	if err := p.Run(context.Background()); err != nil {
+		fmt.Println(err)
+	}
+	for line := range strings.Lines(p.Report().String()) {
+		if strings.HasPrefix(line, "source ") {
+			fmt.Print(line)
+		}
+	}
+	// Output:
+	// while running: [{orders/0 2} {orders/1 1}] total 3
+	// source orders: lag 0 on 2 partitions: orders/0 0, orders/1 0
+}

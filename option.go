@@ -33,7 +33,8 @@ type BatchOption interface{ batchOption(*config) }
 type SourceOption interface{ sourceOption(*config) }
 
 // CheckpointOption configures a checkpointed source: [FromCheckpoint]. The options:
-// [WithSaveEvery], [WithSaveInterval], [WithMaxRedo], [WithTotal] and [WithName].
+// [WithSaveEvery], [WithSaveInterval], [WithMaxRedo], [WithTotal], [WithLag] and
+// [WithName].
 type CheckpointOption interface{ checkpointOption(*config) }
 
 // FilterOption configures [Filter]. The option: [WithName].
@@ -76,9 +77,10 @@ type config struct {
 	saveInterval time.Duration
 	codec        any // Codec[T], checked by its user
 	syncEvery    int
-	handBack     bool         // WithHandBack (ack.go)
-	total        int64        // WithTotal: the items a source declares it holds, 0 if not declared
-	client       clientConfig // rate limits, circuit breaker, adaptive workers (client.go)
+	handBack     bool                  // WithHandBack (ack.go)
+	total        int64                 // WithTotal: the items a source declares it holds, 0 if not declared
+	lag          func() []PartitionLag // WithLag (lag.go): a tracked source's backlog per partition
+	client       clientConfig          // rate limits, circuit breaker, adaptive workers (client.go)
 }
 
 func (c *config) bufferOr(d int) int {

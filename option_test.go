@@ -47,6 +47,11 @@ var misplaced = []struct{ code, want string }{
 	{`pipeline.OpenDeadLetterFile[int]("f", pipeline.WithName("x"))`, "DeadLetterFileOption"},
 	{`pipeline.Replay[int](p, "f", "", pipeline.WithSyncEvery(3))`, "ReplayOption"},
 	{`pipeline.ReadDeadLetters[int]("f", pipeline.WithSyncEvery(3))`, "ReadOption"},
+	{`pipeline.FromSlice(p, []int{1}, pipeline.WithLag(lag))`, "SourceOption"},
+	{`pipeline.Generate(p, gen, pipeline.WithLag(lag))`, "SourceOption"},
+	{`pipeline.NewStage("s", 1, fn, pipeline.WithLag(lag))`, "StageOption"},
+	{`pipeline.New(pipeline.WithLag(lag))`, "PipelineOption"},
+	{`pipeline.FromAcked(p, acked, pipeline.WithTotal(3))`, "AckOption"},
 }
 
 // placed are the same options where they belong: they must compile.
@@ -64,6 +69,8 @@ const placed = `
 	pipeline.OpenDeadLetterFile[int]("f", pipeline.WithCodec[int](pipeline.JSONCodec[int]{}), pipeline.WithSyncEvery(3))
 	pipeline.Replay[int](p, "f", "", pipeline.WithCodec[int](pipeline.JSONCodec[int]{}), pipeline.WithName("r"))
 	pipeline.ReadDeadLetters[int]("f", pipeline.WithCodec[int](pipeline.JSONCodec[int]{}))
+	pipeline.FromAcked(pipeline.New(), acked, pipeline.WithLag(lag), pipeline.WithMaxPending(3), pipeline.WithName("a"))
+	pipeline.FromCheckpoint(pipeline.New(), store, from, pipeline.WithLag(lag))
 `
 
 const optPrelude = `package optcheck
@@ -87,6 +94,9 @@ var (
 	keep     = func(int) bool { return true }
 	classify = func(error) pipeline.Class { return pipeline.ClassItem }
 	budget   = pipeline.Budget{MaxRatio: 0.5, MinSample: 1}
+	lag      = func() []pipeline.PartitionLag { return nil }
+	gen      = func(context.Context, func(int) error) error { return nil }
+	acked    = func(context.Context, func(int, func(pipeline.Settlement)) error) error { return nil }
 )
 
 func use() {
@@ -124,7 +134,7 @@ func TestMisplacedOptionsDoNotCompile(t *testing.T) {
 	for _, m := range misplaced {
 		body.WriteString("\t_ = " + m.code + "\n")
 	}
-	body.WriteString("\t_ = []any{ctx, src, store, from, fn, sink, keep}\n")
+	body.WriteString("\t_ = []any{ctx, src, store, from, fn, sink, keep, lag, gen, acked}\n")
 	out, err = build("misplaced", body.String())
 	require.Error(t, err, "misplaced options compiled")
 	lineRe := regexp.MustCompile(`x?\.go:(\d+):\d+: (.*)`)

@@ -72,9 +72,10 @@ type row struct {
 	kind     Kind
 	capacity int
 	q        queueLen
-	given    int64         // items a source holds, -1 when unknown
-	declared int64         // items a source declared it holds (WithTotal), 0 when not
-	resumed  *atomic.Int64 // the checkpointed source: positions before its start, and those it skipped as committed
+	given    int64                 // items a source holds, -1 when unknown
+	declared int64                 // items a source declared it holds (WithTotal), 0 when not
+	resumed  *atomic.Int64         // the checkpointed source: positions before its start, and those it skipped as committed
+	lag      func() []PartitionLag // a tracked source's WithLag (lag.go), nil without
 	workers  []workerStats
 	held     func() int64   // ordered stages: items finished but still in the window
 	flushes  *flushCounters // batches: flush reasons
@@ -295,6 +296,12 @@ type StageReport struct {
 	// skipped. They are not in In or Out; they count as done in the run's progress.
 	Resumed int64
 
+	// Lag is, for an acknowledged or checkpointed source with [WithLag], its backlog
+	// per partition when the report was made, in the order the source gave: the items
+	// a broker holds for it not consumed yet. nil for other rows, and when the source
+	// knows nothing (yet, or any more); [StageReport.TotalLag] sums it.
+	Lag []PartitionLag
+
 	Errors []ErrorCount // errors by type and outcome
 
 	Causes []Cause // dead letters grouped by cause, most common first
@@ -378,8 +385,9 @@ func sortCauses(m map[causeKey]int64) []Cause {
 
 // String formats the report as a compact table, one line per row (in: items that
 // reached it; ok: finished; out: sent on; dropped: filtered out; queue: peak/capacity),
-// then each batch's flushes by reason, each window stage's state, the run's error and the main causes of dead
-// letters.
+// then each batch's flushes by reason, each window stage's state, each source's lag
+// ([WithLag]: its total, and the partitions furthest behind), the run's error and the
+// main causes of dead letters.
 func (r Report) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%-16s %-6s %4s %9s %9s %9s %8s %8s %8s %8s %8s %11s\n",
@@ -406,6 +414,9 @@ func (r Report) String() string {
 		if w := s.Windows; w != nil {
 			b.WriteString(w.line(s.Name, s.Out)) // window.go
 		}
+	}
+	for _, s := range r.Stages {
+		b.WriteString(s.lagLine()) // lag.go: a source's backlog (WithLag)
 	}
 	for _, s := range r.Stages {
 		if s.SetAside > 0 {
@@ -468,6 +479,9 @@ func (r *run) report(err error, final bool) Report {
 			}
 			if rw.resumed != nil {
 				s.Resumed = rw.resumed.Load()
+			}
+			if rw.lag != nil {
+				s.Lag = readLag(rw.lag) // lag.go
 			}
 			if final {
 				s.Failed = received - discarded - s.Succeeded // an inline operator after it panicked

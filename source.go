@@ -191,6 +191,7 @@ func newSourceNamed[T any](p *Pipeline, ctor, given string, n *int64, total int6
 			pos, bound = uint64(r.p.ck.loaded), 0 // admit the first item
 			rw.resumed = &atomic.Int64{}
 			rw.resumed.Store(int64(pos))
+			rw.lag = r.p.ck.lag
 		}
 		r.addRow(rw) // complete: a report may read it from now on
 		var snd sender[T]

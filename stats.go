@@ -371,15 +371,23 @@ func (b Bottleneck) String() string {
 	return sb.String()
 }
 
-// Line formats the report on one line, for progress output: per stage, its recent rate,
+// Line formats the report on one line, for progress output: first the lag of a source
+// with [WithLag] (its total), then per stage, its recent rate,
 // queue length and busy workers, the age of its oldest attempt when it is past the
 // stage's timeout ([StageReport.OldestAttempt]), then the number of items set aside or failed so far,
 // its breaker's state and adaptive limit when it has them, and its retries so far:
 //
 //	fetch 781/s q=100/100 busy=16/16 | write 781/s q=2/100 busy=1/4
+//	orders lag=1200 | parse 781/s q=100/100 busy=4/4 | write 781/s q=2/100 busy=1/4
 func (r Report) Line() string {
 	var b strings.Builder
 	for _, s := range r.Stages {
+		if s.Kind == KindSource && s.Lag != nil {
+			if b.Len() > 0 {
+				b.WriteString(" | ")
+			}
+			fmt.Fprintf(&b, "%s lag=%d", s.Name, s.TotalLag())
+		}
 		if s.Kind == KindSource || s.Kind == KindFilter {
 			continue
 		}

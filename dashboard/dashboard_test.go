@@ -442,6 +442,7 @@ func TestSchemaDocumented(t *testing.T) {
 	c.rep.Stages[1].OldestAttempt = time.Second
 	c.rep.Stages[1].Breaker = &pipeline.BreakerReport{State: pipeline.BreakerOpen, Transitions: []pipeline.BreakerTransition{{To: pipeline.BreakerOpen}}, PerKey: true, Holding: 1, KeysOpen: 1}
 	c.rep.Stages[0].Resumed = 2 // a resumed checkpointed run
+	c.rep.Stages[0].Lag = []pipeline.PartitionLag{{Partition: "orders/0", Lag: 3}}
 	c.rep.Stages = append(c.rep.Stages, pipeline.StageReport{
 		Name: "w", Kind: pipeline.KindWindow, Workers: 1, QueueCap: 4,
 		Windows: &pipeline.WindowReport{Open: 1, Watermark: time.Now(), Lag: time.Second},
@@ -510,6 +511,93 @@ func TestRowStats(t *testing.T) {
 
 	h.add("p", c.snapshot) // replaced: without counters
 	assert.NotContains(t, body(t, get(t, h, "GET", "/")), "connector counters")
+}
+
+// TestSourceLag: a source's lag (pipeline.WithLag) shows on its node, in a lag column
+// of the stages table (its total, by partition in the tooltip), in a table by
+// partition and in data.json; a pipeline whose sources report none has neither the
+// column nor the table, and a source that holds no partition shows a lag of 0.
+func TestSourceLag(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name     string
+		lag      []pipeline.PartitionLag
+		node     string   // the source node's line
+		cell     string   // the source's cell in the stages table
+		rows     []string // the rows of the table by partition
+		json     string   // the source's "lag" in data.json, "" when absent
+		noColumn bool
+	}{
+		{
+			name: "three partitions",
+			lag:  []pipeline.PartitionLag{{Partition: "orders/0", Lag: 600}, {Partition: "orders/1", Lag: 634}, {Partition: "orders/10", Lag: 1000}},
+			node: ">lag 2,234 · 3 partitions</text>",
+			cell: `<td data-field="lag" title="orders/0 600 · orders/1 634 · orders/10 1,000">2,234</td></tr>`,
+			rows: []string{
+				`<tr data-stage="FromSlice"><td class="l">FromSlice</td><td class="l">orders/0</td><td data-field="lag">600</td></tr>`,
+				`<tr data-stage="FromSlice"><td class="l">FromSlice</td><td class="l">orders/1</td><td data-field="lag">634</td></tr>`,
+				`<tr data-stage="FromSlice"><td class="l">FromSlice</td><td class="l">orders/10</td><td data-field="lag">1,000</td></tr>`,
+			},
+			json: `{"total":2234,"partitions":[{"partition":"orders/0","lag":600},{"partition":"orders/1","lag":634},{"partition":"orders/10","lag":1000}]}`,
+		},
+		{
+			name: "one partition",
+			lag:  []pipeline.PartitionLag{{Partition: "file", Lag: 7}},
+			node: ">lag 7 · 1 partition</text>",
+			cell: `<td data-field="lag" title="file 7">7</td></tr>`,
+			rows: []string{`<tr data-stage="FromSlice"><td class="l">FromSlice</td><td class="l">file</td><td data-field="lag">7</td></tr>`},
+			json: `{"total":7,"partitions":[{"partition":"file","lag":7}]}`,
+		},
+		{
+			name: "none held",
+			lag:  []pipeline.PartitionLag{},
+			node: ">lag 0 · 0 partitions</text>",
+			cell: `<td data-field="lag" title="">0</td></tr>`,
+			json: `{"total":0,"partitions":[]}`,
+		},
+		{name: "not reported", noColumn: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			c := newCounter()
+			c.rep.Stages[0].Lag = tt.lag
+			h := newHandler(t, WithHistory(0))
+			h.add("p", c.snapshot)
+			page := body(t, get(t, h, "GET", "/"))
+			var d struct {
+				Pipelines []struct {
+					Stages []struct {
+						Name string
+						Lag  json.RawMessage
+					}
+				}
+			}
+			require.NoError(t, json.Unmarshal([]byte(body(t, get(t, h, "GET", "/data.json"))), &d))
+			assert.Equal(t, tt.json, string(d.Pipelines[0].Stages[0].Lag))
+			for _, s := range d.Pipelines[0].Stages[1:] {
+				assert.Empty(t, s.Lag, s.Name)
+			}
+			if tt.noColumn {
+				assert.NotContains(t, page, "lag")
+				return
+			}
+			assert.Contains(t, page, tt.node)
+			assert.Contains(t, page, tt.cell)
+			assert.Contains(t, page, `<th title="sources: items behind, over their partitions">lag</th></tr></thead>`)
+			assert.Contains(t, page, "<h3>lag by partition</h3>")
+			for _, r := range tt.rows {
+				assert.Contains(t, page, r)
+			}
+			assert.Equal(t, len(tt.rows), strings.Count(page, `<td data-field="lag">`), "one row per partition")
+			// Every row of the stages table has the column: an empty cell for the others.
+			stages := page[strings.Index(page, `<table class="stages">`):]
+			stages = stages[:strings.Index(stages, "</table>")]
+			for _, row := range strings.Split(stages, "<tr data-stage=")[1:] {
+				assert.Equal(t, 20, strings.Count(row, "<td"), "cells of %s", row)
+			}
+		})
+	}
 }
 
 func TestRowStatsMisuse(t *testing.T) {

@@ -21,7 +21,10 @@
 //	                 p99, retries and dead letters per second, adaptive limit) per
 //	                 stage; the numbers in a table; a connector's own counters on its
 //	                 row ([WithRowStats]: a JetStream source's acks, naks and
-//	                 redeliveries); errors and dead letters by cause, named in words;
+//	                 redeliveries); a source's lag ([pipeline.WithLag]: a Kafka
+//	                 source's consumer lag), in all on its node and in its column of
+//	                 the table, and by partition in a table of its own; errors and
+//	                 dead letters by cause, named in words;
 //	                 it updates itself from .../events
 //	.../data.json    the same data as JSON, for scripts (the schema is below)
 //	.../events       server-sent events: the page's content, rendered anew each refresh
@@ -133,6 +136,9 @@
 //	      "counters": {"acked": 1200, "redelivered": 3}
 //	                                         a connector's counters (WithRowStats) only: the
 //	                                         keys its function returns
+//	      "lag": {"total": 1234, "partitions": [{"partition": "orders/0", "lag": 600}]}
+//	                                         sources with pipeline.WithLag only: items behind,
+//	                                         in all and by partition, in the source's order
 //	    }],
 //	    "history": {                         the run's last minutes (WithHistory), oldest first
 //	      "seconds": [1, 2, 3],              each point's time since the run started

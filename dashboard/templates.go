@@ -23,6 +23,8 @@ var (
 		"errors":    hasErrors,
 		"controls":  hasControls,
 		"counters":  hasCounters,
+		"lags":      hasLag,
+		"lagTitle":  lagTitle,
 		"countLine": countersLine,
 		"batchRate": batchRate,
 		"pct":       func(f float64) string { return strconv.FormatFloat(math.Floor(f*1000)/10, 'f', -1, 64) },
@@ -53,6 +55,15 @@ func hasControls(d pipelineJSON) bool {
 func hasCounters(d pipelineJSON) bool {
 	for _, s := range d.Stages {
 		if len(s.Counters) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func hasLag(d pipelineJSON) bool {
+	for _, s := range d.Stages {
+		if s.Lag != nil {
 			return true
 		}
 	}

@@ -91,6 +91,7 @@ type (
 		SetAside     int64            `json:"set_aside"`
 		HandedBack   int64            `json:"handed_back"`
 		Counters     map[string]int64 `json:"counters,omitempty"`
+		Lag          *lagJSON         `json:"lag,omitempty"`
 		InFlight     int64            `json:"in_flight"`
 		Window       int64            `json:"window"`
 		Queue        queueJSON        `json:"queue"`
@@ -109,6 +110,14 @@ type (
 		LimitHistory []limitJSON      `json:"limit_history,omitempty"`
 		Breaker      *breakerJSON     `json:"breaker,omitempty"`
 		Throttled    float64          `json:"throttled_seconds"`
+	}
+	lagJSON struct { // a source with pipeline.WithLag
+		Total      int64              `json:"total"`
+		Partitions []partitionLagJSON `json:"partitions"`
+	}
+	partitionLagJSON struct {
+		Partition string `json:"partition"`
+		Lag       int64  `json:"lag"`
 	}
 	limitJSON struct {
 		At     float64 `json:"at_seconds"`
@@ -321,6 +330,12 @@ func newStageJSON(s pipeline.StageReport, bottleneck bool) stageJSON {
 		Errors: make([]errorJSON, len(s.Errors)), Causes: make([]causeJSON, len(s.Causes)),
 		Limit: s.Limit, Throttled: s.Throttled.Seconds(),
 	}
+	if s.Lag != nil {
+		j.Lag = &lagJSON{Total: s.TotalLag(), Partitions: make([]partitionLagJSON, len(s.Lag))}
+		for i, l := range s.Lag {
+			j.Lag.Partitions[i] = partitionLagJSON{Partition: l.Partition, Lag: l.Lag}
+		}
+	}
 	if s.LimitHistory != nil {
 		j.LimitHistory = make([]limitJSON, len(s.LimitHistory))
 		for i, c := range s.LimitHistory {
@@ -469,6 +484,7 @@ func nodeLines(s *stageJSON) [4]string {
 	case pipeline.KindSource:
 		l[0] = fmt.Sprintf("out %s · %s", count(s.Out), rate(s.Rate))
 		l[1] = countersLine(s.Counters) // a connector's (WithRowStats)
+		l[2] = lagLine(s.Lag)
 	case pipeline.KindFilter:
 		l[0] = fmt.Sprintf("filtered %s", count(s.Filtered))
 		if s.In > 0 { // v0.1 counts only what a filter dropped
@@ -516,6 +532,32 @@ func nodeLines(s *stageJSON) [4]string {
 		}
 	}
 	return l
+}
+
+// lagLine is a source's lag (pipeline.WithLag) in its node: "lag 1,234 · 12
+// partitions"; "" without.
+func lagLine(l *lagJSON) string {
+	if l == nil {
+		return ""
+	}
+	parts := "partitions"
+	if len(l.Partitions) == 1 {
+		parts = "partition"
+	}
+	return fmt.Sprintf("lag %s · %d %s", count(l.Total), len(l.Partitions), parts)
+}
+
+// lagTitle lists a source's lag by partition, for the tooltip of its lag cell:
+// "orders/0 600 · orders/1 634".
+func lagTitle(l *lagJSON) string {
+	var b strings.Builder
+	for _, p := range l.Partitions {
+		if b.Len() > 0 {
+			b.WriteString(" · ")
+		}
+		fmt.Fprintf(&b, "%s %s", p.Partition, count(p.Lag))
+	}
+	return b.String()
 }
 
 // stuck reports whether a stage's oldest running attempt has outlived its timeout.

@@ -268,6 +268,7 @@ type Source[T any] struct {
 
 	delivered, redelivered, acked, handedBack, notProcessed, deadLettered atomic.Int64
 	undecodable, inProgress, ackErrors, pullErrors                        atomic.Int64
+	pending                                                               atomic.Int64 // the last delivery's num_pending + 1; 0 before the run's first (lag.go)
 
 	mu       sync.Mutex
 	feed     *feed // the current run's, if any
@@ -326,9 +327,14 @@ func NewSource[T any](cons natsjs.Consumer, codec pipeline.Codec[T], opts ...Sou
 
 // Stream adds the source to p and returns its stream of items. p gets an acknowledged
 // source ([pipeline.FromAcked]): a pipeline may have only one, and Stream panics on a
-// second one.
+// second one. The source's row of p's reports carries the consumer's backlog
+// ([pipeline.WithLag]): one partition, labeled "stream/consumer", whose lag is the
+// messages the server had not delivered to the consumer yet (its num_pending) as of
+// the last message the run received, so it stays put while no message arrives; nil
+// before the run's first message and between runs.
 func (s *Source[T]) Stream(p *pipeline.Pipeline) *pipeline.Stream[T] {
-	return pipeline.FromAcked(p, s.run, pipeline.WithName(s.cfg.name), pipeline.WithMaxPending(s.cfg.maxPending))
+	return pipeline.FromAcked(p, s.run, pipeline.WithName(s.cfg.name), pipeline.WithMaxPending(s.cfg.maxPending),
+		pipeline.WithLag(s.lag))
 }
 
 // Stop ends the input of the current run, or of the next one if none is running: the
@@ -359,6 +365,7 @@ func (s *Source[T]) Stats() Stats {
 func (s *Source[T]) run(ctx context.Context, emit func(T, func(pipeline.Settlement)) error) error {
 	h := newHand(s.cfg.progress, &s.inProgress)
 	f := s.newFeed(h)
+	s.pending.Store(0) // not known yet in this run
 	s.mu.Lock()
 	s.feed = f
 	stopping := s.stopping
@@ -417,6 +424,7 @@ func (s *Source[T]) newFeed(h *hand) *feed {
 		check: s.cfg.check, timeout: s.cfg.ackTimeout,
 		delivery: func(meta *natsjs.MsgMetadata) {
 			s.delivered.Add(1)
+			s.pending.Store(int64(min(meta.NumPending, 1<<62)) + 1)
 			if meta.NumDelivered > 1 {
 				s.redelivered.Add(1)
 			}

@@ -162,3 +162,54 @@ func TestSlowStageNoRedelivery(t *testing.T) {
 		return pending == 0 && unacked == 0
 	})
 }
+
+// TestStreamReportsNumPendingAsLag holds every item at the sink: the source's row of
+// the report shows the consumer's backlog, the messages not delivered yet as of the
+// last delivery (labeled stream/consumer); released, it goes to 0; the final report
+// and the reports between runs have none.
+func TestStreamReportsNumPendingAsLag(t *testing.T) {
+	t.Parallel()
+	const n = 200
+	ctx := t.Context()
+	srv := startServer(t)
+	_, js := connect(t, srv.url())
+	cons := setup(ctx, t, js, time.Minute, 1000)
+	publish(ctx, t, js, n)
+	src := jetstream.NewSource(cons, itemCodec{}, jetstream.WithPullSize(20), jetstream.WithMaxPending(10))
+	gate := make(chan struct{})
+	p := pipeline.New()
+	pipeline.To(src.Stream(p), pipeline.NewSink("held", 2, func(ctx context.Context, _ item) error {
+		select {
+		case <-gate:
+			return nil
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	}))
+	lag := func(rep pipeline.Report) []pipeline.PartitionLag {
+		s, _ := rep.Stage("JetStream") // none before the run starts
+		return s.Lag
+	}
+	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- p.Run(rctx) }()
+
+	var held []pipeline.PartitionLag
+	eventually(t, 30*time.Second, "the backlog behind the held items", func() bool {
+		delivered := src.Stats().Delivered
+		held = lag(p.Snapshot())
+		return delivered > 0 && src.Stats().Delivered == delivered && // deliveries have stopped
+			len(held) == 1 && held[0].Lag == n-delivered
+	})
+	assert.Equal(t, "IN/work", held[0].Partition)
+	assert.Positive(t, held[0].Lag)
+	close(gate)
+	eventually(t, 30*time.Second, "no backlog once all are delivered", func() bool {
+		l := lag(p.Snapshot())
+		return len(l) == 1 && l[0].Lag == 0
+	})
+	src.Stop()
+	require.NoError(t, <-errc)
+	assert.Nil(t, lag(p.Report()), "the final report: no run")
+}

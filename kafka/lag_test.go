@@ -2,6 +2,7 @@ package kafka_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -64,6 +65,14 @@ func TestStatsLagFollowsHighWatermarkAndCommits(t *testing.T) {
 	eventually(t, 30*time.Second, "a lag of 100 on each partition", every(n/partitions))
 	assert.Equal(t, int64(n), src.Stats().TotalLag())
 	assert.Equal(t, int64(n), src.Stats().Counters()["lag"])
+	// The pipeline's report carries the same lag on the source's row, by partition.
+	row := sourceRow(t, p.Snapshot())
+	want := make([]pipeline.PartitionLag, partitions)
+	for i := range want {
+		want[i] = pipeline.PartitionLag{Partition: fmt.Sprintf("%s/%d", inTopic, i), Lag: n / partitions}
+	}
+	assert.Equal(t, want, row.Lag)
+	assert.Equal(t, int64(n), row.TotalLag())
 
 	mu.Lock()
 	close(gate)
@@ -85,4 +94,17 @@ func TestStatsLagFollowsHighWatermarkAndCommits(t *testing.T) {
 	st := src.Stats()
 	assert.Nil(t, st.Lag, "after the run")
 	assert.Equal(t, int64(2*n), st.Committed)
+	assert.Nil(t, sourceRow(t, p.Report()).Lag, "the final report: the source has left the group")
+}
+
+// sourceRow returns the source's row of a report.
+func sourceRow(t *testing.T, rep pipeline.Report) pipeline.StageReport {
+	t.Helper()
+	for _, s := range rep.Stages {
+		if s.Kind == pipeline.KindSource {
+			return s
+		}
+	}
+	require.FailNow(t, "no source row", "%v", rep)
+	return pipeline.StageReport{}
 }

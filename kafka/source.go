@@ -425,9 +425,13 @@ func NewSource[T any](client []kgo.Opt, group string, topics []string, codec pip
 
 // Stream adds the source to p and returns its stream of messages. p gets an
 // acknowledged source ([pipeline.FromAcked]): a pipeline may have only one, and Stream
-// panics on a second one.
+// panics on a second one. The source's row of p's reports carries its consumer lag
+// ([pipeline.WithLag]): [Stats].Lag, one [pipeline.PartitionLag] per partition,
+// labeled "topic/partition" and ordered by topic and partition, read when the report
+// is made.
 func (s *Source[T]) Stream(p *pipeline.Pipeline) *pipeline.Stream[Message[T]] {
-	return pipeline.FromAcked(p, s.run, pipeline.WithName(s.cfg.name), pipeline.WithMaxPending(s.cfg.maxPending))
+	return pipeline.FromAcked(p, s.run, pipeline.WithName(s.cfg.name), pipeline.WithMaxPending(s.cfg.maxPending),
+		pipeline.WithLag(s.partitionLag))
 }
 
 // Stop ends the input of the current run, or of the next one if none is running: the

@@ -32,6 +32,8 @@
 //	                                                           WithTotal, when known; earlier runs' included)
 //	pipeline.source.resumed          Gauge          {item}     pipeline.stage (checkpointed sources: positions earlier runs
 //	                                                           settled, not read again: StageReport.Resumed)
+//	pipeline.source.lag              Gauge          {item}     pipeline.stage, pipeline.partition (sources with WithLag:
+//	                                                           items behind on the partition, StageReport.Lag)
 //	pipeline.stage.retries           UpDownCounter  {retry}    pipeline.stage (extra attempts)
 //	pipeline.stage.errors            UpDownCounter  {error}    pipeline.stage, error.type, pipeline.outcome
 //	pipeline.stage.queue.length      UpDownCounter  {item}     pipeline.stage

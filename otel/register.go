@@ -42,6 +42,7 @@ const (
 	keyQuantile     = attribute.Key("pipeline.quantile")
 	keyReason       = attribute.Key("pipeline.flush.reason")
 	keyBreakerState = attribute.Key("pipeline.breaker.state")
+	keyPartition    = attribute.Key("pipeline.partition")
 )
 
 // instruments are the observable instruments of one registration.
@@ -57,7 +58,7 @@ type instruments struct {
 	checkpointPosition                metric.Int64ObservableGauge
 	checkpointAge                     metric.Float64ObservableGauge
 	handedBack                        metric.Int64ObservableUpDownCounter
-	total, resumed                    metric.Int64ObservableGauge
+	total, resumed, lag               metric.Int64ObservableGauge
 
 	// Clients of a service (WithRateLimit, WithCircuitBreaker, WithAdaptiveWorkers).
 	workerLimit, breakerState, breakerOpened, breakerHeld metric.Int64ObservableUpDownCounter
@@ -109,6 +110,8 @@ func Register(p *pipeline.Pipeline, meter metric.Meter, opts ...Option) (metric.
 		"Items the source holds (FromSlice) or declared (WithTotal), earlier runs' included for a checkpointed one; not observed when unknown.")
 	in.resumed = gauge("pipeline.source.resumed", "{item}",
 		"Positions of a checkpointed source (FromCheckpoint) that earlier runs settled and this run does not read again; progress is (resumed + output) / total.")
+	in.lag = gauge("pipeline.source.lag", "{item}",
+		"Items a source with WithLag has behind on a partition (for Kafka: the high watermark minus the committed offset), when it was observed.")
 	in.inFlight = upDown("pipeline.stage.in_flight", "{item}", "Items the stage started and has not settled yet.")
 	in.retries = upDown("pipeline.stage.retries", "{retry}", "Extra attempts the stage made in the current or last run.")
 	in.errs = upDown("pipeline.stage.errors", "{error}",
@@ -150,7 +153,7 @@ func Register(p *pipeline.Pipeline, meter metric.Meter, opts ...Option) (metric.
 		return nil
 	}, in.active, in.elapsed, in.items, in.input, in.output, in.inFlight, in.retries, in.errs, in.flushes,
 		in.queueLen, in.queueCap, in.queuePeak, in.workers, in.held, in.duration, in.timed, in.timeout, in.oldestAttempt,
-		in.checkpointPosition, in.checkpointAge, in.handedBack, in.total, in.resumed,
+		in.checkpointPosition, in.checkpointAge, in.handedBack, in.total, in.resumed, in.lag,
 		in.workerLimit, in.throttled, in.breakerState, in.breakerOpen, in.breakerOpened, in.breakerHeld,
 		in.breakerHolding, in.breakerKeysOpen)
 }
@@ -206,6 +209,9 @@ func observe(o metric.Observer, in *instruments, r pipeline.Report, base []attri
 			}
 			if r.Checkpoint >= 0 {
 				count(in.resumed, s.Resumed, stage)
+			}
+			for _, l := range s.Lag { // labels are unique: the report adds up a label given twice
+				count(in.lag, l.Lag, stage, keyPartition.String(l.Partition))
 			}
 			continue
 		}

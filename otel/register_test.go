@@ -3,6 +3,7 @@ package pipelineotel_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -270,6 +271,71 @@ func TestCheckpointResumed(t *testing.T) {
 		assert.Equal(t, "gauge", got[`pipeline.source.resumed{pipeline.stage=`+name+`}`].kind)
 		assert.Equal(t, "{item}", got[`pipeline.source.resumed{pipeline.stage=`+name+`}`].unit)
 	})
+}
+
+// TestSourceLag: a source with WithLag is observed with a gauge per partition, live
+// (collected while its first item is in the sink) and after the run; a label the
+// source gives twice is one point, the sum; a source that reports nothing (nil) and a
+// source without WithLag have none.
+func TestSourceLag(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		lag     []pipeline.PartitionLag // nil: the source knows nothing
+		withLag bool
+		want    map[string]float64
+	}{
+		{"partitions", []pipeline.PartitionLag{{Partition: "orders/0", Lag: 7}, {Partition: "orders/1", Lag: 0}}, true, map[string]float64{
+			`pipeline.source.lag{pipeline.partition=orders/0,pipeline.stage=orders}`: 7,
+			`pipeline.source.lag{pipeline.partition=orders/1,pipeline.stage=orders}`: 0,
+		}},
+		{"a label twice", []pipeline.PartitionLag{{Partition: "p", Lag: 2}, {Partition: "p", Lag: 5}}, true, map[string]float64{
+			`pipeline.source.lag{pipeline.partition=p,pipeline.stage=orders}`: 7,
+		}},
+		{"nothing known", nil, true, map[string]float64{}},
+		{"without WithLag", nil, false, map[string]float64{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			p := pipeline.New()
+			opts := []pipeline.AckOption{pipeline.WithName("orders")}
+			if tt.withLag {
+				opts = append(opts, pipeline.WithLag(func() []pipeline.PartitionLag { return tt.lag }))
+			}
+			src := pipeline.FromAcked(p, func(_ context.Context, emit func(int, func(pipeline.Settlement)) error) error {
+				for i := range 3 {
+					if err := emit(i, nil); err != nil {
+						return err
+					}
+				}
+				return nil
+			}, opts...)
+			reader, provider := newReader(t)
+			_, err := pipelineotel.Register(p, provider.Meter("test"))
+			require.NoError(t, err)
+			var live map[string]point
+			pipeline.To(src, pipeline.NewSink("sink", 1, func(context.Context, int) error {
+				if live == nil { // one worker: no other call runs meanwhile
+					live = collect(t, reader)
+				}
+				return nil
+			}))
+			require.NoError(t, p.Run(t.Context()))
+			for when, got := range map[string]map[string]point{"live": live, "after the run": collect(t, reader)} {
+				checkValues(t, got, tt.want)
+				n := 0
+				for k, pt := range got {
+					if strings.HasPrefix(k, "pipeline.source.lag{") {
+						n++
+						assert.Equal(t, "gauge", pt.kind, k)
+						assert.Equal(t, "{item}", pt.unit, k)
+					}
+				}
+				assert.Equal(t, len(tt.want), n, "%s: the lag points", when)
+			}
+		})
+	}
 }
 
 // TestHandedBack: of a stage's dead letters, those handed back to their acknowledged

@@ -34,7 +34,7 @@ func WithNamespace(ns string) Option {
 // WithConstLabels adds labels with fixed values to every metric, such as
 // {"pipeline": "ingest"} to tell the pipelines of one process apart: two collectors
 // registered in one registry need different values. The labels must not be named
-// "stage", "kind", "outcome", "type", "reason" or "quantile", nor start with "__":
+// "stage", "kind", "outcome", "type", "reason", "quantile" or "partition", nor start with "__":
 // registering the collector fails if they do. Several WithConstLabels add up.
 func WithConstLabels(labels prometheus.Labels) Option {
 	return optionFunc(func(c *config) {
@@ -60,6 +60,7 @@ type Collector struct {
 	latency, timeout, oldestAttempt   *prometheus.Desc
 	checkpointPosition, checkpointAge *prometheus.Desc
 	handedBack, total, resumed        *prometheus.Desc
+	lag                               *prometheus.Desc
 
 	// Clients of a service (WithRateLimit, WithCircuitBreaker, WithAdaptiveWorkers).
 	workerLimit, throttled                                *prometheus.Desc
@@ -108,6 +109,9 @@ func NewCollector(p *pipeline.Pipeline, opts ...Option) *Collector {
 			"Items the source holds (FromSlice) or declared (WithTotal), earlier runs' included for a checkpointed one; not sent when unknown.", "stage"),
 		resumed: desc("pipeline_source_resumed_items",
 			"Positions of a checkpointed source (FromCheckpoint) that earlier runs settled and this run does not read again; progress is (resumed + out) / total.", "stage"),
+		lag: desc("pipeline_source_lag_items",
+			"Items a source with WithLag has behind on a partition (for Kafka: the high watermark minus the committed offset), when it was scraped.",
+			"stage", "partition"),
 		retries: desc("pipeline_stage_retries_total", "Extra attempts the stage made in the current or last run.", "stage"),
 		errs: desc("pipeline_stage_errors_total",
 			"Errors of the stage function in the current or last run, by Go type and by what they did: retried, dead_lettered or failed.",
@@ -152,7 +156,7 @@ func NewCollector(p *pipeline.Pipeline, opts ...Option) *Collector {
 }
 
 // ownLabels are the labels of the collector's metrics, which constant labels must not use.
-var ownLabels = []string{"stage", "kind", "outcome", "type", "reason", "quantile"}
+var ownLabels = []string{"stage", "kind", "outcome", "type", "reason", "quantile", "partition"}
 
 func (c *Collector) descs() []*prometheus.Desc {
 	return []*prometheus.Desc{
@@ -161,7 +165,7 @@ func (c *Collector) descs() []*prometheus.Desc {
 		c.latency, c.timeout, c.oldestAttempt, c.checkpointPosition, c.checkpointAge,
 		c.workerLimit, c.throttled, c.breakerState, c.breakerOpen, c.breakerOpened, c.breakerHeld,
 		c.breakerHolding, c.breakerKeysOpen,
-		c.handedBack, c.total, c.resumed,
+		c.handedBack, c.total, c.resumed, c.lag,
 	}
 }
 
@@ -223,6 +227,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			}
 			if r.Checkpoint >= 0 {
 				gauge(c.resumed, float64(s.Resumed), name)
+			}
+			for _, l := range s.Lag { // labels are unique: the report adds up a label given twice
+				gauge(c.lag, float64(l.Lag), name, l.Partition)
 			}
 			continue
 		}

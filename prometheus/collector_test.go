@@ -384,6 +384,81 @@ func TestCheckpointResumed(t *testing.T) {
 	})
 }
 
+// TestSourceLag: a source with WithLag exposes a gauge per partition, live (scraped
+// while its first item is in the sink) and after the run; a label the source gives
+// twice is one sample, the sum; a source that reports nothing (nil) and a source
+// without WithLag expose none.
+func TestSourceLag(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		lag  []pipeline.PartitionLag // nil: the source knows nothing
+		want map[string]float64
+	}{
+		{"partitions", []pipeline.PartitionLag{{Partition: "orders/0", Lag: 7}, {Partition: "orders/1", Lag: 0}, {Partition: "orders/10", Lag: 3}}, map[string]float64{
+			`pipeline_source_lag_items{partition="orders/0",stage="orders"}`:  7,
+			`pipeline_source_lag_items{partition="orders/1",stage="orders"}`:  0,
+			`pipeline_source_lag_items{partition="orders/10",stage="orders"}`: 3,
+		}},
+		{"a label twice", []pipeline.PartitionLag{{Partition: "p", Lag: 2}, {Partition: "p", Lag: 5}}, map[string]float64{
+			`pipeline_source_lag_items{partition="p",stage="orders"}`: 7,
+		}},
+		{"nothing known", nil, map[string]float64{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			p := pipeline.New()
+			src := pipeline.FromAcked(p, func(_ context.Context, emit func(int, func(pipeline.Settlement)) error) error {
+				for i := range 3 {
+					if err := emit(i, nil); err != nil {
+						return err
+					}
+				}
+				return nil
+			}, pipeline.WithName("orders"), pipeline.WithLag(func() []pipeline.PartitionLag { return tt.lag }))
+			reg := prometheus.NewPedanticRegistry()
+			reg.MustRegister(pipelineprom.NewCollector(p))
+			var live string
+			pipeline.To(src, pipeline.NewSink("sink", 1, func(context.Context, int) error {
+				if live == "" { // one worker: no other call runs meanwhile
+					live = gather(t, reg)
+				}
+				return nil
+			}))
+			require.NoError(t, p.Run(t.Context()))
+			for when, text := range map[string]string{"live": live, "after the run": gather(t, reg)} {
+				got, types := samples(t, text)
+				checkSamples(t, got, tt.want, text)
+				n := 0
+				for k := range got {
+					if strings.HasPrefix(k, "pipeline_source_lag_items") {
+						n++
+					}
+				}
+				assert.Equal(t, len(tt.want), n, "%s: the lag samples\n%s", when, text)
+				if len(tt.want) > 0 {
+					assert.Equal(t, dto.MetricType_GAUGE, types["pipeline_source_lag_items"])
+				}
+			}
+		})
+	}
+}
+
+// TestNoLagWithoutWithLag: a tracked source without WithLag exposes no lag.
+func TestNoLagWithoutWithLag(t *testing.T) {
+	t.Parallel()
+	p := pipeline.New()
+	src := pipeline.FromAcked(p, func(_ context.Context, emit func(int, func(pipeline.Settlement)) error) error {
+		return emit(1, nil)
+	})
+	pipeline.To(src, pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(pipelineprom.NewCollector(p))
+	require.NoError(t, p.Run(t.Context()))
+	assert.NotContains(t, gather(t, reg), "pipeline_source_lag_items")
+}
+
 // TestHandedBack: of a stage's dead letters, those handed back to their acknowledged
 // source count in pipeline_stage_handed_back_total; a dead letter kept by the run
 // (WithDeadLetter) does not.
@@ -440,7 +515,7 @@ func TestOptions(t *testing.T) {
 	err := reg.Register(pipelineprom.NewCollector(b, pipelineprom.WithNamespace("app"),
 		pipelineprom.WithConstLabels(prometheus.Labels{"pipeline": "b", "env": "test"})))
 	require.Error(t, err)
-	for _, labels := range []prometheus.Labels{{"stage": "x"}, {"outcome": "x"}, {"quantile": "x"}, {"__reserved": "x"}} {
+	for _, labels := range []prometheus.Labels{{"stage": "x"}, {"outcome": "x"}, {"quantile": "x"}, {"partition": "x"}, {"__reserved": "x"}} {
 		err := prometheus.NewRegistry().Register(pipelineprom.NewCollector(b, pipelineprom.WithConstLabels(labels)))
 		require.Error(t, err, "%v", labels)
 	}

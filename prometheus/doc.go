@@ -46,6 +46,8 @@
 //	                                                                       when known; a checkpointed run's, earlier runs' included
 //	pipeline_source_resumed_items            gauge    stage                checkpointed sources: positions earlier runs settled,
 //	                                                                       not read again (StageReport.Resumed)
+//	pipeline_source_lag_items                gauge    stage, partition     sources with WithLag: items behind on each partition
+//	                                                                       (StageReport.Lag); sum by stage for the total
 //	pipeline_checkpoint_position             gauge                         checkpointed runs: the position saved last
 //	pipeline_checkpoint_age_seconds          gauge                         checkpointed runs: time since it was saved
 //	pipeline_stage_worker_limit              gauge    stage                adaptive stages: workers allowed to take items now

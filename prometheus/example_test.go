@@ -93,3 +93,36 @@ func ExampleWithConstLabels() {
 	// shop_pipeline_stage_out_total [pipeline=orders stage=store] 6
 	// shop_pipeline_stage_out_total [pipeline=refunds stage=store] 7
 }
+
+// This example shows the lag of a source with WithLag (the Kafka source gives its
+// consumer lag so): a gauge per partition, scraped here while the first item is in
+// the sink.
+func ExampleCollector_sourceLag() {
+	p := pipeline.New()
+	msgs := pipeline.FromAcked(p, func(_ context.Context, emit func(string, func(pipeline.Settlement)) error) error {
+		return emit("a", nil)
+	}, pipeline.WithName("kafka"), pipeline.WithLag(func() []pipeline.PartitionLag {
+		return []pipeline.PartitionLag{{Partition: "orders/0", Lag: 600}, {Partition: "orders/1", Lag: 634}}
+	}))
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(pipelineprom.NewCollector(p))
+	metrics := promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+	pipeline.To(msgs, pipeline.NewSink("store", 1, func(context.Context, string) error {
+		rec := httptest.NewRecorder()
+		metrics.ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+		for line := range strings.Lines(rec.Body.String()) {
+			if strings.Contains(line, "pipeline_source_lag_items") {
+				fmt.Print(line)
+			}
+		}
+		return nil
+	}))
+	if err := p.Run(context.Background()); err != nil {
+		fmt.Println("error:", err)
+	}
+	// Output:
+	// # HELP pipeline_source_lag_items Items a source with WithLag has behind on a partition (for Kafka: the high watermark minus the committed offset), when it was scraped.
+	// # TYPE pipeline_source_lag_items gauge
+	// pipeline_source_lag_items{partition="orders/0",stage="kafka"} 600
+	// pipeline_source_lag_items{partition="orders/1",stage="kafka"} 634
+}

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -303,4 +304,88 @@ func saveScreenshot(t *testing.T, name string, png []byte) {
 		require.NoError(t, os.WriteFile(path, png, 0o644))
 		t.Logf("screenshot: %s", path)
 	}
+}
+
+// TestBrowserSourceLag loads the page of a pipeline whose acknowledged source reports
+// its lag (pipeline.WithLag) and checks the rendered DOM: the source's node says its
+// lag, the stages table has a lag column with the total (by partition in its
+// tooltip), the table by partition has a row per partition, and all follow the lag as
+// it changes.
+func TestBrowserSourceLag(t *testing.T) {
+	ctx := browser(t)
+
+	var behind atomic.Int64 // of partition orders/1; orders/0 stays at 5
+	behind.Store(100)
+	p := pipeline.New()
+	msgs := pipeline.FromAcked(p, func(ctx context.Context, emit func(int, func(pipeline.Settlement)) error) error {
+		if err := emit(1, nil); err != nil {
+			return err
+		}
+		<-ctx.Done()
+		return nil
+	}, pipeline.WithName("orders"), pipeline.WithLag(func() []pipeline.PartitionLag {
+		return []pipeline.PartitionLag{{Partition: "orders/0", Lag: 5}, {Partition: "orders/1", Lag: behind.Load()}}
+	}))
+	pipeline.To(msgs, pipeline.NewSink("store", 1, func(ctx context.Context, _ int) error {
+		<-ctx.Done() // held: the run stays live
+		return context.Cause(ctx)
+	}))
+	runCtx, stop := context.WithCancel(t.Context())
+	ran := make(chan error, 1)
+	go func() { ran <- p.Run(runCtx) }()
+	t.Cleanup(func() {
+		stop()
+		assert.ErrorIs(t, <-ran, context.Canceled)
+	})
+
+	h := dashboard.New(dashboard.WithInterval(100 * time.Millisecond))
+	h.Add("orders", p)
+	mux := http.NewServeMux()
+	mux.Handle("/debug/pipeline/", h)
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	t.Cleanup(h.Close) // before srv.Close: it ends the events stream
+
+	const section = `section[data-pipeline="orders"]`
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Navigate(srv.URL+"/debug/pipeline/"),
+		chromedp.WaitVisible(chromedp.CSS(section+` tr[data-stage="orders"] td[data-field="lag"]`)),
+		chromedp.WaitVisible(chromedp.CSS("#status.live")),
+	))
+	type shown struct {
+		Cell, Title, Node string
+		Parts             []string
+	}
+	read := `(() => {
+		const s = document.querySelector('` + section + `');
+		const cell = s.querySelector('table.stages tr[data-stage="orders"] td[data-field="lag"]');
+		const node = Array.from(s.querySelectorAll('g.stage[data-stage="orders"] text'), e => e.textContent).find(t => t.startsWith("lag "));
+		const parts = Array.from(s.querySelectorAll('table.lag tbody tr'), tr => tr.children[1].textContent + " " + tr.children[2].textContent);
+		return {cell: cell.textContent, title: cell.title, node: node, parts: parts, want: %s};
+	})()`
+	poll := func(want string) shown {
+		t.Helper()
+		got, err := chromedp.Run(ctx, chromedp.Poll[shown](fmt.Sprintf(`(() => { const r = `+read+`; return r.cell == r.want && r; })()`, jsString(want)),
+			chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(20*time.Second)))
+		require.NoError(t, err, "the page did not show a lag of %s", want)
+		return got
+	}
+	assert.Equal(t, shown{
+		Cell: "105", Title: "orders/0 5 · orders/1 100", Node: "lag 105 · 2 partitions",
+		Parts: []string{"orders/0 5", "orders/1 100"},
+	}, poll("105"))
+	header, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](
+		`Array.from(document.querySelectorAll('`+section+` table.stages thead th'), th => th.textContent)`))
+	require.NoError(t, err)
+	assert.Equal(t, "lag", header[len(header)-1], "the stages table's last column")
+	empty, err := chromedp.Run(ctx, chromedp.Evaluate[string](
+		`document.querySelector('`+section+` table.stages tr[data-stage="store"]').lastElementChild.textContent`))
+	require.NoError(t, err)
+	assert.Empty(t, empty, "a sink has no lag")
+
+	behind.Store(1995) // the page follows
+	assert.Equal(t, shown{
+		Cell: "2,000", Title: "orders/0 5 · orders/1 1,995", Node: "lag 2,000 · 2 partitions",
+		Parts: []string{"orders/0 5", "orders/1 1,995"},
+	}, poll("2,000"))
 }
