@@ -121,8 +121,9 @@ type ackCfg struct {
 //
 // settle is called exactly once for every call of emit, whatever emit returns: with
 // NotProcessed at once when emit does not take the item (the run is stopping), from
-// the goroutine in which the item's last derived item settled (a sink worker, a
-// stage's dead-letter path, a filter, the loop over [All]) when its fate is known, and
+// the goroutine in which the item's last derived item settled (a sink worker, at the
+// end of the run of at most 64 items it took with it; a stage's dead-letter path, a
+// filter, the loop over [All]) when its fate is known, and
 // with NotProcessed, in emit order, for every item still unsettled when the run ends,
 // before [Pipeline.Run] returns. A Committed or DeadLettered settlement comes only
 // after the sink's function returned nil for every derived item, or the dead-letter
@@ -131,9 +132,10 @@ type ackCfg struct {
 // in settle fails the run like a panic in a stage.
 //
 // The run tracks the items derived from each source item with the same machinery as
-// [FromCheckpoint]'s watermark, without the watermark: a mutex per emitted item, one
-// per settled item and one more after each callback, and a map entry per unsettled
-// item. Runs without a tracked source pay nothing for it. A pipeline has at most one
+// [FromCheckpoint]'s watermark, without the watermark: a mutex per emitted item
+// ([FromAckedBatches]: per run of a batch), one per sink worker's run of settled items
+// (and per item settled elsewhere) and one more after its callbacks, and a map entry
+// per unsettled item. Runs without a tracked source pay nothing for it. A pipeline has at most one
 // tracked source, acknowledged or checkpointed: FromAcked panics on a second one.
 // Options: [WithMaxPending] and [WithName] (the source's row, "FromAcked" by default).
 func FromAcked[T any](p *Pipeline, fn func(ctx context.Context, emit func(v T, settle func(Settlement)) error) error, opts ...AckOption) *Stream[T] {
@@ -354,6 +356,7 @@ type ackTracker struct {
 	entries map[uint64]ackEntry
 	firing  int       // positions settled whose callback has not returned yet: they count against max
 	ready   []ackFire // settlements to call once the lock is released
+	spare   []ackFire // doneAll's copy of ready, kept for the next call
 }
 
 type ackEntry struct {
@@ -437,6 +440,10 @@ func (t *ackTracker) ungroup(pos uint64, n int) []uint64 {
 // settle implements [tracker].
 func (t *ackTracker) settle(pos uint64) { t.done(pos, nil) }
 
+// settleAll implements [tracker]: one lock for every position, then the callbacks of
+// the source items that became settled, in the order of positions.
+func (t *ackTracker) settleAll(positions []uint64) { t.doneAll(positions) }
+
 // setAside implements [tracker]: the source item settles DeadLettered, or HandedBack.
 func (t *ackTracker) setAside(pos uint64, m *ackMark) {
 	if pos == noPos {
@@ -460,7 +467,40 @@ func (t *ackTracker) done(pos uint64, m *ackMark) {
 	for _, p := range t.unwindLocked(pos) {
 		t.reachedLocked(p)
 	}
-	fire := append(buf[:0], t.ready...)
+	t.fire(append(buf[:0], t.ready...))
+}
+
+// doneAll is done for one committed item derived from each of positions.
+func (t *ackTracker) doneAll(positions []uint64) {
+	t.mu.Lock()
+	for _, pos := range positions {
+		if pos == noPos {
+			continue
+		}
+		for _, p := range t.unwindLocked(pos) {
+			t.reachedLocked(p)
+		}
+	}
+	var fire []ackFire
+	if len(t.ready) > 0 {
+		fire = t.spare[:0]
+		t.spare = nil // fire may run again (a callback's panic, another worker) meanwhile
+		fire = append(fire, t.ready...)
+	}
+	t.fire(fire)
+	if fire != nil {
+		t.mu.Lock()
+		if t.spare == nil {
+			clear(fire)
+			t.spare = fire[:0]
+		}
+		t.mu.Unlock()
+	}
+}
+
+// fire empties ready, releases t.mu (held by the caller), and calls the callbacks of
+// fire, ready's copy. A panic (or Goexit) in one goes on after every other one ran.
+func (t *ackTracker) fire(fire []ackFire) {
 	clear(t.ready)
 	t.ready = t.ready[:0]
 	t.mu.Unlock()
