@@ -855,14 +855,15 @@ func (ss *session[T]) fatal(topic string, err error) error {
 // record of a revoking partition.
 func (ss *session[T]) take(emit emitFunc[T], recs []polledRec) error {
 	ents := ss.ents[:0]
+	slab := make([]entry, len(recs)) // one allocation for the run's entries, not one each
 	ss.mu.Lock()
 	gone := 0
-	for _, r := range recs {
+	for i, r := range recs {
 		if !r.p.live || r.p.revoking {
 			gone++
 			continue
 		}
-		ents = append(ents, r.p.add(r.rec))
+		ents = append(ents, r.p.addIn(&slab[i], r.rec))
 	}
 	if gone > 0 {
 		ss.held -= gone
@@ -885,8 +886,15 @@ func (ss *session[T]) emitEntries(emit emitFunc[T], ents []*entry) error {
 	msgs, settles := ss.msgs[:0], ss.settles[:0]
 	for _, e := range ents {
 		rec := e.rec
-		var v T
-		if err := ss.s.codec.Unmarshal(rec.Value, &v); err != nil {
+		// Decoded in its message's place: a value of its own would be allocated
+		// (the codec is an interface) for every record.
+		msgs = append(msgs, Message[T]{
+			Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, Key: rec.Key,
+			Headers: rec.Headers, Timestamp: rec.Timestamp,
+		})
+		if err := ss.s.codec.Unmarshal(rec.Value, &msgs[len(msgs)-1].Value); err != nil {
+			msgs[len(msgs)-1] = Message[T]{}
+			msgs = msgs[:len(msgs)-1]
 			if ss.deadLetter(e, pipeline.DeadLetter[struct{}]{
 				Stage: ss.s.cfg.name, Attempts: 1, Class: pipeline.ClassItem, ErrType: fmt.Sprintf("%T", err),
 				FirstError: err.Error(), LastError: err.Error(), Time: time.Now(),
@@ -895,10 +903,6 @@ func (ss *session[T]) emitEntries(emit emitFunc[T], ents []*entry) error {
 			}
 			continue
 		}
-		msgs = append(msgs, Message[T]{
-			Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, Key: rec.Key,
-			Headers: rec.Headers, Timestamp: rec.Timestamp, Value: v,
-		})
 		settles = append(settles, func(st pipeline.Settlement) { ss.settle(e, st) })
 	}
 	if len(msgs) == 0 {
