@@ -585,3 +585,145 @@ func panicOnSettle(c *ackCounter, made *sync.Map, bad int) func(i int) func(pipe
 		}
 	}
 }
+
+// ackBatchBody emits items 0..n-1 through FromAckedBatches' emit in batches of size,
+// each with settle(i).
+func ackBatchBody(n, size int, settle func(i int) func(pipeline.Settlement)) func(context.Context, func([]int, []func(pipeline.Settlement)) error) error {
+	return func(_ context.Context, emit func([]int, []func(pipeline.Settlement)) error) error {
+		for i := 0; i < n; i += size {
+			vs := make([]int, 0, size)
+			settles := make([]func(pipeline.Settlement), 0, size)
+			for j := i; j < min(i+size, n); j++ {
+				vs = append(vs, j)
+				settles = append(settles, settle(j))
+			}
+			if err := emit(vs, settles); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+func TestFromAckedBatchesMisuse(t *testing.T) {
+	t.Parallel()
+	body := ackBatchBody(1, 1, func(int) func(pipeline.Settlement) { return nil })
+	assertPanicsPipeline(t, func() { pipeline.FromAckedBatches[int](nil, body) })
+	assertPanicsPipeline(t, func() { pipeline.FromAckedBatches[int](pipeline.New(), nil) })
+	p := pipeline.New()
+	pipeline.FromAckedBatches(p, body)
+	msg := assertPanicsPipeline(t, func() { pipeline.FromAcked(p, ackBody(1, func(int) func(pipeline.Settlement) { return nil })) })
+	assert.Contains(t, msg, "tracked source")
+
+	q := pipeline.New()
+	src := pipeline.FromAckedBatches(q, func(_ context.Context, emit func([]int, []func(pipeline.Settlement)) error) error {
+		return emit([]int{1, 2}, nil)
+	})
+	pipeline.To(src, pipeline.NewSink("s", 1, func(context.Context, int) error { return nil }))
+	var pe *pipeline.PanicError
+	require.ErrorAs(t, q.Run(t.Context()), &pe)
+	assert.Contains(t, fmt.Sprint(pe.Value), "2 items with 0 settle callbacks")
+}
+
+// Items emitted in batches settle exactly once each, with their outcome, whatever the
+// batch size against WithMaxPending (a batch larger than the room waits in the middle),
+// through a sink, ToBatches, a dead-lettering stage and a Tee; the report adds up.
+func TestFromAckedBatchesSettlesEveryItem(t *testing.T) {
+	for _, shape := range []string{"sink", "batches", "deadletter", "tee"} {
+		for _, pend := range []int{1, 3, 64, 0} {
+			for _, size := range []int{1, 5, 100} {
+				t.Run(fmt.Sprintf("%s/pending=%d/size=%d", shape, pend, size), func(t *testing.T) {
+					synctest.Test(t, func(t *testing.T) {
+						const n = 300
+						c := newAckCounter()
+						p := pipeline.New()
+						var opts []pipeline.AckOption
+						if pend > 0 {
+							opts = append(opts, pipeline.WithMaxPending(pend))
+						}
+						src := pipeline.FromAckedBatches(p, ackBatchBody(n, size, c.settle), opts...)
+						sink := pipeline.NewSink("s", 2, func(context.Context, int) error { return nil })
+						switch shape {
+						case "sink":
+							pipeline.To(src, sink)
+						case "batches":
+							pipeline.ToBatches(src, 7, pipeline.NewSink("s", 1, func(context.Context, []int) error { return nil }))
+						case "deadletter":
+							s := pipeline.Then(src, pipeline.NewStage("dl", 2, func(_ context.Context, i int) (int, error) {
+								if i%5 == 0 {
+									return 0, pipeline.Permanent(errBoom)
+								}
+								return i, nil
+							}, discardDead[int]()))
+							pipeline.To(s, sink)
+						case "tee":
+							br := pipeline.Tee(src, 2)
+							pipeline.To(br[0], sink)
+							pipeline.ToBatches(pipeline.Filter(br[1], func(i int) bool { return i%2 == 0 }), 4,
+								pipeline.NewSink("s2", 1, func(context.Context, []int) error { return nil }))
+						}
+						require.NoError(t, runWithin(t, p, time.Hour))
+						c.check(t, n)
+						c.mu.Lock()
+						for i := range n {
+							want := pipeline.Committed
+							if shape == "deadletter" && i%5 == 0 {
+								want = pipeline.DeadLettered
+							}
+							assert.Equal(t, want, c.out[i], "item %d", i)
+						}
+						c.mu.Unlock()
+						rep := p.Report()
+						checkAccounting(t, rep)
+						assert.Equal(t, int64(n), rep.Stages[0].Out)
+					})
+				})
+			}
+		}
+	}
+}
+
+// A run that stops in the middle of a batch (a stage fails, or the run is canceled)
+// settles every item of every batch the source offered exactly once: those the emit
+// did not take as NotProcessed at once, and the report adds up.
+func TestFromAckedBatchesStopSettlesEveryItem(t *testing.T) {
+	for _, how := range []string{"fail", "cancel", "panic"} {
+		t.Run(how, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				const n = 400
+				c := newAckCounter()
+				var made sync.Map
+				p := pipeline.New()
+				ctx, cancel := context.WithCancel(t.Context())
+				defer cancel()
+				src := pipeline.FromAckedBatches(p, ackBatchBody(n, 50, func(i int) func(pipeline.Settlement) {
+					made.Store(i, true)
+					return c.settle(i)
+				}), pipeline.WithMaxPending(20))
+				if how == "panic" { // an inline operator's panic in the middle of a batch
+					src = pipeline.Map(src, func(i int) int {
+						if i == 130 {
+							panic("map")
+						}
+						return i
+					})
+				}
+				pipeline.To(src, pipeline.NewSink("s", 1, func(_ context.Context, i int) error {
+					if i == 120 {
+						switch how {
+						case "fail":
+							return errBoom
+						case "cancel":
+							cancel()
+						}
+					}
+					return nil
+				}))
+				err := p.Run(ctx)
+				require.Error(t, err)
+				c.checkMade(t, &made)
+				checkAccounting(t, p.Report())
+			})
+		})
+	}
+}

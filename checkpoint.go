@@ -290,6 +290,17 @@ func (t *checkpointTracker) settle(pos uint64) {
 	t.settleLocked(pos)
 }
 
+// settleAll implements [tracker].
+func (t *checkpointTracker) settleAll(positions []uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, pos := range positions {
+		if pos != noPos {
+			t.settleLocked(pos)
+		}
+	}
+}
+
 // setAside implements [tracker]: a dead-lettered item settles as a committed one.
 func (t *checkpointTracker) setAside(pos uint64, _ *ackMark) { t.settle(pos) }
 

@@ -201,7 +201,9 @@
 // [WithHandBack], or not processed when the run stopped first (told before Run
 // returns). It follows derived items with the checkpoint's tracker; [WithMaxPending]
 // bounds the unsettled items. It is how a broker's acknowledgements follow each message:
-// the jetstream module maps the outcomes onto NATS JetStream's.
+// the jetstream module maps the outcomes onto NATS JetStream's. [FromAckedBatches] is
+// the same source for a consumer that fetches messages in batches (the kafka module's):
+// its emit hands over a whole batch at once, each item still settled on its own.
 //
 // # Accounting
 //

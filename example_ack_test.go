@@ -70,6 +70,43 @@ func ExampleFromAcked() {
 	// c: committed
 }
 
+// This example shows an acknowledged source that receives its messages in batches, as
+// a broker's consumer fetches them: each fetch is handed over in one call of emit, and
+// each message is still settled once, on its own.
+func ExampleFromAckedBatches() {
+	b := &broker{}
+	fetches := [][]string{{"a", "b", "bad"}, {"d"}}
+	p := pipeline.New()
+	msgs := pipeline.FromAckedBatches(p, func(_ context.Context, emit func([]string, []func(pipeline.Settlement)) error) error {
+		for _, fetch := range fetches {
+			settles := make([]func(pipeline.Settlement), len(fetch))
+			for i, m := range fetch {
+				settles[i] = b.settle(m)
+			}
+			if err := emit(fetch, settles); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	checked := pipeline.Then(msgs, pipeline.NewStage("check", 2, func(_ context.Context, m string) (string, error) {
+		if m == "bad" {
+			return "", pipeline.Permanent(errors.New("malformed"))
+		}
+		return m, nil
+	}, pipeline.WithDeadLetter(pipeline.DiscardDeadLetter[string])))
+	pipeline.To(checked, pipeline.NewSink("store", 2, func(context.Context, string) error { return nil }))
+	if err := p.Run(context.Background()); err != nil {
+		fmt.Println(err)
+	}
+	b.print()
+	// Output:
+	// a: committed
+	// b: committed
+	// bad: dead-lettered by check (malformed)
+	// d: committed
+}
+
 // This example shows the settlement of items still in flight when a run stops: each
 // is told NotProcessed before Run returns, so a broker can hand it to another consumer.
 func ExampleOutcome() {

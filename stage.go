@@ -323,8 +323,9 @@ func To[T any](s *Stream[T], sink *Stage[T, struct{}]) {
 	out.consumed = true
 	s.p.terminals = append(s.p.terminals, func(r *run) {
 		// The sink's function returned nil: the item's effect is committed, and its
-		// position settles (in an untracked run worker.end skips the call: quiet).
-		out.open(r, into[struct{}]{out: func(*hand) sender[struct{}] { return settler(r.track) }, done: func() {}})
+		// position settles, with the rest of the worker's run (runSettler); in an
+		// untracked run worker.end skips the call: quiet.
+		out.open(r, into[struct{}]{out: func(*hand) sender[struct{}] { return runSettler(r.track) }, done: func() {}})
 	})
 }
 

@@ -25,6 +25,9 @@ type tracker interface {
 	// settle settles one item derived from pos: a sink committed it, a filter dropped
 	// it, or the loop over [All] is done with it.
 	settle(pos uint64)
+	// settleAll settles one item derived from each of positions, as settle would one
+	// by one, in one lock (a sink worker's run of committed items).
+	settleAll(positions []uint64)
 	// setAside settles one item derived from pos that a stage set aside: its record
 	// m.dl went to the dead-letter destination, or, with m.back, it goes back to its
 	// source ([WithHandBack]). The tracker copies what it keeps of m.
@@ -60,6 +63,7 @@ func (noTrack) split(uint64, int)                                               
 func (noTrack) group([]uint64) uint64                                           { return noPos }
 func (noTrack) ungroup(uint64, int) []uint64                                    { return nil }
 func (noTrack) settle(uint64)                                                   {}
+func (noTrack) settleAll([]uint64)                                              {}
 func (noTrack) setAside(uint64, *ackMark)                                       {}
 func (noTrack) admit(context.Context, uint64, func(Settlement)) (uint64, error) { return noPos, nil }
 func (noTrack) skipped(uint64) bool                                             { return false }
@@ -252,6 +256,43 @@ func settler(t tracker) sender[struct{}] {
 		},
 		flush: func() error { return nil },
 		drop:  func() {},
+		track: t,
+	}
+}
+
+// runSettler returns the sender of a sink's workers: as settler's, but it keeps the
+// positions of the items put and settles them together, at a flush (the end of the
+// worker's run, at most a chunk of items: see worker.items), at a drop (the worker
+// stops: its items were committed all the same), or once it holds a chunk. An item's
+// settlement so waits at most for the rest of its run, as a stage's outputs wait in
+// its sender for the run's end; and the tracker's lock is taken once per run.
+func runSettler(t tracker) sender[struct{}] {
+	var held []uint64
+	flush := func() error {
+		if len(held) == 0 {
+			return nil
+		}
+		positions := held
+		held = held[:0] // first: a panic in a settle callback must not settle them twice
+		t.settleAll(positions)
+		return nil
+	}
+	return sender[struct{}]{
+		put: func(_ struct{}, pos uint64) error {
+			if pos == noPos {
+				return nil
+			}
+			if held == nil {
+				held = make([]uint64, 0, chunk)
+			}
+			held = append(held, pos)
+			if len(held) == chunk {
+				return flush()
+			}
+			return nil
+		},
+		flush: flush,
+		drop:  func() { _ = flush() },
 		track: t,
 	}
 }

@@ -112,8 +112,11 @@ func (p *part) lag(group int64) (lag int64, ok bool) {
 }
 
 // add appends rec, the next record of the partition, in the pipeline.
-func (p *part) add(rec *kgo.Record) *entry {
-	e := &entry{p: p, rec: rec, offset: rec.Offset, epoch: rec.LeaderEpoch, state: inPipeline}
+func (p *part) add(rec *kgo.Record) *entry { return p.addIn(new(entry), rec) }
+
+// addIn is add with e, zero, for rec's entry (one of a slab: see session.take).
+func (p *part) addIn(e *entry, rec *kgo.Record) *entry {
+	*e = entry{p: p, rec: rec, offset: rec.Offset, epoch: rec.LeaderEpoch, state: inPipeline}
 	if p.start < 0 {
 		p.start = rec.Offset
 	}

@@ -158,8 +158,10 @@ func TestRetryDueEmitErrorLeavesTheRestWaiting(t *testing.T) {
 	ss, a, b := dueSession()
 	canceled := errors.New("canceled")
 	var emitted []int
-	err := ss.retryDue(func(m Message[int], _ func(pipeline.Settlement)) error {
-		emitted = append(emitted, m.Value)
+	err := ss.retryDue(func(ms []Message[int], _ []func(pipeline.Settlement)) error {
+		for _, m := range ms {
+			emitted = append(emitted, m.Value)
+		}
 		return canceled
 	})
 	require.ErrorIs(t, err, canceled)
@@ -176,8 +178,10 @@ func TestRetryDueSkipsPartitionRevokedMeanwhile(t *testing.T) {
 	t.Parallel()
 	ss, a, b := dueSession()
 	var emitted []int
-	require.NoError(t, ss.retryDue(func(m Message[int], _ func(pipeline.Settlement)) error {
-		emitted = append(emitted, m.Value)
+	require.NoError(t, ss.retryDue(func(ms []Message[int], _ []func(pipeline.Settlement)) error {
+		for _, m := range ms {
+			emitted = append(emitted, m.Value)
+		}
 		ss.mu.Lock()
 		b.p.revoking = true // while this emit waited for room
 		ss.mu.Unlock()

@@ -424,13 +424,13 @@ func NewSource[T any](client []kgo.Opt, group string, topics []string, codec pip
 }
 
 // Stream adds the source to p and returns its stream of messages. p gets an
-// acknowledged source ([pipeline.FromAcked]): a pipeline may have only one, and Stream
+// acknowledged source ([pipeline.FromAckedBatches]): a pipeline may have only one, and Stream
 // panics on a second one. The source's row of p's reports carries its consumer lag
 // ([pipeline.WithLag]): [Stats].Lag, one [pipeline.PartitionLag] per partition,
 // labeled "topic/partition" and ordered by topic and partition, read when the report
 // is made.
 func (s *Source[T]) Stream(p *pipeline.Pipeline) *pipeline.Stream[Message[T]] {
-	return pipeline.FromAcked(p, s.run, pipeline.WithName(s.cfg.name), pipeline.WithMaxPending(s.cfg.maxPending),
+	return pipeline.FromAckedBatches(p, s.run, pipeline.WithName(s.cfg.name), pipeline.WithMaxPending(s.cfg.maxPending),
 		pipeline.WithLag(s.partitionLag))
 }
 
@@ -512,7 +512,7 @@ func (s *Source[T]) checkTopics(ctx context.Context, cl *kgo.Client) error {
 }
 
 // run is the body of the acknowledged source: one run's membership of the group.
-func (s *Source[T]) run(ctx context.Context, emit func(Message[T], func(pipeline.Settlement)) error) error {
+func (s *Source[T]) run(ctx context.Context, emit emitFunc[T]) error {
 	s.mu.Lock()
 	if s.running {
 		s.mu.Unlock()
@@ -616,13 +616,14 @@ func (s *Source[T]) run(ctx context.Context, emit func(Message[T], func(pipeline
 		case <-ss.kick:
 		case <-timer.C:
 		case b := <-polled:
-			for i, r := range b.recs {
+			for i := 0; i < len(b.recs); i += takeRun {
 				if ss.isStopped() || ss.isFailed() || ctx.Err() != nil {
 					ss.drop(len(b.recs) - i)
 					break
 				}
-				if err := ss.take(emit, r); err != nil {
-					ss.drop(len(b.recs) - i - 1)
+				k := min(takeRun, len(b.recs)-i)
+				if err := ss.take(emit, b.recs[i:i+k]); err != nil {
+					ss.drop(len(b.recs) - i - k)
 					return err
 				}
 			}
@@ -636,6 +637,13 @@ func (s *Source[T]) run(ctx context.Context, emit func(Message[T], func(pipeline
 		}
 	}
 }
+
+// emitFunc is the source's emit ([pipeline.FromAckedBatches]).
+type emitFunc[T any] = func([]Message[T], []func(pipeline.Settlement)) error
+
+// takeRun is the most polled records the body takes and emits at once: one lock of
+// the session, of the pipeline's tracker and of its first queue for each run of them.
+const takeRun = 64
 
 // session is one run's membership of the group.
 type session[T any] struct {
@@ -666,6 +674,11 @@ type session[T any] struct {
 	failed   chan struct{} // closed when failErr is set: the run fails with it
 	failErr  error
 	failOnce sync.Once
+
+	// The body's, reused from one take to the next: emit keeps neither slice.
+	ents    []*entry
+	msgs    []Message[T]
+	settles []func(pipeline.Settlement)
 }
 
 type retryAt struct {
@@ -837,61 +850,86 @@ func (ss *session[T]) fatal(topic string, err error) error {
 	return nil
 }
 
-// take registers a polled record in its partition and emits it, unless the partition
-// was revoked since the poll. The emit may wait for room (the pipeline's bound, a full
-// queue) while the partition's revoke begins, waits for the record and gives up: the
-// record then enters the pipeline after its revoke, and settles as Stale. emit cannot
-// be called off, so this window stays open; it holds one record, as the body emits one
-// at a time and takes no other record of a revoking partition.
-func (ss *session[T]) take(emit func(Message[T], func(pipeline.Settlement)) error, r polledRec) error {
+// take registers polled records (at most takeRun) in their partitions and emits them,
+// but for those whose partition was revoked since the poll. The emit may wait for room
+// (the pipeline's bound, a full queue) while a partition's revoke begins, waits for
+// its records and gives up: those records then enter the pipeline after its revoke,
+// and settle as Stale. emit cannot be called off, so this window stays open; it holds
+// at most takeRun records, as the body emits one run at a time and takes no other
+// record of a revoking partition.
+func (ss *session[T]) take(emit emitFunc[T], recs []polledRec) error {
+	ents := ss.ents[:0]
+	slab := make([]entry, len(recs)) // one allocation for the run's entries, not one each
 	ss.mu.Lock()
-	if !r.p.live || r.p.revoking {
-		ss.held--
-		ss.signalLocked()
-		ss.mu.Unlock()
-		ss.s.dropped.Add(1)
-		return nil
+	gone := 0
+	for i, r := range recs {
+		if !r.p.live || r.p.revoking {
+			gone++
+			continue
+		}
+		ents = append(ents, r.p.addIn(&slab[i], r.rec))
 	}
-	e := r.p.add(r.rec)
+	if gone > 0 {
+		ss.held -= gone
+		ss.signalLocked()
+	}
 	ss.mu.Unlock()
-	ss.s.fetched.Add(1)
-	return ss.emitEntry(emit, e)
+	if gone > 0 {
+		ss.s.dropped.Add(int64(gone))
+	}
+	ss.s.fetched.Add(int64(len(ents)))
+	err := ss.emitEntries(emit, ents)
+	clear(ents)
+	ss.ents = ents[:0]
+	return err
 }
 
-// emitEntry decodes e's record and emits it (e is in the pipeline); an undecodable
-// record is dead-lettered instead.
-func (ss *session[T]) emitEntry(emit func(Message[T], func(pipeline.Settlement)) error, e *entry) error {
-	rec := e.rec
-	var v T
-	if err := ss.s.codec.Unmarshal(rec.Value, &v); err != nil {
-		if ss.deadLetter(e, pipeline.DeadLetter[struct{}]{
-			Stage: ss.s.cfg.name, Attempts: 1, Class: pipeline.ClassItem, ErrType: fmt.Sprintf("%T", err),
-			FirstError: err.Error(), LastError: err.Error(), Time: time.Now(),
-		}) {
-			ss.s.undecodable.Add(1)
+// emitEntries decodes the records of ents and emits them in one call (each entry is in
+// the pipeline); an undecodable record is dead-lettered instead.
+func (ss *session[T]) emitEntries(emit emitFunc[T], ents []*entry) error {
+	msgs, settles := ss.msgs[:0], ss.settles[:0]
+	for _, e := range ents {
+		rec := e.rec
+		// Decoded in its message's place: a value of its own would be allocated
+		// (the codec is an interface) for every record.
+		msgs = append(msgs, Message[T]{
+			Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, Key: rec.Key,
+			Headers: rec.Headers, Timestamp: rec.Timestamp,
+		})
+		if err := ss.s.codec.Unmarshal(rec.Value, &msgs[len(msgs)-1].Value); err != nil {
+			msgs[len(msgs)-1] = Message[T]{}
+			msgs = msgs[:len(msgs)-1]
+			if ss.deadLetter(e, pipeline.DeadLetter[struct{}]{
+				Stage: ss.s.cfg.name, Attempts: 1, Class: pipeline.ClassItem, ErrType: fmt.Sprintf("%T", err),
+				FirstError: err.Error(), LastError: err.Error(), Time: time.Now(),
+			}) {
+				ss.s.undecodable.Add(1)
+			}
+			continue
 		}
+		settles = append(settles, func(st pipeline.Settlement) { ss.settle(e, st) })
+	}
+	if len(msgs) == 0 {
 		return nil
 	}
 	ss.mu.Lock()
-	ss.outstanding++
+	ss.outstanding += len(msgs)
 	ss.mu.Unlock()
-	m := Message[T]{
-		Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, Key: rec.Key,
-		Headers: rec.Headers, Timestamp: rec.Timestamp, Value: v,
-	}
-	return emit(m, func(st pipeline.Settlement) { ss.settle(e, st) })
+	err := emit(msgs, settles)
+	clear(msgs)
+	clear(settles)
+	ss.msgs, ss.settles = msgs[:0], settles[:0]
+	return err
 }
 
 // settle follows the outcome of an emitted item.
 func (ss *session[T]) settle(e *entry, st pipeline.Settlement) {
+	if st.Outcome == pipeline.Committed && ss.committedDone(e) {
+		return
+	}
 	switch st.Outcome {
-	case pipeline.Committed:
-		if ss.unproduced(e) {
-			ss.retryLater(e, txnPollWait) // its batch held it back: produce it in order
-			break
-		}
-		ss.s.committed.Add(1)
-		ss.done(e)
+	case pipeline.Committed: // held back by a transaction (see unproduced)
+		ss.retryLater(e, txnPollWait) // its batch held it back: produce it in order
 	case pipeline.DeadLettered:
 		ss.deadLetter(e, st.DeadLetter)
 	case pipeline.HandedBack:
@@ -902,15 +940,41 @@ func (ss *session[T]) settle(e *entry, st pipeline.Settlement) {
 		ss.abandon(e)
 	}
 	ss.mu.Lock()
+	last := ss.settledLocked()
+	ss.mu.Unlock()
+	if last {
+		ss.finish()
+	}
+}
+
+// committedDone is settle for a committed item that no transaction held back (nearly
+// every one), in one lock: done, and its end as an outstanding item. It reports
+// false, having done nothing, for an item held back (unproduced).
+func (ss *session[T]) committedDone(e *entry) bool {
+	ss.mu.Lock()
+	if ss.unproducedLocked(e) {
+		ss.mu.Unlock()
+		return false
+	}
+	ss.doneLocked(e)
+	last := ss.settledLocked()
+	ss.mu.Unlock()
+	ss.s.committed.Add(1)
+	if last {
+		ss.finish()
+	}
+	return true
+}
+
+// settledLocked ends an outstanding item, and reports whether it was the last one of
+// a body that returned (then the caller calls finish). ss.mu must be held.
+func (ss *session[T]) settledLocked() bool {
 	ss.outstanding--
 	last := ss.bodyDone && ss.outstanding == 0 && !ss.finished
 	if last {
 		ss.finished = true
 	}
-	ss.mu.Unlock()
-	if last {
-		ss.finish()
-	}
+	return last
 }
 
 // deadLetter produces e's record to the dead-letter topic, if any, and settles it;
@@ -972,12 +1036,11 @@ func (ss *session[T]) deadLetterFailed(e *entry, err error) error {
 	return &DeadLetterError{Topic: ss.s.cfg.dlTopic, From: e.p.tp, Offset: e.offset, Permanent: permanent, Err: err}
 }
 
-// unproduced reports whether e, of a live partition, was held back by a transactional
+// unproducedLocked reports whether e, of a live partition, was held back by a transactional
 // batch (prospect) or a store transaction (storeProspect) and no transaction produced
 // or wrote it since: its settle must not count it done, or its output would be lost.
-func (ss *session[T]) unproduced(e *entry) bool {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
+// ss.mu must be held.
+func (ss *session[T]) unproducedLocked(e *entry) bool {
 	if !e.heldBack || !e.p.live || ss.txnDone[e] {
 		return false
 	}
@@ -989,7 +1052,14 @@ func (ss *session[T]) unproduced(e *entry) bool {
 func (ss *session[T]) done(e *entry) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	delete(ss.txnDone, e)
+	ss.doneLocked(e)
+}
+
+// doneLocked is done with ss.mu held.
+func (ss *session[T]) doneLocked(e *entry) {
+	if ss.txnDone != nil {
+		delete(ss.txnDone, e)
+	}
 	if !e.p.live {
 		ss.s.stale.Add(1)
 		return
@@ -1004,15 +1074,14 @@ func (ss *session[T]) done(e *entry) {
 // behind an unsettled one, and resumes them once fewer did: records that settle
 // behind a record handed back again and again cannot pile up without bound.
 func (ss *session[T]) pauseLocked(p *part) {
-	tp := map[string][]int32{p.tp.Topic: {p.tp.Partition}}
 	switch full := p.nsettled >= ss.s.cfg.maxPending; {
 	case full && !p.paused:
 		p.paused = true
 		ss.s.paused.Add(1)
-		ss.cl.PauseFetchPartitions(tp)
+		ss.cl.PauseFetchPartitions(map[string][]int32{p.tp.Topic: {p.tp.Partition}})
 	case !full && p.paused:
 		p.paused = false
-		ss.cl.ResumeFetchPartitions(tp)
+		ss.cl.ResumeFetchPartitions(map[string][]int32{p.tp.Topic: {p.tp.Partition}})
 	}
 }
 
@@ -1061,7 +1130,7 @@ func (ss *session[T]) nextRetry() (time.Duration, bool) {
 }
 
 // retryDue emits again the records whose retry is due.
-func (ss *session[T]) retryDue(emit func(Message[T], func(pipeline.Settlement)) error) error {
+func (ss *session[T]) retryDue(emit emitFunc[T]) error {
 	now := time.Now()
 	ss.mu.Lock()
 	n := 0
@@ -1104,7 +1173,7 @@ func (ss *session[T]) retryDue(emit func(Message[T], func(pipeline.Settlement)) 
 		if gone {
 			continue
 		}
-		if err := ss.emitEntry(emit, e); err != nil {
+		if err := ss.emitEntries(emit, due[i:i+1]); err != nil {
 			back(due[i+1:])
 			return err
 		}
