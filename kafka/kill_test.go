@@ -73,8 +73,10 @@ func runKillChild() int {
 		return 1
 	}
 	defer prod.Close()
-	srcOpts := []kafka.SourceOption{kafka.WithCommitInterval(50 * time.Millisecond), kafka.WithMaxPending(300),
-		kafka.WithDeadLetterTopic(prod, deadTopic)}
+	srcOpts := []kafka.SourceOption{
+		kafka.WithCommitInterval(50 * time.Millisecond), kafka.WithMaxPending(300),
+		kafka.WithDeadLetterTopic(prod, deadTopic),
+	}
 	if mode == killTransact {
 		srcOpts = append(srcOpts, kafka.WithTransactionalID(id))
 	}
