@@ -303,16 +303,14 @@ func ExampleWindowReport() {
 	pipeline.To(perMinute, pipeline.NewSink("print", 1, func(_ context.Context, r pipeline.WindowResult[string, int]) error {
 		if s, _ := p.Snapshot().Stage("Window"); r.Start.Equal(at(0, 0)) {
 			w := s.Windows
-			// (w.Open is not printed: the window that fired may still be counted open
-			// while its result is on its way.)
-			fmt.Println("watermark:", w.Watermark.Format("15:04:05"), "lag:", w.Lag)
+			fmt.Println("open:", w.Open, "watermark:", w.Watermark.Format("15:04:05"), "lag:", w.Lag)
 			close(seen)
 		}
 		return nil
 	}))
 	fmt.Println(p.Run(context.Background()))
 	// Output:
-	// watermark: 12:01:10 lag: 10s
+	// open: 1 watermark: 12:01:10 lag: 10s
 	// <nil>
 }
 

@@ -622,23 +622,29 @@ func (w *windower[T, K, V]) fireDue() error {
 }
 
 // fire emits an open window's first result, then keeps it for late items (due again
-// at end + retention) or forgets it.
+// at end + retention) or forgets it. A window forgotten is forgotten before its result
+// is sent, so that a reader who has the result sees it no longer counted open.
 func (w *windower[T, K, V]) fire(wn *win[K, V]) error {
 	wn.fired = true
 	w.heldN -= int64(wn.owns)
 	wn.owns = 0
-	err := w.emit(wn, false)
+	res, pos := w.result(wn, false)
 	if w.retain > 0 {
 		wn.due = wn.end + int64(w.retain)
 		w.due.fix(wn.idx)
 	} else {
 		w.forget(wn, true)
 	}
-	return err
+	return w.send(res, pos)
 }
 
-// emit sends the window's result on, carrying the positions folded since the last one.
+// emit sends the result of a window the stage keeps.
 func (w *windower[T, K, V]) emit(wn *win[K, V], update bool) error {
+	return w.send(w.result(wn, update))
+}
+
+// result is the window's result, carrying the positions folded since the last one.
+func (w *windower[T, K, V]) result(wn *win[K, V], update bool) (WindowResult[K, V], uint64) {
 	res := WindowResult[K, V]{
 		Key: wn.key, Start: time.Unix(0, wn.start).UTC(), End: time.Unix(0, wn.end).UTC(),
 		Value: wn.val, Count: wn.n, Update: update,
@@ -648,8 +654,17 @@ func (w *windower[T, K, V]) emit(wn *win[K, V], update bool) error {
 	if update {
 		w.ws.updates.Add(1)
 	}
-	if w.q == nil { // inline: the producer's sender may hand the result on at once
+	return res, pos
+}
+
+// send sends a result on. The count of windows held is published first: the sender
+// may hand the result on at once (inline, to the producer's sender; queued, when its
+// run is full), and the report must not count open a window whose result is out.
+func (w *windower[T, K, V]) send(res WindowResult[K, V], pos uint64) error {
+	if w.q == nil {
 		w.publish()
+	} else {
+		w.ws.open.Store(int64(w.count))
 	}
 	err := w.out.put(res, pos)
 	w.t.emitted++ // sent, or counted unsent by put
@@ -838,15 +853,18 @@ func (w *windower[T, K, V]) positions() []uint64 {
 func (w *windower[T, K, V]) finish() error {
 	for len(w.due) > 0 {
 		wn := w.due[0]
-		if !wn.fired {
-			wn.fired = true
-			w.heldN -= int64(wn.owns)
-			wn.owns = 0
-			if err := w.emit(wn, false); err != nil {
-				return err
-			}
+		if wn.fired {
+			w.forget(wn, true)
+			continue
 		}
-		w.forget(wn, true)
+		wn.fired = true
+		w.heldN -= int64(wn.owns)
+		wn.owns = 0
+		res, pos := w.result(wn, false)
+		w.forget(wn, true) // before the result is out (see send)
+		if err := w.send(res, pos); err != nil {
+			return err
+		}
 	}
 	w.publish()
 	return w.out.flush()

@@ -541,6 +541,50 @@ func testWindowReportWhileOpen(t *testing.T, path ...pipeline.WindowOption) {
 	})
 }
 
+// TestWindowReportOpenExcludesFiredWindows reads the report from the sink as each
+// result arrives, the source waiting for it before the next minute's item: only the
+// window of that next item is open, never the one whose result is in the sink's hands.
+func TestWindowReportOpenExcludesFiredWindows(t *testing.T) {
+	for _, wp := range windowPaths {
+		t.Run(wp.name, func(t *testing.T) {
+			t.Parallel()
+			const minutes = 40
+			got := make(chan struct{})
+			p := pipeline.New()
+			src := pipeline.Generate(p, func(ctx context.Context, emit func(ev) error) error {
+				for m := range minutes {
+					if err := emit(ev{0, tsec(float64(60*m + 30)), 1}); err != nil {
+						return err
+					}
+					if m == 0 {
+						continue
+					}
+					select { // the result of minute m-1 is in the sink's hands
+					case <-got:
+					case <-ctx.Done():
+						return nil
+					}
+				}
+				return nil
+			})
+			var opens []int64
+			pipeline.To(pipeline.Window(src, pipeline.Tumbling(time.Minute), evKey, evTime, sumAgg(), wp.opts...),
+				pipeline.NewSink("sink", 1, func(context.Context, pipeline.WindowResult[int, int]) error {
+					s, _ := p.Snapshot().Stage("Window")
+					opens = append(opens, s.Windows.Open)
+					if len(opens) < minutes {
+						got <- struct{}{}
+					}
+					return nil
+				}))
+			require.NoError(t, p.Run(t.Context()))
+			want := slices.Repeat([]int64{1}, minutes)
+			want[minutes-1] = 0 // the last fires when the input ends
+			assert.Equal(t, want, opens)
+		})
+	}
+}
+
 func TestWindowMisuse(t *testing.T) {
 	t.Parallel()
 	p := pipeline.New()
