@@ -545,6 +545,7 @@ func testWindowReportWhileOpen(t *testing.T, path ...pipeline.WindowOption) {
 // result arrives, the source waiting for it before the next minute's item: only the
 // window of that next item is open, never the one whose result is in the sink's hands.
 func TestWindowReportOpenExcludesFiredWindows(t *testing.T) {
+	t.Parallel()
 	for _, wp := range windowPaths {
 		t.Run(wp.name, func(t *testing.T) {
 			t.Parallel()
