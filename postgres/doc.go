@@ -38,7 +38,12 @@
 // ([WithCheckpoint]), each batch's transaction also records the run's progress (see
 // [pipeline.Commit]): rows are never committed without their progress, nor progress
 // without its rows, so a resumed run neither loses nor repeats a row, even in insert
-// mode, even when four writers commit out of order. The writers' transactions do not
+// mode, even when four writers commit out of order. One exception: [Writer.To] with
+// [WithUpsert] (or [WithSkipExisting]) and more than one worker splits each batch into
+// a part per lane, and the batch's progress commits with its last part; a crash after
+// an earlier part committed makes the resumed run upsert that part's rows again, with
+// the values they had (no row lost, none older over a newer one, but a row trigger
+// sees the update). Write with one worker where each row must be written once. The writers' transactions do not
 // wait for one another: each records the progress in rows of its own. Loading the
 // checkpoint takes the job over; the previous instance's next commit fails with
 // [ErrFenced]. A COMMIT whose connection was lost (or whose attempt timed out) is

@@ -65,7 +65,8 @@ func defaultConfig() config {
 // hash of the key's values; keys are equal when their Go values are, as in the
 // de-duplication): a lane's parts of batches are written one after the other, retries
 // included, and a checkpointed run records a batch only once every earlier batch is
-// written, so a resumed run never writes an older row over a newer one. A batch part
+// written, so a resumed run never writes an older row over a newer one (it may write a
+// part's rows again, as they were: see the package's Exactly once). A batch part
 // set aside by the sink's [pipeline.WithDeadLetter] does not hold its lane up: its keys
 // keep what they held. [Writer.Sink] alone, with several workers, does not order
 // batches: concurrent batches with the same key commit in any order.

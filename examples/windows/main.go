@@ -119,7 +119,7 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	w := pgpipe.NewWriter(pool, table, pgpipe.Func([]string{"customer", "minute", "cents", "orders"}, func(t total) []any {
 		return []any{t.Customer, t.Minute, t.Cents, int32(t.Orders)}
 	}), pgpipe.WithUpsert("customer", "minute"), pgpipe.WithCheckpoint(store), pgpipe.WithChunk(20, 0))
-	w.To(rows, "totals", 2)
+	w.To(rows, "totals", 1) // one writer: see TestSIGKILLAndResume
 
 	if *crashAfter > 0 {
 		go crash(ctx, pool, *crashAfter, stderr)
