@@ -156,7 +156,9 @@ func WithMaxDelay(d time.Duration) WindowOption {
 // item that arrives in that time changes it, and the stage emits the window again with
 // Update set. An item later still is late: see [WithLateItems]. The default, 0, makes
 // every item behind the watermark late. [Window] panics when it is given with [Session]
-// windows. It panics if d < 0.
+// windows: a late item may join two sessions or move one's start, and an update could
+// then not replace the result a sink stored under the old start (it would need a
+// retraction). It panics if d < 0.
 func WithAllowedLateness(d time.Duration) WindowOption {
 	if d < 0 {
 		panic(fmt.Sprintf("pipeline: WithAllowedLateness(%v): negative lateness", d))
