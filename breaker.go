@@ -870,11 +870,23 @@ func (kb *keyBreakers[In, K]) evictLocked() uint32 {
 	return 0
 }
 
-// signal wakes the workers that wait for held items: at a key's transition (or a
-// probe's end), and when the last held item is taken. It must not skip a signal
-// when nothing is held at that moment: a worker may be taking a held item out and
-// putting it back (a probe refused, a failed probe's item), and the workers that
-// waited meanwhile would then wait for the next signal, perhaps for ever.
+// signal wakes the workers that wait for held items. Its protocol is publish before
+// wait: a waiter (wait) takes the current sig first, then looks (heldN, holders and
+// their breakers, under mu and each breaker's mu), then waits on that sig, a timer for
+// the time-bound readiness its look found (an open key's OpenFor) and its input; every
+// change that can make a look's answer earlier signals after it is made:
+//   - a key's transition, a probe given back, a probe's success when more are needed
+//     (breakerState.wakeLocked, under the breaker's mu);
+//   - a key that begins to hold items (park, after mu): a waiter that saw nothing held,
+//     or only keys not ready before a transition, has no timer for it;
+//   - the last held item taken (next, under mu) and a drop: a waiter whose input ended
+//     may end.
+//
+// An item held under a key that holds others already changes no key's readiness, and
+// signals nothing. A waiter's sig is closed by the first signal after it took it, so
+// a change that its look missed wakes it. A signal is never skipped when nothing is
+// held: a worker may be taking a held item out and putting it back (a probe refused, a
+// failed probe's item). Locks nest mu → a breaker's mu → sigMu.
 func (kb *keyBreakers[In, K]) signal() {
 	kb.sigMu.Lock()
 	close(kb.sig)
@@ -958,7 +970,8 @@ func (kb *keyBreakers[In, K]) park(v In, pos uint64, again bool) error {
 		kb.mu.Unlock()
 		return &BreakerFullError{Stage: kb.env.stage, Key: ks.name, Held: n}
 	}
-	if len(ks.held) == ks.first {
+	newHolder := len(ks.held) == ks.first
+	if newHolder {
 		kb.holders = append(kb.holders, ks)
 	}
 	h := heldItem[In]{v: v, pos: pos}
@@ -978,7 +991,9 @@ func (kb *keyBreakers[In, K]) park(v In, pos uint64, again bool) error {
 	}
 	kb.heldN.Add(1)
 	kb.mu.Unlock()
-	if ks.b.closed.Load() { // it closed meanwhile: its item may go on at once
+	// A key that begins to hold: the waiters may have looked before (see signal). One
+	// that closed meanwhile: its item may go on at once.
+	if newHolder || ks.b.closed.Load() {
 		kb.signal()
 	}
 	return nil
@@ -1063,27 +1078,26 @@ func (kb *keyBreakers[In, K]) untilReady() (time.Duration, bool) {
 // be taken back (errResume). With nothing held and no input to wait for it returns
 // errResume at once, for the caller to look again (and end).
 func (kb *keyBreakers[In, K]) wait(ctx context.Context, wake <-chan struct{}) (bool, error) {
-	var sig <-chan struct{}
+	// Publish before wait (see signal): sig first, then the look. A worker that finds
+	// nothing held waits on sig too, for an item held after its look.
+	kb.sigMu.Lock()
+	sig := kb.sig
+	kb.sigMu.Unlock()
 	var timeout <-chan time.Time
 	if kb.heldN.Load() == 0 {
 		if wake == nil {
 			return false, errResume
 		}
 	} else {
-		kb.sigMu.Lock()
-		sig = kb.sig // before untilReady looks: a signal after it is not lost
-		kb.sigMu.Unlock()
 		d, held := kb.untilReady()
-		if d == 0 || !held && wake == nil { // none held now: the last was taken before sig was read
+		if d == 0 || !held && wake == nil { // none held now: the last was taken before the look
 			return false, errResume
 		}
-		// Not before a transition (a half-open key's probe in flight): its signal wakes
-		// us. Look again after a second at the latest all the same: with the holes
-		// closed that TestBreakerPerKeyIdleWorkersEnd found, it still deadlocked once
-		// in a CI run without this, so one lost signal is left to find.
-		t := time.NewTimer(min(d, time.Second))
-		defer t.Stop()
-		timeout = t.C
+		if d < time.Duration(math.MaxInt64) { // else not before a transition, whose signal wakes us
+			t := time.NewTimer(d)
+			defer t.Stop()
+			timeout = t.C
+		}
 	}
 	select {
 	case <-wake:

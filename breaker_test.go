@@ -1346,3 +1346,210 @@ func TestBreakerPerKeyIdleWorkersEnd(t *testing.T) {
 		})
 	}
 }
+
+// TestBreakerPerKeyIdleWorkerTakesBackItemHeldAfterItWaited checks that a worker that
+// went idle while nothing was held takes back an item held after it began to wait, once
+// the item's key half-opens, though no more input comes: the worker that held the item
+// stays busy with the next item of its run, which waits for the held one. Two workers
+// are kept busy at once first, so that x and y are queued together and one worker
+// takes both; the other finds the queue empty and waits. (It waited for input alone:
+// the item's hold did not wake it, and the run hung.)
+func TestBreakerPerKeyIdleWorkerTakesBackItemHeldAfterItWaited(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		const openFor = 100 * time.Millisecond
+		busy := make(chan struct{}, 2) // the warm-up items' calls have begun
+		release := make(chan struct{})
+		xDone := make(chan struct{})
+		var xCalls atomic.Int64
+		var xAt time.Duration
+		start := time.Now()
+		call := func(ctx context.Context, v string) (string, error) {
+			switch v {
+			case "w1", "w2": // both workers busy (and their runs no longer of one item)
+				busy <- struct{}{}
+				select {
+				case <-release:
+				case <-ctx.Done():
+					return "", ctx.Err()
+				}
+			case "x": // key a, down for its first call
+				select {
+				case <-time.After(10 * time.Millisecond):
+				case <-ctx.Done():
+					return "", ctx.Err()
+				}
+				if xCalls.Add(1) == 1 {
+					return "", pipeline.Transient(errDown)
+				}
+				xAt = time.Since(start)
+				close(xDone)
+			case "y": // key b: waits for x
+				select {
+				case <-xDone:
+				case <-ctx.Done():
+					return "", ctx.Err()
+				}
+			}
+			return v, nil
+		}
+		key := func(v string) string {
+			if v == "x" {
+				return "a"
+			}
+			return "b"
+		}
+		p := pipeline.New()
+		src := pipeline.Generate(p, func(ctx context.Context, emit func(string) error) error {
+			emits := func(vs ...string) error {
+				for _, v := range vs {
+					if err := emit(v); err != nil {
+						return err
+					}
+				}
+				return nil
+			}
+			if err := emits("w1", "w2"); err != nil {
+				return err
+			}
+			for range 2 {
+				select {
+				case <-busy:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			if err := emits("x", "y"); err != nil {
+				return err
+			}
+			close(release)
+			select { // the input stays open, with nothing more in it, until x is done
+			case <-xDone:
+			case <-ctx.Done():
+			}
+			return nil
+		})
+		st := pipeline.NewStage("call", 2, call,
+			pipeline.WithBreakerPerKey(key, pipeline.Breaker{Failures: 1, OpenFor: openFor}, pipeline.KeyBounds{}))
+		var got []string
+		pipeline.To(pipeline.Then(src, st), pipeline.NewSink("sink", 1, func(_ context.Context, v string) error {
+			got = append(got, v)
+			return nil
+		}))
+		require.NoError(t, p.Run(t.Context()))
+		assert.ElementsMatch(t, []string{"w1", "w2", "x", "y"}, got)
+		assert.Equal(t, int64(2), xCalls.Load())
+		// Its first call failed at 10 ms; the idle worker took it back as its key
+		// half-opened, and its probe took 10 ms.
+		assert.Equal(t, 10*time.Millisecond+openFor+10*time.Millisecond, xAt)
+		rep := row(t, p.Report(), "call")
+		assert.Equal(t, int64(1), rep.Breaker.Opened)
+		assert.Equal(t, int64(1), rep.Breaker.Held)
+	})
+}
+
+// TestBreakerPerKeyWorkerWaitingForAProbeTakesBackAnotherKeysItem checks that a worker
+// waiting for a half-open key's probe to end (no timer: only the probe's end changes
+// that key) takes back an item that another key's breaker holds meanwhile, once that
+// key half-opens. Key c's first calls fail; its probe then waits for x, as does y, the
+// item after x in one worker's run. x's failure opens its key, whose signal wakes the
+// waiter; the key function lets x be held only once the waiter waits again, as it may
+// with real schedules. (The hold did not wake the waiter: it waited for c's probe, a
+// second at the most with the re-look that masked it.)
+func TestBreakerPerKeyWorkerWaitingForAProbeTakesBackAnotherKeysItem(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		const openFor = 100 * time.Millisecond
+		busy := make(chan struct{}, 2) // v1's and v2's calls have begun
+		probing := make(chan struct{}, 1)
+		release := make(chan struct{})
+		xDone := make(chan struct{})
+		var xCalls atomic.Int64
+		var xAt, probeAt time.Duration
+		start := time.Now()
+		wait := func(ctx context.Context, ch <-chan struct{}) error {
+			select {
+			case <-ch:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		call := func(ctx context.Context, v string) (string, error) {
+			switch v {
+			case "c1", "c2": // key c: down at first; its probe waits for x
+				if time.Since(start) < openFor/2 {
+					return "", pipeline.Transient(errDown)
+				}
+				select {
+				case probing <- struct{}{}:
+				default:
+				}
+				if err := wait(ctx, xDone); err != nil {
+					return "", err
+				}
+			case "v1", "v2": // the other two workers busy (and their runs no longer of one item)
+				busy <- struct{}{}
+				if err := wait(ctx, release); err != nil {
+					return "", err
+				}
+			case "x": // key a, down for its first call
+				select {
+				case <-time.After(10 * time.Millisecond):
+				case <-ctx.Done():
+					return "", ctx.Err()
+				}
+				if xCalls.Add(1) == 1 {
+					return "", pipeline.Transient(errDown)
+				}
+				xAt = time.Since(start)
+				close(xDone)
+			case "y": // key b: waits for x
+				if err := wait(ctx, xDone); err != nil {
+					return "", err
+				}
+			}
+			return v, nil
+		}
+		p := pipeline.New()
+		src := pipeline.Generate(p, func(ctx context.Context, emit func(string) error) error {
+			for _, step := range []struct {
+				v     string
+				after <-chan struct{} // what to wait for once v is emitted
+			}{{"c1", nil}, {"c2", probing}, {"v1", busy}, {"v2", busy}, {"x", nil}, {"y", nil}} {
+				if err := emit(step.v); err != nil {
+					return err
+				}
+				if step.after != nil {
+					if err := wait(ctx, step.after); err != nil {
+						return err
+					}
+				}
+			}
+			probeAt = time.Since(start)
+			close(release)
+			return wait(ctx, xDone) // the input stays open, with nothing more in it, until x is done
+		})
+		var xKeys atomic.Int64
+		key := func(v string) string {
+			if v == "x" && xKeys.Add(1) == 2 { // before x's attempt after its failure
+				synctest.Wait()
+			}
+			return v[:1]
+		}
+		st := pipeline.NewStage("call", 3, call,
+			pipeline.WithBreakerPerKey(key, pipeline.Breaker{Failures: 1, OpenFor: openFor}, pipeline.KeyBounds{}))
+		var got []string
+		pipeline.To(pipeline.Then(src, st), pipeline.NewSink("sink", 1, func(_ context.Context, v string) error {
+			got = append(got, v)
+			return nil
+		}))
+		require.NoError(t, p.Run(t.Context()))
+		assert.ElementsMatch(t, []string{"c1", "c2", "v1", "v2", "x", "y"}, got)
+		assert.Equal(t, int64(2), xCalls.Load())
+		assert.Equal(t, openFor, probeAt, "c's probe began as it half-opened")
+		// x's first call failed 10 ms after c's probe began; a waiting worker took it
+		// back as its key half-opened, and its probe took 10 ms.
+		assert.Equal(t, openFor+10*time.Millisecond+openFor+10*time.Millisecond, xAt)
+	})
+}
