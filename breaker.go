@@ -335,6 +335,7 @@ type breakerState struct {
 	openTotal time.Duration // earlier spells, ended
 	history   []transition
 	notify    func() // called (under mu) at every wake: a breaker per key tells its held items' waiters; nil otherwise
+	key       string // a breaker per key's key, for its events ("" otherwise)
 }
 
 // transition is one entry of a breaker's history.
@@ -589,7 +590,7 @@ func (b *breakerState) moveLocked(to BreakerState, now time.Time, err error, env
 	b.history = append(b.history, transition{to: to, at: now})
 	b.wakeLocked()
 	kind := [...]EventKind{BreakerClosed: EventBreakerClosed, BreakerOpen: EventBreakerOpen, BreakerHalfOpen: EventBreakerHalfOpen}[to]
-	return Event{Kind: kind, Stage: env.stage, Err: err}
+	return Event{Kind: kind, Stage: env.stage, Err: err, Key: b.key}
 }
 
 func (b *breakerState) wakeLocked() {
@@ -696,7 +697,7 @@ type KeyBounds struct {
 // whose breaker is not closed (KeysOpen) and, per key, its state and held items
 // (Keys). Its State is the worst key's (open, then half-open), and Opened and TimeOpen
 // add up the keys'. A key's transitions are [Event]s of the stage as with
-// WithCircuitBreaker (which key is not said); MaxOpen applies per key, and is checked
+// WithCircuitBreaker, with the key in their Key; MaxOpen applies per key, and is checked
 // when an attempt of the key is refused (at each failed probe at the latest).
 //
 // In a checkpointed run, a held item keeps the checkpoint from passing it. The held
@@ -833,7 +834,7 @@ func heldBound(b KeyBounds) int {
 
 func (kb *keyBreakers[In, K]) newState(k K, name string, id uint32) *keyState[In, K] {
 	ks := &keyState[In, K]{b: newBreakerState(kb.cfg), k: k, name: name, id: id}
-	ks.b.notify = kb.signal
+	ks.b.notify, ks.b.key = kb.signal, name
 	return ks
 }
 

@@ -1,9 +1,11 @@
 package pipeline_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -312,6 +314,9 @@ func TestBreakerTransitions(t *testing.T) {
 			pipeline.EventBreakerOpen, pipeline.EventBreakerHalfOpen, pipeline.EventBreakerOpen,
 			pipeline.EventBreakerHalfOpen, pipeline.EventBreakerClosed,
 		}, log.kinds(breakerKinds...))
+		for _, e := range log.events {
+			assert.Empty(t, e.Key, "a stage's breaker has no key")
+		}
 	})
 }
 
@@ -1551,5 +1556,49 @@ func TestBreakerPerKeyWorkerWaitingForAProbeTakesBackAnotherKeysItem(t *testing.
 		// x's first call failed 10 ms after c's probe began; a waiting worker took it
 		// back as its key half-opened, and its probe took 10 ms.
 		assert.Equal(t, openFor+10*time.Millisecond+openFor+10*time.Millisecond, xAt)
+	})
+}
+
+// TestBreakerPerKeyEventsNameTheirKey checks that the transitions of a breaker per key
+// are events that name their key, and that WithLogger logs it: key a is down for 200
+// ms, b is up; one worker, so a's probes come one after another.
+func TestBreakerPerKeyEventsNameTheirKey(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		var buf bytes.Buffer
+		var mu sync.Mutex
+		logger := slog.New(slog.NewTextHandler(lockedWriter{&mu, &buf}, nil))
+		events := &eventLog{start: time.Now()}
+		svc := newKeyService(200*time.Millisecond, "a")
+		key := keyOf(2)
+		p := pipeline.New(pipeline.WithObserver(events.observe), pipeline.WithLogger(logger))
+		st := pipeline.NewStage("call", 1, svc.call(key),
+			pipeline.WithBreakerPerKey(key, pipeline.Breaker{Failures: 1, OpenFor: 100 * time.Millisecond}, pipeline.KeyBounds{}))
+		pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(4)), st), pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+		require.NoError(t, p.Run(t.Context()))
+		// a opens at its first call, fails its probe at 110 ms, passes the next at 220 ms.
+		assert.Equal(t, []pipeline.EventKind{
+			pipeline.EventBreakerOpen, pipeline.EventBreakerHalfOpen, pipeline.EventBreakerOpen,
+			pipeline.EventBreakerHalfOpen, pipeline.EventBreakerClosed,
+		}, events.kinds(breakerKinds...))
+		var keys []string
+		for _, e := range events.events {
+			if slices.Contains(breakerKinds, e.Kind) {
+				keys = append(keys, e.Key)
+			} else {
+				assert.Empty(t, e.Key, e.Kind)
+			}
+		}
+		assert.Equal(t, []string{"a", "a", "a", "a", "a"}, keys)
+		mu.Lock()
+		out := buf.String()
+		mu.Unlock()
+		for _, want := range []string{
+			`level=WARN msg="pipeline: circuit breaker open" stage=call key=a error="connection refused"`,
+			`level=INFO msg="pipeline: circuit breaker half-open" stage=call key=a`,
+			`level=INFO msg="pipeline: circuit breaker closed" stage=call key=a`,
+		} {
+			assert.Contains(t, out, want)
+		}
 	})
 }

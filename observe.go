@@ -78,6 +78,11 @@ type Event struct {
 	Err      error  // EventRetry, EventDeadLetter: the error; EventBudget: the budget error; EventBreakerOpen: the failure
 	Position int64  // EventCheckpoint: the position saved
 	Limit    int    // EventLimit: the adaptive stage's new limit
+	// Key is, for an event of a breaker per key ([WithBreakerPerKey]: EventBreakerOpen,
+	// EventBreakerHalfOpen, EventBreakerClosed), the key as fmt's %v prints it, or
+	// "(other keys)" for the breaker that the keys past [KeyBounds].Keys share; "" for
+	// any other event, and for a stage's or shared breaker.
+	Key string
 	// Age is, for EventStuck, how long the attempt had run: at least that, and less than a
 	// quarter of the timeout more (1 ms at least).
 	Age time.Duration
@@ -133,12 +138,11 @@ func logEvent(l *slog.Logger) func(context.Context, Event) {
 		case EventStageDone:
 			l.LogAttrs(ctx, slog.LevelInfo, "pipeline: stage done", slog.String("stage", e.Stage))
 		case EventBreakerOpen:
-			l.LogAttrs(ctx, slog.LevelWarn, "pipeline: circuit breaker open", slog.String("stage", e.Stage),
-				slog.String("error", errText(e.Err)))
+			l.LogAttrs(ctx, slog.LevelWarn, "pipeline: circuit breaker open", breakerAttrs(e, slog.String("error", errText(e.Err)))...)
 		case EventBreakerHalfOpen:
-			l.LogAttrs(ctx, slog.LevelInfo, "pipeline: circuit breaker half-open", slog.String("stage", e.Stage))
+			l.LogAttrs(ctx, slog.LevelInfo, "pipeline: circuit breaker half-open", breakerAttrs(e)...)
 		case EventBreakerClosed:
-			l.LogAttrs(ctx, slog.LevelInfo, "pipeline: circuit breaker closed", slog.String("stage", e.Stage))
+			l.LogAttrs(ctx, slog.LevelInfo, "pipeline: circuit breaker closed", breakerAttrs(e)...)
 		case EventLimit:
 			l.LogAttrs(ctx, slog.LevelDebug, "pipeline: adaptive limit changed", slog.String("stage", e.Stage),
 				slog.Int("limit", e.Limit))
@@ -147,6 +151,16 @@ func logEvent(l *slog.Logger) func(context.Context, Event) {
 				slog.String("stage", e.Stage), slog.Duration("age", e.Age))
 		}
 	}
+}
+
+// breakerAttrs are the attributes of a breaker's event: its stage, its key when it is
+// a breaker per key's, then more.
+func breakerAttrs(e Event, more ...slog.Attr) []slog.Attr {
+	attrs := []slog.Attr{slog.String("stage", e.Stage)}
+	if e.Key != "" {
+		attrs = append(attrs, slog.String("key", e.Key))
+	}
+	return append(attrs, more...)
 }
 
 // emit sends e to the pipeline's observers, if any. A panic in an observer does not
