@@ -801,26 +801,28 @@ func (ss *session[T]) poll(ctx context.Context, out chan<- polledBatch) {
 			}
 		})
 		ss.mu.Lock()
+		// One look-up of the partition per fetched partition, not per record: the
+		// records of a partition come together.
 		fs.EachPartition(func(fp kgo.FetchTopicPartition) {
-			if p := ss.parts[TopicPartition{fp.Topic, fp.Partition}]; p != nil && fp.Err == nil {
+			p := ss.parts[TopicPartition{fp.Topic, fp.Partition}]
+			if p != nil && fp.Err == nil {
 				p.hwm = max(p.hwm, fp.HighWatermark)
 			}
-		})
-		fs.EachRecord(func(r *kgo.Record) {
-			p := ss.parts[TopicPartition{r.Topic, r.Partition}]
 			if p == nil || !p.live || p.revoking || ss.s.cfg.store != nil && !p.claimed {
-				ss.s.dropped.Add(1)
+				ss.s.dropped.Add(int64(len(fp.Records)))
 				return
 			}
-			if ss.tx == nil {
-				if p.start < 0 {
-					p.start = r.Offset
+			for _, r := range fp.Records {
+				if ss.tx == nil {
+					if p.start < 0 {
+						p.start = r.Offset
+					}
+				} else if !p.admit(r.Offset) { // only a transactional source rewinds (SetOffsets)
+					ss.s.dropped.Add(1)
+					continue
 				}
-			} else if !p.admit(r.Offset) { // only a transactional source rewinds (SetOffsets)
-				ss.s.dropped.Add(1)
-				return
+				b.recs = append(b.recs, polledRec{p: p, rec: r})
 			}
-			b.recs = append(b.recs, polledRec{p: p, rec: r})
 		})
 		ss.held += len(b.recs)
 		ss.mu.Unlock()
