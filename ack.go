@@ -693,7 +693,7 @@ func (t *ackTracker) reachedLocked(pos uint64) {
 		return
 	}
 	t.firing++
-	t.ready = append(t.ready, ackFire{e.settle, e.mark})
+	t.ready = append(t.ready, ackFire(e))
 }
 
 // holdsHead implements [tracker]: the source waits for any unsettled item, so a batch
