@@ -686,8 +686,8 @@ type session[T any] struct {
 
 // settler is the settle callback of an emitted record (fn, made once): the run calls
 // it exactly once, after which it serves another record, so that an emit allocates no
-// callback per record (a closure each cost about 0.2 µs per record, with its share of
-// the collector's work, in BenchmarkS8Kafka).
+// callback per record (a closure each was 2,000,000 allocations per iteration of
+// BenchmarkS8Kafka, 60 ns per record in its profile before the collector's share).
 type settler[T any] struct {
 	e  *entry // the record's, nil while free
 	fn func(pipeline.Settlement)
