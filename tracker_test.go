@@ -162,7 +162,8 @@ func TestTrackerAdmitWaits(t *testing.T) {
 		{"acknowledged", func(drain <-chan struct{}) (tracker, uint64, func()) {
 			ak := newAckTracker()
 			ak.max, ak.drain = 1, drain
-			ak.entries[0] = ackEntry{} // emitted, not settled
+			ak.entries.size(ak.max)
+			ak.entries.put(0, ackEntry{}) // emitted, not settled
 			return ak, 1, func() { ak.settle(0) }
 		}},
 	}
@@ -236,7 +237,42 @@ func TestAckTrackerKeepsItsOwnMark(t *testing.T) {
 	require.Len(t, got, 1)
 	assert.Equal(t, DeadLettered, got[0].Outcome)
 	assert.Equal(t, "parse", got[0].DeadLetter.Stage)
-	assert.Empty(t, ak.entries)
+	assert.Zero(t, ak.entries.len())
 	assert.Empty(t, ak.refs)
 	assert.Zero(t, ak.firing)
+}
+
+// TestAckTableSpillsPositionsWhoseSlotIsTaken holds position 0 while positions past the
+// table's slots come and go: those that meet its slot (n, 2n, 3n, held too) go to the
+// map, every one is found and taken once, and the positions left come out in order.
+func TestAckTableSpillsPositionsWhoseSlotIsTaken(t *testing.T) {
+	t.Parallel()
+	var a ackTable
+	a.size(1)
+	n := uint64(len(a.slots))
+	a.put(0, ackEntry{})
+	for p := uint64(1); p <= 3*n; p++ {
+		a.put(p, ackEntry{})
+		if p%n != 0 { // the others settle at once
+			_, ok := a.take(p)
+			require.True(t, ok, "position %d", p)
+		}
+	}
+	assert.Len(t, a.more, 3, "n, 2n and 3n met 0's slot")
+	m := &ackMark{back: true}
+	a.mark(2*n, m)
+	assert.Same(t, m, a.get(2*n).mark)
+	assert.Nil(t, a.get(0).mark)
+	want := []uint64{0, n, 2 * n, 3 * n}
+	assert.Equal(t, want, a.positions())
+	assert.Equal(t, len(want), a.len())
+	for _, p := range want {
+		_, ok := a.take(p)
+		require.True(t, ok, "position %d", p)
+		_, ok = a.take(p)
+		require.False(t, ok, "position %d taken twice", p)
+	}
+	assert.Zero(t, a.len())
+	assert.Empty(t, a.more)
+	assert.Nil(t, a.get(0))
 }

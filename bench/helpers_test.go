@@ -7,6 +7,7 @@ import (
 	"runtime/metrics"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -175,4 +176,14 @@ func send[T any](ctx context.Context, ch chan<- T, v T) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// cpuTime returns the CPU time (user and system) the process has spent so far.
+func cpuTime(b *testing.B) time.Duration {
+	b.Helper()
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -29,7 +29,10 @@ import (
 //
 // Both end with a commit of every record's offset, checked. Metrics: records/s; lost,
 // the records of an iteration never processed (must be 0); duplicated, records
-// processed more than once (must be 0: nothing crashes here). The PostgreSQL variants,
+// processed more than once (must be 0: nothing crashes here); cpu-ns/record, the CPU
+// time (user and system) the whole process spent per record while timed: the
+// cluster's share, the same for both, with the implementation's. It depends far less
+// than records/s on what else the machine runs. The PostgreSQL variants,
 // sink=postgres/impl=..., are in s8_postgres_test.go.
 const (
 	s8Items      = 2_000_000
@@ -94,10 +97,13 @@ func s8Measure(b *testing.B, c *kfake.Cluster, impl string, run func(context.Con
 	b.Helper()
 	ctx := b.Context()
 	var lost, dup int64
+	var cpu time.Duration
 	for b.Loop() {
 		group := impl + "-" + strconv.FormatInt(s8Groups.Add(1), 10) // a new group each time, whatever ran before
 		seen := newS8Seen(s8Items)
+		before := cpuTime(b)
 		run(ctx, group, seen)
+		cpu += cpuTime(b) - before
 		lost += int64(s8Items) - seen.unique.Load()
 		dup += seen.dup.Load()
 		b.StopTimer()
@@ -108,6 +114,7 @@ func s8Measure(b *testing.B, c *kfake.Cluster, impl string, run func(context.Con
 	b.ReportMetric(float64(s8Items)*n/b.Elapsed().Seconds(), "records/s")
 	b.ReportMetric(float64(lost)/n, "lost")
 	b.ReportMetric(float64(dup)/n, "duplicated")
+	b.ReportMetric(float64(cpu.Nanoseconds())/(float64(s8Items)*n), "cpu-ns/record")
 }
 
 // s8Seen tells which records were processed in an iteration; done is closed when all were.

@@ -125,6 +125,10 @@ func (p *part) addIn(e *entry, rec *kgo.Record) *entry {
 	return e
 }
 
+// keepPending is the largest array of pending entries a part keeps once they all
+// settled (8 B each), rather than make a new one for its next records.
+const keepPending = 4096
+
 // settle marks e settled and moves the watermark over the settled prefix. It reports
 // whether the watermark moved.
 func (p *part) settle(e *entry) bool {
@@ -149,6 +153,11 @@ func (p *part) settle(e *entry) bool {
 	p.hasMark = true
 	p.behind += int64(n)
 	p.nsettled -= n
+	if n == len(p.pending) && cap(p.pending) <= keepPending {
+		clear(p.pending) // all settled: the array serves the next records
+		p.pending = p.pending[:0]
+		return true
+	}
 	clear(p.pending[:n])
 	p.pending = p.pending[n:]
 	if len(p.pending) == 0 {
