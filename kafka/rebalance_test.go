@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -198,7 +199,23 @@ func TestLostPartitionsAreRedone(t *testing.T) {
 	eventually(t, 30*time.Second, "a quarter of the output", func() bool { return out.distinct() >= n/4 })
 	c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Heartbeat}, Group: "lose", Err: kerr.UnknownMemberID})
 	eventually(t, 30*time.Second, "the partitions lost", func() bool { return src.Stats().Lost > 0 })
-	eventually(t, 45*time.Second, "every record", func() bool { return out.distinct() == n })
+	// Every record reached the sink before its partition was lost, or since: the redone
+	// ones may still be on their way, so wait for the commits to reach every
+	// partition's end too before stopping.
+	ends := endOffsets(ctx, t, c, inTopic)
+	adm := kadm.NewClient(newClient(t, c))
+	eventually(t, 45*time.Second, "every record, committed", func() bool {
+		offs, err := adm.FetchOffsets(ctx, "lose")
+		if err != nil || out.distinct() < n {
+			return false
+		}
+		for part, end := range ends {
+			if o, ok := offs.Lookup(inTopic, part); !ok || o.Err != nil || o.At != end {
+				return false
+			}
+		}
+		return true
+	})
 	src.Stop()
 	require.NoError(t, <-errc)
 	st := src.Stats()
