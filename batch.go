@@ -175,7 +175,7 @@ func (b *batcher[T]) take() (err error) {
 // idle waits, parked, for input, for the linger to expire, for a checkpointed source
 // that waits for a save that needs this batch's items, or for the run to stop (see
 // consumer.take). A flush here happens parked: a producer that wakes the batcher
-// meanwhile leaves a token for its next wait.
+// meanwhile leaves a token that take drains (see queue.unpark) before it looks again.
 func (b *batcher[T]) idle(wake <-chan struct{}) (bool, error) {
 	// A checkpointed source waiting for a save may be waiting for an item this batch
 	// holds: then flush it, whatever its size.

@@ -471,13 +471,31 @@ func (q *queue[T]) wakeProducers() {
 	q.mu.Unlock()
 }
 
-// unpark takes w off lane i's waiting list, if it is still there.
+// unpark ends a consumer's wait on lane i that no token ended (consumer.take's idle
+// returned not woken): it takes w off the waiting list or, if a waker took it off
+// first, drains the token that waker sent.
+//
+// The protocol: a waiter's channel holds a token only from the moment a waker takes it
+// off a list (wakeSome, which sends under q.mu) until its consumer receives it, so a
+// consumer that parks has an empty channel, and a token it receives means it is off
+// the list. A wait that ends otherwise (a breaker's signal, a timer) may end just after
+// a waker took w off: under q.mu, w is then off the list and its token is in its
+// channel. Left there, the next wait would take it for a wake while w was parked again,
+// and take would park w a second time: a later wake could go to that second entry
+// while the worker was busy, and leave its item queued while another worker slept.
+// Draining it loses no wake: take looks at the lane again, under the lock, before it
+// waits again.
 func (q *queue[T]) unpark(i int, w *waiter) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	l := &q.lanes[i]
 	if j := slices.Index(l.waiting, w); j >= 0 {
 		l.waiting = slices.Delete(l.waiting, j, j+1)
+		return
+	}
+	select {
+	case <-w.ch: // a waker's token, sent as the wait ended otherwise
+	default:
 	}
 }
 
@@ -766,8 +784,9 @@ func newConsumer[T any](q *queue[T], lane, id int, stats *workerStats, capacity 
 // (0 < n <= chunk); share is takeOrPark's. While the lane is empty it parks: with idle
 // nil it waits for a producer's token; otherwise idle is called, parked, with the
 // waiter's channel to select on besides what else the consumer waits for, and reports
-// whether that channel's token woke it (if not, take unparks it) and an error that ends
-// the take. ok is false when the lane is closed and drained (err nil), when the run is
+// whether that channel's token woke it (if not, take unparks it, which also drains a
+// token that came as the wait ended otherwise: see unpark) and an error that ends the
+// take. ok is false when the lane is closed and drained (err nil), when the run is
 // stopping (its cause), or with idle's error. The run's first item is counted as
 // started at once; seq is its sequence number (ordered stages).
 func (c *consumer[T]) take(ctx context.Context, n, share int, idle func(wake <-chan struct{}) (woken bool, err error)) (seq uint64, ok bool, err error) {

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"testing/synctest"
+
+	"github.com/stretchr/testify/assert"
 )
 
 // TestQueueExactlyOnceWithinBound drives a queue directly with several producers, each
@@ -188,4 +190,102 @@ func TestLaneRing(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestConsumerWaitEndedOtherwiseParksOnce: a worker whose wait ends for another reason
+// (idle returns not woken: a breaker's signal, a timer) just as a producer has woken it
+// parks once at its next wait, and a later item wakes a worker that waits. The token
+// the producer sent stayed in the waiter's channel: the next wait took it for a wake
+// and parked the worker a second time, and a later wake went to that second entry while
+// the worker was busy, the item waiting while another worker slept.
+func TestConsumerWaitEndedOtherwiseParksOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := t.Context()
+		q := newQueue[int](4, 2)
+		snd := q.outlet(ctx)(new(hand))
+		send := func(v int) {
+			if err := snd.put(v, noPos); err != nil {
+				t.Errorf("put: %v", err)
+			}
+			if err := snd.flush(); err != nil {
+				t.Errorf("flush: %v", err)
+			}
+		}
+		stats := make([]workerStats, 2)
+		a, b := newConsumer(q, 0, 0, &stats[0], 4), newConsumer(q, 0, 1, &stats[1], 4)
+		// forWake is how a worker waits when nothing else ends its wait.
+		forWake := func(wake <-chan struct{}) (bool, error) {
+			select {
+			case <-wake:
+				return true, nil
+			case <-ctx.Done():
+				return false, context.Cause(ctx)
+			}
+		}
+		// otherwise is a wait that another signal ends, as if its select had picked that
+		// signal an instant before the producer's token came: it does not look at wake.
+		other := make(chan struct{})
+		otherwise := func(<-chan struct{}) (bool, error) {
+			<-other
+			return false, nil
+		}
+		var mu sync.Mutex
+		by := map[int][]string{} // item -> the workers that took it
+		release := make(chan struct{})
+		var wg sync.WaitGroup
+		work := func(name string, c *consumer[int], first func(<-chan struct{}) (bool, error)) {
+			idle := first
+			for {
+				if _, ok, err := c.take(ctx, 1, 0, idle); !ok {
+					if err != nil {
+						t.Errorf("%s: take: %v", name, err)
+					}
+					return
+				}
+				idle = forWake
+				v := c.next().v
+				mu.Lock()
+				by[v] = append(by[v], name)
+				mu.Unlock()
+				if v == 2 { // busy with item 2 until the end
+					<-release
+				}
+			}
+		}
+		wg.Go(func() { work("b", &b, forWake) })
+		synctest.Wait() // b waits
+		wg.Go(func() { work("a", &a, otherwise) })
+		synctest.Wait() // a waits, last on the list
+
+		send(1)      // wakes a: off the list, its token sent
+		close(other) // and a's wait ends on the other signal
+		synctest.Wait()
+		// a took item 1, and waits again; b waits still.
+		q.mu.Lock()
+		parked := 0
+		for _, w := range q.lanes[0].waiting {
+			if w == a.wt {
+				parked++
+			}
+		}
+		waiting := len(q.lanes[0].waiting)
+		q.mu.Unlock()
+		assert.Equal(t, 1, parked, "a is on the waiting list %d times", parked)
+		assert.Equal(t, 2, waiting, "waiting list")
+
+		send(2) // wakes a, which stays busy with it
+		synctest.Wait()
+		send(3) // must wake b, the one worker that waits
+		synctest.Wait()
+		mu.Lock()
+		assert.Equal(t, []string{"b"}, by[3], "item 3, sent while a was busy and b waited, taken by")
+		mu.Unlock()
+
+		close(release)
+		q.close()
+		wg.Wait()
+		for v := 1; v <= 3; v++ {
+			assert.Len(t, by[v], 1, "item %d taken by %v", v, by[v])
+		}
+	})
 }
