@@ -99,13 +99,6 @@ type sender[T any] struct {
 	// Before it may wait for room to put vs[done], it calls before(done), so that the
 	// producer's counts show that item in flight while it waits.
 	putRun func(vs []T, before func(done int)) (int, error)
-	// placeNow, with putRun, places untracked items vs in the queue at once if it has
-	// room for all of them, and returns how many it placed: all, or none (then the
-	// caller uses putRun). It never waits. The reorder window's flusher hands its
-	// stretches of outputs on with it: one copy, into the ring, instead of one into the
-	// sender's buffer and one from there (S5 cpu: putRun's 49 instructions per line
-	// became 19 with pushValues' 31 in all, by callgrind).
-	placeNow func(vs []T) int
 	// track is the run's tracker: the sender is how a producer derives and settles the
 	// positions of what it sends (split, group, ungroup, settle, setAside, in
 	// tracker.go; DESIGN.md, section 4). Every sender of a run carries it; the methods pass over noPos, so
@@ -564,7 +557,7 @@ func (q *queue[T]) outlet(ctx context.Context) outlet[T] {
 				}
 				return s.putMore(v, pos)
 			}
-			snd.putRun, snd.placeNow = s.putRun, s.placeNow
+			snd.putRun = s.putRun
 		}
 		return snd
 	}
@@ -644,11 +637,18 @@ func (s *queueSender[T]) refill() error {
 }
 
 // putRun is put for untracked items vs, into a plain queue with room for more than one
-// (see sender.putRun).
+// (see sender.putRun). Holding nothing, it places what the ring has room for straight
+// into it (placeNow); the rest goes through its buffer, in reserved room, as put's
+// items do.
 func (s *queueSender[T]) putRun(vs []T, before func(done int)) (int, error) {
 	done := 0
 	for done < len(vs) {
 		if s.avail == 0 {
+			if len(s.buf) == 0 { // nothing held that must go first
+				if done += s.placeNow(vs[done:]); done == len(vs) {
+					break
+				}
+			}
 			before(done)
 			if err := s.refill(); err != nil {
 				return done + 1, err
@@ -667,19 +667,17 @@ func (s *queueSender[T]) putRun(vs []T, before func(done int)) (int, error) {
 	return done, nil
 }
 
-// placeNow is the sender's placeNow (see sender.placeNow): vs go into the ring under
-// one lock, with no reservation and no copy into the sender's buffer, if the sender
-// holds nothing (so that vs come after everything it sent) and the queue has room for
-// all of them.
+// placeNow places as many of vs as the queue has room for in its ring, under one lock,
+// and returns how many: no reservation and no copy into the sender's buffer, so that a
+// run handed on whole (a window's stretch of outputs, a slice source's chunk) is
+// copied once, into the ring. It never waits. The sender holds nothing (buf empty, no
+// room reserved), so vs come after everything it sent.
 func (s *queueSender[T]) placeNow(vs []T) int {
-	if len(s.buf) > 0 || s.avail > 0 {
-		return 0
-	}
 	q := s.q
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	k := len(vs)
-	if q.limit()-q.reserved-q.usedLocked() < k {
+	k := min(q.limit()-q.reserved-q.usedLocked(), len(vs))
+	if k <= 0 {
 		return 0
 	}
 	if q.closed {

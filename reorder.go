@@ -98,19 +98,16 @@ func (o *reorder[Out]) posAt(i int) uint64 {
 	return o.pos[i]
 }
 
-// putRun puts the outputs vs (slots of the window) straight into the queue's ring if
-// it has room for them all (placeNow), or else with one putRun, and then, if the run
-// stopped midway, offers the rest one by one, so that each is counted as sent or
+// putRun puts the outputs vs (slots of the window) with one putRun, and then, if the
+// run stopped midway, offers the rest one by one, so that each is counted as sent or
 // unsent; first keeps the first error. It empties the slots' outputs.
 func (o *reorder[Out]) putRun(vs []Out, first *error) {
-	if o.out.placeNow(vs) == 0 {
-		n, err := o.out.putRun(vs, nothingBefore)
-		if err != nil && *first == nil {
-			*first = err
-		}
-		for _, v := range vs[n:] {
-			_ = o.out.put(v, noPos) // the run's cause again
-		}
+	n, err := o.out.putRun(vs, nothingBefore)
+	if err != nil && *first == nil {
+		*first = err
+	}
+	for _, v := range vs[n:] {
+		_ = o.out.put(v, noPos) // the run's cause again
 	}
 	clear(vs)
 }
