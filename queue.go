@@ -655,11 +655,18 @@ func (s *queueSender[T]) refill() error {
 }
 
 // putRun is put for untracked items vs, into a plain queue with room for more than one
-// (see sender.putRun).
+// (see sender.putRun). Holding nothing, it places what the ring has room for straight
+// into it (placeNow); the rest goes through its buffer, in reserved room, as put's
+// items do.
 func (s *queueSender[T]) putRun(vs []T, before func(done int)) (int, error) {
 	done := 0
 	for done < len(vs) {
 		if s.avail == 0 {
+			if len(s.buf) == 0 { // nothing held that must go first
+				if done += s.placeNow(vs[done:]); done == len(vs) {
+					break
+				}
+			}
 			before(done)
 			if err := s.refill(); err != nil {
 				return done + 1, err
@@ -676,6 +683,32 @@ func (s *queueSender[T]) putRun(vs []T, before func(done int)) (int, error) {
 		done += n
 	}
 	return done, nil
+}
+
+// placeNow places as many of vs as the queue has room for in its ring, under one lock,
+// and returns how many: no reservation and no copy into the sender's buffer, so that a
+// run handed on whole (a window's stretch of outputs, a slice source's chunk) is
+// copied once, into the ring. It never waits. The sender holds nothing (buf empty, no
+// room reserved), so vs come after everything it sent.
+func (s *queueSender[T]) placeNow(vs []T) int {
+	q := s.q
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	k := min(q.limit()-q.reserved-q.usedLocked(), len(vs))
+	if k <= 0 {
+		return 0
+	}
+	if q.closed {
+		panic("pipeline: internal error: an item was sent after its queue was closed")
+	}
+	l := &q.lanes[0]
+	l.pushValues(vs[:k])
+	q.n += k
+	q.puts += uint64(k)
+	if len(l.waiting) > 0 {
+		wakeSome(&l.waiting, 1) // one worker; it wakes another if it leaves items
+	}
+	return k
 }
 
 func (s *queueSender[T]) flush() error {
@@ -731,6 +764,21 @@ func (l *lane[T]) push(items []item[T]) {
 	n := copy(l.buf[l.tail():], items)
 	copy(l.buf, items[n:])
 	l.n += len(items)
+}
+
+// pushValues appends untracked items of values vs to the lane's ring, which has room
+// for them.
+func (l *lane[T]) pushValues(vs []T) {
+	t := l.tail()
+	a := l.buf[t:min(t+len(vs), len(l.buf))]
+	for k := range a {
+		a[k] = item[T]{vs[k], noPos}
+	}
+	b := l.buf[:len(vs)-len(a)]
+	for k := range b {
+		b[k] = item[T]{vs[len(a)+k], noPos}
+	}
+	l.n += len(vs)
 }
 
 // pop moves the oldest len(dst) items of the ring into dst and clears their places.

@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"slices"
@@ -34,21 +35,16 @@ func WithOrdered(window int) StageOption {
 	return stageOpt(func(c *config) { c.ordered, c.window = true, window })
 }
 
-// slotState is the state of one place in the reorder window.
-type slotState uint8
+// slotState is the state of one place in the reorder window: a byte, so that the
+// flusher finds the end of what is settled, and a one-to-one stage's stretches of
+// outputs, with bytes.IndexByte, and a worker's run of states is copied in.
+type slotState = byte
 
 const (
 	slotEmpty slotState = iota
 	slotReady           // finished, with outputs
 	slotSkip            // finished, no output (dead-lettered, filtered, skipped)
 )
-
-// entry is the outcome of one item of a one-to-one ordered stage, settled with the
-// other items of its worker's run; its output is in its slot already (fill).
-type entry struct {
-	seq  uint64
-	skip bool // no output
-}
 
 // reorder is the window of an ordered stage. Workers settle each item (or run of
 // items) with its sequence number; whichever worker settles the head item flushes
@@ -61,7 +57,7 @@ type reorder[Out any] struct {
 	// The slots, item seq's at seq modulo the window's size, in arrays of their own
 	// fields: a one-to-one stage's outputs lie side by side, so that the flusher puts
 	// a pass's outputs from there with one putRun, with no copy of its own.
-	state    []slotState
+	state    []slotState  // under mu, but for a flusher's reads of the slots it pushes
 	outs     []Out        // one-to-one stages: each slot's output
 	flats    [][]Out      // flat stages: each slot's outputs
 	pos      []uint64     // tracked runs: each slot's position (noPos otherwise)
@@ -190,49 +186,32 @@ func (o *reorder[Out]) waitLocked(ctx context.Context, seq uint64) error {
 // item before: once it is in the window, a panic while flushing (in an inline operator
 // downstream) must not count it again.
 func (o *reorder[Out]) settle(ctx context.Context, stats *workerStats, seq, pos uint64, outs []Out, skip bool) (entered bool, err error) {
+	st := [1]slotState{slotSkip}
 	if !skip { // the slot is the worker's until it settles the item (see fill)
 		i := seq % uint64(len(o.state))
 		if o.pos != nil {
 			o.pos[i] = pos
 		}
 		o.flats[i] = append(o.flats[i][:0], outs...)
+		st[0] = slotReady
 	}
-	one := [1]entry{{seq: seq, skip: skip}}
-	return o.settleRun(ctx, stats, one[:], nil)
+	return o.settleRun(ctx, stats, seq, st[:], nil)
 }
 
-// settleRun is settle for the items of a run of a one-to-one stage, under one lock:
-// onEntered, if not nil, is called once they are in the window, before any flushing.
-func (o *reorder[Out]) settleRun(ctx context.Context, stats *workerStats, es []entry, onEntered func()) (entered bool, err error) {
+// settleRun is settle for a run of items of a one-to-one stage under one lock: items
+// seq, seq+1, ..., whose states are states (slotReady, its output filled in before,
+// or slotSkip), copied into the window's in at most two pieces. onEntered, if not nil,
+// is called once they are in the window, before any flushing.
+func (o *reorder[Out]) settleRun(ctx context.Context, stats *workerStats, seq uint64, states []slotState, onEntered func()) (entered bool, err error) {
 	w := uint64(len(o.state))
 	o.mu.Lock()
-	last := es[0].seq
-	for _, e := range es {
-		last = max(last, e.seq)
-	}
-	if err := o.waitLocked(ctx, last); err != nil {
+	if err := o.waitLocked(ctx, seq+uint64(len(states))-1); err != nil {
 		o.mu.Unlock()
 		return false, err
 	}
-	ready := 0
-	i := es[0].seq % w // a run's items are consecutive: each slot follows the last, with no division
-	for k, e := range es {
-		if e.seq != es[0].seq+uint64(k) {
-			panic("pipeline: internal error: a run's outcomes are not consecutive")
-		}
-		if k > 0 {
-			if i++; i == w {
-				i = 0
-			}
-		}
-		if e.skip {
-			o.state[i] = slotSkip
-			continue
-		}
-		o.state[i] = slotReady // its output was filled in before
-		ready++
-	}
-	o.held.Add(int64(ready))
+	n := copy(o.state[seq%w:], states)
+	copy(o.state, states[n:])
+	o.held.Add(int64(len(states) - bytes.Count(states, []byte{slotSkip})))
 	flush := !o.flushing && o.state[o.next%w] != slotEmpty
 	o.flushing = o.flushing || flush
 	o.mu.Unlock()
@@ -245,10 +224,25 @@ func (o *reorder[Out]) settleRun(ctx context.Context, stats *workerStats, es []e
 	return true, o.flush(stats)
 }
 
+// settled returns the stretch of settled slots from the head's, i0, up to the first
+// empty one: the slots [i0, i0+a) and then, past the end of the ring, [0, b); at most
+// the window. o.mu is held.
+func (o *reorder[Out]) settled(i0 int) (a, b int) {
+	if a = bytes.IndexByte(o.state[i0:], slotEmpty); a >= 0 {
+		return a, 0
+	}
+	a = len(o.state) - i0
+	if b = bytes.IndexByte(o.state[:i0], slotEmpty); b < 0 {
+		b = i0
+	}
+	return a, b
+}
+
 // flush pushes the finished items at the head of the window, in order, until the head
 // is unfinished; the caller has claimed the flush. The slots of the items being pushed
 // stay taken until they are pushed, so that the window holds at most its size, pushing
-// included; meanwhile only the flusher reads them (their workers are done with them).
+// included; meanwhile only the flusher reads them (their workers are done with them;
+// the workers that settle write only slots past them).
 func (o *reorder[Out]) flush(stats *workerStats) error {
 	w := len(o.state)
 	// out counts the items pushed and not yet taken out of held; a panic (or Goexit)
@@ -267,47 +261,34 @@ func (o *reorder[Out]) flush(stats *workerStats) error {
 	var first error
 	i0 := int(o.next % uint64(w)) // the head's slot; the others follow it, with no division each
 	for {
-		end, i := o.next, i0
-		for end-o.next < uint64(w) && o.state[i] != slotEmpty {
-			end++
-			if i++; i == w {
-				i = 0
-			}
-		}
-		if end == o.next { // nothing settled in order since the last pass
+		a, b := o.settled(i0)
+		if a+b == 0 { // nothing settled in order since the last pass
 			o.flushing = false
 			o.mu.Unlock()
 			returned = true
 			return first
 		}
 		o.mu.Unlock()
-		n := int(end - o.next)
 		switch {
 		case o.bulk:
 			// Each stretch of ready slots, up to a skipped one or the end of the
 			// ring, goes out with one putRun straight from the slots (no user code).
-			for k, i := 0, i0; k < n; {
-				if o.state[i] != slotReady {
-					k++
-					if i++; i == w {
-						i = 0
+			for _, p := range [2][2]int{{i0, i0 + a}, {0, b}} {
+				for i, e := p[0], p[1]; i < e; {
+					k := bytes.IndexByte(o.state[i:e], slotSkip)
+					if k < 0 {
+						k = e - i
 					}
-					continue
-				}
-				a := i
-				for k < n && i < w && o.state[i] == slotReady {
-					k++
-					i++
-				}
-				o.putRun(o.outs[a:i], &first)
-				emitted += int64(i - a)
-				out += int64(i - a)
-				if i == w {
-					i = 0
+					if k > 0 {
+						o.putRun(o.outs[i:i+k], &first)
+						emitted += int64(k)
+						out += int64(k)
+					}
+					i += k + 1 // and past the skipped slot
 				}
 			}
 		case !o.flat:
-			for k, i := 0, i0; k < n; k, i = k+1, i+1 {
+			for k, i := 0, i0; k < a+b; k, i = k+1, i+1 {
 				if i == w {
 					i = 0
 				}
@@ -323,7 +304,7 @@ func (o *reorder[Out]) flush(stats *workerStats) error {
 				out++
 			}
 		default:
-			for k, i := 0, i0; k < n; k, i = k+1, i+1 {
+			for k, i := 0, i0; k < a+b; k, i = k+1, i+1 {
 				if i == w {
 					i = 0
 				}
@@ -347,11 +328,11 @@ func (o *reorder[Out]) flush(stats *workerStats) error {
 		o.held.Add(-out)
 		out = 0
 		o.mu.Lock()
-		for ; o.next < end; o.next++ {
-			o.state[i0] = slotEmpty
-			if i0++; i0 == w {
-				i0 = 0
-			}
+		clear(o.state[i0 : i0+a])
+		clear(o.state[:b])
+		o.next += uint64(a + b)
+		if i0 += a; b > 0 || i0 == w {
+			i0 = b
 		}
 		o.head.Store(o.next)
 		wakeSome(&o.waiting, len(o.waiting))
