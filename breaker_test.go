@@ -1365,10 +1365,8 @@ func TestBreakerPerKeyIdleWorkerTakesBackItemHeldAfterItWaited(t *testing.T) {
 		const openFor = 100 * time.Millisecond
 		busy := make(chan struct{}, 2) // the warm-up items' calls have begun
 		release := make(chan struct{})
-		xDone := make(chan struct{})
-		var xCalls atomic.Int64
-		var xAt time.Duration
-		start := time.Now()
+		x := newDownOnce()
+		xDone := x.done
 		call := func(ctx context.Context, v string) (string, error) {
 			switch v {
 			case "w1", "w2": // both workers busy (and their runs no longer of one item)
@@ -1379,16 +1377,9 @@ func TestBreakerPerKeyIdleWorkerTakesBackItemHeldAfterItWaited(t *testing.T) {
 					return "", ctx.Err()
 				}
 			case "x": // key a, down for its first call
-				select {
-				case <-time.After(10 * time.Millisecond):
-				case <-ctx.Done():
-					return "", ctx.Err()
+				if err := x.call(ctx); err != nil {
+					return "", err
 				}
-				if xCalls.Add(1) == 1 {
-					return "", pipeline.Transient(errDown)
-				}
-				xAt = time.Since(start)
-				close(xDone)
 			case "y": // key b: waits for x
 				select {
 				case <-xDone:
@@ -1443,10 +1434,10 @@ func TestBreakerPerKeyIdleWorkerTakesBackItemHeldAfterItWaited(t *testing.T) {
 		}))
 		require.NoError(t, p.Run(t.Context()))
 		assert.ElementsMatch(t, []string{"w1", "w2", "x", "y"}, got)
-		assert.Equal(t, int64(2), xCalls.Load())
+		assert.Equal(t, int64(2), x.calls.Load())
 		// Its first call failed at 10 ms; the idle worker took it back as its key
 		// half-opened, and its probe took 10 ms.
-		assert.Equal(t, 10*time.Millisecond+openFor+10*time.Millisecond, xAt)
+		assert.Equal(t, 10*time.Millisecond+openFor+10*time.Millisecond, x.at)
 		rep := row(t, p.Report(), "call")
 		assert.Equal(t, int64(1), rep.Breaker.Opened)
 		assert.Equal(t, int64(1), rep.Breaker.Held)
@@ -1468,9 +1459,9 @@ func TestBreakerPerKeyWorkerWaitingForAProbeTakesBackAnotherKeysItem(t *testing.
 		busy := make(chan struct{}, 2) // v1's and v2's calls have begun
 		probing := make(chan struct{}, 1)
 		release := make(chan struct{})
-		xDone := make(chan struct{})
-		var xCalls atomic.Int64
-		var xAt, probeAt time.Duration
+		x := newDownOnce()
+		xDone := x.done
+		var probeAt time.Duration
 		start := time.Now()
 		wait := func(ctx context.Context, ch <-chan struct{}) error {
 			select {
@@ -1499,16 +1490,9 @@ func TestBreakerPerKeyWorkerWaitingForAProbeTakesBackAnotherKeysItem(t *testing.
 					return "", err
 				}
 			case "x": // key a, down for its first call
-				select {
-				case <-time.After(10 * time.Millisecond):
-				case <-ctx.Done():
-					return "", ctx.Err()
+				if err := x.call(ctx); err != nil {
+					return "", err
 				}
-				if xCalls.Add(1) == 1 {
-					return "", pipeline.Transient(errDown)
-				}
-				xAt = time.Since(start)
-				close(xDone)
 			case "y": // key b: waits for x
 				if err := wait(ctx, xDone); err != nil {
 					return "", err
@@ -1551,11 +1535,11 @@ func TestBreakerPerKeyWorkerWaitingForAProbeTakesBackAnotherKeysItem(t *testing.
 		}))
 		require.NoError(t, p.Run(t.Context()))
 		assert.ElementsMatch(t, []string{"c1", "c2", "v1", "v2", "x", "y"}, got)
-		assert.Equal(t, int64(2), xCalls.Load())
+		assert.Equal(t, int64(2), x.calls.Load())
 		assert.Equal(t, openFor, probeAt, "c's probe began as it half-opened")
 		// x's first call failed 10 ms after c's probe began; a waiting worker took it
 		// back as its key half-opened, and its probe took 10 ms.
-		assert.Equal(t, openFor+10*time.Millisecond+openFor+10*time.Millisecond, xAt)
+		assert.Equal(t, openFor+10*time.Millisecond+openFor+10*time.Millisecond, x.at)
 	})
 }
 
@@ -1601,4 +1585,30 @@ func TestBreakerPerKeyEventsNameTheirKey(t *testing.T) {
 			assert.Contains(t, out, want)
 		}
 	})
+}
+
+// downOnce is the item x of the lost-wake-up tests: each call works 10 ms, the first
+// fails (transient: its key's breaker opens), the second records when it came (since
+// the test began, on the bubble's clock) and closes done.
+type downOnce struct {
+	start time.Time
+	calls atomic.Int64
+	at    time.Duration
+	done  chan struct{}
+}
+
+func newDownOnce() *downOnce { return &downOnce{start: time.Now(), done: make(chan struct{})} }
+
+func (d *downOnce) call(ctx context.Context) error {
+	select {
+	case <-time.After(10 * time.Millisecond):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if d.calls.Add(1) == 1 {
+		return pipeline.Transient(errDown)
+	}
+	d.at = time.Since(d.start)
+	close(d.done)
+	return nil
 }
