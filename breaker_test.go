@@ -1427,12 +1427,8 @@ func TestBreakerPerKeyIdleWorkerTakesBackItemHeldAfterItWaited(t *testing.T) {
 		})
 		st := pipeline.NewStage("call", 2, call,
 			pipeline.WithBreakerPerKey(key, pipeline.Breaker{Failures: 1, OpenFor: openFor}, pipeline.KeyBounds{}))
-		var got []string
-		pipeline.To(pipeline.Then(src, st), pipeline.NewSink("sink", 1, func(_ context.Context, v string) error {
-			got = append(got, v)
-			return nil
-		}))
-		require.NoError(t, p.Run(t.Context()))
+		got, err := pipeline.Collect(t.Context(), pipeline.Then(src, st))
+		require.NoError(t, err)
 		assert.ElementsMatch(t, []string{"w1", "w2", "x", "y"}, got)
 		assert.Equal(t, int64(2), x.calls.Load())
 		// Its first call failed at 10 ms; the idle worker took it back as its key
@@ -1528,12 +1524,8 @@ func TestBreakerPerKeyWorkerWaitingForAProbeTakesBackAnotherKeysItem(t *testing.
 		}
 		st := pipeline.NewStage("call", 3, call,
 			pipeline.WithBreakerPerKey(key, pipeline.Breaker{Failures: 1, OpenFor: openFor}, pipeline.KeyBounds{}))
-		var got []string
-		pipeline.To(pipeline.Then(src, st), pipeline.NewSink("sink", 1, func(_ context.Context, v string) error {
-			got = append(got, v)
-			return nil
-		}))
-		require.NoError(t, p.Run(t.Context()))
+		got, err := pipeline.Collect(t.Context(), pipeline.Then(src, st))
+		require.NoError(t, err)
 		assert.ElementsMatch(t, []string{"c1", "c2", "v1", "v2", "x", "y"}, got)
 		assert.Equal(t, int64(2), x.calls.Load())
 		assert.Equal(t, openFor, probeAt, "c's probe began as it half-opened")
