@@ -301,3 +301,12 @@ func TestPartLagCountsFromTheBestKnownCommit(t *testing.T) {
 		})
 	}
 }
+
+// settle follows the outcome of an emitted item as its settle callback (settleBy) does,
+// without a callback to free.
+func (ss *session[T]) settle(e *entry, st pipeline.Settlement) {
+	if st.Outcome == pipeline.Committed && ss.committedDone(e, nil) {
+		return
+	}
+	ss.settleRest(e, st)
+}

@@ -964,16 +964,8 @@ func (ss *session[T]) settleBy(h *settler[T], st pipeline.Settlement) {
 	ss.settleRest(e, st)
 }
 
-// settle follows the outcome of an emitted item.
-func (ss *session[T]) settle(e *entry, st pipeline.Settlement) {
-	if st.Outcome == pipeline.Committed && ss.committedDone(e, nil) {
-		return
-	}
-	ss.settleRest(e, st)
-}
-
-// settleRest is settle for an item that committedDone did not settle: held back by a
-// transaction, or not committed.
+// settleRest follows the outcome of an emitted item that committedDone did not settle:
+// held back by a transaction, or not committed.
 func (ss *session[T]) settleRest(e *entry, st pipeline.Settlement) {
 	switch st.Outcome {
 	case pipeline.Committed: // held back by a transaction (see unproduced)
@@ -995,7 +987,7 @@ func (ss *session[T]) settleRest(e *entry, st pipeline.Settlement) {
 	}
 }
 
-// committedDone is settle for a committed item that no transaction held back (nearly
+// committedDone settles a committed item that no transaction held back (nearly
 // every one), in one lock: done, its end as an outstanding item, and h (if not nil)
 // freed. It reports false, having done nothing, for an item held back (unproduced).
 func (ss *session[T]) committedDone(e *entry, h *settler[T]) bool {
