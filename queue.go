@@ -339,9 +339,7 @@ func (q *queue[T]) placeLocked(items []item[T], lanes []uint32) {
 	if len(items) == 0 {
 		return
 	}
-	if q.closed {
-		panic("pipeline: internal error: an item was sent after its queue was closed")
-	}
+	q.checkOpenLocked()
 	if lanes == nil {
 		q.lanes[0].push(items)
 	} else {
@@ -351,9 +349,21 @@ func (q *queue[T]) placeLocked(items []item[T], lanes []uint32) {
 			l.n++
 		}
 	}
-	k := len(items)
+	q.reserved -= len(items)
+	q.placedLocked(len(items))
+}
+
+// checkOpenLocked panics if q is closed: nothing is sent after that.
+func (q *queue[T]) checkOpenLocked() {
+	if q.closed {
+		panic("pipeline: internal error: an item was sent after its queue was closed")
+	}
+}
+
+// placedLocked counts k items just pushed into the lanes' rings, and wakes a waiting
+// worker of each lane that has items.
+func (q *queue[T]) placedLocked(k int) {
 	q.n += k
-	q.reserved -= k
 	q.puts += uint64(k)
 	for i := range q.lanes {
 		if l := &q.lanes[i]; l.n > 0 && len(l.waiting) > 0 {
@@ -698,16 +708,9 @@ func (s *queueSender[T]) placeNow(vs []T) int {
 	if k <= 0 {
 		return 0
 	}
-	if q.closed {
-		panic("pipeline: internal error: an item was sent after its queue was closed")
-	}
-	l := &q.lanes[0]
-	l.pushValues(vs[:k])
-	q.n += k
-	q.puts += uint64(k)
-	if len(l.waiting) > 0 {
-		wakeSome(&l.waiting, 1) // one worker; it wakes another if it leaves items
-	}
+	q.checkOpenLocked()
+	q.lanes[0].pushValues(vs[:k])
+	q.placedLocked(k)
 	return k
 }
 
