@@ -55,10 +55,18 @@ as_pg() {
 }
 
 # free_port prints a TCP port nothing listens on at 127.0.0.1.
+# It picks below the kernel's range of ephemeral ports (32768 by default): a port there
+# may be the local end of another program's connection (a test's client of a loopback
+# server), which no listener shows, and PostgreSQL's bind then fails ("Address already
+# in use"; seen once while other tests ran).
 free_port() {
-	local port i
+	local port i lo=32768
+	if [[ -r /proc/sys/net/ipv4/ip_local_port_range ]]; then
+		read -r lo _ </proc/sys/net/ipv4/ip_local_port_range
+	fi
+	((lo > 11000)) || lo=32768
 	for ((i = 0; i < 200; i++)); do
-		port=$((20000 + RANDOM % 30000))
+		port=$((10000 + RANDOM % (lo - 10000)))
 		if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
 			echo "$port"
 			return
