@@ -1206,7 +1206,7 @@ func (w *worker[In, Out]) resume(ctx context.Context) error {
 		o, err := w.attempts(ctx, v, &out, nil)
 		w.again = false
 		if err = w.end(o, &out, 1, err); err != nil {
-			w.ctxs.publish()
+			w.ctxs.Publish()
 			w.stats.busy.v.Store(0)
 			return err
 		}
@@ -1214,7 +1214,7 @@ func (w *worker[In, Out]) resume(ctx context.Context) error {
 	if n == 0 {
 		return nil
 	}
-	w.ctxs.publish()
+	w.ctxs.Publish()
 	w.stats.busy.v.Store(0)
 	if w.out.flush != nil {
 		return w.out.flush()

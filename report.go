@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/gopipeline/pipeline/internal/attempt"
 )
 
 // Kind is what a row of a [Report] is ([StageReport.Kind]): a source, a stage, a sink,
@@ -93,7 +95,7 @@ type row struct {
 	liveIn   atomic.Int64   // the largest In a Snapshot reported, so that In only grows
 	liveOut  atomic.Int64   // filters: the largest Out a Snapshot reported
 	client   clientRow      // rate limits, breaker, adaptive workers (client.go); nil without
-	watch    *attemptWatch  // WithTimeout: the stuck-attempt watcher (middleware.go); nil without
+	watch    *attempt.Watch // WithTimeout: the stuck-attempt watcher (internal/attempt); nil without
 
 	mu     sync.Mutex
 	causes map[causeKey]int64
@@ -464,7 +466,7 @@ func (r *run) report(err error, final bool) Report {
 			s.Busy += int(w.busy.load())
 		}
 		if rw.watch != nil && !final {
-			s.OldestAttempt = rw.watch.oldest(rep.Elapsed)
+			s.OldestAttempt = rw.watch.Oldest(rep.Elapsed)
 		}
 		switch rw.kind {
 		case KindSource:

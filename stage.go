@@ -8,6 +8,8 @@ import (
 	"runtime/trace"
 	"sync/atomic"
 	"time"
+
+	"github.com/gopipeline/pipeline/internal/attempt"
 )
 
 // Stage is a named, typed unit of per-item work run by a fixed number of goroutines
@@ -235,10 +237,10 @@ func then[In, Out any](s *Stream[In], st *Stage[In, Out], sink, terminal bool) *
 		var left atomic.Int32
 		left.Store(int32(st.workers))
 		var failed atomic.Bool // a worker failed: downstream sees no end of input
-		var clocks []*attemptClock
+		var clocks []*attempt.Clock
 		var stopWatch chan struct{} // closed when every worker has exited
 		if st.cfg.timeout > 0 {
-			clocks, stopWatch = make([]*attemptClock, st.workers), make(chan struct{})
+			clocks, stopWatch = make([]*attempt.Clock, st.workers), make(chan struct{})
 		}
 		for i := range st.workers {
 			lane := 0
@@ -254,12 +256,12 @@ func then[In, Out any](s *Stream[In], st *Stage[In, Out], sink, terminal bool) *
 				plain: cl == nil && st.flat == nil && (!sink || !r.tracked()),
 			}
 			if st.cfg.timeout > 0 {
-				w.ctxs = new(attemptClock)
+				w.ctxs = attempt.NewClock(runBudget)
 				clocks[i] = w.ctxs
 			}
 			if ord == nil {
 				// Counts and attempt contexts are current while the worker waits.
-				h := &hand{row: rw, waits: []func(){w.commit, w.ctxs.publish}}
+				h := &hand{row: rw, waits: []func(){w.commit, w.ctxs.Publish}}
 				w.out, w.hand = next(h), h
 			} else {
 				w.out = ord.out.positions() // the window's flusher sends the outputs
@@ -293,11 +295,11 @@ func then[In, Out any](s *Stream[In], st *Stage[In, Out], sink, terminal bool) *
 				return err
 			})
 		}
-		if clocks != nil { // stuck attempts (attemptWatch): one goroutine, ended with the workers
-			aw := newAttemptWatch(st.cfg.timeout, r.started, clocks)
+		if clocks != nil { // stuck attempts (attempt.Watch): one goroutine, ended with the workers
+			aw := attempt.NewWatch(st.cfg.timeout, r.started, clocks)
 			rw.watch = aw
 			r.spawn(name, func() error {
-				aw.run(stopWatch, func(age time.Duration) {
+				aw.Run(stopWatch, func(age time.Duration) {
 					r.emit(r.ctx, Event{Kind: EventStuck, Stage: name, Age: age})
 				})
 				return nil
@@ -370,7 +372,7 @@ type worker[In, Out any] struct {
 	inHand       bool            // an item is started and has not ended (end): a panic fails it
 	f            fate            // how the item in hand failed, for end
 	ctx          context.Context // the run's, as the worker's items see it (a sink's carries SetAside's row): end's, for this run only
-	ctxs         *attemptClock   // WithTimeout: the attempts' contexts (nil without; a clock of its own, so that a context kept after its attempt keeps only it alive)
+	ctxs         *attempt.Clock  // WithTimeout: the attempts' contexts (nil without; a clock of its own, so that a context kept after its attempt keeps only it alive)
 	cl           *client[In]     // rate limits, breaker, adaptive workers (client.go); nil without
 	tk           ticket          // the current attempt's, from w.cl (client.go)
 	again        bool            // the item in hand was held by its key's breaker (breaker.go): held again, it stays first
@@ -392,7 +394,7 @@ const splitWork = time.Microsecond
 func (w *worker[In, Out]) loop() (err error) {
 	returned := false
 	defer guard(&returned, func(perr error) {
-		w.ctxs.publish() // no attempt context of the worker stays live after it
+		w.ctxs.Publish() // no attempt context of the worker stays live after it
 		if w.inHand {
 			_ = w.end(interrupted, nil, 1, nil)
 		}
@@ -418,7 +420,7 @@ func (w *worker[In, Out]) loop() (err error) {
 	w.ctx = ctx
 	err = w.take(ctx)
 	returned = true
-	w.ctxs.publish() // no attempt context of the worker stays live after it
+	w.ctxs.Publish() // no attempt context of the worker stays live after it
 	w.commit()
 	return err
 }
@@ -471,7 +473,7 @@ func (w *worker[In, Out]) take(ctx context.Context) error {
 		}
 		w.stats.busy.v.Store(1)
 		err = w.items(ctx, seq)
-		w.ctxs.publish() // the run's attempts returned: tell their contexts
+		w.ctxs.Publish() // the run's attempts returned: tell their contexts
 		w.stats.busy.v.Store(0)
 		if err != nil {
 			if w.out.drop != nil {
@@ -756,7 +758,7 @@ func (w *worker[In, Out]) enter(ctx context.Context) error {
 	w.out.split(w.pos, len(w.buf))
 	w.t.succeeded++
 	w.inHand = false
-	w.ctxs.publish() // the window may wait
+	w.ctxs.Publish() // the window may wait
 	entered, err := w.ord.settle(ctx, w.stats, w.seq, w.pos, w.buf, false)
 	clear(w.buf)
 	w.buf = w.buf[:0]
@@ -766,7 +768,7 @@ func (w *worker[In, Out]) enter(ctx context.Context) error {
 	return err
 }
 
-// tick reads the clock for the attempts that follow, under WithTimeout (see attemptCtx).
+// tick reads the clock for the attempts that follow, under WithTimeout (see attempt.Ctx).
 func (w *worker[In, Out]) tick() {
 	if w.st.cfg.timeout > 0 {
 		w.clock = time.Since(w.r.started)
@@ -788,7 +790,7 @@ func (w *worker[In, Out]) abandon(ctx context.Context, current int, err error) e
 
 // settle hands the run's finished items of an ordered one-to-one stage to the window.
 func (w *worker[In, Out]) settle(ctx context.Context) error {
-	w.ctxs.publish() // the window may wait
+	w.ctxs.Publish() // the window may wait
 	if len(w.pend) == 0 {
 		return nil
 	}
@@ -847,17 +849,17 @@ func (w *worker[In, Out]) timedCall(ctx context.Context, v In) (out Out, err err
 		out, err = w.call(ctx, v)
 	} else {
 		k := w.ctxs
-		a := k.begin(ctx, w.r.started, w.clock, d)
+		a := k.Begin(ctx, w.r.started, w.clock, d)
 		if w.st.flat == nil {
 			out, err = w.st.fn(a, v)
 		} else {
 			out, err = w.call(a, v)
 		}
-		if err != nil && a.timedOut() {
+		if err != nil && a.TimedOut() {
 			err = &timeoutError{after: d, err: err}
 		}
-		if k.looks.Load() {
-			a.finish()
+		if k.Looks.Load() {
+			a.Finish()
 		}
 	}
 	if timed {
@@ -906,7 +908,7 @@ func (w *worker[In, Out]) skip(ctx context.Context) error {
 		w.pendRun(slotSkip)
 		return nil
 	}
-	w.ctxs.publish() // the window may wait
+	w.ctxs.Publish() // the window may wait
 	_, err := w.ord.settle(ctx, w.stats, w.seq, w.pos, nil, true)
 	return err
 }
@@ -915,7 +917,7 @@ func (w *worker[In, Out]) skip(ctx context.Context) error {
 // backoff, a breaker that may hold the attempt): it hands on the outputs of its run's
 // earlier items and publishes its counts and its attempt clock first.
 func (w *worker[In, Out]) hold(ctx context.Context) error {
-	w.ctxs.publish()
+	w.ctxs.Publish()
 	if err := w.settle(ctx); err != nil {
 		return err
 	}

@@ -1,4 +1,4 @@
-package pipeline
+package attempt
 
 import (
 	"context"
@@ -8,6 +8,9 @@ import (
 	"testing/synctest"
 	"time"
 )
+
+// span is the epoch span of the tests' clocks: the root package's runBudget.
+const span = 16 * time.Microsecond
 
 // TestAttemptCtx checks the lazy per-attempt context against the context contract, in
 // virtual time: its deadline, Done closing at the deadline or when the parent is
@@ -19,7 +22,7 @@ func TestAttemptCtx(t *testing.T) {
 		parent, cancel := context.WithCancelCause(context.WithValue(context.Background(), key{}, "v"))
 		defer cancel(nil)
 		start := time.Now()
-		c := newAttemptCtx(parent, start, time.Second)
+		c := New(parent, start, time.Second)
 
 		if d, ok := c.Deadline(); !ok || d != start.Add(time.Second) {
 			t.Fatalf("Deadline = %v, %v", d, ok)
@@ -38,24 +41,24 @@ func TestAttemptCtx(t *testing.T) {
 		if got := time.Since(start); got != time.Second {
 			t.Fatalf("Done closed after %v, want exactly 1s", got)
 		}
-		if !errors.Is(c.Err(), context.DeadlineExceeded) || !c.timedOut() {
+		if !errors.Is(c.Err(), context.DeadlineExceeded) || !c.TimedOut() {
 			t.Fatalf("Err = %v after the deadline", c.Err())
 		}
-		c.end()
+		c.End()
 		if !errors.Is(c.Err(), context.DeadlineExceeded) {
 			t.Fatal("Err changed after the end")
 		}
 
 		// Untouched until it ended: a late look finds it canceled, its Done closed.
-		u := newAttemptCtx(parent, start, time.Second)
-		u.end()
+		u := New(parent, start, time.Second)
+		u.End()
 		if !errors.Is(u.Err(), context.Canceled) {
 			t.Fatalf("Err = %v after the end", u.Err())
 		}
 		<-u.Done()
 
 		// The parent's cancellation reaches Done, with the parent's cause.
-		p := newAttemptCtx(parent, start, time.Hour)
+		p := New(parent, start, time.Hour)
 		pd := p.Done()
 		cause := errors.New("stop")
 		cancel(cause)
@@ -63,17 +66,17 @@ func TestAttemptCtx(t *testing.T) {
 		if !errors.Is(p.Err(), context.Canceled) || !errors.Is(context.Cause(p), cause) {
 			t.Fatalf("Err = %v, Cause = %v", p.Err(), context.Cause(p))
 		}
-		if p.timedOut() {
+		if p.TimedOut() {
 			t.Fatal("a canceled parent is not a timeout")
 		}
-		p.end()
+		p.End()
 
 		// Ended before its deadline: Done is closed, Err is Canceled.
 		parent2, cancel2 := context.WithCancel(context.Background())
 		defer cancel2()
-		e := newAttemptCtx(parent2, start, time.Hour)
+		e := New(parent2, start, time.Hour)
 		ed := e.Done()
-		e.end()
+		e.End()
 		select {
 		case <-ed:
 		default:
@@ -93,14 +96,14 @@ func TestAttemptClock(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		parent := context.Background()
 		base := time.Now()
-		var k attemptClock
-		var ctxs []*attemptCtx
+		k := NewClock(span)
+		var ctxs []*Ctx
 		var dues []time.Duration
 		for i := range 300 {
 			// A new clock reading now and then: a new epoch, and a new slab when a slab's
 			// epochs run out.
-			now := time.Duration(i/7) * 10 * runBudget
-			c := k.begin(parent, base, now, time.Second)
+			now := time.Duration(i/7) * 10 * span
+			c := k.Begin(parent, base, now, time.Second)
 			if s := c.slab(); s != k.slab || &s.slots[c.i] != c {
 				t.Fatalf("attempt %d: slab() does not find its slab", i)
 			}
@@ -108,13 +111,13 @@ func TestAttemptClock(t *testing.T) {
 			if c.over() || c.Err() != nil && i%3 == 0 {
 				t.Fatalf("attempt %d: over before it returned", i)
 			}
-			c.finish()
+			c.Finish()
 			if i%5 == 4 {
-				k.publish() // the end of a run
+				k.Publish() // the end of a run
 			}
 		}
-		k.publish()
-		last := k.begin(parent, base, 0, time.Hour) // in progress
+		k.Publish()
+		last := k.Begin(parent, base, 0, time.Hour) // in progress
 		for i, c := range ctxs {
 			if !c.over() {
 				t.Fatalf("attempt %d: not over after publish", i)
@@ -130,8 +133,8 @@ func TestAttemptClock(t *testing.T) {
 		if last.over() || last.Err() != nil {
 			t.Fatal("the attempt in progress is canceled")
 		}
-		last.finish()
-		k.publish()
+		last.Finish()
+		k.Publish()
 		if !errors.Is(last.Err(), context.Canceled) {
 			t.Fatalf("Err = %v after the last attempt", last.Err())
 		}
@@ -142,9 +145,9 @@ func TestAttemptClock(t *testing.T) {
 // their attempts returned with the worker publishing: once both are done, every context
 // is canceled (Done closed), whichever side saw the other.
 func TestAttemptClockLateLooks(t *testing.T) {
-	var k attemptClock
+	k := NewClock(span)
 	base := time.Now()
-	looks := make(chan *attemptCtx, 1000)
+	looks := make(chan *Ctx, 1000)
 	done := make(chan struct{})
 	var seen []<-chan struct{}
 	go func() {
@@ -155,18 +158,18 @@ func TestAttemptClockLateLooks(t *testing.T) {
 	}()
 	var early []<-chan struct{} // looked at after the attempt, before the publish
 	for i := range 1000 {
-		c := k.begin(context.Background(), base, time.Since(base), time.Hour)
-		c.finish()
+		c := k.Begin(context.Background(), base, time.Since(base), time.Hour)
+		c.Finish()
 		if i%2 == 0 {
 			early = append(early, c.Done())
 		} else {
 			looks <- c // handed to a goroutine that looks when it gets to it
 		}
 		if i%3 == 0 {
-			k.publish()
+			k.Publish()
 		}
 	}
-	k.publish()
+	k.Publish()
 	close(looks)
 	<-done
 	for i, d := range append(seen, early...) {
@@ -182,11 +185,11 @@ func TestAttemptClockLateLooks(t *testing.T) {
 // returned with the worker publishing its end: whichever look comes first, both see one
 // Done channel, one deadline and a canceled context, now and on every later call.
 func TestAttemptCtxLateLooksAgree(t *testing.T) {
-	var k attemptClock
+	k := NewClock(span)
 	base := time.Now()
 	for i := range 20000 {
-		c := k.begin(context.Background(), base, time.Since(base), time.Hour)
-		c.finish()
+		c := k.Begin(context.Background(), base, time.Since(base), time.Hour)
+		c.Finish()
 		type look struct {
 			done <-chan struct{}
 			dl   time.Time
@@ -199,7 +202,7 @@ func TestAttemptCtxLateLooksAgree(t *testing.T) {
 				looks[g] = look{c.Done(), d}
 			})
 		}
-		k.publish()
+		k.Publish()
 		wg.Wait()
 		<-looks[0].done
 		for g, l := range looks {
@@ -219,7 +222,7 @@ func TestAttemptCtxLateLooksAgree(t *testing.T) {
 // closed by the time Err is non-nil.
 func TestAttemptCtxErrOnlyOnceDoneIsClosed(t *testing.T) {
 	parent, cancel := context.WithCancel(context.Background())
-	c := newAttemptCtx(parent, time.Now(), time.Hour)
+	c := New(parent, time.Now(), time.Hour)
 	done := c.Done() // channel + AfterFunc on parent made here
 	cancel()
 	if c.Err() == nil {
@@ -230,12 +233,12 @@ func TestAttemptCtxErrOnlyOnceDoneIsClosed(t *testing.T) {
 	default:
 		t.Fatalf("Err() = %v but Done() is not closed", c.Err())
 	}
-	c.end()
+	c.End()
 }
 
 // The same for the deadline: Err reported DeadlineExceeded while Done was open.
 func TestAttemptCtxDeadlineErrOnlyOnceDoneIsClosed(t *testing.T) {
-	c := newAttemptCtx(context.Background(), time.Now(), time.Millisecond)
+	c := New(context.Background(), time.Now(), time.Millisecond)
 	done := c.Done()
 	for c.Err() == nil {
 	}
@@ -244,5 +247,5 @@ func TestAttemptCtxDeadlineErrOnlyOnceDoneIsClosed(t *testing.T) {
 	default:
 		t.Fatalf("Err() = %v but Done() is not closed", c.Err())
 	}
-	c.end()
+	c.End()
 }
