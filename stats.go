@@ -4,53 +4,24 @@ import (
 	"cmp"
 	"fmt"
 	"math"
-	"math/bits"
 	"strings"
 	"time"
+
+	"github.com/gopipeline/pipeline/internal/hist"
 )
 
-// The latency histogram is log-linear: 8 sub-buckets per power of two of nanoseconds,
-// so a reported percentile is within 12.5 % of the true value, in fixed memory (about
-// 2.6 KiB per worker), from 1 ns up to 2^40 ns (about 18 minutes; longer counts there).
-const (
-	histSubBits = 3
-	histSub     = 1 << histSubBits
-	histMaxExp  = 40
-	histBuckets = (histMaxExp + 1) * histSub
-)
-
+// histogram is a worker's latency histogram (internal/hist: log-linear, percentiles
+// within 12.5 %, from 1 ns up to 2^40 ns).
 type histogram struct {
-	b   [histBuckets]counter
+	b   [hist.Buckets]counter
 	max counter
 	sum counter // nanoseconds
-}
-
-func bucketOf(ns int64) int {
-	if ns < histSub {
-		return int(max(ns, 0))
-	}
-	e := bits.Len64(uint64(ns)) - 1 // ns in [2^e, 2^(e+1))
-	if e >= histMaxExp {
-		return histBuckets - 1
-	}
-	sub := int(ns>>(e-histSubBits)) & (histSub - 1)
-	return (e-histSubBits+1)*histSub + sub
-}
-
-// bucketUpper is the largest value of bucket i.
-func bucketUpper(i int) int64 {
-	if i < histSub {
-		return int64(i)
-	}
-	e := i/histSub + histSubBits - 1
-	sub := int64(i % histSub)
-	return (int64(1)<<e | sub<<(e-histSubBits)) + int64(1)<<(e-histSubBits) - 1
 }
 
 // record adds one duration; only the owning worker calls it.
 func (h *histogram) record(d time.Duration) {
 	ns := int64(d)
-	h.b[bucketOf(ns)].inc()
+	h.b[hist.BucketOf(ns)].inc()
 	h.max.max(ns)
 	h.sum.add(ns)
 }
@@ -72,7 +43,7 @@ func latencyOf(ws []workerStats) Latency {
 
 // bucketsOf sums the workers' histograms: the counts per bucket, and a Latency with
 // Count, Sum and Max set.
-func bucketsOf(ws []workerStats) (sum [histBuckets]int64, l Latency) {
+func bucketsOf(ws []workerStats) (sum [hist.Buckets]int64, l Latency) {
 	for i := range ws {
 		h := &ws[i].lat
 		for j := range sum {
@@ -88,22 +59,13 @@ func bucketsOf(ws []workerStats) (sum [histBuckets]int64, l Latency) {
 
 // quantiles sets l's percentiles from the bucket counts sum (whose total is l.Count),
 // none above l.Max.
-func quantiles(sum *[histBuckets]int64, l Latency) Latency {
+func quantiles(sum *[hist.Buckets]int64, l Latency) Latency {
 	if l.Count == 0 {
 		return l
 	}
-	quantile := func(q float64) time.Duration {
-		rank := int64(q * float64(l.Count))
-		var c int64
-		for j, n := range sum {
-			c += n
-			if c > rank {
-				return min(time.Duration(bucketUpper(j)), l.Max)
-			}
-		}
-		return l.Max
-	}
-	l.P50, l.P90, l.P99 = quantile(0.50), quantile(0.90), quantile(0.99)
+	l.P50 = hist.Quantile(sum, l.Count, l.Max, 0.50)
+	l.P90 = hist.Quantile(sum, l.Count, l.Max, 0.90)
+	l.P99 = hist.Quantile(sum, l.Count, l.Max, 0.99)
 	return l
 }
 
@@ -162,7 +124,7 @@ func (p *Pipeline) recentLatency(r *run, rep *Report, now time.Time) {
 		// The window's largest value is in its highest bucket, not above the run's Max.
 		for j := len(sum) - 1; j >= 0; j-- {
 			if sum[j] > 0 {
-				l.Max = min(l.Max, time.Duration(bucketUpper(j)))
+				l.Max = min(l.Max, time.Duration(hist.BucketUpper(j)))
 				break
 			}
 		}
