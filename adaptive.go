@@ -3,12 +3,11 @@ package pipeline
 import (
 	"context"
 	"fmt"
-	"math"
 	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
+
+	"github.com/gopipeline/pipeline/internal/adaptive"
 )
 
 // WithAdaptiveWorkers makes the number of the stage's active workers adapt to what the
@@ -64,7 +63,7 @@ func WithAdaptiveWorkers(min int) StageOption {
 		c.client.add(policyMaker{
 			name: "WithAdaptiveWorkers", order: orderAdaptive,
 			make: func(env policyEnv) hook {
-				return &adaptivePolicy{env: env, a: newAdaptive(min, env.workers, env.r.started)}
+				return &adaptivePolicy{env: env, a: adaptive.New(min, env.workers, env.r.started)}
 			},
 			check: func(workers int, keyed bool) string {
 				switch {
@@ -84,28 +83,38 @@ func WithAdaptiveWorkers(min int) StageOption {
 // loop (gate), between runs of items.
 type adaptivePolicy struct {
 	env policyEnv
-	a   *adaptive
+	a   *adaptive.Limit // internal/adaptive: the limit and its revision
 }
 
 func (p *adaptivePolicy) before(_ context.Context, t ticket) (ticket, error) {
-	t.began, t.measured = p.a.begin()
+	t.began, t.measured = p.a.Begin()
 	t.inflight = true
 	return t, nil
 }
 
 func (p *adaptivePolicy) cancel(t ticket) {
 	if t.inflight {
-		p.a.inflight.Add(-1)
+		p.a.Cancel()
 	}
 }
 
 func (p *adaptivePolicy) after(t ticket, err error, class Class) bool {
-	p.a.end(p.env.r, p.env.stage, t.began, t.measured, err != nil && counts(err, class))
+	if c := p.a.End(t.began, t.measured, err != nil && counts(err, class)); c != nil {
+		p.env.r.emit(p.env.r.ctx, Event{Kind: EventLimit, Stage: p.env.stage, Limit: c.Limit})
+	}
 	return false
 }
 
-func (p *adaptivePolicy) holds() bool         { return false }
-func (p *adaptivePolicy) fill(s *StageReport) { s.Limit, s.LimitHistory = p.a.report() }
+func (p *adaptivePolicy) holds() bool { return false }
+
+func (p *adaptivePolicy) fill(s *StageReport) {
+	var h []adaptive.Change
+	s.Limit, h = p.a.Report()
+	s.LimitHistory = make([]LimitChange, len(h)) // never nil: the stage is adaptive
+	for i, c := range h {
+		s.LimitHistory[i] = LimitChange(c)
+	}
+}
 
 // adaptiveReport is the adaptive limits' part of the report's text.
 var adaptiveReport = policyReport{
@@ -153,220 +162,4 @@ type LimitChange struct {
 	At     time.Duration // since the run started
 	Limit  int
 	Reason string // "grow", "latency" or "errors"
-}
-
-const (
-	limitHistory   = 64   // changes a report keeps
-	limitPerWorker = 6    // completed attempts per active worker in a window
-	limitFloors    = 8    // the floor is the lowest mean of this many latest windows
-	limitQueue     = 0.75 // calls queue when more than this wait (and more than 3 standard errors)
-	limitClear     = 0.5  // nothing queues when fewer than this wait
-	limitHold      = 4    // windows to wait after a cut to a new knee before growing
-	limitHoldMax   = 64   // windows, at most, before probing a known knee again
-)
-
-// adaptive is one run's concurrency limit of one stage.
-type adaptive struct {
-	min, max int
-	started  time.Time
-	limit    atomic.Int64
-	done     chan struct{} // closed when the stage's input is closed and drained
-	endOnce  sync.Once
-
-	inflight  atomic.Int64 // attempts in flight
-	saturated atomic.Bool  // all active workers were busy at once in this window
-
-	mu        sync.Mutex
-	grown     chan struct{} // closed (and replaced) when the limit grows
-	n, failed int           // attempts completed in the window, and failed
-	ok        int           // succeeded: the latency figures are theirs
-	sum       time.Duration // their latencies
-	sumsq     float64       // their latencies squared, in ns²
-	noise     float64       // the latency's coefficient of variation in windows where nothing queued
-	noiseSet  bool
-	floors    []time.Duration // the latest windows' means, at most limitFloors: the floor is the least
-	cut       bool            // the last revision cut the limit for latency: this window measures the floor again
-	cutMean   time.Duration   // the mean latency that made the cut
-	cutFrom   int             // the limit before the cut
-	confirmed bool            // the last cut was to confirm a slower service
-	knee      int             // the limit after the last cut for latency
-	hold      int             // windows to wait before growing
-	holdNext  int             // the hold after a cut that brings the limit back to the same knee
-	step      int             // the next growth: doubles while growing finds no queue
-	changed   time.Duration   // when the limit last changed (monotonic): earlier attempts are not measured
-	history   []LimitChange
-}
-
-func newAdaptive(min, max int, started time.Time) *adaptive {
-	a := &adaptive{min: min, max: max, started: started, done: make(chan struct{}), grown: make(chan struct{}), changed: monotonic()}
-	a.limit.Store(int64(min))
-	return a
-}
-
-// gate waits until worker id is within the limit, the stage's input has ended, or the
-// run stops (its cause).
-func (a *adaptive) gate(ctx context.Context, id int) error {
-	for {
-		if int64(id) < a.limit.Load() {
-			return nil
-		}
-		a.mu.Lock()
-		grown := a.grown
-		a.mu.Unlock()
-		if int64(id) < a.limit.Load() {
-			return nil
-		}
-		select {
-		case <-grown:
-		case <-a.done:
-			return nil
-		case <-ctx.Done():
-			return context.Cause(ctx)
-		}
-	}
-}
-
-func (a *adaptive) close() { a.endOnce.Do(func() { close(a.done) }) }
-
-// begin counts an attempt in flight and returns when it began, and whether it is to be
-// measured: it began with no more attempts in flight than the limit allows.
-func (a *adaptive) begin() (time.Duration, bool) {
-	n, limit := a.inflight.Add(1), a.limit.Load()
-	if n >= limit && !a.saturated.Load() {
-		a.saturated.Store(true)
-	}
-	return monotonic(), n <= limit
-}
-
-// end counts an attempt's outcome, and revises the limit at the end of a window.
-func (a *adaptive) end(r *run, stage string, began time.Duration, measured, failed bool) {
-	d := monotonic() - began
-	a.inflight.Add(-1)
-	a.mu.Lock()
-	if !measured || began < a.changed { // began under another limit: says nothing of this one
-		a.mu.Unlock()
-		return
-	}
-	a.n++
-	if failed {
-		a.failed++ // a failure's latency says nothing of the service's (a refused call is quick)
-	} else {
-		a.ok++
-		a.sum += d
-		a.sumsq += float64(d) * float64(d)
-	}
-	var change *LimitChange
-	if a.n >= max(16, limitPerWorker*int(a.limit.Load())) {
-		change = a.reviseLocked()
-	}
-	a.mu.Unlock()
-	if change != nil {
-		r.emit(r.ctx, Event{Kind: EventLimit, Stage: stage, Limit: change.Limit})
-	}
-}
-
-// reviseLocked ends a window: it moves the limit, and returns the change, if any.
-func (a *adaptive) reviseLocked() *LimitChange {
-	old := int(a.limit.Load())
-	cut := a.cut
-	a.cut = false
-	confirm := false // cut once more, to tell a slower service from queueing
-	queued := 0.0    // the stage's calls waiting in the service's queue, by Vegas's reckoning
-	spread := 0.0    // the standard error of queued that the latency's spread makes
-	var mean, floor time.Duration
-	if a.ok*2 >= a.n { // enough successes to measure the latency
-		mean = a.sum / time.Duration(a.ok)
-		// The latency's own spread, as measured in windows where nothing queued (queueing
-		// spreads it too), makes the standard error of queued.
-		cv := math.Sqrt(max(0, a.sumsq/float64(a.ok)-float64(mean)*float64(mean))) / float64(mean)
-		spread = float64(old) * a.noise / math.Sqrt(float64(a.ok))
-		if len(a.floors) > 0 {
-			floor = slices.Min(a.floors)
-			queued = float64(old) * (1 - float64(floor)/float64(mean))
-		}
-		// After a cut, queueing alone would have brought the latency down with the
-		// concurrency, to cutMean × old / cutFrom. If it stayed where it was (within
-		// half of that fall and a tenth, or what the latency's spread explains), the
-		// service itself may have got slower: one more cut tells, since a latency that
-		// stays where it was again is the service's floor now (and so is the latency at
-		// the least concurrency). A latency that moved otherwise is queueing still (the
-		// cut's window straddled a change of the service, or it lost capacity again):
-		// cut again against the same floor.
-		slower := old == a.min
-		if cut {
-			fell := float64(a.cutMean) * (1 - float64(old)/float64(a.cutFrom))
-			tol := max(min(float64(a.cutMean)/10, fell/2), 3*a.noise*float64(mean)/math.Sqrt(float64(a.ok)))
-			slower = math.Abs(float64(mean-a.cutMean)) <= tol
-		}
-		switch {
-		case queued <= limitClear || !slower:
-			a.confirmed = false
-		case !a.confirmed && old > a.min:
-			confirm, a.confirmed = true, true // the next window confirms it
-		default:
-			a.floors, floor, queued, a.confirmed = a.floors[:0], mean, 0, false
-		}
-		if queued < limitClear {
-			if !a.noiseSet {
-				a.noise, a.noiseSet = cv, true
-			}
-			a.noise += (cv - a.noise) / 8
-		}
-		if len(a.floors) == limitFloors {
-			a.floors = append(a.floors[:0], a.floors[1:]...)
-		}
-		a.floors = append(a.floors, mean)
-	}
-	next, reason := old, ""
-	grow := false
-	switch {
-	case confirm:
-		next, reason = max(a.min, min(old*3/4, old-1)), "latency"
-		a.cut, a.cutMean, a.cutFrom = true, mean, old
-	case a.failed*10 >= a.n:
-		next, reason = max(a.min, min(old*3/4, old-1)), "errors"
-		a.hold = 2
-	case queued > max(limitQueue, 3*spread):
-		next, reason = max(a.min, min(int(math.Round(float64(old)*float64(floor)/float64(mean))), old-1)), "latency"
-		a.cut, a.cutMean, a.cutFrom = true, mean, old
-		if next == a.knee { // the same knee again: probe above it less often
-			a.holdNext = min(2*a.holdNext, limitHoldMax)
-		} else {
-			a.knee, a.holdNext = next, limitHold
-		}
-		a.hold = a.holdNext
-	case a.hold > 0:
-		a.hold--
-	case queued < max(limitClear, 2*spread) && a.saturated.Load() && old < a.max:
-		next, reason, grow = min(a.max, old+max(a.step, 1)), "grow", true
-	}
-	if grow { // nothing queued at the last growth either: the knee moved up, go faster
-		a.step = min(2*max(a.step, 1), max(1, old/2))
-	} else {
-		a.step = 1
-	}
-	a.n, a.failed, a.ok, a.sum, a.sumsq = 0, 0, 0, 0, 0
-	a.saturated.Store(false)
-	if next == old {
-		return nil
-	}
-	a.limit.Store(int64(next))
-	a.changed = monotonic()
-	if next > old {
-		close(a.grown)
-		a.grown = make(chan struct{})
-	}
-	if len(a.history) == limitHistory {
-		a.history = append(a.history[:0], a.history[1:]...)
-	}
-	c := LimitChange{At: time.Since(a.started), Limit: next, Reason: reason}
-	a.history = append(a.history, c)
-	return &c
-}
-
-// report returns the current limit and its latest changes.
-func (a *adaptive) report() (int, []LimitChange) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return int(a.limit.Load()), append([]LimitChange{}, a.history...) // never nil: the stage is adaptive
 }

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/gopipeline/pipeline/internal/adaptive"
 )
 
 // A stage that calls a service can be a good client of it: [WithRateLimit] and
@@ -69,21 +71,12 @@ func (p itemless[In]) fill(s *StageReport)                         { p.h.fill(s)
 
 // ticket is what the policies gave an attempt before it began, for their after hooks.
 type ticket struct {
-	began    time.Duration // adaptive.go: when it began (monotonic)
+	began    time.Duration // adaptive.go: when it began (adaptive.Limit.Begin's clock reading: 8 bytes, not a time.Time)
 	inflight bool          // adaptive.go: it is counted in flight
 	measured bool          // adaptive.go: its latency is measured
 	probe    bool          // breaker.go: it is a half-open breaker's probe
 	key      uint32        // breaker.go: a breaker per key: 1 + the index of the attempt's key state (0: none)
 }
-
-// monotonic returns the time since the process's clock base: a ticket keeps it in 8
-// bytes, so that it passes through the hooks in registers.
-func monotonic() time.Duration { return time.Since(clockBase) }
-
-// clockBase is monotonic's origin. In a synctest bubble the readings are the bubble's
-// (negative: its clock starts in 2000), and their differences as exact: compare
-// readings with each other, never with 0.
-var clockBase = time.Now()
 
 // policyEnv is what a policy is made with: its run, row and stage.
 type policyEnv struct {
@@ -150,10 +143,10 @@ type client[In any] struct {
 	// directly, not through itemless (callgrind: about 50 instructions fewer per
 	// attempt of a breaker's stage); nil otherwise.
 	hooks   []hook
-	holders []policy[In]  // the policies that may hold an attempt for long (policyMaker.holds)
-	adapt   *adaptive     // adaptive.go: the workers above its limit wait between runs; nil without
-	keyed   heldItems[In] // breaker.go: a breaker per key, which holds items out of the workers' hands; nil without
-	serial  bool          // a worker takes one item at a time (policyMaker.serial)
+	holders []policy[In]    // the policies that may hold an attempt for long (policyMaker.holds)
+	adapt   *adaptive.Limit // adaptive.go: the workers above its limit wait between runs; nil without
+	keyed   heldItems[In]   // breaker.go: a breaker per key, which holds items out of the workers' hands; nil without
+	serial  bool            // a worker takes one item at a time (policyMaker.serial)
 }
 
 // noDeadline is a context without a deadline, canceled with its parent (at the
@@ -308,7 +301,7 @@ func counts(err error, class Class) bool {
 // workers parked by the adaptive limit see it too and exit.
 func (cl *client[In]) ended() {
 	if cl.adapt != nil {
-		cl.adapt.close()
+		cl.adapt.Close()
 	}
 }
 

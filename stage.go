@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gopipeline/pipeline/internal/adaptive"
 	"github.com/gopipeline/pipeline/internal/attempt"
 )
 
@@ -427,7 +428,7 @@ func (w *worker[In, Out]) loop() (err error) {
 
 // take is the worker's loop over its input, a run of items at a time.
 func (w *worker[In, Out]) take(ctx context.Context) error {
-	var adapt *adaptive // WithAdaptiveWorkers (adaptive.go): nil, so one register test per run
+	var adapt *adaptive.Limit // WithAdaptiveWorkers (adaptive.go): nil, so one register test per run
 	var keyed heldItems[In]
 	var idle func(wake <-chan struct{}) (bool, error) // consumer.take's
 	if w.cl != nil {
@@ -439,7 +440,7 @@ func (w *worker[In, Out]) take(ctx context.Context) error {
 	for {
 		if adapt != nil { // above the adaptive limit: wait, with the last run counted
 			w.commit()
-			if err := adapt.gate(ctx, w.id); err != nil {
+			if err := adapt.Gate(ctx, w.id); err != nil {
 				return err
 			}
 		}
