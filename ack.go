@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/gopipeline/pipeline/internal/retryafter"
 )
 
 // Outcome is the fate of an item of an acknowledged source ([FromAcked]), told once to
@@ -754,6 +756,6 @@ func (w *worker[In, Out]) handBackMark(attempts int, first, last error) ackMark 
 	if b := w.st.cfg.backoff; b != nil {
 		m.delay = b(attempts)
 	}
-	m.delay = max(m.delay, retryAfterOf(last)) // a delay the error asks for (retryafter.go)
+	m.delay = max(m.delay, retryafter.Of(last)) // a delay the error asks for (internal/retryafter)
 	return m
 }

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/gopipeline/pipeline/internal/retryafter"
 )
 
 // Breaker configures a circuit breaker (see [WithCircuitBreaker] and
@@ -577,7 +579,7 @@ func (b *breakerState) moveLocked(to BreakerState, now time.Time, err error, env
 	switch to {
 	case BreakerOpen:
 		b.openedAt = now
-		b.openFor = max(b.cfg.OpenFor, min(retryAfterOf(err), env.raCap)) // a server's Retry-After (retryafter.go), capped
+		b.openFor = max(b.cfg.OpenFor, min(retryafter.Of(err), env.raCap)) // a server's Retry-After (internal/retryafter), capped
 	case BreakerHalfOpen:
 		b.probes, b.probedOK = 0, 0
 	case BreakerClosed:

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"time"
+
+	"github.com/gopipeline/pipeline/internal/retryafter"
 )
 
 // WithTimeout bounds each attempt of the stage function at d: the function's context is
@@ -104,7 +106,7 @@ func sleep(ctx context.Context, backoff Backoff, attempt int, err error) error {
 	if backoff != nil {
 		d = backoff(attempt)
 	}
-	d = max(d, retryAfterOf(err)) // retryafter.go
+	d = max(d, retryafter.Of(err)) // internal/retryafter
 	if d <= 0 {
 		return nil
 	}

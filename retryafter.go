@@ -2,9 +2,9 @@ package pipeline
 
 import (
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
+
+	"github.com/gopipeline/pipeline/internal/retryafter"
 )
 
 // RetryAfter marks err as transient, like [Transient], and asks that the item be
@@ -63,39 +63,10 @@ func capRetryAfter(stage string, limit time.Duration, class Class, err error) (C
 	if class != ClassTransient {
 		return class, err
 	}
-	if d := retryAfterOf(err); d > limit {
+	if d := retryafter.Of(err); d > limit {
 		return ClassItem, &RetryAfterError{Stage: stage, Delay: d, Cap: limit, Err: err}
 	}
 	return class, err
-}
-
-// retryAfterOf returns the longest delay asked for by an error of err's chain.
-func retryAfterOf(err error) time.Duration {
-	var d time.Duration
-	walk(err, func(e error) {
-		if ra, ok := e.(interface{ RetryAfter() time.Duration }); ok {
-			d = max(d, ra.RetryAfter())
-		}
-	})
-	return d
-}
-
-// walk calls fn for every error of err's tree, depth first.
-func walk(err error, fn func(error)) {
-	for err != nil {
-		fn(err)
-		switch u := err.(type) { //nolint:errorlint // walking the chain by hand, as errors.As does
-		case interface{ Unwrap() []error }:
-			for _, e := range u.Unwrap() {
-				walk(e, fn)
-			}
-			return
-		case interface{ Unwrap() error }:
-			err = u.Unwrap()
-		default:
-			return
-		}
-	}
 }
 
 // ParseRetryAfter reads the value of an HTTP Retry-After header: a number of seconds
@@ -103,45 +74,5 @@ func walk(err error, fn func(error)) {
 // returns the delay and true, or 0 and false when the value is neither (an empty
 // header, say). A date in the past is a delay of 0.
 func ParseRetryAfter(value string, now time.Time) (time.Duration, bool) {
-	value = strings.TrimSpace(value)
-	if value == "" {
-		return 0, false
-	}
-	if secs, err := strconv.ParseInt(value, 10, 64); err == nil {
-		if secs < 0 {
-			return 0, false
-		}
-		if secs > int64(maxRetryAfter/time.Second) {
-			return maxRetryAfter, true
-		}
-		return time.Duration(secs) * time.Second, true
-	}
-	t, err := parseHTTPDate(value)
-	if err != nil {
-		return 0, false
-	}
-	return max(t.Sub(now), 0), true
-}
-
-// maxRetryAfter caps a Retry-After in seconds so that it cannot overflow a Duration.
-const maxRetryAfter = 100 * 365 * 24 * time.Hour
-
-// httpDates are the date formats HTTP/1.1 accepts, the preferred one first (as
-// net/http's ParseTime; not imported, so that the package does not pull net/http into
-// every binary).
-var httpDates = []string{
-	"Mon, 02 Jan 2006 15:04:05 GMT",
-	"Monday, 02-Jan-06 15:04:05 GMT",
-	"Mon Jan _2 15:04:05 2006",
-}
-
-func parseHTTPDate(v string) (time.Time, error) {
-	var err error
-	for _, layout := range httpDates {
-		var t time.Time
-		if t, err = time.Parse(layout, v); err == nil {
-			return t, nil
-		}
-	}
-	return time.Time{}, err
+	return retryafter.Parse(value, now) // internal/retryafter
 }
