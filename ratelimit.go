@@ -5,11 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"golang.org/x/time/rate"
+
+	"github.com/gopipeline/pipeline/internal/ratelimit"
 )
 
 // Limiter paces the attempts of a stage: Wait blocks until one more attempt may start,
@@ -78,8 +79,8 @@ func WithRateLimitPerKey[In any, K comparable](key func(In) K, perSecond float64
 	if !(perSecond > 0) || math.IsInf(perSecond, 0) || burst < 1 {
 		panic(fmt.Sprintf("pipeline: WithRateLimitPerKey(%v, %d): need a finite rate > 0 and a burst >= 1", perSecond, burst))
 	}
-	k := newKeyedLimiters[K](perSecond, burst)
-	fn := func(v In) Limiter { return k.get(key(v)) }
+	k := ratelimit.NewKeyed[K](perSecond, burst) // internal/ratelimit
+	fn := func(v In) Limiter { return keyWait[K]{k, key(v)} }
 	return stageOpt(func(c *config) {
 		c.client.add(policyMaker{name: "WithRateLimitPerKey", order: orderKeyLimit, serial: true, make: func(env policyEnv) policy[In] {
 			return &keyLimitPolicy[In]{env: env, lim: fn}
@@ -153,7 +154,7 @@ func waitToken(ctx context.Context, env *policyEnv, l Limiter, throttled *atomic
 	case boundedLimiter:
 		shed, err = bl.waitAtMost(wctx, env.maxTokenWait)
 	case *rate.Limiter:
-		shed, err = waitRateAtMost(wctx, bl, env.maxTokenWait)
+		shed, err = ratelimit.WaitAtMost(wctx, bl, env.maxTokenWait) // internal/ratelimit
 	default:
 		if env.maxTokenWait == 0 {
 			err = l.Wait(wctx)
@@ -186,41 +187,6 @@ type boundedLimiter interface {
 	waitAtMost(ctx context.Context, d time.Duration) (shed bool, err error)
 }
 
-// waitRateAtMost is boundedLimiter's waitAtMost for a rate.Limiter.
-func waitRateAtMost(ctx context.Context, l *rate.Limiter, d time.Duration) (shed bool, err error) {
-	if d == 0 {
-		return false, l.Wait(ctx)
-	}
-	now := time.Now()
-	r := l.ReserveN(now, 1)
-	if !r.OK() {
-		return false, fmt.Errorf("pipeline: rate limit: a burst of %d cannot serve one attempt", l.Burst())
-	}
-	return sleepReserved(ctx, r, now, d)
-}
-
-// sleepReserved waits for reservation r, made at now, or gives it back and reports
-// shed when it comes later than d from now (d > 0), or when ctx is done first.
-func sleepReserved(ctx context.Context, r *rate.Reservation, now time.Time, d time.Duration) (shed bool, err error) {
-	delay := r.DelayFrom(now)
-	if d > 0 && delay > d {
-		r.CancelAt(now)
-		return true, nil
-	}
-	if delay <= 0 {
-		return false, nil
-	}
-	t := time.NewTimer(delay)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return false, nil
-	case <-ctx.Done():
-		r.Cancel() // give the token back to the bucket
-		return false, context.Cause(ctx)
-	}
-}
-
 // limitReport is the rate limits' part of the report's text.
 var limitReport = policyReport{
 	warnings: func(r Report, b Bottleneck, s StageReport) []string {
@@ -234,76 +200,20 @@ var limitReport = policyReport{
 	},
 }
 
-// keyedLimiters is the set of per-key limiters of one WithRateLimitPerKey option.
-type keyedLimiters[K comparable] struct {
-	limit rate.Limit
-	burst int
-	idle  time.Duration
-
-	mu    sync.Mutex
-	m     map[K]*rate.Limiter
-	swept time.Time
-}
-
-func newKeyedLimiters[K comparable](perSecond float64, burst int) *keyedLimiters[K] {
-	return &keyedLimiters[K]{
-		limit: rate.Limit(perSecond), burst: burst, m: make(map[K]*rate.Limiter),
-		idle: time.Duration(float64(burst) / perSecond * float64(time.Second)), // a bucket's time to refill
-	}
-}
-
-// get returns key's limiter: a Limiter whose Wait takes a token of key's bucket.
-func (k *keyedLimiters[K]) get(key K) Limiter { return keyWait[K]{k, key} }
-
-// keyWait is one key's Limiter. Its Wait reserves the token under the set's lock, so
-// that a sweep never drops a bucket between a caller finding it and taking from it (a
-// new bucket would then hand out a second burst).
+// keyWait is one key's Limiter of a WithRateLimitPerKey option: its Wait takes a token
+// of key's bucket in the option's set of buckets.
 type keyWait[K comparable] struct {
-	k   *keyedLimiters[K]
+	k   *ratelimit.Keyed[K]
 	key K
 }
 
 // Wait implements Limiter.
 func (w keyWait[K]) Wait(ctx context.Context) error {
-	_, err := w.waitAtMost(ctx, 0)
+	_, err := w.k.WaitAtMost(ctx, w.key, 0)
 	return err
 }
 
 // waitAtMost implements boundedLimiter.
 func (w keyWait[K]) waitAtMost(ctx context.Context, d time.Duration) (shed bool, err error) {
-	now := time.Now()
-	r := w.k.reserve(w.key, now)
-	if !r.OK() {
-		return false, fmt.Errorf("pipeline: rate limit: a burst of %d cannot serve one attempt", w.k.burst)
-	}
-	return sleepReserved(ctx, r, now, d)
-}
-
-// reserve takes a token of key's bucket at now, making the bucket on first use. Every
-// idle interval, it first drops the buckets that are full again (no token owed, none
-// taken since they refilled): a new one would behave the same.
-func (k *keyedLimiters[K]) reserve(key K, now time.Time) *rate.Reservation {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if now.Sub(k.swept) >= k.idle && len(k.m) > 0 {
-		for key, l := range k.m {
-			if l.TokensAt(now) >= float64(k.burst) {
-				delete(k.m, key)
-			}
-		}
-		k.swept = now
-	}
-	l := k.m[key]
-	if l == nil {
-		l = rate.NewLimiter(k.limit, k.burst)
-		k.m[key] = l
-	}
-	return l.ReserveN(now, 1)
-}
-
-// size returns how many keys have a limiter (tests).
-func (k *keyedLimiters[K]) size() int {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	return len(k.m)
+	return w.k.WaitAtMost(ctx, w.key, d)
 }
