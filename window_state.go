@@ -13,19 +13,91 @@ import (
 // queue, a map of the windows it holds, and a heap of them by the event time at which
 // each must act (fire an open window, forget a fired one). See DESIGN.md, "Windows".
 
-// win is one window held: open, or fired and kept for late items (fired).
+// win is one window held: open, or fired and kept for late items (fired). Its value and
+// count are in its bucket's slot (b, slot: tumbling and sliding windows) or in own
+// (sessions): see hot.
 type win[K comparable, V any] struct {
+	b          *bucket[K, V]
+	slot       int
 	key        K
-	start, end int64 // nanoseconds since the epoch, [start, end)
-	val        V
-	n          int      // items folded
-	owns       int      // items whose last window this is: held until it fires
+	start, end int64    // nanoseconds since the epoch, [start, end)
+	owns       int      // items whose last window this is: held until it fires (see owned)
 	poss       []uint64 // positions folded since the last result (tracked runs)
 	all        []uint64 // every member position while it is kept for late items: the share closing settles
 	fired      bool
-	due        int64  // when it must act: end while open, end + retention once fired
-	seq        uint64 // opening order: ties of due
-	idx        int    // in the heap, -1 when out of it
+	due        int64     // when it must act: end while open, end + retention once fired
+	seq        uint64    // opening order: ties of due
+	idx        int       // in the heap, -1 when out of it
+	own        winHot[V] // a session's value and count
+}
+
+// winHot is what folding an item into a window reads and writes.
+type winHot[V any] struct {
+	val V
+	n   int // items folded
+}
+
+// hot returns the window's value and count.
+func (wn *win[K, V]) hot() *winHot[V] {
+	if wn.b != nil {
+		return &wn.b.hot[wn.slot]
+	}
+	return &wn.own
+}
+
+// bucket is the tumbling or sliding windows that start at one time. A window's value
+// and count are a slot of the dense hot, beside the other keys': folding an item looks
+// up the key's slot in m and touches one slot of hot, which, small and dense, mostly
+// stays in the cache, where a window's own line would be pushed out of it by the items
+// of other keys before its next item (BenchmarkS9Window; DESIGN.md, "Windows"). Slots
+// given back by windows forgotten are reused first, so the bucket holds no more slots
+// than it held windows at once.
+type bucket[K comparable, V any] struct {
+	m    map[K]int   // the slot of each key's window, from 1: a key not there looks up 0
+	hot  []winHot[V] // by slot; hot[0] is no window's
+	wins []*win[K, V]
+	free []int // slots given back
+}
+
+func newBucket[K comparable, V any]() *bucket[K, V] {
+	return &bucket[K, V]{m: map[K]int{}, hot: make([]winHot[V], 1), wins: make([]*win[K, V], 1)}
+}
+
+// add gives wn, of key k, a slot.
+func (b *bucket[K, V]) add(k K, wn *win[K, V], init V) {
+	var i int
+	if n := len(b.free); n > 0 {
+		i = b.free[n-1]
+		b.free = b.free[:n-1]
+		b.hot[i], b.wins[i] = winHot[V]{val: init}, wn
+	} else {
+		i = len(b.hot)
+		b.hot = append(b.hot, winHot[V]{val: init})
+		b.wins = append(b.wins, wn)
+	}
+	b.m[k] = i
+	wn.b, wn.slot = b, i
+}
+
+// remove gives back the slot of wn; once the bucket holds no window, its slots are
+// handed out from the first again.
+func (b *bucket[K, V]) remove(wn *win[K, V]) {
+	delete(b.m, wn.key)
+	b.hot[wn.slot], b.wins[wn.slot] = winHot[V]{}, nil
+	if len(b.m) == 0 {
+		b.hot, b.wins, b.free = b.hot[:1], b.wins[:1], b.free[:0]
+	} else {
+		b.free = append(b.free, wn.slot)
+	}
+	wn.b = nil
+}
+
+// window returns the window of k that starts at the bucket's time, or nil.
+func (b *bucket[K, V]) window(k K) *win[K, V] {
+	if b == nil {
+		return nil
+	}
+	return b.wins[b.m[k]]
 }
 
 // winHeap orders the windows held by due, then by opening: a binary min-heap whose
@@ -127,12 +199,12 @@ type windower[T any, K comparable, V any] struct {
 	held        *atomic.Int64 // heldN, for the report's Window
 	heldN       int64
 	track       windowTrack[WindowResult[K, V]]
-	wins        map[int64]map[K]*win[K, V] // tumbling and sliding, by start, then key
-	lastStart   int64                      // the start of the last bucket of wins looked up, and that bucket
-	lastBucket  map[K]*win[K, V]
+	wins        map[int64]*bucket[K, V] // tumbling and sliding, by start
+	lastStart   int64                   // the start of the last bucket of wins looked up, and that bucket
+	lastBucket  *bucket[K, V]
 	scratch     []*win[K, V]       // the windows of the item being added
 	freeWins    []*win[K, V]       // tumbling and sliding: windows forgotten, to reuse (at most max)
-	freeBuckets []map[K]*win[K, V] // buckets of wins emptied, to reuse with their room (cap: how many)
+	freeBuckets []*bucket[K, V]    // buckets of wins emptied, to reuse with their room (cap: how many)
 	sessions    map[K][]*win[K, V] // sessions of each key, by start, disjoint
 	due         winHeap[K, V]
 	count       int           // windows held
@@ -269,11 +341,16 @@ func (w *windower[T, K, V]) itemsTumbling(vals []T) error {
 	// The state the loop reads per item, in locals, read again after anything else
 	// may have changed it (addAt, fireDue).
 	var (
-		bStart, bound, due int64 // bound: a window must end after it to be open; due: the heap's first
-		b                  map[K]*win[K, V]
+		bStart, bound, due int64       // bound: a window must end after it to be open; due: the heap's first
+		m                  map[K]int   // the bucket in hand's (w.lastBucket): nil, none
+		hot                []winHot[V] // its
 	)
 	reload := func() {
-		bStart, b, bound, due = w.lastStart, w.lastBucket, max(w.floor, w.wm), math.MaxInt64
+		bStart, bound, due = w.lastStart, max(w.floor, w.wm), math.MaxInt64
+		m, hot = nil, nil
+		if b := w.lastBucket; b != nil {
+			m, hot = b.m, b.hot
+		}
 		if len(w.due) > 0 {
 			due = w.due[0].due
 		}
@@ -293,21 +370,23 @@ func (w *windower[T, K, V]) itemsTumbling(vals []T) error {
 		t := at(*v).UnixNano()
 		k := key(*v)
 		var s int64
-		if b != nil && t >= bStart && t < bStart+size { // the bucket in hand: no division
+		if m != nil && t >= bStart && t < bStart+size { // the bucket in hand: no division
 			s = bStart
 		} else if s = t - t%size; s > t {
 			s -= size
 		}
-		var wn *win[K, V]
+		slot := 0
 		if s+size > bound {
-			if s != bStart || b == nil {
-				if b = w.bucket(s); b != nil {
-					bStart = s
+			if s != bStart || m == nil {
+				if b := w.bucket(s); b != nil { // now w.lastBucket
+					bStart, m, hot = s, b.m, b.hot
+				} else {
+					m = nil
 				}
 			}
-			wn = b[k]
+			slot = m[k]
 		}
-		if wn == nil || wn.n == 0 && first != nil { // a window to open, a late item, a first item to reduce
+		if slot == 0 || hot[slot].n == 0 && first != nil { // a window to open, a late item, a first item to reduce
 			w.started()
 			v := *v
 			if run != nil {
@@ -325,12 +404,13 @@ func (w *windower[T, K, V]) itemsTumbling(vals []T) error {
 			reload()
 			continue
 		}
-		wn.val = fold(wn.val, *v)
-		wn.n++
+		h := &hot[slot]
+		h.val = fold(h.val, *v)
+		h.n++ // and its owns (see owned)
 		if pos != noPos {
+			wn := w.lastBucket.wins[slot]
 			wn.poss = append(wn.poss, pos)
 		}
-		wn.owns++
 		w.heldN++
 		w.t.succeeded++
 		if w.j-w.sj >= startEvery {
@@ -424,7 +504,7 @@ func (w *windower[T, K, V]) addAligned(v T, k K, t int64, pos uint64) error {
 	// One window, open, and no lateness: the common case, in short.
 	if first == last && w.retain == 0 {
 		if e0 := first + size; e0 > w.floor && e0 > w.wm {
-			if wn := w.bucket(first)[k]; wn != nil {
+			if wn := w.bucket(first).window(k); wn != nil {
 				w.fold(wn, v, pos)
 				wn.owns++
 				w.heldN++
@@ -443,7 +523,7 @@ func (w *windower[T, K, V]) addAligned(v T, k K, t int64, pos uint64) error {
 		wns = wns[:0]
 		need := 0
 		for s := first; s <= last; s += slide {
-			wn := w.bucket(s)[k]
+			wn := w.bucket(s).window(k)
 			if wn == nil {
 				need++
 			}
@@ -477,12 +557,12 @@ func (w *windower[T, K, V]) addAligned(v T, k K, t int64, pos uint64) error {
 					w.freeBuckets[n-1] = nil
 					w.freeBuckets = w.freeBuckets[:n-1]
 				} else {
-					b = map[K]*win[K, V]{}
+					b = newBucket[K, V]()
 				}
 				w.wins[s] = b
 				w.lastStart, w.lastBucket = s, b
 			}
-			b[k] = wn
+			b.add(k, wn, w.agg.init)
 		}
 		w.fold(wn, v, pos)
 		if w.retain > 0 && pos != noPos {
@@ -507,9 +587,9 @@ func (w *windower[T, K, V]) addAligned(v T, k K, t int64, pos uint64) error {
 	return nil
 }
 
-// bucket returns the windows that start at s, by key (nil when there are none): an
-// in-order input looks up the same bucket item after item.
-func (w *windower[T, K, V]) bucket(s int64) map[K]*win[K, V] {
+// bucket returns the windows that start at s (nil when there are none): an in-order
+// input looks up the same bucket item after item.
+func (w *windower[T, K, V]) bucket(s int64) *bucket[K, V] {
 	if s == w.lastStart && w.lastBucket != nil {
 		return w.lastBucket
 	}
@@ -556,8 +636,8 @@ func (w *windower[T, K, V]) addSession(v T, k K, t int64, pos uint64) error {
 	} else {
 		s = list[lo]
 		for _, o := range slices.Clone(list[lo+1 : hi]) { // forget shifts the list
-			s.val = w.agg.merge(s.val, o.val)
-			s.n += o.n
+			s.own.val = w.agg.merge(s.own.val, o.own.val)
+			s.own.n += o.own.n
 			s.owns += o.owns
 			s.poss = append(s.poss, o.poss...)
 			s.end = max(s.end, o.end)
@@ -587,19 +667,20 @@ func (w *windower[T, K, V]) open(k K, start, end int64) *win[K, V] {
 	} else {
 		wn = new(win[K, V])
 	}
-	*wn = win[K, V]{key: k, start: start, end: end, val: w.agg.init, due: end, seq: w.seq, idx: -1}
+	*wn = win[K, V]{key: k, start: start, end: end, own: winHot[V]{val: w.agg.init}, due: end, seq: w.seq, idx: -1}
 	w.due.push(wn)
 	w.count++
 	return wn
 }
 
 func (w *windower[T, K, V]) fold(wn *win[K, V], v T, pos uint64) {
-	if wn.n == 0 && w.agg.first != nil {
-		wn.val = w.agg.first(v)
+	h := wn.hot()
+	if h.n == 0 && w.agg.first != nil {
+		h.val = w.agg.first(v)
 	} else {
-		wn.val = w.agg.fold(wn.val, v)
+		h.val = w.agg.fold(h.val, v)
 	}
-	wn.n++
+	h.n++
 	if pos != noPos {
 		wn.poss = append(wn.poss, pos)
 	}
@@ -621,12 +702,22 @@ func (w *windower[T, K, V]) fireDue() error {
 	return nil
 }
 
+// owned is how many items wn holds: whose last window it is, not fired yet.
+// itemsTumbling does not count them in owns: in a fast stage every item is in one
+// window, which is forgotten once it fires, so those of a window are its count.
+func (w *windower[T, K, V]) owned(wn *win[K, V]) int {
+	if w.fast {
+		return wn.hot().n
+	}
+	return wn.owns
+}
+
 // fire emits an open window's first result, then keeps it for late items (due again
 // at end + retention) or forgets it. A window forgotten is forgotten before its result
 // is sent, so that a reader who has the result sees it no longer counted open.
 func (w *windower[T, K, V]) fire(wn *win[K, V]) error {
 	wn.fired = true
-	w.heldN -= int64(wn.owns)
+	w.heldN -= int64(w.owned(wn))
 	wn.owns = 0
 	res, pos := w.result(wn, false)
 	if w.retain > 0 {
@@ -645,9 +736,10 @@ func (w *windower[T, K, V]) emit(wn *win[K, V], update bool) error {
 
 // result is the window's result, carrying the positions folded since the last one.
 func (w *windower[T, K, V]) result(wn *win[K, V], update bool) (WindowResult[K, V], uint64) {
+	h := wn.hot()
 	res := WindowResult[K, V]{
 		Key: wn.key, Start: time.Unix(0, wn.start).UTC(), End: time.Unix(0, wn.end).UTC(),
-		Value: wn.val, Count: wn.n, Update: update,
+		Value: h.val, Count: h.n, Update: update,
 	}
 	pos := w.track.result(wn.poss)
 	wn.poss = nil
@@ -690,8 +782,8 @@ func (w *windower[T, K, V]) forget(wn *win[K, V], closed bool) {
 		}
 	} else {
 		b := w.wins[wn.start]
-		delete(b, wn.key)
-		if len(b) == 0 {
+		b.remove(wn)
+		if len(b.m) == 0 {
 			delete(w.wins, wn.start)
 			if w.lastStart == wn.start {
 				w.lastBucket = nil
@@ -858,7 +950,7 @@ func (w *windower[T, K, V]) finish() error {
 			continue
 		}
 		wn.fired = true
-		w.heldN -= int64(wn.owns)
+		w.heldN -= int64(w.owned(wn))
 		wn.owns = 0
 		res, pos := w.result(wn, false)
 		w.forget(wn, true) // before the result is out (see send)
