@@ -367,8 +367,9 @@ func (w *windower[T, K, V]) itemsTumbling(vals []T) error {
 		} else {
 			v = &vals[i]
 		}
-		t := at(*v).UnixNano()
-		k := key(*v)
+		e := *v // one copy for the three calls (from *v, each made one of its own)
+		t := at(e).UnixNano()
+		k := key(e)
 		var s int64
 		if m != nil && t >= bStart && t < bStart+size { // the bucket in hand: no division
 			s = bStart
@@ -405,7 +406,7 @@ func (w *windower[T, K, V]) itemsTumbling(vals []T) error {
 			continue
 		}
 		h := &hot[slot]
-		h.val = fold(h.val, *v)
+		h.val = fold(h.val, e)
 		h.n++ // and its owns (see owned)
 		if pos != noPos {
 			wn := w.lastBucket.wins[slot]
@@ -422,7 +423,7 @@ func (w *windower[T, K, V]) itemsTumbling(vals []T) error {
 			wm = t - delay
 		}
 		if w.inputs != nil { // the least over the inputs instead
-			wm = w.inputs.see(*v, t, delay)
+			wm = w.inputs.see(e, t, delay)
 		}
 		if wm > w.wm {
 			w.wm = wm
