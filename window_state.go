@@ -3,7 +3,9 @@ package pipeline
 import (
 	"context"
 	"fmt"
+	"hash/maphash"
 	"math"
+	"math/bits"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -14,7 +16,7 @@ import (
 // each must act (fire an open window, forget a fired one). See DESIGN.md, "Windows".
 
 // win is one window held: open, or fired and kept for late items (fired). Its value and
-// count are in its bucket's slot (b, slot: tumbling and sliding windows) or in own
+// count are in its bucket's entry (b, slot: tumbling and sliding windows) or in own
 // (sessions): see hot.
 type win[K comparable, V any] struct {
 	b          *bucket[K, V]
@@ -31,65 +33,69 @@ type win[K comparable, V any] struct {
 	own        winHot[V] // a session's value and count
 }
 
-// winHot is what folding an item into a window reads and writes.
+// winHot is what folding an item into a window reads and writes: its value, and c, the
+// count of items folded plus one (0 marks a free entry of a bucket).
 type winHot[V any] struct {
 	val V
-	n   int // items folded
+	c   int
 }
 
 // hot returns the window's value and count.
 func (wn *win[K, V]) hot() *winHot[V] {
 	if wn.b != nil {
-		return &wn.b.hot[wn.slot]
+		return &wn.b.ents[wn.slot].winHot
 	}
 	return &wn.own
 }
 
-// bucket is the tumbling or sliding windows that start at one time. A window's value
-// and count are a slot of the dense hot, beside the other keys': folding an item looks
-// up the key's slot in m and touches one slot of hot, which, small and dense, mostly
-// stays in the cache, where a window's own line would be pushed out of it by the items
-// of other keys before its next item (BenchmarkS9Window; DESIGN.md, "Windows"). Slots
-// given back by windows forgotten are reused first, so the bucket holds no more slots
-// than it held windows at once.
+// bucket is the tumbling or sliding windows that start at one time: a hash table of
+// its own, open addressing with linear probing, whose entries hold each key with its
+// window's value and count, so that folding an item reads one entry, most often one
+// cache line. A Go map from the key to the window (or to a slot of values) cost a
+// second line per item, which the items of other keys push out of a 32 KiB L1 before
+// the key's next item, and twice the instructions of this look-up
+// (BenchmarkS9Window; DESIGN.md, "Windows"). The table grows by half when it is 7/8
+// full; a window forgotten leaves no tombstone (backward-shift deletion), so a bucket
+// reused for a later start finds a table as clean as a new one.
 type bucket[K comparable, V any] struct {
-	m    map[K]int   // the slot of each key's window, from 1: a key not there looks up 0
-	hot  []winHot[V] // by slot; hot[0] is no window's
-	wins []*win[K, V]
-	free []int // slots given back
+	seed maphash.Seed
+	ents []bucketEnt[K, V]
+	wins []*win[K, V] // the window of each entry
+	n    int          // entries in use
 }
 
-func newBucket[K comparable, V any]() *bucket[K, V] {
-	return &bucket[K, V]{m: map[K]int{}, hot: make([]winHot[V], 1), wins: make([]*win[K, V], 1)}
+type bucketEnt[K comparable, V any] struct {
+	key K
+	winHot[V]
 }
 
-// add gives wn, of key k, a slot.
-func (b *bucket[K, V]) add(k K, wn *win[K, V], init V) {
-	var i int
-	if n := len(b.free); n > 0 {
-		i = b.free[n-1]
-		b.free = b.free[:n-1]
-		b.hot[i], b.wins[i] = winHot[V]{val: init}, wn
-	} else {
-		i = len(b.hot)
-		b.hot = append(b.hot, winHot[V]{val: init})
-		b.wins = append(b.wins, wn)
+func newBucket[K comparable, V any](seed maphash.Seed) *bucket[K, V] {
+	const size = 16
+	return &bucket[K, V]{seed: seed, ents: make([]bucketEnt[K, V], size), wins: make([]*win[K, V], size)}
+}
+
+// home is where k's probe starts.
+func (b *bucket[K, V]) home(k K) int {
+	hi, _ := bits.Mul64(maphash.Comparable(b.seed, k), uint64(len(b.ents)))
+	return int(hi)
+}
+
+// find returns the entry of k, or -1.
+func (b *bucket[K, V]) find(k K) int {
+	ents := b.ents
+	hi, _ := bits.Mul64(maphash.Comparable(b.seed, k), uint64(len(ents))) // home, inline
+	for i := int(hi); ; {
+		e := &ents[i]
+		if e.key == k && e.c != 0 {
+			return i
+		}
+		if e.c == 0 {
+			return -1
+		}
+		if i++; i == len(ents) {
+			i = 0
+		}
 	}
-	b.m[k] = i
-	wn.b, wn.slot = b, i
-}
-
-// remove gives back the slot of wn; once the bucket holds no window, its slots are
-// handed out from the first again.
-func (b *bucket[K, V]) remove(wn *win[K, V]) {
-	delete(b.m, wn.key)
-	b.hot[wn.slot], b.wins[wn.slot] = winHot[V]{}, nil
-	if len(b.m) == 0 {
-		b.hot, b.wins, b.free = b.hot[:1], b.wins[:1], b.free[:0]
-	} else {
-		b.free = append(b.free, wn.slot)
-	}
-	wn.b = nil
 }
 
 // window returns the window of k that starts at the bucket's time, or nil.
@@ -97,7 +103,70 @@ func (b *bucket[K, V]) window(k K) *win[K, V] {
 	if b == nil {
 		return nil
 	}
-	return b.wins[b.m[k]]
+	if i := b.find(k); i >= 0 {
+		return b.wins[i]
+	}
+	return nil
+}
+
+// add gives wn, of key k, an entry, its value init.
+func (b *bucket[K, V]) add(k K, wn *win[K, V], init V) {
+	if 8*(b.n+1) > 7*len(b.ents) {
+		b.grow()
+	}
+	i := b.place(k)
+	b.ents[i] = bucketEnt[K, V]{key: k, winHot: winHot[V]{val: init, c: 1}}
+	b.wins[i] = wn
+	wn.b, wn.slot = b, i
+	b.n++
+}
+
+// place returns the free entry where k goes.
+func (b *bucket[K, V]) place(k K) int {
+	i := b.home(k)
+	for b.ents[i].c != 0 {
+		if i++; i == len(b.ents) {
+			i = 0
+		}
+	}
+	return i
+}
+
+func (b *bucket[K, V]) grow() {
+	ents, wins := b.ents, b.wins
+	n := len(ents) + len(ents)/2
+	b.ents, b.wins = make([]bucketEnt[K, V], n), make([]*win[K, V], n)
+	for i := range ents {
+		if ents[i].c != 0 {
+			j := b.place(ents[i].key)
+			b.ents[j], b.wins[j] = ents[i], wins[i]
+			wins[i].slot = j
+		}
+	}
+}
+
+// remove frees the entry of wn, and moves back the entries after it whose probe
+// passed it, so that no probe needs a mark where it was.
+func (b *bucket[K, V]) remove(wn *win[K, V]) {
+	ents, wins := b.ents, b.wins
+	i := wn.slot
+	for j := i; ; {
+		if j++; j == len(ents) {
+			j = 0
+		}
+		if ents[j].c == 0 {
+			break
+		}
+		// The entry at j may fill the hole at i unless its home is cyclically in (i, j].
+		if h := b.home(ents[j].key); (i < j && (h <= i || h > j)) || (j < i && h <= i && h > j) {
+			ents[i], wins[i] = ents[j], wins[j]
+			wins[i].slot = i
+			i = j
+		}
+	}
+	ents[i], wins[i] = bucketEnt[K, V]{}, nil
+	b.n--
+	wn.b = nil
 }
 
 // winHeap orders the windows held by due, then by opening: a binary min-heap whose
@@ -205,6 +274,7 @@ type windower[T any, K comparable, V any] struct {
 	scratch     []*win[K, V]       // the windows of the item being added
 	freeWins    []*win[K, V]       // tumbling and sliding: windows forgotten, to reuse (at most max)
 	freeBuckets []*bucket[K, V]    // buckets of wins emptied, to reuse with their room (cap: how many)
+	seed        maphash.Seed       // of the buckets' tables
 	sessions    map[K][]*win[K, V] // sessions of each key, by start, disjoint
 	due         winHeap[K, V]
 	count       int           // windows held
@@ -341,16 +411,11 @@ func (w *windower[T, K, V]) itemsTumbling(vals []T) error {
 	// The state the loop reads per item, in locals, read again after anything else
 	// may have changed it (addAt, fireDue).
 	var (
-		bStart, bound, due int64       // bound: a window must end after it to be open; due: the heap's first
-		m                  map[K]int   // the bucket in hand's (w.lastBucket): nil, none
-		hot                []winHot[V] // its
+		bStart, bound, due int64 // bound: a window must end after it to be open; due: the heap's first
+		b                  *bucket[K, V]
 	)
 	reload := func() {
-		bStart, bound, due = w.lastStart, max(w.floor, w.wm), math.MaxInt64
-		m, hot = nil, nil
-		if b := w.lastBucket; b != nil {
-			m, hot = b.m, b.hot
-		}
+		bStart, b, bound, due = w.lastStart, w.lastBucket, max(w.floor, w.wm), math.MaxInt64
 		if len(w.due) > 0 {
 			due = w.due[0].due
 		}
@@ -371,23 +436,23 @@ func (w *windower[T, K, V]) itemsTumbling(vals []T) error {
 		t := at(e).UnixNano()
 		k := key(e)
 		var s int64
-		if m != nil && t >= bStart && t < bStart+size { // the bucket in hand: no division
+		if b != nil && t >= bStart && t < bStart+size { // the bucket in hand: no division
 			s = bStart
 		} else if s = t - t%size; s > t {
 			s -= size
 		}
-		slot := 0
+		slot := -1
 		if s+size > bound {
-			if s != bStart || m == nil {
-				if b := w.bucket(s); b != nil { // now w.lastBucket
-					bStart, m, hot = s, b.m, b.hot
-				} else {
-					m = nil
+			if s != bStart || b == nil {
+				if b = w.bucket(s); b != nil {
+					bStart = s
 				}
 			}
-			slot = m[k]
+			if b != nil {
+				slot = b.find(k)
+			}
 		}
-		if slot == 0 || hot[slot].n == 0 && first != nil { // a window to open, a late item, a first item to reduce
+		if slot < 0 || b.ents[slot].c == 1 && first != nil { // a window to open, a late item, a first item to reduce
 			w.started()
 			v := *v
 			if run != nil {
@@ -405,11 +470,11 @@ func (w *windower[T, K, V]) itemsTumbling(vals []T) error {
 			reload()
 			continue
 		}
-		h := &hot[slot]
+		h := &b.ents[slot]
 		h.val = fold(h.val, e)
-		h.n++ // and its owns (see owned)
+		h.c++ // and its owns (see owned)
 		if pos != noPos {
-			wn := w.lastBucket.wins[slot]
+			wn := b.wins[slot]
 			wn.poss = append(wn.poss, pos)
 		}
 		w.heldN++
@@ -558,7 +623,7 @@ func (w *windower[T, K, V]) addAligned(v T, k K, t int64, pos uint64) error {
 					w.freeBuckets[n-1] = nil
 					w.freeBuckets = w.freeBuckets[:n-1]
 				} else {
-					b = newBucket[K, V]()
+					b = newBucket[K, V](w.seed)
 				}
 				w.wins[s] = b
 				w.lastStart, w.lastBucket = s, b
@@ -638,7 +703,7 @@ func (w *windower[T, K, V]) addSession(v T, k K, t int64, pos uint64) error {
 		s = list[lo]
 		for _, o := range slices.Clone(list[lo+1 : hi]) { // forget shifts the list
 			s.own.val = w.agg.merge(s.own.val, o.own.val)
-			s.own.n += o.own.n
+			s.own.c += o.own.c - 1
 			s.owns += o.owns
 			s.poss = append(s.poss, o.poss...)
 			s.end = max(s.end, o.end)
@@ -668,7 +733,7 @@ func (w *windower[T, K, V]) open(k K, start, end int64) *win[K, V] {
 	} else {
 		wn = new(win[K, V])
 	}
-	*wn = win[K, V]{key: k, start: start, end: end, own: winHot[V]{val: w.agg.init}, due: end, seq: w.seq, idx: -1}
+	*wn = win[K, V]{key: k, start: start, end: end, own: winHot[V]{val: w.agg.init, c: 1}, due: end, seq: w.seq, idx: -1}
 	w.due.push(wn)
 	w.count++
 	return wn
@@ -676,12 +741,12 @@ func (w *windower[T, K, V]) open(k K, start, end int64) *win[K, V] {
 
 func (w *windower[T, K, V]) fold(wn *win[K, V], v T, pos uint64) {
 	h := wn.hot()
-	if h.n == 0 && w.agg.first != nil {
+	if h.c == 1 && w.agg.first != nil {
 		h.val = w.agg.first(v)
 	} else {
 		h.val = w.agg.fold(h.val, v)
 	}
-	h.n++
+	h.c++
 	if pos != noPos {
 		wn.poss = append(wn.poss, pos)
 	}
@@ -708,7 +773,7 @@ func (w *windower[T, K, V]) fireDue() error {
 // window, which is forgotten once it fires, so those of a window are its count.
 func (w *windower[T, K, V]) owned(wn *win[K, V]) int {
 	if w.fast {
-		return wn.hot().n
+		return wn.hot().c - 1
 	}
 	return wn.owns
 }
@@ -740,7 +805,7 @@ func (w *windower[T, K, V]) result(wn *win[K, V], update bool) (WindowResult[K, 
 	h := wn.hot()
 	res := WindowResult[K, V]{
 		Key: wn.key, Start: time.Unix(0, wn.start).UTC(), End: time.Unix(0, wn.end).UTC(),
-		Value: h.val, Count: h.n, Update: update,
+		Value: h.val, Count: h.c - 1, Update: update,
 	}
 	pos := w.track.result(wn.poss)
 	wn.poss = nil
@@ -784,7 +849,7 @@ func (w *windower[T, K, V]) forget(wn *win[K, V], closed bool) {
 	} else {
 		b := w.wins[wn.start]
 		b.remove(wn)
-		if len(b.m) == 0 {
+		if b.n == 0 {
 			delete(w.wins, wn.start)
 			if w.lastStart == wn.start {
 				w.lastBucket = nil
