@@ -494,8 +494,10 @@ func (q *queue[T]) wakeProducers() {
 // and take would park w a second time: a later wake could go to that second entry
 // while the worker was busy, and leave its item queued while another worker slept.
 // Draining it loses no wake: take looks at the lane again, under the lock, before it
-// waits again.
-func (q *queue[T]) unpark(i int, w *waiter) {
+// waits again. Unless it leaves take (leaving: its idle hook returned an error, such as
+// a breaker's held items to try): then the wake goes on to a worker that waits, if the
+// lane still holds items, rather than leave them queued until this one comes back.
+func (q *queue[T]) unpark(i int, w *waiter, leaving bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	l := &q.lanes[i]
@@ -505,6 +507,9 @@ func (q *queue[T]) unpark(i int, w *waiter) {
 	}
 	select {
 	case <-w.ch: // a waker's token, sent as the wait ended otherwise
+		if leaving && l.n > 0 {
+			wakeSome(&l.waiting, 1) // the items it was woken for: to a worker that waits
+		}
 	default:
 	}
 }
@@ -862,7 +867,7 @@ func (c *consumer[T]) take(ctx context.Context, n, share int, idle func(wake <-c
 		}
 		woken, err := idle(c.wt.ch)
 		if !woken {
-			c.q.unpark(c.lane, c.wt)
+			c.q.unpark(c.lane, c.wt, err != nil)
 		}
 		if err != nil {
 			return 0, false, err

@@ -289,3 +289,52 @@ func TestConsumerWaitEndedOtherwiseParksOnce(t *testing.T) {
 		}
 	})
 }
+
+// A worker whose wait ends otherwise just after a producer woke it, and that then leaves
+// take to do something else (a breaker's held items), passes the wake on: the item is
+// taken by the worker that still waits, not left in the lane until the first comes back.
+func TestConsumerLeavingAWakePassesItOn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := t.Context()
+		q := newQueue[int](4, 2)
+		snd := q.outlet(ctx)(new(hand))
+		stats := make([]workerStats, 2)
+		a, b := newConsumer(q, 0, 0, &stats[0], 4), newConsumer(q, 0, 1, &stats[1], 4)
+		errElsewhere := errors.New("something else to do")
+		other := make(chan struct{})
+		var took []int
+		var wg sync.WaitGroup
+		wg.Go(func() { // b: waits for items only
+			for {
+				if _, ok, _ := b.take(ctx, 1, 0, nil); !ok {
+					return
+				}
+				took = append(took, b.next().v)
+			}
+		})
+		synctest.Wait() // b waits
+		aErr := make(chan error, 1)
+		wg.Go(func() { // a: its wait ends on another signal, and it leaves take
+			_, _, err := a.take(ctx, 1, 0, func(<-chan struct{}) (bool, error) {
+				<-other
+				return false, errElsewhere
+			})
+			aErr <- err
+		})
+		synctest.Wait() // a waits, last on the list: the next put wakes it
+
+		if err := snd.put(1, noPos); err != nil {
+			t.Fatalf("put: %v", err)
+		}
+		if err := snd.flush(); err != nil {
+			t.Fatalf("flush: %v", err)
+		}
+		close(other) // a's wait ends on the other signal, after its wake was sent
+		synctest.Wait()
+		assert.ErrorIs(t, <-aErr, errElsewhere)
+		assert.Equal(t, []int{1}, took, "taken by b while a was away")
+
+		q.close()
+		wg.Wait()
+	})
+}

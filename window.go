@@ -442,7 +442,7 @@ func Window[T any, K comparable, V any](s *Stream[T], kind WindowKind, key func(
 				consumer: newConsumer(q, i, i, &rw.workers[i], buf),
 				ctx:      r.ctx, name: name, kind: kind, key: key, at: at, agg: agg, cfg: cfg, late: late,
 				down: c.out, row: rw, ws: ws, held: &helds[i], track: windowTrack[WindowResult[K, V]]{on: r.tracked()},
-				wins: map[int64]map[K]*win[K, V]{}, sessions: map[K][]*win[K, V]{}, freeBuckets: make([]map[K]*win[K, V], 0, 2),
+				wins: map[int64]*bucket[K, V]{}, sessions: map[K][]*win[K, V]{}, freeBuckets: make([]*bucket[K, V], 0, 2), seed: maphash.MakeSeed(),
 				wm: math.MinInt64, maxEvent: math.MinInt64, floor: math.MinInt64,
 				max: (cfg.maxWindows + n - 1) / n,
 			}

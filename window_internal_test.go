@@ -2,7 +2,9 @@ package pipeline
 
 import (
 	"context"
+	"hash/maphash"
 	"iter"
+	"math/rand/v2"
 	"testing"
 	"time"
 )
@@ -84,5 +86,52 @@ func TestWindowRunsInlineWhenItCan(t *testing.T) {
 				t.Errorf("inline: %v, want %v", inline, tc.inline)
 			}
 		})
+	}
+}
+
+// TestWindowBucketAgreesWithAMap drives a bucket's table (window_state.go: linear
+// probing, growth, backward-shift deletion) with random adds, removes and look-ups of
+// few keys, so that probes collide and wrap, and checks it against a map after every
+// step: what it finds, its count, and each window's entry pointing back at it.
+func TestWindowBucketAgreesWithAMap(t *testing.T) {
+	for _, keys := range []int{3, 20, 200} {
+		rng := rand.New(rand.NewPCG(uint64(keys), 7))
+		b := newBucket[int, int](maphash.MakeSeed())
+		model := map[int]*win[int, int]{}
+		for step := range 20_000 {
+			k := rng.IntN(keys)
+			if wn, ok := model[k]; ok && rng.IntN(2) == 0 {
+				b.remove(wn)
+				delete(model, k)
+				if wn.b != nil {
+					t.Fatalf("keys %d, step %d: a removed window keeps its bucket", keys, step)
+				}
+			} else if !ok {
+				wn := &win[int, int]{key: k}
+				b.add(k, wn, 10*k)
+				model[k] = wn
+			}
+			if b.n != len(model) {
+				t.Fatalf("keys %d, step %d: %d entries, want %d", keys, step, b.n, len(model))
+			}
+			for k := range keys {
+				if got, want := b.window(k), model[k]; got != want {
+					t.Fatalf("keys %d, step %d: window(%d) = %p, want %p", keys, step, k, got, want)
+				}
+			}
+			for k, wn := range model {
+				if e := b.ents[wn.slot]; wn.b != b || e.key != k || e.val != 10*k || e.c != 1 || b.wins[wn.slot] != wn {
+					t.Fatalf("keys %d, step %d: key %d's window points at entry %d = %+v", keys, step, k, wn.slot, e)
+				}
+			}
+		}
+		for _, wn := range model {
+			b.remove(wn)
+		}
+		for i, e := range b.ents {
+			if e != (bucketEnt[int, int]{}) || b.wins[i] != nil {
+				t.Fatalf("keys %d: emptied bucket's entry %d is %+v", keys, i, e)
+			}
+		}
 	}
 }

@@ -3,7 +3,9 @@ package pipeline
 import (
 	"context"
 	"fmt"
+	"hash/maphash"
 	"math"
+	"math/bits"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -13,19 +15,158 @@ import (
 // queue, a map of the windows it holds, and a heap of them by the event time at which
 // each must act (fire an open window, forget a fired one). See DESIGN.md, "Windows".
 
-// win is one window held: open, or fired and kept for late items (fired).
+// win is one window held: open, or fired and kept for late items (fired). Its value and
+// count are in its bucket's entry (b, slot: tumbling and sliding windows) or in own
+// (sessions): see hot.
 type win[K comparable, V any] struct {
+	b          *bucket[K, V]
+	slot       int
 	key        K
-	start, end int64 // nanoseconds since the epoch, [start, end)
-	val        V
-	n          int      // items folded
-	owns       int      // items whose last window this is: held until it fires
+	start, end int64    // nanoseconds since the epoch, [start, end)
+	owns       int      // items whose last window this is: held until it fires (see owned)
 	poss       []uint64 // positions folded since the last result (tracked runs)
 	all        []uint64 // every member position while it is kept for late items: the share closing settles
 	fired      bool
-	due        int64  // when it must act: end while open, end + retention once fired
-	seq        uint64 // opening order: ties of due
-	idx        int    // in the heap, -1 when out of it
+	due        int64     // when it must act: end while open, end + retention once fired
+	seq        uint64    // opening order: ties of due
+	idx        int       // in the heap, -1 when out of it
+	own        winHot[V] // a session's value and count
+}
+
+// winHot is what folding an item into a window reads and writes: its value, and c, the
+// count of items folded plus one (0 marks a free entry of a bucket).
+type winHot[V any] struct {
+	val V
+	c   int
+}
+
+// hot returns the window's value and count.
+func (wn *win[K, V]) hot() *winHot[V] {
+	if wn.b != nil {
+		return &wn.b.ents[wn.slot].winHot
+	}
+	return &wn.own
+}
+
+// bucket is the tumbling or sliding windows that start at one time: a hash table of
+// its own, open addressing with linear probing, whose entries hold each key with its
+// window's value and count, so that folding an item reads one entry, most often one
+// cache line. A Go map from the key to the window (or to a slot of values) cost a
+// second line per item, which the items of other keys push out of a 32 KiB L1 before
+// the key's next item, and twice the instructions of this look-up
+// (BenchmarkS9Window; DESIGN.md, "Windows"). The table grows by half when it is 7/8
+// full; a window forgotten leaves no tombstone (backward-shift deletion), so a bucket
+// reused for a later start finds a table as clean as a new one.
+type bucket[K comparable, V any] struct {
+	seed maphash.Seed
+	ents []bucketEnt[K, V]
+	wins []*win[K, V] // the window of each entry
+	n    int          // entries in use
+}
+
+type bucketEnt[K comparable, V any] struct {
+	key K
+	winHot[V]
+}
+
+func newBucket[K comparable, V any](seed maphash.Seed) *bucket[K, V] {
+	const size = 16
+	return &bucket[K, V]{seed: seed, ents: make([]bucketEnt[K, V], size), wins: make([]*win[K, V], size)}
+}
+
+// home is where k's probe starts.
+func (b *bucket[K, V]) home(k K) int {
+	hi, _ := bits.Mul64(maphash.Comparable(b.seed, k), uint64(len(b.ents)))
+	return int(hi)
+}
+
+// find returns the entry of k, or -1.
+func (b *bucket[K, V]) find(k K) int {
+	ents := b.ents
+	hi, _ := bits.Mul64(maphash.Comparable(b.seed, k), uint64(len(ents))) // home, inline
+	for i := int(hi); ; {
+		e := &ents[i]
+		if e.key == k && e.c != 0 {
+			return i
+		}
+		if e.c == 0 {
+			return -1
+		}
+		if i++; i == len(ents) {
+			i = 0
+		}
+	}
+}
+
+// window returns the window of k that starts at the bucket's time, or nil.
+func (b *bucket[K, V]) window(k K) *win[K, V] {
+	if b == nil {
+		return nil
+	}
+	if i := b.find(k); i >= 0 {
+		return b.wins[i]
+	}
+	return nil
+}
+
+// add gives wn, of key k, an entry, its value init.
+func (b *bucket[K, V]) add(k K, wn *win[K, V], init V) {
+	if 8*(b.n+1) > 7*len(b.ents) {
+		b.grow()
+	}
+	i := b.place(k)
+	b.ents[i] = bucketEnt[K, V]{key: k, winHot: winHot[V]{val: init, c: 1}}
+	b.wins[i] = wn
+	wn.b, wn.slot = b, i
+	b.n++
+}
+
+// place returns the free entry where k goes.
+func (b *bucket[K, V]) place(k K) int {
+	i := b.home(k)
+	for b.ents[i].c != 0 {
+		if i++; i == len(b.ents) {
+			i = 0
+		}
+	}
+	return i
+}
+
+func (b *bucket[K, V]) grow() {
+	ents, wins := b.ents, b.wins
+	n := len(ents) + len(ents)/2
+	b.ents, b.wins = make([]bucketEnt[K, V], n), make([]*win[K, V], n)
+	for i := range ents {
+		if ents[i].c != 0 {
+			j := b.place(ents[i].key)
+			b.ents[j], b.wins[j] = ents[i], wins[i]
+			wins[i].slot = j
+		}
+	}
+}
+
+// remove frees the entry of wn, and moves back the entries after it whose probe
+// passed it, so that no probe needs a mark where it was.
+func (b *bucket[K, V]) remove(wn *win[K, V]) {
+	ents, wins := b.ents, b.wins
+	i := wn.slot
+	for j := i; ; {
+		if j++; j == len(ents) {
+			j = 0
+		}
+		if ents[j].c == 0 {
+			break
+		}
+		// The entry at j may fill the hole at i unless its home is cyclically in (i, j].
+		if h := b.home(ents[j].key); (i < j && (h <= i || h > j)) || (j < i && h <= i && h > j) {
+			ents[i], wins[i] = ents[j], wins[j]
+			wins[i].slot = i
+			i = j
+		}
+	}
+	ents[i], wins[i] = bucketEnt[K, V]{}, nil
+	b.n--
+	wn.b = nil
 }
 
 // winHeap orders the windows held by due, then by opening: a binary min-heap whose
@@ -127,12 +268,13 @@ type windower[T any, K comparable, V any] struct {
 	held        *atomic.Int64 // heldN, for the report's Window
 	heldN       int64
 	track       windowTrack[WindowResult[K, V]]
-	wins        map[int64]map[K]*win[K, V] // tumbling and sliding, by start, then key
-	lastStart   int64                      // the start of the last bucket of wins looked up, and that bucket
-	lastBucket  map[K]*win[K, V]
+	wins        map[int64]*bucket[K, V] // tumbling and sliding, by start
+	lastStart   int64                   // the start of the last bucket of wins looked up, and that bucket
+	lastBucket  *bucket[K, V]
 	scratch     []*win[K, V]       // the windows of the item being added
 	freeWins    []*win[K, V]       // tumbling and sliding: windows forgotten, to reuse (at most max)
-	freeBuckets []map[K]*win[K, V] // buckets of wins emptied, to reuse with their room (cap: how many)
+	freeBuckets []*bucket[K, V]    // buckets of wins emptied, to reuse with their room (cap: how many)
+	seed        maphash.Seed       // of the buckets' tables
 	sessions    map[K][]*win[K, V] // sessions of each key, by start, disjoint
 	due         winHeap[K, V]
 	count       int           // windows held
@@ -270,7 +412,7 @@ func (w *windower[T, K, V]) itemsTumbling(vals []T) error {
 	// may have changed it (addAt, fireDue).
 	var (
 		bStart, bound, due int64 // bound: a window must end after it to be open; due: the heap's first
-		b                  map[K]*win[K, V]
+		b                  *bucket[K, V]
 	)
 	reload := func() {
 		bStart, b, bound, due = w.lastStart, w.lastBucket, max(w.floor, w.wm), math.MaxInt64
@@ -290,24 +432,27 @@ func (w *windower[T, K, V]) itemsTumbling(vals []T) error {
 		} else {
 			v = &vals[i]
 		}
-		t := at(*v).UnixNano()
-		k := key(*v)
+		e := *v // one copy for the three calls (from *v, each made one of its own)
+		t := at(e).UnixNano()
+		k := key(e)
 		var s int64
 		if b != nil && t >= bStart && t < bStart+size { // the bucket in hand: no division
 			s = bStart
 		} else if s = t - t%size; s > t {
 			s -= size
 		}
-		var wn *win[K, V]
+		slot := -1
 		if s+size > bound {
 			if s != bStart || b == nil {
 				if b = w.bucket(s); b != nil {
 					bStart = s
 				}
 			}
-			wn = b[k]
+			if b != nil {
+				slot = b.find(k)
+			}
 		}
-		if wn == nil || wn.n == 0 && first != nil { // a window to open, a late item, a first item to reduce
+		if slot < 0 || b.ents[slot].c == 1 && first != nil { // a window to open, a late item, a first item to reduce
 			w.started()
 			v := *v
 			if run != nil {
@@ -325,12 +470,13 @@ func (w *windower[T, K, V]) itemsTumbling(vals []T) error {
 			reload()
 			continue
 		}
-		wn.val = fold(wn.val, *v)
-		wn.n++
+		h := &b.ents[slot]
+		h.val = fold(h.val, e)
+		h.c++ // and its owns (see owned)
 		if pos != noPos {
+			wn := b.wins[slot]
 			wn.poss = append(wn.poss, pos)
 		}
-		wn.owns++
 		w.heldN++
 		w.t.succeeded++
 		if w.j-w.sj >= startEvery {
@@ -342,7 +488,7 @@ func (w *windower[T, K, V]) itemsTumbling(vals []T) error {
 			wm = t - delay
 		}
 		if w.inputs != nil { // the least over the inputs instead
-			wm = w.inputs.see(*v, t, delay)
+			wm = w.inputs.see(e, t, delay)
 		}
 		if wm > w.wm {
 			w.wm = wm
@@ -424,7 +570,7 @@ func (w *windower[T, K, V]) addAligned(v T, k K, t int64, pos uint64) error {
 	// One window, open, and no lateness: the common case, in short.
 	if first == last && w.retain == 0 {
 		if e0 := first + size; e0 > w.floor && e0 > w.wm {
-			if wn := w.bucket(first)[k]; wn != nil {
+			if wn := w.bucket(first).window(k); wn != nil {
 				w.fold(wn, v, pos)
 				wn.owns++
 				w.heldN++
@@ -443,7 +589,7 @@ func (w *windower[T, K, V]) addAligned(v T, k K, t int64, pos uint64) error {
 		wns = wns[:0]
 		need := 0
 		for s := first; s <= last; s += slide {
-			wn := w.bucket(s)[k]
+			wn := w.bucket(s).window(k)
 			if wn == nil {
 				need++
 			}
@@ -477,12 +623,12 @@ func (w *windower[T, K, V]) addAligned(v T, k K, t int64, pos uint64) error {
 					w.freeBuckets[n-1] = nil
 					w.freeBuckets = w.freeBuckets[:n-1]
 				} else {
-					b = map[K]*win[K, V]{}
+					b = newBucket[K, V](w.seed)
 				}
 				w.wins[s] = b
 				w.lastStart, w.lastBucket = s, b
 			}
-			b[k] = wn
+			b.add(k, wn, w.agg.init)
 		}
 		w.fold(wn, v, pos)
 		if w.retain > 0 && pos != noPos {
@@ -507,9 +653,9 @@ func (w *windower[T, K, V]) addAligned(v T, k K, t int64, pos uint64) error {
 	return nil
 }
 
-// bucket returns the windows that start at s, by key (nil when there are none): an
-// in-order input looks up the same bucket item after item.
-func (w *windower[T, K, V]) bucket(s int64) map[K]*win[K, V] {
+// bucket returns the windows that start at s (nil when there are none): an in-order
+// input looks up the same bucket item after item.
+func (w *windower[T, K, V]) bucket(s int64) *bucket[K, V] {
 	if s == w.lastStart && w.lastBucket != nil {
 		return w.lastBucket
 	}
@@ -556,8 +702,8 @@ func (w *windower[T, K, V]) addSession(v T, k K, t int64, pos uint64) error {
 	} else {
 		s = list[lo]
 		for _, o := range slices.Clone(list[lo+1 : hi]) { // forget shifts the list
-			s.val = w.agg.merge(s.val, o.val)
-			s.n += o.n
+			s.own.val = w.agg.merge(s.own.val, o.own.val)
+			s.own.c += o.own.c - 1
 			s.owns += o.owns
 			s.poss = append(s.poss, o.poss...)
 			s.end = max(s.end, o.end)
@@ -587,19 +733,20 @@ func (w *windower[T, K, V]) open(k K, start, end int64) *win[K, V] {
 	} else {
 		wn = new(win[K, V])
 	}
-	*wn = win[K, V]{key: k, start: start, end: end, val: w.agg.init, due: end, seq: w.seq, idx: -1}
+	*wn = win[K, V]{key: k, start: start, end: end, own: winHot[V]{val: w.agg.init, c: 1}, due: end, seq: w.seq, idx: -1}
 	w.due.push(wn)
 	w.count++
 	return wn
 }
 
 func (w *windower[T, K, V]) fold(wn *win[K, V], v T, pos uint64) {
-	if wn.n == 0 && w.agg.first != nil {
-		wn.val = w.agg.first(v)
+	h := wn.hot()
+	if h.c == 1 && w.agg.first != nil {
+		h.val = w.agg.first(v)
 	} else {
-		wn.val = w.agg.fold(wn.val, v)
+		h.val = w.agg.fold(h.val, v)
 	}
-	wn.n++
+	h.c++
 	if pos != noPos {
 		wn.poss = append(wn.poss, pos)
 	}
@@ -621,12 +768,22 @@ func (w *windower[T, K, V]) fireDue() error {
 	return nil
 }
 
+// owned is how many items wn holds: whose last window it is, not fired yet.
+// itemsTumbling does not count them in owns: in a fast stage every item is in one
+// window, which is forgotten once it fires, so those of a window are its count.
+func (w *windower[T, K, V]) owned(wn *win[K, V]) int {
+	if w.fast {
+		return wn.hot().c - 1
+	}
+	return wn.owns
+}
+
 // fire emits an open window's first result, then keeps it for late items (due again
 // at end + retention) or forgets it. A window forgotten is forgotten before its result
 // is sent, so that a reader who has the result sees it no longer counted open.
 func (w *windower[T, K, V]) fire(wn *win[K, V]) error {
 	wn.fired = true
-	w.heldN -= int64(wn.owns)
+	w.heldN -= int64(w.owned(wn))
 	wn.owns = 0
 	res, pos := w.result(wn, false)
 	if w.retain > 0 {
@@ -645,9 +802,10 @@ func (w *windower[T, K, V]) emit(wn *win[K, V], update bool) error {
 
 // result is the window's result, carrying the positions folded since the last one.
 func (w *windower[T, K, V]) result(wn *win[K, V], update bool) (WindowResult[K, V], uint64) {
+	h := wn.hot()
 	res := WindowResult[K, V]{
 		Key: wn.key, Start: time.Unix(0, wn.start).UTC(), End: time.Unix(0, wn.end).UTC(),
-		Value: wn.val, Count: wn.n, Update: update,
+		Value: h.val, Count: h.c - 1, Update: update,
 	}
 	pos := w.track.result(wn.poss)
 	wn.poss = nil
@@ -690,8 +848,8 @@ func (w *windower[T, K, V]) forget(wn *win[K, V], closed bool) {
 		}
 	} else {
 		b := w.wins[wn.start]
-		delete(b, wn.key)
-		if len(b) == 0 {
+		b.remove(wn)
+		if b.n == 0 {
 			delete(w.wins, wn.start)
 			if w.lastStart == wn.start {
 				w.lastBucket = nil
@@ -858,7 +1016,7 @@ func (w *windower[T, K, V]) finish() error {
 			continue
 		}
 		wn.fired = true
-		w.heldN -= int64(wn.owns)
+		w.heldN -= int64(w.owned(wn))
 		wn.owns = 0
 		res, pos := w.result(wn, false)
 		w.forget(wn, true) // before the result is out (see send)
