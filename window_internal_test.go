@@ -5,6 +5,7 @@ import (
 	"hash/maphash"
 	"iter"
 	"math/rand/v2"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -92,14 +93,23 @@ func TestWindowRunsInlineWhenItCan(t *testing.T) {
 // TestWindowBucketAgreesWithAMap drives a bucket's table (window_state.go: linear
 // probing, growth, backward-shift deletion) with random adds, removes and look-ups of
 // few keys, so that probes collide and wrap, and checks it against a map after every
-// step: what it finds, its count, and each window's entry pointing back at it.
+// step: what it finds, its count, and each window's entry pointing back at it. Integer
+// keys of 64 bits take the table's own hash (wordHash), others maphash's.
 func TestWindowBucketAgreesWithAMap(t *testing.T) {
+	t.Run("int", func(t *testing.T) { checkBucketAgainstMap(t, func(k int) int { return k }) })
+	t.Run("uint64", func(t *testing.T) { checkBucketAgainstMap(t, func(k int) uint64 { return uint64(k) << 40 }) })
+	t.Run("string", func(t *testing.T) { checkBucketAgainstMap(t, strconv.Itoa) })
+	t.Run("int32", func(t *testing.T) { checkBucketAgainstMap(t, func(k int) int32 { return int32(-k) }) })
+}
+
+func checkBucketAgainstMap[K comparable](t *testing.T, keyOf func(int) K) {
 	for _, keys := range []int{3, 20, 200} {
 		rng := rand.New(rand.NewPCG(uint64(keys), 7))
-		b := newBucket[int, int](maphash.MakeSeed())
-		model := map[int]*win[int, int]{}
+		b := newBucket[K, int](maphash.MakeSeed())
+		model := map[K]*win[K, int]{}
 		for step := range 20_000 {
-			k := rng.IntN(keys)
+			n := rng.IntN(keys)
+			k := keyOf(n)
 			if wn, ok := model[k]; ok && rng.IntN(2) == 0 {
 				b.remove(wn)
 				delete(model, k)
@@ -107,21 +117,24 @@ func TestWindowBucketAgreesWithAMap(t *testing.T) {
 					t.Fatalf("keys %d, step %d: a removed window keeps its bucket", keys, step)
 				}
 			} else if !ok {
-				wn := &win[int, int]{key: k}
-				b.add(k, wn, 10*k)
+				wn := &win[K, int]{key: k}
+				b.add(k, wn, 10*n)
 				model[k] = wn
 			}
 			if b.n != len(model) {
 				t.Fatalf("keys %d, step %d: %d entries, want %d", keys, step, b.n, len(model))
 			}
-			for k := range keys {
-				if got, want := b.window(k), model[k]; got != want {
-					t.Fatalf("keys %d, step %d: window(%d) = %p, want %p", keys, step, k, got, want)
+			if keys > 20 && step%50 != 0 {
+				continue
+			}
+			for n := range keys {
+				if got, want := b.window(keyOf(n)), model[keyOf(n)]; got != want {
+					t.Fatalf("keys %d, step %d: window(%v) = %p, want %p", keys, step, keyOf(n), got, want)
 				}
 			}
 			for k, wn := range model {
-				if e := b.ents[wn.slot]; wn.b != b || e.key != k || e.val != 10*k || e.c != 1 || b.wins[wn.slot] != wn {
-					t.Fatalf("keys %d, step %d: key %d's window points at entry %d = %+v", keys, step, k, wn.slot, e)
+				if e := b.ents[wn.slot]; wn.b != b || e.key != k || e.c != 1 || b.wins[wn.slot] != wn {
+					t.Fatalf("keys %d, step %d: key %v's window points at entry %d = %+v", keys, step, k, wn.slot, e)
 				}
 			}
 		}
@@ -129,7 +142,7 @@ func TestWindowBucketAgreesWithAMap(t *testing.T) {
 			b.remove(wn)
 		}
 		for i, e := range b.ents {
-			if e != (bucketEnt[int, int]{}) || b.wins[i] != nil {
+			if e != (bucketEnt[K, int]{}) || b.wins[i] != nil {
 				t.Fatalf("keys %d: emptied bucket's entry %d is %+v", keys, i, e)
 			}
 		}
