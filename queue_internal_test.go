@@ -10,6 +10,7 @@ import (
 	"testing/synctest"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // TestQueueExactlyOnceWithinBound drives a queue directly with several producers, each
@@ -331,7 +332,7 @@ func TestConsumerLeavingAWakePassesItOn(t *testing.T) {
 		}
 		close(other) // a's wait ends on the other signal, after its wake was sent
 		synctest.Wait()
-		assert.ErrorIs(t, <-aErr, errElsewhere)
+		require.ErrorIs(t, <-aErr, errElsewhere)
 		assert.Equal(t, []int{1}, took, "taken by b while a was away")
 
 		q.close()

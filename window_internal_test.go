@@ -103,6 +103,7 @@ func TestWindowBucketAgreesWithAMap(t *testing.T) {
 }
 
 func checkBucketAgainstMap[K comparable](t *testing.T, keyOf func(int) K) {
+	t.Helper()
 	for _, keys := range []int{3, 20, 200} {
 		rng := rand.New(rand.NewPCG(uint64(keys), 7))
 		b := newBucket[K, int](maphash.MakeSeed())

@@ -25,14 +25,14 @@ type win[K comparable, V any] struct {
 	slot       int
 	key        K
 	start, end int64    // nanoseconds since the epoch, [start, end)
-	owns       int      // items whose last window this is: held until it fires (see owned)
+	owns       int      // items whose last window this is: held until it fires; not kept in a fast stage (see owned)
 	poss       []uint64 // positions folded since the last result (tracked runs)
 	all        []uint64 // every member position while it is kept for late items: the share closing settles
 	fired      bool
 	due        int64     // when it must act: end while open, end + retention once fired
 	seq        uint64    // opening order: ties of due
 	idx        int       // in the heap, -1 when out of it
-	own        winHot[V] // a session's value and count
+	own        winHot[V] // a session's value and count (unused by a bucket's window)
 }
 
 // winHot is what folding an item into a window reads and writes: its value, and c, the
@@ -42,7 +42,9 @@ type winHot[V any] struct {
 	c   int
 }
 
-// hot returns the window's value and count.
+// hot returns the window's value and count. For a bucket's window the pointer (and
+// wn.slot) holds until the bucket's next add, which may grow its table, or remove, which
+// may move entries: hold neither across open, fire, forget, emit or send.
 func (wn *win[K, V]) hot() *winHot[V] {
 	if wn.b != nil {
 		return &wn.b.ents[wn.slot].winHot
@@ -52,13 +54,13 @@ func (wn *win[K, V]) hot() *winHot[V] {
 
 // bucket is the tumbling or sliding windows that start at one time: a hash table of
 // its own, open addressing with linear probing, whose entries hold each key with its
-// window's value and count, so that folding an item reads one entry, most often one
-// cache line. A Go map from the key to the window (or to a slot of values) cost a
-// second line per item, which the items of other keys push out of a 32 KiB L1 before
-// the key's next item, and twice the instructions of this look-up
-// (BenchmarkS9Window; DESIGN.md, "Windows"). The table grows by half when it is 7/8
-// full; a window forgotten leaves no tombstone (backward-shift deletion), so a bucket
-// reused for a later start finds a table as clean as a new one.
+// window's value and count, so that folding an item reads a few adjacent entries (2.5
+// on average at the most, the table being at most 3/4 full), one or two cache lines. A
+// Go map from the key to the window cost S9 a second line per item, which the items of
+// other keys push out of a 32 KiB L1 before the key's next item, and half as many
+// instructions again (BenchmarkS9Window; DESIGN.md, "Windows"). The table grows by half
+// when it is 3/4 full; a window forgotten leaves no tombstone (backward-shift
+// deletion), so a bucket reused for a later start finds a table as clean as a new one.
 type bucket[K comparable, V any] struct {
 	seed maphash.Seed
 	word bool   // K is an integer of 64 bits: hashed by wordHash
@@ -145,7 +147,7 @@ func (b *bucket[K, V]) window(k K) *win[K, V] {
 
 // add gives wn, of key k, an entry, its value init.
 func (b *bucket[K, V]) add(k K, wn *win[K, V], init V) {
-	if 8*(b.n+1) > 7*len(b.ents) {
+	if 4*(b.n+1) > 3*len(b.ents) {
 		b.grow()
 	}
 	i := b.place(k)
@@ -461,8 +463,8 @@ func (w *windower[T, K, V]) itemsTumbling(vals []T) error {
 		var v *T
 		pos := noPos
 		if run != nil {
-			e := &run[i]
-			v, pos = &e.v, e.pos
+			it := &run[i]
+			v, pos = &it.v, it.pos
 		} else {
 			v = &vals[i]
 		}
@@ -488,7 +490,7 @@ func (w *windower[T, K, V]) itemsTumbling(vals []T) error {
 		}
 		if slot < 0 || b.ents[slot].c == 1 && first != nil { // a window to open, a late item, a first item to reduce
 			w.started()
-			v := *v
+			v := e
 			if run != nil {
 				run[i] = item[T]{}
 			}
@@ -767,7 +769,10 @@ func (w *windower[T, K, V]) open(k K, start, end int64) *win[K, V] {
 	} else {
 		wn = new(win[K, V])
 	}
-	*wn = win[K, V]{key: k, start: start, end: end, own: winHot[V]{val: w.agg.init, c: 1}, due: end, seq: w.seq, idx: -1}
+	*wn = win[K, V]{key: k, start: start, end: end, due: end, seq: w.seq, idx: -1}
+	if w.kind.gap > 0 { // a session: its value is its own (a bucket's window's is its entry, bucket.add)
+		wn.own = winHot[V]{val: w.agg.init, c: 1}
+	}
 	w.due.push(wn)
 	w.count++
 	return wn
