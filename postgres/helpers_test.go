@@ -14,29 +14,18 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/gopipeline/pipeline/internal/scenario"
 )
 
 // TestMain fails the package if a goroutine outlives the tests: every pool a test opens
 // is closed, and every run's goroutines have exited.
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// dbURL returns the test server's URL. Without one the test skips, or fails under CI.
-func dbURL(tb testing.TB) string {
-	tb.Helper()
-	u := os.Getenv("DATABASE_URL")
-	if u == "" {
-		if os.Getenv("CI") == "true" {
-			tb.Fatal("DATABASE_URL is not set: CI must start PostgreSQL (scripts/postgres.sh start) and export it")
-		}
-		tb.Skip("no PostgreSQL: run  export DATABASE_URL=$(scripts/postgres.sh start)  first")
-	}
-	return u
-}
-
 // newPool opens a pool on the test server, closed when the test ends.
 func newPool(tb testing.TB, maxConns int32) *pgxpool.Pool {
 	tb.Helper()
-	cfg, err := pgxpool.ParseConfig(dbURL(tb))
+	cfg, err := pgxpool.ParseConfig(scenario.DatabaseURL(tb))
 	require.NoError(tb, err)
 	cfg.MaxConns = maxConns
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
@@ -71,7 +60,7 @@ func count(tb testing.TB, pool *pgxpool.Pool, table string) (rows, distinct int6
 // (the fault tests stop and start it), or skips the test (fails it under CI).
 func serverScript(tb testing.TB) string {
 	tb.Helper()
-	dbURL(tb)
+	scenario.DatabaseURL(tb)
 	s := os.Getenv("PGPIPE_SERVER_SCRIPT")
 	if s == "" {
 		s, _ = filepath.Abs(filepath.Join("..", "scripts", "postgres.sh"))

@@ -28,23 +28,10 @@ const (
 	partitions = 12
 )
 
-// dbURL returns the test server's URL. Without one the test skips, or fails under CI.
-func dbURL(tb testing.TB) string {
-	tb.Helper()
-	u := os.Getenv("DATABASE_URL")
-	if u == "" {
-		if os.Getenv("CI") == "true" {
-			tb.Fatal("DATABASE_URL is not set: CI must start PostgreSQL (scripts/postgres.sh start) and export it")
-		}
-		tb.Skip("no PostgreSQL: run  export DATABASE_URL=$(scripts/postgres.sh start)  first")
-	}
-	return u
-}
-
 // newPool opens a pool on the test server, closed when the test ends.
 func newPool(tb testing.TB) *pgxpool.Pool {
 	tb.Helper()
-	pool, err := pgxpool.New(context.Background(), dbURL(tb))
+	pool, err := pgxpool.New(context.Background(), scenario.DatabaseURL(tb))
 	require.NoError(tb, err)
 	tb.Cleanup(pool.Close)
 	return pool
