@@ -66,6 +66,63 @@ func (m *memStore) Save(_ context.Context, pos int64) error {
 	return nil
 }
 
+// memCommitted is a CommittedStore in memory. A test's destination records the run's
+// progress in it in the "transaction" of its Commit's fn (record, or recordLocked
+// beside the effects it keeps under mu), as a database sink does. A crashed store
+// loses every save, as a process killed before its first save does: only what a
+// Commit recorded remains.
+type memCommitted struct {
+	mu        sync.Mutex
+	pos       int64
+	committed []pipeline.PositionRange
+	crashed   bool
+}
+
+func (s *memCommitted) Load(ctx context.Context) (int64, error) {
+	pos, _, err := s.LoadCommitted(ctx)
+	return pos, err
+}
+
+func (s *memCommitted) LoadCommitted(context.Context) (int64, []pipeline.PositionRange, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.pos, slices.Clone(s.committed), nil
+}
+
+func (s *memCommitted) Save(ctx context.Context, pos int64) error {
+	return s.SaveCommitted(ctx, pos, nil)
+}
+
+func (s *memCommitted) SaveCommitted(_ context.Context, pos int64, committed []pipeline.PositionRange) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.crashed {
+		s.advanceLocked(pos, committed)
+	}
+	return nil
+}
+
+// record is one "transaction" of a destination that writes nothing but the progress.
+func (s *memCommitted) record(p pipeline.Progress) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.recordLocked(p)
+}
+
+// recordLocked records p, when the run is checkpointed; s.mu is held.
+func (s *memCommitted) recordLocked(p pipeline.Progress) {
+	if p.Checkpointed {
+		s.advanceLocked(p.Watermark, p.Committed)
+	}
+}
+
+// advanceLocked moves the position up to pos and keeps the committed ranges above it;
+// s.mu is held.
+func (s *memCommitted) advanceLocked(pos int64, committed []pipeline.PositionRange) {
+	s.pos = max(s.pos, pos)
+	s.committed = append(slices.DeleteFunc(s.committed, func(r pipeline.PositionRange) bool { return r.To <= s.pos }), committed...)
+}
+
 func TestFileCheckpointRoundTrip(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "ck")
@@ -466,58 +523,13 @@ func TestResumeSkipsDeadLettered(t *testing.T) {
 	assert.Empty(t, above)
 }
 
-// crashStore is a CommittedStore that loses every save, as a process killed before
-// its first save does: only what a Commit recorded in its own "transaction" remains.
-type crashStore struct {
-	mu        sync.Mutex
-	pos       int64
-	committed []pipeline.PositionRange
-	crashed   bool
-}
-
-func (s *crashStore) Load(ctx context.Context) (int64, error) {
-	pos, _, err := s.LoadCommitted(ctx)
-	return pos, err
-}
-
-func (s *crashStore) LoadCommitted(context.Context) (int64, []pipeline.PositionRange, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.pos, slices.Clone(s.committed), nil
-}
-
-func (s *crashStore) Save(ctx context.Context, pos int64) error {
-	return s.SaveCommitted(ctx, pos, nil)
-}
-
-func (s *crashStore) SaveCommitted(_ context.Context, pos int64, committed []pipeline.PositionRange) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.crashed {
-		return nil // lost
-	}
-	s.pos = max(s.pos, pos)
-	s.committed = append(s.committed, committed...)
-	return nil
-}
-
-// record is one "transaction" of a destination: the letter and the progress together.
-func (s *crashStore) record(p pipeline.Progress) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if p.Checkpointed {
-		s.pos = max(s.pos, p.Watermark)
-		s.committed = append(s.committed, p.Committed...)
-	}
-}
-
 // TestDeadLetterCommitSurvivesCrash checks that a dead-letter destination that records
 // the run's progress with Commit keeps its items from being redone after a crash that
 // lost every save.
 func TestDeadLetterCommitSurvivesCrash(t *testing.T) {
 	t.Parallel()
 	const n = 200
-	store := &crashStore{crashed: true}
+	store := &memCommitted{crashed: true}
 	calls := map[int]int{}
 	letters := map[int]int{}
 	var mu sync.Mutex
@@ -788,7 +800,7 @@ func TestResumedProgress(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			store := &crashStore{pos: tc.pos, committed: tc.committed}
+			store := &memCommitted{pos: tc.pos, committed: tc.committed}
 			p := pipeline.New()
 			src := pipeline.FromCheckpoint(p, store, from(100), pipeline.WithTotal(100), pipeline.WithName("read"))
 			pipeline.To(src, pipeline.NewSink("sink", 2, func(context.Context, int) error { return nil }))

@@ -20,39 +20,11 @@ import (
 // the effects (the items a sink committed) and the progress together, as a database
 // sink does.
 type txStore struct {
-	mu        sync.Mutex
-	pos       int64
-	committed []pipeline.PositionRange
-	effects   map[int]int // item -> times committed
+	memCommitted
+	effects map[int]int // item -> times committed
 }
 
 func newTxStore() *txStore { return &txStore{effects: map[int]int{}} }
-
-func (s *txStore) Load(ctx context.Context) (int64, error) {
-	pos, _, err := s.LoadCommitted(ctx)
-	return pos, err
-}
-
-func (s *txStore) LoadCommitted(context.Context) (int64, []pipeline.PositionRange, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.pos, slices.Clone(s.committed), nil
-}
-
-func (s *txStore) Save(_ context.Context, pos int64) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.pos = max(s.pos, pos)
-	return nil
-}
-
-func (s *txStore) SaveCommitted(_ context.Context, pos int64, committed []pipeline.PositionRange) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.pos = max(s.pos, pos)
-	s.committed = append(slices.DeleteFunc(s.committed, func(r pipeline.PositionRange) bool { return r.To <= s.pos }), committed...)
-	return nil
-}
 
 // commit is one transaction: the batch's effects and the progress.
 func (s *txStore) commit(p pipeline.Progress, batch []int) {
@@ -61,12 +33,7 @@ func (s *txStore) commit(p pipeline.Progress, batch []int) {
 	for _, v := range batch {
 		s.effects[v]++
 	}
-	if !p.Checkpointed {
-		return
-	}
-	s.pos = max(s.pos, p.Watermark)
-	s.committed = slices.DeleteFunc(s.committed, func(r pipeline.PositionRange) bool { return r.To <= s.pos })
-	s.committed = append(s.committed, p.Committed...)
+	s.recordLocked(p)
 }
 
 // covered reports whether the store's progress covers position i.

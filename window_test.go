@@ -629,36 +629,9 @@ func TestWindowMisuse(t *testing.T) {
 // written with the progress in one "transaction" (Commit's fn), as a database sink
 // does.
 type winTable struct {
-	mu        sync.Mutex
-	pos       int64
-	committed []pipeline.PositionRange
-	rows      map[wkey]wval
-	keepMore  bool // upsert only a row with a larger count (sliding windows)
-}
-
-func (s *winTable) Load(ctx context.Context) (int64, error) {
-	pos, _, err := s.LoadCommitted(ctx)
-	return pos, err
-}
-
-func (s *winTable) LoadCommitted(context.Context) (int64, []pipeline.PositionRange, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.pos, slices.Clone(s.committed), nil
-}
-
-func (s *winTable) Save(ctx context.Context, pos int64) error { return s.SaveCommitted(ctx, pos, nil) }
-
-func (s *winTable) SaveCommitted(_ context.Context, pos int64, committed []pipeline.PositionRange) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.record(pos, committed)
-	return nil
-}
-
-func (s *winTable) record(pos int64, committed []pipeline.PositionRange) {
-	s.pos = max(s.pos, pos)
-	s.committed = append(slices.DeleteFunc(s.committed, func(r pipeline.PositionRange) bool { return r.To <= s.pos }), committed...)
+	memCommitted
+	rows     map[wkey]wval
+	keepMore bool // upsert only a row with a larger count (sliding windows)
 }
 
 // write upserts r's row and records pr, in one step.
@@ -670,9 +643,7 @@ func (s *winTable) write(pr pipeline.Progress, r pipeline.WindowResult[int, int]
 	if !ok || !s.keepMore || r.Count > old.n {
 		s.rows[k] = wval{end: r.End, sum: r.Value, n: r.Count, writes: old.writes + 1}
 	}
-	if pr.Checkpointed {
-		s.record(pr.Watermark, pr.Committed)
-	}
+	s.recordLocked(pr)
 }
 
 // TestWindowExactlyOnceAcrossKills stops a checkpointed run at random points (from the
