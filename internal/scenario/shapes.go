@@ -9,6 +9,21 @@ import (
 	"github.com/gopipeline/pipeline"
 )
 
+// HoldHead returns a stage's function that returns its item at once, but item 0 only
+// once release is closed (or its context's error when that is done first).
+func HoldHead(release <-chan struct{}) func(context.Context, int) (int, error) {
+	return func(ctx context.Context, i int) (int, error) {
+		if i == 0 {
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return 0, ctx.Err()
+			}
+		}
+		return i, nil
+	}
+}
+
 // OrderedHeadHeld builds a pipeline whose ordered stage "ordered" (4 workers) holds the
 // head item 0 until release is closed (or its context is done), so that items 1..3
 // finish and wait in the reorder window; a sink "sink" takes them after it. During the
@@ -16,16 +31,7 @@ import (
 func OrderedHeadHeld(release <-chan struct{}) *pipeline.Pipeline {
 	p := pipeline.New()
 	ordered := pipeline.Then(pipeline.FromSlice(p, []int{0, 1, 2, 3}), pipeline.NewStage("ordered", 4,
-		func(ctx context.Context, i int) (int, error) {
-			if i == 0 {
-				select {
-				case <-release:
-				case <-ctx.Done():
-					return 0, ctx.Err()
-				}
-			}
-			return i, nil
-		}, pipeline.WithOrdered(0)))
+		HoldHead(release), pipeline.WithOrdered(0)))
 	pipeline.To(ordered, pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
 	return p
 }
