@@ -305,8 +305,7 @@ func testKills(t *testing.T, mode string, records, kills int) {
 	}
 	out := map[int]int{}
 	for _, r := range recs {
-		var id int
-		require.NoError(t, idCodec{}.Unmarshal(r.Value, &id))
+		id := idOf(t, r)
 		require.False(t, killFails(id), "record %d failed, and has an output", id)
 		out[id]++
 	}
@@ -316,8 +315,7 @@ func testKills(t *testing.T, mode string, records, kills int) {
 	}
 	dead := map[int]int{}
 	for _, r := range readTopic(ctx, t, c, deadTopic) {
-		var id int
-		require.NoError(t, idCodec{}.Unmarshal(r.Value, &id))
+		id := idOf(t, r)
 		require.True(t, killFails(id), "record %d has a dead letter, and did not fail", id)
 		require.Equal(t, "check", header(r, kafka.HeaderStage), "the dead letter of %d", id)
 		require.Equal(t, errInjected.Error(), header(r, kafka.HeaderError), "the dead letter of %d", id)

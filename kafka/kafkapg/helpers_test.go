@@ -3,7 +3,6 @@ package kafkapg_test
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"os"
 	"sync/atomic"
@@ -117,19 +116,7 @@ func produceIDs(ctx context.Context, t *testing.T, c *kfake.Cluster, from, n int
 }
 
 // idCodec decodes produceIDs' values.
-type idCodec struct{}
-
-func (idCodec) Marshal(v int64) ([]byte, error) {
-	return binary.BigEndian.AppendUint64(nil, uint64(v)), nil
-}
-
-func (idCodec) Unmarshal(data []byte, v *int64) error {
-	if len(data) != 8 {
-		return errors.New("not an 8-byte id")
-	}
-	*v = int64(binary.BigEndian.Uint64(data))
-	return nil
-}
+type idCodec = scenario.IDCodec[int64]
 
 // member is one pipeline of a group: source, a stage keyed by partition, the sink.
 type member struct {
