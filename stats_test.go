@@ -110,8 +110,7 @@ func TestSnapshotRecentLatency(t *testing.T) {
 // retried, appear in the snapshot, in the report, in the errors by type and in the
 // events.
 func TestS1RetryCounts(t *testing.T) {
-	fx, err := scenario.LoadS1("bench/testdata/items.json")
-	require.NoError(t, err)
+	fx := scenario.LoadS1(t, "bench/testdata/items.json")
 	synctest.Test(t, func(t *testing.T) {
 		var events sync.Map // kind -> *atomic.Int64
 		count := func(e pipeline.Event) {
