@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"iter"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -26,20 +25,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gopipeline/pipeline"
+	"github.com/gopipeline/pipeline/internal/scenario"
 )
 
 // from returns a FromCheckpoint function over the positions pos..n-1, yielding each position.
-func from(n int) func(context.Context, int64) iter.Seq2[int, error] {
-	return func(_ context.Context, pos int64) iter.Seq2[int, error] {
-		return func(yield func(int, error) bool) {
-			for i := int(pos); i < n; i++ {
-				if !yield(i, nil) {
-					return
-				}
-			}
-		}
-	}
-}
+var from = scenario.Positions
 
 // memStore is a CheckpointStore in memory that records every save.
 type memStore struct {

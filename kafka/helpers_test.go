@@ -49,6 +49,9 @@ func clusterWithIDs(t *testing.T, n int) (context.Context, *kfake.Cluster) {
 	return t.Context(), c
 }
 
+// runAsync runs p in a goroutine; the channel gives its error.
+var runAsync = scenario.Start
+
 // consumerOpts are the client options of a test's consumer: short sessions and
 // heartbeats, so that rebalances take a fraction of a second.
 func consumerOpts(c *kfake.Cluster) []kgo.Opt {

@@ -21,13 +21,6 @@ import (
 	"github.com/gopipeline/pipeline/kafka"
 )
 
-// runAsync runs p in a goroutine; the channel gives its error.
-func runAsync(ctx context.Context, p *pipeline.Pipeline) <-chan error {
-	errc := make(chan error, 1)
-	go func() { errc <- p.Run(ctx) }()
-	return errc
-}
-
 // TestSourceSettlesEachRecordOnce consumes 2,000 records on 12 partitions with one
 // member through a stage of 4 workers (items settle out of order): every record
 // reaches the sink once, and the graceful stop commits each partition's end.

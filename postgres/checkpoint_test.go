@@ -19,7 +19,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gopipeline/pipeline"
-	"github.com/gopipeline/pipeline/internal/scenario"
 	pgpipe "github.com/gopipeline/pipeline/postgres"
 )
 
@@ -41,7 +40,7 @@ func restrictedRole(t *testing.T, admin *pgxpool.Pool) string {
 // (when not empty), closed when the test ends.
 func rolePool(t *testing.T, role, searchPath string) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(scenario.DatabaseURL(t))
+	cfg, err := pgxpool.ParseConfig(dbURL(t))
 	require.NoError(t, err)
 	if role != "" {
 		cfg.ConnConfig.User = role

@@ -20,7 +20,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gopipeline/pipeline"
-	"github.com/gopipeline/pipeline/internal/scenario"
 	pgpipe "github.com/gopipeline/pipeline/postgres"
 )
 
@@ -171,7 +170,7 @@ func awaitRun(t *testing.T, done <-chan error) error {
 // activity describes the server's client backends, for a stalled test's message.
 func activity(t *testing.T) string {
 	t.Helper()
-	conn, err := pgx.Connect(context.Background(), scenario.DatabaseURL(t))
+	conn, err := pgx.Connect(context.Background(), dbURL(t))
 	if err != nil {
 		return err.Error()
 	}

@@ -22,10 +22,17 @@ import (
 // is closed, and every run's goroutines have exited.
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
+// dbURL returns the test server's URL (scenario.DatabaseURL: without one the test
+// skips, or fails under CI).
+func dbURL(tb testing.TB) string {
+	tb.Helper()
+	return scenario.DatabaseURL(tb)
+}
+
 // newPool opens a pool on the test server, closed when the test ends.
 func newPool(tb testing.TB, maxConns int32) *pgxpool.Pool {
 	tb.Helper()
-	cfg, err := pgxpool.ParseConfig(scenario.DatabaseURL(tb))
+	cfg, err := pgxpool.ParseConfig(dbURL(tb))
 	require.NoError(tb, err)
 	cfg.MaxConns = maxConns
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
@@ -60,7 +67,7 @@ func count(tb testing.TB, pool *pgxpool.Pool, table string) (rows, distinct int6
 // (the fault tests stop and start it), or skips the test (fails it under CI).
 func serverScript(tb testing.TB) string {
 	tb.Helper()
-	scenario.DatabaseURL(tb)
+	dbURL(tb)
 	s := os.Getenv("PGPIPE_SERVER_SCRIPT")
 	if s == "" {
 		s, _ = filepath.Abs(filepath.Join("..", "scripts", "postgres.sh"))

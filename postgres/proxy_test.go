@@ -10,8 +10,6 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/gopipeline/pipeline/internal/scenario"
 )
 
 // lossyProxy forwards TCP connections to the test server and, once armed, cuts the
@@ -33,7 +31,7 @@ var commitAck = []byte("C\x00\x00\x00\x0bCOMMIT\x00")
 
 func newLossyProxy(t *testing.T, dropAt int64) (*lossyProxy, string) {
 	t.Helper()
-	u, err := url.Parse(scenario.DatabaseURL(t))
+	u, err := url.Parse(dbURL(t))
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)

@@ -18,7 +18,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gopipeline/pipeline"
-	"github.com/gopipeline/pipeline/internal/scenario"
 	pgpipe "github.com/gopipeline/pipeline/postgres"
 )
 
@@ -220,7 +219,7 @@ func TestFatalErrors(t *testing.T) {
 	mustExec(t, pool, `DO $$ BEGIN CREATE ROLE pgpipe_reader LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$`)
 	withURL := func(t *testing.T, f func(u *url.URL)) *pgxpool.Pool {
 		t.Helper()
-		u, err := url.Parse(scenario.DatabaseURL(t))
+		u, err := url.Parse(dbURL(t))
 		require.NoError(t, err)
 		f(u)
 		cfg, err := pgxpool.ParseConfig(u.String())
