@@ -458,11 +458,8 @@ func TestAckSettlePanicSettlesEveryMadeItem(t *testing.T) {
 	for _, shape := range []string{"batch", "tee"} {
 		t.Run(shape, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				const n = 20
-				c := newAckCounter()
-				var made sync.Map
 				p := pipeline.New()
-				src := pipeline.FromAcked(p, ackBody(n, panicOnSettle(c, &made, 4)))
+				src, c, made := settlePanicSource(p)
 				sink := pipeline.NewSink("s", 1, func(context.Context, int) error { return nil })
 				switch shape {
 				case "batch":
@@ -474,7 +471,7 @@ func TestAckSettlePanicSettlesEveryMadeItem(t *testing.T) {
 				}
 				err := runWithin(t, p, time.Hour)
 				t.Log(err)
-				c.checkMade(t, &made)
+				c.checkMade(t, made)
 				checkAccounting(t, p.Report())
 			})
 		})
@@ -488,11 +485,8 @@ func TestAckSettlePanicOnDeadLetterCountsOnce(t *testing.T) {
 	for _, handBack := range []bool{false, true} {
 		t.Run(fmt.Sprint("handBack=", handBack), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				const n = 20
-				c := newAckCounter()
-				var made sync.Map
 				p := pipeline.New()
-				src := pipeline.FromAcked(p, ackBody(n, panicOnSettle(c, &made, 4)))
+				src, c, made := settlePanicSource(p)
 				opts := []pipeline.StageOption{pipeline.WithDeadLetter(pipeline.DiscardDeadLetter[int])}
 				if handBack {
 					opts = append(opts, pipeline.WithHandBack())
@@ -507,7 +501,7 @@ func TestAckSettlePanicOnDeadLetterCountsOnce(t *testing.T) {
 				err := runWithin(t, p, time.Hour)
 				var pe *pipeline.PanicError
 				require.ErrorAs(t, err, &pe)
-				c.checkMade(t, &made)
+				c.checkMade(t, made)
 				checkAccounting(t, p.Report())
 			})
 		})
@@ -563,6 +557,15 @@ func TestAckAllBreakSettlesEveryItem(t *testing.T) {
 	}
 	c.checkMade(t, &made)
 	checkAccounting(t, p.Report())
+}
+
+// settlePanicSource returns an acknowledged source of 20 items in p whose item 4's
+// settle callback panics (panicOnSettle), the counter of their settlements, and the
+// record of the callbacks made.
+func settlePanicSource(p *pipeline.Pipeline) (*pipeline.Stream[int], *ackCounter, *sync.Map) {
+	c := newAckCounter()
+	made := &sync.Map{}
+	return pipeline.FromAcked(p, ackBody(20, panicOnSettle(c, made, 4))), c, made
 }
 
 // panicOnSettle gives each item c's settle callback, records in made that the item was
