@@ -125,6 +125,17 @@ type member struct {
 	done chan error
 }
 
+// rowsSetup returns what a test of members writing rows needs: a pool, a new table of
+// rows, a store of offsets (a job named after job) and the brokers of a new cluster
+// whose input topic holds the records 0 ... n-1.
+func rowsSetup(t *testing.T, job string, n int) (*pgxpool.Pool, string, *kafkapg.Offsets, []string) {
+	t.Helper()
+	pool := newPool(t)
+	c := newCluster(t)
+	produceIDs(t.Context(), t, c, 0, n)
+	return pool, newTable(t, pool), kafkapg.NewOffsets(pool, uniqueName(job)), c.ListenAddrs()
+}
+
 // startMember runs a member of group that writes every record into table with w
 // (nil: a plain writer), its offsets in store.
 func startMember(ctx context.Context, t *testing.T, brokers []string, group string, store *kafkapg.Offsets, w *pgpipe.Writer[row], opts ...kafka.SourceOption) *member {
