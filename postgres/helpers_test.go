@@ -48,6 +48,16 @@ func tableName(prefix string) string {
 	return fmt.Sprintf("%s_%d_%d", prefix, os.Getpid(), tableSeq.Add(1))
 }
 
+// createTable creates a table of its own (tableName(prefix)) with the given columns,
+// "(name type, ...)", dropped when the test ends, and returns its name.
+func createTable(tb testing.TB, pool *pgxpool.Pool, prefix, columns string) string {
+	tb.Helper()
+	table := tableName(prefix)
+	mustExec(tb, pool, "CREATE TABLE "+table+" "+columns)
+	tb.Cleanup(func() { mustExec(tb, pool, "DROP TABLE IF EXISTS "+table) })
+	return table
+}
+
 // mustExec runs sql on pool.
 func mustExec(tb testing.TB, pool *pgxpool.Pool, sql string, args ...any) {
 	tb.Helper()
