@@ -107,8 +107,7 @@ func TestScrapeDuringRun(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
 		p := scenario.StoreBlocked(release)
-		reg := prometheus.NewPedanticRegistry()
-		reg.MustRegister(pipelineprom.NewCollector(p))
+		reg := registry(p)
 
 		done := scenario.Start(t.Context(), p)
 		synctest.Wait() // every goroutine of the run is blocked: the sink on release, the rest on full queues
@@ -158,8 +157,7 @@ func TestOldestAttemptGauge(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
 		p := scenario.StuckAttempt(release)
-		reg := prometheus.NewPedanticRegistry()
-		reg.MustRegister(pipelineprom.NewCollector(p))
+		reg := registry(p)
 
 		done := scenario.Start(t.Context(), p)
 		time.Sleep(time.Second)
@@ -184,8 +182,7 @@ func TestScrapeOrderedDuringRun(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
 		p := scenario.OrderedHeadHeld(release) // the head item is slow: the others wait in the window
-		reg := prometheus.NewPedanticRegistry()
-		reg.MustRegister(pipelineprom.NewCollector(p))
+		reg := registry(p)
 
 		done := scenario.Start(t.Context(), p)
 		synctest.Wait()
@@ -292,8 +289,7 @@ func TestBeforeFirstRun(t *testing.T) {
 	t.Parallel()
 	p := pipeline.New()
 	pipeline.To(pipeline.FromSlice(p, []int{1}), pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
-	reg := prometheus.NewPedanticRegistry()
-	reg.MustRegister(pipelineprom.NewCollector(p))
+	reg := registry(p)
 	got, _ := samples(t, gather(t, reg))
 	assert.Equal(t, map[string]float64{"pipeline_running": 0}, got)
 }
@@ -304,8 +300,7 @@ func TestCountsPerRun(t *testing.T) {
 	t.Parallel()
 	n := 0 // items of the next run
 	p := scenario.ItemsPerRun(&n)
-	reg := prometheus.NewPedanticRegistry()
-	reg.MustRegister(pipelineprom.NewCollector(p))
+	reg := registry(p)
 	for _, n = range []int{5, 3} {
 		require.NoError(t, p.Run(t.Context()))
 		got, _ := samples(t, gather(t, reg))
@@ -318,8 +313,7 @@ func TestCheckpoint(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		store := &scenario.MemStore{}
 		p := scenario.Checkpointed(store, 250, pipeline.WithSaveEvery(100))
-		reg := prometheus.NewPedanticRegistry()
-		reg.MustRegister(pipelineprom.NewCollector(p))
+		reg := registry(p)
 		require.NoError(t, p.Run(t.Context()))
 
 		time.Sleep(90 * time.Second) // virtual time
@@ -338,8 +332,7 @@ func TestCheckpointResumed(t *testing.T) {
 		store := &scenario.MemStore{}
 		store.Pos.Store(100)
 		p := scenario.Checkpointed(store, 250, pipeline.WithTotal(250))
-		reg := prometheus.NewPedanticRegistry()
-		reg.MustRegister(pipelineprom.NewCollector(p))
+		reg := registry(p)
 		require.NoError(t, p.Run(t.Context()))
 
 		text := gather(t, reg)
@@ -388,8 +381,7 @@ func TestSourceLag(t *testing.T) {
 				}
 				return nil
 			}, pipeline.WithName("orders"), pipeline.WithLag(func() []pipeline.PartitionLag { return tt.lag }))
-			reg := prometheus.NewPedanticRegistry()
-			reg.MustRegister(pipelineprom.NewCollector(p))
+			reg := registry(p)
 			var live string
 			pipeline.To(src, pipeline.NewSink("sink", 1, func(context.Context, int) error {
 				if live == "" { // one worker: no other call runs meanwhile
@@ -424,8 +416,7 @@ func TestNoLagWithoutWithLag(t *testing.T) {
 		return emit(1, nil)
 	})
 	pipeline.To(src, pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
-	reg := prometheus.NewPedanticRegistry()
-	reg.MustRegister(pipelineprom.NewCollector(p))
+	reg := registry(p)
 	require.NoError(t, p.Run(t.Context()))
 	assert.NotContains(t, gather(t, reg), "pipeline_source_lag_items")
 }
@@ -437,8 +428,7 @@ func TestHandedBack(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var kept atomic.Int64
 		p := scenario.HandBack(&kept)
-		reg := prometheus.NewPedanticRegistry()
-		reg.MustRegister(pipelineprom.NewCollector(p))
+		reg := registry(p)
 		require.NoError(t, p.Run(t.Context()))
 
 		text := gather(t, reg)

@@ -16,7 +16,17 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/require"
+
+	"github.com/gopipeline/pipeline"
+	pipelineprom "github.com/gopipeline/pipeline/prometheus"
 )
+
+// registry returns a pedantic registry with p's collector.
+func registry(p *pipeline.Pipeline) *prometheus.Registry {
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(pipelineprom.NewCollector(p))
+	return reg
+}
 
 // serve serves reg's metrics as promhttp does in production, on a test server closed
 // at the end of the test, and returns the URL of its /metrics.
