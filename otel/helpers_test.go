@@ -37,6 +37,15 @@ func register(t *testing.T, p *pipeline.Pipeline) *sdkmetric.ManualReader {
 	return reader
 }
 
+// collectRun registers p (register), runs it, which must succeed, and collects its
+// data points once it has ended.
+func collectRun(t *testing.T, p *pipeline.Pipeline) map[string]point {
+	t.Helper()
+	reader := register(t, p)
+	require.NoError(t, p.Run(t.Context()))
+	return collect(t, reader)
+}
+
 // point is one collected data point.
 type point struct {
 	value       float64

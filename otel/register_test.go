@@ -26,10 +26,7 @@ func TestS1Retry(t *testing.T) {
 	fx := scenario.LoadS1(t, "../bench/testdata/items.json")
 	synctest.Test(t, func(t *testing.T) {
 		p := scenario.S1Retry(fx, nil)
-		reader := register(t, p)
-		require.NoError(t, p.Run(t.Context()))
-
-		got := collect(t, reader)
+		got := collectRun(t, p)
 		src := scenario.RowName(t, p, pipeline.KindSource)
 		checkValues(t, got, map[string]float64{
 			`pipeline.stage.input{pipeline.stage=` + src + `}`:                                               10_000,
@@ -218,10 +215,7 @@ func TestCheckpointResumed(t *testing.T) {
 		store := &scenario.MemStore{}
 		store.Pos.Store(100)
 		p := scenario.Checkpointed(store, 250, pipeline.WithTotal(250))
-		reader := register(t, p)
-		require.NoError(t, p.Run(t.Context()))
-
-		got := collect(t, reader)
+		got := collectRun(t, p)
 		name := scenario.RowName(t, p, pipeline.KindSource)
 		checkValues(t, got, map[string]float64{
 			`pipeline.source.resumed{pipeline.stage=` + name + `}`: 100,
@@ -303,10 +297,7 @@ func TestHandedBack(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var kept atomic.Int64
 		p := scenario.HandBack(&kept)
-		reader := register(t, p)
-		require.NoError(t, p.Run(t.Context()))
-
-		got := collect(t, reader)
+		got := collectRun(t, p)
 		checkValues(t, got, map[string]float64{
 			`pipeline.stage.items{pipeline.outcome=dead_lettered,pipeline.stage=call}`: 2,
 			`pipeline.stage.handed_back{pipeline.stage=call}`:                          2,
@@ -423,10 +414,7 @@ func TestBreakerPerKey(t *testing.T) {
 func TestClient(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := scenario.ClientDownThree()
-		reader := register(t, p)
-		require.NoError(t, p.Run(t.Context()))
-
-		got := collect(t, reader)
+		got := collectRun(t, p)
 		checkValues(t, got, map[string]float64{
 			`pipeline.stage.breaker.state{pipeline.breaker.state=closed,pipeline.stage=call}`:    1,
 			`pipeline.stage.breaker.state{pipeline.breaker.state=open,pipeline.stage=call}`:      0,
