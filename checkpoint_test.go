@@ -659,24 +659,32 @@ func TestCheckpointObserverGoexitInSaverDoesNotHang(t *testing.T) {
 	})
 }
 
+// runSavingEach runs a pipeline whose checkpointed source of the positions 0 ... n-1
+// saves each one (into a memStore) with WithMaxRedo(redo), and which wire ends; it
+// checks that the run succeeds, saves the final position and that its report adds up.
+func runSavingEach(t *testing.T, n, redo int, wire func(p *pipeline.Pipeline, src *pipeline.Stream[int])) {
+	t.Helper()
+	st := &memStore{}
+	p := pipeline.New()
+	wire(p, pipeline.FromCheckpoint(p, st, from(n), pipeline.WithSaveEvery(1), pipeline.WithMaxRedo(redo)))
+	require.NoError(t, runWithin(t, p, time.Hour))
+	assert.Equal(t, int64(n), st.pos)
+	checkAccounting(t, p.Report())
+}
+
 // A checkpointed run through a tripping circuit breaker into batches saves the final position.
 func TestCheckpointBreakerBatchSavesFinalPosition(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		const n = 40
-		st := &memStore{}
-		p := pipeline.New()
-		src := pipeline.FromCheckpoint(p, st, from(n), pipeline.WithSaveEvery(1), pipeline.WithMaxRedo(3))
-		var calls atomic.Int64
-		s := pipeline.Then(src, pipeline.NewStage("svc", 2, func(_ context.Context, i int) (int, error) {
-			if k := calls.Add(1); k > 5 && k < 15 {
-				return 0, pipeline.Transient(errBoom)
-			}
-			return i, nil
-		}, pipeline.WithRetry(3, nil), pipeline.WithCircuitBreaker(pipeline.Breaker{Failures: 2, OpenFor: time.Second}), discardDead[int]()))
-		pipeline.ToBatches(s, 10, pipeline.NewSink("s", 1, func(context.Context, []int) error { return nil }))
-		require.NoError(t, runWithin(t, p, time.Hour))
-		assert.Equal(t, int64(n), st.pos)
-		checkAccounting(t, p.Report())
+		runSavingEach(t, 40, 3, func(_ *pipeline.Pipeline, src *pipeline.Stream[int]) {
+			var calls atomic.Int64
+			s := pipeline.Then(src, pipeline.NewStage("svc", 2, func(_ context.Context, i int) (int, error) {
+				if k := calls.Add(1); k > 5 && k < 15 {
+					return 0, pipeline.Transient(errBoom)
+				}
+				return i, nil
+			}, pipeline.WithRetry(3, nil), pipeline.WithCircuitBreaker(pipeline.Breaker{Failures: 2, OpenFor: time.Second}), discardDead[int]()))
+			pipeline.ToBatches(s, 10, pipeline.NewSink("s", 1, func(context.Context, []int) error { return nil }))
+		})
 	})
 }
 
@@ -684,21 +692,16 @@ func TestCheckpointBreakerBatchSavesFinalPosition(t *testing.T) {
 // saves the final position.
 func TestCheckpointHeadDeadLetteredBatchSavesFinalPosition(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		const n = 40
-		st := &memStore{}
-		p := pipeline.New()
-		src := pipeline.FromCheckpoint(p, st, from(n), pipeline.WithSaveEvery(1), pipeline.WithMaxRedo(2))
-		s := pipeline.Then(src, pipeline.NewStage("dl", 3, func(_ context.Context, i int) (int, error) {
-			if i%3 == 0 {
-				time.Sleep(time.Millisecond)
-				return 0, pipeline.Permanent(errBoom)
-			}
-			return i, nil
-		}, discardDead[int]()))
-		pipeline.ToBatches(s, 10, pipeline.NewSink("s", 1, func(context.Context, []int) error { return nil }))
-		require.NoError(t, runWithin(t, p, time.Hour))
-		assert.Equal(t, int64(n), st.pos)
-		checkAccounting(t, p.Report())
+		runSavingEach(t, 40, 2, func(_ *pipeline.Pipeline, src *pipeline.Stream[int]) {
+			s := pipeline.Then(src, pipeline.NewStage("dl", 3, func(_ context.Context, i int) (int, error) {
+				if i%3 == 0 {
+					time.Sleep(time.Millisecond)
+					return 0, pipeline.Permanent(errBoom)
+				}
+				return i, nil
+			}, discardDead[int]()))
+			pipeline.ToBatches(s, 10, pipeline.NewSink("s", 1, func(context.Context, []int) error { return nil }))
+		})
 	})
 }
 
@@ -760,13 +763,7 @@ func TestCheckpointShapesSaveFinalPosition(t *testing.T) {
 		for _, redo := range []int{2, 3, 6} {
 			t.Run(name, func(t *testing.T) {
 				synctest.Test(t, func(t *testing.T) {
-					st := &memStore{}
-					p := pipeline.New()
-					src := pipeline.FromCheckpoint(p, st, from(n), pipeline.WithSaveEvery(1), pipeline.WithMaxRedo(redo))
-					shape(p, src)
-					require.NoError(t, runWithin(t, p, time.Hour))
-					assert.Equal(t, int64(n), st.pos)
-					checkAccounting(t, p.Report())
+					runSavingEach(t, n, redo, shape)
 				})
 			})
 		}
