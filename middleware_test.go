@@ -76,6 +76,7 @@ func TestTimeoutDeadLettersHangingItem(t *testing.T) {
 // fatalTimeoutErr returns the error of a run whose one attempt, with a timeout of 1 s,
 // waits for its context's end and returns an error marked Fatal that wraps errBoom.
 func fatalTimeoutErr(t *testing.T) error {
+	t.Helper()
 	p := pipeline.New()
 	st := pipeline.NewStage("work", 1, func(ctx context.Context, v int) (int, error) {
 		<-ctx.Done()

@@ -174,6 +174,7 @@ var windowPaths = []windowPath{
 // onWindowPaths runs f in a parallel subtest for each of windowPaths, named after it,
 // with its options.
 func onWindowPaths(t *testing.T, f func(t *testing.T, path ...pipeline.WindowOption)) {
+	t.Helper()
 	for _, wp := range windowPaths {
 		t.Run(wp.name, func(t *testing.T) {
 			t.Parallel()
@@ -351,11 +352,15 @@ func TestWindowBoundaries(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			onWindowPaths(t, func(t *testing.T, path ...pipeline.WindowOption) {
-				res, _, err := collectWindows(t, tc.evs, tc.kind, with(path, pipeline.WithMaxDelay(10*time.Second))...)
-				require.NoError(t, err)
-				assert.Equal(t, tc.want, spans(res))
-			})
+			for _, wp := range windowPaths {
+				t.Run(wp.name, func(t *testing.T) {
+					t.Parallel()
+					path := wp.opts
+					res, _, err := collectWindows(t, tc.evs, tc.kind, with(path, pipeline.WithMaxDelay(10*time.Second))...)
+					require.NoError(t, err)
+					assert.Equal(t, tc.want, spans(res))
+				})
+			}
 		})
 	}
 }
@@ -419,28 +424,32 @@ func TestWindowMaxWindows(t *testing.T) {
 	evs := []ev{{0, tsec(1), 1}, {0, tsec(70), 2}, {1, tsec(75), 4}, {0, tsec(30), 8}, {1, tsec(80), 16}}
 	t.Run("fires the window due first", func(t *testing.T) {
 		t.Parallel()
-		onWindowPaths(t, func(t *testing.T, path ...pipeline.WindowOption) {
-			p := pipeline.New()
-			dl := pipeline.NewDeadLetterBuffer[ev](10)
-			var maxOpen int64
-			var res []string
-			pipeline.To(pipeline.Window(pipeline.FromSlice(p, evs), pipeline.Tumbling(time.Minute), evKey, evTime, sumAgg(),
-				with(path, pipeline.WithMaxDelay(100*time.Second), pipeline.WithMaxWindows(2), pipeline.WithLateItems(dl.Add))...),
-				pipeline.NewSink("sink", 1, func(_ context.Context, r pipeline.WindowResult[int, int]) error {
-					s, _ := p.Snapshot().Stage("Window")
-					maxOpen = max(maxOpen, s.Windows.Open)
-					res = append(res, span(r))
-					return nil
-				}))
-			require.NoError(t, p.Run(t.Context()))
-			assert.Equal(t, []string{"0 [0, 60) 1/1", "0 [60, 120) 2/1", "1 [60, 120) 20/2"}, res)
-			assert.LessOrEqual(t, maxOpen, int64(2))
-			s, _ := p.Report().Stage("Window")
-			assert.Equal(t, int64(1), s.Windows.Forced)
-			require.Len(t, dl.Items(), 1)
-			assert.Equal(t, 8, dl.Items()[0].Item.V)
-			checkAccounting(t, p.Report())
-		})
+		for _, wp := range windowPaths {
+			t.Run(wp.name, func(t *testing.T) {
+				t.Parallel()
+				path := wp.opts
+				p := pipeline.New()
+				dl := pipeline.NewDeadLetterBuffer[ev](10)
+				var maxOpen int64
+				var res []string
+				pipeline.To(pipeline.Window(pipeline.FromSlice(p, evs), pipeline.Tumbling(time.Minute), evKey, evTime, sumAgg(),
+					with(path, pipeline.WithMaxDelay(100*time.Second), pipeline.WithMaxWindows(2), pipeline.WithLateItems(dl.Add))...),
+					pipeline.NewSink("sink", 1, func(_ context.Context, r pipeline.WindowResult[int, int]) error {
+						s, _ := p.Snapshot().Stage("Window")
+						maxOpen = max(maxOpen, s.Windows.Open)
+						res = append(res, span(r))
+						return nil
+					}))
+				require.NoError(t, p.Run(t.Context()))
+				assert.Equal(t, []string{"0 [0, 60) 1/1", "0 [60, 120) 2/1", "1 [60, 120) 20/2"}, res)
+				assert.LessOrEqual(t, maxOpen, int64(2))
+				s, _ := p.Report().Stage("Window")
+				assert.Equal(t, int64(1), s.Windows.Forced)
+				require.Len(t, dl.Items(), 1)
+				assert.Equal(t, 8, dl.Items()[0].Item.V)
+				checkAccounting(t, p.Report())
+			})
+		}
 	})
 	t.Run("backpressure waits for the idle clock", func(t *testing.T) {
 		t.Parallel()
@@ -544,41 +553,43 @@ func testWindowReportWhileOpen(t *testing.T, path ...pipeline.WindowOption) {
 // window of that next item is open, never the one whose result is in the sink's hands.
 func TestWindowReportOpenExcludesFiredWindows(t *testing.T) {
 	t.Parallel()
-	onWindowPaths(t, func(t *testing.T, path ...pipeline.WindowOption) {
-		const minutes = 40
-		got := make(chan struct{})
-		p := pipeline.New()
-		src := pipeline.Generate(p, func(ctx context.Context, emit func(ev) error) error {
-			for m := range minutes {
-				if err := emit(ev{0, tsec(float64(60*m + 30)), 1}); err != nil {
-					return err
-				}
-				if m == 0 {
-					continue
-				}
-				select { // the result of minute m-1 is in the sink's hands
-				case <-got:
-				case <-ctx.Done():
-					return nil
-				}
+	onWindowPaths(t, testWindowReportOpenExcludesFiredWindows)
+}
+
+func testWindowReportOpenExcludesFiredWindows(t *testing.T, path ...pipeline.WindowOption) {
+	const minutes = 40
+	got := make(chan struct{})
+	p := pipeline.New()
+	src := pipeline.Generate(p, func(ctx context.Context, emit func(ev) error) error {
+		for m := range minutes {
+			if err := emit(ev{0, tsec(float64(60*m + 30)), 1}); err != nil {
+				return err
+			}
+			if m == 0 {
+				continue
+			}
+			select { // the result of minute m-1 is in the sink's hands
+			case <-got:
+			case <-ctx.Done():
+				return nil
+			}
+		}
+		return nil
+	})
+	var opens []int64
+	pipeline.To(pipeline.Window(src, pipeline.Tumbling(time.Minute), evKey, evTime, sumAgg(), path...),
+		pipeline.NewSink("sink", 1, func(context.Context, pipeline.WindowResult[int, int]) error {
+			s, _ := p.Snapshot().Stage("Window")
+			opens = append(opens, s.Windows.Open)
+			if len(opens) < minutes {
+				got <- struct{}{}
 			}
 			return nil
-		})
-		var opens []int64
-		pipeline.To(pipeline.Window(src, pipeline.Tumbling(time.Minute), evKey, evTime, sumAgg(), path...),
-			pipeline.NewSink("sink", 1, func(context.Context, pipeline.WindowResult[int, int]) error {
-				s, _ := p.Snapshot().Stage("Window")
-				opens = append(opens, s.Windows.Open)
-				if len(opens) < minutes {
-					got <- struct{}{}
-				}
-				return nil
-			}))
-		require.NoError(t, p.Run(t.Context()))
-		want := slices.Repeat([]int64{1}, minutes)
-		want[minutes-1] = 0 // the last fires when the input ends
-		assert.Equal(t, want, opens)
-	})
+		}))
+	require.NoError(t, p.Run(t.Context()))
+	want := slices.Repeat([]int64{1}, minutes)
+	want[minutes-1] = 0 // the last fires when the input ends
+	assert.Equal(t, want, opens)
 }
 
 func TestWindowMisuse(t *testing.T) {
@@ -1260,57 +1271,61 @@ func everySecond(n int) []ev {
 // producer's goroutine), and the accounting adds up.
 func TestWindowPanicInFoldFailsTheRun(t *testing.T) {
 	t.Parallel()
-	onWindowPaths(t, func(t *testing.T, path ...pipeline.WindowOption) {
-		evs := everySecond(500)
-		p := pipeline.New()
-		boom := pipeline.Fold(0, func(s int, e ev) int {
-			if e.T.Equal(tsec(300)) {
-				panic("boom")
-			}
-			return s + e.V
-		})
-		_, err := pipeline.Collect(t.Context(), pipeline.Window(pipeline.FromSlice(p, evs), pipeline.Tumbling(time.Minute), evKey, evTime, boom, path...))
-		se, ok := errors.AsType[*pipeline.StageError](err)
-		require.True(t, ok, "%v", err)
-		assert.Equal(t, "Window", se.Stage)
-		pe, ok := errors.AsType[*pipeline.PanicError](err)
-		require.True(t, ok, "%v", err)
-		assert.Equal(t, "boom", pe.Value)
-		rep := p.Report()
-		checkAccounting(t, rep)
-		s, _ := rep.Stage("Window")
-		assert.Positive(t, s.Failed)
+	onWindowPaths(t, testWindowPanicInFoldFailsTheRun)
+}
+
+func testWindowPanicInFoldFailsTheRun(t *testing.T, path ...pipeline.WindowOption) {
+	evs := everySecond(500)
+	p := pipeline.New()
+	boom := pipeline.Fold(0, func(s int, e ev) int {
+		if e.T.Equal(tsec(300)) {
+			panic("boom")
+		}
+		return s + e.V
 	})
+	_, err := pipeline.Collect(t.Context(), pipeline.Window(pipeline.FromSlice(p, evs), pipeline.Tumbling(time.Minute), evKey, evTime, boom, path...))
+	se, ok := errors.AsType[*pipeline.StageError](err)
+	require.True(t, ok, "%v", err)
+	assert.Equal(t, "Window", se.Stage)
+	pe, ok := errors.AsType[*pipeline.PanicError](err)
+	require.True(t, ok, "%v", err)
+	assert.Equal(t, "boom", pe.Value)
+	rep := p.Report()
+	checkAccounting(t, rep)
+	s, _ := rep.Stage("Window")
+	assert.Positive(t, s.Failed)
 }
 
 // TestWindowDrainsWithItsInput: a drained error budget upstream ends the window
 // stage's input; it fires every window it holds, on both paths.
 func TestWindowDrainsWithItsInput(t *testing.T) {
 	t.Parallel()
-	onWindowPaths(t, func(t *testing.T, path ...pipeline.WindowOption) {
-		evs := everySecond(2000)
-		p := pipeline.New()
-		st := pipeline.NewStage("check", 1, func(_ context.Context, e ev) (ev, error) {
-			if e.T.After(tsec(700)) {
-				return e, pipeline.Permanent(errBoom)
-			}
-			return e, nil
-		}, discardDead[ev](), pipeline.WithErrorBudget(pipeline.Budget{MaxRatio: 0, MinSample: 1, Drain: true}))
-		res, err := pipeline.Collect(t.Context(), pipeline.Window(pipeline.Then(pipeline.FromSlice(p, evs), st), pipeline.Tumbling(time.Minute), evKey, evTime, sumAgg(), path...))
-		be, ok := errors.AsType[*pipeline.BudgetError](err)
-		require.True(t, ok, "%v", err)
-		assert.True(t, be.Drained)
-		rep := p.Report()
-		checkAccounting(t, rep)
-		s, _ := rep.Stage("Window")
-		n := 0
-		for _, r := range res {
-			n += r.Count
+	onWindowPaths(t, testWindowDrainsWithItsInput)
+}
+
+func testWindowDrainsWithItsInput(t *testing.T, path ...pipeline.WindowOption) {
+	evs := everySecond(2000)
+	p := pipeline.New()
+	st := pipeline.NewStage("check", 1, func(_ context.Context, e ev) (ev, error) {
+		if e.T.After(tsec(700)) {
+			return e, pipeline.Permanent(errBoom)
 		}
-		assert.Equal(t, int64(n), s.Succeeded, "every item folded is in a result")
-		assert.Equal(t, 701, n, "the items before the budget tripped")
-		assert.Zero(t, s.Windows.Open)
-	})
+		return e, nil
+	}, discardDead[ev](), pipeline.WithErrorBudget(pipeline.Budget{MaxRatio: 0, MinSample: 1, Drain: true}))
+	res, err := pipeline.Collect(t.Context(), pipeline.Window(pipeline.Then(pipeline.FromSlice(p, evs), st), pipeline.Tumbling(time.Minute), evKey, evTime, sumAgg(), path...))
+	be, ok := errors.AsType[*pipeline.BudgetError](err)
+	require.True(t, ok, "%v", err)
+	assert.True(t, be.Drained)
+	rep := p.Report()
+	checkAccounting(t, rep)
+	s, _ := rep.Stage("Window")
+	n := 0
+	for _, r := range res {
+		n += r.Count
+	}
+	assert.Equal(t, int64(n), s.Succeeded, "every item folded is in a result")
+	assert.Equal(t, 701, n, "the items before the budget tripped")
+	assert.Zero(t, s.Windows.Open)
 }
 
 // TestWindowOfWindows chains two windows (per-10-second sums, then per-minute sums of
@@ -1318,24 +1333,26 @@ func TestWindowDrainsWithItsInput(t *testing.T) {
 // the per-minute results are the sums of the input's minutes.
 func TestWindowOfWindows(t *testing.T) {
 	t.Parallel()
-	onWindowPaths(t, func(t *testing.T, path ...pipeline.WindowOption) {
-		rng := rand.New(rand.NewPCG(5, 5))
-		evs := stream(rng, 3000, 4, time.Second, 0)
-		p := pipeline.New()
-		tens := pipeline.Window(pipeline.FromSlice(p, evs), pipeline.Tumbling(10*time.Second), evKey, evTime, sumAgg(), with(path, pipeline.WithName("tens"))...)
-		mins, err := pipeline.Collect(t.Context(), pipeline.Window(tens, pipeline.Tumbling(time.Minute),
-			func(r pipeline.WindowResult[int, int]) int { return r.Key },
-			func(r pipeline.WindowResult[int, int]) time.Time { return r.Start },
-			pipeline.Fold(0, func(s int, r pipeline.WindowResult[int, int]) int { return s + r.Value }),
-			with(path, pipeline.WithName("minutes"))...))
-		require.NoError(t, err)
-		want, _ := model(winSpec{size: time.Minute, slide: time.Minute}, evs, 0, 0)
-		got := map[wkey]wval{}
-		for _, r := range mins {
-			w := want[wkey{r.Key, r.Start}]
-			got[wkey{r.Key, r.Start}] = wval{end: r.End, sum: r.Value, n: w.n}
-		}
-		assert.Equal(t, want, got)
-		checkAccounting(t, p.Report())
-	})
+	onWindowPaths(t, testWindowOfWindows)
+}
+
+func testWindowOfWindows(t *testing.T, path ...pipeline.WindowOption) {
+	rng := rand.New(rand.NewPCG(5, 5))
+	evs := stream(rng, 3000, 4, time.Second, 0)
+	p := pipeline.New()
+	tens := pipeline.Window(pipeline.FromSlice(p, evs), pipeline.Tumbling(10*time.Second), evKey, evTime, sumAgg(), with(path, pipeline.WithName("tens"))...)
+	mins, err := pipeline.Collect(t.Context(), pipeline.Window(tens, pipeline.Tumbling(time.Minute),
+		func(r pipeline.WindowResult[int, int]) int { return r.Key },
+		func(r pipeline.WindowResult[int, int]) time.Time { return r.Start },
+		pipeline.Fold(0, func(s int, r pipeline.WindowResult[int, int]) int { return s + r.Value }),
+		with(path, pipeline.WithName("minutes"))...))
+	require.NoError(t, err)
+	want, _ := model(winSpec{size: time.Minute, slide: time.Minute}, evs, 0, 0)
+	got := map[wkey]wval{}
+	for _, r := range mins {
+		w := want[wkey{r.Key, r.Start}]
+		got[wkey{r.Key, r.Start}] = wval{end: r.End, sum: r.Value, n: w.n}
+	}
+	assert.Equal(t, want, got)
+	checkAccounting(t, p.Report())
 }
