@@ -108,6 +108,7 @@ func browser(t *testing.T) context.Context {
 // runLive runs p until the test ends, and then checks that the run ended by that
 // cancellation; it returns the run's context.
 func runLive(t *testing.T, p *pipeline.Pipeline) context.Context {
+	t.Helper()
 	runCtx, stop := context.WithCancel(t.Context())
 	ran := make(chan error, 1)
 	go func() { ran <- p.Run(runCtx) }()
@@ -121,6 +122,7 @@ func runLive(t *testing.T, p *pipeline.Pipeline) context.Context {
 // serve serves the page of p, under name and with the given interval, until the test
 // ends, and returns the page's URL and its handler.
 func serve(t *testing.T, name string, p *pipeline.Pipeline, interval time.Duration) (string, *dashboard.Handler) {
+	t.Helper()
 	h := dashboard.New(dashboard.WithInterval(interval))
 	h.Add(name, p)
 	mux := http.NewServeMux()
