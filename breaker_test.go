@@ -320,26 +320,40 @@ func TestBreakerTransitions(t *testing.T) {
 	})
 }
 
+// runTimedCalls runs one item through a stage "call" with opts whose n-th call (from 1)
+// fails with fail(n), or succeeds when that is nil; the run must succeed. It returns
+// when each call began, from the start, and the run's report.
+func runTimedCalls(t *testing.T, fail func(n int) error, opts ...pipeline.StageOption) ([]time.Duration, pipeline.Report) {
+	t.Helper()
+	start := time.Now()
+	var calls []time.Duration
+	st := pipeline.NewStage("call", 1, func(_ context.Context, v int) (int, error) {
+		calls = append(calls, time.Since(start))
+		if err := fail(len(calls)); err != nil {
+			return 0, err
+		}
+		return v, nil
+	}, opts...)
+	p := pipeline.New()
+	pipeline.To(pipeline.Then(pipeline.FromSlice(p, []int{1}), st), nopSink())
+	require.NoError(t, p.Run(t.Context()))
+	return calls, p.Report()
+}
+
 // TestBreakerRetryAfter checks that a breaker opened by a failure that asks for a
 // Retry-After longer than OpenFor stays open that long before it probes.
 func TestBreakerRetryAfter(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
-		start := time.Now()
-		var calls []time.Duration
-		st := pipeline.NewStage("call", 1, func(_ context.Context, v int) (int, error) {
-			calls = append(calls, time.Since(start))
-			switch len(calls) {
+		calls, _ := runTimedCalls(t, func(n int) error {
+			switch n {
 			case 1:
-				return 0, pipeline.RetryAfter(errors.New("503"), 3*time.Second) // opens it for 3 s
+				return pipeline.RetryAfter(errors.New("503"), 3*time.Second) // opens it for 3 s
 			case 2:
-				return 0, pipeline.Transient(errDown) // a failed probe: open for OpenFor
+				return pipeline.Transient(errDown) // a failed probe: open for OpenFor
 			}
-			return v, nil
+			return nil
 		}, pipeline.WithCircuitBreaker(pipeline.Breaker{Failures: 1, OpenFor: time.Second}))
-		p := pipeline.New()
-		pipeline.To(pipeline.Then(pipeline.FromSlice(p, []int{1}), st), nopSink())
-		require.NoError(t, p.Run(t.Context()))
 		assert.Equal(t, []time.Duration{0, 3 * time.Second, 4 * time.Second}, calls)
 	})
 }
@@ -472,20 +486,14 @@ func TestBreakerCounts(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			synctest.Test(t, func(t *testing.T) {
-				start := time.Now()
-				var calls []time.Duration
-				st := pipeline.NewStage("call", 1, func(_ context.Context, v int) (int, error) {
-					calls = append(calls, time.Since(start))
-					if len(calls) <= 2 {
-						return 0, c.fail
+				calls, rep := runTimedCalls(t, func(n int) error {
+					if n <= 2 {
+						return c.fail
 					}
-					return v, nil
+					return nil
 				}, pipeline.WithRetry(3, nil), discardDead[int](), pipeline.WithClassifier(func(error) pipeline.Class { return pipeline.ClassItem }),
 					pipeline.WithCircuitBreaker(pipeline.Breaker{Failures: 1, OpenFor: time.Second, Counts: c.counts}))
-				p := pipeline.New()
-				pipeline.To(pipeline.Then(pipeline.FromSlice(p, []int{1}), st), nopSink())
-				require.NoError(t, p.Run(t.Context()))
-				call := row(t, p.Report(), "call")
+				call := row(t, rep, "call")
 				assert.Equal(t, c.opened, call.Breaker.Opened)
 				assert.Equal(t, c.held, call.Breaker.Held)
 				assert.Equal(t, c.dead, call.DeadLettered)
