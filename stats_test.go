@@ -505,12 +505,7 @@ func TestDeclaredTotal(t *testing.T) {
 		}, 10},
 		{"Generate", func(p *pipeline.Pipeline) *pipeline.Stream[int] {
 			return pipeline.Generate(p, func(_ context.Context, emit func(int) error) error {
-				for i := range 7 {
-					if err := emit(i); err != nil {
-						return err
-					}
-				}
-				return nil
+				return emitInts(emit, 7)
 			}, pipeline.WithTotal(5), pipeline.WithName("src"))
 		}, 5},
 		{"undeclared", func(p *pipeline.Pipeline) *pipeline.Stream[int] {
