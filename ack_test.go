@@ -298,6 +298,20 @@ func newAckCounter() *ackCounter {
 	return &ackCounter{n: map[int]int{}, out: map[int]pipeline.Outcome{}}
 }
 
+// runAcked runs a pipeline whose acknowledged source emits 0 ... n-1 with
+// WithMaxPending(pend) and which wire ends, and checks that it succeeds, that every item
+// settled exactly once and that the report adds up; it returns the settlements.
+func runAcked(t *testing.T, n, pend int, wire func(src *pipeline.Stream[int])) *ackCounter {
+	t.Helper()
+	c := newAckCounter()
+	p := pipeline.New()
+	wire(pipeline.FromAcked(p, ackBody(n, c.settle), pipeline.WithMaxPending(pend)))
+	require.NoError(t, runWithin(t, p, time.Hour))
+	c.check(t, n)
+	checkAccounting(t, p.Report())
+	return c
+}
+
 func (c *ackCounter) settle(i int) func(pipeline.Settlement) {
 	return func(s pipeline.Settlement) {
 		c.mu.Lock()
@@ -336,14 +350,9 @@ func (c *ackCounter) check(t *testing.T, n int) {
 func TestAckBatchSettlesEveryItem(t *testing.T) {
 	for _, pend := range []int{1, 2, 3, 7} {
 		synctest.Test(t, func(t *testing.T) {
-			const n = 50
-			c := newAckCounter()
-			p := pipeline.New()
-			src := pipeline.FromAcked(p, ackBody(n, c.settle), pipeline.WithMaxPending(pend))
-			pipeline.ToBatches(src, 5, pipeline.NewSink("s", 1, func(context.Context, []int) error { return nil }))
-			require.NoError(t, runWithin(t, p, time.Hour))
-			c.check(t, n)
-			checkAccounting(t, p.Report())
+			runAcked(t, 50, pend, func(src *pipeline.Stream[int]) {
+				pipeline.ToBatches(src, 5, pipeline.NewSink("s", 1, func(context.Context, []int) error { return nil }))
+			})
 		})
 	}
 }
@@ -352,21 +361,16 @@ func TestAckBatchSettlesEveryItem(t *testing.T) {
 // exactly once.
 func TestAckFilterDeadLetterBatchSettlesEveryItem(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		const n = 60
-		c := newAckCounter()
-		p := pipeline.New()
-		src := pipeline.FromAcked(p, ackBody(n, c.settle), pipeline.WithMaxPending(3))
-		f := pipeline.Filter(src, func(i int) bool { return i%3 != 0 })
-		s := pipeline.Then(f, pipeline.NewStage("dl", 2, func(_ context.Context, i int) (int, error) {
-			if i%5 == 0 {
-				return 0, pipeline.Permanent(errBoom)
-			}
-			return i, nil
-		}, discardDead[int]()))
-		pipeline.ToBatches(s, 4, pipeline.NewSink("s", 1, func(context.Context, []int) error { return nil }))
-		require.NoError(t, runWithin(t, p, time.Hour))
-		c.check(t, n)
-		checkAccounting(t, p.Report())
+		runAcked(t, 60, 3, func(src *pipeline.Stream[int]) {
+			f := pipeline.Filter(src, func(i int) bool { return i%3 != 0 })
+			s := pipeline.Then(f, pipeline.NewStage("dl", 2, func(_ context.Context, i int) (int, error) {
+				if i%5 == 0 {
+					return 0, pipeline.Permanent(errBoom)
+				}
+				return i, nil
+			}, discardDead[int]()))
+			pipeline.ToBatches(s, 4, pipeline.NewSink("s", 1, func(context.Context, []int) error { return nil }))
+		})
 	})
 }
 
@@ -375,19 +379,16 @@ func TestAckFilterDeadLetterBatchSettlesEveryItem(t *testing.T) {
 func TestAckTeeSettlesDeadLetteredFromEitherBranch(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const n = 40
-		c := newAckCounter()
-		p := pipeline.New()
-		src := pipeline.FromAcked(p, ackBody(n, c.settle), pipeline.WithMaxPending(2))
-		br := pipeline.Tee(src, 2)
-		pipeline.To(pipeline.Then(br[0], pipeline.NewStage("dl", 1, func(_ context.Context, i int) (int, error) {
-			if i%2 == 0 {
-				return 0, pipeline.Permanent(errBoom)
-			}
-			return i, nil
-		}, discardDead[int]())), pipeline.NewSink("s0", 1, func(context.Context, int) error { return nil }))
-		pipeline.ToBatches(br[1], 8, pipeline.NewSink("s1", 1, func(context.Context, []int) error { return nil }))
-		require.NoError(t, runWithin(t, p, time.Hour))
-		c.check(t, n)
+		c := runAcked(t, n, 2, func(src *pipeline.Stream[int]) {
+			br := pipeline.Tee(src, 2)
+			pipeline.To(pipeline.Then(br[0], pipeline.NewStage("dl", 1, func(_ context.Context, i int) (int, error) {
+				if i%2 == 0 {
+					return 0, pipeline.Permanent(errBoom)
+				}
+				return i, nil
+			}, discardDead[int]())), pipeline.NewSink("s0", 1, func(context.Context, int) error { return nil }))
+			pipeline.ToBatches(br[1], 8, pipeline.NewSink("s1", 1, func(context.Context, []int) error { return nil }))
+		})
 		c.mu.Lock()
 		for i := range n {
 			want := pipeline.Committed
@@ -397,27 +398,21 @@ func TestAckTeeSettlesDeadLetteredFromEitherBranch(t *testing.T) {
 			assert.Equal(t, want, c.out[i], "item %d", i)
 		}
 		c.mu.Unlock()
-		checkAccounting(t, p.Report())
 	})
 }
 
 // Acknowledged items in batches that a WithHandBack sink hands back each settle exactly once.
 func TestAckHandBackBatchSettlesEveryItem(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		const n = 30
-		c := newAckCounter()
-		p := pipeline.New()
-		src := pipeline.FromAcked(p, ackBody(n, c.settle), pipeline.WithMaxPending(2))
-		b := pipeline.Batch(src, 4)
-		pipeline.To(b, pipeline.NewSink("s", 1, func(_ context.Context, v []int) error {
-			if v[0]%2 == 0 {
-				return pipeline.Transient(errBoom)
-			}
-			return nil
-		}, pipeline.WithHandBack()))
-		require.NoError(t, runWithin(t, p, time.Hour))
-		c.check(t, n)
-		checkAccounting(t, p.Report())
+		runAcked(t, 30, 2, func(src *pipeline.Stream[int]) {
+			b := pipeline.Batch(src, 4)
+			pipeline.To(b, pipeline.NewSink("s", 1, func(_ context.Context, v []int) error {
+				if v[0]%2 == 0 {
+					return pipeline.Transient(errBoom)
+				}
+				return nil
+			}, pipeline.WithHandBack()))
+		})
 	})
 }
 
@@ -463,11 +458,8 @@ func TestAckSettlePanicSettlesEveryMadeItem(t *testing.T) {
 	for _, shape := range []string{"batch", "tee"} {
 		t.Run(shape, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				const n = 20
-				c := newAckCounter()
-				var made sync.Map
 				p := pipeline.New()
-				src := pipeline.FromAcked(p, ackBody(n, panicOnSettle(c, &made, 4)))
+				src, c, made := settlePanicSource(p)
 				sink := pipeline.NewSink("s", 1, func(context.Context, int) error { return nil })
 				switch shape {
 				case "batch":
@@ -479,7 +471,7 @@ func TestAckSettlePanicSettlesEveryMadeItem(t *testing.T) {
 				}
 				err := runWithin(t, p, time.Hour)
 				t.Log(err)
-				c.checkMade(t, &made)
+				c.checkMade(t, made)
 				checkAccounting(t, p.Report())
 			})
 		})
@@ -493,11 +485,8 @@ func TestAckSettlePanicOnDeadLetterCountsOnce(t *testing.T) {
 	for _, handBack := range []bool{false, true} {
 		t.Run(fmt.Sprint("handBack=", handBack), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				const n = 20
-				c := newAckCounter()
-				var made sync.Map
 				p := pipeline.New()
-				src := pipeline.FromAcked(p, ackBody(n, panicOnSettle(c, &made, 4)))
+				src, c, made := settlePanicSource(p)
 				opts := []pipeline.StageOption{pipeline.WithDeadLetter(pipeline.DiscardDeadLetter[int])}
 				if handBack {
 					opts = append(opts, pipeline.WithHandBack())
@@ -512,7 +501,7 @@ func TestAckSettlePanicOnDeadLetterCountsOnce(t *testing.T) {
 				err := runWithin(t, p, time.Hour)
 				var pe *pipeline.PanicError
 				require.ErrorAs(t, err, &pe)
-				c.checkMade(t, &made)
+				c.checkMade(t, made)
 				checkAccounting(t, p.Report())
 			})
 		})
@@ -568,6 +557,15 @@ func TestAckAllBreakSettlesEveryItem(t *testing.T) {
 	}
 	c.checkMade(t, &made)
 	checkAccounting(t, p.Report())
+}
+
+// settlePanicSource returns an acknowledged source of 20 items in p whose item 4's
+// settle callback panics (panicOnSettle), the counter of their settlements, and the
+// record of the callbacks made.
+func settlePanicSource(p *pipeline.Pipeline) (*pipeline.Stream[int], *ackCounter, *sync.Map) {
+	c := newAckCounter()
+	made := &sync.Map{}
+	return pipeline.FromAcked(p, ackBody(20, panicOnSettle(c, made, 4))), c, made
 }
 
 // panicOnSettle gives each item c's settle callback, records in made that the item was

@@ -3,6 +3,7 @@ package pipeline_test
 import (
 	"context"
 	"fmt"
+	"iter"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -12,6 +13,32 @@ import (
 
 	"github.com/gopipeline/pipeline"
 )
+
+// counted returns a sequence of 0 ... n-1 that adds each item to taken as it yields it.
+func counted(n int, taken *atomic.Int64) iter.Seq[int] {
+	return func(yield func(int) bool) {
+		for i := range n {
+			taken.Add(1)
+			if !yield(i) {
+				return
+			}
+		}
+	}
+}
+
+// countReleased returns a sink's function that waits for release (or its context's
+// end), then counts its item in n.
+func countReleased(release <-chan struct{}, n *atomic.Int64) func(context.Context, int) error {
+	return func(ctx context.Context, _ int) error {
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		n.Add(1)
+		return nil
+	}
+}
 
 // TestBackpressure blocks the sink of source → s1 → sink and lets a fast source run
 // until everything is blocked (synctest.Wait: every goroutine of the bubble is durably
@@ -28,27 +55,12 @@ func TestBackpressure(t *testing.T) {
 				t.Parallel()
 				synctest.Test(t, func(t *testing.T) {
 					var taken atomic.Int64
-					src := func(yield func(int) bool) {
-						for i := range n {
-							taken.Add(1)
-							if !yield(i) {
-								return
-							}
-						}
-					}
+					src := counted(n, &taken)
 					release := make(chan struct{})
 					var delivered atomic.Int64
 					p := pipeline.New(pipeline.WithBuffer(buf))
 					s := pipeline.Then(pipeline.FromSeq(p, src), pipeline.NewStage("s1", workers, identity))
-					pipeline.To(s, pipeline.NewSink("sink", workers, func(ctx context.Context, _ int) error {
-						select {
-						case <-release:
-						case <-ctx.Done():
-							return ctx.Err()
-						}
-						delivered.Add(1)
-						return nil
-					}))
+					pipeline.To(s, pipeline.NewSink("sink", workers, countReleased(release, &delivered)))
 					errc := make(chan error, 1)
 					go func() { errc <- p.Run(t.Context()) }()
 

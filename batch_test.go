@@ -155,10 +155,8 @@ func TestBatchLinger(t *testing.T) {
 		firstSeen := make(chan struct{})
 		p := pipeline.New()
 		src := pipeline.Generate(p, func(ctx context.Context, emit func(int) error) error {
-			for i := range 3 {
-				if err := emit(i); err != nil {
-					return err
-				}
+			if err := emitInts(emit, 3); err != nil {
+				return err
 			}
 			<-firstSeen // the first batch waits for its linger
 			if err := emit(3); err != nil {
@@ -201,10 +199,8 @@ func TestBatchLingerAfterFullBatch(t *testing.T) {
 		var got []batchArrival
 		p := pipeline.New()
 		src := pipeline.Generate(p, func(_ context.Context, emit func(int) error) error {
-			for i := range 2 {
-				if err := emit(i); err != nil {
-					return err
-				}
+			if err := emitInts(emit, 2); err != nil {
+				return err
 			}
 			time.Sleep(200 * time.Millisecond)
 			return emit(2)
@@ -319,10 +315,8 @@ func TestBatchRunFailsMidBatch(t *testing.T) {
 				fail, srcEnd := make(chan struct{}), make(chan struct{})
 				p := pipeline.New()
 				src := pipeline.Generate(p, func(ctx context.Context, emit func(int) error) error {
-					for i := range emitted {
-						if err := emit(i); err != nil {
-							return err
-						}
+					if err := emitInts(emit, emitted); err != nil {
+						return err
 					}
 					<-srcEnd // not ctx: the test lets the source end once the batch stage stopped
 					return ctx.Err()

@@ -114,9 +114,9 @@ func TestBreakerOutage(t *testing.T) {
 			return nil
 		}))
 
-		var mid pipeline.Report
-		time.AfterFunc(20*time.Second, func() { mid = p.Snapshot() })
+		midRun := snapshotAfter(p, 20*time.Second)
 		require.NoError(t, p.Run(t.Context()))
+		mid := midRun()
 
 		rep := p.Report()
 		checkReport(t, rep)
@@ -320,26 +320,40 @@ func TestBreakerTransitions(t *testing.T) {
 	})
 }
 
+// runTimedCalls runs one item through a stage "call" with opts whose n-th call (from 1)
+// fails with fail(n), or succeeds when that is nil; the run must succeed. It returns
+// when each call began, from the start, and the run's report.
+func runTimedCalls(t *testing.T, fail func(n int) error, opts ...pipeline.StageOption) ([]time.Duration, pipeline.Report) {
+	t.Helper()
+	start := time.Now()
+	var calls []time.Duration
+	st := pipeline.NewStage("call", 1, func(_ context.Context, v int) (int, error) {
+		calls = append(calls, time.Since(start))
+		if err := fail(len(calls)); err != nil {
+			return 0, err
+		}
+		return v, nil
+	}, opts...)
+	p := pipeline.New()
+	pipeline.To(pipeline.Then(pipeline.FromSlice(p, []int{1}), st), nopSink())
+	require.NoError(t, p.Run(t.Context()))
+	return calls, p.Report()
+}
+
 // TestBreakerRetryAfter checks that a breaker opened by a failure that asks for a
 // Retry-After longer than OpenFor stays open that long before it probes.
 func TestBreakerRetryAfter(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
-		start := time.Now()
-		var calls []time.Duration
-		st := pipeline.NewStage("call", 1, func(_ context.Context, v int) (int, error) {
-			calls = append(calls, time.Since(start))
-			switch len(calls) {
+		calls, _ := runTimedCalls(t, func(n int) error {
+			switch n {
 			case 1:
-				return 0, pipeline.RetryAfter(errors.New("503"), 3*time.Second) // opens it for 3 s
+				return pipeline.RetryAfter(errors.New("503"), 3*time.Second) // opens it for 3 s
 			case 2:
-				return 0, pipeline.Transient(errDown) // a failed probe: open for OpenFor
+				return pipeline.Transient(errDown) // a failed probe: open for OpenFor
 			}
-			return v, nil
+			return nil
 		}, pipeline.WithCircuitBreaker(pipeline.Breaker{Failures: 1, OpenFor: time.Second}))
-		p := pipeline.New()
-		pipeline.To(pipeline.Then(pipeline.FromSlice(p, []int{1}), st), nopSink())
-		require.NoError(t, p.Run(t.Context()))
 		assert.Equal(t, []time.Duration{0, 3 * time.Second, 4 * time.Second}, calls)
 	})
 }
@@ -472,20 +486,14 @@ func TestBreakerCounts(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			synctest.Test(t, func(t *testing.T) {
-				start := time.Now()
-				var calls []time.Duration
-				st := pipeline.NewStage("call", 1, func(_ context.Context, v int) (int, error) {
-					calls = append(calls, time.Since(start))
-					if len(calls) <= 2 {
-						return 0, c.fail
+				calls, rep := runTimedCalls(t, func(n int) error {
+					if n <= 2 {
+						return c.fail
 					}
-					return v, nil
+					return nil
 				}, pipeline.WithRetry(3, nil), discardDead[int](), pipeline.WithClassifier(func(error) pipeline.Class { return pipeline.ClassItem }),
 					pipeline.WithCircuitBreaker(pipeline.Breaker{Failures: 1, OpenFor: time.Second, Counts: c.counts}))
-				p := pipeline.New()
-				pipeline.To(pipeline.Then(pipeline.FromSlice(p, []int{1}), st), nopSink())
-				require.NoError(t, p.Run(t.Context()))
-				call := row(t, p.Report(), "call")
+				call := row(t, rep, "call")
 				assert.Equal(t, c.opened, call.Breaker.Opened)
 				assert.Equal(t, c.held, call.Breaker.Held)
 				assert.Equal(t, c.dead, call.DeadLettered)
@@ -650,6 +658,46 @@ type shardItem struct {
 	at       time.Duration // when the source emitted it, since the start
 }
 
+// snapshotAfter takes p's snapshot d from now (in a synctest bubble, d of its virtual
+// time into the run about to start); the function returns it once the run has ended.
+func snapshotAfter(p *pipeline.Pipeline, d time.Duration) func() pipeline.Report {
+	var mu sync.Mutex
+	var mid pipeline.Report
+	time.AfterFunc(d, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		mid = p.Snapshot()
+	})
+	return func() pipeline.Report {
+		mu.Lock()
+		defer mu.Unlock()
+		return mid
+	}
+}
+
+// shardDown runs f in a parallel subtest, in a synctest bubble, for each breaker rule of
+// the shard-down scenario: a ratio (which a stage-wide breaker reaches for all shards)
+// and a count (which a stage-wide breaker never reaches, the other shards' successes
+// breaking the run); either opens shard 3's breaker. svc is the scenario's service, with
+// shard 3 down from 2 s to 47 s.
+func shardDown(t *testing.T, f func(t *testing.T, rule string, b pipeline.Breaker, svc *shardService)) {
+	t.Helper()
+	for _, tc := range []struct {
+		name string
+		b    pipeline.Breaker
+	}{
+		{"ratio", pipeline.Breaker{FailureRatio: 0.2, OpenFor: time.Second}},
+		{"count", pipeline.Breaker{Failures: 5, OpenFor: time.Second}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				f(t, tc.name, tc.b, &shardService{start: time.Now(), down: 3, from: 2 * time.Second, to: 47 * time.Second})
+			})
+		})
+	}
+}
+
 // shardService is a simulated service of 4 shards that takes 10 ms per call; shard
 // down fails every call that starts in [from, to) since it was made.
 type shardService struct {
@@ -700,115 +748,105 @@ func pacedShards(n, rate int) func(yield func(shardItem) bool) {
 // a stage-wide breaker never reaches, the other shards' successes breaking the run).
 func TestBreakerPerKeyShardDown(t *testing.T) {
 	t.Parallel()
-	for _, tc := range []struct {
-		name string
-		b    pipeline.Breaker
-	}{
-		{"ratio", pipeline.Breaker{FailureRatio: 0.2, OpenFor: time.Second}},
-		{"count", pipeline.Breaker{Failures: 5, OpenFor: time.Second}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			synctest.Test(t, func(t *testing.T) {
-				const n, rate = 10000, 200
-				svc := &shardService{start: time.Now(), down: 3, from: 2 * time.Second, to: 47 * time.Second}
-				dead := pipeline.NewDeadLetterBuffer[shardItem](n)
-				start := time.Now()
-				var mu sync.Mutex
-				var healthy [60]int // healthy items delivered per second of the run
-				var late []shardItem
-				var slowest time.Duration // of a healthy item, from its source to the sink
-				var delivered atomic.Int64
-				var peakHeld int64
-				p := pipeline.New()
-				// Until it opens, shard 3's items spend their own attempts: enough of them
-				// that none runs out first (see WithCircuitBreaker).
-				st := pipeline.NewStage("call", 8, svc.call,
-					pipeline.WithRetry(5, pipeline.ConstantBackoff(200*time.Millisecond)),
-					pipeline.WithDeadLetter(dead.Add),
-					pipeline.WithBreakerPerKey(func(v shardItem) int { return v.shard }, tc.b, pipeline.KeyBounds{Held: 3000}))
-				pipeline.To(pipeline.Then(pipeline.FromSeq(p, pacedShards(n, rate)), st), pipeline.NewSink("sink", 1, func(_ context.Context, v shardItem) error {
-					at := time.Since(start)
-					mu.Lock()
-					if v.shard != 3 {
-						healthy[int(at/time.Second)]++
-						slowest = max(slowest, at-v.at)
-					} else if v.at >= 3*time.Second && v.at < 46*time.Second {
-						late = append(late, v)
-					}
-					mu.Unlock()
-					delivered.Add(1)
-					return nil
-				}))
-				var mid pipeline.Report
-				tick := time.NewTicker(time.Second)
-				stop := make(chan struct{})
-				done := make(chan struct{})
-				go func() {
-					defer close(done)
-					for {
-						select {
-						case <-tick.C:
-							s := p.Snapshot()
-							if r, ok := s.Stage("call"); ok && r.Breaker != nil {
-								peakHeld = max(peakHeld, r.Breaker.Holding)
-								if time.Since(start) >= 30*time.Second && mid.Stages == nil {
-									mid = s
-								}
-							}
-						case <-stop:
-							return
-						}
-					}
-				}()
-				require.NoError(t, p.Run(t.Context()))
-				close(stop)
-				<-done
-				tick.Stop()
+	shardDown(t, testBreakerPerKeyShardDown)
+}
 
-				rep := p.Report()
-				checkReport(t, rep)
-				call := row(t, rep, "call")
-				t.Logf("%s: %v of virtual time, %d delivered, %d dead-lettered, breaker opened %d times, %d attempts held, peak %d items held, %d calls failed",
-					tc.name, rep.Elapsed, delivered.Load(), call.DeadLettered, call.Breaker.Opened, call.Breaker.Held, peakHeld, svc.failed.Load())
-				assert.Zero(t, call.DeadLettered)
-				assert.Empty(t, dead.Items())
-				assert.Equal(t, int64(n), call.Succeeded)
-				assert.Equal(t, int64(n), delivered.Load(), "none lost")
-				// The healthy shards offer 150/s. Until shard 3's breaker opens, its items
-				// spend their retries' backoff in the workers' hands (a second at most);
-				// from then on, in every whole second to the end of the source, the
-				// healthy items were delivered at 95 % of that or more.
-				t.Logf("healthy items per second: %v; the slowest took %v", healthy[:52], slowest)
-				for s := 4; s < 49; s++ {
-					assert.GreaterOrEqualf(t, healthy[s], 143, "healthy items delivered in second %d", s)
+func testBreakerPerKeyShardDown(t *testing.T, rule string, b pipeline.Breaker, svc *shardService) {
+	const n, rate = 10000, 200
+	dead := pipeline.NewDeadLetterBuffer[shardItem](n)
+	start := time.Now()
+	var mu sync.Mutex
+	var healthy [60]int // healthy items delivered per second of the run
+	var late []shardItem
+	var slowest time.Duration // of a healthy item, from its source to the sink
+	var delivered atomic.Int64
+	var peakHeld int64
+	p := pipeline.New()
+	// Until it opens, shard 3's items spend their own attempts: enough of them
+	// that none runs out first (see WithCircuitBreaker).
+	st := pipeline.NewStage("call", 8, svc.call,
+		pipeline.WithRetry(5, pipeline.ConstantBackoff(200*time.Millisecond)),
+		pipeline.WithDeadLetter(dead.Add),
+		pipeline.WithBreakerPerKey(func(v shardItem) int { return v.shard }, b, pipeline.KeyBounds{Held: 3000}))
+	pipeline.To(pipeline.Then(pipeline.FromSeq(p, pacedShards(n, rate)), st), pipeline.NewSink("sink", 1, func(_ context.Context, v shardItem) error {
+		at := time.Since(start)
+		mu.Lock()
+		if v.shard != 3 {
+			healthy[int(at/time.Second)]++
+			slowest = max(slowest, at-v.at)
+		} else if v.at >= 3*time.Second && v.at < 46*time.Second {
+			late = append(late, v)
+		}
+		mu.Unlock()
+		delivered.Add(1)
+		return nil
+	}))
+	var mid pipeline.Report
+	tick := time.NewTicker(time.Second)
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-tick.C:
+				s := p.Snapshot()
+				if r, ok := s.Stage("call"); ok && r.Breaker != nil {
+					peakHeld = max(peakHeld, r.Breaker.Holding)
+					if time.Since(start) >= 30*time.Second && mid.Stages == nil {
+						mid = s
+					}
 				}
-				assert.Less(t, slowest, time.Second)
-				// Shard 3's items of the outage were held and delivered after it.
-				assert.Len(t, late, 43*rate/4, "shard 3's items emitted from 3 s to 46 s")
-				// Memory: at most what the outage offered of shard 3, within the bound.
-				assert.LessOrEqual(t, peakHeld, int64(46*rate/4))
-				assert.Greater(t, peakHeld, int64(40*rate/4))
-				// Mid-outage, the snapshot shows shard 3 open and holding, the others not.
-				mc := row(t, mid, "call")
-				require.NotNil(t, mc.Breaker)
-				assert.True(t, mc.Breaker.PerKey)
-				assert.Equal(t, 1, mc.Breaker.KeysOpen)
-				require.Len(t, mc.Breaker.Keys, 1)
-				assert.Equal(t, "3", mc.Breaker.Keys[0].Key)
-				assert.Positive(t, mc.Breaker.Keys[0].Holding)
-				assert.Equal(t, int64(mc.Breaker.Keys[0].Holding), mc.Breaker.Holding)
-				assert.GreaterOrEqual(t, mc.NotStarted, mc.Breaker.Holding, "held items count as not started")
-				// At the end every key is closed and nothing is held.
-				assert.Equal(t, pipeline.BreakerClosed, call.Breaker.State)
-				assert.Zero(t, call.Breaker.Holding)
-				assert.Zero(t, call.Breaker.KeysOpen)
-				assert.Empty(t, call.Breaker.Keys)
-				assert.Zero(t, call.InFlight, "an item held by one worker and taken back by another is in flight in neither once done")
-				assert.Less(t, rep.Elapsed, 55*time.Second)
-			})
-		})
+			case <-stop:
+				return
+			}
+		}
+	}()
+	require.NoError(t, p.Run(t.Context()))
+	close(stop)
+	<-done
+	tick.Stop()
+
+	rep := p.Report()
+	checkReport(t, rep)
+	call := row(t, rep, "call")
+	t.Logf("%s: %v of virtual time, %d delivered, %d dead-lettered, breaker opened %d times, %d attempts held, peak %d items held, %d calls failed",
+		rule, rep.Elapsed, delivered.Load(), call.DeadLettered, call.Breaker.Opened, call.Breaker.Held, peakHeld, svc.failed.Load())
+	assert.Zero(t, call.DeadLettered)
+	assert.Empty(t, dead.Items())
+	assert.Equal(t, int64(n), call.Succeeded)
+	assert.Equal(t, int64(n), delivered.Load(), "none lost")
+	// The healthy shards offer 150/s. Until shard 3's breaker opens, its items
+	// spend their retries' backoff in the workers' hands (a second at most);
+	// from then on, in every whole second to the end of the source, the
+	// healthy items were delivered at 95 % of that or more.
+	t.Logf("healthy items per second: %v; the slowest took %v", healthy[:52], slowest)
+	for s := 4; s < 49; s++ {
+		assert.GreaterOrEqualf(t, healthy[s], 143, "healthy items delivered in second %d", s)
 	}
+	assert.Less(t, slowest, time.Second)
+	// Shard 3's items of the outage were held and delivered after it.
+	assert.Len(t, late, 43*rate/4, "shard 3's items emitted from 3 s to 46 s")
+	// Memory: at most what the outage offered of shard 3, within the bound.
+	assert.LessOrEqual(t, peakHeld, int64(46*rate/4))
+	assert.Greater(t, peakHeld, int64(40*rate/4))
+	// Mid-outage, the snapshot shows shard 3 open and holding, the others not.
+	mc := row(t, mid, "call")
+	require.NotNil(t, mc.Breaker)
+	assert.True(t, mc.Breaker.PerKey)
+	assert.Equal(t, 1, mc.Breaker.KeysOpen)
+	require.Len(t, mc.Breaker.Keys, 1)
+	assert.Equal(t, "3", mc.Breaker.Keys[0].Key)
+	assert.Positive(t, mc.Breaker.Keys[0].Holding)
+	assert.Equal(t, int64(mc.Breaker.Keys[0].Holding), mc.Breaker.Holding)
+	assert.GreaterOrEqual(t, mc.NotStarted, mc.Breaker.Holding, "held items count as not started")
+	// At the end every key is closed and nothing is held.
+	assert.Equal(t, pipeline.BreakerClosed, call.Breaker.State)
+	assert.Zero(t, call.Breaker.Holding)
+	assert.Zero(t, call.Breaker.KeysOpen)
+	assert.Empty(t, call.Breaker.Keys)
+	assert.Zero(t, call.InFlight, "an item held by one worker and taken back by another is in flight in neither once done")
+	assert.Less(t, rep.Elapsed, 55*time.Second)
 }
 
 // keyService is a simulated service that takes 10 ms per call and fails every call of
@@ -916,13 +954,7 @@ func TestBreakerPerKeyBounds(t *testing.T) {
 			p := pipeline.New()
 			st := pipeline.NewStage("call", 1, svc.call(key), pipeline.WithDeadLetter(dead.Add),
 				pipeline.WithBreakerPerKey(key, pipeline.Breaker{Failures: 1, OpenFor: 500 * time.Millisecond}, pipeline.KeyBounds{Held: 5}))
-			var mid pipeline.Report
-			var mu sync.Mutex
-			time.AfterFunc(time.Second, func() {
-				mu.Lock()
-				defer mu.Unlock()
-				mid = p.Snapshot()
-			})
+			midRun := snapshotAfter(p, time.Second)
 			pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(n)), st), pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
 			require.NoError(t, p.Run(t.Context()))
 			rep := p.Report()
@@ -944,8 +976,7 @@ func TestBreakerPerKeyBounds(t *testing.T) {
 			for i := range 5 {
 				assert.Equal(t, 1, svc.done[i], i)
 			}
-			mu.Lock()
-			defer mu.Unlock()
+			mid := midRun()
 			mc := row(t, mid, "call")
 			require.NotNil(t, mc.Breaker)
 			assert.Equal(t, int64(5), mc.Breaker.Holding)
@@ -962,13 +993,7 @@ func TestBreakerPerKeyBounds(t *testing.T) {
 			p := pipeline.New()
 			st := pipeline.NewStage("call", 1, svc.call(key),
 				pipeline.WithBreakerPerKey(key, pipeline.Breaker{Failures: 1, OpenFor: 300 * time.Millisecond}, pipeline.KeyBounds{Keys: 1}))
-			var mid pipeline.Report
-			var mu sync.Mutex
-			time.AfterFunc(500*time.Millisecond, func() {
-				mu.Lock()
-				defer mu.Unlock()
-				mid = p.Snapshot()
-			})
+			midRun := snapshotAfter(p, 500*time.Millisecond)
 			pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(n)), st), pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
 			require.NoError(t, p.Run(t.Context()))
 			rep := p.Report()
@@ -979,8 +1004,7 @@ func TestBreakerPerKeyBounds(t *testing.T) {
 				assert.Equal(t, 1, svc.done[i], i)
 			}
 			assert.Equal(t, n/3, svc.calls["c"], "c is up: each of its items called once, held while the shared breaker was open")
-			mu.Lock()
-			defer mu.Unlock()
+			mid := midRun()
 			mc := row(t, mid, "call")
 			require.NotNil(t, mc.Breaker)
 			assert.Equal(t, 2, mc.Breaker.KeysOpen)
@@ -1116,44 +1140,34 @@ func TestBreakerPerKeyPanics(t *testing.T) {
 // out the outage with shard 3's.
 func TestBreakerPerStageShardDown(t *testing.T) {
 	t.Parallel()
-	for _, tc := range []struct {
-		name string
-		b    pipeline.Breaker
-	}{
-		{"ratio", pipeline.Breaker{FailureRatio: 0.2, OpenFor: time.Second}},
-		{"count", pipeline.Breaker{Failures: 5, OpenFor: time.Second}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			synctest.Test(t, func(t *testing.T) {
-				const n, rate = 10000, 200
-				svc := &shardService{start: time.Now(), down: 3, from: 2 * time.Second, to: 47 * time.Second}
-				start := time.Now()
-				var mu sync.Mutex
-				healthy := 0 // healthy items delivered from 10 s to 40 s
-				p := pipeline.New()
-				st := pipeline.NewStage("call", 8, svc.call,
-					pipeline.WithRetry(5, pipeline.ConstantBackoff(200*time.Millisecond)),
-					discardDead[shardItem](), pipeline.WithCircuitBreaker(tc.b))
-				pipeline.To(pipeline.Then(pipeline.FromSeq(p, pacedShards(n, rate)), st), pipeline.NewSink("sink", 1, func(_ context.Context, v shardItem) error {
-					if at := time.Since(start); v.shard != 3 && at >= 10*time.Second && at < 40*time.Second {
-						mu.Lock()
-						healthy++
-						mu.Unlock()
-					}
-					return nil
-				}))
-				require.NoError(t, p.Run(t.Context()))
-				rep := p.Report()
-				checkReport(t, rep)
-				call := row(t, rep, "call")
-				t.Logf("%s: %v of virtual time, healthy items delivered at %.1f/s from 10 s to 40 s (150/s offered), %d dead-lettered, breaker opened %d times",
-					tc.name, rep.Elapsed, float64(healthy)/30, call.DeadLettered, call.Breaker.Opened)
-				assert.Less(t, healthy, 30*150/2, "the healthy shards are held too")
-				assert.Greater(t, rep.Elapsed, 47*time.Second+10*time.Second, "the healthy items wait for shard 3")
-			})
-		})
-	}
+	shardDown(t, testBreakerPerStageShardDown)
+}
+
+func testBreakerPerStageShardDown(t *testing.T, rule string, b pipeline.Breaker, svc *shardService) {
+	const n, rate = 10000, 200
+	start := time.Now()
+	var mu sync.Mutex
+	healthy := 0 // healthy items delivered from 10 s to 40 s
+	p := pipeline.New()
+	st := pipeline.NewStage("call", 8, svc.call,
+		pipeline.WithRetry(5, pipeline.ConstantBackoff(200*time.Millisecond)),
+		discardDead[shardItem](), pipeline.WithCircuitBreaker(b))
+	pipeline.To(pipeline.Then(pipeline.FromSeq(p, pacedShards(n, rate)), st), pipeline.NewSink("sink", 1, func(_ context.Context, v shardItem) error {
+		if at := time.Since(start); v.shard != 3 && at >= 10*time.Second && at < 40*time.Second {
+			mu.Lock()
+			healthy++
+			mu.Unlock()
+		}
+		return nil
+	}))
+	require.NoError(t, p.Run(t.Context()))
+	rep := p.Report()
+	checkReport(t, rep)
+	call := row(t, rep, "call")
+	t.Logf("%s: %v of virtual time, healthy items delivered at %.1f/s from 10 s to 40 s (150/s offered), %d dead-lettered, breaker opened %d times",
+		rule, rep.Elapsed, float64(healthy)/30, call.DeadLettered, call.Breaker.Opened)
+	assert.Less(t, healthy, 30*150/2, "the healthy shards are held too")
+	assert.Greater(t, rep.Elapsed, 47*time.Second+10*time.Second, "the healthy items wait for shard 3")
 }
 
 // TestBreakerPerKeyDrainedBudget checks that a budget that drains the stage drops the

@@ -260,6 +260,17 @@ func TestBudgetDrainStopsSource(t *testing.T) {
 	})
 }
 
+// drainAtThree ends src in a stage "a" under budget that dead-letters item 3, and a sink.
+func drainAtThree(src *pipeline.Stream[int], budget pipeline.StageOption) {
+	s := pipeline.Then(src, pipeline.NewStage("a", 1, func(_ context.Context, i int) (int, error) {
+		if i == 3 {
+			return 0, pipeline.Permanent(errBoom)
+		}
+		return i, nil
+	}, discardDead[int](), budget))
+	pipeline.To(s, pipeline.NewSink("s", 1, func(context.Context, int) error { return nil }))
+}
+
 // A drained budget while the tracked source waits for room: the items the drained stage
 // discards settle, so the source wakes (they never settled, and the source never woke).
 func TestBudgetDrainWakesWaitingSource(t *testing.T) {
@@ -279,13 +290,7 @@ func TestBudgetDrainWakesWaitingSource(t *testing.T) {
 					}
 					return nil
 				}, pipeline.WithMaxPending(pend))
-				s := pipeline.Then(src, pipeline.NewStage("a", 1, func(_ context.Context, i int) (int, error) {
-					if i == 3 {
-						return 0, pipeline.Permanent(errBoom)
-					}
-					return i, nil
-				}, discardDead[int](), budget))
-				pipeline.To(s, pipeline.NewSink("s", 1, func(context.Context, int) error { return nil }))
+				drainAtThree(src, budget)
 				err := runWithin(t, p, time.Hour)
 				t.Log(pend, err)
 				c.check(t, int(emitted.Load()))
@@ -297,13 +302,7 @@ func TestBudgetDrainWakesWaitingSource(t *testing.T) {
 				st := &memStore{}
 				p := pipeline.New()
 				src := pipeline.FromCheckpoint(p, st, from(100), pipeline.WithSaveEvery(1), pipeline.WithMaxRedo(pend+1))
-				s := pipeline.Then(src, pipeline.NewStage("a", 1, func(_ context.Context, i int) (int, error) {
-					if i == 3 {
-						return 0, pipeline.Permanent(errBoom)
-					}
-					return i, nil
-				}, discardDead[int](), budget))
-				pipeline.To(s, pipeline.NewSink("s", 1, func(context.Context, int) error { return nil }))
+				drainAtThree(src, budget)
 				err := runWithin(t, p, time.Hour)
 				t.Log(pend, err, st.pos)
 				checkAccounting(t, p.Report())
@@ -328,13 +327,7 @@ func TestBudgetDrainSlowObserverDoesNotHang(t *testing.T) {
 			c := newAckCounter()
 			p := pipeline.New(slowObserver)
 			src := pipeline.FromAcked(p, ackBody(100, c.settle), pipeline.WithMaxPending(3))
-			s := pipeline.Then(src, pipeline.NewStage("a", 1, func(_ context.Context, i int) (int, error) {
-				if i == 3 {
-					return 0, pipeline.Permanent(errBoom)
-				}
-				return i, nil
-			}, discardDead[int](), budget))
-			pipeline.To(s, pipeline.NewSink("s", 1, func(context.Context, int) error { return nil }))
+			drainAtThree(src, budget)
 			err := runWithin(t, p, time.Hour)
 			t.Log(err)
 		})
@@ -344,13 +337,7 @@ func TestBudgetDrainSlowObserverDoesNotHang(t *testing.T) {
 			st := &memStore{}
 			p := pipeline.New(slowObserver)
 			src := pipeline.FromCheckpoint(p, st, from(100), pipeline.WithSaveEvery(1), pipeline.WithMaxRedo(3))
-			s := pipeline.Then(src, pipeline.NewStage("a", 1, func(_ context.Context, i int) (int, error) {
-				if i == 3 {
-					return 0, pipeline.Permanent(errBoom)
-				}
-				return i, nil
-			}, discardDead[int](), budget))
-			pipeline.To(s, pipeline.NewSink("s", 1, func(context.Context, int) error { return nil }))
+			drainAtThree(src, budget)
 			err := runWithin(t, p, time.Hour)
 			t.Log(err, st.pos)
 		})

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"iter"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -26,20 +25,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gopipeline/pipeline"
+	"github.com/gopipeline/pipeline/internal/scenario"
 )
 
 // from returns a FromCheckpoint function over the positions pos..n-1, yielding each position.
-func from(n int) func(context.Context, int64) iter.Seq2[int, error] {
-	return func(_ context.Context, pos int64) iter.Seq2[int, error] {
-		return func(yield func(int, error) bool) {
-			for i := int(pos); i < n; i++ {
-				if !yield(i, nil) {
-					return
-				}
-			}
-		}
-	}
-}
+var from = scenario.Positions
 
 // memStore is a CheckpointStore in memory that records every save.
 type memStore struct {
@@ -64,6 +54,63 @@ func (m *memStore) Save(_ context.Context, pos int64) error {
 	m.pos = pos
 	m.saves = append(m.saves, pos)
 	return nil
+}
+
+// memCommitted is a CommittedStore in memory. A test's destination records the run's
+// progress in it in the "transaction" of its Commit's fn (record, or recordLocked
+// beside the effects it keeps under mu), as a database sink does. A crashed store
+// loses every save, as a process killed before its first save does: only what a
+// Commit recorded remains.
+type memCommitted struct {
+	mu        sync.Mutex
+	pos       int64
+	committed []pipeline.PositionRange
+	crashed   bool
+}
+
+func (s *memCommitted) Load(ctx context.Context) (int64, error) {
+	pos, _, err := s.LoadCommitted(ctx)
+	return pos, err
+}
+
+func (s *memCommitted) LoadCommitted(context.Context) (int64, []pipeline.PositionRange, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.pos, slices.Clone(s.committed), nil
+}
+
+func (s *memCommitted) Save(ctx context.Context, pos int64) error {
+	return s.SaveCommitted(ctx, pos, nil)
+}
+
+func (s *memCommitted) SaveCommitted(_ context.Context, pos int64, committed []pipeline.PositionRange) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.crashed {
+		s.advanceLocked(pos, committed)
+	}
+	return nil
+}
+
+// record is one "transaction" of a destination that writes nothing but the progress.
+func (s *memCommitted) record(p pipeline.Progress) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.recordLocked(p)
+}
+
+// recordLocked records p, when the run is checkpointed; s.mu is held.
+func (s *memCommitted) recordLocked(p pipeline.Progress) {
+	if p.Checkpointed {
+		s.advanceLocked(p.Watermark, p.Committed)
+	}
+}
+
+// advanceLocked moves the position up to pos and keeps the committed ranges above it;
+// s.mu is held.
+func (s *memCommitted) advanceLocked(pos int64, committed []pipeline.PositionRange) {
+	s.pos = max(s.pos, pos)
+	s.committed = append(slices.DeleteFunc(s.committed, func(r pipeline.PositionRange) bool { return r.To <= s.pos }), committed...)
 }
 
 func TestFileCheckpointRoundTrip(t *testing.T) {
@@ -466,58 +513,13 @@ func TestResumeSkipsDeadLettered(t *testing.T) {
 	assert.Empty(t, above)
 }
 
-// crashStore is a CommittedStore that loses every save, as a process killed before
-// its first save does: only what a Commit recorded in its own "transaction" remains.
-type crashStore struct {
-	mu        sync.Mutex
-	pos       int64
-	committed []pipeline.PositionRange
-	crashed   bool
-}
-
-func (s *crashStore) Load(ctx context.Context) (int64, error) {
-	pos, _, err := s.LoadCommitted(ctx)
-	return pos, err
-}
-
-func (s *crashStore) LoadCommitted(context.Context) (int64, []pipeline.PositionRange, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.pos, slices.Clone(s.committed), nil
-}
-
-func (s *crashStore) Save(ctx context.Context, pos int64) error {
-	return s.SaveCommitted(ctx, pos, nil)
-}
-
-func (s *crashStore) SaveCommitted(_ context.Context, pos int64, committed []pipeline.PositionRange) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.crashed {
-		return nil // lost
-	}
-	s.pos = max(s.pos, pos)
-	s.committed = append(s.committed, committed...)
-	return nil
-}
-
-// record is one "transaction" of a destination: the letter and the progress together.
-func (s *crashStore) record(p pipeline.Progress) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if p.Checkpointed {
-		s.pos = max(s.pos, p.Watermark)
-		s.committed = append(s.committed, p.Committed...)
-	}
-}
-
 // TestDeadLetterCommitSurvivesCrash checks that a dead-letter destination that records
 // the run's progress with Commit keeps its items from being redone after a crash that
 // lost every save.
 func TestDeadLetterCommitSurvivesCrash(t *testing.T) {
 	t.Parallel()
 	const n = 200
-	store := &crashStore{crashed: true}
+	store := &memCommitted{crashed: true}
 	calls := map[int]int{}
 	letters := map[int]int{}
 	var mu sync.Mutex
@@ -657,24 +659,32 @@ func TestCheckpointObserverGoexitInSaverDoesNotHang(t *testing.T) {
 	})
 }
 
+// runSavingEach runs a pipeline whose checkpointed source of the positions 0 ... n-1
+// saves each one (into a memStore) with WithMaxRedo(redo), and which wire ends; it
+// checks that the run succeeds, saves the final position and that its report adds up.
+func runSavingEach(t *testing.T, n, redo int, wire func(p *pipeline.Pipeline, src *pipeline.Stream[int])) {
+	t.Helper()
+	st := &memStore{}
+	p := pipeline.New()
+	wire(p, pipeline.FromCheckpoint(p, st, from(n), pipeline.WithSaveEvery(1), pipeline.WithMaxRedo(redo)))
+	require.NoError(t, runWithin(t, p, time.Hour))
+	assert.Equal(t, int64(n), st.pos)
+	checkAccounting(t, p.Report())
+}
+
 // A checkpointed run through a tripping circuit breaker into batches saves the final position.
 func TestCheckpointBreakerBatchSavesFinalPosition(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		const n = 40
-		st := &memStore{}
-		p := pipeline.New()
-		src := pipeline.FromCheckpoint(p, st, from(n), pipeline.WithSaveEvery(1), pipeline.WithMaxRedo(3))
-		var calls atomic.Int64
-		s := pipeline.Then(src, pipeline.NewStage("svc", 2, func(_ context.Context, i int) (int, error) {
-			if k := calls.Add(1); k > 5 && k < 15 {
-				return 0, pipeline.Transient(errBoom)
-			}
-			return i, nil
-		}, pipeline.WithRetry(3, nil), pipeline.WithCircuitBreaker(pipeline.Breaker{Failures: 2, OpenFor: time.Second}), discardDead[int]()))
-		pipeline.ToBatches(s, 10, pipeline.NewSink("s", 1, func(context.Context, []int) error { return nil }))
-		require.NoError(t, runWithin(t, p, time.Hour))
-		assert.Equal(t, int64(n), st.pos)
-		checkAccounting(t, p.Report())
+		runSavingEach(t, 40, 3, func(_ *pipeline.Pipeline, src *pipeline.Stream[int]) {
+			var calls atomic.Int64
+			s := pipeline.Then(src, pipeline.NewStage("svc", 2, func(_ context.Context, i int) (int, error) {
+				if k := calls.Add(1); k > 5 && k < 15 {
+					return 0, pipeline.Transient(errBoom)
+				}
+				return i, nil
+			}, pipeline.WithRetry(3, nil), pipeline.WithCircuitBreaker(pipeline.Breaker{Failures: 2, OpenFor: time.Second}), discardDead[int]()))
+			pipeline.ToBatches(s, 10, pipeline.NewSink("s", 1, func(context.Context, []int) error { return nil }))
+		})
 	})
 }
 
@@ -682,21 +692,16 @@ func TestCheckpointBreakerBatchSavesFinalPosition(t *testing.T) {
 // saves the final position.
 func TestCheckpointHeadDeadLetteredBatchSavesFinalPosition(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		const n = 40
-		st := &memStore{}
-		p := pipeline.New()
-		src := pipeline.FromCheckpoint(p, st, from(n), pipeline.WithSaveEvery(1), pipeline.WithMaxRedo(2))
-		s := pipeline.Then(src, pipeline.NewStage("dl", 3, func(_ context.Context, i int) (int, error) {
-			if i%3 == 0 {
-				time.Sleep(time.Millisecond)
-				return 0, pipeline.Permanent(errBoom)
-			}
-			return i, nil
-		}, discardDead[int]()))
-		pipeline.ToBatches(s, 10, pipeline.NewSink("s", 1, func(context.Context, []int) error { return nil }))
-		require.NoError(t, runWithin(t, p, time.Hour))
-		assert.Equal(t, int64(n), st.pos)
-		checkAccounting(t, p.Report())
+		runSavingEach(t, 40, 2, func(_ *pipeline.Pipeline, src *pipeline.Stream[int]) {
+			s := pipeline.Then(src, pipeline.NewStage("dl", 3, func(_ context.Context, i int) (int, error) {
+				if i%3 == 0 {
+					time.Sleep(time.Millisecond)
+					return 0, pipeline.Permanent(errBoom)
+				}
+				return i, nil
+			}, discardDead[int]()))
+			pipeline.ToBatches(s, 10, pipeline.NewSink("s", 1, func(context.Context, []int) error { return nil }))
+		})
 	})
 }
 
@@ -758,13 +763,7 @@ func TestCheckpointShapesSaveFinalPosition(t *testing.T) {
 		for _, redo := range []int{2, 3, 6} {
 			t.Run(name, func(t *testing.T) {
 				synctest.Test(t, func(t *testing.T) {
-					st := &memStore{}
-					p := pipeline.New()
-					src := pipeline.FromCheckpoint(p, st, from(n), pipeline.WithSaveEvery(1), pipeline.WithMaxRedo(redo))
-					shape(p, src)
-					require.NoError(t, runWithin(t, p, time.Hour))
-					assert.Equal(t, int64(n), st.pos)
-					checkAccounting(t, p.Report())
+					runSavingEach(t, n, redo, shape)
 				})
 			})
 		}
@@ -788,7 +787,7 @@ func TestResumedProgress(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			store := &crashStore{pos: tc.pos, committed: tc.committed}
+			store := &memCommitted{pos: tc.pos, committed: tc.committed}
 			p := pipeline.New()
 			src := pipeline.FromCheckpoint(p, store, from(100), pipeline.WithTotal(100), pipeline.WithName("read"))
 			pipeline.To(src, pipeline.NewSink("sink", 2, func(context.Context, int) error { return nil }))

@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -20,39 +19,11 @@ import (
 // the effects (the items a sink committed) and the progress together, as a database
 // sink does.
 type txStore struct {
-	mu        sync.Mutex
-	pos       int64
-	committed []pipeline.PositionRange
-	effects   map[int]int // item -> times committed
+	memCommitted
+	effects map[int]int // item -> times committed
 }
 
 func newTxStore() *txStore { return &txStore{effects: map[int]int{}} }
-
-func (s *txStore) Load(ctx context.Context) (int64, error) {
-	pos, _, err := s.LoadCommitted(ctx)
-	return pos, err
-}
-
-func (s *txStore) LoadCommitted(context.Context) (int64, []pipeline.PositionRange, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.pos, slices.Clone(s.committed), nil
-}
-
-func (s *txStore) Save(_ context.Context, pos int64) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.pos = max(s.pos, pos)
-	return nil
-}
-
-func (s *txStore) SaveCommitted(_ context.Context, pos int64, committed []pipeline.PositionRange) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.pos = max(s.pos, pos)
-	s.committed = append(slices.DeleteFunc(s.committed, func(r pipeline.PositionRange) bool { return r.To <= s.pos }), committed...)
-	return nil
-}
 
 // commit is one transaction: the batch's effects and the progress.
 func (s *txStore) commit(p pipeline.Progress, batch []int) {
@@ -61,12 +32,7 @@ func (s *txStore) commit(p pipeline.Progress, batch []int) {
 	for _, v := range batch {
 		s.effects[v]++
 	}
-	if !p.Checkpointed {
-		return
-	}
-	s.pos = max(s.pos, p.Watermark)
-	s.committed = slices.DeleteFunc(s.committed, func(r pipeline.PositionRange) bool { return r.To <= s.pos })
-	s.committed = append(s.committed, p.Committed...)
+	s.recordLocked(p)
 }
 
 // covered reports whether the store's progress covers position i.
@@ -278,21 +244,16 @@ func TestCommitSplitItems(t *testing.T) {
 func TestCommitAfterFilterAndBatchSavesFinalPosition(t *testing.T) {
 	for _, redo := range []int{2, 3, 5} {
 		synctest.Test(t, func(t *testing.T) {
-			const n = 50
-			st := &memStore{}
-			p := pipeline.New()
-			src := pipeline.FromCheckpoint(p, st, from(n), pipeline.WithSaveEvery(1), pipeline.WithMaxRedo(redo))
-			f := pipeline.Filter(src, func(i int) bool { return i%4 != 1 })
-			var commits atomic.Int64
-			pipeline.ToBatches(f, 6, pipeline.NewSink("s", 1, func(ctx context.Context, _ []int) error {
-				return pipeline.Commit(ctx, func(ctx context.Context, pr pipeline.Progress) error {
-					commits.Add(1)
-					return nil
-				})
-			}))
-			require.NoError(t, runWithin(t, p, time.Hour))
-			assert.Equal(t, int64(n), st.pos)
-			checkAccounting(t, p.Report())
+			runSavingEach(t, 50, redo, func(_ *pipeline.Pipeline, src *pipeline.Stream[int]) {
+				f := pipeline.Filter(src, func(i int) bool { return i%4 != 1 })
+				var commits atomic.Int64
+				pipeline.ToBatches(f, 6, pipeline.NewSink("s", 1, func(ctx context.Context, _ []int) error {
+					return pipeline.Commit(ctx, func(ctx context.Context, pr pipeline.Progress) error {
+						commits.Add(1)
+						return nil
+					})
+				}))
+			})
 		})
 	}
 }

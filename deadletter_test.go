@@ -58,9 +58,11 @@ func TestDeadLetterBuffer(t *testing.T) {
 }
 
 // writeDeadLetters runs a pipeline whose stage "check" dead-letters orders with an odd
-// ID into the file at path, and returns the dead-lettered orders.
-func writeDeadLetters(t *testing.T, path string) []order {
+// ID into a new file (dead.jsonl in a temporary folder), and returns the file's path and
+// the dead-lettered orders.
+func writeDeadLetters(t *testing.T) (string, []order) {
 	t.Helper()
+	path := filepath.Join(t.TempDir(), "dead.jsonl")
 	f, err := pipeline.OpenDeadLetterFile[order](path, pipeline.WithSyncEvery(2))
 	require.NoError(t, err)
 	var orders, bad []order
@@ -81,7 +83,7 @@ func writeDeadLetters(t *testing.T, path string) []order {
 	pipeline.To(pipeline.Then(pipeline.FromSlice(p, orders), st), pipeline.NewSink("save", 1, func(context.Context, order) error { return nil }))
 	require.NoError(t, p.Run(t.Context()))
 	require.NoError(t, f.Close())
-	return bad
+	return path, bad
 }
 
 // oddError is the error of an order with an odd ID.
@@ -96,8 +98,7 @@ func TestDeadLetterFile(t *testing.T) {
 	t.Parallel()
 	t.Run("round trip", func(t *testing.T) {
 		t.Parallel()
-		path := filepath.Join(t.TempDir(), "dead.jsonl")
-		bad := writeDeadLetters(t, path)
+		path, bad := writeDeadLetters(t)
 		dls, err := pipeline.ReadDeadLetters[order](path)
 		require.NoError(t, err)
 		require.Len(t, dls, len(bad))
@@ -116,8 +117,7 @@ func TestDeadLetterFile(t *testing.T) {
 	})
 	t.Run("truncated last line", func(t *testing.T) {
 		t.Parallel()
-		path := filepath.Join(t.TempDir(), "dead.jsonl")
-		bad := writeDeadLetters(t, path)
+		path, bad := writeDeadLetters(t)
 		appendFile(t, path, `{"stage":"check","item":{"id":11,"li`)
 		dls, err := pipeline.ReadDeadLetters[order](path)
 		require.NoError(t, err)
@@ -125,8 +125,7 @@ func TestDeadLetterFile(t *testing.T) {
 	})
 	t.Run("corrupt middle line", func(t *testing.T) {
 		t.Parallel()
-		path := filepath.Join(t.TempDir(), "dead.jsonl")
-		bad := writeDeadLetters(t, path)
+		path, bad := writeDeadLetters(t)
 		appendFile(t, path, "not json\n")
 		f, err := pipeline.OpenDeadLetterFile[order](path)
 		require.NoError(t, err)
@@ -138,8 +137,7 @@ func TestDeadLetterFile(t *testing.T) {
 	})
 	t.Run("item of the wrong type", func(t *testing.T) {
 		t.Parallel()
-		path := filepath.Join(t.TempDir(), "dead.jsonl")
-		writeDeadLetters(t, path)
+		path, _ := writeDeadLetters(t)
 		_, err := pipeline.ReadDeadLetters[int](path)
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), "line 1")
@@ -165,8 +163,7 @@ func TestDeadLetterFile(t *testing.T) {
 // truncated last line is.
 func TestDeadLetterFileCorruptLastLine(t *testing.T) {
 	t.Parallel()
-	path := filepath.Join(t.TempDir(), "dead.jsonl")
-	bad := writeDeadLetters(t, path)
+	path, bad := writeDeadLetters(t)
 	appendFile(t, path, "not json\n")
 	_, err := pipeline.ReadDeadLetters[order](path)
 	require.Error(t, err)
@@ -178,8 +175,7 @@ func TestDeadLetterFileCorruptLastLine(t *testing.T) {
 // is dropped, and the new records are read back.
 func TestDeadLetterFileAppendAfterTruncation(t *testing.T) {
 	t.Parallel()
-	path := filepath.Join(t.TempDir(), "dead.jsonl")
-	bad := writeDeadLetters(t, path)
+	path, bad := writeDeadLetters(t)
 	appendFile(t, path, `{"stage":"check","item":{"id":11,"li`) // the crash
 	f, err := pipeline.OpenDeadLetterFile[order](path)
 	require.NoError(t, err)
@@ -205,8 +201,7 @@ func appendFile(t *testing.T, path, text string) {
 // stage, all of them or those of one stage.
 func TestReplay(t *testing.T) {
 	t.Parallel()
-	path := filepath.Join(t.TempDir(), "dead.jsonl")
-	bad := writeDeadLetters(t, path)
+	path, bad := writeDeadLetters(t)
 	// A record of another stage, to check the stage filter.
 	f, err := pipeline.OpenDeadLetterFile[order](path)
 	require.NoError(t, err)

@@ -144,16 +144,7 @@ func runAckTopology(t *testing.T, data []byte) {
 			}
 			s = pipeline.Filter(s, keep)
 		case 4:
-			panicAt := -1
-			if arg%3 == 0 {
-				panicAt = arg % n
-			}
-			s = pipeline.Map(s, func(i int) int {
-				if i == panicAt {
-					panic("map")
-				}
-				return i
-			})
+			s = mapPanicking(s, arg, n)
 		case 5:
 			br := pipeline.Tee(s, 2)
 			endIn(br[0])
@@ -170,15 +161,7 @@ func runAckTopology(t *testing.T, data []byte) {
 				}
 			}
 			setAside(pipeline.DeadLettered)
-			s = pipeline.Then(s, pipeline.NewFlatStage(name, 1+arg%2, func(_ context.Context, i int, emit func(int)) error {
-				if hit(i) {
-					return pipeline.Permanent(errBoom)
-				}
-				for range outs {
-					emit(i)
-				}
-				return nil
-			}, opts...))
+			s = flatEmitting(s, name, 1+arg%2, outs, hit, opts...)
 		case 8:
 			setAside(pipeline.HandedBack)
 			// No wait between attempts (a mutex-blocked goroutine, as an ordered queue's

@@ -62,6 +62,35 @@ func fuzzShape(f *testing.F, run func(t *testing.T, data []byte)) {
 	})
 }
 
+// flatEmitting is the fuzzed topologies' flat stage: it sets the items fails picks
+// aside (a permanent error), and emits every other one outs times.
+func flatEmitting(s *pipeline.Stream[int], name string, workers, outs int, fails func(int) bool, opts ...pipeline.StageOption) *pipeline.Stream[int] {
+	return pipeline.Then(s, pipeline.NewFlatStage(name, workers, func(_ context.Context, i int, emit func(int)) error {
+		if fails(i) {
+			return pipeline.Permanent(errBoom)
+		}
+		for range outs {
+			emit(i)
+		}
+		return nil
+	}, opts...))
+}
+
+// mapPanicking is the fuzzed topologies' Map: it panics at item arg%n when arg%3 is 0,
+// else passes every item.
+func mapPanicking(s *pipeline.Stream[int], arg, n int) *pipeline.Stream[int] {
+	panicAt := -1
+	if arg%3 == 0 {
+		panicAt = arg % n
+	}
+	return pipeline.Map(s, func(i int) int {
+		if i == panicAt {
+			panic("map")
+		}
+		return i
+	})
+}
+
 func runTopology(t *testing.T, data []byte) {
 	t.Helper()
 	b := &topology{data: data}
@@ -161,16 +190,7 @@ func runTopology(t *testing.T, data []byte) {
 		case 3:
 			s = pipeline.Filter(s, func(i int) bool { return i%(2+arg%4) != 1 })
 		case 4:
-			panicAt := -1
-			if arg%3 == 0 {
-				panicAt = arg % n
-			}
-			s = pipeline.Map(s, func(i int) int {
-				if i == panicAt {
-					panic("map")
-				}
-				return i
-			})
+			s = mapPanicking(s, arg, n)
 		case 5:
 			br := pipeline.Tee(s, 2)
 			crossing := pendingFlatten // both branches' first rows
@@ -187,15 +207,7 @@ func runTopology(t *testing.T, data []byte) {
 		case 7:
 			mark()
 			outs := arg % 3 // 0: a filter, 1: one-to-one, 2: a flat-map
-			s = pipeline.Then(s, pipeline.NewFlatStage(name, 1+arg%2, func(_ context.Context, i int, emit func(int)) error {
-				if dead(i) {
-					return pipeline.Permanent(errBoom)
-				}
-				for range outs {
-					emit(i)
-				}
-				return nil
-			}, opts...))
+			s = flatEmitting(s, name, 1+arg%2, outs, dead, opts...)
 			if outs != 1 { // In and Out differ in count: no edge check after it
 				pendingFlatten = true
 			}

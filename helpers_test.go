@@ -25,6 +25,17 @@ func ints(n int) []int {
 	return s
 }
 
+// emitInts emits 0, 1, ..., n-1 through a Generate's emit, and returns emit's first
+// error.
+func emitInts(emit func(int) error, n int) error {
+	for i := range n {
+		if err := emit(i); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // assertPanicsPipeline checks that f panics with a string that starts with "pipeline:"
 // and returns that string.
 func assertPanicsPipeline(t *testing.T, f func()) string {

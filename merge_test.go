@@ -223,14 +223,7 @@ func TestTeeSlowestSetsPace(t *testing.T) {
 				t.Parallel()
 				synctest.Test(t, func(t *testing.T) {
 					var taken atomic.Int64
-					src := func(yield func(int) bool) {
-						for i := range n {
-							taken.Add(1)
-							if !yield(i) {
-								return
-							}
-						}
-					}
+					src := counted(n, &taken)
 					release := make(chan struct{})
 					var fast [2]atomic.Int64
 					var slow atomic.Int64
@@ -240,15 +233,7 @@ func TestTeeSlowestSetsPace(t *testing.T) {
 						return func(context.Context, int) error { fast[k].Add(1); return nil }
 					}
 					pipeline.To(br[0], pipeline.NewSink("fast0", 2, fastSink(0), pipeline.WithBuffer(8)))
-					pipeline.To(br[1], pipeline.NewSink("slow", slowWorkers, func(ctx context.Context, _ int) error {
-						select {
-						case <-release:
-						case <-ctx.Done():
-							return ctx.Err()
-						}
-						slow.Add(1)
-						return nil
-					}, pipeline.WithBuffer(slowBuffer)))
+					pipeline.To(br[1], pipeline.NewSink("slow", slowWorkers, countReleased(release, &slow), pipeline.WithBuffer(slowBuffer)))
 					pipeline.To(br[2], pipeline.NewSink("fast2", 3, fastSink(1), pipeline.WithBuffer(1)))
 					errc := make(chan error, 1)
 					go func() { errc <- p.Run(t.Context()) }()

@@ -73,18 +73,26 @@ func TestTimeoutDeadLettersHangingItem(t *testing.T) {
 	})
 }
 
+// fatalTimeoutErr returns the error of a run whose one attempt, with a timeout of 1 s,
+// waits for its context's end and returns an error marked Fatal that wraps errBoom.
+func fatalTimeoutErr(t *testing.T) error {
+	t.Helper()
+	p := pipeline.New()
+	st := pipeline.NewStage("work", 1, func(ctx context.Context, v int) (int, error) {
+		<-ctx.Done()
+		return 0, pipeline.Fatal(fmt.Errorf("fetch %d: %w", v, errBoom))
+	}, pipeline.WithTimeout(time.Second))
+	_, err := pipeline.Collect(t.Context(), pipeline.Then(pipeline.FromSlice(p, []int{1}), st))
+	return err
+}
+
 // TestTimeoutErrorMatches checks the error of a timed-out attempt: a function that
 // marks it Fatal makes it the run's error, which matches ErrTimeout and the function's
 // own error, and says after how long the attempt timed out.
 func TestTimeoutErrorMatches(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
-		p := pipeline.New()
-		st := pipeline.NewStage("work", 1, func(ctx context.Context, v int) (int, error) {
-			<-ctx.Done()
-			return 0, pipeline.Fatal(fmt.Errorf("fetch %d: %w", v, errBoom))
-		}, pipeline.WithTimeout(time.Second))
-		_, err := pipeline.Collect(t.Context(), pipeline.Then(pipeline.FromSlice(p, []int{1}), st))
+		err := fatalTimeoutErr(t)
 		require.ErrorIs(t, err, pipeline.ErrTimeout)
 		require.ErrorIs(t, err, errBoom)
 		assert.Contains(t, err.Error(), "timed out after 1s")
@@ -97,12 +105,7 @@ func TestTimeoutErrorMatches(t *testing.T) {
 func TestTimeoutErrorMatchesDeadlineExceeded(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
-		p := pipeline.New()
-		st := pipeline.NewStage("work", 1, func(ctx context.Context, v int) (int, error) {
-			<-ctx.Done()
-			return 0, pipeline.Fatal(fmt.Errorf("fetch %d: %w", v, errBoom))
-		}, pipeline.WithTimeout(time.Second))
-		_, err := pipeline.Collect(t.Context(), pipeline.Then(pipeline.FromSlice(p, []int{1}), st))
+		err := fatalTimeoutErr(t)
 		require.ErrorIs(t, err, pipeline.ErrTimeout)
 		assert.ErrorIs(t, err, context.DeadlineExceeded)
 	})

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gopipeline/pipeline"
+	"github.com/gopipeline/pipeline/internal/scenario"
 )
 
 // orderSpin yields the processor a pseudo-random number of times in [0, most), chosen
@@ -162,16 +163,10 @@ func TestOrderedWindowBoundsMemory(t *testing.T) {
 				synctest.Test(t, func(t *testing.T) {
 					release := make(chan struct{})
 					var started atomic.Int64
+					hold := scenario.HoldHead(release)
 					fn := func(ctx context.Context, i int) (int, error) {
 						started.Add(1)
-						if i == 0 {
-							select {
-							case <-release:
-							case <-ctx.Done():
-								return 0, ctx.Err()
-							}
-						}
-						return i, nil
+						return hold(ctx, i)
 					}
 					p := pipeline.New()
 					s := pipeline.Then(pipeline.FromSlice(p, ints(n)),
@@ -629,26 +624,34 @@ func TestOrderedWindowBoundWithSlowConsumer(t *testing.T) {
 	}
 }
 
+// orderedFlushInto returns a pipeline whose ordered stage "ord" (3 workers) holds item 0
+// back for 10 ms, so that its reorder window flushes 0, 1 and 2 in one run, into a Map
+// that calls at1 for item 1, and a sink "sink".
+func orderedFlushInto(at1 func()) *pipeline.Pipeline {
+	p := pipeline.New()
+	src := pipeline.FromSlice(p, []int{0, 1, 2})
+	st := pipeline.Then(src, pipeline.NewStage("ord", 3, func(_ context.Context, v int) (int, error) {
+		if v == 0 {
+			time.Sleep(10 * time.Millisecond)
+		}
+		return v, nil
+	}, pipeline.WithOrdered(0)))
+	m := pipeline.Map(st, func(v int) int {
+		if v == 1 {
+			at1()
+		}
+		return v
+	})
+	pipeline.To(m, pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+	return p
+}
+
 // An inline panic while the reorder window flushes a run of several items: the items pushed
 // before the panic are counted once (they stayed "held" and were counted Failed in the
 // ordered row, while downstream received them).
 func TestOrderedFlushInlinePanicCountsPushedItemsOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		p := pipeline.New()
-		src := pipeline.FromSlice(p, []int{0, 1, 2})
-		st := pipeline.Then(src, pipeline.NewStage("ord", 3, func(_ context.Context, v int) (int, error) {
-			if v == 0 {
-				time.Sleep(10 * time.Millisecond)
-			}
-			return v, nil
-		}, pipeline.WithOrdered(0)))
-		m := pipeline.Map(st, func(v int) int {
-			if v == 1 {
-				panic("map")
-			}
-			return v
-		})
-		pipeline.To(m, pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+		p := orderedFlushInto(func() { panic("map") })
 		_ = p.Run(context.Background())
 		rep := p.Report()
 		t.Log("\n", rep)
@@ -695,21 +698,7 @@ func TestKeyedBufferBoundsWaitingItems(t *testing.T) {
 // with ErrGoexit, and the ordered row's Out stays within its Succeeded.
 func TestOrderedFlushGoexitKeepsOutWithinSucceeded(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		p := pipeline.New()
-		src := pipeline.FromSlice(p, []int{0, 1, 2})
-		st := pipeline.Then(src, pipeline.NewStage("ord", 3, func(_ context.Context, v int) (int, error) {
-			if v == 0 {
-				time.Sleep(10 * time.Millisecond)
-			}
-			return v, nil
-		}, pipeline.WithOrdered(0)))
-		m := pipeline.Map(st, func(v int) int {
-			if v == 1 {
-				runtime.Goexit()
-			}
-			return v
-		})
-		pipeline.To(m, pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+		p := orderedFlushInto(runtime.Goexit)
 		err := p.Run(context.Background())
 		require.ErrorIs(t, err, pipeline.ErrGoexit)
 		rep := p.Report()

@@ -308,12 +308,7 @@ func TestAutoNamesDoNotTakeStageNames(t *testing.T) {
 		{"slice", func(p *pipeline.Pipeline) *pipeline.Stream[int] { return pipeline.FromSlice(p, ints(7)) }},
 		{"generate", func(p *pipeline.Pipeline) *pipeline.Stream[int] {
 			return pipeline.Generate(p, func(_ context.Context, emit func(int) error) error {
-				for i := range 7 {
-					if err := emit(i); err != nil {
-						return err
-					}
-				}
-				return nil
+				return emitInts(emit, 7)
 			})
 		}},
 	}
@@ -435,10 +430,8 @@ func testParentCancel(t *testing.T, mode, blocker string, workers int) {
 	var src *pipeline.Stream[int]
 	if blocker == "source" {
 		src = pipeline.Generate(p, func(ctx context.Context, emit func(int) error) error {
-			for i := range 10 {
-				if err := emit(i); err != nil {
-					return err
-				}
+			if err := emitInts(emit, 10); err != nil {
+				return err
 			}
 			return wait(ctx)
 		})

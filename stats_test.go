@@ -110,8 +110,7 @@ func TestSnapshotRecentLatency(t *testing.T) {
 // retried, appear in the snapshot, in the report, in the errors by type and in the
 // events.
 func TestS1RetryCounts(t *testing.T) {
-	fx, err := scenario.LoadS1("bench/testdata/items.json")
-	require.NoError(t, err)
+	fx := scenario.LoadS1(t, "bench/testdata/items.json")
 	synctest.Test(t, func(t *testing.T) {
 		var events sync.Map // kind -> *atomic.Int64
 		count := func(e pipeline.Event) {
@@ -155,14 +154,11 @@ func TestS1RetryCounts(t *testing.T) {
 	})
 }
 
-func TestWithLogger(t *testing.T) {
-	t.Parallel()
-	var buf bytes.Buffer
-	var mu sync.Mutex
-	l := slog.New(slog.NewTextHandler(lockedWriter{&mu, &buf}, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	p := pipeline.New(pipeline.WithLogger(l), pipeline.WithErrorBudget(pipeline.Budget{MaxRatio: 0.5, MinSample: 4}))
+// loggedStage returns the stage "st" of the logger tests: item 1 fails once and is
+// retried, items from 2 on are dead-lettered (into a buffer of 10).
+func loggedStage() *pipeline.Stage[int, int] {
 	tries := map[int]int{}
-	st := pipeline.NewStage("st", 1, func(_ context.Context, v int) (int, error) {
+	return pipeline.NewStage("st", 1, func(_ context.Context, v int) (int, error) {
 		tries[v]++
 		if v == 1 && tries[v] == 1 {
 			return 0, pipeline.Transient(errBoom)
@@ -172,6 +168,15 @@ func TestWithLogger(t *testing.T) {
 		}
 		return v, nil
 	}, pipeline.WithRetry(2, nil), pipeline.WithDeadLetter(pipeline.NewDeadLetterBuffer[int](10).Add))
+}
+
+func TestWithLogger(t *testing.T) {
+	t.Parallel()
+	var buf bytes.Buffer
+	var mu sync.Mutex
+	l := slog.New(slog.NewTextHandler(lockedWriter{&mu, &buf}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	p := pipeline.New(pipeline.WithLogger(l), pipeline.WithErrorBudget(pipeline.Budget{MaxRatio: 0.5, MinSample: 4}))
+	st := loggedStage()
 	_, err := pipeline.Collect(t.Context(), pipeline.Then(pipeline.FromSlice(p, ints(10)), st))
 	require.ErrorIs(t, err, pipeline.ErrBudgetExceeded)
 	mu.Lock()
@@ -218,17 +223,7 @@ func TestWithLoggerLogsWithItsContext(t *testing.T) {
 	// Drain: the items before the budget trips settle, so the final save moves.
 	p := pipeline.New(pipeline.WithLogger(slog.New(h)), pipeline.WithErrorBudget(pipeline.Budget{MaxRatio: 0.5, MinSample: 4, Drain: true}))
 	src := pipeline.FromCheckpoint(p, newTxStore(), from(10), pipeline.WithSaveEvery(1))
-	tries := map[int]int{}
-	st := pipeline.NewStage("st", 1, func(_ context.Context, v int) (int, error) {
-		tries[v]++
-		if v == 1 && tries[v] == 1 {
-			return 0, pipeline.Transient(errBoom)
-		}
-		if v >= 2 {
-			return 0, pipeline.Permanent(errBoom)
-		}
-		return v, nil
-	}, pipeline.WithRetry(2, nil), pipeline.WithDeadLetter(pipeline.NewDeadLetterBuffer[int](10).Add))
+	st := loggedStage()
 	pipeline.To(pipeline.Then(src, st), pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
 	ctx := context.WithValue(t.Context(), ctxKey{}, "trace-42")
 	require.ErrorIs(t, p.Run(ctx), pipeline.ErrBudgetExceeded)
@@ -510,12 +505,7 @@ func TestDeclaredTotal(t *testing.T) {
 		}, 10},
 		{"Generate", func(p *pipeline.Pipeline) *pipeline.Stream[int] {
 			return pipeline.Generate(p, func(_ context.Context, emit func(int) error) error {
-				for i := range 7 {
-					if err := emit(i); err != nil {
-						return err
-					}
-				}
-				return nil
+				return emitInts(emit, 7)
 			}, pipeline.WithTotal(5), pipeline.WithName("src"))
 		}, 5},
 		{"undeclared", func(p *pipeline.Pipeline) *pipeline.Stream[int] {

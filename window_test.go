@@ -171,6 +171,18 @@ var windowPaths = []windowPath{
 	{"queued", []pipeline.WindowOption{pipeline.WithBuffer(pipeline.DefaultBuffer)}},
 }
 
+// onWindowPaths runs f in a parallel subtest for each of windowPaths, named after it,
+// with its options.
+func onWindowPaths(t *testing.T, f func(t *testing.T, path ...pipeline.WindowOption)) {
+	t.Helper()
+	for _, wp := range windowPaths {
+		t.Run(wp.name, func(t *testing.T) {
+			t.Parallel()
+			f(t, wp.opts...)
+		})
+	}
+}
+
 // with returns opts followed by more, in a new slice.
 func with(opts []pipeline.WindowOption, more ...pipeline.WindowOption) []pipeline.WindowOption {
 	return slices.Concat(opts, more)
@@ -355,12 +367,7 @@ func TestWindowBoundaries(t *testing.T) {
 
 func TestWindowLateItems(t *testing.T) {
 	t.Parallel()
-	for _, wp := range windowPaths {
-		t.Run(wp.name, func(t *testing.T) {
-			t.Parallel()
-			testWindowLateItems(t, wp.opts...)
-		})
-	}
+	onWindowPaths(t, testWindowLateItems)
 }
 
 func testWindowLateItems(t *testing.T, path ...pipeline.WindowOption) {
@@ -546,44 +553,43 @@ func testWindowReportWhileOpen(t *testing.T, path ...pipeline.WindowOption) {
 // window of that next item is open, never the one whose result is in the sink's hands.
 func TestWindowReportOpenExcludesFiredWindows(t *testing.T) {
 	t.Parallel()
-	for _, wp := range windowPaths {
-		t.Run(wp.name, func(t *testing.T) {
-			t.Parallel()
-			const minutes = 40
-			got := make(chan struct{})
-			p := pipeline.New()
-			src := pipeline.Generate(p, func(ctx context.Context, emit func(ev) error) error {
-				for m := range minutes {
-					if err := emit(ev{0, tsec(float64(60*m + 30)), 1}); err != nil {
-						return err
-					}
-					if m == 0 {
-						continue
-					}
-					select { // the result of minute m-1 is in the sink's hands
-					case <-got:
-					case <-ctx.Done():
-						return nil
-					}
-				}
+	onWindowPaths(t, testWindowReportOpenExcludesFiredWindows)
+}
+
+func testWindowReportOpenExcludesFiredWindows(t *testing.T, path ...pipeline.WindowOption) {
+	const minutes = 40
+	got := make(chan struct{})
+	p := pipeline.New()
+	src := pipeline.Generate(p, func(ctx context.Context, emit func(ev) error) error {
+		for m := range minutes {
+			if err := emit(ev{0, tsec(float64(60*m + 30)), 1}); err != nil {
+				return err
+			}
+			if m == 0 {
+				continue
+			}
+			select { // the result of minute m-1 is in the sink's hands
+			case <-got:
+			case <-ctx.Done():
 				return nil
-			})
-			var opens []int64
-			pipeline.To(pipeline.Window(src, pipeline.Tumbling(time.Minute), evKey, evTime, sumAgg(), wp.opts...),
-				pipeline.NewSink("sink", 1, func(context.Context, pipeline.WindowResult[int, int]) error {
-					s, _ := p.Snapshot().Stage("Window")
-					opens = append(opens, s.Windows.Open)
-					if len(opens) < minutes {
-						got <- struct{}{}
-					}
-					return nil
-				}))
-			require.NoError(t, p.Run(t.Context()))
-			want := slices.Repeat([]int64{1}, minutes)
-			want[minutes-1] = 0 // the last fires when the input ends
-			assert.Equal(t, want, opens)
-		})
-	}
+			}
+		}
+		return nil
+	})
+	var opens []int64
+	pipeline.To(pipeline.Window(src, pipeline.Tumbling(time.Minute), evKey, evTime, sumAgg(), path...),
+		pipeline.NewSink("sink", 1, func(context.Context, pipeline.WindowResult[int, int]) error {
+			s, _ := p.Snapshot().Stage("Window")
+			opens = append(opens, s.Windows.Open)
+			if len(opens) < minutes {
+				got <- struct{}{}
+			}
+			return nil
+		}))
+	require.NoError(t, p.Run(t.Context()))
+	want := slices.Repeat([]int64{1}, minutes)
+	want[minutes-1] = 0 // the last fires when the input ends
+	assert.Equal(t, want, opens)
 }
 
 func TestWindowMisuse(t *testing.T) {
@@ -629,36 +635,9 @@ func TestWindowMisuse(t *testing.T) {
 // written with the progress in one "transaction" (Commit's fn), as a database sink
 // does.
 type winTable struct {
-	mu        sync.Mutex
-	pos       int64
-	committed []pipeline.PositionRange
-	rows      map[wkey]wval
-	keepMore  bool // upsert only a row with a larger count (sliding windows)
-}
-
-func (s *winTable) Load(ctx context.Context) (int64, error) {
-	pos, _, err := s.LoadCommitted(ctx)
-	return pos, err
-}
-
-func (s *winTable) LoadCommitted(context.Context) (int64, []pipeline.PositionRange, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.pos, slices.Clone(s.committed), nil
-}
-
-func (s *winTable) Save(ctx context.Context, pos int64) error { return s.SaveCommitted(ctx, pos, nil) }
-
-func (s *winTable) SaveCommitted(_ context.Context, pos int64, committed []pipeline.PositionRange) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.record(pos, committed)
-	return nil
-}
-
-func (s *winTable) record(pos int64, committed []pipeline.PositionRange) {
-	s.pos = max(s.pos, pos)
-	s.committed = append(slices.DeleteFunc(s.committed, func(r pipeline.PositionRange) bool { return r.To <= s.pos }), committed...)
+	memCommitted
+	rows     map[wkey]wval
+	keepMore bool // upsert only a row with a larger count (sliding windows)
 }
 
 // write upserts r's row and records pr, in one step.
@@ -670,9 +649,7 @@ func (s *winTable) write(pr pipeline.Progress, r pipeline.WindowResult[int, int]
 	if !ok || !s.keepMore || r.Count > old.n {
 		s.rows[k] = wval{end: r.End, sum: r.Value, n: r.Count, writes: old.writes + 1}
 	}
-	if pr.Checkpointed {
-		s.record(pr.Watermark, pr.Committed)
-	}
+	s.recordLocked(pr)
 }
 
 // TestWindowExactlyOnceAcrossKills stops a checkpointed run at random points (from the
@@ -880,12 +857,7 @@ func TestWindowFiresEarlyForACheckpointSave(t *testing.T) {
 
 func TestWindowReportLine(t *testing.T) {
 	t.Parallel()
-	for _, wp := range windowPaths {
-		t.Run(wp.name, func(t *testing.T) {
-			t.Parallel()
-			testWindowReportLine(t, wp.opts...)
-		})
-	}
+	onWindowPaths(t, testWindowReportLine)
 }
 
 func testWindowReportLine(t *testing.T, path ...pipeline.WindowOption) {
@@ -1285,76 +1257,75 @@ func TestWindowInlineAgreesWithQueued(t *testing.T) {
 	}
 }
 
+// everySecond returns n events of value 1, one a second from 0 s, of keys 0, 1, 2 in turn.
+func everySecond(n int) []ev {
+	evs := make([]ev, n)
+	for i := range evs {
+		evs[i] = ev{Key: i % 3, T: tsec(float64(i)), V: 1}
+	}
+	return evs
+}
+
 // TestWindowPanicInFoldFailsTheRun: a panic in the aggregate fails the run under the
 // window stage's name, as a *PanicError, on both paths (inline, it runs in the
 // producer's goroutine), and the accounting adds up.
 func TestWindowPanicInFoldFailsTheRun(t *testing.T) {
 	t.Parallel()
-	for _, wp := range windowPaths {
-		t.Run(wp.name, func(t *testing.T) {
-			t.Parallel()
-			path := wp.opts
-			evs := make([]ev, 500)
-			for i := range evs {
-				evs[i] = ev{Key: i % 3, T: tsec(float64(i)), V: 1}
-			}
-			p := pipeline.New()
-			boom := pipeline.Fold(0, func(s int, e ev) int {
-				if e.T.Equal(tsec(300)) {
-					panic("boom")
-				}
-				return s + e.V
-			})
-			_, err := pipeline.Collect(t.Context(), pipeline.Window(pipeline.FromSlice(p, evs), pipeline.Tumbling(time.Minute), evKey, evTime, boom, path...))
-			se, ok := errors.AsType[*pipeline.StageError](err)
-			require.True(t, ok, "%v", err)
-			assert.Equal(t, "Window", se.Stage)
-			pe, ok := errors.AsType[*pipeline.PanicError](err)
-			require.True(t, ok, "%v", err)
-			assert.Equal(t, "boom", pe.Value)
-			rep := p.Report()
-			checkAccounting(t, rep)
-			s, _ := rep.Stage("Window")
-			assert.Positive(t, s.Failed)
-		})
-	}
+	onWindowPaths(t, testWindowPanicInFoldFailsTheRun)
+}
+
+func testWindowPanicInFoldFailsTheRun(t *testing.T, path ...pipeline.WindowOption) {
+	evs := everySecond(500)
+	p := pipeline.New()
+	boom := pipeline.Fold(0, func(s int, e ev) int {
+		if e.T.Equal(tsec(300)) {
+			panic("boom")
+		}
+		return s + e.V
+	})
+	_, err := pipeline.Collect(t.Context(), pipeline.Window(pipeline.FromSlice(p, evs), pipeline.Tumbling(time.Minute), evKey, evTime, boom, path...))
+	se, ok := errors.AsType[*pipeline.StageError](err)
+	require.True(t, ok, "%v", err)
+	assert.Equal(t, "Window", se.Stage)
+	pe, ok := errors.AsType[*pipeline.PanicError](err)
+	require.True(t, ok, "%v", err)
+	assert.Equal(t, "boom", pe.Value)
+	rep := p.Report()
+	checkAccounting(t, rep)
+	s, _ := rep.Stage("Window")
+	assert.Positive(t, s.Failed)
 }
 
 // TestWindowDrainsWithItsInput: a drained error budget upstream ends the window
 // stage's input; it fires every window it holds, on both paths.
 func TestWindowDrainsWithItsInput(t *testing.T) {
 	t.Parallel()
-	for _, wp := range windowPaths {
-		t.Run(wp.name, func(t *testing.T) {
-			t.Parallel()
-			path := wp.opts
-			evs := make([]ev, 2000)
-			for i := range evs {
-				evs[i] = ev{Key: i % 3, T: tsec(float64(i)), V: 1}
-			}
-			p := pipeline.New()
-			st := pipeline.NewStage("check", 1, func(_ context.Context, e ev) (ev, error) {
-				if e.T.After(tsec(700)) {
-					return e, pipeline.Permanent(errBoom)
-				}
-				return e, nil
-			}, discardDead[ev](), pipeline.WithErrorBudget(pipeline.Budget{MaxRatio: 0, MinSample: 1, Drain: true}))
-			res, err := pipeline.Collect(t.Context(), pipeline.Window(pipeline.Then(pipeline.FromSlice(p, evs), st), pipeline.Tumbling(time.Minute), evKey, evTime, sumAgg(), path...))
-			be, ok := errors.AsType[*pipeline.BudgetError](err)
-			require.True(t, ok, "%v", err)
-			assert.True(t, be.Drained)
-			rep := p.Report()
-			checkAccounting(t, rep)
-			s, _ := rep.Stage("Window")
-			n := 0
-			for _, r := range res {
-				n += r.Count
-			}
-			assert.Equal(t, int64(n), s.Succeeded, "every item folded is in a result")
-			assert.Equal(t, 701, n, "the items before the budget tripped")
-			assert.Zero(t, s.Windows.Open)
-		})
+	onWindowPaths(t, testWindowDrainsWithItsInput)
+}
+
+func testWindowDrainsWithItsInput(t *testing.T, path ...pipeline.WindowOption) {
+	evs := everySecond(2000)
+	p := pipeline.New()
+	st := pipeline.NewStage("check", 1, func(_ context.Context, e ev) (ev, error) {
+		if e.T.After(tsec(700)) {
+			return e, pipeline.Permanent(errBoom)
+		}
+		return e, nil
+	}, discardDead[ev](), pipeline.WithErrorBudget(pipeline.Budget{MaxRatio: 0, MinSample: 1, Drain: true}))
+	res, err := pipeline.Collect(t.Context(), pipeline.Window(pipeline.Then(pipeline.FromSlice(p, evs), st), pipeline.Tumbling(time.Minute), evKey, evTime, sumAgg(), path...))
+	be, ok := errors.AsType[*pipeline.BudgetError](err)
+	require.True(t, ok, "%v", err)
+	assert.True(t, be.Drained)
+	rep := p.Report()
+	checkAccounting(t, rep)
+	s, _ := rep.Stage("Window")
+	n := 0
+	for _, r := range res {
+		n += r.Count
 	}
+	assert.Equal(t, int64(n), s.Succeeded, "every item folded is in a result")
+	assert.Equal(t, 701, n, "the items before the budget tripped")
+	assert.Zero(t, s.Windows.Open)
 }
 
 // TestWindowOfWindows chains two windows (per-10-second sums, then per-minute sums of
@@ -1362,28 +1333,26 @@ func TestWindowDrainsWithItsInput(t *testing.T) {
 // the per-minute results are the sums of the input's minutes.
 func TestWindowOfWindows(t *testing.T) {
 	t.Parallel()
-	for _, wp := range windowPaths {
-		t.Run(wp.name, func(t *testing.T) {
-			t.Parallel()
-			path := wp.opts
-			rng := rand.New(rand.NewPCG(5, 5))
-			evs := stream(rng, 3000, 4, time.Second, 0)
-			p := pipeline.New()
-			tens := pipeline.Window(pipeline.FromSlice(p, evs), pipeline.Tumbling(10*time.Second), evKey, evTime, sumAgg(), with(path, pipeline.WithName("tens"))...)
-			mins, err := pipeline.Collect(t.Context(), pipeline.Window(tens, pipeline.Tumbling(time.Minute),
-				func(r pipeline.WindowResult[int, int]) int { return r.Key },
-				func(r pipeline.WindowResult[int, int]) time.Time { return r.Start },
-				pipeline.Fold(0, func(s int, r pipeline.WindowResult[int, int]) int { return s + r.Value }),
-				with(path, pipeline.WithName("minutes"))...))
-			require.NoError(t, err)
-			want, _ := model(winSpec{size: time.Minute, slide: time.Minute}, evs, 0, 0)
-			got := map[wkey]wval{}
-			for _, r := range mins {
-				w := want[wkey{r.Key, r.Start}]
-				got[wkey{r.Key, r.Start}] = wval{end: r.End, sum: r.Value, n: w.n}
-			}
-			assert.Equal(t, want, got)
-			checkAccounting(t, p.Report())
-		})
+	onWindowPaths(t, testWindowOfWindows)
+}
+
+func testWindowOfWindows(t *testing.T, path ...pipeline.WindowOption) {
+	rng := rand.New(rand.NewPCG(5, 5))
+	evs := stream(rng, 3000, 4, time.Second, 0)
+	p := pipeline.New()
+	tens := pipeline.Window(pipeline.FromSlice(p, evs), pipeline.Tumbling(10*time.Second), evKey, evTime, sumAgg(), with(path, pipeline.WithName("tens"))...)
+	mins, err := pipeline.Collect(t.Context(), pipeline.Window(tens, pipeline.Tumbling(time.Minute),
+		func(r pipeline.WindowResult[int, int]) int { return r.Key },
+		func(r pipeline.WindowResult[int, int]) time.Time { return r.Start },
+		pipeline.Fold(0, func(s int, r pipeline.WindowResult[int, int]) int { return s + r.Value }),
+		with(path, pipeline.WithName("minutes"))...))
+	require.NoError(t, err)
+	want, _ := model(winSpec{size: time.Minute, slide: time.Minute}, evs, 0, 0)
+	got := map[wkey]wval{}
+	for _, r := range mins {
+		w := want[wkey{r.Key, r.Start}]
+		got[wkey{r.Key, r.Start}] = wval{end: r.End, sum: r.Value, n: w.n}
 	}
+	assert.Equal(t, want, got)
+	checkAccounting(t, p.Report())
 }

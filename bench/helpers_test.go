@@ -140,6 +140,15 @@ func sampleHeap() (stop func() uint64) {
 	}
 }
 
+// watchHeap runs run with the heap watched (heapBaseline, then sampleHeap), and returns
+// its peak heap over the baseline in KiB, and run's error.
+func watchHeap(run func() error) (float64, error) {
+	base := heapBaseline()
+	stop := sampleHeap()
+	err := run()
+	return kib(stop(), base), err
+}
+
 // kib returns the growth from base to peak in KiB (0 when the heap shrank).
 func kib(peak, base uint64) float64 {
 	if peak < base {

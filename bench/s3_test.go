@@ -56,15 +56,7 @@ func s3Handwritten(ctx context.Context, ids []int, buf int) float64 {
 	start := time.Now()
 	g, ctx := errgroup.WithContext(ctx)
 	in, mid := make(chan int, buf), make(chan page, buf)
-	g.Go(func() error {
-		defer close(in)
-		for _, id := range ids {
-			if err := send(ctx, in, id); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	g.Go(func() error { return batchSource(ctx, ids, in) })
 	var fetchers sync.WaitGroup
 	for range s3FetchWorkers {
 		fetchers.Add(1)
@@ -149,10 +141,7 @@ func BenchmarkS3Staged(b *testing.B) {
 				wall := time.Since(start)
 				b.StopTimer()
 				rep := check(err)
-				base := heapBaseline()
-				stop := sampleHeap()
-				err = p.Run(b.Context())
-				peak := stop()
+				heapKiB, err := watchHeap(func() error { return p.Run(b.Context()) })
 				check(err)
 				fetch, _ := rep.Stage("fetch")
 				write, _ := rep.Stage("write")
@@ -161,7 +150,7 @@ func BenchmarkS3Staged(b *testing.B) {
 				f.add("handwritten-items/s", handwritten)
 				f.add("peak-q1", float64(fetch.PeakQueue))
 				f.add("peak-q2", float64(write.PeakQueue))
-				f.add("peak-heap-KiB", kib(peak, base))
+				f.add("peak-heap-KiB", heapKiB)
 				b.StartTimer()
 			}
 			f.report(b)

@@ -63,15 +63,12 @@ func BenchmarkS4SlowConsumer(b *testing.B) {
 				b.StopTimer()
 				check := func(err error) pipeline.Report { return checkAll(b, p, err, &consumed, s4Records) }
 				rep := check(err)
-				base := heapBaseline()
-				stop := sampleHeap()
-				err = p.Run(b.Context())
-				peak := stop()
+				heapKiB, err := watchHeap(func() error { return p.Run(b.Context()) })
 				check(err)
 				b.StartTimer()
 				consume, _ := rep.Stage("consume")
 				f.add("peak-queued", float64(consume.PeakQueue))
-				f.add("peak-heap-KiB", kib(peak, base))
+				f.add("peak-heap-KiB", heapKiB)
 				f.add("wall-s", wall.Seconds())
 			}
 			f.report(b)

@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"runtime"
-	"sync"
 
 	"golang.org/x/sync/errgroup"
 )
@@ -47,35 +46,25 @@ func chunkedHandwritten[In, Out any](ctx context.Context, items []In, workers in
 		return nil
 	})
 	done := make(chan outChunk[Out], 1)
-	var wg sync.WaitGroup
-	wg.Add(workers)
-	for range workers {
-		g.Go(func() error {
-			defer wg.Done()
-			for c := range src {
-				var buf []Out
-				select {
-				case buf = <-free:
-				default:
-					buf = make([]Out, 0, s5Chunk)
-				}
-				for _, v := range items[c*s5Chunk : min((c+1)*s5Chunk, len(items))] {
-					w, err := fn(ctx, v)
-					if err != nil {
-						return err
-					}
-					buf = append(buf, w)
-				}
-				if err := send(ctx, done, outChunk[Out]{c, buf}); err != nil {
+	goWorkers(g, workers, done, func() error {
+		for c := range src {
+			var buf []Out
+			select {
+			case buf = <-free:
+			default:
+				buf = make([]Out, 0, s5Chunk)
+			}
+			for _, v := range items[c*s5Chunk : min((c+1)*s5Chunk, len(items))] {
+				w, err := fn(ctx, v)
+				if err != nil {
 					return err
 				}
+				buf = append(buf, w)
 			}
-			return nil
-		})
-	}
-	g.Go(func() error {
-		wg.Wait()
-		close(done)
+			if err := send(ctx, done, outChunk[Out]{c, buf}); err != nil {
+				return err
+			}
+		}
 		return nil
 	})
 	g.Go(func() error {

@@ -111,15 +111,7 @@ func s5Observed(ctx context.Context, sh s5Shape, items []int) (int, error) {
 func s5Handwritten(ctx context.Context, sh s5Shape, items []int) (int, error) {
 	g, ctx := errgroup.WithContext(ctx)
 	src := make(chan int, s5Buffer)
-	g.Go(func() error {
-		defer close(src)
-		for _, v := range items {
-			if err := send(ctx, src, v); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	g.Go(func() error { return batchSource(ctx, items, src) })
 	var in <-chan int = src
 	for range sh.stages {
 		in = handwrittenStage(ctx, g, sh.workers, in)
@@ -139,26 +131,16 @@ func s5Handwritten(ctx context.Context, sh s5Shape, items []int) (int, error) {
 // which it closes once every worker is done.
 func handwrittenStage(ctx context.Context, g *errgroup.Group, workers int, in <-chan int) <-chan int {
 	out := make(chan int, s5Buffer)
-	var wg sync.WaitGroup
-	wg.Add(workers)
-	for range workers {
-		g.Go(func() error {
-			defer wg.Done()
-			for v := range in {
-				w, err := identity(ctx, v)
-				if err != nil {
-					return err
-				}
-				if err := send(ctx, out, w); err != nil {
-					return err
-				}
+	goWorkers(g, workers, out, func() error {
+		for v := range in {
+			w, err := identity(ctx, v)
+			if err != nil {
+				return err
 			}
-			return nil
-		})
-	}
-	g.Go(func() error {
-		wg.Wait()
-		close(out)
+			if err := send(ctx, out, w); err != nil {
+				return err
+			}
+		}
 		return nil
 	})
 	return out
@@ -176,15 +158,7 @@ func handwrittenStage(ctx context.Context, g *errgroup.Group, workers int, in <-
 func s5Conc(ctx context.Context, sh s5Shape, items []int) (int, error) {
 	g := pool.New().WithContext(ctx).WithCancelOnError().WithFirstError()
 	src := make(chan int, s5Buffer)
-	g.Go(func(ctx context.Context) error {
-		defer close(src)
-		for _, v := range items {
-			if err := send(ctx, src, v); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	g.Go(func(ctx context.Context) error { return batchSource(ctx, items, src) })
 	var in <-chan int = src
 	for range sh.stages {
 		in = concStage(g, sh.workers, in)
@@ -329,26 +303,16 @@ func orderedHandwritten[In, Out any](ctx context.Context, items []In, workers, w
 		return nil
 	})
 	done := make(chan seqItem[Out], s5Buffer)
-	var wg sync.WaitGroup
-	wg.Add(workers)
-	for range workers {
-		g.Go(func() error {
-			defer wg.Done()
-			for it := range src {
-				w, err := fn(ctx, it.v)
-				if err != nil {
-					return err
-				}
-				if err := send(ctx, done, seqItem[Out]{it.seq, w}); err != nil {
-					return err
-				}
+	goWorkers(g, workers, done, func() error {
+		for it := range src {
+			w, err := fn(ctx, it.v)
+			if err != nil {
+				return err
 			}
-			return nil
-		})
-	}
-	g.Go(func() error {
-		wg.Wait()
-		close(done)
+			if err := send(ctx, done, seqItem[Out]{it.seq, w}); err != nil {
+				return err
+			}
+		}
 		return nil
 	})
 	out := make(chan Out, s5Buffer)
@@ -437,7 +401,26 @@ func s5BatchPipeline(ctx context.Context, items []int) (s5Count, error) {
 // The three goroutines of the hand-written batch shape, shared by the errgroup and the
 // conc versions so that they differ only in the group that runs them.
 
-// batchSource sends items on out, then closes it.
+// goWorkers runs work in workers goroutines of g, and closes out, the channel they send
+// on, once the last of them has returned.
+func goWorkers[T any](g *errgroup.Group, workers int, out chan T, work func() error) {
+	var wg sync.WaitGroup
+	wg.Add(workers)
+	for range workers {
+		g.Go(func() error {
+			defer wg.Done()
+			return work()
+		})
+	}
+	g.Go(func() error {
+		wg.Wait()
+		close(out)
+		return nil
+	})
+}
+
+// batchSource sends items on out, then closes it: the source goroutine of every
+// hand-written shape.
 func batchSource(ctx context.Context, items []int, out chan<- int) error {
 	defer close(out)
 	for _, v := range items {

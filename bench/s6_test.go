@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/gopipeline/pipeline"
+	"github.com/gopipeline/pipeline/internal/scenario"
 	pgpipe "github.com/gopipeline/pipeline/postgres"
 )
 
@@ -43,13 +44,7 @@ var s6Columns = []string{"id", "name", "score"}
 func s6Values(r s6Row) []any { return []any{r.ID, r.Name, r.Score} }
 
 func BenchmarkS6Postgres(b *testing.B) {
-	url := os.Getenv("DATABASE_URL")
-	if url == "" {
-		if os.Getenv("CI") == "true" {
-			b.Fatal("DATABASE_URL is not set: CI must start PostgreSQL (scripts/postgres.sh start)")
-		}
-		b.Skip("no PostgreSQL: run  export DATABASE_URL=$(scripts/postgres.sh start)  first")
-	}
+	url := scenario.DatabaseURL(b)
 	ctx := context.Background()
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/gopipeline/pipeline"
+	"github.com/gopipeline/pipeline/internal/scenario"
 	"github.com/gopipeline/pipeline/kafka"
 	"github.com/gopipeline/pipeline/kafka/kafkapg"
 	pgpipe "github.com/gopipeline/pipeline/postgres"
@@ -94,13 +95,7 @@ type s8PG struct {
 // DATABASE_URL, or fails it with CI=true.
 func newS8PG(b *testing.B) *s8PG {
 	b.Helper()
-	url := os.Getenv("DATABASE_URL")
-	if url == "" {
-		if os.Getenv("CI") == "true" {
-			b.Fatal("DATABASE_URL is not set: CI must start PostgreSQL (scripts/postgres.sh start)")
-		}
-		b.Skip("no PostgreSQL: run  export DATABASE_URL=$(scripts/postgres.sh start)  first")
-	}
+	url := scenario.DatabaseURL(b)
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {

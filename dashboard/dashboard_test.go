@@ -23,10 +23,7 @@ import (
 
 func TestRoutes(t *testing.T) {
 	t.Parallel()
-	p := demo(100)
-	require.NoError(t, p.Run(t.Context()))
-	h := newHandler(t)
-	h.Add("etl", p)
+	_, h := ranDemo(t, 100)
 	mux := http.NewServeMux()
 	mux.Handle("/debug/pipeline/", h)
 	mux.Handle("/stripped/", http.StripPrefix("/stripped", h))
@@ -64,10 +61,7 @@ func TestRoutes(t *testing.T) {
 
 func TestPage(t *testing.T) {
 	t.Parallel()
-	p := demo(200)
-	require.NoError(t, p.Run(t.Context()))
-	h := newHandler(t)
-	h.Add("etl", p)
+	p, h := ranDemo(t, 200)
 	page := body(t, get(t, h, "GET", "/"))
 	for _, s := range p.Report().Stages {
 		assert.Regexp(t, `<g class="stage( bottleneck)?" data-stage="`+s.Name+`"`, page, "a node for %s", s.Name)
@@ -115,11 +109,8 @@ func TestPageEmpty(t *testing.T) {
 // report they come from.
 func TestJSONSchema(t *testing.T) {
 	t.Parallel()
-	p := demo(300)
-	require.NoError(t, p.Run(t.Context()))
+	p, h := ranDemo(t, 300, WithInterval(2*time.Second))
 	rep := p.Report()
-	h := newHandler(t, WithInterval(2*time.Second))
-	h.Add("etl", p)
 	res := get(t, h, "GET", "/data.json")
 	var d map[string]any
 	require.NoError(t, json.Unmarshal([]byte(body(t, res)), &d))

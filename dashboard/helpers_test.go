@@ -162,6 +162,17 @@ func reportOf(work *pipeline.Stage[int, int]) pipeline.Report {
 	return r
 }
 
+// ranDemo runs demo(n) and returns it with a handler (newHandler, with opts) that shows
+// it as "etl".
+func ranDemo(t *testing.T, n int, opts ...Option) (*pipeline.Pipeline, *Handler) {
+	t.Helper()
+	p := demo(n)
+	require.NoError(t, p.Run(t.Context()))
+	h := newHandler(t, opts...)
+	h.Add("etl", p)
+	return p, h
+}
+
 // newHandler returns New(opts...), closed when the test ends: with history, the
 // handler refreshes in the background from its first Add until Close.
 func newHandler(t *testing.T, opts ...Option) *Handler {

@@ -4,6 +4,7 @@ import (
 	"embed"
 	"html/template"
 	"math"
+	"slices"
 	"strconv"
 	"time"
 )
@@ -34,47 +35,16 @@ var (
 	viewTemplate = templates.Lookup("view")
 )
 
-func hasErrors(d pipelineJSON) bool {
-	for _, s := range d.Stages {
-		if len(s.Errors) > 0 {
-			return true
-		}
-	}
-	return false
+// anyStage reports whether a stage of d has what has tells: the page shows a section
+// only for a pipeline some of whose stages have something in it.
+func anyStage(has func(stageJSON) bool) func(pipelineJSON) bool {
+	return func(d pipelineJSON) bool { return slices.ContainsFunc(d.Stages, has) }
 }
 
-func hasControls(d pipelineJSON) bool {
-	for _, s := range d.Stages {
-		if s.Breaker != nil || s.LimitHistory != nil || s.Throttled > 0 {
-			return true
-		}
-	}
-	return false
-}
-
-func hasCounters(d pipelineJSON) bool {
-	for _, s := range d.Stages {
-		if len(s.Counters) > 0 {
-			return true
-		}
-	}
-	return false
-}
-
-func hasLag(d pipelineJSON) bool {
-	for _, s := range d.Stages {
-		if s.Lag != nil {
-			return true
-		}
-	}
-	return false
-}
-
-func hasCauses(d pipelineJSON) bool {
-	for _, s := range d.Stages {
-		if len(s.Causes) > 0 {
-			return true
-		}
-	}
-	return false
-}
+var (
+	hasErrors   = anyStage(func(s stageJSON) bool { return len(s.Errors) > 0 })
+	hasControls = anyStage(func(s stageJSON) bool { return s.Breaker != nil || s.LimitHistory != nil || s.Throttled > 0 })
+	hasCounters = anyStage(func(s stageJSON) bool { return len(s.Counters) > 0 })
+	hasLag      = anyStage(func(s stageJSON) bool { return s.Lag != nil })
+	hasCauses   = anyStage(func(s stageJSON) bool { return len(s.Causes) > 0 })
+)

@@ -104,9 +104,7 @@ func TestInProgress(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			ctx := t.Context()
-			srv := startServer(t)
-			_, js := connect(t, srv.url())
-			cons := setup(ctx, t, js, ackWait, 100)
+			js, cons := newConsumer(t, ackWait, 100)
 			publish(ctx, t, js, n)
 			p := pipeline.New()
 			src := jetstream.NewSource(cons, itemCodec{}, tc.opts...)
@@ -120,10 +118,7 @@ func TestInProgress(t *testing.T) {
 				}
 				return v, nil
 			}))
-			pipeline.To(work, pipeline.NewSink("count", 1, func(context.Context, item) error {
-				done.Add(1)
-				return nil
-			}))
+			pipeline.To(work, countItems(&done))
 			errc := make(chan error, 1)
 			go func() { errc <- p.Run(ctx) }()
 			if tc.redelive {
@@ -154,9 +149,7 @@ func TestHandBack(t *testing.T) {
 	t.Parallel()
 	const n = 200
 	ctx := t.Context()
-	srv := startServer(t)
-	_, js := connect(t, srv.url())
-	cons := setup(ctx, t, js, 30*time.Second, 100)
+	js, cons := newConsumer(t, 30*time.Second, 100)
 	publish(ctx, t, js, n)
 	_, err := js.Publish(ctx, "in.short", []byte{1, 2})
 	require.NoError(t, err)
@@ -208,9 +201,7 @@ func TestShutdown(t *testing.T) {
 			t.Parallel()
 			const n = 1000
 			ctx := t.Context()
-			srv := startServer(t)
-			_, js := connect(t, srv.url())
-			cons := setup(ctx, t, js, time.Hour, 500)
+			js, cons := newConsumer(t, time.Hour, 500)
 			publish(ctx, t, js, n)
 			p := pipeline.New()
 			src := jetstream.NewSource(cons, itemCodec{}, jetstream.WithPullSize(50))
@@ -225,10 +216,7 @@ func TestShutdown(t *testing.T) {
 				}
 				return v, nil
 			}))
-			pipeline.To(work, pipeline.NewSink("count", 1, func(context.Context, item) error {
-				committed.Add(1)
-				return nil
-			}))
+			pipeline.To(work, countItems(&committed))
 			rctx, cancel := context.WithCancel(ctx)
 			defer cancel()
 			errc := make(chan error, 1)

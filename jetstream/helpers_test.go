@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"net"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
+	"github.com/gopipeline/pipeline"
 	"github.com/gopipeline/pipeline/internal/scenario"
 )
 
@@ -91,6 +93,14 @@ func setup(ctx context.Context, t *testing.T, js natsjs.JetStream, ackWait time.
 	return cons
 }
 
+// newConsumer starts a server (startServer), connects to it and sets its stream and
+// consumer up (setup, with ackWait and maxAck).
+func newConsumer(t *testing.T, ackWait time.Duration, maxAck int) (natsjs.JetStream, natsjs.Consumer) {
+	t.Helper()
+	_, js := connect(t, startServer(t).url())
+	return js, setup(t.Context(), t, js, ackWait, maxAck)
+}
+
 // publish puts n messages into IN: message i is 100 bytes starting with i in binary.
 func publish(ctx context.Context, t *testing.T, js natsjs.JetStream, n int) {
 	t.Helper()
@@ -148,6 +158,14 @@ func msgs(ctx context.Context, t *testing.T, js natsjs.JetStream, stream string)
 	info, err := s.Info(ctx)
 	require.NoError(t, err)
 	return info.State.Msgs
+}
+
+// countItems returns a sink "count" that counts its items in n.
+func countItems(n *atomic.Int64) *pipeline.Stage[item, struct{}] {
+	return pipeline.NewSink("count", 1, func(context.Context, item) error {
+		n.Add(1)
+		return nil
+	})
 }
 
 // eventually polls cond against the server, every 20 ms, for at most limit.

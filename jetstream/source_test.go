@@ -33,9 +33,7 @@ func TestDeletedConsumerFailsRun(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			ctx := t.Context()
-			srv := startServer(t)
-			_, js := connect(t, srv.url())
-			cons := setup(ctx, t, js, 30*time.Second, 1000)
+			js, cons := newConsumer(t, 30*time.Second, 1000)
 			n := 5
 			if tc.busy {
 				n = 2000 // far more than the pipeline and the source's buffer hold
@@ -54,10 +52,7 @@ func TestDeletedConsumerFailsRun(t *testing.T) {
 				}
 				return v, nil
 			}))
-			pipeline.To(work, pipeline.NewSink("count", 1, func(context.Context, item) error {
-				done.Add(1)
-				return nil
-			}))
+			pipeline.To(work, countItems(&done))
 			rctx, cancel := context.WithTimeout(ctx, 30*time.Second) // the failure guard
 			defer cancel()
 			errc := make(chan error, 1)
@@ -103,9 +98,7 @@ func TestSlowStageNoRedelivery(t *testing.T) {
 		workers = 8
 	)
 	ctx := t.Context()
-	srv := startServer(t)
-	_, js := connect(t, srv.url())
-	cons := setup(ctx, t, js, ackWait, 1000)
+	js, cons := newConsumer(t, ackWait, 1000)
 	publish(ctx, t, js, n)
 	p := pipeline.New()
 	// The default pull size; InProgress more often than the default third of AckWait,
@@ -125,10 +118,7 @@ func TestSlowStageNoRedelivery(t *testing.T) {
 		}
 		return v, nil
 	}, pipeline.WithBuffer(4))) // the pipeline holds some 12 items: the rest wait for it
-	pipeline.To(work, pipeline.NewSink("count", 1, func(context.Context, item) error {
-		done.Add(1)
-		return nil
-	}))
+	pipeline.To(work, countItems(&done))
 	rctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	errc := make(chan error, 1)
@@ -171,9 +161,7 @@ func TestStreamReportsNumPendingAsLag(t *testing.T) {
 	t.Parallel()
 	const n = 200
 	ctx := t.Context()
-	srv := startServer(t)
-	_, js := connect(t, srv.url())
-	cons := setup(ctx, t, js, time.Minute, 1000)
+	js, cons := newConsumer(t, time.Minute, 1000)
 	publish(ctx, t, js, n)
 	src := jetstream.NewSource(cons, itemCodec{}, jetstream.WithPullSize(20), jetstream.WithMaxPending(10))
 	gate := make(chan struct{})

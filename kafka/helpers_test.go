@@ -3,7 +3,6 @@ package kafka_test
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"strconv"
 	"sync"
 	"testing"
@@ -40,6 +39,18 @@ func newCluster(t *testing.T) *kfake.Cluster {
 	t.Cleanup(c.Close)
 	return c
 }
+
+// clusterWithIDs starts a cluster (newCluster) whose topic in holds the records
+// 0 ... n-1 (produceIDs), and returns it with the test's context.
+func clusterWithIDs(t *testing.T, n int) (context.Context, *kfake.Cluster) {
+	t.Helper()
+	c := newCluster(t)
+	produceIDs(t.Context(), t, c, inTopic, n)
+	return t.Context(), c
+}
+
+// runAsync runs p in a goroutine; the channel gives its error.
+var runAsync = scenario.Start
 
 // consumerOpts are the client options of a test's consumer: short sessions and
 // heartbeats, so that rebalances take a fraction of a second.
@@ -98,19 +109,27 @@ func produceIDsWith(ctx context.Context, t *testing.T, cl *kgo.Client, topic str
 
 func valueOf(i int) []byte { return binary.BigEndian.AppendUint64(nil, uint64(i)) }
 
-// idCodec decodes valueOf's format; any other length is an error.
-type idCodec struct{}
+// idCodec decodes valueOf's format; any other length is an error (errNotAnID).
+type idCodec = scenario.IDCodec[int]
 
-var errNotAnID = errors.New("not an 8-byte id")
+var errNotAnID = scenario.ErrNotAnID
 
-func (idCodec) Marshal(v int) ([]byte, error) { return valueOf(v), nil }
+// idOf decodes r's value (idCodec).
+func idOf(t *testing.T, r *kgo.Record) int {
+	t.Helper()
+	var id int
+	require.NoError(t, idCodec{}.Unmarshal(r.Value, &id))
+	return id
+}
 
-func (idCodec) Unmarshal(data []byte, v *int) error {
-	if len(data) != 8 {
-		return errNotAnID
+// countIDs counts the records of each id (idOf).
+func countIDs(t *testing.T, recs []*kgo.Record) map[int]int {
+	t.Helper()
+	seen := map[int]int{}
+	for _, r := range recs {
+		seen[idOf(t, r)]++
 	}
-	*v = int(binary.BigEndian.Uint64(data))
-	return nil
+	return seen
 }
 
 // readTopic returns every record of topic, reading until each partition's end.

@@ -7,11 +7,9 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -20,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/gopipeline/pipeline"
+	"github.com/gopipeline/pipeline/internal/scenario"
 	"github.com/gopipeline/pipeline/kafka"
 )
 
@@ -128,50 +127,23 @@ var killRuns atomic.Int64
 
 // killChild is a member process of the kill test.
 type killChild struct {
-	cmd   *exec.Cmd
-	stdin io.WriteCloser
+	*scenario.Child
 	ready chan error // gets nil once the child said ready, or why it did not
-	done  chan error // gets the child's exit
 }
 
 func startKillChild(t *testing.T, brokers, mode, id string) *killChild {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), killChildEnv+"="+brokers, killIDEnv+"="+id, killModeEnv+"="+mode)
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	require.NoError(t, err)
-	out, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	k := &killChild{cmd: cmd, stdin: stdin, ready: make(chan error, 1), done: make(chan error, 1)}
-	go func() {
+	ready := make(chan error, 1)
+	c := scenario.StartChild(t, func(out io.Reader) {
 		r := bufio.NewReader(out)
 		line, err := r.ReadString('\n')
 		if err == nil && strings.TrimSpace(line) != "ready" {
 			err = fmt.Errorf("child %s said %q", id, line)
 		}
-		k.ready <- err
+		ready <- err
 		_, _ = io.Copy(io.Discard, r)
-		k.done <- cmd.Wait()
-	}()
-	return k
-}
-
-// kill SIGKILLs the child and waits for it.
-func (k *killChild) kill(t *testing.T) {
-	t.Helper()
-	require.NoError(t, k.cmd.Process.Signal(syscall.SIGKILL))
-	err := <-k.done
-	var ee *exec.ExitError
-	require.ErrorAs(t, err, &ee, "the child's exit")
-}
-
-// stop closes the child's input (it stops gracefully) and waits for its exit.
-func (k *killChild) stop(t *testing.T) {
-	t.Helper()
-	require.NoError(t, k.stdin.Close())
-	require.NoError(t, <-k.done)
+	}, killChildEnv+"="+brokers, killIDEnv+"="+id, killModeEnv+"="+mode)
+	return &killChild{Child: c, ready: ready}
 }
 
 // TestSIGKILLedMembersOutputEveryRecord runs three member processes of one group,
@@ -249,7 +221,7 @@ func testKills(t *testing.T, mode string, records, kills int) {
 			extra = startKillChild(t, brokers, mode, "x"+strconv.Itoa(k))
 			joins++
 		case k%3 == 0 && extra != nil:
-			extra.stop(t)
+			extra.Stop(t)
 			extra = nil
 		}
 		// A member is ready once it committed a few times, so it needs records of its
@@ -274,7 +246,7 @@ func testKills(t *testing.T, mode string, records, kills int) {
 		}
 		tick.Stop()
 		limit.Stop()
-		children[i].kill(t)
+		children[i].Kill(t)
 		children[i] = startKillChild(t, brokers, mode, ids[i])
 	}
 	if extra != nil {
@@ -289,7 +261,7 @@ func testKills(t *testing.T, mode string, records, kills int) {
 		return assert.ObjectsAreEqual(ends, committedOffsets(ctx, t, c, killGroup, inTopic))
 	})
 	for _, ch := range children {
-		ch.stop(t)
+		ch.Stop(t)
 	}
 	failed := 0
 	for id := range n {
@@ -305,8 +277,7 @@ func testKills(t *testing.T, mode string, records, kills int) {
 	}
 	out := map[int]int{}
 	for _, r := range recs {
-		var id int
-		require.NoError(t, idCodec{}.Unmarshal(r.Value, &id))
+		id := idOf(t, r)
 		require.False(t, killFails(id), "record %d failed, and has an output", id)
 		out[id]++
 	}
@@ -316,8 +287,7 @@ func testKills(t *testing.T, mode string, records, kills int) {
 	}
 	dead := map[int]int{}
 	for _, r := range readTopic(ctx, t, c, deadTopic) {
-		var id int
-		require.NoError(t, idCodec{}.Unmarshal(r.Value, &id))
+		id := idOf(t, r)
 		require.True(t, killFails(id), "record %d has a dead letter, and did not fail", id)
 		require.Equal(t, "check", header(r, kafka.HeaderStage), "the dead letter of %d", id)
 		require.Equal(t, errInjected.Error(), header(r, kafka.HeaderError), "the dead letter of %d", id)

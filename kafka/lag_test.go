@@ -22,9 +22,7 @@ import (
 func TestStatsLagFollowsHighWatermarkAndCommits(t *testing.T) {
 	t.Parallel()
 	const n = 1200
-	ctx := t.Context()
-	c := newCluster(t)
-	produceIDs(ctx, t, c, inTopic, n)
+	ctx, c := clusterWithIDs(t, n)
 	src := kafka.NewSource(consumerOpts(c), "lag", []string{inTopic}, idCodec{},
 		kafka.WithMaxPending(2*n), kafka.WithCommitInterval(50*time.Millisecond))
 	var mu sync.Mutex

@@ -105,19 +105,7 @@ func TestReassignedPartitionStartsWithoutWatermark(t *testing.T) {
 }
 
 // u64Codec decodes 8 big-endian bytes; any other length is an error.
-type u64Codec struct{}
-
-func (u64Codec) Marshal(v int) ([]byte, error) {
-	return binary.BigEndian.AppendUint64(nil, uint64(v)), nil
-}
-
-func (u64Codec) Unmarshal(d []byte, v *int) error {
-	if len(d) != 8 {
-		return errors.New("not 8 bytes")
-	}
-	*v = int(binary.BigEndian.Uint64(d))
-	return nil
-}
+type u64Codec = scenario.IDCodec[int]
 
 // dueSession returns a session whose partitions a and b each have one record waiting
 // for a retry that is due.
@@ -133,6 +121,17 @@ func dueSession() (ss *session[int], a, b *entry) {
 		ss.held++
 	}
 	return ss, a, b
+}
+
+// checkTwelveEmittedAgain settles e, the entry of record 12 whose message a prospect
+// held back: it must wait to be emitted again, and not count as committed.
+func checkTwelveEmittedAgain(t *testing.T, ss *session[int], e *entry) {
+	t.Helper()
+	ss.settle(e, pipeline.Settlement{Outcome: pipeline.Committed})
+	assert.Equal(t, waitingRetry, e.state, "12 waits to be emitted again")
+	require.Len(t, ss.retries, 1)
+	assert.Same(t, e, ss.retries[0].e)
+	assert.Zero(t, ss.s.committed.Load(), "12 is not counted committed")
 }
 
 // pendingSession returns a session whose partition tp has the records from ... to-1

@@ -94,9 +94,7 @@ func TestGroupSharesPartitionsThroughRebalances(t *testing.T) {
 func testGroupShares(t *testing.T, revokeWait time.Duration) {
 	t.Helper()
 	const n = 12000
-	ctx := t.Context()
-	c := newCluster(t)
-	produceIDs(ctx, t, c, inTopic, n)
+	ctx, c := clusterWithIDs(t, n)
 	out := newOutput()
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
@@ -179,9 +177,7 @@ func testGroupShares(t *testing.T, revokeWait time.Duration) {
 func TestLostPartitionsAreRedone(t *testing.T) {
 	t.Parallel()
 	const n = 4000
-	ctx := t.Context()
-	c := newCluster(t)
-	produceIDs(ctx, t, c, inTopic, n)
+	ctx, c := clusterWithIDs(t, n)
 	out := newOutput()
 	src := kafka.NewSource(consumerOpts(c), "lose", []string{inTopic}, idCodec{},
 		kafka.WithMaxPending(300), kafka.WithCommitInterval(50*time.Millisecond))

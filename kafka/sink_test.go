@@ -41,8 +41,7 @@ func TestSinkProducesKeysAndHeaders(t *testing.T) {
 	last := map[string]int{}
 	partitionOf := map[string]int32{}
 	for _, r := range recs {
-		var id int
-		require.NoError(t, idCodec{}.Unmarshal(r.Value, &id))
+		id := idOf(t, r)
 		key := string(r.Key)
 		assert.Equal(t, "g"+strconv.Itoa(id%5), key)
 		assert.Equal(t, strconv.Itoa(id), header(r, "id"))

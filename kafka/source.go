@@ -1491,11 +1491,18 @@ func (ss *session[T]) lost(_ context.Context, _ *kgo.Client, lost map[string][]i
 	defer ss.commitMu.Unlock()
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	for topic, partitions := range lost {
+	ss.dropPartsLocked(lost, &ss.s.lost)
+}
+
+// dropPartsLocked ends the live assignments of the partitions in m, none of whose
+// records can be committed now: their settled records count as uncommitted, and ended
+// counts the partitions.
+func (ss *session[T]) dropPartsLocked(m map[string][]int32, ended *atomic.Int64) {
+	for topic, partitions := range m {
 		for _, n := range partitions {
 			if p := ss.parts[TopicPartition{topic, n}]; p != nil && p.live {
 				ss.s.uncommitted.Add(p.uncommitted() + ss.endPartLocked(p))
-				ss.s.lost.Add(1)
+				ended.Add(1)
 			}
 		}
 	}

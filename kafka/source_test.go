@@ -21,27 +21,16 @@ import (
 	"github.com/gopipeline/pipeline/kafka"
 )
 
-// runAsync runs p in a goroutine; the channel gives its error.
-func runAsync(ctx context.Context, p *pipeline.Pipeline) <-chan error {
-	errc := make(chan error, 1)
-	go func() { errc <- p.Run(ctx) }()
-	return errc
-}
-
 // TestSourceSettlesEachRecordOnce consumes 2,000 records on 12 partitions with one
 // member through a stage of 4 workers (items settle out of order): every record
 // reaches the sink once, and the graceful stop commits each partition's end.
 func TestSourceSettlesEachRecordOnce(t *testing.T) {
 	t.Parallel()
 	const n = 2000
-	ctx := t.Context()
-	c := newCluster(t)
-	produceIDs(ctx, t, c, inTopic, n)
+	ctx, c := clusterWithIDs(t, n)
 	src := kafka.NewSource(consumerOpts(c), "once", []string{inTopic}, idCodec{}, kafka.WithMaxPending(100))
 	p := pipeline.New()
-	work := pipeline.Then(src.Stream(p), pipeline.NewStage("work", 4, func(_ context.Context, m kafka.Message[int]) (int, error) {
-		return m.Value, nil
-	}))
+	work := workValues(p, src)
 	runOnce(ctx, t, p, work, src, 2, n)
 	st := src.Stats()
 	assert.Equal(t, int64(n), st.Committed)
@@ -56,23 +45,15 @@ func TestSourceSettlesEachRecordOnce(t *testing.T) {
 func TestStopCommitsEverySettledRecord(t *testing.T) {
 	t.Parallel()
 	const n = 3000
-	ctx := t.Context()
-	c := newCluster(t)
-	produceIDs(ctx, t, c, inTopic, n)
-	var mu sync.Mutex
-	seen := map[int]int{}
+	ctx, c := clusterWithIDs(t, n)
+	seen := newTally()
 	run := func(stopAt int) kafka.Stats {
 		src := kafka.NewSource(consumerOpts(c), "halves", []string{inTopic}, idCodec{}, kafka.WithMaxPending(200))
 		p := pipeline.New()
-		work := pipeline.Then(src.Stream(p), pipeline.NewStage("work", 4, func(_ context.Context, m kafka.Message[int]) (int, error) {
-			return m.Value, nil
-		}))
+		work := workValues(p, src)
 		var count atomic.Int64
 		pipeline.To(work, pipeline.NewSink("count", 1, func(_ context.Context, id int) error {
-			mu.Lock()
-			seen[id]++
-			total := len(seen)
-			mu.Unlock()
+			total := seen.add(id)
 			if count.Add(1) == int64(stopAt) || total == n {
 				src.Stop()
 			}
@@ -84,12 +65,9 @@ func TestStopCommitsEverySettledRecord(t *testing.T) {
 		return src.Stats()
 	}
 	first := run(n / 3)
-	assert.Less(t, len(seen), n, "the first run stopped early")
+	assert.Less(t, len(seen.n), n, "the first run stopped early")
 	second := run(n + 1)
-	require.Len(t, seen, n)
-	for id, k := range seen {
-		require.Equal(t, 1, k, "record %d reached the sink %d times", id, k)
-	}
+	seen.checkOnce(t, n)
 	assert.Equal(t, endOffsets(ctx, t, c, inTopic), committedOffsets(ctx, t, c, "halves", inTopic))
 	t.Logf("first %+v", first)
 	t.Logf("second %+v", second)
@@ -193,9 +171,7 @@ func header(r *kgo.Record, key string) string {
 func TestHandedBackRecordIsRetriedInPlace(t *testing.T) {
 	t.Parallel()
 	const n = 48
-	ctx := t.Context()
-	c := newCluster(t)
-	produceIDs(ctx, t, c, inTopic, n)
+	ctx, c := clusterWithIDs(t, n)
 	src := kafka.NewSource(consumerOpts(c), "back", []string{inTopic}, idCodec{})
 	p := pipeline.New()
 	var failures atomic.Int64
@@ -250,9 +226,7 @@ func TestMissingTopicFailsRun(t *testing.T) {
 // fails with a GroupError that names it, instead of retrying for ever.
 func TestGroupAuthorizationFailureFailsRun(t *testing.T) {
 	t.Parallel()
-	ctx := t.Context()
-	c := newCluster(t)
-	produceIDs(ctx, t, c, inTopic, 12)
+	ctx, c := clusterWithIDs(t, 12)
 	c.Fault(kfake.Fault{Group: "forbidden", Err: kerr.GroupAuthorizationFailed, Count: -1})
 	src := kafka.NewSource(consumerOpts(c), "forbidden", []string{inTopic}, idCodec{})
 	p := pipeline.New()
@@ -315,14 +289,10 @@ func TestNewSourcePanicsOnMissingArguments(t *testing.T) {
 	}
 }
 
-// TestDeadLetterSettlesOnlyOnceProduced sets a record aside while its dead-letter topic
-// does not exist: the produce fails, the record stays unsettled and holds its
-// partition's committed offset while the records after it are committed; once the
-// topic exists, the record's next attempt is produced and the offset passes it.
-func TestDeadLetterSettlesOnlyOnceProduced(t *testing.T) {
-	t.Parallel()
-	ctx := t.Context()
-	c := newCluster(t)
+// produceJunkAtTwo writes the records 0 ... 5 to partition 0 of the topic in, record 2
+// a value the codec cannot decode.
+func produceJunkAtTwo(ctx context.Context, t *testing.T, c *kfake.Cluster) {
+	t.Helper()
 	prod := newClient(t, c, kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	var recs []*kgo.Record
 	for i := range 6 {
@@ -333,6 +303,17 @@ func TestDeadLetterSettlesOnlyOnceProduced(t *testing.T) {
 		recs = append(recs, r)
 	}
 	require.NoError(t, prod.ProduceSync(ctx, recs...).FirstErr())
+}
+
+// TestDeadLetterSettlesOnlyOnceProduced sets a record aside while its dead-letter topic
+// does not exist: the produce fails, the record stays unsettled and holds its
+// partition's committed offset while the records after it are committed; once the
+// topic exists, the record's next attempt is produced and the offset passes it.
+func TestDeadLetterSettlesOnlyOnceProduced(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	c := newCluster(t)
+	produceJunkAtTwo(ctx, t, c)
 	dlProd := newClient(t, c, kgo.RecordDeliveryTimeout(time.Second))
 	src := kafka.NewSource(consumerOpts(c), "later", []string{inTopic}, idCodec{},
 		kafka.WithDeadLetterTopic(dlProd, "dead-later"), kafka.WithRequestTimeout(200*time.Millisecond),
@@ -392,16 +373,7 @@ func TestDeadLetterThatCannotSucceedFailsRun(t *testing.T) {
 			if tc.fault != nil {
 				c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: tc.topic, Err: tc.fault, Count: -1})
 			}
-			prod := newClient(t, c, kgo.RecordPartitioner(kgo.ManualPartitioner()))
-			var recs []*kgo.Record
-			for i := range 6 {
-				r := &kgo.Record{Topic: inTopic, Partition: 0, Value: valueOf(i)}
-				if i == 2 {
-					r.Value = []byte("junk")
-				}
-				recs = append(recs, r)
-			}
-			require.NoError(t, prod.ProduceSync(ctx, recs...).FirstErr())
+			produceJunkAtTwo(ctx, t, c)
 			dlProd := newClient(t, c, kgo.UnknownTopicRetries(1), kgo.MetadataMinAge(50*time.Millisecond))
 			src := kafka.NewSource(consumerOpts(c), "doomed", []string{inTopic}, idCodec{},
 				kafka.WithDeadLetterTopic(dlProd, tc.topic), kafka.WithRequestTimeout(5*time.Second),
@@ -438,25 +410,17 @@ func TestDeadLetterThatCannotSucceedFailsRun(t *testing.T) {
 func TestCanceledRunCommitsWhatSettled(t *testing.T) {
 	t.Parallel()
 	const n = 3000
-	ctx := t.Context()
-	c := newCluster(t)
-	produceIDs(ctx, t, c, inTopic, n)
-	var mu sync.Mutex
-	seen := map[int]int{}
+	ctx, c := clusterWithIDs(t, n)
+	seen := newTally()
 	run := func(cancelAt int) kafka.Stats {
 		src := kafka.NewSource(consumerOpts(c), "cancel", []string{inTopic}, idCodec{}, kafka.WithMaxPending(300))
 		p := pipeline.New()
 		rctx, cancel := context.WithCancelCause(ctx)
 		defer cancel(nil)
-		work := pipeline.Then(src.Stream(p), pipeline.NewStage("work", 4, func(_ context.Context, m kafka.Message[int]) (int, error) {
-			return m.Value, nil
-		}))
+		work := workValues(p, src)
 		var count atomic.Int64
 		pipeline.To(work, pipeline.NewSink("count", 1, func(_ context.Context, id int) error {
-			mu.Lock()
-			seen[id]++
-			total := len(seen)
-			mu.Unlock()
+			total := seen.add(id)
 			if count.Add(1) == int64(cancelAt) {
 				cancel(errors.New("enough"))
 			}
@@ -474,7 +438,7 @@ func TestCanceledRunCommitsWhatSettled(t *testing.T) {
 		return src.Stats()
 	}
 	first := run(n / 3)
-	require.Less(t, len(seen), n)
+	require.Less(t, len(seen.n), n)
 	committed := committedOffsets(ctx, t, c, "cancel", inTopic)
 	var sum int64
 	for _, o := range committed {
@@ -483,9 +447,9 @@ func TestCanceledRunCommitsWhatSettled(t *testing.T) {
 	// The records that settled past one not processed are not behind its watermark.
 	assert.Equal(t, first.Committed-first.Uncommitted, sum, "every settled record committed but those past an unsettled one")
 	second := run(0)
-	require.Len(t, seen, n)
+	require.Len(t, seen.n, n)
 	dups := 0
-	for _, k := range seen {
+	for _, k := range seen.n {
 		dups += k - 1
 	}
 	t.Logf("first %+v", first)
@@ -500,9 +464,7 @@ func TestCanceledRunCommitsWhatSettled(t *testing.T) {
 // emitted, none waiting: the partial batch never flushed and the run stood still.)
 func TestBatchWithoutLingerFlushesAtMaxPending(t *testing.T) {
 	t.Parallel()
-	ctx := t.Context()
-	c := newCluster(t)
-	produceIDs(ctx, t, c, inTopic, 500)
+	ctx, c := clusterWithIDs(t, 500)
 	src := kafka.NewSource(consumerOpts(c), "stall", []string{inTopic}, idCodec{}, kafka.WithMaxPending(100))
 	p := pipeline.New()
 	var seen atomic.Int64
@@ -552,9 +514,7 @@ func TestWithDeadLetterTopicPanicsOnMisconfiguredClient(t *testing.T) {
 // the first's state: Stop and Stats followed it.)
 func TestConcurrentRunsOfOneSourceFail(t *testing.T) {
 	t.Parallel()
-	ctx := t.Context()
-	c := newCluster(t)
-	produceIDs(ctx, t, c, inTopic, 24)
+	ctx, c := clusterWithIDs(t, 24)
 	src := kafka.NewSource(consumerOpts(c), "twice", []string{inTopic}, idCodec{})
 	release := make(chan struct{})
 	var got atomic.Int64
@@ -589,12 +549,9 @@ func TestConcurrentRunsOfOneSourceFail(t *testing.T) {
 // reached the sink exactly once.
 func runOnce(ctx context.Context, t *testing.T, p *pipeline.Pipeline, work *pipeline.Stream[int], src *kafka.Source[int], workers, n int) {
 	t.Helper()
-	var mu sync.Mutex
-	seen := map[int]int{}
+	seen := newTally()
 	pipeline.To(work, pipeline.NewSink("count", workers, func(_ context.Context, id int) error {
-		mu.Lock()
-		defer mu.Unlock()
-		if seen[id]++; len(seen) == n {
+		if seen.add(id) == n {
 			src.Stop()
 		}
 		return nil
@@ -602,8 +559,38 @@ func runOnce(ctx context.Context, t *testing.T, p *pipeline.Pipeline, work *pipe
 	rctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	require.NoError(t, p.Run(rctx))
-	require.Len(t, seen, n)
-	for id, k := range seen {
+	seen.checkOnce(t, n)
+}
+
+// workValues takes src's messages through a stage "work" of 4 workers (items settle
+// out of order) that returns their values.
+func workValues(p *pipeline.Pipeline, src *kafka.Source[int]) *pipeline.Stream[int] {
+	return pipeline.Then(src.Stream(p), pipeline.NewStage("work", 4, func(_ context.Context, m kafka.Message[int]) (int, error) {
+		return m.Value, nil
+	}))
+}
+
+// tally counts the times each id reached a sink, over the runs of a test.
+type tally struct {
+	mu sync.Mutex
+	n  map[int]int // read once the runs have ended
+}
+
+func newTally() *tally { return &tally{n: map[int]int{}} }
+
+// add counts id once more and returns the number of distinct ids counted.
+func (tl *tally) add(id int) int {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	tl.n[id]++
+	return len(tl.n)
+}
+
+// checkOnce checks that each of the n ids was counted exactly once.
+func (tl *tally) checkOnce(t *testing.T, n int) {
+	t.Helper()
+	require.Len(t, tl.n, n)
+	for id, k := range tl.n {
 		require.Equal(t, 1, k, "record %d reached the sink %d times", id, k)
 	}
 }

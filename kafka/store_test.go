@@ -65,9 +65,7 @@ func newMemStore(start int64) *memStore {
 // the records from 50 on, and saves the offsets they take the partitions to (no sink
 // stores them here: they settle as filtered-out records do).
 func TestOffsetStoreStartsPartitionsFromItsOffsets(t *testing.T) {
-	ctx := t.Context()
-	c := newCluster(t)
-	produceIDs(ctx, t, c, inTopic, 1200) // 100 a partition
+	ctx, c := clusterWithIDs(t, 1200) // 100 a partition
 	store := newMemStore(50)
 	src := kafka.NewSource(consumerOpts(c), "stored", []string{inTopic}, idCodec{},
 		kafka.WithOffsetStore(store), kafka.WithCommitInterval(50*time.Millisecond))

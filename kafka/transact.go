@@ -310,12 +310,5 @@ func (ss *session[T]) rewind() {
 func (ss *session[T]) endParts(m map[string][]int32) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	for topic, partitions := range m {
-		for _, n := range partitions {
-			if p := ss.parts[TopicPartition{topic, n}]; p != nil && p.live {
-				ss.s.uncommitted.Add(p.uncommitted() + ss.endPartLocked(p))
-				ss.s.revoked.Add(1)
-			}
-		}
-	}
+	ss.dropPartsLocked(m, &ss.s.revoked)
 }

@@ -4,10 +4,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
-
-	"github.com/gopipeline/pipeline"
 )
 
 // TestTransactionHoldsBackRecordsPastAnUnproducedOne gives a transaction's prospect a
@@ -37,11 +34,7 @@ func TestTransactionHoldsBackRecordsPastAnUnproducedOne(t *testing.T) {
 	assert.Equal(t, int64(2), ss.s.outOfOrder.Load(), "records held back")
 
 	// 12's own message was held back: when it settles, it is emitted again.
-	ss.settle(es[2], pipeline.Settlement{Outcome: pipeline.Committed})
-	assert.Equal(t, waitingRetry, es[2].state, "12 waits to be emitted again")
-	require.Len(t, ss.retries, 1)
-	assert.Same(t, es[2], ss.retries[0].e)
-	assert.Zero(t, ss.s.committed.Load(), "12 is not counted committed")
+	checkTwelveEmittedAgain(t, ss, es[2])
 
 	ss, _ = newSession()
 	offs, marks, live, _ := ss.prospect(recs(10, 11, 12))

@@ -55,8 +55,7 @@ func reportDuplicates(t *testing.T, recs []*kgo.Record) int {
 	t.Helper()
 	byID := map[int][]*kgo.Record{}
 	for _, r := range recs {
-		var id int
-		require.NoError(t, idCodec{}.Unmarshal(r.Value, &id))
+		id := idOf(t, r)
 		byID[id] = append(byID[id], r)
 	}
 	dups := 0
@@ -143,12 +142,7 @@ func TestTransactSinkOutputsEachRecordOnceAcrossCrashAndRebalances(t *testing.T)
 
 	recs := readCommitted(ctx, t, c, outTopic, n)
 	dups := reportDuplicates(t, recs)
-	seen := map[int]int{}
-	for _, r := range recs {
-		var id int
-		require.NoError(t, idCodec{}.Unmarshal(r.Value, &id))
-		seen[id]++
-	}
+	seen := countIDs(t, recs)
 	require.Len(t, seen, n, "every record's output")
 	require.Zero(t, dups, "duplicates read committed")
 	t.Logf("crashed a: %+v", crashed)
@@ -169,9 +163,7 @@ func TestTransactSinkOutputsEachRecordOnceAcrossCrashAndRebalances(t *testing.T)
 func TestRestartedMemberFencesItsOpenTransactionAtStart(t *testing.T) {
 	t.Parallel()
 	const n = 2000
-	ctx := t.Context()
-	c := newCluster(t)
-	produceIDs(ctx, t, c, inTopic, n)
+	ctx, c := clusterWithIDs(t, n)
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	var dying, dropped atomic.Bool
@@ -201,12 +193,7 @@ func TestRestartedMemberFencesItsOpenTransactionAtStart(t *testing.T) {
 	})
 	a2.src.Stop()
 	require.NoError(t, <-a2.errc)
-	seen := map[int]int{}
-	for _, r := range readCommitted(ctx, t, c, outTopic, n) {
-		var id int
-		require.NoError(t, idCodec{}.Unmarshal(r.Value, &id))
-		seen[id]++
-	}
+	seen := countIDs(t, readCommitted(ctx, t, c, outTopic, n))
 	require.Len(t, seen, n, "every record's output")
 	for id, k := range seen {
 		require.Equal(t, 1, k, "the output of record %d, read committed", id)
@@ -294,8 +281,7 @@ func TestTransactSinkOutputsEachRecordOnceAcrossRepeatedCrashes(t *testing.T) {
 	t.Logf("%d records, %d rounds: %d aborted transactions, %d records held back (OutOfOrder), %d duplicates", n, rounds, aborted, outOfOrder, dups)
 	seen := map[int]bool{}
 	for _, r := range recs {
-		var id int
-		require.NoError(t, idCodec{}.Unmarshal(r.Value, &id))
+		id := idOf(t, r)
 		seen[id] = true
 	}
 	require.Len(t, seen, n, "every record's output")

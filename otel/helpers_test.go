@@ -13,16 +13,8 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/gopipeline/pipeline"
-	"github.com/gopipeline/pipeline/internal/scenario"
+	pipelineotel "github.com/gopipeline/pipeline/otel"
 )
-
-// loadS1 reads the S1 fixture that the bench module keeps.
-func loadS1(t *testing.T) scenario.S1Fixture {
-	t.Helper()
-	fx, err := scenario.LoadS1("../bench/testdata/items.json")
-	require.NoError(t, err)
-	return fx
-}
 
 // newReader returns a manual reader and a meter of a provider that uses it, shut down at
 // the end of the test.
@@ -32,6 +24,26 @@ func newReader(t *testing.T) (*sdkmetric.ManualReader, *sdkmetric.MeterProvider)
 	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { require.NoError(t, provider.Shutdown(t.Context())) })
 	return reader, provider
+}
+
+// register registers p's instruments with a meter of a new provider (newReader), to be
+// unregistered when the test ends, and returns the provider's reader.
+func register(t *testing.T, p *pipeline.Pipeline) *sdkmetric.ManualReader {
+	t.Helper()
+	reader, provider := newReader(t)
+	reg, err := pipelineotel.Register(p, provider.Meter("test"))
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, reg.Unregister()) })
+	return reader
+}
+
+// collectRun registers p (register), runs it, which must succeed, and collects its
+// data points once it has ended.
+func collectRun(t *testing.T, p *pipeline.Pipeline) map[string]point {
+	t.Helper()
+	reader := register(t, p)
+	require.NoError(t, p.Run(t.Context()))
+	return collect(t, reader)
 }
 
 // point is one collected data point.
@@ -104,12 +116,4 @@ func checkValues(t *testing.T, got map[string]point, want map[string]float64) {
 			t.Errorf("%s = %v, want %v", k, p.value, v)
 		}
 	}
-}
-
-// rowName returns the name of the first row of the given kind in p's report.
-func rowName(t *testing.T, p *pipeline.Pipeline, kind pipeline.Kind) string {
-	t.Helper()
-	name, ok := scenario.RowName(p, kind)
-	require.True(t, ok, "no row of kind %s in\n%v", kind, p.Snapshot())
-	return name
 }

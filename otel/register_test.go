@@ -2,7 +2,6 @@ package pipelineotel_test
 
 import (
 	"context"
-	"errors"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -15,7 +14,6 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.uber.org/goleak"
-	"golang.org/x/time/rate"
 
 	"github.com/gopipeline/pipeline"
 	"github.com/gopipeline/pipeline/internal/scenario"
@@ -25,17 +23,11 @@ import (
 // TestS1Retry runs scenario S1 with the retry policy (in virtual time) and collects its
 // figures through the SDK.
 func TestS1Retry(t *testing.T) {
-	fx := loadS1(t)
+	fx := scenario.LoadS1(t, "../bench/testdata/items.json")
 	synctest.Test(t, func(t *testing.T) {
 		p := scenario.S1Retry(fx, nil)
-		reader, provider := newReader(t)
-		reg, err := pipelineotel.Register(p, provider.Meter("test"))
-		require.NoError(t, err)
-		defer func() { require.NoError(t, reg.Unregister()) }()
-		require.NoError(t, p.Run(t.Context()))
-
-		got := collect(t, reader)
-		src := rowName(t, p, pipeline.KindSource)
+		got := collectRun(t, p)
+		src := scenario.RowName(t, p, pipeline.KindSource)
 		checkValues(t, got, map[string]float64{
 			`pipeline.stage.input{pipeline.stage=` + src + `}`:                                               10_000,
 			`pipeline.stage.output{pipeline.stage=` + src + `}`:                                              10_000,
@@ -79,23 +71,10 @@ func TestS1Retry(t *testing.T) {
 func TestCollectDuringRun(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
-		p := pipeline.New(pipeline.WithBuffer(4))
-		doubled := pipeline.Then(pipeline.FromSlice(p, make([]int, 100)), pipeline.NewStage("double", 2,
-			func(_ context.Context, i int) (int, error) { return 2 * i, nil }))
-		pipeline.To(doubled, pipeline.NewSink("store", 1, func(ctx context.Context, _ int) error {
-			select {
-			case <-release:
-				return nil
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}))
-		reader, provider := newReader(t)
-		_, err := pipelineotel.Register(p, provider.Meter("test"))
-		require.NoError(t, err)
+		p := scenario.StoreBlocked(release)
+		reader := register(t, p)
 
-		done := make(chan error, 1)
-		go func() { done <- p.Run(t.Context()) }()
+		done := scenario.Start(t.Context(), p)
 		synctest.Wait() // every goroutine of the run is blocked: the sink on release, the rest on full queues
 
 		got := collect(t, reader)
@@ -136,17 +115,10 @@ func TestCollectDuringRun(t *testing.T) {
 func TestOldestAttempt(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
-		p := pipeline.New()
-		pipeline.To(pipeline.FromSlice(p, []int{1}), pipeline.NewSink("wait", 1, func(context.Context, int) error {
-			<-release
-			return nil
-		}, pipeline.WithTimeout(100*time.Millisecond)))
-		reader, provider := newReader(t)
-		_, err := pipelineotel.Register(p, provider.Meter("test"))
-		require.NoError(t, err)
+		p := scenario.StuckAttempt(release)
+		reader := register(t, p)
 
-		done := make(chan error, 1)
-		go func() { done <- p.Run(t.Context()) }()
+		done := scenario.Start(t.Context(), p)
 		time.Sleep(time.Second)
 		synctest.Wait()
 		got := collect(t, reader)
@@ -165,12 +137,9 @@ func TestCollectOrderedDuringRun(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
 		p := scenario.OrderedHeadHeld(release) // the head item is slow: the others wait in the window
-		reader, provider := newReader(t)
-		_, err := pipelineotel.Register(p, provider.Meter("test"))
-		require.NoError(t, err)
+		reader := register(t, p)
 
-		done := make(chan error, 1)
-		go func() { done <- p.Run(t.Context()) }()
+		done := scenario.Start(t.Context(), p)
 		synctest.Wait()
 		checkValues(t, collect(t, reader), map[string]float64{
 			`pipeline.stage.reorder.held{pipeline.stage=ordered}`:                     3,
@@ -193,11 +162,9 @@ func TestFilterAndBatch(t *testing.T) {
 	p := scenario.FilterBatch()
 	require.NoError(t, p.Run(t.Context()))
 
-	reader, provider := newReader(t)
-	_, err := pipelineotel.Register(p, provider.Meter("test"))
-	require.NoError(t, err)
+	reader := register(t, p)
 	got := collect(t, reader)
-	filter, batch := rowName(t, p, pipeline.KindFilter), rowName(t, p, pipeline.KindBatch)
+	filter, batch := scenario.RowName(t, p, pipeline.KindFilter), scenario.RowName(t, p, pipeline.KindBatch)
 	checkValues(t, got, map[string]float64{
 		`pipeline.stage.items{pipeline.outcome=filtered,pipeline.stage=` + filter + `}`:     3,
 		`pipeline.batch.flushes{pipeline.flush.reason=size,pipeline.stage=` + batch + `}`:   1,
@@ -218,9 +185,7 @@ func TestBeforeFirstRun(t *testing.T) {
 	t.Parallel()
 	p := pipeline.New()
 	pipeline.To(pipeline.FromSlice(p, []int{1}), pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
-	reader, provider := newReader(t)
-	_, err := pipelineotel.Register(p, provider.Meter("test"))
-	require.NoError(t, err)
+	reader := register(t, p)
 	got := collect(t, reader)
 	assert.Len(t, got, 1)
 	checkValues(t, got, map[string]float64{`pipeline.run.active`: 0})
@@ -229,13 +194,9 @@ func TestBeforeFirstRun(t *testing.T) {
 // TestCheckpoint: a checkpointed run observes the position it saved and its age.
 func TestCheckpoint(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		store := &memStore{}
-		p := pipeline.New()
-		src := pipeline.FromCheckpoint(p, store, scenario.Positions(250), pipeline.WithSaveEvery(100))
-		pipeline.To(src, pipeline.NewSink("sink", 2, func(context.Context, int) error { return nil }))
-		reader, provider := newReader(t)
-		_, err := pipelineotel.Register(p, provider.Meter("test"))
-		require.NoError(t, err)
+		store := &scenario.MemStore{}
+		p := scenario.Checkpointed(store, 250, pipeline.WithSaveEvery(100))
+		reader := register(t, p)
 		require.NoError(t, p.Run(t.Context()))
 
 		time.Sleep(90 * time.Second) // virtual time
@@ -251,18 +212,11 @@ func TestCheckpoint(t *testing.T) {
 // (resumed + output) / total.
 func TestCheckpointResumed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		store := &memStore{}
-		store.pos.Store(100)
-		p := pipeline.New()
-		src := pipeline.FromCheckpoint(p, store, scenario.Positions(250), pipeline.WithTotal(250))
-		pipeline.To(src, pipeline.NewSink("sink", 2, func(context.Context, int) error { return nil }))
-		reader, provider := newReader(t)
-		_, err := pipelineotel.Register(p, provider.Meter("test"))
-		require.NoError(t, err)
-		require.NoError(t, p.Run(t.Context()))
-
-		got := collect(t, reader)
-		name := rowName(t, p, pipeline.KindSource)
+		store := &scenario.MemStore{}
+		store.Pos.Store(100)
+		p := scenario.Checkpointed(store, 250, pipeline.WithTotal(250))
+		got := collectRun(t, p)
+		name := scenario.RowName(t, p, pipeline.KindSource)
 		checkValues(t, got, map[string]float64{
 			`pipeline.source.resumed{pipeline.stage=` + name + `}`: 100,
 			`pipeline.source.total{pipeline.stage=` + name + `}`:   250,
@@ -311,9 +265,7 @@ func TestSourceLag(t *testing.T) {
 				}
 				return nil
 			}, opts...)
-			reader, provider := newReader(t)
-			_, err := pipelineotel.Register(p, provider.Meter("test"))
-			require.NoError(t, err)
+			reader := register(t, p)
 			var live map[string]point
 			pipeline.To(src, pipeline.NewSink("sink", 1, func(context.Context, int) error {
 				if live == nil { // one worker: no other call runs meanwhile
@@ -345,12 +297,7 @@ func TestHandedBack(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var kept atomic.Int64
 		p := scenario.HandBack(&kept)
-		reader, provider := newReader(t)
-		_, err := pipelineotel.Register(p, provider.Meter("test"))
-		require.NoError(t, err)
-		require.NoError(t, p.Run(t.Context()))
-
-		got := collect(t, reader)
+		got := collectRun(t, p)
 		checkValues(t, got, map[string]float64{
 			`pipeline.stage.items{pipeline.outcome=dead_lettered,pipeline.stage=call}`: 2,
 			`pipeline.stage.handed_back{pipeline.stage=call}`:                          2,
@@ -361,27 +308,12 @@ func TestHandedBack(t *testing.T) {
 	})
 }
 
-// memStore is a [pipeline.CheckpointStore] in memory.
-type memStore struct{ pos atomic.Int64 }
-
-func (s *memStore) Load(context.Context) (int64, error)     { return s.pos.Load(), nil }
-func (s *memStore) Save(_ context.Context, pos int64) error { s.pos.Store(pos); return nil }
-
 // TestCountsPerRun: each run counts from zero, which a non-monotonic sum may do.
 func TestCountsPerRun(t *testing.T) {
 	t.Parallel()
 	n := 0 // items of the next run
-	p := pipeline.New()
-	pipeline.To(pipeline.FromSeq(p, func(yield func(int) bool) {
-		for i := range n {
-			if !yield(i) {
-				return
-			}
-		}
-	}), pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
-	reader, provider := newReader(t)
-	_, err := pipelineotel.Register(p, provider.Meter("test"))
-	require.NoError(t, err)
+	p := scenario.ItemsPerRun(&n)
+	reader := register(t, p)
 	for _, n = range []int{5, 3} {
 		require.NoError(t, p.Run(t.Context()))
 		checkValues(t, collect(t, reader), map[string]float64{
@@ -457,12 +389,8 @@ func TestBreakerPerKey(t *testing.T) {
 		var down atomic.Bool
 		down.Store(true)
 		p := scenario.KeyOneDown(&down)
-		reader, provider := newReader(t)
-		reg, err := pipelineotel.Register(p, provider.Meter("test"))
-		require.NoError(t, err)
-		defer func() { require.NoError(t, reg.Unregister()) }()
-		ran := make(chan error, 1)
-		go func() { ran <- p.Run(t.Context()) }()
+		reader := register(t, p)
+		ran := scenario.Start(t.Context(), p)
 		synctest.Wait() // key 0 done; key 1's items held until OpenFor
 
 		checkValues(t, collect(t, reader), map[string]float64{
@@ -485,24 +413,8 @@ func TestBreakerPerKey(t *testing.T) {
 // breaker once, for OpenFor and the successful probe's 1 ms.
 func TestClient(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var calls atomic.Int64
-		p := pipeline.New()
-		call := pipeline.NewStage("call", 4, func(_ context.Context, v int) (int, error) {
-			if calls.Add(1) <= 3 {
-				return 0, pipeline.Transient(errors.New("503"))
-			}
-			time.Sleep(time.Millisecond)
-			return v, nil
-		}, pipeline.WithRetry(3, nil), pipeline.WithCircuitBreaker(pipeline.Breaker{Failures: 3, OpenFor: 2 * time.Second}),
-			pipeline.WithRateLimit(rate.NewLimiter(1000, 1)), pipeline.WithAdaptiveWorkers(1))
-		pipeline.To(pipeline.Then(pipeline.FromSlice(p, make([]int, 100)), call), pipeline.NewSink("plain", 1, func(context.Context, int) error { return nil }))
-		reader, provider := newReader(t)
-		reg, err := pipelineotel.Register(p, provider.Meter("test"))
-		require.NoError(t, err)
-		defer func() { require.NoError(t, reg.Unregister()) }()
-		require.NoError(t, p.Run(t.Context()))
-
-		got := collect(t, reader)
+		p := scenario.ClientDownThree()
+		got := collectRun(t, p)
 		checkValues(t, got, map[string]float64{
 			`pipeline.stage.breaker.state{pipeline.breaker.state=closed,pipeline.stage=call}`:    1,
 			`pipeline.stage.breaker.state{pipeline.breaker.state=open,pipeline.stage=call}`:      0,

@@ -176,12 +176,19 @@ func (r *copyReader[T]) encodeRow(buf []byte, i int) (out []byte, err error) {
 		if err != nil {
 			return buf, r.encodeError(i, c, err)
 		}
-		if enc != nil {
-			buf = enc
-			binary.BigEndian.PutUint32(buf[sp:], uint32(len(buf)-sp-4))
-		}
+		buf = placed(buf, enc, sp)
 	}
 	return buf, nil
+}
+
+// placed ends a value whose encoding into buf began at sp with a NULL: enc, when not
+// nil, is buf with the value appended, and the value's length replaces the NULL.
+func placed(buf, enc []byte, sp int) []byte {
+	if enc == nil {
+		return buf
+	}
+	binary.BigEndian.PutUint32(enc[sp:], uint32(len(enc)-sp-4))
+	return enc
 }
 
 // encodeError is the error of row i's value for column c.
@@ -252,10 +259,7 @@ func (r *copyReader[T]) encodeFields(buf []byte, i int) ([]byte, error) {
 		if err != nil {
 			return buf, r.encodeError(i, c, err)
 		}
-		if enc != nil {
-			buf = enc
-			binary.BigEndian.PutUint32(buf[sp:], uint32(len(buf)-sp-4))
-		}
+		buf = placed(buf, enc, sp)
 	}
 	return buf, nil
 }

@@ -55,6 +55,18 @@ func (j *job) run(ctx context.Context) (*pgpipe.Writer[event], error) {
 	return w, err
 }
 
+// startReport runs the job in the background; the channel gives the run's error, and
+// once it has, rep holds the run's report.
+func (j *job) startReport(ctx context.Context, rep *pipeline.Report) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		var err error
+		_, *rep, err = j.runReport(ctx)
+		done <- err
+	}()
+	return done
+}
+
 // runReport runs the job and returns the writer, the run's report and its error.
 func (j *job) runReport(ctx context.Context) (*pgpipe.Writer[event], pipeline.Report, error) {
 	store := pgpipe.NewCheckpoint(j.pool, j.name)
@@ -277,13 +289,8 @@ func TestFaultTerminateDuringCopy(t *testing.T) {
 		return []any{e.ID, e.Name, e.Score}
 	})
 	j.mapping = &m
-	done := make(chan error, 1)
 	var rep pipeline.Report
-	go func() {
-		var err error
-		_, rep, err = j.runReport(t.Context())
-		done <- err
-	}()
+	done := j.startReport(t.Context(), &rep)
 	<-inCopy
 	var pids []int32
 	waitFor(t, "the COPY on the server", func() bool {
@@ -334,13 +341,8 @@ func TestFaultTerminateDuringCommit(t *testing.T) {
 	_, err = holder.Exec(t.Context(), "SELECT pg_advisory_lock($1)", lockKey)
 	require.NoError(t, err)
 
-	done := make(chan error, 1)
 	var rep pipeline.Report
-	go func() {
-		var err error
-		_, rep, err = j.runReport(t.Context())
-		done <- err
-	}()
+	done := j.startReport(t.Context(), &rep)
 	var pid int32
 	waitFor(t, "a COMMIT waiting in the trigger", func() bool {
 		err := pool.QueryRow(t.Context(), `SELECT pid FROM pg_stat_activity

@@ -14,23 +14,19 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/gopipeline/pipeline/internal/scenario"
 )
 
 // TestMain fails the package if a goroutine outlives the tests: every pool a test opens
 // is closed, and every run's goroutines have exited.
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// dbURL returns the test server's URL. Without one the test skips, or fails under CI.
+// dbURL returns the test server's URL (scenario.DatabaseURL: without one the test
+// skips, or fails under CI).
 func dbURL(tb testing.TB) string {
 	tb.Helper()
-	u := os.Getenv("DATABASE_URL")
-	if u == "" {
-		if os.Getenv("CI") == "true" {
-			tb.Fatal("DATABASE_URL is not set: CI must start PostgreSQL (scripts/postgres.sh start) and export it")
-		}
-		tb.Skip("no PostgreSQL: run  export DATABASE_URL=$(scripts/postgres.sh start)  first")
-	}
-	return u
+	return scenario.DatabaseURL(tb)
 }
 
 // newPool opens a pool on the test server, closed when the test ends.
@@ -50,6 +46,16 @@ var tableSeq atomic.Int64
 // tableName returns a table name of its own for this test and process.
 func tableName(prefix string) string {
 	return fmt.Sprintf("%s_%d_%d", prefix, os.Getpid(), tableSeq.Add(1))
+}
+
+// createTable creates a table of its own (tableName(prefix)) with the given columns,
+// "(name type, ...)", dropped when the test ends, and returns its name.
+func createTable(tb testing.TB, pool *pgxpool.Pool, prefix, columns string) string {
+	tb.Helper()
+	table := tableName(prefix)
+	mustExec(tb, pool, "CREATE TABLE "+table+" "+columns)
+	tb.Cleanup(func() { mustExec(tb, pool, "DROP TABLE IF EXISTS "+table) })
+	return table
 }
 
 // mustExec runs sql on pool.

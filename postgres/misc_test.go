@@ -136,9 +136,7 @@ func TestMappingFailure(t *testing.T) {
 // PostgreSQL reads as text, as pgx's own CopyFrom does.
 func TestStringsIntoOtherTypes(t *testing.T) {
 	pool := newPool(t, 2)
-	table := tableName("text")
-	mustExec(t, pool, "CREATE TABLE "+table+" (n int, amount numeric(8,2), day date)")
-	t.Cleanup(func() { mustExec(t, pool, "DROP TABLE IF EXISTS "+table) })
+	table := createTable(t, pool, "text", "(n int, amount numeric(8,2), day date)")
 	type csvRow struct {
 		N      string `db:"n"`
 		Amount string `db:"amount"`

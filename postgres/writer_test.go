@@ -37,14 +37,11 @@ func events(n int) []event {
 
 func createEvents(tb testing.TB, pool *pgxpool.Pool, primaryKey bool) string {
 	tb.Helper()
-	table := tableName("events")
 	pk := ""
 	if primaryKey {
 		pk = " PRIMARY KEY"
 	}
-	mustExec(tb, pool, fmt.Sprintf("CREATE TABLE %s (id bigint%s, name text NOT NULL, score float8 NOT NULL)", table, pk))
-	tb.Cleanup(func() { mustExec(tb, pool, "DROP TABLE IF EXISTS "+table) })
-	return table
+	return createTable(tb, pool, "events", fmt.Sprintf("(id bigint%s, name text NOT NULL, score float8 NOT NULL)", pk))
 }
 
 func TestInsert(t *testing.T) {
@@ -298,10 +295,8 @@ func TestStructTypes(t *testing.T) {
 		Small  int64 // into int2
 	}
 	pool := newPool(t, 2)
-	table := tableName("types")
-	mustExec(t, pool, "CREATE TABLE "+table+` (i64 bigint, i bigint, i32 int, i16 smallint, s text, v varchar(20),
+	table := createTable(t, pool, "types", `(i64 bigint, i bigint, i32 int, i16 smallint, s text, v varchar(20),
 		f64 float8, f32 float4, b bool, bytes bytea, nil_b bytea, status text, ptr text, nil_ptr bigint, at timestamptz, small int2)`)
-	t.Cleanup(func() { mustExec(t, pool, "DROP TABLE IF EXISTS "+table) })
 	s := "pointed"
 	at := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
 	want := allTypes{
@@ -338,9 +333,7 @@ func TestStructTypes(t *testing.T) {
 // ("small"), where it used to give its index ("column 2").
 func TestEncodeErrorNamesColumn(t *testing.T) {
 	pool := newPool(t, 2)
-	table := tableName("enc")
-	mustExec(t, pool, "CREATE TABLE "+table+" (id bigint, name text, small int4)")
-	t.Cleanup(func() { mustExec(t, pool, "DROP TABLE IF EXISTS "+table) })
+	table := createTable(t, pool, "enc", "(id bigint, name text, small int4)")
 	type row struct {
 		ID    int64  `db:"id"`
 		Name  string `db:"name"`

@@ -18,7 +18,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
-	"golang.org/x/time/rate"
 
 	"github.com/gopipeline/pipeline"
 	"github.com/gopipeline/pipeline/internal/scenario"
@@ -38,7 +37,7 @@ func checkSamples(t *testing.T, got, want map[string]float64, text string) {
 // TestS1Retry runs scenario S1 with the retry policy (in virtual time) and reads its
 // figures from a real scrape over HTTP.
 func TestS1Retry(t *testing.T) {
-	fx := loadS1(t)
+	fx := scenario.LoadS1(t, "../bench/testdata/items.json")
 	synctest.Test(t, func(t *testing.T) {
 		p := scenario.S1Retry(fx, nil)
 		reg := prometheus.NewPedanticRegistry() // also checks Collect against Describe
@@ -49,7 +48,7 @@ func TestS1Retry(t *testing.T) {
 		// durably blocked, so they would keep the bubble's clock from advancing.
 		text := scrape(t, serve(t, reg))
 		got, types := samples(t, text)
-		src := rowName(t, p, pipeline.KindSource)
+		src := scenario.RowName(t, p, pipeline.KindSource)
 		checkSamples(t, got, map[string]float64{
 			`pipeline_stage_info{kind="source",stage="` + src + `"}`: 1,
 			`pipeline_stage_in_items{stage="` + src + `"}`:           10_000,
@@ -107,29 +106,17 @@ func TestS1Retry(t *testing.T) {
 func TestScrapeDuringRun(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
-		p := pipeline.New(pipeline.WithBuffer(4))
-		doubled := pipeline.Then(pipeline.FromSlice(p, make([]int, 100)), pipeline.NewStage("double", 2,
-			func(_ context.Context, i int) (int, error) { return 2 * i, nil }))
-		pipeline.To(doubled, pipeline.NewSink("store", 1, func(ctx context.Context, _ int) error {
-			select {
-			case <-release:
-				return nil
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}))
-		reg := prometheus.NewPedanticRegistry()
-		reg.MustRegister(pipelineprom.NewCollector(p))
+		p := scenario.StoreBlocked(release)
+		reg := registry(p)
 
-		done := make(chan error, 1)
-		go func() { done <- p.Run(t.Context()) }()
+		done := scenario.Start(t.Context(), p)
 		synctest.Wait() // every goroutine of the run is blocked: the sink on release, the rest on full queues
 
 		// A real scrape: the run needs no timer from here on, so the server's goroutines
 		// (not durably blocked) cannot hold up the bubble's clock.
 		text := scrape(t, serve(t, reg))
 		got, _ := samples(t, text)
-		src := rowName(t, p, pipeline.KindSource)
+		src := scenario.RowName(t, p, pipeline.KindSource)
 		checkSamples(t, got, map[string]float64{
 			`pipeline_stage_in_items{stage="` + src + `"}`: 100,
 			// The item the source is handing on is in flight, not failed as in the report.
@@ -169,16 +156,10 @@ func TestScrapeDuringRun(t *testing.T) {
 func TestOldestAttemptGauge(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
-		p := pipeline.New()
-		pipeline.To(pipeline.FromSlice(p, []int{1}), pipeline.NewSink("wait", 1, func(context.Context, int) error {
-			<-release
-			return nil
-		}, pipeline.WithTimeout(100*time.Millisecond)))
-		reg := prometheus.NewPedanticRegistry()
-		reg.MustRegister(pipelineprom.NewCollector(p))
+		p := scenario.StuckAttempt(release)
+		reg := registry(p)
 
-		done := make(chan error, 1)
-		go func() { done <- p.Run(t.Context()) }()
+		done := scenario.Start(t.Context(), p)
 		time.Sleep(time.Second)
 		synctest.Wait()
 		got, types := samples(t, gather(t, reg))
@@ -201,11 +182,9 @@ func TestScrapeOrderedDuringRun(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
 		p := scenario.OrderedHeadHeld(release) // the head item is slow: the others wait in the window
-		reg := prometheus.NewPedanticRegistry()
-		reg.MustRegister(pipelineprom.NewCollector(p))
+		reg := registry(p)
 
-		done := make(chan error, 1)
-		go func() { done <- p.Run(t.Context()) }()
+		done := scenario.Start(t.Context(), p)
 		synctest.Wait()
 
 		text := gather(t, reg)
@@ -296,8 +275,8 @@ pipeline_stage_workers{pipeline="squares",stage="$batch"} 1
 pipeline_stage_workers{pipeline="squares",stage="save"} 1
 pipeline_stage_workers{pipeline="squares",stage="square"} 2
 `
-	names := strings.NewReplacer(`"$source"`, `"`+rowName(t, p, pipeline.KindSource)+`"`,
-		`"$filter"`, `"`+rowName(t, p, pipeline.KindFilter)+`"`, `"$batch"`, `"`+rowName(t, p, pipeline.KindBatch)+`"`)
+	names := strings.NewReplacer(`"$source"`, `"`+scenario.RowName(t, p, pipeline.KindSource)+`"`,
+		`"$filter"`, `"`+scenario.RowName(t, p, pipeline.KindFilter)+`"`, `"$batch"`, `"`+scenario.RowName(t, p, pipeline.KindBatch)+`"`)
 	err := testutil.ScrapeAndCompare(serve(t, reg), strings.NewReader(names.Replace(want)),
 		"pipeline_running", "pipeline_stage_info", "pipeline_stage_in_items", "pipeline_stage_not_started_items", "pipeline_stage_out_total",
 		"pipeline_stage_items_total", "pipeline_batch_flushes_total", "pipeline_stage_queue_capacity",
@@ -310,8 +289,7 @@ func TestBeforeFirstRun(t *testing.T) {
 	t.Parallel()
 	p := pipeline.New()
 	pipeline.To(pipeline.FromSlice(p, []int{1}), pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
-	reg := prometheus.NewPedanticRegistry()
-	reg.MustRegister(pipelineprom.NewCollector(p))
+	reg := registry(p)
 	got, _ := samples(t, gather(t, reg))
 	assert.Equal(t, map[string]float64{"pipeline_running": 0}, got)
 }
@@ -321,16 +299,8 @@ func TestBeforeFirstRun(t *testing.T) {
 func TestCountsPerRun(t *testing.T) {
 	t.Parallel()
 	n := 0 // items of the next run
-	p := pipeline.New()
-	pipeline.To(pipeline.FromSeq(p, func(yield func(int) bool) {
-		for i := range n {
-			if !yield(i) {
-				return
-			}
-		}
-	}), pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
-	reg := prometheus.NewPedanticRegistry()
-	reg.MustRegister(pipelineprom.NewCollector(p))
+	p := scenario.ItemsPerRun(&n)
+	reg := registry(p)
 	for _, n = range []int{5, 3} {
 		require.NoError(t, p.Run(t.Context()))
 		got, _ := samples(t, gather(t, reg))
@@ -341,19 +311,16 @@ func TestCountsPerRun(t *testing.T) {
 // TestCheckpoint: a checkpointed run exposes the position it saved and its age.
 func TestCheckpoint(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		store := &memStore{}
-		p := pipeline.New()
-		src := pipeline.FromCheckpoint(p, store, scenario.Positions(250), pipeline.WithSaveEvery(100))
-		pipeline.To(src, pipeline.NewSink("sink", 2, func(context.Context, int) error { return nil }))
-		reg := prometheus.NewPedanticRegistry()
-		reg.MustRegister(pipelineprom.NewCollector(p))
+		store := &scenario.MemStore{}
+		p := scenario.Checkpointed(store, 250, pipeline.WithSaveEvery(100))
+		reg := registry(p)
 		require.NoError(t, p.Run(t.Context()))
 
 		time.Sleep(90 * time.Second) // virtual time
 		got, _ := samples(t, gather(t, reg))
 		assert.Equal(t, 250.0, got["pipeline_checkpoint_position"])
 		assert.Equal(t, 90.0, got["pipeline_checkpoint_age_seconds"])
-		assert.Equal(t, int64(250), store.pos.Load())
+		assert.Equal(t, int64(250), store.Pos.Load())
 	})
 }
 
@@ -362,18 +329,15 @@ func TestCheckpoint(t *testing.T) {
 // (resumed + out) / total.
 func TestCheckpointResumed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		store := &memStore{}
-		store.pos.Store(100)
-		p := pipeline.New()
-		src := pipeline.FromCheckpoint(p, store, scenario.Positions(250), pipeline.WithTotal(250))
-		pipeline.To(src, pipeline.NewSink("sink", 2, func(context.Context, int) error { return nil }))
-		reg := prometheus.NewPedanticRegistry()
-		reg.MustRegister(pipelineprom.NewCollector(p))
+		store := &scenario.MemStore{}
+		store.Pos.Store(100)
+		p := scenario.Checkpointed(store, 250, pipeline.WithTotal(250))
+		reg := registry(p)
 		require.NoError(t, p.Run(t.Context()))
 
 		text := gather(t, reg)
 		got, types := samples(t, text)
-		name := rowName(t, p, pipeline.KindSource)
+		name := scenario.RowName(t, p, pipeline.KindSource)
 		checkSamples(t, got, map[string]float64{
 			`pipeline_source_resumed_items{stage="` + name + `"}`: 100,
 			`pipeline_source_total_items{stage="` + name + `"}`:   250,
@@ -417,8 +381,7 @@ func TestSourceLag(t *testing.T) {
 				}
 				return nil
 			}, pipeline.WithName("orders"), pipeline.WithLag(func() []pipeline.PartitionLag { return tt.lag }))
-			reg := prometheus.NewPedanticRegistry()
-			reg.MustRegister(pipelineprom.NewCollector(p))
+			reg := registry(p)
 			var live string
 			pipeline.To(src, pipeline.NewSink("sink", 1, func(context.Context, int) error {
 				if live == "" { // one worker: no other call runs meanwhile
@@ -453,8 +416,7 @@ func TestNoLagWithoutWithLag(t *testing.T) {
 		return emit(1, nil)
 	})
 	pipeline.To(src, pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
-	reg := prometheus.NewPedanticRegistry()
-	reg.MustRegister(pipelineprom.NewCollector(p))
+	reg := registry(p)
 	require.NoError(t, p.Run(t.Context()))
 	assert.NotContains(t, gather(t, reg), "pipeline_source_lag_items")
 }
@@ -466,8 +428,7 @@ func TestHandedBack(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var kept atomic.Int64
 		p := scenario.HandBack(&kept)
-		reg := prometheus.NewPedanticRegistry()
-		reg.MustRegister(pipelineprom.NewCollector(p))
+		reg := registry(p)
 		require.NoError(t, p.Run(t.Context()))
 
 		text := gather(t, reg)
@@ -482,12 +443,6 @@ func TestHandedBack(t *testing.T) {
 		assert.Equal(t, dto.MetricType_COUNTER, types["pipeline_stage_handed_back_total"])
 	})
 }
-
-// memStore is a [pipeline.CheckpointStore] in memory.
-type memStore struct{ pos atomic.Int64 }
-
-func (s *memStore) Load(context.Context) (int64, error)     { return s.pos.Load(), nil }
-func (s *memStore) Save(_ context.Context, pos int64) error { s.pos.Store(pos); return nil }
 
 // TestOptions: a namespace prefixes every name; const labels tell the collectors of two
 // pipelines apart in one registry; labels the collector uses itself are refused.
@@ -634,8 +589,7 @@ func TestCollectorBreakerPerKey(t *testing.T) {
 		p := scenario.KeyOneDown(&down)
 		reg := prometheus.NewRegistry()
 		require.NoError(t, reg.Register(pipelineprom.NewCollector(p)))
-		ran := make(chan error, 1)
-		go func() { ran <- p.Run(t.Context()) }()
+		ran := scenario.Start(t.Context(), p)
 		synctest.Wait() // key 0 done; key 1's items held until OpenFor
 
 		text := gather(t, reg)
@@ -666,18 +620,7 @@ func TestCollectorBreakerPerKey(t *testing.T) {
 func TestCollectorClient(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
-		var calls atomic.Int64
-		p := pipeline.New()
-		call := pipeline.NewStage("call", 4, func(_ context.Context, v int) (int, error) {
-			if calls.Add(1) <= 3 {
-				return 0, pipeline.Transient(errors.New("503"))
-			}
-			time.Sleep(time.Millisecond)
-			return v, nil
-		}, pipeline.WithRetry(3, nil), pipeline.WithCircuitBreaker(pipeline.Breaker{Failures: 3, OpenFor: 2 * time.Second}),
-			pipeline.WithRateLimit(rate.NewLimiter(1000, 1)), pipeline.WithAdaptiveWorkers(1))
-		plain := pipeline.NewSink("plain", 1, func(context.Context, int) error { return nil })
-		pipeline.To(pipeline.Then(pipeline.FromSlice(p, make([]int, 100)), call), plain)
+		p := scenario.ClientDownThree()
 		reg := prometheus.NewRegistry()
 		require.NoError(t, reg.Register(pipelineprom.NewCollector(p)))
 		require.NoError(t, p.Run(t.Context()))

@@ -18,15 +18,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gopipeline/pipeline"
-	"github.com/gopipeline/pipeline/internal/scenario"
+	pipelineprom "github.com/gopipeline/pipeline/prometheus"
 )
 
-// loadS1 reads the S1 fixture that the bench module keeps.
-func loadS1(t *testing.T) scenario.S1Fixture {
-	t.Helper()
-	fx, err := scenario.LoadS1("../bench/testdata/items.json")
-	require.NoError(t, err)
-	return fx
+// registry returns a pedantic registry with p's collector.
+func registry(p *pipeline.Pipeline) *prometheus.Registry {
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(pipelineprom.NewCollector(p))
+	return reg
 }
 
 // serve serves reg's metrics as promhttp does in production, on a test server closed
@@ -113,12 +112,4 @@ func samples(t *testing.T, text string) (map[string]float64, map[string]dto.Metr
 		}
 	}
 	return values, types
-}
-
-// rowName returns the name of the first row of the given kind in p's report.
-func rowName(t *testing.T, p *pipeline.Pipeline, kind pipeline.Kind) string {
-	t.Helper()
-	name, ok := scenario.RowName(p, kind)
-	require.True(t, ok, "no row of kind %s in\n%v", kind, p.Snapshot())
-	return name
 }

@@ -23,6 +23,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/gopipeline/pipeline"
+	"github.com/gopipeline/pipeline/internal/scenario"
 	pgpipe "github.com/gopipeline/pipeline/postgres"
 )
 
@@ -224,13 +225,7 @@ func TestInterruptAndKillResume(t *testing.T) {
 // checkpoint, set them aside again and trip the budget on them.) It needs DATABASE_URL
 // (scripts/postgres.sh start prints one); with CI=true a missing server fails the test.
 func TestPostgresInterruptAndKillResume(t *testing.T) {
-	url := os.Getenv("DATABASE_URL")
-	if url == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("DATABASE_URL is not set: CI must start PostgreSQL (scripts/test.sh does)")
-		}
-		t.Skip("DATABASE_URL is not set; start a server with scripts/postgres.sh start")
-	}
+	url := scenario.DatabaseURL(t)
 	ckpt := regexp.MustCompile(`committed [\d,]+`)
 	// ETL_STOPS=20 makes it 10 of each (the measurement of the README); n grows to match.
 	stops := make([]syscall.Signal, 6)

@@ -7,9 +7,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"os"
 	"sync/atomic"
+	"testing"
 	"time"
 
 	"github.com/gopipeline/pipeline"
@@ -23,22 +23,24 @@ type S1Fixture struct {
 	Hang      []int `json:"hang"`
 }
 
-// LoadS1 reads the S1 fixture from the items.json file at path.
-func LoadS1(path string) (S1Fixture, error) {
+// LoadS1 reads the S1 fixture from the items.json file at path, and fails tb if it
+// cannot.
+func LoadS1(tb testing.TB, path string) S1Fixture {
+	tb.Helper()
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return S1Fixture{}, err
+		tb.Fatal(err)
 	}
 	var fx struct {
 		Scenario1 S1Fixture `json:"scenario1"`
 	}
 	if err := json.Unmarshal(data, &fx); err != nil {
-		return S1Fixture{}, err
+		tb.Fatalf("%s: %v", path, err)
 	}
 	if fx.Scenario1.NItems != 10_000 {
-		return S1Fixture{}, fmt.Errorf("%s: scenario1 has %d items, want 10000", path, fx.Scenario1.NItems)
+		tb.Fatalf("%s: scenario1 has %d items, want 10000", path, fx.Scenario1.NItems)
 	}
-	return fx.Scenario1, nil
+	return fx.Scenario1
 }
 
 // S1Retry builds scenario S1 under the retry policy: ids 0..9999 → "enrich" (20

@@ -4,10 +4,35 @@ import (
 	"context"
 	"errors"
 	"sync/atomic"
+	"testing"
 	"time"
+
+	"golang.org/x/time/rate"
 
 	"github.com/gopipeline/pipeline"
 )
+
+// Start runs p in a goroutine; the channel gives Run's error.
+func Start(ctx context.Context, p *pipeline.Pipeline) <-chan error {
+	errc := make(chan error, 1)
+	go func() { errc <- p.Run(ctx) }()
+	return errc
+}
+
+// HoldHead returns a stage's function that returns its item at once, but item 0 only
+// once release is closed (or its context's error when that is done first).
+func HoldHead(release <-chan struct{}) func(context.Context, int) (int, error) {
+	return func(ctx context.Context, i int) (int, error) {
+		if i == 0 {
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return 0, ctx.Err()
+			}
+		}
+		return i, nil
+	}
+}
 
 // OrderedHeadHeld builds a pipeline whose ordered stage "ordered" (4 workers) holds the
 // head item 0 until release is closed (or its context is done), so that items 1..3
@@ -16,17 +41,52 @@ import (
 func OrderedHeadHeld(release <-chan struct{}) *pipeline.Pipeline {
 	p := pipeline.New()
 	ordered := pipeline.Then(pipeline.FromSlice(p, []int{0, 1, 2, 3}), pipeline.NewStage("ordered", 4,
-		func(ctx context.Context, i int) (int, error) {
-			if i == 0 {
-				select {
-				case <-release:
-				case <-ctx.Done():
-					return 0, ctx.Err()
-				}
-			}
-			return i, nil
-		}, pipeline.WithOrdered(0)))
+		HoldHead(release), pipeline.WithOrdered(0)))
 	pipeline.To(ordered, pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+	return p
+}
+
+// StoreBlocked builds a pipeline (WithBuffer(4)) of 100 items through a stage "double"
+// of 2 workers into a sink "store" of 1 worker that holds each item until release is
+// closed (or its context is done). Until then the run fills up and blocks: store's
+// worker is busy, and the queues in front of it are full.
+func StoreBlocked(release <-chan struct{}) *pipeline.Pipeline {
+	p := pipeline.New(pipeline.WithBuffer(4))
+	doubled := pipeline.Then(pipeline.FromSlice(p, make([]int, 100)), pipeline.NewStage("double", 2,
+		func(_ context.Context, i int) (int, error) { return 2 * i, nil }))
+	pipeline.To(doubled, pipeline.NewSink("store", 1, func(ctx context.Context, _ int) error {
+		select {
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}))
+	return p
+}
+
+// ItemsPerRun builds a pipeline of a source into a sink "sink" whose runs each take
+// *n items, 0 ... *n-1, read when the run starts.
+func ItemsPerRun(n *int) *pipeline.Pipeline {
+	p := pipeline.New()
+	pipeline.To(pipeline.FromSeq(p, func(yield func(int) bool) {
+		for i := range *n {
+			if !yield(i) {
+				return
+			}
+		}
+	}), pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+	return p
+}
+
+// StuckAttempt builds a pipeline of 1 item into a sink "wait" with a timeout of 100 ms
+// whose function ignores its context: its attempt is stuck until release is closed.
+func StuckAttempt(release <-chan struct{}) *pipeline.Pipeline {
+	p := pipeline.New()
+	pipeline.To(pipeline.FromSlice(p, []int{1}), pipeline.NewSink("wait", 1, func(context.Context, int) error {
+		<-release
+		return nil
+	}, pipeline.WithTimeout(100*time.Millisecond)))
 	return p
 }
 
@@ -42,15 +102,17 @@ func FilterBatch(opts ...pipeline.PipelineOption) *pipeline.Pipeline {
 }
 
 // RowName returns the name of the first row of the given kind in p's snapshot (the
-// pipeline names the rows it adds itself: sources, filters, batches), and false when
+// pipeline names the rows it adds itself: sources, filters, batches), and fails tb when
 // there is none.
-func RowName(p *pipeline.Pipeline, kind pipeline.Kind) (string, bool) {
+func RowName(tb testing.TB, p *pipeline.Pipeline, kind pipeline.Kind) string {
+	tb.Helper()
 	for _, s := range p.Snapshot().Stages {
 		if s.Kind == kind {
-			return s.Name, true
+			return s.Name
 		}
 	}
-	return "", false
+	tb.Fatalf("no row of kind %s in\n%v", kind, p.Snapshot())
+	return ""
 }
 
 // KeyOneDown builds a pipeline of 20 items into a sink "call" of 2 workers with a
@@ -71,6 +133,26 @@ func KeyOneDown(down *atomic.Bool) *pipeline.Pipeline {
 		items[i] = i
 	}
 	pipeline.To(pipeline.FromSlice(p, items), call)
+	return p
+}
+
+// ClientDownThree builds a pipeline of 100 items through a stage "call" of 4 workers
+// with the client options (3 attempts; a breaker that 3 failures open for 2 s; a rate
+// limit of 1,000/s; adaptive workers from 1) whose service fails its first 3 calls
+// (transient) and then takes 1 ms, into a sink "plain" with none of them. In virtual
+// time the breaker opens once, for OpenFor and the successful probe's 1 ms.
+func ClientDownThree() *pipeline.Pipeline {
+	var calls atomic.Int64
+	p := pipeline.New()
+	call := pipeline.NewStage("call", 4, func(_ context.Context, v int) (int, error) {
+		if calls.Add(1) <= 3 {
+			return 0, pipeline.Transient(errors.New("503"))
+		}
+		time.Sleep(time.Millisecond)
+		return v, nil
+	}, pipeline.WithRetry(3, nil), pipeline.WithCircuitBreaker(pipeline.Breaker{Failures: 3, OpenFor: 2 * time.Second}),
+		pipeline.WithRateLimit(rate.NewLimiter(1000, 1)), pipeline.WithAdaptiveWorkers(1))
+	pipeline.To(pipeline.Then(pipeline.FromSlice(p, make([]int, 100)), call), pipeline.NewSink("plain", 1, func(context.Context, int) error { return nil }))
 	return p
 }
 

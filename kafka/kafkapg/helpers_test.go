@@ -3,7 +3,6 @@ package kafkapg_test
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"os"
 	"sync/atomic"
@@ -28,23 +27,10 @@ const (
 	partitions = 12
 )
 
-// dbURL returns the test server's URL. Without one the test skips, or fails under CI.
-func dbURL(tb testing.TB) string {
-	tb.Helper()
-	u := os.Getenv("DATABASE_URL")
-	if u == "" {
-		if os.Getenv("CI") == "true" {
-			tb.Fatal("DATABASE_URL is not set: CI must start PostgreSQL (scripts/postgres.sh start) and export it")
-		}
-		tb.Skip("no PostgreSQL: run  export DATABASE_URL=$(scripts/postgres.sh start)  first")
-	}
-	return u
-}
-
 // newPool opens a pool on the test server, closed when the test ends.
 func newPool(tb testing.TB) *pgxpool.Pool {
 	tb.Helper()
-	pool, err := pgxpool.New(context.Background(), dbURL(tb))
+	pool, err := pgxpool.New(context.Background(), scenario.DatabaseURL(tb))
 	require.NoError(tb, err)
 	tb.Cleanup(pool.Close)
 	return pool
@@ -130,25 +116,24 @@ func produceIDs(ctx context.Context, t *testing.T, c *kfake.Cluster, from, n int
 }
 
 // idCodec decodes produceIDs' values.
-type idCodec struct{}
-
-func (idCodec) Marshal(v int64) ([]byte, error) {
-	return binary.BigEndian.AppendUint64(nil, uint64(v)), nil
-}
-
-func (idCodec) Unmarshal(data []byte, v *int64) error {
-	if len(data) != 8 {
-		return errors.New("not an 8-byte id")
-	}
-	*v = int64(binary.BigEndian.Uint64(data))
-	return nil
-}
+type idCodec = scenario.IDCodec[int64]
 
 // member is one pipeline of a group: source, a stage keyed by partition, the sink.
 type member struct {
 	src  *kafka.Source[int64]
 	p    *pipeline.Pipeline
 	done chan error
+}
+
+// rowsSetup returns what a test of members writing rows needs: a pool, a new table of
+// rows, a store of offsets (a job named after job) and the brokers of a new cluster
+// whose input topic holds the records 0 ... n-1.
+func rowsSetup(t *testing.T, job string, n int) (*pgxpool.Pool, string, *kafkapg.Offsets, []string) {
+	t.Helper()
+	pool := newPool(t)
+	c := newCluster(t)
+	produceIDs(t.Context(), t, c, 0, n)
+	return pool, newTable(t, pool), kafkapg.NewOffsets(pool, uniqueName(job)), c.ListenAddrs()
 }
 
 // startMember runs a member of group that writes every record into table with w

@@ -5,17 +5,15 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
 
+	"github.com/gopipeline/pipeline/internal/scenario"
 	"github.com/gopipeline/pipeline/kafka"
 	"github.com/gopipeline/pipeline/kafka/kafkapg"
 	pgpipe "github.com/gopipeline/pipeline/postgres"
@@ -60,44 +58,10 @@ func runChild() int {
 // killRuns counts the runs of the kill test in this process.
 var killRuns atomic.Int64
 
-// child is a member process of the kill test.
-type child struct {
-	cmd   *exec.Cmd
-	stdin io.WriteCloser
-	done  chan error
-}
-
-func startChild(t *testing.T, brokers, store, table string) *child {
+// startChild starts a member process of the kill test.
+func startChild(t *testing.T, brokers, store, table string) *scenario.Child {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"="+brokers, childStoreEnv+"="+store, childTableEnv+"="+table)
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	c := &child{cmd: cmd, stdin: stdin, done: make(chan error, 1)}
-	go func() { c.done <- cmd.Wait() }()
-	return c
-}
-
-// kill SIGKILLs the child and waits for it.
-func (c *child) kill(t *testing.T) {
-	t.Helper()
-	require.NoError(t, c.cmd.Process.Signal(syscall.SIGKILL))
-	var ee *exec.ExitError
-	require.ErrorAs(t, <-c.done, &ee, "the child's exit")
-}
-
-// stop closes the child's input (it stops gracefully) and waits for its exit.
-func (c *child) stop(t *testing.T) {
-	t.Helper()
-	require.NoError(t, c.stdin.Close())
-	select {
-	case err := <-c.done:
-		require.NoError(t, err)
-	case <-time.After(time.Minute):
-		t.Fatal("a child did not stop")
-	}
+	return scenario.StartChild(t, nil, childEnv+"="+brokers, childStoreEnv+"="+store, childTableEnv+"="+table)
 }
 
 // TestSIGKILLedMembersWriteEachRecordOnce runs three member processes of one group
@@ -133,29 +97,29 @@ func TestSIGKILLedMembersWriteEachRecordOnce(t *testing.T) {
 		produceIDs(ctx, t, c, produced, k)
 		produced += k
 	}
-	children := []*child{startChild(t, brokers, storeName, table), startChild(t, brokers, storeName, table), startChild(t, brokers, storeName, table)}
-	var extra *child
+	children := []*scenario.Child{startChild(t, brokers, storeName, table), startChild(t, brokers, storeName, table), startChild(t, brokers, storeName, table)}
+	var extra *scenario.Child
 	for k := range kills {
 		produce(chunk)
 		waitRows(t, pool, table, int64(produced-chunk/2), 2*time.Minute)
 		i := k % len(children)
-		children[i].kill(t)
+		children[i].Kill(t)
 		children[i] = startChild(t, brokers, storeName, table)
 		switch k {
 		case kills / 3: // a member joins
 			extra = startChild(t, brokers, storeName, table)
 		case 2 * kills / 3: // and leaves
-			extra.stop(t)
+			extra.Stop(t)
 			extra = nil
 		}
 	}
 	if extra != nil { // a short run: it leaves now
-		extra.stop(t)
+		extra.Stop(t)
 	}
 	produce(n - produced)
 	waitRows(t, pool, table, int64(n), 2*time.Minute)
 	for _, ch := range children {
-		ch.stop(t)
+		ch.Stop(t)
 	}
 	rows, distinct := count(t, pool, table)
 	assert.Equal(t, int64(n), distinct, "every record")

@@ -85,13 +85,8 @@ func (g *gate) mapping() pgpipe.Mapping[row] {
 // moved partitions would be there twice.
 func TestSinkFencesAPausedOwner(t *testing.T) {
 	ctx := t.Context()
-	pool := newPool(t)
-	table := newTable(t, pool)
-	store := kafkapg.NewOffsets(pool, uniqueName("fence"))
-	c := newCluster(t)
-	brokers := c.ListenAddrs()
 	const n = 3600
-	produceIDs(ctx, t, c, 0, n)
+	pool, table, store, brokers := rowsSetup(t, "fence", n)
 
 	g := newGate()
 	g.armed.Store(true)
@@ -123,13 +118,8 @@ func TestSinkFencesAPausedOwner(t *testing.T) {
 // 12,000 records on 12 partitions: each record's row is in the table once.
 func TestSinkWritesEachRecordOnceThroughRebalances(t *testing.T) {
 	ctx := t.Context()
-	pool := newPool(t)
-	table := newTable(t, pool)
-	store := kafkapg.NewOffsets(pool, uniqueName("rebalance"))
-	c := newCluster(t)
-	brokers := c.ListenAddrs()
 	const n = 12_000
-	produceIDs(ctx, t, c, 0, n)
+	pool, table, store, brokers := rowsSetup(t, "rebalance", n)
 	w := pgpipe.NewWriter(pool, table, pgpipe.Struct[row]())
 	progress := func(at int64) {
 		waitRows(t, pool, table, at, 60*time.Second)

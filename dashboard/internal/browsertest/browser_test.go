@@ -105,6 +105,34 @@ func browser(t *testing.T) context.Context {
 	return ctx
 }
 
+// runLive runs p until the test ends, and then checks that the run ended by that
+// cancellation; it returns the run's context.
+func runLive(t *testing.T, p *pipeline.Pipeline) context.Context {
+	t.Helper()
+	runCtx, stop := context.WithCancel(t.Context())
+	ran := make(chan error, 1)
+	go func() { ran <- p.Run(runCtx) }()
+	t.Cleanup(func() {
+		stop()
+		assert.ErrorIs(t, <-ran, context.Canceled)
+	})
+	return runCtx
+}
+
+// serve serves the page of p, under name and with the given interval, until the test
+// ends, and returns the page's URL and its handler.
+func serve(t *testing.T, name string, p *pipeline.Pipeline, interval time.Duration) (string, *dashboard.Handler) {
+	t.Helper()
+	h := dashboard.New(dashboard.WithInterval(interval))
+	h.Add(name, p)
+	mux := http.NewServeMux()
+	mux.Handle("/debug/pipeline/", h)
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	t.Cleanup(h.Close) // before srv.Close: it ends the events stream
+	return srv.URL + "/debug/pipeline/", h
+}
+
 // TestBrowser loads the page while a pipeline runs and checks the rendered DOM: every
 // stage drawn, the bottleneck highlighted, dead letters by cause, figures that change
 // between two reads as the page updates itself from the events stream, and recent
@@ -114,9 +142,7 @@ func TestBrowser(t *testing.T) {
 
 	gate := make(chan struct{})
 	p := etl(gate)
-	runCtx, stop := context.WithCancel(t.Context())
-	ran := make(chan error, 1)
-	go func() { ran <- p.Run(runCtx) }()
+	runCtx := runLive(t, p)
 	slow := make(chan struct{}) // closed: the service slows down twentyfold
 	go func() {                 // the workload's pace: about 2,000 items per second through enrich
 		tick := time.NewTicker(500 * time.Microsecond)
@@ -138,23 +164,13 @@ func TestBrowser(t *testing.T) {
 			}
 		}
 	}()
-	t.Cleanup(func() {
-		stop()
-		assert.ErrorIs(t, <-ran, context.Canceled)
-	})
 
-	h := dashboard.New(dashboard.WithInterval(200 * time.Millisecond))
-	h.Add("etl", p)
-	mux := http.NewServeMux()
-	mux.Handle("/debug/pipeline/", h)
-	srv := httptest.NewServer(mux)
-	t.Cleanup(srv.Close)
-	t.Cleanup(h.Close) // before srv.Close: it ends the events stream
+	url, h := serve(t, "etl", p, 200*time.Millisecond)
 
 	const section = `section[data-pipeline="etl"]`
 	start := time.Now()
 	require.NoError(t, chromedp.Do(ctx,
-		chromedp.Navigate(srv.URL+"/debug/pipeline/"),
+		chromedp.Navigate(url),
 		chromedp.WaitVisible(chromedp.CSS(section+" svg.graph g.stage")),
 		chromedp.WaitVisible(chromedp.CSS("#status.live")), // an event has arrived
 	))
@@ -330,25 +346,12 @@ func TestBrowserSourceLag(t *testing.T) {
 		<-ctx.Done() // held: the run stays live
 		return context.Cause(ctx)
 	}))
-	runCtx, stop := context.WithCancel(t.Context())
-	ran := make(chan error, 1)
-	go func() { ran <- p.Run(runCtx) }()
-	t.Cleanup(func() {
-		stop()
-		assert.ErrorIs(t, <-ran, context.Canceled)
-	})
-
-	h := dashboard.New(dashboard.WithInterval(100 * time.Millisecond))
-	h.Add("orders", p)
-	mux := http.NewServeMux()
-	mux.Handle("/debug/pipeline/", h)
-	srv := httptest.NewServer(mux)
-	t.Cleanup(srv.Close)
-	t.Cleanup(h.Close) // before srv.Close: it ends the events stream
+	runLive(t, p)
+	url, _ := serve(t, "orders", p, 100*time.Millisecond)
 
 	const section = `section[data-pipeline="orders"]`
 	require.NoError(t, chromedp.Do(ctx,
-		chromedp.Navigate(srv.URL+"/debug/pipeline/"),
+		chromedp.Navigate(url),
 		chromedp.WaitVisible(chromedp.CSS(section+` tr[data-stage="orders"] td[data-field="lag"]`)),
 		chromedp.WaitVisible(chromedp.CSS("#status.live")),
 	))

@@ -1,0 +1,21 @@
+package scenario
+
+import (
+	"os"
+	"testing"
+)
+
+// DatabaseURL returns the URL of the PostgreSQL server the tests and benchmarks use,
+// DATABASE_URL (scripts/postgres.sh start prints one). Without it tb skips, or fails
+// under CI (CI=true), which must start the server.
+func DatabaseURL(tb testing.TB) string {
+	tb.Helper()
+	u := os.Getenv("DATABASE_URL")
+	if u == "" {
+		if os.Getenv("CI") == "true" {
+			tb.Fatal("DATABASE_URL is not set: CI must start PostgreSQL (scripts/postgres.sh start) and export it")
+		}
+		tb.Skip("no PostgreSQL: run  export DATABASE_URL=$(scripts/postgres.sh start)  first")
+	}
+	return u
+}
