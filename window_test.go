@@ -188,21 +188,28 @@ func with(opts []pipeline.WindowOption, more ...pipeline.WindowOption) []pipelin
 	return slices.Concat(opts, more)
 }
 
-// checkWindows runs one random stream through a Window stage and compares its results
-// with the model's: the last result of each window equals the model's, each window has
-// exactly one first result, and late items are dead-lettered and counted. It returns
-// the results and the stage's report.
+// checkWindows runs one random stream of a few keys through a Window stage and
+// compares its results with the model's (checkStream). It returns the results and the
+// stage's report.
 func checkWindows(t *testing.T, spec winSpec, seed uint64, delay, lateness time.Duration, path ...pipeline.WindowOption) ([]pipeline.WindowResult[int, int], pipeline.StageReport) {
 	t.Helper()
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b9))
 	evs := stream(rng, rng.IntN(300), 1+rng.IntN(4), 2*time.Second, 6*time.Second)
+	return checkStream(t, spec, evs, seed, delay, lateness, path...)
+}
+
+// checkStream runs evs through a Window stage and compares its results with the
+// model's: the last result of each window equals the model's, each window has exactly
+// one first result, and late items are dead-lettered and counted.
+func checkStream(t *testing.T, spec winSpec, evs []ev, seed uint64, delay, lateness time.Duration, path ...pipeline.WindowOption) ([]pipeline.WindowResult[int, int], pipeline.StageReport) {
+	t.Helper()
 	if spec.gap > 0 {
 		delay = max(delay, 6*time.Second) // the session model holds without late items
 		lateness = 0
 	}
 	want, wantLate := model(spec, evs, delay, lateness)
 	p := pipeline.New()
-	dl := pipeline.NewDeadLetterBuffer[ev](1000)
+	dl := pipeline.NewDeadLetterBuffer[ev](max(1000, len(evs)))
 	res, err := pipeline.Collect(t.Context(), pipeline.Window(pipeline.FromSlice(p, evs), spec.kind(), evKey, evTime, sumAgg(),
 		with(path, pipeline.WithMaxDelay(delay), pipeline.WithAllowedLateness(lateness), pipeline.WithLateItems(dl.Add))...))
 	require.NoError(t, err)
@@ -255,6 +262,164 @@ func TestWindowMatchesModel(t *testing.T) {
 					}
 				})
 			}
+		}
+	}
+}
+
+// TestWindowManyKeysMatchModel checks streams of many keys against the model: a bucket
+// of windows (window_state.go) then holds enough keys to grow its table, and windows
+// forgotten one by one (fired with the allowed lateness kept, or late) move the entries
+// after them.
+func TestWindowManyKeysMatchModel(t *testing.T) {
+	t.Parallel()
+	for _, spec := range winSpecs {
+		for _, d := range []struct{ delay, lateness time.Duration }{{0, 0}, {2 * time.Second, 0}, {time.Second, 3 * time.Second}} {
+			for _, path := range windowPaths {
+				t.Run(fmt.Sprintf("%s/delay=%v/lateness=%v/%s", spec.name, d.delay, d.lateness, path.name), func(t *testing.T) {
+					t.Parallel()
+					for seed, keys := range []int{17, 100, 400} {
+						rng := rand.New(rand.NewPCG(uint64(seed), 99))
+						evs := stream(rng, 4000, keys, 30*time.Millisecond, 6*time.Second)
+						checkStream(t, spec, evs, uint64(seed), d.delay, d.lateness, path.opts...)
+					}
+				})
+			}
+		}
+	}
+}
+
+// TestWindowManyKeysAtTheBound runs many keys against a small WithMaxWindows, on one
+// worker (both paths) and three: windows are forced out of their buckets one by one,
+// and every item ends in exactly one window's last result or late, nothing held.
+func TestWindowManyKeysAtTheBound(t *testing.T) {
+	t.Parallel()
+	for _, lateness := range []time.Duration{0, 3 * time.Second} {
+		for _, extra := range []struct {
+			name string
+			opts []pipeline.WindowOption
+		}{{"inline", nil}, {"queued", windowPaths[1].opts}, {"workers=3", []pipeline.WindowOption{pipeline.WithWindowWorkers(3)}}} {
+			t.Run(fmt.Sprintf("lateness=%v/%s", lateness, extra.name), func(t *testing.T) {
+				t.Parallel()
+				for seed, keys := range []int{17, 100, 400} {
+					rng := rand.New(rand.NewPCG(uint64(seed), 5))
+					evs := stream(rng, 4000, keys, 30*time.Millisecond, 6*time.Second)
+					p := pipeline.New()
+					dl := pipeline.NewDeadLetterBuffer[ev](len(evs))
+					opts := with(extra.opts, pipeline.WithMaxWindows(30+7*seed), pipeline.WithMaxDelay(time.Second),
+						pipeline.WithAllowedLateness(lateness), pipeline.WithLateItems(dl.Add))
+					res, err := pipeline.Collect(t.Context(), pipeline.Window(pipeline.FromSlice(p, evs), pipeline.Tumbling(10*time.Second), evKey, evTime, sumAgg(), opts...))
+					require.NoError(t, err)
+					last := map[wkey]pipeline.WindowResult[int, int]{}
+					firsts := map[wkey]int{}
+					for _, r := range res {
+						k := wkey{r.Key, r.Start}
+						if !r.Update {
+							firsts[k]++
+						}
+						last[k] = r
+					}
+					n, sum, total := 0, 0, 0
+					for k, r := range last {
+						assert.Equal(t, 1, firsts[k], "first results of %v", k)
+						n += r.Count
+						sum += r.Value
+					}
+					for _, e := range evs {
+						total += e.V
+					}
+					for _, d := range dl.Items() {
+						sum += d.Item.V
+					}
+					assert.Equal(t, len(evs), n+len(dl.Items()), "items in last results or late, keys %d", keys)
+					assert.Equal(t, total, sum, "keys %d", keys)
+					rep := p.Report()
+					checkAccounting(t, rep)
+					s, _ := rep.Stage("Window")
+					assert.Zero(t, s.Window, "held")
+					assert.Zero(t, s.Windows.Open)
+					if keys > 50 {
+						assert.Positive(t, s.Windows.Forced, "keys %d", keys)
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestWindowManyKeysCheckpointed runs many keys in a checkpointed run that saves often:
+// every item settles once every window it fell into has fired (and, kept for late items,
+// been forgotten), so the checkpoint reaches the end.
+func TestWindowManyKeysCheckpointed(t *testing.T) {
+	t.Parallel()
+	for _, spec := range winSpecs {
+		for _, lateness := range []time.Duration{0, 3 * time.Second} {
+			if spec.gap > 0 && lateness > 0 {
+				continue // a session keeps itself for its gap, not for an allowed lateness
+			}
+			t.Run(fmt.Sprintf("%s/lateness=%v", spec.name, lateness), func(t *testing.T) {
+				t.Parallel()
+				for seed, keys := range []int{17, 100, 400} {
+					rng := rand.New(rand.NewPCG(uint64(seed), 5))
+					evs := stream(rng, 3000, keys, 30*time.Millisecond, 6*time.Second)
+					p := pipeline.New()
+					src := pipeline.FromCheckpoint(p, pipeline.NewFileCheckpoint(t.TempDir()+"/ck"), func(_ context.Context, pos int64) iter.Seq2[ev, error] {
+						return func(yield func(ev, error) bool) {
+							for _, e := range evs[pos:] {
+								if !yield(e, nil) {
+									return
+								}
+							}
+						}
+					}, pipeline.WithSaveEvery(50), pipeline.WithMaxRedo(300))
+					dl := pipeline.NewDeadLetterBuffer[ev](len(evs))
+					_, err := pipeline.Collect(t.Context(), pipeline.Window(src, spec.kind(), evKey, evTime, sumAgg(),
+						pipeline.WithLateItems(dl.Add), pipeline.WithMaxDelay(time.Second), pipeline.WithAllowedLateness(lateness)))
+					require.NoError(t, err)
+					rep := p.Report()
+					checkAccounting(t, rep)
+					s, _ := rep.Stage("Window")
+					assert.Zero(t, s.Window, "held, keys %d", keys)
+					assert.Zero(t, s.Windows.Open)
+					assert.Equal(t, int64(len(evs)), rep.Checkpoint, "keys %d", keys)
+				}
+			})
+		}
+	}
+}
+
+// TestWindowNaNKeys checks keys that equal nothing, not even themselves (a float NaN):
+// as with a Go map, no item finds another's window, and each window is forgotten.
+func TestWindowNaNKeys(t *testing.T) {
+	t.Parallel()
+	for _, path := range windowPaths {
+		for _, lateness := range []time.Duration{0, 3 * time.Second} {
+			t.Run(fmt.Sprintf("%s/lateness=%v", path.name, lateness), func(t *testing.T) {
+				t.Parallel()
+				evs := stream(rand.New(rand.NewPCG(1, 2)), 3000, 50, 30*time.Millisecond, 0)
+				p := pipeline.New()
+				key := func(e ev) float64 {
+					if e.Key%3 == 0 {
+						return math.NaN()
+					}
+					return float64(e.Key)
+				}
+				res, err := pipeline.Collect(t.Context(), pipeline.Window(pipeline.FromSlice(p, evs), pipeline.Sliding(10*time.Second, 5*time.Second), key, evTime, sumAgg(),
+					with(path.opts, pipeline.WithAllowedLateness(lateness), pipeline.WithMaxWindows(500))...))
+				require.NoError(t, err)
+				n := 0
+				for _, r := range res {
+					if math.IsNaN(r.Key) {
+						assert.Equal(t, 1, r.Count, "a NaN key's window")
+					}
+					n += r.Count
+				}
+				assert.Equal(t, 2*len(evs), n, "each item in two sliding windows")
+				rep := p.Report()
+				checkAccounting(t, rep)
+				s, _ := rep.Stage("Window")
+				assert.Zero(t, s.Window, "held")
+				assert.Zero(t, s.Windows.Open)
+			})
 		}
 	}
 }
