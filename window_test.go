@@ -362,15 +362,7 @@ func TestWindowManyKeysCheckpointed(t *testing.T) {
 					rng := rand.New(rand.NewPCG(uint64(seed), 5))
 					evs := stream(rng, 3000, keys, 30*time.Millisecond, 6*time.Second)
 					p := pipeline.New()
-					src := pipeline.FromCheckpoint(p, pipeline.NewFileCheckpoint(t.TempDir()+"/ck"), func(_ context.Context, pos int64) iter.Seq2[ev, error] {
-						return func(yield func(ev, error) bool) {
-							for _, e := range evs[pos:] {
-								if !yield(e, nil) {
-									return
-								}
-							}
-						}
-					}, pipeline.WithSaveEvery(50), pipeline.WithMaxRedo(300))
+					src := checkpointedEvents(t, p, evs, pipeline.WithSaveEvery(50), pipeline.WithMaxRedo(300))
 					dl := pipeline.NewDeadLetterBuffer[ev](len(evs))
 					_, err := pipeline.Collect(t.Context(), pipeline.Window(src, spec.kind(), evKey, evTime, sumAgg(),
 						pipeline.WithLateItems(dl.Add), pipeline.WithMaxDelay(time.Second), pipeline.WithAllowedLateness(lateness)))
@@ -986,6 +978,21 @@ func TestWindowProcessingTime(t *testing.T) {
 	})
 }
 
+// checkpointedEvents is a source of evs checkpointed in a file of the test's, resuming
+// at the position it saved.
+func checkpointedEvents(t *testing.T, p *pipeline.Pipeline, evs []ev, opts ...pipeline.CheckpointOption) *pipeline.Stream[ev] {
+	t.Helper()
+	return pipeline.FromCheckpoint(p, pipeline.NewFileCheckpoint(t.TempDir()+"/ck"), func(_ context.Context, pos int64) iter.Seq2[ev, error] {
+		return func(yield func(ev, error) bool) {
+			for _, e := range evs[pos:] {
+				if !yield(e, nil) {
+					return
+				}
+			}
+		}
+	}, opts...)
+}
+
 // TestWindowFiresEarlyForACheckpointSave: a checkpointed source waits for a save that
 // needs the items of an open window (WithMaxRedo smaller than the window's items); the
 // stage fires that window early rather than stall, and every item is accounted for.
@@ -996,15 +1003,7 @@ func TestWindowFiresEarlyForACheckpointSave(t *testing.T) {
 		evs[i] = ev{Key: i % 2, T: tsec(float64(i) / 10), V: 1} // all in one minute
 	}
 	p := pipeline.New()
-	src := pipeline.FromCheckpoint(p, pipeline.NewFileCheckpoint(t.TempDir()+"/ck"), func(_ context.Context, pos int64) iter.Seq2[ev, error] {
-		return func(yield func(ev, error) bool) {
-			for _, e := range evs[pos:] {
-				if !yield(e, nil) {
-					return
-				}
-			}
-		}
-	}, pipeline.WithSaveEvery(10), pipeline.WithMaxRedo(20))
+	src := checkpointedEvents(t, p, evs, pipeline.WithSaveEvery(10), pipeline.WithMaxRedo(20))
 	dl := pipeline.NewDeadLetterBuffer[ev](len(evs))
 	res, err := pipeline.Collect(t.Context(), pipeline.Window(src, pipeline.Tumbling(time.Minute), evKey, evTime, sumAgg(), pipeline.WithLateItems(dl.Add)))
 	require.NoError(t, err)
