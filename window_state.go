@@ -14,8 +14,9 @@ import (
 )
 
 // This file is the machinery of [Window]: one goroutine (windower) with its own input
-// queue, a map of the windows it holds, and a heap of them by the event time at which
-// each must act (fire an open window, forget a fired one). See DESIGN.md, "Windows".
+// queue, the windows it holds (a hash table per start, or sessions per key), and a
+// heap of them by the event time at which each must act (fire an open window, forget a
+// fired one). See DESIGN.md, "Windows".
 
 // win is one window held: open, or fired and kept for late items (fired). Its value and
 // count are in its bucket's entry (b, slot: tumbling and sliding windows) or in own
@@ -113,7 +114,7 @@ func (b *bucket[K, V]) home(k K) int {
 // find returns the entry of k, or -1.
 func (b *bucket[K, V]) find(k K) int {
 	ents := b.ents
-	var h uint64 // hash, inline
+	var h uint64 // hash's lines: with its call to maphash, hash is too large to be inlined
 	if b.word {
 		h = wordHash(*(*uint64)(unsafe.Pointer(&k)), b.wsd)
 	} else {
