@@ -19,6 +19,15 @@ import (
 // wait; past that, it drains the client (taking what was already asked for) and opens a
 // new one once the body has taken enough. So at most pull messages wait.
 //
+// Owed pulls: the client sends its next pull request from inside Next, when fewer
+// messages are asked for than its threshold, but not while its previous request is
+// still being sent. If that send is slow to return (a busy machine) while the answer
+// arrives and is taken, the next request is owed and nothing sends it: Next would wait
+// for a missed heartbeat, 30 s at the client's defaults. So every check interval the
+// watcher kicks the reader: the context its Next waits on is cancelled, and the reader
+// calls Next again with a new one, which sends what is owed. A kick costs a context
+// per interval; nothing per message.
+//
 // The watcher checks, every check interval while the run holds messages, that the
 // consumer still exists (the server tells a pull that waits, not a run busy with what
 // it has): two answers in a row that it or its stream is not found end the feed with a
@@ -42,7 +51,9 @@ type feed struct {
 	stopped  bool                   // the input ended: pull no more
 	err      error                  // why the feed ended, if it failed
 	readDone bool
+	kick     []natsjs.NextOpt // the reader's: the options of its Next, waiting on a context the watcher cancels
 
+	unkick context.CancelFunc // on mu: cancels kick, the context the reader's Next waits on (owed pulls)
 	poke   chan struct{}      // the reader asks the watcher to check now
 	quit   chan struct{}      // closed when the run's body returns
 	cancel context.CancelFunc // of ctx, the watcher's checks: when the body returns
@@ -58,6 +69,7 @@ type waitingMsg struct {
 }
 
 func (f *feed) start() {
+	f.rearm()
 	f.wg.Go(f.read)
 	f.wg.Go(f.watch)
 }
@@ -67,6 +79,7 @@ func (f *feed) wait() {
 	close(f.quit)
 	f.cancel()
 	f.wg.Wait()
+	f.unkick()
 }
 
 // stop ends the input: the reader drains the client (handing back what it still
@@ -183,7 +196,11 @@ func (f *feed) read() {
 // goes on.
 func (f *feed) readClient(it natsjs.MessagesContext) bool {
 	for {
-		msg, err := it.Next()
+		msg, err := it.Next(f.kick...)
+		if errors.Is(err, context.Canceled) { // kicked (owed pulls at feed)
+			f.rearm()
+			continue
+		}
 		if errors.Is(err, natsjs.ErrMsgIteratorClosed) {
 			f.mu.Lock()
 			f.it = nil
@@ -238,6 +255,15 @@ func (f *feed) readClient(it natsjs.MessagesContext) bool {
 	}
 }
 
+// rearm gives the reader's Next a new context for the watcher to cancel.
+func (f *feed) rearm() {
+	ctx, cancel := context.WithCancel(context.Background())
+	f.kick = []natsjs.NextOpt{natsjs.NextContext(ctx)}
+	f.mu.Lock()
+	f.unkick = cancel
+	f.mu.Unlock()
+}
+
 // watch checks, every check interval while the run holds messages (or at once when the
 // reader asks), that the consumer exists, and fails the feed once two answers in a row
 // said that it or its stream is not found.
@@ -251,6 +277,9 @@ func (f *feed) watch() {
 			return
 		case <-f.poke:
 		case <-tick.C:
+			f.mu.Lock()
+			f.unkick()
+			f.mu.Unlock()
 			if misses == 0 && f.h.idle() { // a pull waits: the server tells it
 				continue
 			}

@@ -163,6 +163,12 @@ func TestStreamReportsNumPendingAsLag(t *testing.T) {
 	ctx := t.Context()
 	js, cons := newConsumer(t, time.Minute, 1000)
 	publish(ctx, t, js, n)
+	// The num_pending a delivery carries is the consumer's running count, which counts
+	// a stored message once the stream has signalled it: wait until it counts all n.
+	eventually(t, 30*time.Second, "the consumer to count every message", func() bool {
+		info, err := cons.Info(ctx)
+		return err == nil && info.NumPending == n
+	})
 	src := jetstream.NewSource(cons, itemCodec{}, jetstream.WithPullSize(20), jetstream.WithMaxPending(10))
 	gate := make(chan struct{})
 	p := pipeline.New()
