@@ -147,7 +147,9 @@ func WithProgressEvery(d time.Duration) SourceOption {
 // that does not come in time ([WithAckTimeout]) or another error (a server restarting)
 // counts as neither. A run, busy or not, also checks at once when the client
 // reports an error it goes on after (a missed heartbeat: a pull sent to a consumer that
-// no longer exists gets no answer). It panics if d <= 0.
+// no longer exists gets no answer). The interval also bounds how long a run waits
+// for a pull request the client owes (one the client skipped while its previous one was still being sent). It
+// panics if d <= 0.
 func WithConsumerCheck(d time.Duration) SourceOption {
 	if d <= 0 {
 		panic(fmt.Sprintf("jetstream: WithConsumerCheck(%v): need a positive interval", d))
