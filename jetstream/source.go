@@ -148,8 +148,8 @@ func WithProgressEvery(d time.Duration) SourceOption {
 // counts as neither. A run, busy or not, also checks at once when the client
 // reports an error it goes on after (a missed heartbeat: a pull sent to a consumer that
 // no longer exists gets no answer). The interval also bounds how long a run waits
-// for a pull request the client owes (one the client skipped while its previous one was still being sent). It
-// panics if d <= 0.
+// for a pull request the client owes (one it skipped while sending the one before).
+// It panics if d <= 0.
 func WithConsumerCheck(d time.Duration) SourceOption {
 	if d <= 0 {
 		panic(fmt.Sprintf("jetstream: WithConsumerCheck(%v): need a positive interval", d))
