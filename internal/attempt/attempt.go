@@ -169,8 +169,13 @@ func (k *Clock) Begin(parent context.Context, base time.Time, now, d time.Durati
 // sameContext reports whether a and b are the same context value by the two words of
 // each interface: exact for the pointers every context of a run is, and at worst false
 // for two equal values boxed apart, which only makes begin start a new epoch.
+//
+// The words are compared one by one: compared as one [2]unsafe.Pointer, the arrays went
+// through runtime.memequal, a call of about 40 instructions (S5 3x4's middleware: 78
+// per item by callgrind).
 func sameContext(a, b context.Context) bool {
-	return *(*[2]unsafe.Pointer)(unsafe.Pointer(&a)) == *(*[2]unsafe.Pointer)(unsafe.Pointer(&b))
+	wa, wb := (*[2]unsafe.Pointer)(unsafe.Pointer(&a)), (*[2]unsafe.Pointer)(unsafe.Pointer(&b))
+	return wa[0] == wb[0] && wa[1] == wb[1]
 }
 
 // Publish tells every context of the attempts begun so far that its attempt returned
