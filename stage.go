@@ -547,7 +547,12 @@ func (w *worker[In, Out]) items(ctx context.Context, seq uint64) error {
 		o := succeeded
 		if plain {
 			if timeout {
-				out, err = w.timedCall(ctx, v)
+				if w.untimed > 0 { // timedCall's untimed case, without its tests of the timing and the timeout (3x4's middleware: 19 instructions per attempt)
+					w.untimed--
+					out, err = w.timeoutCall(ctx, v)
+				} else {
+					out, err = w.timedCall(ctx, v)
+				}
 			} else if w.untimed > 0 { // timedCall, inline: even a helper for the timing costs 1xP 4 %
 				w.untimed--
 				if sinkFn != nil {
@@ -846,25 +851,32 @@ func (w *worker[In, Out]) timedCall(ctx context.Context, v In) (out Out, err err
 	} else {
 		w.untimed--
 	}
-	if d := w.st.cfg.timeout; d <= 0 {
+	if w.st.cfg.timeout <= 0 {
 		out, err = w.call(ctx, v)
 	} else {
-		k := w.ctxs
-		a := k.Begin(ctx, w.r.started, w.clock, d)
-		if w.st.flat == nil {
-			out, err = w.st.fn(a, v)
-		} else {
-			out, err = w.call(a, v)
-		}
-		if err != nil && a.TimedOut() {
-			err = &timeoutError{after: d, err: err}
-		}
-		if k.Looks.Load() {
-			a.Finish()
-		}
+		out, err = w.timeoutCall(ctx, v)
 	}
 	if timed {
 		w.measured(t0)
+	}
+	return out, err
+}
+
+// timeoutCall is the call of the stage function under the per-attempt timeout, which
+// the stage must have, with the attempt's context of its own.
+func (w *worker[In, Out]) timeoutCall(ctx context.Context, v In) (out Out, err error) {
+	d, k := w.st.cfg.timeout, w.ctxs
+	a := k.Begin(ctx, w.r.started, w.clock, d)
+	if w.st.flat == nil {
+		out, err = w.st.fn(a, v)
+	} else {
+		out, err = w.call(a, v)
+	}
+	if err != nil && a.TimedOut() {
+		err = &timeoutError{after: d, err: err}
+	}
+	if k.Looks.Load() {
+		a.Finish()
 	}
 	return out, err
 }
