@@ -132,7 +132,7 @@ type armedCtx struct {
 // budget) of each other: each then starts at most that much earlier than it did. The
 // common case, an attempt of the latest epoch with room in the slab, is Begin's own
 // code, which calls nothing; the rest is begin's. (In one function, the registers
-// were spilled around begin's calls on every attempt: about 30 instructions.)
+// were spilled around begin's calls on every attempt: about 17 instructions.)
 func (k *Clock) Begin(parent context.Context, base time.Time, now, d time.Duration) *Ctx {
 	if ep := k.ep; ep != nil && now-(ep.due-d) <= k.span && sameContext(ep.parent, parent) && k.i < len(k.slab.slots) {
 		// take, written out: it is past the inliner's budget.
