@@ -130,27 +130,27 @@ type armedCtx struct {
 //
 // Attempts share an epoch while the worker's clock readings are within span (a run's
 // budget) of each other: each then starts at most that much earlier than it did. The
-// common case, an attempt of the latest epoch with room in the slab, is Begin's own
-// code, which calls nothing; the rest is begin's. (In one function, the registers
-// were spilled around begin's calls on every attempt: about 17 instructions.)
+// common case, an attempt of the latest epoch with room in the slab, calls nothing; a
+// new epoch or slab is begin's. (In one function, the registers were spilled around
+// begin's calls on every attempt: about 17 instructions.)
 func (k *Clock) Begin(parent context.Context, base time.Time, now, d time.Duration) *Ctx {
-	if ep := k.ep; ep != nil && now-(ep.due-d) <= k.span && sameContext(ep.parent, parent) && k.i < len(k.slab.slots) {
-		// take, written out: it is past the inliner's budget.
-		s := k.slab
-		c := &s.slots[k.i]
-		c.i, c.ep = uint8(k.i), uint8(s.neps-1)
-		k.i++
-		k.n++
-		if asked := k.ask.Load(); !k.said || asked {
-			k.tell(asked)
-		}
-		return c
+	if ep := k.ep; ep == nil || now-(ep.due-d) > k.span || !sameContext(ep.parent, parent) || k.i == len(k.slab.slots) {
+		k.begin(parent, base, now, d)
 	}
-	return k.begin(parent, base, now, d)
+	s := k.slab
+	c := &s.slots[k.i]
+	c.i, c.ep = uint8(k.i), uint8(s.neps-1)
+	k.i++
+	k.n++
+	if asked := k.ask.Load(); !k.said || asked { // the first attempt of a run, or the watcher asks: an ordinary load
+		k.tell(asked)
+	}
+	return c
 }
 
-// begin is Begin for an attempt that needs a new epoch or a new slab.
-func (k *Clock) begin(parent context.Context, base time.Time, now, d time.Duration) *Ctx {
+// begin makes the epoch, and if need be the slab, of the next attempt: k.ep is then
+// the latest epoch, in k.slab, which has room.
+func (k *Clock) begin(parent context.Context, base time.Time, now, d time.Duration) {
 	// An epoch is made in place in the slab (one allocated apart per run of attempts
 	// was S5 3x4's middleware 0.075 allocations per item), and its parent compared by
 	// its words (an interface comparison is a call).
@@ -173,20 +173,6 @@ func (k *Clock) begin(parent context.Context, base time.Time, now, d time.Durati
 		k.ep = &s.eps[s.neps]
 		s.neps++
 	}
-	return k.take(s)
-}
-
-// take returns the next slot of s, the clock's slab, for an attempt of the latest
-// epoch.
-func (k *Clock) take(s *attemptSlab) *Ctx {
-	c := &s.slots[k.i]
-	c.i, c.ep = uint8(k.i), uint8(s.neps-1)
-	k.i++
-	k.n++
-	if asked := k.ask.Load(); !k.said || asked { // the first attempt of a run, or the watcher asks: an ordinary load
-		k.tell(asked)
-	}
-	return c
 }
 
 // tell stores the attempts begun for the stuck-attempt watcher.
