@@ -153,6 +153,40 @@ func TestSlowStageNoRedelivery(t *testing.T) {
 	})
 }
 
+// TestReaderAtItsBoundNoRedelivery runs a stage slower than delivery with a backlog, so that the reader keeps reaching its bound while the server has
+// more to send: a client drained for room with its pull request still open lost what
+// the server sent meanwhile, which the server delivered again at once (delivery count
+// 2); now every message is delivered once.
+func TestReaderAtItsBoundNoRedelivery(t *testing.T) {
+	t.Parallel()
+	const n = 5000
+	ctx := t.Context()
+	js, cons := newConsumer(t, time.Minute, 1000)
+	publish(ctx, t, js, n)
+	p := pipeline.New()
+	src := jetstream.NewSource(cons, itemCodec{}) // the default pull size: 256, in requests of 128
+	var done atomic.Int64
+	work := pipeline.Then(src.Stream(p), pipeline.NewStage("slow", 8, func(_ context.Context, v item) (item, error) {
+		time.Sleep(time.Millisecond) // the work: slower than the server delivers
+		return v, nil
+	}))
+	pipeline.To(work, countItems(&done))
+	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- p.Run(rctx) }()
+	eventually(t, time.Minute, "every item done", func() bool { return done.Load() >= n })
+	src.Stop()
+	require.NoError(t, <-errc)
+	st := src.Stats()
+	assert.Zero(t, st.Redelivered, "the source saw redeliveries")
+	assert.Equal(t, int64(n), st.Delivered)
+	assert.Equal(t, int64(n), st.Acked, "every message acked once")
+	ci, err := cons.Info(ctx)
+	require.NoError(t, err)
+	assert.Zero(t, ci.NumRedelivered, "the server redelivered")
+}
+
 // TestStreamReportsNumPendingAsLag holds every item at the sink: the source's row of
 // the report shows the consumer's backlog, the messages not delivered yet as of the
 // last delivery (labeled stream/consumer); released, it goes to 0; the final report
