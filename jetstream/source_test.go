@@ -153,8 +153,9 @@ func TestSlowStageNoRedelivery(t *testing.T) {
 	})
 }
 
-// TestReaderAtItsBoundNoRedelivery runs a stage slower than delivery with a backlog, so that the reader keeps reaching its bound while the server has
-// more to send: a client drained for room with its pull request still open lost what
+// TestReaderAtItsBoundNoRedelivery runs a stage slower than delivery with a backlog,
+// so that the reader keeps reaching its bound while the server has more to send: a
+// client drained for room with its pull request still open lost what
 // the server sent meanwhile, which the server delivered again at once (delivery count
 // 2); now every message is delivered once.
 func TestReaderAtItsBoundNoRedelivery(t *testing.T) {
