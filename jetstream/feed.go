@@ -17,10 +17,9 @@ import (
 // reader opens a client only while there is room for a batch, and asks it for exactly
 // the room there is (StopAfter): the client's pull requests never ask the server for
 // more, and it ends by itself once that many arrived, with no request left open. (A
-// client drained with a request open lost what the server sent it meanwhile, which
-// the server then delivered again at once: S7's work=io counted 200 to 500 such
-// redeliveries per 20,000 messages, each with a delivery count of 2.) So at most pull
-// messages wait.
+// client drained with a request open loses what the server sends it meanwhile, which
+// the server delivers again at once, counted as a second delivery:
+// TestReaderAtItsBoundNoRedelivery.) So at most pull messages wait.
 //
 // Owed pulls: the client sends its next pull request from inside Next, when fewer
 // messages are asked for than its threshold, but not while its previous request is
