@@ -2,7 +2,6 @@ package pipeline
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -219,14 +218,7 @@ func fromAcked[T any](p *Pipeline, what string, body func(context.Context, *ackE
 			}()
 			err := body(r.ctx, e)
 			returned = true
-			switch {
-			case err == nil, isDraining(err):
-				done()
-				return nil
-			case r.ctx.Err() != nil:
-				return context.Cause(r.ctx)
-			}
-			return &StageError{Stage: name, Err: err}
+			return sourceEnded(r, name, err, done)
 		})
 		return []*row{rw}
 	}
@@ -344,10 +336,6 @@ func notProcessed(settles []func(Settlement)) {
 		callSettle(settle, NotProcessed)
 	}
 }
-
-// isDraining reports whether err is, or wraps, the error emit returns after a drained
-// budget tripped: fn may wrap it (fmt.Errorf("read: %w", err)), as Generate's body may.
-func isDraining(err error) bool { return errors.Is(err, errDraining) }
 
 func callSettle(settle func(Settlement), o Outcome) {
 	if settle != nil {

@@ -62,11 +62,7 @@ func Batch[T any](s *Stream[T], size int, opts ...BatchOption) *Stream[[]T] {
 	cfg := configure("Batch", opts, BatchOption.batchOption)
 	var sizer func(T) int
 	if cfg.sizer != nil {
-		var ok bool
-		if sizer, ok = cfg.sizer.(func(T) int); !ok {
-			var zero T
-			panic(fmt.Sprintf("pipeline: Batch: WithMaxBytes for another item type on a batch of %T", zero))
-		}
+		sizer = typed[func(T) int, T](cfg.sizer, "Batch", "WithMaxBytes", "a batch")
 	}
 	p := s.p
 	name := p.rowName(cfg.name, "Batch")

@@ -174,12 +174,7 @@ func codecOf[T any](where string, cfg config) Codec[T] {
 	if cfg.codec == nil {
 		return JSONCodec[T]{}
 	}
-	c, ok := cfg.codec.(Codec[T])
-	if !ok {
-		var zero T
-		panic(fmt.Sprintf("pipeline: %s: WithCodec for another item type (%T) on items of %T", where, cfg.codec, zero))
-	}
-	return c
+	return typed[Codec[T], T](cfg.codec, where, "WithCodec", "items")
 }
 
 // OpenDeadLetterFile opens (creating it if needed) the file at path for appending, with

@@ -3,6 +3,7 @@ package pipeline_test
 import (
 	"context"
 	"math"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -235,4 +236,41 @@ func TestRunNilContextLeavesPipelineRunnable(t *testing.T) {
 		_ = p.Run(nil) //nolint:staticcheck // a nil context is the misuse under test
 	}()
 	assert.NotPanics(t, func() { _ = p.Run(context.Background()) })
+}
+
+// TestOptionForAnotherItemType checks that every option whose function is kept
+// untyped until the constructor (it fits steps of any item type) panics there, naming
+// the option and both types, when it was made for another item type than the step's.
+func TestOptionForAnotherItemType(t *testing.T) {
+	t.Parallel()
+	fn := func(_ context.Context, v int) (int, error) { return v, nil }
+	strDL := func(context.Context, pipeline.DeadLetter[string]) error { return nil }
+	window := func(opt pipeline.WindowOption) {
+		s := pipeline.FromSlice(pipeline.New(), []int{1})
+		pipeline.Window(s, pipeline.Tumbling(time.Second), func(int) int { return 0 },
+			func(int) time.Time { return time.Time{} }, pipeline.Fold(0, func(a, v int) int { return a + v }), opt)
+	}
+	cases := []struct {
+		option string
+		f      func()
+	}{
+		{"WithDeadLetter", func() { pipeline.NewStage("s", 1, fn, pipeline.WithDeadLetter(strDL)) }},
+		{"WithKey", func() { pipeline.NewStage("s", 1, fn, pipeline.WithKey(func(string) string { return "" })) }},
+		{"WithMaxBytes", func() {
+			pipeline.Batch(pipeline.FromSlice(pipeline.New(), []int{1}), 2, pipeline.WithMaxBytes(10, func(string) int { return 1 }))
+		}},
+		{"WithLateItems", func() { window(pipeline.WithLateItems(strDL)) }},
+		{"WithWatermarkPer", func() { window(pipeline.WithWatermarkPer(2, func(string) int { return 0 })) }},
+		{"WithCodec", func() {
+			_, _ = pipeline.OpenDeadLetterFile[int](filepath.Join(t.TempDir(), "dl"), pipeline.WithCodec[string](pipeline.JSONCodec[string]{}))
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.option, func(t *testing.T) {
+			msg := assertPanicsPipeline(t, tc.f)
+			assert.Contains(t, msg, tc.option+" for another item type")
+			assert.Contains(t, msg, "string")
+			assert.Contains(t, msg, "of int")
+		})
+	}
 }

@@ -90,6 +90,18 @@ func (c *config) bufferOr(d int) int {
 	return d
 }
 
+// typed returns v, an option's function kept untyped in the config, as F, the type it
+// has on items of type T; it panics when the option was made for another item type.
+// where names the constructor (and stage), what the option, on the kind of step.
+func typed[F, T any](v any, where, what, on string) F {
+	f, ok := v.(F)
+	if !ok {
+		var zero T
+		panic(fmt.Sprintf("pipeline: %s: %s for another item type (%T) on %s of %T", where, what, v, on, zero))
+	}
+	return f
+}
+
 // configure applies opts to a new config; where names the constructor for the panic
 // that a nil option gets.
 func configure[O any](where string, opts []O, apply func(O, *config)) config {

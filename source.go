@@ -11,6 +11,10 @@ import (
 // errDraining is what a source's emit returns once a drained budget has tripped.
 var errDraining = errors.New("pipeline: draining after the error budget tripped")
 
+// isDraining reports whether err is, or wraps, the error emit returns after a drained
+// budget tripped: fn may wrap it (fmt.Errorf("read: %w", err)), as Generate's body may.
+func isDraining(err error) bool { return errors.Is(err, errDraining) }
+
 // FromSlice returns a source of the items of a slice, in order. The slice is read
 // during each run and must not change meanwhile. Items not sent when a run stops are
 // counted as not started in the [Report]. Since every item is at hand, the source hands
@@ -276,16 +280,25 @@ func newSourceNamed[T any](p *Pipeline, ctor, given string, n *int64, total int6
 				err = ferr
 			}
 			returned = true
-			switch {
-			case err == nil, errors.Is(err, errDraining):
-				done()
-				return nil
-			case r.ctx.Err() != nil:
-				return context.Cause(r.ctx)
-			}
-			return &StageError{Stage: name, Err: err}
+			return sourceEnded(r, name, err, done)
 		})
 		return []*row{rw}
 	}
 	return s
+}
+
+// sourceEnded is how a source's goroutine ends after its body returned err: an input
+// that ended (or a drained budget, which ends it early) closes the next queues (done);
+// a stopped run returns its cause, and any other error fails the run under the
+// source's name. Only an ended input calls done: after a failure the consumers stop
+// with the run's context and take nothing for an end of input.
+func sourceEnded(r *run, name string, err error, done func()) error {
+	switch {
+	case err == nil, isDraining(err):
+		done()
+		return nil
+	case r.ctx.Err() != nil:
+		return context.Cause(r.ctx)
+	}
+	return &StageError{Stage: name, Err: err}
 }

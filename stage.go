@@ -101,21 +101,12 @@ func (st *Stage[In, Out]) init(ctor, name string, workers int, opts []StageOptio
 	}
 	st.name, st.workers = name, workers
 	st.cfg = configure(fmt.Sprintf("%s(%q)", ctor, name), opts, StageOption.stageOption)
+	where := fmt.Sprintf("%s(%q)", ctor, name)
 	if st.cfg.deadLetter != nil {
-		dl, ok := st.cfg.deadLetter.(func(context.Context, DeadLetter[In]) error)
-		if !ok {
-			var zero In
-			panic(fmt.Sprintf("pipeline: %s(%q): WithDeadLetter for another item type (%T) on a stage of %T",
-				ctor, name, st.cfg.deadLetter, zero))
-		}
-		st.dl = dl
+		st.dl = typed[func(context.Context, DeadLetter[In]) error, In](st.cfg.deadLetter, where, "WithDeadLetter", "a stage")
 	}
 	if st.cfg.key != nil {
-		hash, ok := st.cfg.key.(func(In) uint64)
-		if !ok {
-			var zero In
-			panic(fmt.Sprintf("pipeline: %s(%q): WithKey for another item type on a stage of %T", ctor, name, zero))
-		}
+		hash := typed[func(In) uint64, In](st.cfg.key, where, "WithKey", "a stage")
 		if st.cfg.ordered {
 			panic(fmt.Sprintf("pipeline: %s(%q): WithKey and WithOrdered together; WithKey already keeps order per key", ctor, name))
 		}

@@ -387,19 +387,11 @@ func Window[T any, K comparable, V any](s *Stream[T], kind WindowKind, key func(
 	}
 	var late func(context.Context, DeadLetter[T]) error
 	if cfg.late != nil {
-		var ok bool
-		if late, ok = cfg.late.(func(context.Context, DeadLetter[T]) error); !ok {
-			var zero T
-			panic(fmt.Sprintf("pipeline: Window: WithLateItems for another item type on a stream of %T", zero))
-		}
+		late = typed[func(context.Context, DeadLetter[T]) error, T](cfg.late, "Window", "WithLateItems", "a stream")
 	}
 	var input func(T) int
 	if cfg.input != nil {
-		var ok bool
-		if input, ok = cfg.input.(func(T) int); !ok {
-			var zero T
-			panic(fmt.Sprintf("pipeline: Window: WithWatermarkPer for another item type on a stream of %T", zero))
-		}
+		input = typed[func(T) int, T](cfg.input, "Window", "WithWatermarkPer", "a stream")
 	}
 	p := s.p
 	if p.ck != nil {
