@@ -11,38 +11,6 @@ import (
 	"github.com/gopipeline/pipeline/internal/retryafter"
 )
 
-// WithTimeout bounds each attempt of the stage function at d: the function's context is
-// canceled after d, and an error it returns after that matches [ErrTimeout]. Its class
-// is the stage's classifier's ([WithClassifier]), or else that of an item error
-// (dead-lettered, not retried), unless the function marks it ([Transient], ...).
-// Waiting for room in the next queue happens after the attempt and never counts against
-// d. It panics if d <= 0.
-//
-// An attempt's start is read from the clock once per run of items a worker takes (and
-// after each wait); when the function first looks at its context (Done, Err, Deadline)
-// and that reading is over a millisecond old, the deadline counts from that moment
-// instead (readings less than about 16 µs apart may count as one). An error of a
-// function that never looked at its context is its own, not a timeout.
-//
-// The context is canceled once its attempt returns: at once if the function looked at it
-// during the attempt; if it was handed on unlooked (to a goroutine, say) and first looked
-// at later, by the end of the worker's run of items, and at its deadline at the latest.
-// It never shows anything of a later attempt. An attempt whose function never looks
-// costs no clock read, no locked instruction (the worker's first attempt after each
-// publish of its attempt clock makes one store, for the stuck-attempt watcher: one per
-// run of items) and two bytes of a shared allocation; one that calls Done costs a
-// timer, as [context.WithTimeout] does.
-//
-// An attempt whose function does not return after its context is done is reported: an
-// [EventStuck] when it has run a quarter of d past d (1 ms at least), and its age in
-// [StageReport.OldestAttempt]; see "Middleware" in the package doc.
-func WithTimeout(d time.Duration) StageOption {
-	if d <= 0 {
-		panic(fmt.Sprintf("pipeline: WithTimeout(%v): the timeout must be positive", d))
-	}
-	return stageOpt(func(c *config) { c.timeout = d })
-}
-
 // Backoff returns how long to wait before retry number attempt (1 for the wait after
 // the first failed attempt).
 type Backoff func(attempt int) time.Duration

@@ -209,7 +209,6 @@ func then[In, Out any](s *Stream[In], st *Stage[In, Out], sink, terminal bool) *
 		}
 		r.stoppers = append(r.stoppers, q.stop)
 		rw := r.newRow(name, kind, st.workers, buf, q)
-		rw.timeout = st.cfg.timeout
 		wireInput(r, rw, s, q.outlet(r.ctx), q.close)
 		r.addRow(rw)
 		b := r.shared
@@ -225,15 +224,11 @@ func then[In, Out any](s *Stream[In], st *Stage[In, Out], sink, terminal bool) *
 			ord = newReorder(window, next(&hand{row: rw}), st.flat != nil, r.tracked())
 			rw.held, rw.extra = ord.heldCount, window
 		}
-		cl := newClient(r, rw, st) // client.go: nil without rate limit, breaker or adaptive workers
+		cl := newClient(r, rw, st)                           // client.go: nil without rate limit, breaker or adaptive workers
+		tw := newTimeouts(r, rw, st.cfg.timeout, st.workers) // timeout.go: WithTimeout's clocks and watcher; nil without
 		var left atomic.Int32
 		left.Store(int32(st.workers))
 		var failed atomic.Bool // a worker failed: downstream sees no end of input
-		var clocks []*attempt.Clock
-		var stopWatch chan struct{} // closed when every worker has exited
-		if st.cfg.timeout > 0 {
-			clocks, stopWatch = make([]*attempt.Clock, st.workers), make(chan struct{})
-		}
 		for i := range st.workers {
 			lane := 0
 			if st.hash != nil {
@@ -247,10 +242,7 @@ func then[In, Out any](s *Stream[In], st *Stage[In, Out], sink, terminal bool) *
 				fast:  ord == nil && st.flat == nil && b == nil,
 				plain: cl == nil && st.flat == nil && (!sink || !r.tracked()),
 			}
-			if st.cfg.timeout > 0 {
-				w.ctxs = attempt.NewClock(runBudget)
-				clocks[i] = w.ctxs
-			}
+			w.ctxs = tw.clock(i)
 			if ord == nil {
 				// Counts and attempt contexts are current while the worker waits.
 				h := &hand{row: rw, waits: []func(){w.commit, w.ctxs.Publish}}
@@ -273,9 +265,7 @@ func then[In, Out any](s *Stream[In], st *Stage[In, Out], sink, terminal bool) *
 						failed.Store(true)
 					}
 					if left.Add(-1) == 0 {
-						if stopWatch != nil {
-							close(stopWatch)
-						}
+						tw.ended()
 						r.emit(r.ctx, Event{Kind: EventStageDone, Stage: name}) // before the next stage can end
 						if !failed.Load() {
 							done()
@@ -287,16 +277,7 @@ func then[In, Out any](s *Stream[In], st *Stage[In, Out], sink, terminal bool) *
 				return err
 			})
 		}
-		if clocks != nil { // stuck attempts (attempt.Watch): one goroutine, ended with the workers
-			aw := attempt.NewWatch(st.cfg.timeout, r.started, clocks)
-			rw.watch = aw
-			r.spawn(name, func() error {
-				aw.Run(stopWatch, func(age time.Duration) {
-					r.emit(r.ctx, Event{Kind: EventStuck, Stage: name, Age: age})
-				})
-				return nil
-			})
-		}
+		tw.watch()
 		return []*row{rw}
 	}
 	return out
@@ -765,13 +746,6 @@ func (w *worker[In, Out]) enter(ctx context.Context) error {
 	return err
 }
 
-// tick reads the clock for the attempts that follow, under WithTimeout (see attempt.Ctx).
-func (w *worker[In, Out]) tick() {
-	if w.st.cfg.timeout > 0 {
-		w.clock = time.Since(w.r.started)
-	}
-}
-
 // abandon ends the run with err: the items after the current one, and the current
 // one itself when current is 1, are not started. What the run finished before (an
 // ordered one-to-one stage's outcomes, kept to be settled together) is the window's all
@@ -849,25 +823,6 @@ func (w *worker[In, Out]) timedCall(ctx context.Context, v In) (out Out, err err
 	}
 	if timed {
 		w.measured(t0)
-	}
-	return out, err
-}
-
-// timeoutCall is the call of the stage function under the per-attempt timeout, which
-// the stage must have, with the attempt's context of its own.
-func (w *worker[In, Out]) timeoutCall(ctx context.Context, v In) (out Out, err error) {
-	d, k := w.st.cfg.timeout, w.ctxs
-	a := k.Begin(ctx, w.r.started, w.clock, d)
-	if w.st.flat == nil {
-		out, err = w.st.fn(a, v)
-	} else {
-		out, err = w.call(a, v)
-	}
-	if err != nil && a.TimedOut() {
-		err = &timeoutError{after: d, err: err}
-	}
-	if k.Looks.Load() {
-		a.Finish()
 	}
 	return out, err
 }

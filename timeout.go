@@ -1,0 +1,124 @@
+package pipeline
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/gopipeline/pipeline/internal/attempt"
+)
+
+// WithTimeout bounds each attempt of the stage function at d: the function's context is
+// canceled after d, and an error it returns after that matches [ErrTimeout]. Its class
+// is the stage's classifier's ([WithClassifier]), or else that of an item error
+// (dead-lettered, not retried), unless the function marks it ([Transient], ...).
+// Waiting for room in the next queue happens after the attempt and never counts against
+// d. It panics if d <= 0.
+//
+// An attempt's start is read from the clock once per run of items a worker takes (and
+// after each wait); when the function first looks at its context (Done, Err, Deadline)
+// and that reading is over a millisecond old, the deadline counts from that moment
+// instead (readings less than about 16 µs apart may count as one). An error of a
+// function that never looked at its context is its own, not a timeout.
+//
+// The context is canceled once its attempt returns: at once if the function looked at it
+// during the attempt; if it was handed on unlooked (to a goroutine, say) and first looked
+// at later, by the end of the worker's run of items, and at its deadline at the latest.
+// It never shows anything of a later attempt. An attempt whose function never looks
+// costs no clock read, no locked instruction (the worker's first attempt after each
+// publish of its attempt clock makes one store, for the stuck-attempt watcher: one per
+// run of items) and two bytes of a shared allocation; one that calls Done costs a
+// timer, as [context.WithTimeout] does.
+//
+// An attempt whose function does not return after its context is done is reported: an
+// [EventStuck] when it has run a quarter of d past d (1 ms at least), and its age in
+// [StageReport.OldestAttempt]; see "Middleware" in the package doc.
+func WithTimeout(d time.Duration) StageOption {
+	if d <= 0 {
+		panic(fmt.Sprintf("pipeline: WithTimeout(%v): the timeout must be positive", d))
+	}
+	return stageOpt(func(c *config) { c.timeout = d })
+}
+
+// timeouts is WithTimeout's part of one stage in one run: each worker's attempt clock
+// (internal/attempt) and the stuck-attempt watcher over them. A stage without a timeout
+// has a nil *timeouts, whose methods do nothing and whose clocks are nil (a nil
+// attempt.Clock's Publish does nothing).
+type timeouts struct {
+	r      *run
+	rw     *row
+	d      time.Duration
+	clocks []*attempt.Clock
+	done   chan struct{} // closed when every worker has exited: the watcher ends
+}
+
+// newTimeouts returns the timeout part of a stage's run of workers workers, or nil when
+// d is not positive (no WithTimeout).
+func newTimeouts(r *run, rw *row, d time.Duration, workers int) *timeouts {
+	if d <= 0 {
+		return nil
+	}
+	rw.timeout = d
+	t := &timeouts{r: r, rw: rw, d: d, clocks: make([]*attempt.Clock, workers), done: make(chan struct{})}
+	for i := range t.clocks {
+		t.clocks[i] = attempt.NewClock(runBudget)
+	}
+	return t
+}
+
+// clock returns worker i's attempt clock.
+func (t *timeouts) clock(i int) *attempt.Clock {
+	if t == nil {
+		return nil
+	}
+	return t.clocks[i]
+}
+
+// watch starts the stuck-attempt watcher (attempt.Watch): one goroutine, which ends
+// once ended is called.
+func (t *timeouts) watch() {
+	if t == nil {
+		return
+	}
+	aw := attempt.NewWatch(t.d, t.r.started, t.clocks)
+	t.rw.watch = aw
+	t.r.spawn(t.rw.name, func() error {
+		aw.Run(t.done, func(age time.Duration) {
+			t.r.emit(t.r.ctx, Event{Kind: EventStuck, Stage: t.rw.name, Age: age})
+		})
+		return nil
+	})
+}
+
+// ended is called when the stage's last worker exits.
+func (t *timeouts) ended() {
+	if t != nil {
+		close(t.done)
+	}
+}
+
+// tick reads the clock for the attempts that follow, under WithTimeout (see attempt.Ctx).
+func (w *worker[In, Out]) tick() {
+	if w.st.cfg.timeout > 0 {
+		w.clock = time.Since(w.r.started)
+	}
+}
+
+// timeoutCall is the call of the stage function under the per-attempt timeout, which
+// the stage must have, with the attempt's context of its own.
+func (w *worker[In, Out]) timeoutCall(ctx context.Context, v In) (out Out, err error) {
+	d, k := w.st.cfg.timeout, w.ctxs
+	a := k.Begin(ctx, w.r.started, w.clock, d)
+	if w.st.flat == nil {
+		out, err = w.st.fn(a, v)
+	} else {
+		out, err = w.call(a, v)
+	}
+	if err != nil && a.TimedOut() {
+		err = &timeoutError{after: d, err: err}
+	}
+	if k.Looks.Load() {
+		a.Finish()
+	}
+	return out, err
+}
