@@ -608,11 +608,7 @@ func (w *windower[T, K, V]) addAligned(v T, k K, t int64, pos uint64) error {
 	if first == last && w.retain == 0 {
 		if e0 := first + size; e0 > w.floor && e0 > w.wm {
 			if wn := w.bucket(first).window(k); wn != nil {
-				w.fold(wn, v, pos)
-				wn.owns++
-				w.heldN++
-				w.t.succeeded++
-				w.inHand = false
+				w.foldLast(wn, v, pos)
 				return nil
 			}
 		}
@@ -751,11 +747,7 @@ func (w *windower[T, K, V]) addSession(v T, k K, t int64, pos uint64) error {
 		s.due = s.end
 		w.due.fix(s.idx)
 	}
-	w.fold(s, v, pos)
-	s.owns++
-	w.heldN++
-	w.t.succeeded++
-	w.inHand = false
+	w.foldLast(s, v, pos)
 	return nil
 }
 
@@ -790,6 +782,16 @@ func (w *windower[T, K, V]) fold(wn *win[K, V], v T, pos uint64) {
 	if pos != noPos {
 		wn.poss = append(wn.poss, pos)
 	}
+}
+
+// foldLast folds the item in hand into wn, the only window it falls into (so its last),
+// and counts it: succeeded, and held until wn fires.
+func (w *windower[T, K, V]) foldLast(wn *win[K, V], v T, pos uint64) {
+	w.fold(wn, v, pos)
+	wn.owns++
+	w.heldN++
+	w.t.succeeded++
+	w.inHand = false
 }
 
 // fireDue fires the open windows, and forgets the fired ones, that the watermark
