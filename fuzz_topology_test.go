@@ -8,13 +8,14 @@ import (
 	"sync"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/gopipeline/pipeline"
 )
 
 // topology builds a random pipeline from fuzz bytes: a source (plain or checkpointed)
 // then up to six operators, each one of: a plain, ordered, keyed or flat stage with a
-// dead-letter destination, a Filter, a Map that may panic, a Tee whose first branch
+// dead-letter destination (the first three maybe with a timeout and retries), a Filter, a Map that may panic, a Tee whose first branch
 // ends in a sink at once, or a Batch (maybe with a byte limit) undone by Flatten. The
 // chain ends in a sink that may cancel the run after some items. The shapes come from
 // the defects an outside soak found: Tee with inline panics, batches with byte limits
@@ -46,6 +47,8 @@ func FuzzTopology(f *testing.F) {
 	f.Add([]byte{33, 2, 4, 0, 6, 5, 1, 3, 2, 8, 1, 5, 0, 7, 3})
 	f.Add([]byte{12, 5, 2, 2, 4, 4, 6, 6, 0, 0, 1, 1, 7, 7})
 	f.Add([]byte{50, 6, 1, 5, 6, 7, 3, 1, 2, 4, 5, 6, 0})
+	f.Add([]byte{30, 0, 1, 2, 0, 97, 1, 98, 2, 99, 1})            // timeouts and retries: plain, ordered, keyed
+	f.Add([]byte{40, 3, 7, 2, 2, 0, 224, 6, 1, 1, 97, 0, 226, 1}) // the same, checkpointed, canceled, after a batch
 	fuzzShape(f, runTopology)
 }
 
@@ -162,13 +165,30 @@ func runTopology(t *testing.T, data []byte) {
 		stageNo++
 		name := fmt.Sprintf("op%d", stageNo)
 		dead := func(i int) bool { return arg != 0 && i%(2+arg%5) == 0 }
-		fn := func(_ context.Context, i int) (int, error) {
+		// A stage's attempts may be timed (an item waits for its context: a timeout,
+		// dead-lettered) and retried (an item fails once, transiently).
+		timed, retried := arg&32 != 0, arg&64 != 0
+		var failedOnce sync.Map // items whose first attempt failed
+		fn := func(ctx context.Context, i int) (int, error) {
 			if dead(i) {
 				return 0, pipeline.Permanent(errBoom)
+			}
+			if timed && i%7 == 3 {
+				<-ctx.Done()
+				return 0, ctx.Err()
+			}
+			if _, again := failedOnce.LoadOrStore(i, true); retried && !again && i%3 == 1 {
+				return 0, pipeline.Transient(errBoom)
 			}
 			return i, nil
 		}
 		opts := []pipeline.StageOption{pipeline.WithDeadLetter(pipeline.DiscardDeadLetter[int]), pipeline.WithBuffer(arg % 3)}
+		if timed {
+			opts = append(opts, pipeline.WithTimeout(time.Millisecond))
+		}
+		if retried {
+			opts = append(opts, pipeline.WithRetry(2, pipeline.ConstantBackoff(time.Microsecond)))
+		}
 		mark := func() {
 			if pendingFlatten {
 				crossesFlatten[name] = true
