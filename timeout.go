@@ -61,7 +61,7 @@ func newTimeouts(r *run, rw *row, d time.Duration, workers int) *timeouts {
 	rw.timeout = d
 	t := &timeouts{r: r, rw: rw, d: d, clocks: make([]*attempt.Clock, workers), done: make(chan struct{})}
 	for i := range t.clocks {
-		t.clocks[i] = attempt.NewClock(runBudget)
+		t.clocks[i] = attempt.NewClock(runBudget, r.started, d)
 	}
 	return t
 }
@@ -107,15 +107,15 @@ func (w *worker[In, Out]) tick() {
 // timeoutCall is the call of the stage function under the per-attempt timeout, which
 // the stage must have, with the attempt's context of its own.
 func (w *worker[In, Out]) timeoutCall(ctx context.Context, v In) (out Out, err error) {
-	d, k := w.st.cfg.timeout, w.ctxs
-	a := k.Begin(ctx, w.r.started, w.clock, d)
+	k := w.ctxs
+	a := k.Begin(ctx, w.clock)
 	if w.st.flat == nil {
 		out, err = w.st.fn(a, v)
 	} else {
 		out, err = w.call(a, v)
 	}
 	if err != nil && a.TimedOut() {
-		err = &timeoutError{after: d, err: err}
+		err = &timeoutError{after: w.st.cfg.timeout, err: err}
 	}
 	if k.Looks.Load() {
 		a.Finish()

@@ -94,12 +94,17 @@ type Clock struct {
 	i, fi int           // the next slot of slab; the first begun since the last publish
 	ep    *attemptEpoch // the latest attempts' epoch, in slab
 	span  time.Duration // how far apart clock readings may be for attempts to share an epoch
+	base  time.Time     // what clock readings are offsets from (the run's start)
+	d     time.Duration // the timeout of every attempt
 }
 
-// NewClock returns the clock of one worker whose runs of items take about span (the
-// root package's runBudget): attempts begun at clock readings less than span apart
-// share an epoch.
-func NewClock(span time.Duration) *Clock { return &Clock{span: span} }
+// NewClock returns the clock of one worker in one run, whose attempts have timeout d
+// and whose clock readings are offsets from base (the run's start), and whose runs of
+// items take about span (the root package's runBudget): attempts begun at clock
+// readings less than span apart share an epoch.
+func NewClock(span time.Duration, base time.Time, d time.Duration) *Clock {
+	return &Clock{span: span, base: base, d: d}
+}
 
 // attemptEpoch is what the attempts of a slab begun at one clock reading with one
 // parent share.
@@ -124,18 +129,18 @@ type armedCtx struct {
 	stopParent func() bool
 }
 
-// Begin returns the context of the worker's next attempt, of at most d from about
-// offset now from base (the worker's last clock reading: no clock read until the
-// function looks).
+// Begin returns the context of the worker's next attempt, of at most the clock's
+// timeout from about offset now from its base (the worker's last clock reading: no
+// clock read until the function looks).
 //
 // Attempts share an epoch while the worker's clock readings are within span (a run's
 // budget) of each other: each then starts at most that much earlier than it did. The
 // common case, an attempt of the latest epoch with room in the slab, calls nothing; a
 // new epoch or slab is begin's. (In one function, the registers were spilled around
 // begin's calls on every attempt: about 17 instructions.)
-func (k *Clock) Begin(parent context.Context, base time.Time, now, d time.Duration) *Ctx {
-	if ep := k.ep; ep == nil || now-(ep.due-d) > k.span || !sameContext(ep.parent, parent) || k.i == len(k.slab.slots) {
-		k.begin(parent, base, now, d)
+func (k *Clock) Begin(parent context.Context, now time.Duration) *Ctx {
+	if ep := k.ep; ep == nil || now-(ep.due-k.d) > k.span || !sameContext(&ep.parent, parent) || k.i == len(k.slab.slots) {
+		k.begin(parent, now)
 	}
 	s := k.slab
 	c := &s.slots[k.i]
@@ -150,18 +155,15 @@ func (k *Clock) Begin(parent context.Context, base time.Time, now, d time.Durati
 
 // begin makes the epoch, and if need be the slab, of the next attempt: k.ep is then
 // the latest epoch, in k.slab, which has room.
-func (k *Clock) begin(parent context.Context, base time.Time, now, d time.Duration) {
+func (k *Clock) begin(parent context.Context, now time.Duration) {
 	// An epoch is made in place in the slab (one allocated apart per run of attempts
 	// was S5 3x4's middleware 0.075 allocations per item), and its parent compared by
 	// its words (an interface comparison is a call).
-	ep, s := k.ep, k.slab
-	fresh := ep == nil || now-(ep.due-d) > k.span || !sameContext(ep.parent, parent)
-	if fresh && s != nil && (s.d != d || s.base != base) {
-		s = nil // a slab's attempts share base and d (the run's start and the stage's timeout: a clock's never change)
-	}
+	ep, s, d := k.ep, k.slab, k.d
+	fresh := ep == nil || now-(ep.due-d) > k.span || !sameContext(&ep.parent, parent)
 	if s == nil || k.i == len(s.slots) || fresh && s.neps == len(s.eps) {
 		k.Publish() // what publish looks through stays in one slab
-		s = &attemptSlab{clk: k, n0: k.n, base: base, d: d}
+		s = &attemptSlab{clk: k, n0: k.n, base: k.base, d: d}
 		k.slab, k.i, k.fi = s, 0, 0
 		if !fresh {
 			s.eps[0], s.neps = *ep, 1
@@ -193,8 +195,8 @@ func (k *Clock) tell(asked bool) {
 // The words are compared one by one: compared as one [2]unsafe.Pointer, the arrays went
 // through runtime.memequal, a call of about 40 instructions (S5 3x4's middleware: 78
 // per item by callgrind).
-func sameContext(a, b context.Context) bool {
-	wa, wb := (*[2]unsafe.Pointer)(unsafe.Pointer(&a)), (*[2]unsafe.Pointer)(unsafe.Pointer(&b))
+func sameContext(a *context.Context, b context.Context) bool {
+	wa, wb := (*[2]unsafe.Pointer)(unsafe.Pointer(a)), (*[2]unsafe.Pointer)(unsafe.Pointer(&b))
 	return wa[0] == wb[0] && wa[1] == wb[1]
 }
 
@@ -225,8 +227,8 @@ func (k *Clock) Publish() {
 // New returns a context of its own for one attempt of at most d from now
 // (tests, and callers outside a worker); end it with End.
 func New(parent context.Context, base time.Time, d time.Duration) *Ctx {
-	k := &Clock{}
-	c := k.Begin(parent, base, time.Since(base), d)
+	k := NewClock(0, base, d)
+	c := k.Begin(parent, time.Since(base))
 	k.slab.eps[c.ep].guess = false // read from the clock just now
 	return c
 }

@@ -96,14 +96,14 @@ func TestAttemptClock(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		parent := context.Background()
 		base := time.Now()
-		k := NewClock(span)
+		k := NewClock(span, base, time.Second)
 		var ctxs []*Ctx
 		var dues []time.Duration
 		for i := range 300 {
 			// A new clock reading now and then: a new epoch, and a new slab when a slab's
 			// epochs run out.
 			now := time.Duration(i/7) * 10 * span
-			c := k.Begin(parent, base, now, time.Second)
+			c := k.Begin(parent, now)
 			if s := c.slab(); s != k.slab || &s.slots[c.i] != c {
 				t.Fatalf("attempt %d: slab() does not find its slab", i)
 			}
@@ -117,7 +117,7 @@ func TestAttemptClock(t *testing.T) {
 			}
 		}
 		k.Publish()
-		last := k.Begin(parent, base, 0, time.Hour) // in progress
+		last := k.Begin(parent, 0) // in progress
 		for i, c := range ctxs {
 			if !c.over() {
 				t.Fatalf("attempt %d: not over after publish", i)
@@ -145,8 +145,8 @@ func TestAttemptClock(t *testing.T) {
 // their attempts returned with the worker publishing: once both are done, every context
 // is canceled (Done closed), whichever side saw the other.
 func TestAttemptClockLateLooks(t *testing.T) {
-	k := NewClock(span)
 	base := time.Now()
+	k := NewClock(span, base, time.Hour)
 	looks := make(chan *Ctx, 1000)
 	done := make(chan struct{})
 	var seen []<-chan struct{}
@@ -158,7 +158,7 @@ func TestAttemptClockLateLooks(t *testing.T) {
 	}()
 	var early []<-chan struct{} // looked at after the attempt, before the publish
 	for i := range 1000 {
-		c := k.Begin(context.Background(), base, time.Since(base), time.Hour)
+		c := k.Begin(context.Background(), time.Since(base))
 		c.Finish()
 		if i%2 == 0 {
 			early = append(early, c.Done())
@@ -185,10 +185,10 @@ func TestAttemptClockLateLooks(t *testing.T) {
 // returned with the worker publishing its end: whichever look comes first, both see one
 // Done channel, one deadline and a canceled context, now and on every later call.
 func TestAttemptCtxLateLooksAgree(t *testing.T) {
-	k := NewClock(span)
 	base := time.Now()
+	k := NewClock(span, base, time.Hour)
 	for i := range 20000 {
-		c := k.Begin(context.Background(), base, time.Since(base), time.Hour)
+		c := k.Begin(context.Background(), time.Since(base))
 		c.Finish()
 		type look struct {
 			done <-chan struct{}
