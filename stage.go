@@ -431,7 +431,7 @@ func (w *worker[In, Out]) take(ctx context.Context) error {
 				return err
 			}
 		}
-		seq, ok, err := w.consumer.take(ctx, n, w.share, idle)
+		seq, ok, err := w.consumer.take(w.r.ctx, n, w.share, idle) // the run's own: a sink's ctx adds a value layer to each Err
 		if !ok {
 			if err == nil && keyed != nil && w.keepsHeld() { // the input ended: stay for the held items
 				_, err = keyed.wait(ctx, nil)
