@@ -48,7 +48,7 @@ func FuzzTopology(f *testing.F) {
 	f.Add([]byte{12, 5, 2, 2, 4, 4, 6, 6, 0, 0, 1, 1, 7, 7})
 	f.Add([]byte{50, 6, 1, 5, 6, 7, 3, 1, 2, 4, 5, 6, 0})
 	f.Add([]byte{30, 0, 1, 2, 0, 97, 1, 98, 2, 99, 1})            // timeouts and retries: plain, ordered, keyed
-	f.Add([]byte{40, 3, 7, 2, 2, 0, 224, 6, 1, 1, 97, 0, 226, 1}) // the same, checkpointed, canceled, after a batch
+	f.Add([]byte{40, 3, 7, 2, 2, 0, 224, 6, 1, 1, 97, 0, 226, 1}) // a batch, then ordered and plain stages, both timed and retried; checkpointed, canceled
 	fuzzShape(f, runTopology)
 }
 
@@ -183,11 +183,12 @@ func runTopology(t *testing.T, data []byte) {
 			return i, nil
 		}
 		opts := []pipeline.StageOption{pipeline.WithDeadLetter(pipeline.DiscardDeadLetter[int]), pipeline.WithBuffer(arg % 3)}
+		timing := slices.Clip(opts) // the stages of fn (not the flat one): fn meets the timeout and the retries
 		if timed {
-			opts = append(opts, pipeline.WithTimeout(time.Millisecond))
+			timing = append(timing, pipeline.WithTimeout(time.Millisecond))
 		}
 		if retried {
-			opts = append(opts, pipeline.WithRetry(2, pipeline.ConstantBackoff(time.Microsecond)))
+			timing = append(timing, pipeline.WithRetry(2, pipeline.ConstantBackoff(time.Microsecond)))
 		}
 		mark := func() {
 			if pendingFlatten {
@@ -198,15 +199,15 @@ func runTopology(t *testing.T, data []byte) {
 		switch op {
 		case 0:
 			mark()
-			s = pipeline.Then(s, pipeline.NewStage(name, 1+arg%3, fn, opts...))
+			s = pipeline.Then(s, pipeline.NewStage(name, 1+arg%3, fn, timing...))
 		case 1:
 			mark()
 			window := 1 + arg%4
 			bd.window[name] = int64(window)
-			s = pipeline.Then(s, pipeline.NewStage(name, 1+arg%3, fn, append(opts, pipeline.WithOrdered(window))...))
+			s = pipeline.Then(s, pipeline.NewStage(name, 1+arg%3, fn, append(timing, pipeline.WithOrdered(window))...))
 		case 2:
 			mark()
-			s = pipeline.Then(s, pipeline.NewStage(name, 1+arg%4, fn, append(opts, pipeline.WithKey(func(i int) int { return i % 3 }))...))
+			s = pipeline.Then(s, pipeline.NewStage(name, 1+arg%4, fn, append(timing, pipeline.WithKey(func(i int) int { return i % 3 }))...))
 		case 3:
 			s = pipeline.Filter(s, func(i int) bool { return i%(2+arg%4) != 1 })
 		case 4:

@@ -238,9 +238,11 @@ func TestRunNilContextLeavesPipelineRunnable(t *testing.T) {
 	assert.NotPanics(t, func() { _ = p.Run(context.Background()) })
 }
 
-// TestOptionForAnotherItemType checks that every option whose function is kept
-// untyped until the constructor (it fits steps of any item type) panics there, naming
-// the option and both types, when it was made for another item type than the step's.
+// TestOptionForAnotherItemType checks that the options whose function is kept untyped
+// until the constructor (they fit steps of any item type) and checked by typed panic
+// there, naming the option and both types, when made for another item type than the
+// step's. (The client's per-key options are checked in checkClient: breaker_test.go,
+// adaptive_test.go.)
 func TestOptionForAnotherItemType(t *testing.T) {
 	t.Parallel()
 	fn := func(_ context.Context, v int) (int, error) { return v, nil }
@@ -273,4 +275,10 @@ func TestOptionForAnotherItemType(t *testing.T) {
 			assert.Contains(t, msg, "of int")
 		})
 	}
+	t.Run("an interface item type", func(t *testing.T) {
+		msg := assertPanicsPipeline(t, func() {
+			pipeline.Batch(pipeline.FromSlice(pipeline.New(), []any{1}), 2, pipeline.WithMaxBytes(10, func(string) int { return 1 }))
+		})
+		assert.Contains(t, msg, "on a batch of interface {}")
+	})
 }

@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"time"
 )
 
@@ -95,9 +96,8 @@ func (c *config) bufferOr(d int) int {
 // where names the constructor (and stage), what the option, on the kind of step.
 func typed[F, T any](v any, where, what, on string) F {
 	f, ok := v.(F)
-	if !ok {
-		var zero T
-		panic(fmt.Sprintf("pipeline: %s: %s for another item type (%T) on %s of %T", where, what, v, on, zero))
+	if !ok { // the item type by reflect: %T of a zero T prints <nil> for an interface type
+		panic(fmt.Sprintf("pipeline: %s: %s for another item type (%T) on %s of %v", where, what, v, on, reflect.TypeFor[T]()))
 	}
 	return f
 }

@@ -100,8 +100,8 @@ func (st *Stage[In, Out]) init(ctor, name string, workers int, opts []StageOptio
 		panic(fmt.Sprintf("pipeline: %s(%q): workers must be at least 1, got %d", ctor, name, workers))
 	}
 	st.name, st.workers = name, workers
-	st.cfg = configure(fmt.Sprintf("%s(%q)", ctor, name), opts, StageOption.stageOption)
 	where := fmt.Sprintf("%s(%q)", ctor, name)
+	st.cfg = configure(where, opts, StageOption.stageOption)
 	if st.cfg.deadLetter != nil {
 		st.dl = typed[func(context.Context, DeadLetter[In]) error, In](st.cfg.deadLetter, where, "WithDeadLetter", "a stage")
 	}

@@ -117,7 +117,7 @@ func TestAttemptClock(t *testing.T) {
 			}
 		}
 		k.Publish()
-		last := k.Begin(parent, 0) // in progress
+		last := k.Begin(parent, 43*10*span) // in progress: a reading later than every other, so an epoch of its own
 		for i, c := range ctxs {
 			if !c.over() {
 				t.Fatalf("attempt %d: not over after publish", i)
