@@ -1208,7 +1208,7 @@ func (w *worker[In, Out]) resume(ctx context.Context) error {
 		o, err := w.attempts(ctx, v, &out, nil)
 		w.again = false
 		if err = w.end(o, &out, 1, err); err != nil {
-			w.ctxs.Publish()
+			w.publish()
 			w.stats.busy.v.Store(0)
 			return err
 		}
@@ -1216,7 +1216,7 @@ func (w *worker[In, Out]) resume(ctx context.Context) error {
 	if n == 0 {
 		return nil
 	}
-	w.ctxs.Publish()
+	w.publish()
 	w.stats.busy.v.Store(0)
 	if w.out.flush != nil {
 		return w.out.flush()

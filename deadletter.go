@@ -401,7 +401,7 @@ func (w *worker[In, Out]) setAside(ctx context.Context, v In, attempts int, clas
 		Stage: w.st.name, Item: v, Attempts: attempts, Class: class, ErrType: typ,
 		FirstError: firstMsg, LastError: msg, Time: time.Now(),
 	}
-	w.ctxs.Publish() // the destination may wait
+	w.publish() // the destination may wait
 	// The destination may record the item's position with Commit (commit.go).
 	dctx := w.out.scope(ctx, &w.pos)
 	if err := w.st.dl(dctx, rec); err != nil {

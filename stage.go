@@ -245,7 +245,10 @@ func then[In, Out any](s *Stream[In], st *Stage[In, Out], sink, terminal bool) *
 			w.ctxs = tw.clock(i)
 			if ord == nil {
 				// Counts and attempt contexts are current while the worker waits.
-				h := &hand{row: rw, waits: []func(){w.commit, w.ctxs.Publish}}
+				h := &hand{row: rw, waits: []func(){w.commit}}
+				if w.ctxs != nil {
+					h.waits = append(h.waits, w.ctxs.Publish)
+				}
 				w.out, w.hand = next(h), h
 			} else {
 				w.out = ord.out.positions() // the window's flusher sends the outputs
@@ -367,7 +370,7 @@ const splitWork = time.Microsecond
 func (w *worker[In, Out]) loop() (err error) {
 	returned := false
 	defer guard(&returned, func(perr error) {
-		w.ctxs.Publish() // no attempt context of the worker stays live after it
+		w.publish() // no attempt context of the worker stays live after it
 		if w.inHand {
 			_ = w.end(interrupted, nil, 1, nil)
 		}
@@ -393,7 +396,7 @@ func (w *worker[In, Out]) loop() (err error) {
 	w.ctx = ctx
 	err = w.take(ctx)
 	returned = true
-	w.ctxs.Publish() // no attempt context of the worker stays live after it
+	w.publish() // no attempt context of the worker stays live after it
 	w.commit()
 	return err
 }
@@ -446,7 +449,7 @@ func (w *worker[In, Out]) take(ctx context.Context) error {
 		}
 		w.stats.busy.v.Store(1)
 		err = w.items(ctx, seq)
-		w.ctxs.Publish() // the run's attempts returned: tell their contexts
+		w.publish() // the run's attempts returned: tell their contexts
 		w.stats.busy.v.Store(0)
 		if err != nil {
 			if w.out.drop != nil {
@@ -736,7 +739,7 @@ func (w *worker[In, Out]) enter(ctx context.Context) error {
 	w.out.split(w.pos, len(w.buf))
 	w.t.succeeded++
 	w.inHand = false
-	w.ctxs.Publish() // the window may wait
+	w.publish() // the window may wait
 	entered, err := w.ord.settle(ctx, w.stats, w.seq, w.pos, w.buf, false)
 	clear(w.buf)
 	w.buf = w.buf[:0]
@@ -761,7 +764,7 @@ func (w *worker[In, Out]) abandon(ctx context.Context, current int, err error) e
 
 // settle hands the run's finished items of an ordered one-to-one stage to the window.
 func (w *worker[In, Out]) settle(ctx context.Context) error {
-	w.ctxs.Publish() // the window may wait
+	w.publish() // the window may wait
 	if len(w.pend) == 0 {
 		return nil
 	}
@@ -867,7 +870,7 @@ func (w *worker[In, Out]) skip(ctx context.Context) error {
 		w.pendRun(slotSkip)
 		return nil
 	}
-	w.ctxs.Publish() // the window may wait
+	w.publish() // the window may wait
 	_, err := w.ord.settle(ctx, w.stats, w.seq, w.pos, nil, true)
 	return err
 }
@@ -876,7 +879,7 @@ func (w *worker[In, Out]) skip(ctx context.Context) error {
 // backoff, a breaker that may hold the attempt): it hands on the outputs of its run's
 // earlier items and publishes its counts and its attempt clock first.
 func (w *worker[In, Out]) hold(ctx context.Context) error {
-	w.ctxs.Publish()
+	w.publish()
 	if err := w.settle(ctx); err != nil {
 		return err
 	}

@@ -97,6 +97,16 @@ func (t *timeouts) ended() {
 	}
 }
 
+// publish tells the worker's attempt contexts, under WithTimeout, that their attempts
+// returned (attempt.Clock.Publish); the worker calls it before it waits. Without a
+// timeout it is a register test, not a call (a method of an internal package is not
+// inlined in the root's generic code: S5 latency about 80 instructions per item).
+func (w *worker[In, Out]) publish() {
+	if w.ctxs != nil {
+		w.ctxs.Publish()
+	}
+}
+
 // tick reads the clock for the attempts that follow, under WithTimeout (see attempt.Ctx).
 func (w *worker[In, Out]) tick() {
 	if w.st.cfg.timeout > 0 {
