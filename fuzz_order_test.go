@@ -6,6 +6,7 @@ import (
 	"sync"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/gopipeline/pipeline"
 )
@@ -16,22 +17,29 @@ const (
 	reorderNone           // filtered out: no output
 	reorderDead           // dead-lettered
 	reorderSeveral        // three outputs
+	reorderTimeout        // never released: its attempt times out, and it is dead-lettered
 	reorderOutcomes
 )
+
+// reorderTimeoutAfter is FuzzReorder's per-attempt timeout, in the bubble's time.
+const reorderTimeoutAfter = time.Second
 
 // FuzzReorder drives an ordered flat stage whose items each wait for the test to
 // release them: inside a synctest bubble, the test waits until every goroutine is
 // blocked, then releases one of the items in flight, chosen by the next byte of order,
 // and so on, so the fuzz input chooses the completion order among whatever the workers
 // and the window let run at once. Whatever the order, and with items filtered out,
-// dead-lettered or flat-mapped, the stage's outputs come out in input order and its
-// window never stalls (some item in flight can always be released).
+// dead-lettered, flat-mapped or timed out (the stage has a timeout; an item the test
+// never releases meets it when the test, with nothing else to release, lets the
+// bubble's time pass), the stage's outputs come out in input order and its window
+// never stalls (some item in flight can always be released or time out).
 func FuzzReorder(f *testing.F) {
 	f.Add(uint8(4), uint8(3), uint8(2), []byte{0, 0, 0, 0, 0, 0, 0, 0}, []byte{255, 1, 2, 3})
 	f.Add(uint8(1), uint8(0), uint8(0), []byte{0, 1, 2, 3}, []byte{0})
 	f.Add(uint8(8), uint8(1), uint8(4), []byte{1, 1, 2, 2, 0, 3, 1, 2, 0, 0, 3, 2}, []byte{7, 6, 5, 4, 3, 2, 1})
 	f.Add(uint8(3), uint8(0), uint8(1), []byte("\x00\x02\x01\x03\x00\x00\x02\x01\x03\x00\x00\x02\x01\x03\x00\x01"), []byte{9, 200, 13})
 	f.Add(uint8(6), uint8(9), uint8(3), []byte{}, []byte{})
+	f.Add(uint8(2), uint8(3), uint8(1), []byte{4, 0, 4, 3, 0, 4, 4, 1, 0, 2, 4, 0}, []byte{3, 1, 2}) // items that time out, two workers held by them at once
 	f.Fuzz(func(t *testing.T, workers, window, buf uint8, outcomes, order []byte) {
 		if len(outcomes) > 48 {
 			outcomes = outcomes[:48]
@@ -63,6 +71,11 @@ func FuzzReorder(f *testing.F) {
 				select {
 				case <-release[i]:
 				case <-ctx.Done():
+					mu.Lock() // timed out (or the run stops): no longer the test's to release
+					if k := slices.Index(waiting, i); k >= 0 {
+						waiting = slices.Delete(waiting, k, k+1)
+					}
+					mu.Unlock()
 					return ctx.Err()
 				}
 				switch outcomes[i] % reorderOutcomes {
@@ -81,7 +94,7 @@ func FuzzReorder(f *testing.F) {
 			defer cancel()
 			p := pipeline.New(pipeline.WithBuffer(b))
 			s := pipeline.Then(pipeline.FromSlice(p, ints(n)),
-				pipeline.NewFlatStage("ord", w, fn, pipeline.WithOrdered(win), discardDead[int]()))
+				pipeline.NewFlatStage("ord", w, fn, pipeline.WithOrdered(win), discardDead[int](), pipeline.WithTimeout(reorderTimeoutAfter)))
 			var (
 				got []int
 				err error
@@ -91,23 +104,41 @@ func FuzzReorder(f *testing.F) {
 				defer close(done)
 				got, err = pipeline.Collect(ctx, s)
 			}()
-			for step := range n {
+			toRelease := 0
+			for _, o := range outcomes {
+				if o%reorderOutcomes != reorderTimeout {
+					toRelease++
+				}
+			}
+			for step := 0; step < toRelease; {
 				synctest.Wait() // every goroutine is blocked: the items in flight are known
 				mu.Lock()
-				if len(waiting) == 0 {
+				var free []int // the items in flight the test may release
+				for _, i := range waiting {
+					if outcomes[i]%reorderOutcomes != reorderTimeout {
+						free = append(free, i)
+					}
+				}
+				if len(free) == 0 {
+					inFlight := len(waiting)
 					mu.Unlock()
+					if inFlight > 0 { // only items that time out: let them
+						time.Sleep(reorderTimeoutAfter)
+						continue
+					}
 					cancel()
 					<-done
-					t.Fatalf("stalled: %d of %d items released, none in flight (workers %d, window %d, buffer %d)", step, n, w, win, b)
+					t.Fatalf("stalled: %d of %d items released, none in flight (workers %d, window %d, buffer %d)", step, toRelease, w, win, b)
 				}
 				k := 0
 				if len(order) > 0 {
-					k = int(order[step%len(order)]) % len(waiting)
+					k = int(order[step%len(order)]) % len(free)
 				}
-				i := waiting[k]
-				waiting = slices.Delete(waiting, k, k+1)
+				i := free[k]
+				waiting = slices.Delete(waiting, slices.Index(waiting, i), slices.Index(waiting, i)+1)
 				mu.Unlock()
 				close(release[i])
+				step++
 			}
 			<-done
 			if err != nil {
