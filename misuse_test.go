@@ -247,6 +247,7 @@ func TestOptionForAnotherItemType(t *testing.T) {
 	t.Parallel()
 	fn := func(_ context.Context, v int) (int, error) { return v, nil }
 	strDL := func(context.Context, pipeline.DeadLetter[string]) error { return nil }
+	dir := t.TempDir() // WithCodec's case panics before it creates a file
 	window := func(opt pipeline.WindowOption) {
 		s := pipeline.FromSlice(pipeline.New(), []int{1})
 		pipeline.Window(s, pipeline.Tumbling(time.Second), func(int) int { return 0 },
@@ -264,11 +265,12 @@ func TestOptionForAnotherItemType(t *testing.T) {
 		{"WithLateItems", func() { window(pipeline.WithLateItems(strDL)) }},
 		{"WithWatermarkPer", func() { window(pipeline.WithWatermarkPer(2, func(string) int { return 0 })) }},
 		{"WithCodec", func() {
-			_, _ = pipeline.OpenDeadLetterFile[int](filepath.Join(t.TempDir(), "dl"), pipeline.WithCodec[string](pipeline.JSONCodec[string]{}))
+			_, _ = pipeline.OpenDeadLetterFile[int](filepath.Join(dir, "dl"), pipeline.WithCodec[string](pipeline.JSONCodec[string]{}))
 		}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.option, func(t *testing.T) {
+			t.Parallel()
 			msg := assertPanicsPipeline(t, tc.f)
 			assert.Contains(t, msg, tc.option+" for another item type")
 			assert.Contains(t, msg, "string")
@@ -276,6 +278,7 @@ func TestOptionForAnotherItemType(t *testing.T) {
 		})
 	}
 	t.Run("an interface item type", func(t *testing.T) {
+		t.Parallel()
 		msg := assertPanicsPipeline(t, func() {
 			pipeline.Batch(pipeline.FromSlice(pipeline.New(), []any{1}), 2, pipeline.WithMaxBytes(10, func(string) int { return 1 }))
 		})
