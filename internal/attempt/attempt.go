@@ -15,7 +15,7 @@ import (
 
 // Ctx is the context of one attempt under the root package's WithTimeout. context.WithTimeout costs
 // a timer, a channel and several allocations per call, whether or not the function ever
-// looks at its context; this one costs two bytes of a slab of 64 (320 bytes per 64
+// looks at its context; this one costs two bytes of a slab of 64 (288 bytes per 64
 // attempts, with room for the epochs of up to four runs of them, and no pointer per
 // attempt for the collector to follow) and no locked instruction when the function
 // does not look at it. Its start is the worker's last
@@ -42,8 +42,6 @@ type Ctx struct {
 type attemptSlab struct {
 	clk   *Clock
 	n0    uint64          // the number of slots[0]'s attempt in the worker
-	base  time.Time       // the run's start, with its monotonic reading
-	d     time.Duration   // the timeout
 	eps   [4]attemptEpoch // the epochs of its attempts, in place (a new slab when they run out)
 	neps  int
 	armed atomic.Pointer[[64]atomic.Pointer[armedCtx]] // per slot, made at the first look at one
@@ -94,8 +92,9 @@ type Clock struct {
 	i, fi int           // the next slot of slab; the first begun since the last publish
 	ep    *attemptEpoch // the latest attempts' epoch, in slab
 	span  time.Duration // how far apart clock readings may be for attempts to share an epoch
-	base  time.Time     // what clock readings are offsets from (the run's start)
-	d     time.Duration // the timeout of every attempt
+	// Fixed when the clock is made, so that the contexts read them from any goroutine:
+	base time.Time     // what clock readings are offsets from (the run's start, with its monotonic reading)
+	d    time.Duration // the timeout of every attempt
 }
 
 // NewClock returns the clock of one worker in one run, whose attempts have timeout d
@@ -110,7 +109,7 @@ func NewClock(span time.Duration, base time.Time, d time.Duration) *Clock {
 // parent share.
 type attemptEpoch struct {
 	parent context.Context
-	due    time.Duration // the deadline, as an offset from the slab's base (estimated: from a clock reading)
+	due    time.Duration // the deadline, as an offset from the clock's base (estimated: from a clock reading)
 	guess  bool          // due is estimated: fix it when the function first looks (armedCtx.due)
 }
 
@@ -163,7 +162,7 @@ func (k *Clock) begin(parent context.Context, now time.Duration) {
 	fresh := ep == nil || now-(ep.due-d) > k.span || !sameContext(&ep.parent, parent)
 	if s == nil || k.i == len(s.slots) || fresh && s.neps == len(s.eps) {
 		k.Publish() // what publish looks through stays in one slab
-		s = &attemptSlab{clk: k, n0: k.n, base: k.base, d: d}
+		s = &attemptSlab{clk: k, n0: k.n}
 		k.slab, k.i, k.fi = s, 0, 0
 		if !fresh {
 			s.eps[0], s.neps = *ep, 1
@@ -248,8 +247,8 @@ func (c *Ctx) fixDue() time.Duration {
 	if !ep.guess {
 		return ep.due
 	}
-	if now := time.Since(s.base); now-(ep.due-s.d) > staleStart {
-		return now + s.d
+	if now := time.Since(s.clk.base); now-(ep.due-s.clk.d) > staleStart {
+		return now + s.clk.d
 	}
 	return ep.due
 }
@@ -290,12 +289,12 @@ func (c *Ctx) looked() bool {
 }
 
 // expired reports whether the deadline has passed.
-func (c *Ctx) expired() bool { return time.Since(c.slab().base) >= c.deadline() }
+func (c *Ctx) expired() bool { return time.Since(c.slab().clk.base) >= c.deadline() }
 
 // Deadline implements context.Context.
 func (c *Ctx) Deadline() (time.Time, bool) {
 	ep := c.epoch()
-	deadline := c.slab().base.Add(c.deadline())
+	deadline := c.slab().clk.base.Add(c.deadline())
 	if d, ok := ep.parent.Deadline(); ok && d.Before(deadline) {
 		return d, true
 	}
@@ -320,7 +319,7 @@ func (c *Ctx) Done() <-chan struct{} {
 	}
 	ep := c.epoch()
 	parent := ep.parent
-	a.timer = time.AfterFunc(a.due-time.Since(c.slab().base), func() { c.cancel(a, context.DeadlineExceeded) })
+	a.timer = time.AfterFunc(a.due-time.Since(c.slab().clk.base), func() { c.cancel(a, context.DeadlineExceeded) })
 	a.stopParent = context.AfterFunc(parent, func() { c.cancel(a, parent.Err()) })
 	return a.done
 }
@@ -349,7 +348,7 @@ func (c *Ctx) expireLocked(a *armedCtx) {
 		ep := c.epoch()
 		if err := ep.parent.Err(); err != nil {
 			a.err = err
-		} else if time.Since(c.slab().base) >= a.due {
+		} else if time.Since(c.slab().clk.base) >= a.due {
 			a.err = context.DeadlineExceeded
 		}
 	}
