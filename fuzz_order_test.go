@@ -113,10 +113,10 @@ func FuzzReorder(f *testing.F) {
 			for step := 0; step < toRelease; {
 				synctest.Wait() // every goroutine is blocked: the items in flight are known
 				mu.Lock()
-				var free []int // the items in flight the test may release
-				for _, i := range waiting {
+				var free []int // where in waiting the items are that the test may release
+				for k, i := range waiting {
 					if outcomes[i]%reorderOutcomes != reorderTimeout {
-						free = append(free, i)
+						free = append(free, k)
 					}
 				}
 				if len(free) == 0 {
@@ -130,12 +130,12 @@ func FuzzReorder(f *testing.F) {
 					<-done
 					t.Fatalf("stalled: %d of %d items released, none in flight (workers %d, window %d, buffer %d)", step, toRelease, w, win, b)
 				}
-				k := 0
+				k := free[0]
 				if len(order) > 0 {
-					k = int(order[step%len(order)]) % len(free)
+					k = free[int(order[step%len(order)])%len(free)]
 				}
-				i := free[k]
-				waiting = slices.Delete(waiting, slices.Index(waiting, i), slices.Index(waiting, i)+1)
+				i := waiting[k]
+				waiting = slices.Delete(waiting, k, k+1)
 				mu.Unlock()
 				close(release[i])
 				step++

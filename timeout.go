@@ -109,7 +109,7 @@ func (w *worker[In, Out]) publish() {
 
 // tick reads the clock for the attempts that follow, under WithTimeout (see attempt.Ctx).
 func (w *worker[In, Out]) tick() {
-	if w.st.cfg.timeout > 0 {
+	if w.ctxs != nil {
 		w.clock = time.Since(w.r.started)
 	}
 }
