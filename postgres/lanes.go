@@ -3,6 +3,7 @@ package pgpipe
 import (
 	"fmt"
 	"hash/maphash"
+	"reflect"
 	"time"
 )
 
@@ -41,12 +42,28 @@ func newLanes[T any](w *Writer[T], n int) *lanes[T] {
 // split returns batch's parts: each lane's rows in batch order, in parts of at most
 // max rows (an empty part for a lane without rows), lane after lane.
 func (l *lanes[T]) split(batch []T) [][]T {
-	byLane := make([][]T, l.n)
-	buf := make([]any, 0, len(l.w.columns))
+	var h maphash.Hash // one for the batch: a Hash is 160 bytes, and Reset keeps its seed
+	h.SetSeed(l.seed)
+	var keys, buf []any
+	of := make([]int32, len(batch)) // each row's lane
+	count := make([]int, l.n)
 	for i := range batch {
 		var k int
-		k, buf = l.of(&batch[i], buf)
-		byLane[k] = append(byLane[k], batch[i])
+		k, keys, buf = l.of(&batch[i], &h, keys, buf)
+		of[i] = int32(k)
+		count[k]++
+	}
+	// Every lane's rows in one array, each lane's run of it sized to its count: rows
+	// appended lane by lane grew (and copied) each lane's slice about log2(rows) times.
+	all := make([]T, len(batch))
+	byLane := make([][]T, l.n)
+	at := 0
+	for k, c := range count {
+		byLane[k] = all[at : at : at+c]
+		at += c
+	}
+	for i := range batch {
+		byLane[of[i]] = append(byLane[of[i]], batch[i])
 	}
 	parts := make([][]T, 0, l.n+1)
 	for i, rows := range byLane {
@@ -72,18 +89,42 @@ func (l *lanes[T]) lane(part []T) int {
 	if len(part) == 0 {
 		return cap(part) - 1
 	}
-	k, _ := l.of(&part[0], nil)
+	var h maphash.Hash
+	h.SetSeed(l.seed)
+	k, _, _ := l.of(&part[0], &h, nil, nil)
 	return k
 }
 
-// of returns the lane of row v, by the hash of its key's values; keys that the writer's
-// de-duplication takes as equal hash alike.
-func (l *lanes[T]) of(v *T, buf []any) (int, []any) {
-	buf = l.w.mapping.fill(v, buf[:0])
-	var h maphash.Hash
-	h.SetSeed(l.seed)
-	for _, c := range l.w.keyIdx {
-		switch x := deref(buf[c]).(type) {
+// of returns the lane of row v, by the hash (h, reset first, seeded with l.seed) of its
+// key's values; keys that the writer's de-duplication takes as equal hash alike. keys
+// and buf are Mapping.key's, returned for reuse.
+func (l *lanes[T]) of(v *T, h *maphash.Hash, keys, buf []any) (int, []any, []any) {
+	h.Reset()
+	if l.w.kinds != nil {
+		rv := l.w.mapping.value(v)
+		for j, c := range l.w.keyIdx {
+			f := rv.Field(l.w.mapping.fields[c])
+			switch l.w.kinds[j] { // the switch below, on the same values
+			case reflect.String:
+				h.WriteString(f.String())
+			case reflect.Int:
+				maphash.WriteComparable(h, int(f.Int()))
+			case reflect.Int64:
+				maphash.WriteComparable(h, f.Int())
+			case reflect.Int32:
+				maphash.WriteComparable(h, int32(f.Int()))
+			case reflect.Uint64:
+				maphash.WriteComparable(h, f.Uint())
+			case reflect.Float64:
+				maphash.WriteComparable(h, f.Float())
+			}
+			h.WriteByte(0xff)
+		}
+		return int(h.Sum64() % uint64(l.n)), keys, buf
+	}
+	keys, buf = l.w.mapping.key(v, l.w.keyIdx, keys[:0], buf)
+	for _, x := range keys {
+		switch x := x.(type) {
 		case nil:
 			h.WriteByte(0)
 		case string:
@@ -91,21 +132,21 @@ func (l *lanes[T]) of(v *T, buf []any) (int, []any) {
 		case []byte:
 			h.Write(x)
 		case time.Time:
-			maphash.WriteComparable(&h, x.UnixNano()) // equal instants in any location
+			maphash.WriteComparable(h, x.UnixNano()) // equal instants in any location
 		case int:
-			maphash.WriteComparable(&h, x)
+			maphash.WriteComparable(h, x)
 		case int64:
-			maphash.WriteComparable(&h, x)
+			maphash.WriteComparable(h, x)
 		case int32:
-			maphash.WriteComparable(&h, x)
+			maphash.WriteComparable(h, x)
 		case uint64:
-			maphash.WriteComparable(&h, x)
+			maphash.WriteComparable(h, x)
 		case float64:
-			maphash.WriteComparable(&h, x)
+			maphash.WriteComparable(h, x)
 		default: // what compareValues compares: the printed value (== may differ, or panic)
-			_, _ = fmt.Fprint(&h, x) // a maphash.Hash never fails
+			_, _ = fmt.Fprint(h, x) // a maphash.Hash never fails
 		}
 		h.WriteByte(0xff)
 	}
-	return int(h.Sum64() % uint64(l.n)), buf
+	return int(h.Sum64() % uint64(l.n)), keys, buf
 }

@@ -158,6 +158,7 @@ func WithRetry(attempts int, backoff pipeline.Backoff) Option {
 type Writer[T any] struct {
 	writerCore
 	mapping Mapping[T]
+	kinds   []reflect.Kind // the key's, when dedupe and lanes read it unboxed (keyKinds)
 	dl      func(context.Context, pipeline.DeadLetter[T]) error
 	dlt     *DeadLetterTable[T]
 }
@@ -226,6 +227,7 @@ func NewWriter[T any](pool *pgxpool.Pool, table string, m Mapping[T], opts ...Op
 		}
 		w.keyIdx = append(w.keyIdx, i)
 	}
+	w.kinds = keyKinds(m, w.keyIdx)
 	var zero T
 	if cfg.dl != nil {
 		dl, ok := cfg.dl.(func(context.Context, pipeline.DeadLetter[T]) error)
@@ -636,39 +638,4 @@ func (w *writerCore) exec(ctx context.Context, tx pgx.Tx, sql string) error {
 	w.stats.roundTrips.Add(1)
 	_, err := tx.Conn().PgConn().Exec(ctx, sql).ReadAll()
 	return err
-}
-
-// dedupe returns the rows of batch sorted by key, keeping the last row of each key.
-func (w *Writer[T]) dedupe(batch []T) []T {
-	type keyed struct {
-		key []any
-		i   int
-	}
-	ks := make([]keyed, len(batch))
-	buf := make([]any, 0, len(w.columns))
-	for i := range batch {
-		buf = w.mapping.fill(&batch[i], buf)
-		k := make([]any, len(w.keyIdx))
-		for j, c := range w.keyIdx {
-			k[j] = deref(buf[c])
-		}
-		ks[i] = keyed{k, i}
-	}
-	cmpKeys := func(a, b keyed) int {
-		for j := range a.key {
-			if c := compareValues(a.key[j], b.key[j]); c != 0 {
-				return c
-			}
-		}
-		return 0
-	}
-	slices.SortStableFunc(ks, cmpKeys)
-	out := make([]T, 0, len(batch))
-	for i, k := range ks {
-		if i+1 < len(ks) && cmpKeys(k, ks[i+1]) == 0 {
-			continue // a later row has the same key: it wins
-		}
-		out = append(out, batch[k.i])
-	}
-	return out
 }
