@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -74,5 +75,47 @@ func TestKeyUnboxedAgreesWithBoxed(t *testing.T) {
 		require.True(t, unboxed, "read unboxed")
 		assert.Equal(t, boxed, fast, "rows kept")
 		assert.Equal(t, boxedLanes, fastLanes, "lanes")
+	})
+}
+
+// FuzzKeyUnboxed checks TestKeyUnboxedAgreesWithBoxed's invariant on rows made from
+// the fuzzer's bytes: each row takes 6 of them, for its int64, int32, uint64 and
+// float64 fields (few values, so that keys repeat) and a string of up to 3 bytes; the
+// first byte picks the key columns.
+func FuzzKeyUnboxed(f *testing.F) {
+	f.Add([]byte{0x0f, 1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 9, 9, 9, 9, 9, 9})
+	f.Add([]byte{0x03, 0, 0, 0, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
+	cols := []string{"i64", "s", "f", "i32", "u64"}
+	floats := []float64{0, math.Copysign(0, -1), 1, -1, math.Inf(-1), math.MaxFloat64, math.SmallestNonzeroFloat64, 0.1}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) < 7 {
+			return
+		}
+		var key []string
+		for j, c := range cols {
+			if data[0]&(1<<j) != 0 {
+				key = append(key, c)
+			}
+		}
+		if len(key) == 0 {
+			key = []string{"i64"}
+		}
+		var batch []keyRow
+		for b := data[1:]; len(b) >= 6; b = b[6:] {
+			batch = append(batch, keyRow{
+				I64: int64(int8(b[0] & 0x87)), I32: int32(b[1] % 3), U64: uint64(b[1]>>6) << 62,
+				F: floats[b[2]%8], S: string(b[3 : 3+b[2]>>6%4]), V: len(batch),
+			})
+		}
+		fast, boxed, fastLanes, boxedLanes, unboxed := pgpipe.KeyPaths(pgpipe.Struct[keyRow](), key, batch, 3)
+		if !unboxed {
+			t.Fatal("not read unboxed")
+		}
+		if !slices.Equal(fast, boxed) {
+			t.Fatalf("key %v: rows kept unboxed %v, boxed %v", key, fast, boxed)
+		}
+		if !slices.Equal(fastLanes, boxedLanes) {
+			t.Fatalf("key %v: lanes unboxed %v, boxed %v", key, fastLanes, boxedLanes)
+		}
 	})
 }
