@@ -782,6 +782,11 @@ func (l *lane[T]) tail() int {
 
 // push appends items to the lane's ring, which has room for them.
 func (l *lane[T]) push(items []item[T]) {
+	if len(items) == 1 { // a trickle's item: no copy's runtime call (S5 latency, per hop)
+		l.buf[l.tail()] = items[0]
+		l.n++
+		return
+	}
 	n := copy(l.buf[l.tail():], items)
 	copy(l.buf, items[n:])
 	l.n += len(items)
@@ -805,6 +810,15 @@ func (l *lane[T]) pushValues(vs []T) {
 // pop moves the oldest len(dst) items of the ring into dst and clears their places.
 func (l *lane[T]) pop(dst []item[T]) {
 	k := len(dst)
+	if k == 1 { // as push: no copy's or clear's runtime call
+		dst[0] = l.buf[l.head]
+		l.buf[l.head] = item[T]{}
+		if l.head++; l.head == len(l.buf) {
+			l.head = 0
+		}
+		l.n--
+		return
+	}
 	n := copy(dst, l.buf[l.head:min(l.head+k, len(l.buf))])
 	clear(l.buf[l.head : l.head+n])
 	if n < k {
