@@ -2,6 +2,7 @@ package pgpipe
 
 import (
 	"context"
+	"fmt"
 	"hash/maphash"
 	"slices"
 
@@ -17,29 +18,91 @@ func (c *Checkpoint) CommitTx(ctx context.Context, tx pgx.Tx, p pipeline.Progres
 }
 
 // KeyPaths de-duplicates batch by the key columns key and gives each row's lane of
-// lanes, both as a writer of m does (fast: unboxed, when keyKinds allows it) and with
-// every key value boxed (compareValues and of's type switch), for the tests that check
-// that the two agree; unboxed reports whether the fast path read m's key unboxed.
-func KeyPaths[T any](m Mapping[T], key []string, batch []T, lanes int) (fast, boxed []T, fastLanes, boxedLanes []int, unboxed bool) {
+// lanes (rows named by id: a row with a NaN is not equal to itself), as a writer of m does (fast: its key read unboxed when keyKinds allows it) and
+// as a reference does (ref: every column filled and boxed, the key's values picked,
+// hashed by hashKey and ordered by compareValues, the way the writer read keys before
+// it read them unboxed); unboxed reports whether the writer read m's key unboxed.
+// problem, if not empty, says what is wrong with the writer's lanes: two rows whose
+// keys compareValues takes as equal in two lanes, a lane's rows out of batch order in
+// its parts (split), or a part whose lane (lane) is not its rows'.
+func KeyPaths[T any](m Mapping[T], key []string, batch []T, lanes int, id func(T) int) (fast, ref, fastLanes, refLanes []int, unboxed bool, problem string) {
 	w := &Writer[T]{mapping: m}
 	w.columns, w.cfg = m.columns, defaultConfig()
 	for _, k := range key {
-		w.keyIdx = append(w.keyIdx, slices.Index(m.columns, k))
-	}
-	l := newLanes(w, lanes)
-	run := func() ([]T, []int) {
-		var h maphash.Hash
-		h.SetSeed(l.seed)
-		of := make([]int, len(batch))
-		for i := range batch {
-			of[i], _, _ = l.of(&batch[i], &h, nil, nil)
+		i := slices.Index(m.columns, k)
+		if i < 0 {
+			panic("KeyPaths: no column " + k)
 		}
-		return w.dedupe(batch), of
+		w.keyIdx = append(w.keyIdx, i)
 	}
 	w.kinds = keyKinds(m, w.keyIdx)
 	unboxed = w.kinds != nil
-	fast, fastLanes = run()
-	w.kinds = nil
-	boxed, boxedLanes = run()
-	return fast, boxed, fastLanes, boxedLanes, unboxed
+	l := newLanes(w, lanes)
+	var h maphash.Hash
+	h.SetSeed(l.seed)
+	fastLanes = make([]int, len(batch))
+	for i := range batch {
+		fastLanes[i], _, _ = l.of(&batch[i], &h, nil, nil)
+	}
+	for _, v := range w.dedupe(batch) {
+		fast = append(fast, id(v))
+	}
+
+	// The reference.
+	keys := make([][]any, len(batch))
+	refLanes = make([]int, len(batch))
+	for i := range batch {
+		for _, c := range w.keyIdx {
+			keys[i] = append(keys[i], deref(m.fill(&batch[i], nil)[c]))
+		}
+		h.Reset()
+		hashKey(&h, keys[i])
+		refLanes[i] = int(h.Sum64() % uint64(lanes))
+	}
+	cmpKeys := func(a, b int) int {
+		for j := range keys[a] {
+			if c := compareValues(keys[a][j], keys[b][j]); c != 0 {
+				return c
+			}
+		}
+		return 0
+	}
+	order := make([]int, len(batch))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, cmpKeys)
+	for i, r := range order {
+		if i+1 < len(order) && cmpKeys(r, order[i+1]) == 0 {
+			if fastLanes[r] != fastLanes[order[i+1]] {
+				problem = fmt.Sprintf("rows %d and %d: equal keys %v, lanes %d and %d", r, order[i+1], keys[r], fastLanes[r], fastLanes[order[i+1]])
+			}
+			if !slices.Contains(keys[r], nil) {
+				continue // a later row has the same key: it wins
+			}
+		}
+		ref = append(ref, id(batch[r]))
+	}
+
+	// The split: each lane's rows in batch order, in parts of that lane.
+	want := make([][]int, lanes)
+	for i := range batch {
+		want[fastLanes[i]] = append(want[fastLanes[i]], id(batch[i]))
+	}
+	got := make([][]int, lanes)
+	for _, part := range l.split(batch) {
+		k := l.lane(part)
+		for j := range part {
+			if kj, _, _ := l.of(&part[j], &h, nil, nil); kj != k {
+				problem = fmt.Sprintf("a part of lane %d holds a row of lane %d", k, kj)
+			}
+			got[k] = append(got[k], id(part[j]))
+		}
+	}
+	for k := range want {
+		if !slices.Equal(want[k], got[k]) {
+			problem = fmt.Sprintf("lane %d: its parts hold %d rows, not its %d in batch order", k, len(got[k]), len(want[k]))
+		}
+	}
+	return fast, ref, fastLanes, refLanes, unboxed, problem
 }

@@ -2,16 +2,17 @@ package pgpipe
 
 import (
 	"cmp"
+	"math"
 	"reflect"
 	"slices"
 	"strings"
 )
 
 // The upsert modes find a row's key twice: to choose its lane (lanes.of) and to
-// de-duplicate a batch (dedupe). Boxing every column of every row for that (the
-// mapping's fill) cost S6's upsert about a third of its throughput: a struct mapping
-// reads the key's fields alone, and when each has one of the common key types, reads
-// them without boxing (keyKinds).
+// de-duplicate a batch (dedupe). Both boxed every column of every row (the mapping's
+// fill): reading the key's fields alone, unboxed when each has one of the common key
+// types (keyKinds), took S6's upsert5000x4 from 299 k to 344 k rows/s
+// (bench/results/s6-upsert-ab.txt).
 
 // keyKinds returns, for a struct mapping m whose key columns cols all map fields of
 // type string, int, int64, int32, uint64 or float64 (the types themselves, not named
@@ -66,17 +67,19 @@ func (m *Mapping[T]) key(v *T, cols []int, dst, scratch []any) (keys, buf []any)
 	return dst, scratch
 }
 
-// cell is a key column's value of one row, read by its kind (keyKinds).
+// cell is a key column's value of one row, read by its kind (keyKinds): s for a
+// string, else w holds the bits of the int (as an int64), uint64 or float64.
 type cell struct {
 	s string
-	n int64 // int, int64, int32
-	u uint64
-	f float64
+	w uint64
 }
 
-// dedupe returns the rows of batch sorted by key, keeping the last row of each key.
+// dedupe returns the rows of batch sorted by key, keeping the last row of each key. A
+// row whose key has a NULL is kept whatever follows it: PostgreSQL's ON CONFLICT finds
+// no conflict for it (NULLs are distinct in a unique index), and inserts every such row.
 func (w *Writer[T]) dedupe(batch []T) []T {
 	nc := len(w.keyIdx)
+	var null []bool                // boxed keys: whether row i's key has a NULL
 	var compare func(a, b int) int // rows a and b by key, as compareValues orders each column
 	if kinds := w.kinds; kinds != nil {
 		cells := make([]cell, len(batch)*nc)
@@ -88,11 +91,11 @@ func (w *Writer[T]) dedupe(batch []T) []T {
 				case reflect.String:
 					x.s = f.String()
 				case reflect.Uint64:
-					x.u = f.Uint()
+					x.w = f.Uint()
 				case reflect.Float64:
-					x.f = f.Float()
+					x.w = math.Float64bits(f.Float())
 				default:
-					x.n = f.Int()
+					x.w = uint64(f.Int())
 				}
 			}
 		}
@@ -104,11 +107,11 @@ func (w *Writer[T]) dedupe(batch []T) []T {
 				case reflect.String:
 					c = strings.Compare(x.s, y.s)
 				case reflect.Uint64:
-					c = cmp.Compare(x.u, y.u)
+					c = cmp.Compare(x.w, y.w)
 				case reflect.Float64:
-					c = cmp.Compare(x.f, y.f)
+					c = cmp.Compare(math.Float64frombits(x.w), math.Float64frombits(y.w))
 				default:
-					c = cmp.Compare(x.n, y.n)
+					c = cmp.Compare(int64(x.w), int64(y.w))
 				}
 				if c != 0 {
 					return c
@@ -119,8 +122,11 @@ func (w *Writer[T]) dedupe(batch []T) []T {
 	} else {
 		flat := make([]any, 0, len(batch)*nc) // every row's key, one after the other
 		var buf []any
+		null = make([]bool, len(batch))
 		for i := range batch {
+			n := len(flat)
 			flat, buf = w.mapping.key(&batch[i], w.keyIdx, flat, buf)
+			null[i] = slices.Contains(flat[n:], nil)
 		}
 		compare = func(a, b int) int {
 			for j := range nc {
@@ -138,7 +144,7 @@ func (w *Writer[T]) dedupe(batch []T) []T {
 	slices.SortStableFunc(order, compare)
 	out := make([]T, 0, len(batch))
 	for i, r := range order {
-		if i+1 < len(order) && compare(r, order[i+1]) == 0 {
+		if i+1 < len(order) && compare(r, order[i+1]) == 0 && (null == nil || !null[r]) {
 			continue // a later row has the same key: it wins
 		}
 		out = append(out, batch[r])

@@ -13,35 +13,46 @@ import (
 	pgpipe "github.com/gopipeline/pipeline/postgres"
 )
 
-// keyRow has a field of each key type the writer reads unboxed, one of a named type
-// (read boxed), and a value that is not part of any key.
+// keyRow has a field of each key type the writer reads unboxed, one of a named type and
+// a pointer (read boxed), and a value that is not part of any key. The fields the
+// mapping skips come first, so that a column's index is not its field's.
 type keyRow struct {
-	I64   int64
-	S     string
-	F     float64
-	I32   int32
-	U64   uint64
-	I     int
-	Named label
-	V     int
+	hidden int
+	Skip   string `db:"-"`
+	I64    int64
+	S      string
+	F      float64
+	I32    int32
+	U64    uint64
+	I      int
+	Named  label
+	P      *string
+	V      int
 }
 
 type label string
 
-// TestKeyUnboxedAgreesWithBoxed checks that the upsert modes' unboxed reading of a
-// struct's key fields (lanes and de-duplication) gives what boxing every value gives:
-// the same rows kept, in the same order, and the same lane for every row, for keys of
-// one and several columns, with many duplicates, zero of both signs and empty strings.
+func keyRowID(r keyRow) int { return r.V }
+
+// TestKeyUnboxedAgreesWithBoxed checks the upsert modes' reading of a row's key: read
+// unboxed from a struct's fields, it keeps the rows and gives the lanes that boxing
+// every column gives (the reference), rows with equal keys share a lane, and each lane's
+// parts hold its rows in batch order; for keys of one and several columns, with many
+// duplicates, zero of both signs, NaN, empty strings, and NULL beside the string
+// "<nil>" (rows with a NULL in their key are all kept: ON CONFLICT never matches them).
 func TestKeyUnboxedAgreesWithBoxed(t *testing.T) {
-	floats := []float64{0, math.Copysign(0, -1), 1.5, -2, math.Inf(1)}
-	strs := []string{"", "a", "b", "ab", "é"}
+	floats := []float64{0, math.Copysign(0, -1), 1.5, -2, math.Inf(1), math.NaN()}
+	strs := []string{"", "a", "b", "ab", "é", "<nil>"}
 	r := rand.New(rand.NewPCG(1, 2))
 	batch := make([]keyRow, 2000)
 	for i := range batch {
 		batch[i] = keyRow{
 			I64: r.Int64N(40) - 20, S: strs[r.IntN(len(strs))], F: floats[r.IntN(len(floats))],
 			I32: int32(r.IntN(7)) - 3, U64: r.Uint64N(5) << 62, I: r.IntN(9), Named: label(strs[r.IntN(len(strs))]),
-			V: i,
+			V: i, hidden: -i, Skip: "skipped",
+		}
+		if j := r.IntN(len(strs) + 1); j < len(strs) {
+			batch[i].P = &strs[j]
 		}
 	}
 	for _, tc := range []struct {
@@ -55,30 +66,53 @@ func TestKeyUnboxedAgreesWithBoxed(t *testing.T) {
 		{[]string{"s", "i64", "f"}, true},
 		{[]string{"named"}, false},
 		{[]string{"i64", "named"}, false},
+		{[]string{"p"}, false},
+		{[]string{"i32", "p"}, false},
 	} {
 		t.Run(fmt.Sprint(tc.key), func(t *testing.T) {
 			for _, lanes := range []int{2, 4} {
-				fast, boxed, fastLanes, boxedLanes, unboxed := pgpipe.KeyPaths(pgpipe.Struct[keyRow](), tc.key, batch, lanes)
+				fast, ref, fastLanes, refLanes, unboxed, problem := pgpipe.KeyPaths(pgpipe.Struct[keyRow](), tc.key, batch, lanes, keyRowID)
 				require.Equal(t, tc.unboxed, unboxed, "read unboxed")
-				assert.Equal(t, boxed, fast, "rows kept")
-				assert.Equal(t, boxedLanes, fastLanes, "lanes")
+				assert.Empty(t, problem)
+				assert.Equal(t, ref, fast, "rows kept")
+				assert.Equal(t, refLanes, fastLanes, "lanes")
 				assert.Less(t, len(fast), len(batch), "no duplicate key was dropped: the test proves nothing")
 			}
 		})
 	}
+	t.Run("null", func(t *testing.T) {
+		_, ref, _, _, _, _ := pgpipe.KeyPaths(pgpipe.Struct[keyRow](), []string{"p"}, batch, 2, keyRowID)
+		nulls, strings := 0, 0
+		for _, row := range batch {
+			if row.P == nil {
+				nulls++
+			}
+		}
+		for _, v := range ref {
+			if row := batch[v]; row.P == nil {
+				nulls--
+			} else if *row.P == "<nil>" {
+				strings++
+			}
+		}
+		assert.Zero(t, nulls, "rows with a NULL key dropped")
+		assert.Equal(t, 1, strings, "rows with the key \"<nil>\" kept")
+	})
 	t.Run("pointer", func(t *testing.T) {
 		ptrs := make([]*keyRow, len(batch))
 		for i := range batch {
 			ptrs[i] = &batch[i]
 		}
-		fast, boxed, fastLanes, boxedLanes, unboxed := pgpipe.KeyPaths(pgpipe.Struct[*keyRow](), []string{"s", "i64"}, ptrs, 3)
+		fast, ref, fastLanes, refLanes, unboxed, problem := pgpipe.KeyPaths(pgpipe.Struct[*keyRow](), []string{"s", "i64"}, ptrs, 3, func(r *keyRow) int { return r.V })
 		require.True(t, unboxed, "read unboxed")
-		assert.Equal(t, boxed, fast, "rows kept")
-		assert.Equal(t, boxedLanes, fastLanes, "lanes")
+		assert.Empty(t, problem)
+		assert.Equal(t, ref, fast, "rows kept")
+		assert.Equal(t, refLanes, fastLanes, "lanes")
+		assert.Less(t, len(fast), len(batch), "no duplicate key was dropped: the test proves nothing")
 	})
 }
 
-// FuzzKeyUnboxed checks TestKeyUnboxedAgreesWithBoxed's invariant on rows made from
+// FuzzKeyUnboxed checks TestKeyUnboxedAgreesWithBoxed's invariants on rows made from
 // the fuzzer's bytes: each row takes 6 of them, for its int64, int32, uint64 and
 // float64 fields (few values, so that keys repeat) and a string of up to 3 bytes; the
 // first byte picks the key columns.
@@ -86,7 +120,7 @@ func FuzzKeyUnboxed(f *testing.F) {
 	f.Add([]byte{0x0f, 1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 9, 9, 9, 9, 9, 9})
 	f.Add([]byte{0x03, 0, 0, 0, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
 	cols := []string{"i64", "s", "f", "i32", "u64"}
-	floats := []float64{0, math.Copysign(0, -1), 1, -1, math.Inf(-1), math.MaxFloat64, math.SmallestNonzeroFloat64, 0.1}
+	floats := []float64{0, math.Copysign(0, -1), 1, -1, math.Inf(-1), math.MaxFloat64, math.NaN(), 0.1}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		if len(data) < 7 {
 			return
@@ -104,18 +138,21 @@ func FuzzKeyUnboxed(f *testing.F) {
 		for b := data[1:]; len(b) >= 6; b = b[6:] {
 			batch = append(batch, keyRow{
 				I64: int64(int8(b[0] & 0x87)), I32: int32(b[1] % 3), U64: uint64(b[1]>>6) << 62,
-				F: floats[b[2]%8], S: string(b[3 : 3+b[2]>>6%4]), V: len(batch),
+				F: floats[b[2]%8], S: string(b[3 : 3+(b[2]>>6)%4]), V: len(batch),
 			})
 		}
-		fast, boxed, fastLanes, boxedLanes, unboxed := pgpipe.KeyPaths(pgpipe.Struct[keyRow](), key, batch, 3)
+		fast, ref, fastLanes, refLanes, unboxed, problem := pgpipe.KeyPaths(pgpipe.Struct[keyRow](), key, batch, 3, keyRowID)
 		if !unboxed {
 			t.Fatal("not read unboxed")
 		}
-		if !slices.Equal(fast, boxed) {
-			t.Fatalf("key %v: rows kept unboxed %v, boxed %v", key, fast, boxed)
+		if problem != "" {
+			t.Fatalf("key %v: %s", key, problem)
 		}
-		if !slices.Equal(fastLanes, boxedLanes) {
-			t.Fatalf("key %v: lanes unboxed %v, boxed %v", key, fastLanes, boxedLanes)
+		if !slices.Equal(fast, ref) {
+			t.Fatalf("key %v: rows kept unboxed %v, boxed %v", key, fast, ref)
+		}
+		if !slices.Equal(fastLanes, refLanes) {
+			t.Fatalf("key %v: lanes unboxed %v, boxed %v", key, fastLanes, refLanes)
 		}
 	})
 }

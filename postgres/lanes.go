@@ -3,6 +3,7 @@ package pgpipe
 import (
 	"fmt"
 	"hash/maphash"
+	"math"
 	"reflect"
 	"time"
 )
@@ -104,7 +105,7 @@ func (l *lanes[T]) of(v *T, h *maphash.Hash, keys, buf []any) (int, []any, []any
 		rv := l.w.mapping.value(v)
 		for j, c := range l.w.keyIdx {
 			f := rv.Field(l.w.mapping.fields[c])
-			switch l.w.kinds[j] { // the switch below, on the same values
+			switch l.w.kinds[j] { // hashKey, on the same values
 			case reflect.String:
 				h.WriteString(f.String())
 			case reflect.Int:
@@ -116,13 +117,20 @@ func (l *lanes[T]) of(v *T, h *maphash.Hash, keys, buf []any) (int, []any, []any
 			case reflect.Uint64:
 				maphash.WriteComparable(h, f.Uint())
 			case reflect.Float64:
-				maphash.WriteComparable(h, f.Float())
+				maphash.WriteComparable(h, floatBits(f.Float()))
 			}
 			h.WriteByte(0xff)
 		}
 		return int(h.Sum64() % uint64(l.n)), keys, buf
 	}
 	keys, buf = l.w.mapping.key(v, l.w.keyIdx, keys[:0], buf)
+	hashKey(h, keys)
+	return int(h.Sum64() % uint64(l.n)), keys, buf
+}
+
+// hashKey writes a key's boxed values to h: keys that compareValues takes as equal,
+// column by column, write alike.
+func hashKey(h *maphash.Hash, keys []any) {
 	for _, x := range keys {
 		switch x := x.(type) {
 		case nil:
@@ -142,11 +150,24 @@ func (l *lanes[T]) of(v *T, h *maphash.Hash, keys, buf []any) (int, []any, []any
 		case uint64:
 			maphash.WriteComparable(h, x)
 		case float64:
-			maphash.WriteComparable(h, x)
+			maphash.WriteComparable(h, floatBits(x))
 		default: // what compareValues compares: the printed value (== may differ, or panic)
 			_, _ = fmt.Fprint(h, x) // a maphash.Hash never fails
 		}
 		h.WriteByte(0xff)
 	}
-	return int(h.Sum64() % uint64(l.n)), keys, buf
+}
+
+// floatBits is what a key's float64 hashes as: its bits, with -0 as 0 and every NaN as
+// one NaN, since compareValues (cmp.Compare) takes -0 and 0 as equal, and NaN as equal
+// to NaN (so does PostgreSQL's float8). maphash.WriteComparable hashes each NaN anew: a
+// NaN key got a lane at random, for its row and again for its part (lane).
+func floatBits(f float64) uint64 {
+	switch {
+	case f == 0:
+		return 0
+	case f != f:
+		return 0x7ff8000000000001
+	}
+	return math.Float64bits(f)
 }

@@ -19,7 +19,8 @@ type Mapping[T any] struct {
 	// used before the next call, so buf may be reused. They may point into *v.
 	fill func(v *T, buf []any) []any
 	// Struct mappings: the mapped fields' indexes and whether T is a pointer, so that
-	// the writer can encode common field types without boxing them (see copy.go).
+	// the writer can encode common field types, and read a key, without boxing them
+	// (copy.go, key.go).
 	fields []int
 	ptr    bool
 }
@@ -121,9 +122,18 @@ func snake(s string) string {
 	return b.String()
 }
 
-// compareValues orders two key values of the same column: the common key types
-// directly, anything else by its printed form.
+// compareValues orders two key values of the same column: nil (NULL) first, the
+// common key types directly, anything else by its printed form.
 func compareValues(a, b any) int {
+	if a == nil || b == nil { // not by the printed form: NULL is not the string "<nil>"
+		switch {
+		case a != nil:
+			return 1
+		case b != nil:
+			return -1
+		}
+		return 0
+	}
 	switch x := a.(type) {
 	case int:
 		if y, ok := b.(int); ok {
@@ -165,13 +175,25 @@ func compareValues(a, b any) int {
 func deref(v any) any {
 	switch x := v.(type) {
 	case *int64:
-		return *x
+		if x != nil {
+			return *x
+		}
+		return nil
 	case *string:
-		return *x
+		if x != nil {
+			return *x
+		}
+		return nil
 	case *int:
-		return *x
+		if x != nil {
+			return *x
+		}
+		return nil
 	case *int32:
-		return *x
+		if x != nil {
+			return *x
+		}
+		return nil
 	}
 	if rv := reflect.ValueOf(v); rv.Kind() == reflect.Pointer {
 		if rv.IsNil() {
