@@ -57,8 +57,10 @@ func defaultConfig() config {
 // CONFLICT (key) DO UPDATE of every other column. Before that the batch is
 // de-duplicated by key (the last row wins), so that PostgreSQL never meets a key twice
 // in one statement, and sorted by key, so that writers running at once take their row
-// locks in the same order and cannot deadlock each other. The key must be a unique
-// index or constraint of the table. It panics if key is empty.
+// locks in the same order and cannot deadlock each other. Rows whose key has a NULL (a
+// nil pointer field) are all kept: ON CONFLICT never matches a NULL, and inserts each.
+// The key must be a unique index or constraint of the table. It panics if key is
+// empty.
 //
 // Each key then holds the value of its last row in source order. With several workers,
 // [Writer.To] keeps that order by giving each key to one worker (a lane chosen by a
