@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -96,6 +97,47 @@ func TestUpsertLastRowWins(t *testing.T) {
 				assert.Equal(t, 2, old, "existing rows are kept")
 			}
 		})
+	}
+}
+
+// nullKeyRow is a row whose key may be NULL (a nil Code).
+type nullKeyRow struct {
+	Code  *string `db:"code"`
+	Value int     `db:"value"`
+}
+
+// TestUpsertKeepsEveryRowWithANullKey checks that rows whose key is NULL are all
+// written, with one worker and with lanes: ON CONFLICT never matches a NULL, so the
+// table takes each of them, and the de-duplication must not keep only the last. A key
+// that prints as NULL does ("<nil>") is a key like any other.
+func TestUpsertKeepsEveryRowWithANullKey(t *testing.T) {
+	a, printed := "a", "<nil>"
+	in := []nullKeyRow{{nil, 1}, {&a, 2}, {nil, 3}, {&printed, 4}, {&a, 5}, {nil, 6}, {&printed, 7}}
+	for _, mode := range []string{"upsert", "skip"} {
+		for _, workers := range []int{1, 4} {
+			t.Run(fmt.Sprintf("%s/workers=%d", mode, workers), func(t *testing.T) {
+				pool := newPool(t, 8)
+				table := createTable(t, pool, "nullkey", "(code text UNIQUE, value int NOT NULL)")
+				opt := pgpipe.WithUpsert("code")
+				if mode == "skip" {
+					opt = pgpipe.WithSkipExisting("code")
+				}
+				w := pgpipe.NewWriter(pool, table, pgpipe.Struct[nullKeyRow](), opt)
+				p := pipeline.New()
+				w.To(pipeline.FromSlice(p, in), "load", workers)
+				require.NoError(t, p.Run(t.Context()))
+				rows, err := pool.Query(t.Context(), "SELECT coalesce(code, 'NULL'), value FROM "+table+" ORDER BY value")
+				require.NoError(t, err)
+				got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
+					var code string
+					var v int
+					err := r.Scan(&code, &v)
+					return fmt.Sprintf("%s=%d", code, v), err
+				})
+				require.NoError(t, err)
+				assert.Equal(t, []string{"NULL=1", "NULL=3", "a=5", "NULL=6", "<nil>=7"}, got, "the table's rows, by value")
+			})
+		}
 	}
 }
 
