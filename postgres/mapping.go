@@ -171,29 +171,18 @@ func compareValues(a, b any) int {
 	return strings.Compare(fmt.Sprint(a), fmt.Sprint(b))
 }
 
-// deref returns the value v points to, when it is a pointer (as [Struct]'s values are).
+// deref returns the value v points to, when it is a pointer (as [Struct]'s values are),
+// and nil (NULL) for a nil pointer.
 func deref(v any) any {
-	switch x := v.(type) {
+	switch x := v.(type) { // the common key types without reflection
 	case *int64:
-		if x != nil {
-			return *x
-		}
-		return nil
+		return elem(x)
 	case *string:
-		if x != nil {
-			return *x
-		}
-		return nil
+		return elem(x)
 	case *int:
-		if x != nil {
-			return *x
-		}
-		return nil
+		return elem(x)
 	case *int32:
-		if x != nil {
-			return *x
-		}
-		return nil
+		return elem(x)
 	}
 	if rv := reflect.ValueOf(v); rv.Kind() == reflect.Pointer {
 		if rv.IsNil() {
@@ -202,6 +191,14 @@ func deref(v any) any {
 		return rv.Elem().Interface()
 	}
 	return v
+}
+
+// elem is *p, or nil for a nil p.
+func elem[E any](p *E) any {
+	if p == nil {
+		return nil
+	}
+	return *p
 }
 
 // valueSize estimates the bytes a value takes in a COPY.
