@@ -18,10 +18,11 @@ func (c *Checkpoint) CommitTx(ctx context.Context, tx pgx.Tx, p pipeline.Progres
 }
 
 // KeyPaths de-duplicates batch by the key columns key and gives each row's lane of
-// lanes (rows named by id: a row with a NaN is not equal to itself), as a writer of m does (fast: its key read unboxed when keyKinds allows it) and
-// as a reference does (ref: every column filled and boxed, the key's values picked,
-// hashed by hashKey and ordered by compareValues, the way the writer read keys before
-// it read them unboxed); unboxed reports whether the writer read m's key unboxed.
+// lanes (rows named by id: a row with a NaN is not equal to itself), as a writer of m
+// does (fast: its key read unboxed when keyKinds allows it) and as a reference does
+// (ref: every column filled and boxed, the key's values picked, hashed by hashKey and
+// ordered by compareValues, the way the writer read keys before it read them unboxed);
+// unboxed reports whether the writer read m's key unboxed.
 // problem, if not empty, says what is wrong with the writer's lanes: two rows whose
 // keys compareValues takes as equal in two lanes, a lane's rows out of batch order in
 // its parts (split), or a part whose lane (lane) is not its rows'.
@@ -52,8 +53,9 @@ func KeyPaths[T any](m Mapping[T], key []string, batch []T, lanes int, id func(T
 	keys := make([][]any, len(batch))
 	refLanes = make([]int, len(batch))
 	for i := range batch {
+		all := m.fill(&batch[i], nil)
 		for _, c := range w.keyIdx {
-			keys[i] = append(keys[i], deref(m.fill(&batch[i], nil)[c]))
+			keys[i] = append(keys[i], deref(all[c]))
 		}
 		h.Reset()
 		hashKey(&h, keys[i])

@@ -81,14 +81,14 @@ func TestKeyUnboxedAgreesWithBoxed(t *testing.T) {
 		})
 	}
 	t.Run("null", func(t *testing.T) {
-		_, ref, _, _, _, _ := pgpipe.KeyPaths(pgpipe.Struct[keyRow](), []string{"p"}, batch, 2, keyRowID)
+		fast, _, _, _, _, _ := pgpipe.KeyPaths(pgpipe.Struct[keyRow](), []string{"p"}, batch, 2, keyRowID)
 		nulls, strings := 0, 0
 		for _, row := range batch {
 			if row.P == nil {
 				nulls++
 			}
 		}
-		for _, v := range ref {
+		for _, v := range fast { // the writer's rows kept
 			if row := batch[v]; row.P == nil {
 				nulls--
 			} else if *row.P == "<nil>" {
