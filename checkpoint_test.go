@@ -430,26 +430,36 @@ func TestCheckpointCrash(t *testing.T) {
 
 // resumeRun runs a checkpointed pipeline of n items in which item 0 waits for the run
 // to stop (it holds the watermark at 0), every tenth item is dead-lettered, the rest
-// reach a sink, and the run is canceled once every other item settled. It returns how
+// reach a sink, and the run is canceled once item 0 started and every other item settled. It returns how
 // often the stage function saw each item and the dead letters.
 func resumeRun(t *testing.T, store pipeline.CheckpointStore, n int, calls map[int]int, dead func(context.Context, pipeline.DeadLetter[int]) error, block bool) error {
 	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	var mu sync.Mutex
-	settled := 0
+	settled, started := 0, false
+	stopIfDue := func() { // under mu
+		if block && started && settled == n-1 {
+			cancel() // item 0 started and every other item settled: stop, as SIGINT does
+		}
+	}
 	done := func() {
 		mu.Lock()
 		defer mu.Unlock()
-		if settled++; block && settled == n-1 {
-			cancel() // every item but 0 settled: stop, as SIGINT does
-		}
+		settled++
+		stopIfDue()
 	}
 	p := pipeline.New()
 	src := pipeline.FromCheckpoint(p, store, from(n), pipeline.WithSaveEvery(1000))
 	s := pipeline.Then(src, pipeline.NewStage("work", 4, func(ctx context.Context, i int) (int, error) {
 		mu.Lock()
 		calls[i]++
+		if i == 0 {
+			// A worker that took item 0 may be passed over until the others settled; were
+			// the run stopped then, item 0 would end not started, uncalled.
+			started = true
+			stopIfDue()
+		}
 		mu.Unlock()
 		switch {
 		case i == 0 && block:
