@@ -65,12 +65,12 @@ func WithAdaptiveWorkers(min int) StageOption {
 			make: func(env policyEnv) hook {
 				return &adaptivePolicy{env: env, a: adaptive.New(min, env.workers, env.r.started)}
 			},
-			check: func(workers int, keyed bool) string {
+			check: func(workers int, keyedBy string) string {
 				switch {
 				case min > workers:
 					return fmt.Sprintf("WithAdaptiveWorkers(%d): the minimum is more than the stage's %d workers", min, workers)
-				case keyed:
-					return "WithAdaptiveWorkers and WithKey together; a keyed stage needs every worker for its keys"
+				case keyedBy != "":
+					return "WithAdaptiveWorkers and " + keyedBy + " together; a keyed stage needs every worker for its keys"
 				}
 				return ""
 			},

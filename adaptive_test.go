@@ -308,6 +308,10 @@ func TestAdaptiveOptionPanics(t *testing.T) {
 	})
 	assert.Contains(t, msg, "WithAdaptiveWorkers and WithKey")
 	msg = assertPanicsPipeline(t, func() {
+		pipeline.NewStage("s", 4, id, pipeline.WithPartition(func(v int) int { return v }), pipeline.WithAdaptiveWorkers(1))
+	})
+	assert.Contains(t, msg, "WithAdaptiveWorkers and WithPartition")
+	msg = assertPanicsPipeline(t, func() {
 		pipeline.NewStage("s", 4, id, pipeline.WithRateLimitPerKey(func(s string) string { return s }, 1, 1))
 	})
 	assert.Contains(t, msg, "WithRateLimitPerKey for another item type")

@@ -734,9 +734,9 @@ func WithBreakerPerKey[In any, K comparable](key func(In) K, b Breaker, bounds K
 		c.client.add(policyMaker{
 			name: "WithCircuitBreaker", order: orderBreaker,
 			unordered: "WithBreakerPerKey and WithOrdered together; a held item would stall the order",
-			check: func(_ int, keyed bool) string {
-				if keyed {
-					return "WithBreakerPerKey and WithKey together; a held item is taken back by whichever worker is free"
+			check: func(_ int, keyedBy string) string {
+				if keyedBy != "" {
+					return "WithBreakerPerKey and " + keyedBy + " together; a held item is taken back by whichever worker is free"
 				}
 				return ""
 			},

@@ -1122,6 +1122,7 @@ func TestBreakerPerKeyPanics(t *testing.T) {
 	}{
 		{pipeline.WithOrdered(0), "WithBreakerPerKey and WithOrdered together"},
 		{pipeline.WithKey(func(v int) int { return v }), "WithBreakerPerKey and WithKey together"},
+		{pipeline.WithPartition(func(v int) int { return v }), "WithBreakerPerKey and WithPartition together"},
 	} {
 		msg := assertPanicsPipeline(t, func() {
 			pipeline.NewStage("s", 2, id, tc.opt, pipeline.WithBreakerPerKey(key, b, pipeline.KeyBounds{}))

@@ -99,7 +99,7 @@ type policyMaker struct {
 	make any
 	// check, when not nil, validates the stage at construction: it returns the
 	// message of a panic, or "".
-	check func(workers int, keyed bool) string
+	check func(workers int, keyedBy string) string // keyedBy: the stage's routing option (WithKey, WithPartition), or ""
 	// serial: before may keep one item waiting while others of the stage could go
 	// (a token of its key): a worker takes one item at a time, leaving the rest queued.
 	serial bool
@@ -173,7 +173,7 @@ func (st *Stage[In, Out]) checkClient(ctor string) {
 			panic(fmt.Sprintf("pipeline: %s(%q): %s", ctor, st.name, m.unordered))
 		}
 		if m.check != nil {
-			if msg := m.check(st.workers, st.cfg.key != nil); msg != "" {
+			if msg := m.check(st.workers, st.cfg.keyBy); msg != "" {
 				panic(fmt.Sprintf("pipeline: %s(%q): %s", ctor, st.name, msg))
 			}
 		}

@@ -902,6 +902,41 @@ func ExampleWithKey() {
 	// carol [1 2]
 }
 
+// This example shows WithPartition: orders already carry the number of their shard (0
+// to 2), and each of the three workers writes one shard, its orders in input order.
+// With WithKey, two shards could hash to one worker and leave another idle.
+func ExampleWithPartition() {
+	type order struct {
+		Shard, ID int
+	}
+	orders := []order{{0, 1}, {1, 2}, {2, 3}, {0, 4}, {2, 5}, {1, 6}, {0, 7}}
+
+	var (
+		mu      sync.Mutex
+		written = map[int][]int{}
+	)
+	write := pipeline.NewSink("write", 3, func(_ context.Context, o order) error {
+		mu.Lock()
+		defer mu.Unlock()
+		written[o.Shard] = append(written[o.Shard], o.ID)
+		return nil
+	}, pipeline.WithPartition(func(o order) int { return o.Shard }))
+
+	p := pipeline.New()
+	pipeline.To(pipeline.FromSlice(p, orders), write)
+	if err := p.Run(context.Background()); err != nil {
+		fmt.Println("error:", err)
+		return
+	}
+	for _, shard := range slices.Sorted(maps.Keys(written)) {
+		fmt.Println("shard", shard, written[shard])
+	}
+	// Output:
+	// shard 0 [1 4 7]
+	// shard 1 [2 6]
+	// shard 2 [3 5]
+}
+
 // This example shows Batch grouping items into slices of 3, in arrival order; the
 // last, partial batch is flushed when the input ends. The report counts the flushes by
 // reason.

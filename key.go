@@ -16,5 +16,30 @@ func WithKey[In any, K comparable](key func(In) K) StageOption {
 	}
 	seed := maphash.MakeSeed()
 	hash := func(v In) uint64 { return maphash.Comparable(seed, key(v)) }
-	return stageOpt(func(c *config) { c.key = hash })
+	return stageOpt(func(c *config) { c.setKey("WithKey", hash) })
+}
+
+// WithPartition routes each item to the stage's worker partition(item), modulo its
+// workers: as with [WithKey], the items of one partition are processed one at a time
+// and in input order, and different partitions concurrently; but the number itself
+// chooses the worker, not a hash of it. Use it when the partitions are known numbers,
+// such as one lane per worker: n partitions 0 to n-1 on n workers get a worker each,
+// where WithKey's hash puts two of four keys on one worker more often than not. A
+// negative partition is taken as its conversion to uint64. In must be the stage's input
+// type; the stage's constructor panics otherwise, with [WithOrdered], and with WithKey.
+func WithPartition[In any](partition func(In) int) StageOption {
+	if partition == nil {
+		panic("pipeline: WithPartition(nil)")
+	}
+	hash := func(v In) uint64 { return uint64(partition(v)) }
+	return stageOpt(func(c *config) { c.setKey("WithPartition", hash) })
+}
+
+// setKey records a routing option (WithKey or WithPartition) and its hash; a second one
+// is reported by the stage's constructor.
+func (c *config) setKey(name string, hash any) {
+	if c.keyBy != "" {
+		name = c.keyBy + " and " + name
+	}
+	c.key, c.keyBy = hash, name
 }

@@ -68,7 +68,8 @@ type config struct {
 	budget       *Budget
 	ordered      bool
 	window       int
-	key          any // func(In) uint64, checked by the stage
+	key          any    // func(In) uint64, checked by the stage
+	keyBy        string // the option that set key: WithKey, WithPartition, or both ("WithKey and WithPartition")
 	linger       time.Duration
 	maxBytes     int
 	sizer        any // func(T) int, checked by Batch

@@ -317,14 +317,22 @@ func testOrderedStop(t *testing.T, how string, conserve bool) {
 	})
 }
 
-// TestKeyedOneAtATimeInOrder checks WithKey: with a per-key in-flight gauge, no two
-// items of one key ever run at once, each key's items are processed and delivered in
-// input order, and every item arrives.
+// TestKeyedOneAtATimeInOrder checks WithKey and WithPartition: with a per-key in-flight
+// gauge, no two items of one key ever run at once, each key's items are processed and
+// delivered in input order, and every item arrives.
 func TestKeyedOneAtATimeInOrder(t *testing.T) {
 	t.Parallel()
 	const n, keys = 400, 8
-	for _, workers := range []int{1, 4} {
-		t.Run(fmt.Sprintf("workers=%d", workers), func(t *testing.T) {
+	routes := map[string]pipeline.StageOption{
+		"WithKey":       pipeline.WithKey(func(i int) string { return fmt.Sprintf("key-%d", i%keys) }),
+		"WithPartition": pipeline.WithPartition(func(i int) int { return i % keys }),
+	}
+	for _, c := range []struct {
+		route   string
+		workers int
+	}{{"WithKey", 1}, {"WithKey", 4}, {"WithPartition", 1}, {"WithPartition", 3}} {
+		workers := c.workers
+		t.Run(fmt.Sprintf("%s/workers=%d", c.route, workers), func(t *testing.T) {
 			t.Parallel()
 			var (
 				active  [keys]atomic.Int32
@@ -332,7 +340,6 @@ func TestKeyedOneAtATimeInOrder(t *testing.T) {
 				mu      sync.Mutex
 				started [keys][]int // per key, the items in the order they started
 			)
-			key := func(i int) string { return fmt.Sprintf("key-%d", i%keys) }
 			fn := func(_ context.Context, i int) (int, error) {
 				k := i % keys
 				a := active[k].Add(1)
@@ -350,7 +357,7 @@ func TestKeyedOneAtATimeInOrder(t *testing.T) {
 				return i, nil
 			}
 			p := pipeline.New(pipeline.WithBuffer(16))
-			s := pipeline.Then(pipeline.FromSlice(p, ints(n)), pipeline.NewStage("keyed", workers, fn, pipeline.WithKey(key)))
+			s := pipeline.Then(pipeline.FromSlice(p, ints(n)), pipeline.NewStage("keyed", workers, fn, routes[c.route]))
 			got, err := pipeline.Collect(t.Context(), s)
 			require.NoError(t, err)
 			assert.ElementsMatch(t, ints(n), got)
@@ -442,6 +449,88 @@ func TestKeyedMisuse(t *testing.T) {
 	assert.Contains(t, msg, "WithOrdered")
 	assertPanicsPipeline(t, func() { pipeline.WithKey[int, int](nil) })
 	assertPanicsPipeline(t, func() { pipeline.WithOrdered(-1) })
+
+	byLane := pipeline.WithPartition(func(i int) int { return i % 2 })
+	msg = assertPanicsPipeline(t, func() {
+		pipeline.NewStage("s", 2, fn, pipeline.WithPartition(func(s string) int { return len(s) }))
+	})
+	assert.Contains(t, msg, "WithPartition")
+	msg = assertPanicsPipeline(t, func() { pipeline.NewStage("s", 2, fn, byLane, pipeline.WithOrdered(4)) })
+	assert.Contains(t, msg, "WithPartition and WithOrdered together")
+	for _, opts := range [][]pipeline.StageOption{{byMod, byLane}, {byLane, byMod}, {byLane, byLane}, {byMod, byMod}} {
+		msg = assertPanicsPipeline(t, func() { pipeline.NewStage("s", 2, fn, opts...) })
+		assert.Contains(t, msg, "together; give one way to route items to workers")
+	}
+	assertPanicsPipeline(t, func() { pipeline.WithPartition[int](nil) })
+}
+
+// TestPartitionWorkerEach checks that WithPartition gives n partitions numbered 0 to
+// n-1 on n workers a worker each: every item waits, at a barrier, until items of all
+// n partitions are in flight together, which two partitions on one worker can never
+// meet (the wait then ends with an error after a minute of virtual time). It also checks
+// the partitions past n and below 0 (modulo n), and one at a time per worker.
+func TestPartitionWorkerEach(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		shift int // partition(i) = i%workers + shift*workers
+	}{{"0 to n-1", 0}, {"n to 2n-1", 1}, {"negative", -1 << 20}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				const workers, n = 4, 64
+				var (
+					mu       sync.Mutex
+					inflight [workers]int
+					peak     int
+					all      = make(chan struct{})
+				)
+				errApart := errors.New("the partitions were never all in flight together")
+				fn := func(ctx context.Context, i int) (int, error) {
+					k := i % workers
+					mu.Lock()
+					inflight[k]++
+					peak = max(peak, inflight[k])
+					if !isClosed(all) && !slices.Contains(inflight[:], 0) {
+						close(all)
+					}
+					mu.Unlock()
+					defer func() {
+						mu.Lock()
+						inflight[k]--
+						mu.Unlock()
+					}()
+					select {
+					case <-all:
+						return i, nil
+					case <-time.After(time.Minute): // virtual time: only when nothing else can run
+						return 0, errApart
+					case <-ctx.Done():
+						return 0, ctx.Err()
+					}
+				}
+				p := pipeline.New()
+				s := pipeline.Then(pipeline.FromSlice(p, ints(n)), pipeline.NewStage("lanes", workers, fn,
+					pipeline.WithPartition(func(i int) int { return i%workers + tc.shift*workers })))
+				got, err := pipeline.Collect(t.Context(), s)
+				require.NoError(t, err)
+				assert.ElementsMatch(t, ints(n), got)
+				mu.Lock()
+				assert.Equal(t, 1, peak, "items of one partition in flight at once")
+				mu.Unlock()
+			})
+		})
+	}
+}
+
+// isClosed reports whether ch is closed.
+func isClosed(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 // TestOrderedFlushSecondPass: the next item settles while the flusher is pushing the

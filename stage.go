@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/trace"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -27,7 +28,7 @@ type Stage[In, Out any] struct {
 	sink    bool
 	cfg     config
 	dl      func(context.Context, DeadLetter[In]) error
-	hash    func(In) uint64 // WithKey
+	hash    func(In) uint64 // WithKey, WithPartition
 }
 
 // Name returns the stage's name.
@@ -106,9 +107,13 @@ func (st *Stage[In, Out]) init(ctor, name string, workers int, opts []StageOptio
 		st.dl = typed[func(context.Context, DeadLetter[In]) error, In](st.cfg.deadLetter, where, "WithDeadLetter", "a stage")
 	}
 	if st.cfg.key != nil {
-		hash := typed[func(In) uint64, In](st.cfg.key, where, "WithKey", "a stage")
+		by := st.cfg.keyBy
+		if strings.Contains(by, " and ") {
+			panic(fmt.Sprintf("pipeline: %s(%q): %s together; give one way to route items to workers", ctor, name, by))
+		}
+		hash := typed[func(In) uint64, In](st.cfg.key, where, by, "a stage")
 		if st.cfg.ordered {
-			panic(fmt.Sprintf("pipeline: %s(%q): WithKey and WithOrdered together; WithKey already keeps order per key", ctor, name))
+			panic(fmt.Sprintf("pipeline: %s(%q): %s and WithOrdered together; %s already keeps order per key", ctor, name, by, by))
 		}
 		st.hash = hash
 	}

@@ -11,8 +11,8 @@ import (
 // In the upsert modes, a key's rows must be written in source order, also when several
 // writers run: [Writer.To] makes batches of [WithChunk]'s rows (and bytes) times the
 // lanes, one per worker, splits each by a hash of the key into its lanes' parts of at
-// most the chunk's rows, and gives the sink [pipeline.WithKey] on the part's lane, so
-// that each lane's parts are written by one worker, one after the other, in batch order
+// most the chunk's rows, and gives the sink [pipeline.WithPartition] on the part's lane,
+// so that each lane's parts are written by its own worker, one after the other, in batch order
 // (a part being retried holds up the lane's later parts; a part set aside lets them
 // go). A key's rows are all in one lane, so its last row in source order is written
 // last.
@@ -85,7 +85,7 @@ func (l *lanes[T]) split(batch []T) [][]T {
 	return parts
 }
 
-// lane returns the lane of a part (for pipeline.WithKey).
+// lane returns the lane of a part (for pipeline.WithPartition).
 func (l *lanes[T]) lane(part []T) int {
 	if len(part) == 0 {
 		return cap(part) - 1

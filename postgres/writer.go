@@ -302,9 +302,10 @@ func (w *Writer[T]) Sink(name string, workers int, opts ...pipeline.StageOption)
 // In the upsert modes with more than one worker, the rows are batched workers times
 // [WithChunk]'s rows (and bytes) at a time, and each batch is split by a hash of the
 // key into parts of at most the chunk's rows, for one lane per worker (see
-// [WithUpsert]); the sink stage gets [pipeline.WithKey] on the lane, which it may not
-// be given [pipeline.WithOrdered] with: every key's rows are written by one worker, in
-// source order (the order of s). A part's bytes are about the chunk's bytes on
+// [WithUpsert]); the sink stage gets [pipeline.WithPartition] on the lane, which it may
+// not be given [pipeline.WithOrdered] or [pipeline.WithKey] with: every key's rows are
+// written by one worker, in source order (the order of s), and each lane has a worker
+// of its own. A part's bytes are about the chunk's bytes on
 // average, not at most.
 func (w *Writer[T]) To(s *pipeline.Stream[T], name string, workers int, opts ...pipeline.StageOption) {
 	var bopts []pipeline.BatchOption
@@ -320,7 +321,7 @@ func (w *Writer[T]) To(s *pipeline.Stream[T], name string, workers int, opts ...
 		bopts = []pipeline.BatchOption{pipeline.WithMaxBytes(w.cfg.bytes*workers, w.size)}
 	}
 	parts := pipeline.Flatten(pipeline.Map(pipeline.Batch(s, w.cfg.rows*workers, bopts...), l.split))
-	keyed := append(slices.Clip(opts), pipeline.WithKey(l.lane))
+	keyed := append(slices.Clip(opts), pipeline.WithPartition(l.lane)) // lane i is worker i's: WithKey's hash put two lanes on one worker more often than not
 	pipeline.To(parts, w.Sink(name, workers, keyed...))
 }
 
