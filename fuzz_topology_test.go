@@ -14,11 +14,11 @@ import (
 )
 
 // topology builds a random pipeline from fuzz bytes: a source (plain or checkpointed)
-// then up to six operators, each one of: a plain, ordered, keyed or flat stage with a
-// dead-letter destination (the first three maybe with a timeout and retries), a
-// Filter, a Map that may panic, a Tee whose first branch ends in a sink at once, or a
-// Batch (maybe with a byte limit) undone by Flatten. The chain ends in a sink that may
-// cancel the run after some items. The shapes come from the defects an outside soak
+// then up to six operators, each one of: a plain, ordered, keyed (WithKey or
+// WithPartition) or flat stage with a dead-letter destination (the first three maybe
+// with a timeout and retries), a Filter, a Map that may panic, a Tee whose first
+// branch ends in a sink at once, or a Batch (maybe with a byte limit) undone by
+// Flatten. The chain ends in a sink that may cancel the run after some items. The shapes come from the defects an outside soak
 // found: Tee with inline panics, batches with byte limits under cancellation,
 // checkpoints with batches, filters and dead letters, keyed and ordered bounds read
 // from Snapshots taken while the run goes on.
@@ -210,7 +210,11 @@ func runTopology(t *testing.T, data []byte) {
 			s = pipeline.Then(s, pipeline.NewStage(name, 1+arg%3, fn, append(timing, pipeline.WithOrdered(window))...))
 		case 2:
 			mark()
-			s = pipeline.Then(s, pipeline.NewStage(name, 1+arg%4, fn, append(timing, pipeline.WithKey(func(i int) int { return i % 3 }))...))
+			route := pipeline.WithKey(func(i int) int { return i % 3 })
+			if arg/4%2 == 1 {
+				route = pipeline.WithPartition(func(i int) int { return i % 3 })
+			}
+			s = pipeline.Then(s, pipeline.NewStage(name, 1+arg%4, fn, append(timing, route)...))
 		case 3:
 			s = pipeline.Filter(s, func(i int) bool { return i%(2+arg%4) != 1 })
 		case 4:
