@@ -4,31 +4,38 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
 	natsjs "github.com/nats-io/nats.go/jetstream"
 )
 
-// feed is one run's reading of the consumer. Its reader takes each message from the
-// client as it arrives and keeps it waiting for the run's body (next), held by the
-// run's hand, which sends it InProgress signals like the messages the pipeline holds:
-// no delivered message waits unseen in the client's buffer while its AckWait runs. The
-// reader opens a client only while there is room for a batch, and asks it for exactly
-// the room there is (StopAfter): the client's pull requests never ask the server for
-// more, and it ends by itself once that many arrived, with no request left open. (A
-// client drained with a request open loses what the server sends it meanwhile, which
-// the server delivers again at once, counted as a second delivery:
-// TestReaderAtItsBoundNoRedelivery.) So at most pull messages wait.
+// feed is one run's reading of the consumer. Its readers take each message from their
+// client as it arrives and keep it waiting for the run's body (next), held by the run's
+// hand, which sends it InProgress signals like the messages the pipeline holds: no
+// delivered message waits unseen in a client's buffer while its AckWait runs. The feed
+// opens a client only while there is room for a batch, counting the messages asked of
+// the clients still open and not yet arrived (owed), and asks it for exactly that room
+// (StopAfter): the clients' pull requests never ask the server for more, and each ends
+// by itself once its messages arrived, with no request left open. (A client drained
+// with a request open loses what the server sends it meanwhile, which the server
+// delivers again at once, counted as a second delivery:
+// TestReaderAtItsBoundNoRedelivery.) So at most pull messages wait or are on their way.
 //
-// Owed pulls: the client sends its next pull request from inside Next, when fewer
+// Two clients overlap: the next opens, with its own reader, as soon as the messages
+// taken by the body leave room for a batch, while the one before still delivers the
+// rest of its own. One client at a time stopped the flow at each client's end for the
+// round trip of the next one's first pull, and asked for at most a batch at a time.
+//
+// Owed pulls: a client sends its next pull request from inside Next, when fewer
 // messages are asked for than its threshold, but not while its previous request is
 // still being sent. If that send is slow to return (a busy machine) while the answer
 // arrives and is taken, the next request is owed and nothing sends it: Next would wait
 // for a missed heartbeat, 30 s at the client's defaults. So every check interval the
-// watcher kicks the reader: the context its Next waits on is cancelled, and the reader
-// calls Next again with a new one, which sends what is owed. A kick costs a context
-// per interval; nothing per message.
+// watcher kicks the readers: the context their Next waits on is cancelled and replaced,
+// and each reader calls Next again with the new one, which sends what is owed. A kick
+// costs a context per interval; nothing per message.
 //
 // The watcher checks, every check interval while the run holds messages, that the
 // consumer still exists (the server tells a pull that waits, not a run busy with what
@@ -40,22 +47,24 @@ type feed struct {
 	h            *hand
 	pull, batch  int
 	check        time.Duration
-	timeout      time.Duration // of a check
-	delivery     func(*natsjs.MsgMetadata)
+	timeout      time.Duration                               // of a check
+	delivery     func(meta *natsjs.MsgMetadata, newest bool) // newest: no delivery before it had a later consumer sequence
 	nak          func(natsjs.Msg)
 	pullError    func()
 
 	mu       sync.Mutex
-	cond     sync.Cond // on mu: a message waits or was taken, the feed stopped, the reader returned
+	cond     sync.Cond // on mu: a message waits or was taken, a client ended, the feed stopped, the readers returned
 	waiting  []waitingMsg
-	it       natsjs.MessagesContext // the reader's client, if any
-	stopped  bool                   // the input ended: pull no more
-	err      error                  // why the feed ended, if it failed
+	its      []natsjs.MessagesContext // the open clients (at most two)
+	owed     int                      // messages asked of the open clients and not yet arrived
+	seq      uint64                   // the newest delivery's consumer sequence
+	stopped  bool                     // the input ended: pull no more
+	err      error                    // why the feed ended, if it failed
 	readDone bool
-	kick     []natsjs.NextOpt // the reader's: the options of its Next, waiting on a context the watcher cancels
+	kick     []natsjs.NextOpt   // the options of the readers' Next: a context the watcher cancels (owed pulls)
+	unkick   context.CancelFunc // cancels kick's context
 
-	unkick context.CancelFunc // on mu: cancels kick, the context the reader's Next waits on (owed pulls)
-	poke   chan struct{}      // the reader asks the watcher to check now
+	poke   chan struct{}      // a reader asks the watcher to check now
 	quit   chan struct{}      // closed when the run's body returns
 	cancel context.CancelFunc // of ctx, the watcher's checks: when the body returns
 	ctx    context.Context
@@ -71,33 +80,35 @@ type waitingMsg struct {
 
 func (f *feed) start() {
 	f.rearm()
-	f.wg.Go(f.read)
+	f.wg.Go(f.open)
 	f.wg.Go(f.watch)
 }
 
-// wait ends the watcher and waits for it and for the reader, which must be stopping.
+// wait ends the watcher and waits for it and for the readers, which must be stopping.
 func (f *feed) wait() {
 	close(f.quit)
 	f.cancel()
 	f.wg.Wait()
+	f.mu.Lock()
 	f.unkick()
+	f.mu.Unlock()
 }
 
-// stop ends the input: the reader drains the client (handing back what it still
-// delivers) and returns. It does not wait.
+// stop ends the input: the readers drain their clients (handing back what they still
+// deliver) and return. It does not wait.
 func (f *feed) stop() {
 	f.mu.Lock()
 	f.stopped = true
-	it := f.it
+	its := slices.Clone(f.its)
 	f.cond.Broadcast()
 	f.mu.Unlock()
-	if it != nil {
+	for _, it := range its {
 		it.Drain()
 	}
 }
 
-// fail ends the feed with err, unless the input ended already: what the client still
-// buffers is dropped (the server redelivers it, if it can), next returns err at once.
+// fail ends the feed with err, unless the input ended already: what the clients still
+// buffer is dropped (the server redelivers it, if it can), next returns err at once.
 func (f *feed) fail(err error) {
 	f.mu.Lock()
 	if f.stopped {
@@ -105,16 +116,16 @@ func (f *feed) fail(err error) {
 		return
 	}
 	f.err, f.stopped = err, true
-	it := f.it
+	its := slices.Clone(f.its)
 	f.cond.Broadcast()
 	f.mu.Unlock()
-	if it != nil {
+	for _, it := range its {
 		it.Stop()
 	}
 }
 
 // next returns the next waiting message, waiting for one, and whether the feed was
-// stopped (the message is then to be handed back); false once the reader returned and
+// stopped (the message is then to be handed back); false once the readers returned and
 // nothing waits (with the feed's error, if it failed), or at once when it failed.
 func (f *feed) next() (m waitingMsg, stopped, ok bool, err error) {
 	f.mu.Lock()
@@ -141,7 +152,7 @@ func (f *feed) next() (m waitingMsg, stopped, ok bool, err error) {
 	}
 }
 
-// rest returns what still waits, once the reader returned.
+// rest returns what still waits, once the readers returned.
 func (f *feed) rest() []waitingMsg {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -155,10 +166,13 @@ func (f *feed) consumerError(err error) *ConsumerError {
 	return &ConsumerError{Stream: f.stream, Consumer: f.name, Err: err}
 }
 
-// read opens a client on the consumer whenever there is room for a batch, asking for
-// the room there is, and reads it until it ends.
-func (f *feed) read() {
+// open opens a client on the consumer whenever there is room for a batch (at most two
+// at a time), asking for the room there is, and starts a reader on it; it returns once
+// the feed stopped and every reader returned.
+func (f *feed) open() {
+	var readers sync.WaitGroup
 	defer func() {
+		readers.Wait()
 		f.mu.Lock()
 		f.readDone = true
 		f.cond.Broadcast()
@@ -166,14 +180,15 @@ func (f *feed) read() {
 	}()
 	for {
 		f.mu.Lock()
-		for !f.stopped && len(f.waiting) > f.pull-f.batch {
+		for !f.stopped && (len(f.its) == 2 || f.pull-len(f.waiting)-f.owed < f.batch) {
 			f.cond.Wait()
 		}
 		if f.stopped {
 			f.mu.Unlock()
 			return
 		}
-		room := f.pull - len(f.waiting)
+		room := f.pull - len(f.waiting) - f.owed
+		f.owed += room
 		f.mu.Unlock()
 		it, err := f.cons.Messages(natsjs.PullMaxMessages(f.batch), natsjs.StopAfter(room))
 		if err != nil {
@@ -181,48 +196,55 @@ func (f *feed) read() {
 			return
 		}
 		f.mu.Lock()
-		f.it = it
+		f.its = append(f.its, it)
 		stopped := f.stopped
 		f.mu.Unlock()
 		if stopped { // stop found no client to drain
 			it.Drain()
 		}
-		if !f.readClient(it, room) {
-			return
-		}
+		readers.Go(func() { f.read(it, room) })
 	}
 }
 
-// readClient reads it, which ends by itself after room messages: true if it ended so
-// and the reader goes on.
-func (f *feed) readClient(it natsjs.MessagesContext, room int) bool {
+// read reads it, which ends by itself after room messages (or when the feed stops or
+// fails), and takes it off the open clients.
+func (f *feed) read(it natsjs.MessagesContext, room int) {
 	taken := 0
+	defer func() {
+		f.mu.Lock()
+		f.its = slices.DeleteFunc(f.its, func(c natsjs.MessagesContext) bool { return c == it })
+		f.owed -= room - taken // what never arrived
+		f.cond.Broadcast()
+		f.mu.Unlock()
+	}()
+	f.mu.Lock()
+	kick := f.kick
+	f.mu.Unlock()
 	for {
-		msg, err := it.Next(f.kick...)
+		msg, err := it.Next(kick...)
 		if errors.Is(err, context.Canceled) { // kicked (owed pulls at feed)
-			f.rearm()
+			f.mu.Lock()
+			kick = f.kick
+			f.mu.Unlock()
 			continue
 		}
 		if errors.Is(err, natsjs.ErrMsgIteratorClosed) {
 			f.mu.Lock()
-			f.it = nil
 			stopped := f.stopped
 			f.mu.Unlock()
 			switch {
 			case stopped:
-				return false
 			case errors.Is(err, natsjs.ErrConnectionClosed):
 				f.fail(fmt.Errorf("jetstream: consume: %w", err))
-				return false
 			case taken >= room: // all it was asked for arrived
-				return true
+			default:
+				f.fail(f.consumerError(err)) // closed by the client itself
 			}
-			f.fail(f.consumerError(err)) // closed by the client itself
-			return false
+			return
 		}
 		if errors.Is(err, natsjs.ErrConsumerDeleted) || errors.Is(err, natsjs.ErrBadRequest) {
 			f.fail(f.consumerError(err)) // the client stopped: it treats these as terminal
-			return false
+			return
 		}
 		if err != nil { // a missed heartbeat while the server restarts, ...: the client goes on
 			f.pullError()
@@ -236,33 +258,49 @@ func (f *feed) readClient(it natsjs.MessagesContext, room int) bool {
 		meta, err := msg.Metadata()
 		if err != nil { // not a JetStream message: nothing to acknowledge
 			f.pullError()
+			f.mu.Lock()
+			f.owed--
+			f.cond.Broadcast()
+			f.mu.Unlock()
 			continue
 		}
-		f.delivery(meta)
 		f.mu.Lock()
+		// Under mu: the readers' deliveries count in turn, and the lag is the newest
+		// delivery's (two clients' messages arrive interleaved).
+		newest := meta.Sequence.Consumer > f.seq
+		if newest {
+			f.seq = meta.Sequence.Consumer
+		}
+		f.delivery(meta, newest)
+		f.owed--
 		if f.stopped { // delivered while stopping
 			f.mu.Unlock()
 			f.nak(msg)
 			continue
 		}
 		f.waiting = append(f.waiting, waitingMsg{msg: msg, meta: meta, held: f.h.hold(msg)})
+		kick = f.kick
 		f.cond.Broadcast()
 		f.mu.Unlock()
 	}
 }
 
-// rearm gives the reader's Next a new context for the watcher to cancel.
+// rearm gives the readers' Next a new context for the watcher to cancel, and cancels
+// the one before (a kick).
 func (f *feed) rearm() {
 	ctx, cancel := context.WithCancel(context.Background())
-	f.kick = []natsjs.NextOpt{natsjs.NextContext(ctx)}
 	f.mu.Lock()
+	if f.unkick != nil {
+		f.unkick()
+	}
+	f.kick = []natsjs.NextOpt{natsjs.NextContext(ctx)}
 	f.unkick = cancel
 	f.mu.Unlock()
 }
 
-// watch checks, every check interval while the run holds messages (or at once when the
-// reader asks), that the consumer exists, and fails the feed once two answers in a row
-// said that it or its stream is not found.
+// watch kicks the readers every check interval, and checks, every check interval while
+// the run holds messages (or at once when a reader asks), that the consumer exists: it
+// fails the feed once two answers in a row said that it or its stream is not found.
 func (f *feed) watch() {
 	tick := time.NewTicker(f.check)
 	defer tick.Stop()
@@ -273,9 +311,7 @@ func (f *feed) watch() {
 			return
 		case <-f.poke:
 		case <-tick.C:
-			f.mu.Lock()
-			f.unkick()
-			f.mu.Unlock()
+			f.rearm()
 			if misses == 0 && f.h.idle() { // a pull waits: the server tells it
 				continue
 			}

@@ -3,8 +3,9 @@ package jetstream
 import "github.com/gopipeline/pipeline"
 
 // lag is the consumer's backlog for the pipeline's report ([pipeline.WithLag]): its
-// num_pending as of the run's last delivery, labeled "stream/consumer"; nil without a
-// run or before its first message.
+// num_pending as of the run's newest delivery (the highest consumer sequence: two
+// clients' messages arrive interleaved), labeled "stream/consumer"; nil without a run
+// or before its first message.
 func (s *Source[T]) lag() []pipeline.PartitionLag {
 	s.mu.Lock()
 	f := s.feed

@@ -82,8 +82,10 @@ func WithName(name string) SourceOption {
 // WithPullSize bounds the messages a run has taken from the consumer and the pipeline
 // has not taken yet: the client asks the server for half of n at a time
 // ([natsjs.PullMaxMessages], at least 1), and the source asks for more only while the
-// messages waiting for the pipeline leave room for a whole request; the default is 256,
-// or the consumer's max ack pending when that is smaller. A waiting message gets
+// messages waiting for the pipeline and those asked for and still to come leave room
+// for a whole request (so that the next request is under way before the last one's
+// messages are all taken); the default is 256, or the consumer's max ack pending when
+// that is smaller. A waiting message gets
 // InProgress signals ([WithProgressEvery]) like the messages the pipeline holds, so a
 // slow pipeline does not cause redeliveries; it is not offered to other processes that
 // share the consumer meanwhile. After a reconnect or a missed heartbeat the client asks
@@ -270,7 +272,7 @@ type Source[T any] struct {
 
 	delivered, redelivered, acked, handedBack, notProcessed, deadLettered atomic.Int64
 	undecodable, inProgress, ackErrors, pullErrors                        atomic.Int64
-	pending                                                               atomic.Int64 // the last delivery's num_pending + 1; 0 before the run's first (lag.go)
+	pending                                                               atomic.Int64 // the newest delivery's num_pending + 1; 0 before the run's first (lag.go)
 
 	mu       sync.Mutex
 	feed     *feed // the current run's, if any
@@ -424,9 +426,11 @@ func (s *Source[T]) newFeed(h *hand) *feed {
 	f := &feed{
 		cons: s.cons, h: h, pull: s.cfg.pull, batch: (s.cfg.pull + 1) / 2,
 		check: s.cfg.check, timeout: s.cfg.ackTimeout,
-		delivery: func(meta *natsjs.MsgMetadata) {
+		delivery: func(meta *natsjs.MsgMetadata, newest bool) {
 			s.delivered.Add(1)
-			s.pending.Store(int64(min(meta.NumPending, 1<<62)) + 1)
+			if newest {
+				s.pending.Store(int64(min(meta.NumPending, 1<<62)) + 1)
+			}
 			if meta.NumDelivered > 1 {
 				s.redelivered.Add(1)
 			}
