@@ -19,8 +19,8 @@ type PipelineOption interface{ pipelineOption(*config) } //nolint:revive // name
 
 // StageOption configures a stage: [NewStage], [NewFlatStage], [NewSink]. The options:
 // for failures, [WithTimeout], [WithRetry], [WithRetryAfterCap], [WithClassifier],
-// [WithDeadLetter], [WithErrorBudget] and [WithHandBack]; for order, [WithOrdered] and
-// [WithKey]; for its queue, [WithBuffer]; for a client of a service,
+// [WithDeadLetter], [WithErrorBudget] and [WithHandBack]; for order, [WithOrdered],
+// [WithKey] and [WithPartition]; for its queue, [WithBuffer]; for a client of a service,
 // [WithRateLimit], [WithRateLimitPerKey], [WithMaxTokenWait], [WithCircuitBreaker],
 // [WithSharedBreaker], [WithBreakerPerKey] and [WithAdaptiveWorkers].
 type StageOption interface{ stageOption(*config) }
