@@ -630,6 +630,60 @@ func TestBreakerShared(t *testing.T) {
 	})
 }
 
+// TestBreakerProbeGivenBack checks that a shared breaker's half-open probe is given
+// back when its attempt ends without an outcome, the run stopping under it or its
+// function panicking: the next pipeline's attempt is the probe that closes it. A probe
+// left taken kept the breaker half-open for good, and the next run waited forever.
+func TestBreakerProbeGivenBack(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"canceled", "panic"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				cb := pipeline.NewCircuitBreaker(pipeline.Breaker{Failures: 1, OpenFor: time.Second})
+				ctx, cancel := context.WithCancel(t.Context())
+				defer cancel()
+				var calls atomic.Int64
+				first := pipeline.NewStage("first", 1, func(context.Context, int) (int, error) {
+					if calls.Add(1) == 1 {
+						return 0, pipeline.Transient(errDown) // opens the breaker: the item is held
+					}
+					// the probe, after OpenFor
+					if how == "panic" {
+						panic("the probe's function panics")
+					}
+					cancel()
+					return 0, pipeline.Transient(errDown)
+				}, pipeline.WithSharedBreaker(cb))
+				p1 := pipeline.New()
+				pipeline.To(pipeline.Then(pipeline.FromSlice(p1, []int{1}), first), nopSink())
+				err := p1.Run(ctx)
+				if how == "panic" {
+					var pe *pipeline.PanicError
+					require.ErrorAs(t, err, &pe)
+				} else {
+					require.ErrorIs(t, err, context.Canceled)
+				}
+				assert.Equal(t, int64(2), calls.Load(), "the first call and the probe")
+				assert.Equal(t, pipeline.BreakerHalfOpen, cb.State())
+
+				ctx2, cancel2 := context.WithTimeout(t.Context(), time.Minute) // virtual time: only if the probe is never free
+				defer cancel2()
+				p2 := pipeline.New()
+				second := pipeline.NewStage("second", 1, func(_ context.Context, v int) (int, error) {
+					calls.Add(1)
+					return v, nil
+				}, pipeline.WithSharedBreaker(cb))
+				out, err := pipeline.Collect(ctx2, pipeline.Then(pipeline.FromSlice(p2, []int{2}), second))
+				require.NoError(t, err, "the next run's attempt is the probe")
+				assert.Equal(t, []int{2}, out)
+				assert.Equal(t, pipeline.BreakerClosed, cb.State())
+				assert.Equal(t, int64(3), calls.Load())
+			})
+		})
+	}
+}
+
 // TestBreakerWindowShorterThanItsSlices runs a breaker whose Window is shorter than its
 // ten slices of time (5 ns): it counts in slices of 1 ns, opens on failures, and the
 // run ends with the breaker's error, not a division by zero with its lock held (which

@@ -36,7 +36,8 @@ type policy[In any] interface {
 	// or why it may not: the run's cause, or a fatal error.
 	before(ctx context.Context, v In, t ticket) (ticket, error)
 	// cancel gives back what before took for an attempt that will not begin (a later
-	// policy refused it).
+	// policy refused it), or whose outcome will not be settled (the run stopped under
+	// it, or its function panicked).
 	cancel(t ticket)
 	// after sees the attempt's outcome: err is nil on success, else the attempt's
 	// error and its class. It reports whether the item is held: the attempt does not
@@ -258,6 +259,20 @@ func (cl *client[In]) acquire(ctx context.Context, v In) (t ticket, err error) {
 		}
 	}
 	return t, nil
+}
+
+// release gives back what acquire took (t) for an attempt whose outcome will not be
+// settled: each policy's cancel, as when a later policy refuses.
+func (cl *client[In]) release(t ticket) {
+	if cl.hooks != nil {
+		for _, h := range cl.hooks {
+			h.cancel(t)
+		}
+		return
+	}
+	for _, p := range cl.policies {
+		p.cancel(t)
+	}
 }
 
 // mayHold reports whether a policy may now keep v's next attempt waiting for long.

@@ -307,10 +307,10 @@ func ExampleBreaker_counts() {
 
 // This example shows NewCircuitBreaker and WithSharedBreaker: two pipelines call one
 // service through one breaker. The first one finds the service down: the breaker opens,
-// and the run is given up (its context's deadline). The service is back, but the
-// breaker is still open when the second pipeline runs: its stage waits for the end of
-// OpenFor rather than call the service at once, and its first call is the probe that
-// closes the breaker.
+// and an observer gives the run up at once. The service is back, but the breaker is
+// still open when the second pipeline runs: its stage waits for the end of OpenFor
+// rather than call the service at once, and its first call is the probe that closes
+// the breaker.
 func ExampleNewCircuitBreaker() {
 	cb := pipeline.NewCircuitBreaker(pipeline.Breaker{Failures: 1, OpenFor: 50 * time.Millisecond})
 	var down atomic.Bool
@@ -324,9 +324,13 @@ func ExampleNewCircuitBreaker() {
 		return v, nil
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	p1 := pipeline.New()
+	p1 := pipeline.New(pipeline.WithObserver(func(e pipeline.Event) {
+		if e.Kind == pipeline.EventBreakerOpen {
+			cancel() // give up the run once the breaker opened
+		}
+	}))
 	_, err := pipeline.Collect(ctx, pipeline.Then(pipeline.FromSlice(p1, []int{1}),
 		pipeline.NewStage("orders", 1, service, pipeline.WithSharedBreaker(cb))))
 	fmt.Println(err, cb.State(), calls.Load())
@@ -338,7 +342,7 @@ func ExampleNewCircuitBreaker() {
 	s, _ := p2.Report().Stage("refunds")
 	fmt.Println(out, err, cb.State(), calls.Load(), s.Breaker.Opened)
 	// Output:
-	// context deadline exceeded open 1
+	// context canceled open 1
 	// [2] <nil> closed 2 1
 }
 

@@ -120,23 +120,29 @@ func (w *worker[In, Out]) attempts(ctx context.Context, v In, out *Out, made err
 					w.f = fate{attempts: attempt - 1}
 					return failed, err
 				}
+				w.ticketed = true
 				w.tick() // it may have waited for a token
 			}
 			if *out, err = w.attempt(ctx, v); err == nil {
 				if cl != nil {
+					w.ticketed = false
 					cl.settle(w.tk, nil, ClassItem)
 				}
 				return succeeded, nil
 			}
 		}
 		if ctx.Err() != nil {
-			return interrupted, context.Cause(ctx) // the run is stopping
+			w.release() // the run is stopping: its outcome says nothing of the service
+			return interrupted, context.Cause(ctx)
 		}
 		class, err := w.classOf(err)
 		class, err = capRetryAfter(w.st.name, w.st.cfg.client.retryAfterCapOf(), class, err) // retryafter.go: Retry-After past the cap
-		if cl != nil && cl.settle(w.tk, err, class) {
-			attempt-- // held by the breaker: not one of the item's attempts (breaker.go)
-			continue
+		if cl != nil {
+			w.ticketed = false
+			if cl.settle(w.tk, err, class) {
+				attempt-- // held by the breaker: not one of the item's attempts (breaker.go)
+				continue
+			}
 		}
 		if class == ClassFatal {
 			w.f = fate{attempts: attempt}
@@ -158,6 +164,17 @@ func (w *worker[In, Out]) attempts(ctx context.Context, v In, out *Out, made err
 			continue
 		}
 		return w.setAside(ctx, v, attempt, class, first, err) // deadletter.go
+	}
+}
+
+// release gives back what the client's acquire took for the attempt in hand, if it
+// did and the attempt's outcome was not settled: the run stopped under the attempt, or
+// its function panicked. A breaker's probe left taken would keep a shared breaker
+// half-open for good, every later run's attempt waiting for it.
+func (w *worker[In, Out]) release() {
+	if w.ticketed {
+		w.ticketed = false
+		w.cl.release(w.tk)
 	}
 }
 

@@ -356,6 +356,7 @@ type worker[In, Out any] struct {
 	ctxs         *attempt.Clock  // WithTimeout: the attempts' contexts (nil without; a clock of its own, so that a context kept after its attempt keeps only it alive)
 	cl           *client[In]     // rate limits, breaker, adaptive workers (client.go); nil without
 	tk           ticket          // the current attempt's, from w.cl (client.go)
+	ticketed     bool            // tk is taken and its attempt not settled yet: a stop or a panic releases it
 	again        bool            // the item in hand was held by its key's breaker (breaker.go): held again, it stays first
 }
 
@@ -376,6 +377,7 @@ func (w *worker[In, Out]) loop() (err error) {
 	returned := false
 	defer guard(&returned, func(perr error) {
 		w.publish() // no attempt context of the worker stays live after it
+		w.release() // a breaker's probe the panicking attempt held (middleware.go)
 		if w.inHand {
 			_ = w.end(interrupted, nil, 1, nil)
 		}
