@@ -36,8 +36,8 @@ func (s *lostSaves) SaveCommitted(ctx context.Context, pos int64, committed []pi
 
 // dlJob runs events 0..n-1 through a stage that dead-letters every tenth one into dead
 // and upserts the others into table. With block, event 0 waits for the run to stop,
-// holding the checkpoint at 0, and the run is canceled once every other event is in
-// the table or among the dead letters.
+// holding the checkpoint at 0, and the run is canceled once event 0 started and every
+// other event is in the table or among the dead letters.
 func dlJob(t *testing.T, pool *pgxpool.Pool, store *lostSaves, ck *pgpipe.Checkpoint, dead *pgpipe.DeadLetterTable[event], table string, n int, calls map[int64]int, block bool) error {
 	t.Helper()
 	add := dead.Add
@@ -75,7 +75,13 @@ func dlJob(t *testing.T, pool *pgxpool.Pool, store *lostSaves, ck *pgpipe.Checkp
 	errc := make(chan error, 1)
 	go func() { errc <- p.Run(ctx) }()
 	if block {
-		waitFor(t, "every event but the first settled", func() bool {
+		waitFor(t, "event 0 started and every other settled", func() bool {
+			mu.Lock()
+			started := calls[0] > 0 // else the stop could end it taken but not started
+			mu.Unlock()
+			if !started {
+				return false
+			}
 			var rows int
 			letters, err := dead.Read(ctx, "")
 			if err == nil {
