@@ -631,19 +631,20 @@ func TestBreakerShared(t *testing.T) {
 }
 
 // TestBreakerProbeGivenBack checks that a shared breaker's half-open probe is given
-// back when its attempt ends without an outcome, the run stopping under it or its
-// function panicking: the next pipeline's attempt is the probe that closes it. A probe
-// left taken kept the breaker half-open for good, and the next run waited forever.
+// back when its attempt ends without an outcome: the run stopping under it, its
+// function panicking, or a later policy's key function panicking after the breaker let
+// the probe through. The next pipeline's attempt is then the probe that closes it. A
+// probe left taken kept the breaker half-open for good, and the next run waited forever.
 func TestBreakerProbeGivenBack(t *testing.T) {
 	t.Parallel()
-	for _, how := range []string{"canceled", "panic"} {
+	for _, how := range []string{"canceled", "panic", "key panic"} {
 		t.Run(how, func(t *testing.T) {
 			t.Parallel()
 			synctest.Test(t, func(t *testing.T) {
 				cb := pipeline.NewCircuitBreaker(pipeline.Breaker{Failures: 1, OpenFor: time.Second})
 				ctx, cancel := context.WithCancel(t.Context())
 				defer cancel()
-				var calls atomic.Int64
+				var calls, keys atomic.Int64
 				first := pipeline.NewStage("first", 1, func(context.Context, int) (int, error) {
 					if calls.Add(1) == 1 {
 						return 0, pipeline.Transient(errDown) // opens the breaker: the item is held
@@ -654,17 +655,26 @@ func TestBreakerProbeGivenBack(t *testing.T) {
 					}
 					cancel()
 					return 0, pipeline.Transient(errDown)
-				}, pipeline.WithSharedBreaker(cb))
+				}, pipeline.WithSharedBreaker(cb), pipeline.WithRateLimitPerKey(func(v int) int {
+					if keys.Add(1) == 2 && how == "key panic" { // the probe's, after the breaker let it through
+						panic("the rate limit's key function panics")
+					}
+					return v
+				}, 1e6, 1000))
 				p1 := pipeline.New()
 				pipeline.To(pipeline.Then(pipeline.FromSlice(p1, []int{1}), first), nopSink())
 				err := p1.Run(ctx)
-				if how == "panic" {
+				calledBack := int64(2) // the first call and the probe
+				if how == "canceled" {
+					require.ErrorIs(t, err, context.Canceled)
+				} else {
 					var pe *pipeline.PanicError
 					require.ErrorAs(t, err, &pe)
-				} else {
-					require.ErrorIs(t, err, context.Canceled)
+					if how == "key panic" {
+						calledBack = 1 // the probe never reached the function
+					}
 				}
-				assert.Equal(t, int64(2), calls.Load(), "the first call and the probe")
+				assert.Equal(t, calledBack, calls.Load())
 				assert.Equal(t, pipeline.BreakerHalfOpen, cb.State())
 
 				ctx2, cancel2 := context.WithTimeout(t.Context(), time.Minute) // virtual time: only if the probe is never free
@@ -678,7 +688,7 @@ func TestBreakerProbeGivenBack(t *testing.T) {
 				require.NoError(t, err, "the next run's attempt is the probe")
 				assert.Equal(t, []int{2}, out)
 				assert.Equal(t, pipeline.BreakerClosed, cb.State())
-				assert.Equal(t, int64(3), calls.Load())
+				assert.Equal(t, calledBack+1, calls.Load())
 			})
 		})
 	}

@@ -234,31 +234,36 @@ func (cl *client[In]) fill(s *StageReport) {
 }
 
 // acquire is called before each attempt: it runs the policies' before hooks in order
-// (a breaker's wait, then the rate limiters' tokens, then the adaptive count). It
-// returns the attempt's ticket, or why it cannot begin: the run's cause, or a fatal
-// error (a breaker open too long, a limiter that failed). What the policies before the
-// one that refused took is given back.
-func (cl *client[In]) acquire(ctx context.Context, v In) (t ticket, err error) {
+// (a breaker's wait, then the rate limiters' tokens, then the adaptive count). It sets
+// *into to the attempt's ticket after each policy (so that what they took can be
+// released if a later one's key function panics), or returns why the attempt cannot
+// begin: the run's cause, or a fatal error (a breaker open too long, a limiter that
+// failed). What the policies before the one that refused took is given back.
+func (cl *client[In]) acquire(ctx context.Context, v In, into *ticket) (err error) {
+	var t ticket
+	*into = t
 	if cl.hooks != nil {
 		for i, h := range cl.hooks {
 			if t, err = h.before(ctx, t); err != nil {
 				for j := i - 1; j >= 0; j-- {
 					cl.hooks[j].cancel(t)
 				}
-				return t, err
+				return err
 			}
+			*into = t
 		}
-		return t, nil
+		return nil
 	}
 	for i, p := range cl.policies {
 		if t, err = p.before(ctx, v, t); err != nil {
 			for j := i - 1; j >= 0; j-- {
 				cl.policies[j].cancel(t)
 			}
-			return t, err
+			return err
 		}
+		*into = t
 	}
-	return t, nil
+	return nil
 }
 
 // release gives back what acquire took (t) for an attempt whose outcome will not be

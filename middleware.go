@@ -107,7 +107,9 @@ func (w *worker[In, Out]) attempts(ctx context.Context, v In, out *Out, made err
 						return interrupted, err
 					}
 				}
-				if w.tk, err = cl.acquire(ctx, v); err != nil {
+				w.ticketed = true // a policy's key function may panic: what the ones before it took is released
+				if err = cl.acquire(ctx, v, &w.tk); err != nil {
+					w.ticketed = false // given back by acquire
 					if ctx.Err() != nil {
 						return interrupted, context.Cause(ctx)
 					}
@@ -120,7 +122,6 @@ func (w *worker[In, Out]) attempts(ctx context.Context, v In, out *Out, made err
 					w.f = fate{attempts: attempt - 1}
 					return failed, err
 				}
-				w.ticketed = true
 				w.tick() // it may have waited for a token
 			}
 			if *out, err = w.attempt(ctx, v); err == nil {
