@@ -192,6 +192,9 @@ func (f *feed) open() {
 		f.mu.Unlock()
 		it, err := f.cons.Messages(natsjs.PullMaxMessages(f.batch), natsjs.StopAfter(room))
 		if err != nil {
+			f.mu.Lock()
+			f.owed -= room
+			f.mu.Unlock()
 			f.fail(fmt.Errorf("jetstream: consume: %w", err))
 			return
 		}

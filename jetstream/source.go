@@ -85,12 +85,12 @@ func WithName(name string) SourceOption {
 // messages waiting for the pipeline and those asked for and still to come leave room
 // for a whole request (so that the next request is under way before the last one's
 // messages are all taken); the default is 256, or the consumer's max ack pending when
-// that is smaller. A waiting message gets
-// InProgress signals ([WithProgressEvery]) like the messages the pipeline holds, so a
-// slow pipeline does not cause redeliveries; it is not offered to other processes that
-// share the consumer meanwhile. After a reconnect or a missed heartbeat the client asks
-// again without knowing whether its last request still stands, so one more request
-// (half of n) may come. It panics if n < 1.
+// that is smaller. A waiting message gets InProgress signals ([WithProgressEvery]) like
+// the messages the pipeline holds, so a slow pipeline does not cause redeliveries; it
+// is not offered to other processes that share the consumer meanwhile. After a
+// reconnect or a missed heartbeat each open client (at most two) asks again without
+// knowing whether its last request still stands, so one more request per client (half
+// of n each) may come. It panics if n < 1.
 func WithPullSize(n int) SourceOption {
 	if n < 1 {
 		panic(fmt.Sprintf("jetstream: WithPullSize(%d): need at least 1", n))
@@ -245,6 +245,11 @@ func (st Stats) Counters() map[string]int64 {
 // together, so several processes share the work in proportion to how fast each
 // settles it.
 //
+// Order: two pull requests are under way at once (so that the flow does not stop
+// between them), and the server serves them in turn, so the items come in about stream
+// order, not exactly: within the pull size, besides redeliveries. With WithPullSize(1)
+// one message is asked for at a time, in stream order.
+//
 // A consumer that is deleted, or whose stream is, fails the run with a
 // [*ConsumerError] (errors.Is natsjs.ErrConsumerDeleted): at once when a pull of the
 // run waits (the server tells it), otherwise within two [WithConsumerCheck] intervals
@@ -334,8 +339,8 @@ func NewSource[T any](cons natsjs.Consumer, codec pipeline.Codec[T], opts ...Sou
 // second one. The source's row of p's reports carries the consumer's backlog
 // ([pipeline.WithLag]): one partition, labeled "stream/consumer", whose lag is the
 // messages the server had not delivered to the consumer yet (its num_pending) as of
-// the last message the run received, so it stays put while no message arrives; nil
-// before the run's first message and between runs.
+// the run's newest delivery (the highest consumer sequence), so it stays put while no
+// message arrives; nil before the run's first message and between runs.
 func (s *Source[T]) Stream(p *pipeline.Pipeline) *pipeline.Stream[T] {
 	return pipeline.FromAcked(p, s.run, pipeline.WithName(s.cfg.name), pipeline.WithMaxPending(s.cfg.maxPending),
 		pipeline.WithLag(s.lag))
@@ -382,7 +387,7 @@ func (s *Source[T]) run(ctx context.Context, emit func(T, func(pipeline.Settleme
 	defer func() {
 		unwatch()
 		f.stop()
-		f.wait() // the reader has handed back what came after, the watcher returned
+		f.wait() // the readers have handed back what came after, the watcher returned
 		for _, m := range f.rest() {
 			h.release(m.held)
 			s.nak(m.msg)
