@@ -24,9 +24,12 @@ func WithKey[In any, K comparable](key func(In) K) StageOption {
 // and in input order, and different partitions concurrently; but the number itself
 // chooses the worker, not a hash of it. Use it when the partitions are known numbers,
 // such as one lane per worker: n partitions 0 to n-1 on n workers get a worker each,
-// where WithKey's hash puts two of four keys on one worker more often than not. A
-// negative partition is taken as its conversion to uint64. In must be the stage's input
-// type; the stage's constructor panics otherwise, with [WithOrdered], and with WithKey.
+// where WithKey's hash puts two of four keys on one worker more often than not. It
+// suits numbers that run densely from 0: a subset that is not dense modulo the workers
+// (every other partition on an even number of workers, as a Kafka group member may be
+// assigned) leaves workers idle, where WithKey's hash spreads them. A negative partition
+// is taken as its conversion to uint64. In must be the stage's input type; the stage's
+// constructor panics otherwise, with [WithOrdered], and with WithKey.
 func WithPartition[In any](partition func(In) int) StageOption {
 	if partition == nil {
 		panic("pipeline: WithPartition(nil)")
