@@ -79,15 +79,12 @@ func dlJob(t *testing.T, pool *pgxpool.Pool, store *lostSaves, ck *pgpipe.Checkp
 			mu.Lock()
 			started := calls[0] > 0 // else the stop could end it taken but not started
 			mu.Unlock()
-			if !started {
-				return false
-			}
-			var rows int
+			var rows int // queried either way: waitFor counts its polls, each a round trip
 			letters, err := dead.Read(ctx, "")
 			if err == nil {
 				err = pool.QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&rows)
 			}
-			return err == nil && rows+len(letters) == n-1
+			return err == nil && started && rows+len(letters) == n-1
 		})
 		cancel()
 	}
