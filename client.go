@@ -241,7 +241,7 @@ func (cl *client[In]) fill(s *StageReport) {
 // failed). What the policies before the one that refused took is given back.
 func (cl *client[In]) acquire(ctx context.Context, v In, into *ticket) (err error) {
 	var t ticket
-	*into = t
+	*into = ticket{}
 	if cl.hooks != nil {
 		for i, h := range cl.hooks {
 			if t, err = h.before(ctx, t); err != nil {

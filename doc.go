@@ -160,8 +160,9 @@
 // memory); dead-lettered and filtered items do not stall it. [WithKey] keeps order per key
 // instead: items with one key go to one worker, in order, while other keys run
 // concurrently; [WithPartition] does so for keys that are numbers, partition p on worker
-// p modulo the workers, so that n partitions on n workers get a worker each. [Merge] joins streams in arrival order (fan-in); [Tee] copies a stream to
-// several branches, the slowest setting the pace.
+// p modulo the workers, so that n partitions on n workers get a worker each. [Merge]
+// joins streams in arrival order (fan-in); [Tee] copies a stream to several branches,
+// the slowest setting the pace.
 //
 // # Batching
 //

@@ -39,10 +39,10 @@ func WithPartition[In any](partition func(In) int) StageOption {
 }
 
 // setKey records a routing option (WithKey or WithPartition) and its hash; a second one
-// is reported by the stage's constructor.
+// is kept in keyClash for the stage's constructor to report.
 func (c *config) setKey(name string, hash any) {
-	if c.keyBy != "" {
-		name = c.keyBy + " and " + name
+	if c.keyBy != "" && c.keyClash == "" {
+		c.keyClash = c.keyBy + " and " + name
 	}
 	c.key, c.keyBy = hash, name
 }

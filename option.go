@@ -69,7 +69,8 @@ type config struct {
 	ordered      bool
 	window       int
 	key          any    // func(In) uint64, checked by the stage
-	keyBy        string // the option that set key: WithKey, WithPartition, or both ("WithKey and WithPartition")
+	keyBy        string // the option that set key: WithKey or WithPartition
+	keyClash     string // two routing options given: "WithKey and WithPartition", say
 	linger       time.Duration
 	maxBytes     int
 	sizer        any // func(T) int, checked by Batch

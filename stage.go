@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime/trace"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -107,10 +106,10 @@ func (st *Stage[In, Out]) init(ctor, name string, workers int, opts []StageOptio
 		st.dl = typed[func(context.Context, DeadLetter[In]) error, In](st.cfg.deadLetter, where, "WithDeadLetter", "a stage")
 	}
 	if st.cfg.key != nil {
-		by := st.cfg.keyBy
-		if strings.Contains(by, " and ") {
-			panic(fmt.Sprintf("pipeline: %s(%q): %s together; give one way to route items to workers", ctor, name, by))
+		if st.cfg.keyClash != "" {
+			panic(fmt.Sprintf("pipeline: %s(%q): %s together; give one way to route items to workers", ctor, name, st.cfg.keyClash))
 		}
+		by := st.cfg.keyBy
 		hash := typed[func(In) uint64, In](st.cfg.key, where, by, "a stage")
 		if st.cfg.ordered {
 			panic(fmt.Sprintf("pipeline: %s(%q): %s and WithOrdered together; %s already keeps order per key", ctor, name, by, by))
