@@ -3,6 +3,7 @@ package kafka_test
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -68,8 +69,8 @@ type member struct {
 
 // TestGroupSharesPartitionsThroughRebalances runs pipelines in one group over 12,000
 // records on 12 partitions, with members added and removed while items are in flight
-// (each pipeline is rate limited, so that its queues are full at every rebalance):
-// three members at most, five rebalances. Counted from the sinks' output: every record
+// (a member joins while the others' items wait at a gate, until a revoke began; each
+// pipeline is rate limited): three members at most, five rebalances. Counted from the sinks' output: every record
 // is there, duplicates are at most what settled after its partition was revoked, and
 // no record of a partition reached a sink before an earlier one of that partition,
 // through a stage keyed by partition with 4 workers.
@@ -99,6 +100,13 @@ func testGroupShares(t *testing.T, revokeWait time.Duration) {
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	var all []*member
+	// The gate holds every item at the stage while a member joins, until a revoke
+	// began: so the revokes find items in flight however slow the fetches are (with
+	// fetches slower than the rate limit, the pipelines were empty at every revoke).
+	var gate atomic.Pointer[chan struct{}]
+	open := make(chan struct{})
+	close(open)
+	gate.Store(&open)
 	start := func(name string) *member {
 		// Small fetches per partition: a poll spans most partitions, so that every
 		// revoke finds items of its partitions in flight.
@@ -107,8 +115,13 @@ func testGroupShares(t *testing.T, revokeWait time.Duration) {
 			kafka.WithName(name), kafka.WithMaxPending(200), kafka.WithCommitInterval(100*time.Millisecond),
 			kafka.WithRevokeTimeout(revokeWait))
 		p := pipeline.New()
-		ordered := pipeline.Then(src.Stream(p), pipeline.NewStage("ordered", 4, func(_ context.Context, m kafka.Message[int]) (kafka.Message[int], error) {
-			return m, nil
+		ordered := pipeline.Then(src.Stream(p), pipeline.NewStage("ordered", 4, func(ctx context.Context, m kafka.Message[int]) (kafka.Message[int], error) {
+			select {
+			case <-*gate.Load():
+				return m, nil
+			case <-ctx.Done():
+				return m, ctx.Err()
+			}
 		}, pipeline.WithKey(kafka.Message[int].TopicPartition), pipeline.WithRateLimit(rate.NewLimiter(3000, 20))))
 		pipeline.To(ordered, pipeline.NewSink("out", 1, func(_ context.Context, m kafka.Message[int]) error {
 			out.add(m)
@@ -126,15 +139,35 @@ func testGroupShares(t *testing.T, revokeWait time.Duration) {
 	reach := func(k int) {
 		eventually(t, time.Minute, "output "+itoa64(int64(k)), func() bool { return out.distinct() >= k })
 	}
+	// begun counts the revokes begun: each adds its items in flight to RevokeWaited at
+	// once, and to Revoked once it ended.
+	begun := func() (k int64) {
+		for _, m := range all {
+			st := m.src.Stats()
+			k += st.RevokeWaited + st.Revoked
+		}
+		return k
+	}
+	// join starts a member while the others' items wait at the gate.
+	join := func(name string) *member {
+		shut := make(chan struct{})
+		gate.Store(&shut)
+		before := begun()
+		m := start(name)
+		eventually(t, time.Minute, "a revoke for "+name, func() bool { return begun() > before })
+		gate.Store(&open)
+		close(shut)
+		return m
+	}
 	a := start("A")
 	reach(n / 6)
-	b := start("B")
+	b := join("B")
 	reach(2 * n / 6)
-	start("C")
+	join("C")
 	reach(3 * n / 6)
 	stop(a)
 	reach(4 * n / 6)
-	start("D")
+	join("D")
 	reach(5 * n / 6)
 	stop(b)
 	reach(n)
