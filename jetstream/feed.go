@@ -37,10 +37,13 @@ import (
 // and each reader calls Next again with the new one, which sends what is owed. A kick
 // costs a context per interval; nothing per message.
 //
-// The watcher checks, every check interval while the run holds messages, that the
-// consumer still exists (the server tells a pull that waits, not a run busy with what
-// it has): two answers in a row that it or its stream is not found end the feed with a
-// [*ConsumerError], as does a terminal error of the client.
+// The watcher checks, every check interval, that the consumer still exists: two
+// answers in a row that it or its stream is not found end the feed with a
+// [*ConsumerError], as does a terminal error of the client. A run busy with what it
+// has has no pull waiting for the server to tell; an idle one's pull may have gone to
+// a server that lost the consumer without a word (restarted with another store), and
+// the missed heartbeat that would tell the client never fires, since the kicks restart
+// Next before it could.
 type feed struct {
 	cons         natsjs.Consumer
 	stream, name string
@@ -301,9 +304,9 @@ func (f *feed) rearm() {
 	f.mu.Unlock()
 }
 
-// watch kicks the readers every check interval, and checks, every check interval while
-// the run holds messages (or at once when a reader asks), that the consumer exists: it
-// fails the feed once two answers in a row said that it or its stream is not found.
+// watch kicks the readers every check interval, and checks, every check interval (or at
+// once when a reader asks), that the consumer exists: it fails the feed once two
+// answers in a row said that it or its stream is not found.
 func (f *feed) watch() {
 	tick := time.NewTicker(f.check)
 	defer tick.Stop()
@@ -315,9 +318,6 @@ func (f *feed) watch() {
 		case <-f.poke:
 		case <-tick.C:
 			f.rearm()
-			if misses == 0 && f.h.idle() { // a pull waits: the server tells it
-				continue
-			}
 		}
 		cctx, ccancel := context.WithTimeout(f.ctx, f.timeout)
 		_, err := f.cons.Info(cctx)

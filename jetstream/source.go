@@ -141,15 +141,14 @@ func WithProgressEvery(d time.Duration) SourceOption {
 	return sourceOpt(func(c *sourceConfig) { c.progress = d })
 }
 
-// WithConsumerCheck sets how often a run that holds messages (in the pipeline, or
-// waiting for it) asks the server whether its consumer still exists (consumer info: one
-// request per interval); the default is 1 s. The server tells a pull that waits when its
-// consumer is deleted, but a busy run has no pull waiting. Two answers in a row that the
-// consumer or its stream is not found fail the run with a [*ConsumerError]; an answer
-// that does not come in time ([WithAckTimeout]) or another error (a server restarting)
-// counts as neither. A run, busy or not, also checks at once when the client
-// reports an error it goes on after (a missed heartbeat: a pull sent to a consumer that
-// no longer exists gets no answer). The interval also bounds how long a run waits
+// WithConsumerCheck sets how often a run asks the server whether its consumer still
+// exists (consumer info: one request per interval); the default is 1 s. The server
+// tells a pull that waits when its consumer is deleted, but a busy run has no pull
+// waiting, and a server restarted with another store (the consumer lost) tells no one.
+// Two answers in a row that the consumer or its stream is not found fail the run with
+// a [*ConsumerError]; an answer that does not come in time ([WithAckTimeout]) or
+// another error (a server restarting) counts as neither. A run also checks at once
+// when the client reports an error it goes on after. The interval also bounds how long a run waits
 // for a pull request the client owes (one it skipped while sending the one before).
 // It panics if d <= 0.
 func WithConsumerCheck(d time.Duration) SourceOption {
@@ -253,7 +252,7 @@ func (st Stats) Counters() map[string]int64 {
 // A consumer that is deleted, or whose stream is, fails the run with a
 // [*ConsumerError] (errors.Is natsjs.ErrConsumerDeleted): at once when a pull of the
 // run waits (the server tells it), otherwise within two [WithConsumerCheck] intervals
-// (2 s by default) while the run holds messages. So does an error the client treats
+// (2 s by default), busy or idle. So does an error the client treats
 // as ending the pull (natsjs.ErrBadRequest). The run fails when the source next has
 // control: at once if it waits for messages, or when the pipeline next takes an item
 // from it; a pipeline whose first stage stays full (every worker stuck) holds the
@@ -599,13 +598,6 @@ func (h *hand) hold(msg natsjs.Msg) *heldMsg {
 	h.held[m] = struct{}{}
 	h.mu.Unlock()
 	return m
-}
-
-// idle reports whether h holds no message.
-func (h *hand) idle() bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return len(h.held) == 0
 }
 
 func (h *hand) release(m *heldMsg) {

@@ -242,3 +242,38 @@ func TestStreamReportsNumPendingAsLag(t *testing.T) {
 	require.NoError(t, <-errc)
 	assert.Nil(t, lag(p.Report()), "the final report: no run")
 }
+
+// TestConsumerLostWhileIdleFailsRun restarts the server with an empty store under an
+// idle run: its stream and consumer are gone, and no one tells the run's pull (the
+// server that took it no longer exists). The run must find out by its check and fail
+// with a ConsumerError, not wait for ever.
+func TestConsumerLostWhileIdleFailsRun(t *testing.T) {
+	t.Parallel()
+	const n = 5
+	ctx := t.Context()
+	srv := startServer(t)
+	_, admin := connect(t, srv.url())
+	setup(ctx, t, admin, 30*time.Second, 1000)
+	publish(ctx, t, admin, n)
+	_, js := connect(t, srv.url())
+	cons, err := js.Consumer(ctx, "IN", "work")
+	require.NoError(t, err)
+	p := pipeline.New()
+	src := jetstream.NewSource(cons, itemCodec{}, jetstream.WithConsumerCheck(100*time.Millisecond))
+	var done atomic.Int64
+	pipeline.To(src.Stream(p), countItems(&done))
+	rctx, cancel := context.WithTimeout(ctx, time.Minute) // the failure guard
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- p.Run(rctx) }()
+	eventually(t, time.Minute, "every item done", func() bool { return src.Stats().Acked == n })
+	srv.stop()
+	srv.dir = t.TempDir() // a store without the stream
+	srv.start()
+	err = <-errc
+	require.NotErrorIs(t, err, context.DeadlineExceeded, "the run did not notice")
+	require.ErrorIs(t, err, natsjs.ErrConsumerDeleted)
+	var ce *jetstream.ConsumerError
+	require.ErrorAs(t, err, &ce)
+	assert.Equal(t, "work", ce.Consumer)
+}
