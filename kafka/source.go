@@ -551,6 +551,10 @@ func (s *Source[T]) run(ctx context.Context, emit emitFunc[T]) error {
 	var cl *kgo.Client
 	if s.cfg.txnID != "" {
 		opts = append(opts, kgo.TransactionalID(s.cfg.txnID), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+		opts, err := ss.watchSyncs(opts)
+		if err != nil {
+			return err
+		}
 		tx, err := kgo.NewGroupTransactSession(opts...)
 		if err != nil {
 			return fmt.Errorf("kafka: client: %w", err)
@@ -651,6 +655,9 @@ type session[T any] struct {
 	cl *kgo.Client
 	tx *kgo.GroupTransactSession // with WithTransactionalID: cl's session
 
+	// owned is, with tx, the member's whole assignment from its last sync (nil before
+	// one): see syncWatcher.
+	owned  atomic.Pointer[map[TopicPartition]bool]
 	txnMu  sync.Mutex // with tx: held through a transaction, from its Begin to its End
 	pollMu sync.Mutex // with tx: held through a poll and through a transaction (kgo: no poll during Begin or End)
 
@@ -1411,6 +1418,7 @@ func (ss *session[T]) assigned(_ context.Context, _ *kgo.Client, assigned map[st
 			ss.s.assigned.Add(1)
 		}
 	}
+	ss.dropUnownedLocked() // a transactional source's revokes may not all have come (syncWatcher)
 }
 
 // revoked stops emitting the revoked partitions' records, waits (a while) for their

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -226,6 +227,7 @@ func (ss *session[T]) transact(ctx context.Context, recs []txnRecord) error {
 func (ss *session[T]) prospect(recs []txnRecord) (offs map[string]map[int32]kgo.EpochOffset, marks map[*part]int64, live []*kgo.Record, inTxn map[*entry]bool) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
+	ss.dropUnownedLocked()
 	inTxn = map[*entry]bool{}
 	done := func(e *entry) bool { return e.state == settled || inTxn[e] || ss.txnDone[e] }
 	ord := inOrder{}
@@ -281,6 +283,7 @@ func addOffsetAt(offs map[string]map[int32]kgo.EpochOffset, tp TopicPartition, e
 // skips a partition with no committed offset. pollMu must be held.
 func (ss *session[T]) rewind() {
 	ss.mu.Lock()
+	ss.dropUnownedLocked()
 	to := map[string]map[int32]kgo.EpochOffset{}
 	for tp, p := range ss.parts {
 		if !p.live {
@@ -311,4 +314,81 @@ func (ss *session[T]) endParts(m map[string][]int32) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	ss.dropPartsLocked(m, &ss.s.revoked)
+}
+
+// A transactional source cannot rely on its OnPartitionsRevoked and OnPartitionsLost
+// callbacks alone: kgo's GroupTransactSession calls them through a wrapper that, once
+// it saw a revoke (or a loss), calls them no more until the session's next End. A
+// member that had nothing to commit meanwhile (no End) is told of its first revoke
+// only: a partition taken away by a second one stayed a live part of the run, shown
+// in Stats.Lag and redone from its last offset after an abort, though the member no
+// longer fetched it. Every assignment a sync gives the member goes through its
+// balancer's ParseSyncAssignment, so the source wraps the client's balancers
+// (syncWatcher) to learn each whole assignment, and ends the parts of partitions it
+// does not hold (dropUnownedLocked): when a new assignment starts, before a
+// transaction reckons its offsets, and in a rewind. (A group balanced by the broker,
+// kgo.ServerSideBalancer, syncs no assignment: its balancers are left as they are, and
+// the callbacks are all there is.)
+
+// syncWatcher is a group balancer that gives each assignment it parses to its sink.
+type syncWatcher struct {
+	kgo.GroupBalancer
+	sink func(map[string][]int32)
+}
+
+func (b syncWatcher) ParseSyncAssignment(assignment []byte) (map[string][]int32, error) {
+	m, err := b.GroupBalancer.ParseSyncAssignment(assignment)
+	if err == nil {
+		b.sink(m)
+	}
+	return m, err
+}
+
+// watchSyncs returns opts with the client's balancers wrapped in syncWatchers that
+// record each assignment in ss.owned; opts as they are for a group balanced by the
+// broker. It reads the balancers from a client made of the source's options and the
+// group, with no topic (so it does not join).
+func (ss *session[T]) watchSyncs(opts []kgo.Opt) ([]kgo.Opt, error) {
+	probe, err := kgo.NewClient(append(slices.Clone(ss.s.client), kgo.ConsumerGroup(ss.s.group), kgo.ConsumeTopics())...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka: client: %w", err)
+	}
+	bs, _ := probe.OptValue(kgo.Balancers).([]kgo.GroupBalancer)
+	serverSide, _ := probe.OptValue(kgo.ServerSideBalancer).(bool)
+	probe.Close()
+	if serverSide || len(bs) == 0 {
+		return opts, nil
+	}
+	ws := make([]kgo.GroupBalancer, len(bs))
+	for i, b := range bs {
+		ws[i] = syncWatcher{GroupBalancer: b, sink: ss.setOwned}
+	}
+	return append(opts, kgo.Balancers(ws...)), nil
+}
+
+// setOwned records m, the member's whole assignment from a sync.
+func (ss *session[T]) setOwned(m map[string][]int32) {
+	owned := map[TopicPartition]bool{}
+	for topic, ps := range m {
+		for _, p := range ps {
+			owned[TopicPartition{topic, p}] = true
+		}
+	}
+	ss.owned.Store(&owned)
+}
+
+// dropUnownedLocked ends the live parts of partitions that the member's last
+// assignment does not hold: revoked with no callback (see syncWatcher). ss.mu must be
+// held.
+func (ss *session[T]) dropUnownedLocked() {
+	owned := ss.owned.Load()
+	if owned == nil { // no sync seen (or a group balanced by the broker)
+		return
+	}
+	for tp, p := range ss.parts {
+		if p.live && !(*owned)[tp] {
+			ss.s.uncommitted.Add(p.uncommitted() + ss.endPartLocked(p))
+			ss.s.revoked.Add(1)
+		}
+	}
 }

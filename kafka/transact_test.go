@@ -26,10 +26,23 @@ type txnMember struct {
 }
 
 func startTxnMember(ctx context.Context, c *kfake.Cluster, group, id string, opts ...kgo.Opt) *txnMember {
+	return startGatedTxnMember(ctx, c, group, id, nil, opts...)
+}
+
+// startGatedTxnMember is startTxnMember with a gate: its stage holds each item until
+// gate is closed (nil: no gate).
+func startGatedTxnMember(ctx context.Context, c *kfake.Cluster, group, id string, gate <-chan struct{}, opts ...kgo.Opt) *txnMember {
 	src := kafka.NewSource(append(consumerOpts(c), opts...), group, []string{inTopic}, idCodec{},
 		kafka.WithTransactionalID(id), kafka.WithCommitInterval(50*time.Millisecond), kafka.WithMaxPending(300))
 	p := pipeline.New()
-	keyed := pipeline.Then(src.Stream(p), pipeline.NewStage("map", 4, func(_ context.Context, m kafka.Message[int]) (kafka.Message[int], error) {
+	keyed := pipeline.Then(src.Stream(p), pipeline.NewStage("map", 4, func(ctx context.Context, m kafka.Message[int]) (kafka.Message[int], error) {
+		if gate != nil {
+			select {
+			case <-gate:
+			case <-ctx.Done():
+				return m, ctx.Err()
+			}
+		}
 		return m, nil // the output keeps its input's origin (Topic, Partition, Offset)
 	}, pipeline.WithKey(kafka.Message[int].TopicPartition)))
 	pipeline.ToBatches(keyed, 40, kafka.NewTransactSink("out", src, outTopic, idCodec{}, originHeaders(id)), pipeline.WithLinger(10*time.Millisecond))
@@ -146,6 +159,65 @@ func TestTransactSinkOutputsEachRecordOnceAcrossCrashAndRebalances(t *testing.T)
 	require.Len(t, seen, n, "every record's output")
 	require.Zero(t, dups, "duplicates read committed")
 	t.Logf("crashed a: %+v", crashed)
+	for i, m := range members {
+		t.Logf("member %d: %+v", i, m.src.Stats())
+	}
+}
+
+// TestTransactionalMemberGivesUpEveryRevokedPartition holds a transactional member's
+// items at a gate, so that nothing settles and its session ends no transaction, while
+// two more members join: the group takes partitions from it twice, and kgo's
+// GroupTransactSession calls OnPartitionsRevoked for the first revoke only until its
+// next End. The member must still give up every partition taken from it (it kept them
+// as its own, in Stats.Lag and in its rewinds): the members' Lag names each partition
+// once. Then the gate opens, and a read-committed consumer of the output finds every
+// input record's output exactly once.
+func TestTransactionalMemberGivesUpEveryRevokedPartition(t *testing.T) {
+	t.Parallel()
+	const n = 3000
+	ctx := t.Context()
+	c := newCluster(t)
+	stablePerPartition(c)
+	produceIDs(ctx, t, c, inTopic, n)
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	gate := make(chan struct{})
+	a := startGatedTxnMember(rctx, c, "revokes", "member-a", gate)
+	eventually(t, 30*time.Second, "items of a at its gate", func() bool { return a.src.Stats().Fetched > 0 })
+	b := startTxnMember(rctx, c, "revokes", "member-b")
+	eventually(t, 30*time.Second, "a revoke of a's partitions, given to b", func() bool {
+		return a.src.Stats().Revoked > 0 && b.src.Stats().Assigned > 0
+	})
+	cm := startTxnMember(rctx, c, "revokes", "member-c")
+	members := []*txnMember{a, b, cm}
+	eventually(t, 30*time.Second, "each partition held by one member", func() bool {
+		held := map[kafka.TopicPartition]int{}
+		for _, m := range members {
+			for tp := range m.src.Stats().Lag {
+				held[tp]++
+			}
+		}
+		for _, k := range held {
+			if k > 1 {
+				return false
+			}
+		}
+		return len(held) == partitions && cm.src.Stats().Assigned > 0
+	})
+	close(gate)
+	ends := endOffsets(ctx, t, c, inTopic)
+	eventually(t, 90*time.Second, "every input offset committed", func() bool {
+		return assert.ObjectsAreEqual(ends, committedOffsets(ctx, t, c, "revokes", inTopic))
+	})
+	for _, m := range members {
+		m.src.Stop()
+	}
+	for _, m := range members {
+		require.NoError(t, <-m.errc)
+	}
+	recs := readCommitted(ctx, t, c, outTopic, n)
+	require.Zero(t, reportDuplicates(t, recs), "duplicates read committed")
+	require.Len(t, countIDs(t, recs), n, "every record's output")
 	for i, m := range members {
 		t.Logf("member %d: %+v", i, m.src.Stats())
 	}
