@@ -28,7 +28,10 @@ const txnPollWait = 100 * time.Millisecond
 // records filtered out or dead-lettered, every [WithCommitInterval], in a transaction
 // of their own). Each member of the group needs an id of its own, the same across its
 // restarts (a host name, a pod's ordinal): a member that starts with the id of one that
-// died fences it (its open transaction is aborted). It panics if id is empty.
+// died fences it (its open transaction is aborted). The source wraps the client's
+// group balancers (kgo.Balancers) to read each assignment the group gives it, since
+// the transactional client does not report every revoke; a group balanced by the
+// broker (kgo.ServerSideBalancer) keeps its own. It panics if id is empty.
 func WithTransactionalID(id string) SourceOption {
 	if id == "" {
 		panic(`kafka: WithTransactionalID(""): empty id`)
