@@ -68,9 +68,19 @@ func consumerOpts(c *kfake.Cluster) []kgo.Opt {
 // newClient returns a plain client of c (a producer, an admin), closed when the test ends.
 func newClient(t *testing.T, c *kfake.Cluster, opts ...kgo.Opt) *kgo.Client {
 	t.Helper()
+	cl := openClient(t, c, opts...)
+	t.Cleanup(cl.Close)
+	return cl
+}
+
+// openClient returns a plain client of c, for the caller to close: a helper that a
+// test polls (committedOffsets every 10 ms) must not leave a client per call running
+// until the test ends (thousands of them, each with its metadata loop, were seen
+// during a minute's wait).
+func openClient(t *testing.T, c *kfake.Cluster, opts ...kgo.Opt) *kgo.Client {
+	t.Helper()
 	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(c.ListenAddrs()...)}, opts...)...)
 	require.NoError(t, err)
-	t.Cleanup(cl.Close)
 	return cl
 }
 
@@ -156,7 +166,9 @@ func readTopic(ctx context.Context, t *testing.T, c *kfake.Cluster, topic string
 // (missing: none committed).
 func committedOffsets(ctx context.Context, t *testing.T, c *kfake.Cluster, group, topic string) map[int32]int64 {
 	t.Helper()
-	adm := kadm.NewClient(newClient(t, c))
+	cl := openClient(t, c)
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
 	offs, err := adm.FetchOffsets(ctx, group)
 	require.NoError(t, err)
 	got := map[int32]int64{}
@@ -171,7 +183,9 @@ func committedOffsets(ctx context.Context, t *testing.T, c *kfake.Cluster, group
 // endOffsets returns the end offset of each partition of topic.
 func endOffsets(ctx context.Context, t *testing.T, c *kfake.Cluster, topic string) map[int32]int64 {
 	t.Helper()
-	adm := kadm.NewClient(newClient(t, c))
+	cl := openClient(t, c)
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
 	ends, err := adm.ListEndOffsets(ctx, topic)
 	require.NoError(t, err)
 	got := map[int32]int64{}
