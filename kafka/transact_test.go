@@ -114,6 +114,34 @@ func readCommitted(ctx context.Context, t *testing.T, c *kfake.Cluster, topic st
 	}
 }
 
+// txnClusterWithIDs is clusterWithIDs with offset fetches answered per partition, as
+// Kafka does (stablePerPartition), for a group of several transactional members.
+func txnClusterWithIDs(t *testing.T, n int) (context.Context, *kfake.Cluster) {
+	t.Helper()
+	c := newCluster(t)
+	stablePerPartition(c)
+	produceIDs(t.Context(), t, c, inTopic, n)
+	return t.Context(), c
+}
+
+// settleTxnMembers waits until the group's committed offsets reach the input's end,
+// stops the members (each run must end without an error) and returns the output read
+// committed (at least n records).
+func settleTxnMembers(ctx context.Context, t *testing.T, c *kfake.Cluster, group string, members []*txnMember, n int) []*kgo.Record {
+	t.Helper()
+	ends := endOffsets(ctx, t, c, inTopic)
+	eventually(t, 90*time.Second, "every input offset committed", func() bool {
+		return assert.ObjectsAreEqual(ends, committedOffsets(ctx, t, c, group, inTopic))
+	})
+	for _, m := range members {
+		m.src.Stop()
+	}
+	for _, m := range members {
+		require.NoError(t, <-m.errc)
+	}
+	return readCommitted(ctx, t, c, outTopic, n)
+}
+
 // TestTransactSinkOutputsEachRecordOnceAcrossCrashAndRebalances runs two members of a
 // group that consume, map and produce through NewTransactSink: one crashes in the
 // middle of a transaction (its records produced, nothing committed), a third member
@@ -123,10 +151,7 @@ func readCommitted(ctx context.Context, t *testing.T, c *kfake.Cluster, topic st
 func TestTransactSinkOutputsEachRecordOnceAcrossCrashAndRebalances(t *testing.T) {
 	t.Parallel()
 	const n = 6000
-	ctx := t.Context()
-	c := newCluster(t)
-	stablePerPartition(c)
-	produceIDs(ctx, t, c, inTopic, n)
+	ctx, c := txnClusterWithIDs(t, n)
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 
@@ -141,19 +166,8 @@ func TestTransactSinkOutputsEachRecordOnceAcrossCrashAndRebalances(t *testing.T)
 	crashed := a.src.Stats()
 	cm := startTxnMember(rctx, c, "eos", "member-c", short)
 	a2 := startTxnMember(rctx, c, "eos", "member-a", short) // fences a's open transaction
-	ends := endOffsets(ctx, t, c, inTopic)
-	eventually(t, 90*time.Second, "every input offset committed", func() bool {
-		return assert.ObjectsAreEqual(ends, committedOffsets(ctx, t, c, "eos", inTopic))
-	})
 	members := []*txnMember{b, cm, a2}
-	for _, m := range members {
-		m.src.Stop()
-	}
-	for _, m := range members {
-		require.NoError(t, <-m.errc)
-	}
-
-	recs := readCommitted(ctx, t, c, outTopic, n)
+	recs := settleTxnMembers(ctx, t, c, "eos", members, n)
 	dups := reportDuplicates(t, recs)
 	seen := countIDs(t, recs)
 	require.Len(t, seen, n, "every record's output")
@@ -175,10 +189,7 @@ func TestTransactSinkOutputsEachRecordOnceAcrossCrashAndRebalances(t *testing.T)
 func TestTransactionalMemberGivesUpEveryRevokedPartition(t *testing.T) {
 	t.Parallel()
 	const n = 3000
-	ctx := t.Context()
-	c := newCluster(t)
-	stablePerPartition(c)
-	produceIDs(ctx, t, c, inTopic, n)
+	ctx, c := txnClusterWithIDs(t, n)
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	gate := make(chan struct{})
@@ -205,17 +216,7 @@ func TestTransactionalMemberGivesUpEveryRevokedPartition(t *testing.T) {
 		return len(held) == partitions && cm.src.Stats().Assigned > 0
 	})
 	close(gate)
-	ends := endOffsets(ctx, t, c, inTopic)
-	eventually(t, 90*time.Second, "every input offset committed", func() bool {
-		return assert.ObjectsAreEqual(ends, committedOffsets(ctx, t, c, "revokes", inTopic))
-	})
-	for _, m := range members {
-		m.src.Stop()
-	}
-	for _, m := range members {
-		require.NoError(t, <-m.errc)
-	}
-	recs := readCommitted(ctx, t, c, outTopic, n)
+	recs := settleTxnMembers(ctx, t, c, "revokes", members, n)
 	require.Zero(t, reportDuplicates(t, recs), "duplicates read committed")
 	require.Len(t, countIDs(t, recs), n, "every record's output")
 	for i, m := range members {
@@ -259,13 +260,7 @@ func TestRestartedMemberFencesItsOpenTransactionAtStart(t *testing.T) {
 	require.Error(t, <-a.errc, "the run whose EndTxn was dropped")
 	require.True(t, dropped.Load(), "an EndTxn dropped")
 	a2 := startTxnMember(rctx, c, "fence", "member-a", long)
-	ends := endOffsets(ctx, t, c, inTopic)
-	eventually(t, 30*time.Second, "every input offset committed", func() bool {
-		return assert.ObjectsAreEqual(ends, committedOffsets(ctx, t, c, "fence", inTopic))
-	})
-	a2.src.Stop()
-	require.NoError(t, <-a2.errc)
-	seen := countIDs(t, readCommitted(ctx, t, c, outTopic, n))
+	seen := countIDs(t, settleTxnMembers(ctx, t, c, "fence", []*txnMember{a2}, n))
 	require.Len(t, seen, n, "every record's output")
 	for id, k := range seen {
 		require.Equal(t, 1, k, "the output of record %d, read committed", id)
@@ -332,18 +327,10 @@ func TestTransactSinkOutputsEachRecordOnceAcrossRepeatedCrashes(t *testing.T) {
 		stats = append(stats, members[i].src.Stats())
 		members[i] = startTxnMember(rctx, c, "churn", ids[i], short)
 	}
-	ends := endOffsets(ctx, t, c, inTopic)
-	eventually(t, 90*time.Second, "every input offset committed", func() bool {
-		return assert.ObjectsAreEqual(ends, committedOffsets(ctx, t, c, "churn", inTopic))
-	})
+	recs := settleTxnMembers(ctx, t, c, "churn", members, n)
 	for _, m := range members {
-		m.src.Stop()
-	}
-	for _, m := range members {
-		require.NoError(t, <-m.errc)
 		stats = append(stats, m.src.Stats())
 	}
-	recs := readCommitted(ctx, t, c, outTopic, n)
 	dups := reportDuplicates(t, recs)
 	var aborted, outOfOrder int64
 	for _, s := range stats {
