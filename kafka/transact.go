@@ -283,7 +283,7 @@ func addOffsetAt(offs map[string]map[int32]kgo.EpochOffset, tp TopicPartition, e
 // rewind ends every live partition's assignment after an aborted transaction (what
 // they hold settles as stale) and takes the client back, per partition, to the offset
 // this run last committed, or the first record it polled: the client's own rewind
-// skips a partition with no committed offset. pollMu must be held.
+// (the aborted End's) skips a partition with no committed offset. pollMu must be held.
 func (ss *session[T]) rewind() {
 	ss.mu.Lock()
 	ss.dropUnownedLocked()
@@ -308,7 +308,26 @@ func (ss *session[T]) rewind() {
 		ss.parts[tp] = np
 	}
 	ss.mu.Unlock()
-	ss.cl.SetOffsets(to)
+	// The aborted End has just reset the client to its committed offsets, which are
+	// the offsets this run committed: setting a partition there again would only
+	// restart the client's consumer session, while a rebalance may be under way (kgo
+	// asks for SetOffsets while no revoke can run), and members whose SetOffsets met a
+	// rejoin were seen to fetch nothing more. So only partitions with no commit
+	// (their first record polled) are set.
+	committed := ss.cl.CommittedOffsets()
+	for topic, ps := range to {
+		for p, eo := range ps {
+			if c, ok := committed[topic][p]; ok && c.Offset == eo.Offset {
+				delete(ps, p)
+			}
+		}
+		if len(ps) == 0 {
+			delete(to, topic)
+		}
+	}
+	if len(to) > 0 {
+		ss.cl.SetOffsets(to)
+	}
 }
 
 // endParts ends the assignments of the partitions in m (revoked from a transactional
