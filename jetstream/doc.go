@@ -34,7 +34,8 @@
 //
 // A deleted consumer, or a deleted stream, fails the run with a [*ConsumerError] that
 // names them (errors.Is natsjs.ErrConsumerDeleted): at once when the run waits for
-// messages, within two [WithConsumerCheck] intervals when it is busy (see [Source]).
+// messages and the server tells it, otherwise within two [WithConsumerCheck] intervals,
+// busy or idle (see [Source]).
 // A closed connection fails the run too; a server that restarts does not: the client
 // reconnects and the run goes on.
 package jetstream

@@ -61,6 +61,14 @@ func (e *embedded) restart() {
 	e.start()
 }
 
+// restartEmpty restarts it on the same port with a new, empty store: every stream and
+// consumer is gone, and no client is told.
+func (e *embedded) restartEmpty() {
+	e.stop()
+	e.dir = e.t.TempDir()
+	e.start()
+}
+
 func (e *embedded) url() string { return "nats://127.0.0.1:" + strconv.Itoa(e.port) }
 
 // connect opens a connection that reconnects for ever, closed when the test ends.

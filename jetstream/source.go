@@ -148,9 +148,9 @@ func WithProgressEvery(d time.Duration) SourceOption {
 // Two answers in a row that the consumer or its stream is not found fail the run with
 // a [*ConsumerError]; an answer that does not come in time ([WithAckTimeout]) or
 // another error (a server restarting) counts as neither. A run also checks at once
-// when the client reports an error it goes on after. The interval also bounds how long a run waits
-// for a pull request the client owes (one it skipped while sending the one before).
-// It panics if d <= 0.
+// when the client reports an error it goes on after. The interval also bounds how long
+// a run waits for a pull request the client owes (one it skipped while sending the one
+// before). It panics if d <= 0.
 func WithConsumerCheck(d time.Duration) SourceOption {
 	if d <= 0 {
 		panic(fmt.Sprintf("jetstream: WithConsumerCheck(%v): need a positive interval", d))
@@ -252,8 +252,8 @@ func (st Stats) Counters() map[string]int64 {
 // A consumer that is deleted, or whose stream is, fails the run with a
 // [*ConsumerError] (errors.Is natsjs.ErrConsumerDeleted): at once when a pull of the
 // run waits (the server tells it), otherwise within two [WithConsumerCheck] intervals
-// (2 s by default), busy or idle. So does an error the client treats
-// as ending the pull (natsjs.ErrBadRequest). The run fails when the source next has
+// (2 s by default), busy or idle. So does an error the client treats as ending the
+// pull (natsjs.ErrBadRequest). The run fails when the source next has
 // control: at once if it waits for messages, or when the pipeline next takes an item
 // from it; a pipeline whose first stage stays full (every worker stuck) holds the
 // source until then, as it would hold a cancellation of the run (the run's context

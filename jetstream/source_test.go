@@ -267,9 +267,7 @@ func TestConsumerLostWhileIdleFailsRun(t *testing.T) {
 	errc := make(chan error, 1)
 	go func() { errc <- p.Run(rctx) }()
 	eventually(t, time.Minute, "every item done", func() bool { return src.Stats().Acked == n })
-	srv.stop()
-	srv.dir = t.TempDir() // a store without the stream
-	srv.start()
+	srv.restartEmpty()
 	err = <-errc
 	require.NotErrorIs(t, err, context.DeadlineExceeded, "the run did not notice")
 	require.ErrorIs(t, err, natsjs.ErrConsumerDeleted)

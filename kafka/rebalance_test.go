@@ -70,10 +70,10 @@ type member struct {
 // TestGroupSharesPartitionsThroughRebalances runs pipelines in one group over 12,000
 // records on 12 partitions, with members added and removed while items are in flight
 // (a member joins while the others' items wait at a gate, until a revoke began; each
-// pipeline is rate limited): three members at most, five rebalances. Counted from the sinks' output: every record
-// is there, duplicates are at most what settled after its partition was revoked, and
-// no record of a partition reached a sink before an earlier one of that partition,
-// through a stage keyed by partition with 4 workers.
+// pipeline is rate limited): three members at most, five rebalances. Counted from the
+// sinks' output: every record is there, duplicates are at most what settled after its
+// partition was revoked, and no record of a partition reached a sink before an earlier
+// one of that partition, through a stage keyed by partition with 4 workers.
 func TestGroupSharesPartitionsThroughRebalances(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {

@@ -114,16 +114,6 @@ func readCommitted(ctx context.Context, t *testing.T, c *kfake.Cluster, topic st
 	}
 }
 
-// txnClusterWithIDs is clusterWithIDs with offset fetches answered per partition, as
-// Kafka does (stablePerPartition), for a group of several transactional members.
-func txnClusterWithIDs(t *testing.T, n int) (context.Context, *kfake.Cluster) {
-	t.Helper()
-	c := newCluster(t)
-	stablePerPartition(c)
-	produceIDs(t.Context(), t, c, inTopic, n)
-	return t.Context(), c
-}
-
 // settleTxnMembers waits until the group's committed offsets reach the input's end,
 // stops the members (each run must end without an error) and returns the output read
 // committed (at least n records).
@@ -151,7 +141,8 @@ func settleTxnMembers(ctx context.Context, t *testing.T, c *kfake.Cluster, group
 func TestTransactSinkOutputsEachRecordOnceAcrossCrashAndRebalances(t *testing.T) {
 	t.Parallel()
 	const n = 6000
-	ctx, c := txnClusterWithIDs(t, n)
+	ctx, c := clusterWithIDs(t, n)
+	stablePerPartition(c)
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 
@@ -189,7 +180,8 @@ func TestTransactSinkOutputsEachRecordOnceAcrossCrashAndRebalances(t *testing.T)
 func TestTransactionalMemberGivesUpEveryRevokedPartition(t *testing.T) {
 	t.Parallel()
 	const n = 3000
-	ctx, c := txnClusterWithIDs(t, n)
+	ctx, c := clusterWithIDs(t, n)
+	stablePerPartition(c)
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	gate := make(chan struct{})
