@@ -412,7 +412,10 @@ func (c *Checkpoint) committed(mark int64) {
 // alone (no save deletes it before commit hands it over, see committed). Whether the
 // transaction has ended matters because a COMMIT waiting for a synchronous standby
 // holds its locks and is not yet visible, though it will commit, and a backend may not
-// yet have seen its client go. A reused id can only make the wait longer.
+// yet have seen its client go. A reused id must not make it wait: the transaction that
+// holds it may be waiting for this one (a piece of the same position, whose Commit
+// waits for this commit's function to return, see [pipeline.Commit]), so an id held by
+// another backend than pid tells that this transaction has ended.
 //
 // The caller's connection must be closed: the server then ends the transaction (it
 // rolls it back, unless its COMMIT got there first).
@@ -431,7 +434,7 @@ func (c *Checkpoint) resolve(ctx context.Context, xid string, mark int64, pid ui
 	}
 	failures, waits := 0, 0
 	for {
-		ended, found, gotEpoch, err := c.readBack(ctx, xid, mark)
+		ended, found, gotEpoch, err := c.readBack(ctx, xid, mark, pid)
 		switch {
 		case err == nil && !ended:
 			waits++
@@ -457,8 +460,8 @@ func (c *Checkpoint) resolve(ctx context.Context, xid string, mark int64, pid ui
 }
 
 // readBack asks the server, on a connection of its own outside the pool (the pool's
-// connections may all be held by writers), whether transaction xid has ended and, if
-// it has, whether its mark is there, and the job's epoch.
+// connections may all be held by writers), whether transaction xid (of backend pid) has
+// ended and, if it has, whether its mark is there, and the job's epoch.
 //
 // "Ended" and "the mark is there" are read in one statement, from one snapshot: xid has
 // ended for it when it is visible in that snapshot (pg_visible_in_snapshot: not running
@@ -469,15 +472,25 @@ func (c *Checkpoint) resolve(ctx context.Context, xid string, mark int64, pid ui
 // is never visible; pg_xact_status then tells it apart (it fails for one): its
 // transaction never committed (a crash lost it before it reached the disk, where a
 // commit would have taken it), so it has ended, and the mark decides.
-func (c *Checkpoint) readBack(ctx context.Context, xid string, mark int64) (ended, found bool, epoch int64, err error) {
+//
+// An id that a backend other than pid runs (read in an earlier statement, so before
+// that snapshot) was handed out again after a crash: this transaction ended in the
+// crash, and the mark decides too.
+func (c *Checkpoint) readBack(ctx context.Context, xid string, mark int64, pid uint32) (ended, found bool, epoch int64, err error) {
 	conn, err := pgx.ConnectConfig(ctx, c.pool.Config().ConnConfig.Copy())
 	if err != nil {
 		return false, false, 0, err
 	}
 	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
-	err = conn.QueryRow(ctx, `SELECT pg_visible_in_snapshot($1::xid8, pg_current_snapshot()),
+	var reused bool
+	err = conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity WHERE backend_xid = xid($1::xid8)
+		AND pid <> $2 AND coalesce(leader_pid, 0) <> $2)`, xid, int64(pid)).Scan(&reused)
+	if err != nil {
+		return false, false, 0, err
+	}
+	err = conn.QueryRow(ctx, `SELECT $4 OR pg_visible_in_snapshot($1::xid8, pg_current_snapshot()),
 		EXISTS (SELECT FROM `+marksTable+` WHERE job = $2 AND mark = $3),
-		coalesce((SELECT epoch FROM `+checkpointTable+` WHERE job = $2), 0)`, xid, c.job, mark).Scan(&ended, &found, &epoch)
+		coalesce((SELECT epoch FROM `+checkpointTable+` WHERE job = $2), 0)`, xid, c.job, mark, reused).Scan(&ended, &found, &epoch)
 	if err != nil || ended {
 		return ended, found, epoch, err
 	}

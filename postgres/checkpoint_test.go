@@ -163,6 +163,36 @@ func commitRows(ctx context.Context, pool *pgxpool.Pool, ck *pgpipe.Checkpoint, 
 	return ck.CommitTx(ctx, tx, p)
 }
 
+// TestCheckpointResolveSeesAReusedTransactionID resolves a COMMIT lost with its backend
+// while another backend runs a transaction with the same id, as after a crash that
+// lost the id before it reached the disk: the server hands it out again. That
+// transaction may wait for the resolve to end (a piece of the same position waits in
+// pipeline.Commit while its sibling's commit resolves); the resolve waited for it to
+// end, for a minute, and failed the run with ErrCommitUnknown (TestFaultServerRestart
+// with upsert, whose lanes' parts are pieces of one position). The id held by another
+// backend tells that the lost transaction has ended: its mark is not there, so it did
+// not commit.
+func TestCheckpointResolveSeesAReusedTransactionID(t *testing.T) {
+	pool := newPool(t, 4)
+	ck := pgpipe.NewCheckpoint(pool, tableName("job"))
+	_, err := ck.Load(t.Context())
+	require.NoError(t, err)
+	lost, err := pgx.Connect(t.Context(), dbURL(t))
+	require.NoError(t, err)
+	pid := lost.PgConn().PID()
+	require.NoError(t, lost.Close(t.Context()))
+
+	holder := beginTx(t, pool) // holds the id the lost transaction had
+	var xid string
+	require.NoError(t, holder.QueryRow(t.Context(), "SELECT pg_current_xact_id()::text").Scan(&xid))
+	err = ck.Resolve(t.Context(), xid, 42, pid)
+	require.Error(t, err)
+	assert.NotErrorIs(t, err, pgpipe.ErrCommitUnknown)
+	assert.ErrorContains(t, err, "was not committed")
+	class, _ := pipeline.ClassOf(err)
+	assert.Equal(t, pipeline.ClassTransient, class, "the batch is written again")
+}
+
 // TestCheckpointMarksSurviveEarlierReleaseSave has an instance of the previous release,
 // fenced by a new one, run its periodic save once more (a rolling deploy): its DELETE of
 // the job's rows of pgpipe_committed below the position has no epoch guard. It deleted

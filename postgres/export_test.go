@@ -2,6 +2,7 @@ package pgpipe
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/maphash"
 	"slices"
@@ -15,6 +16,12 @@ import (
 // records p in tx and commits it.
 func (c *Checkpoint) CommitTx(ctx context.Context, tx pgx.Tx, p pipeline.Progress) error {
 	return c.commit(ctx, tx, p, defaultConfig())
+}
+
+// Resolve is resolve, for a COMMIT of transaction xid (of backend pid, with mark)
+// whose connection was lost.
+func (c *Checkpoint) Resolve(ctx context.Context, xid string, mark int64, pid uint32) error {
+	return c.resolve(ctx, xid, mark, pid, errors.New("the connection was lost"), defaultConfig())
 }
 
 // KeyPaths de-duplicates batch by the key columns key and gives each row's lane of
