@@ -82,16 +82,25 @@ type Clock struct {
 	Looks atomic.Bool
 	// What the stuck-attempt watcher (Watch) reads: told is the attempts begun,
 	// stored by the first begin after each publish and after each ask (the watcher sets
-	// ask). Per attempt that is one atomic load; per run of items one store, and two
+	// Ask). Per attempt that is one atomic load; per run of items one store, and two
 	// more once per watcher period.
-	ask   atomic.Bool
-	told  atomic.Uint64
-	said  bool   // told is current since the last publish (the worker's alone, as are the fields below)
-	n     uint64 // attempts begun
-	slab  *attemptSlab
-	i, fi int           // the next slot of slab; the first begun since the last publish
-	ep    *attemptEpoch // the latest attempts' epoch, in slab
-	span  time.Duration // how far apart clock readings may be for attempts to share an epoch
+	Ask  atomic.Bool
+	told atomic.Uint64
+	// The common case of Begin, an attempt with the latest Begin's clock reading (Now,
+	// -1 after a publish, so that a run's first attempt tells the watcher) and parent
+	// (Parent), with room in the slab (I < len(Slots)), while the watcher does not ask:
+	// the worker takes Slots[I] and counts it in I, inline (the root package's
+	// nextAttempt, for the reason Looks is a field). The slots past I have the latest
+	// epoch already (begin fills them).
+	Now    time.Duration
+	Parent context.Context
+	I      int      // the next slot of slab
+	Slots  *[64]Ctx // slab's slots
+	said   bool     // told is current since the last publish (the worker's alone, as are the fields below)
+	slab   *attemptSlab
+	fi     int           // the first slot begun since the last publish
+	ep     *attemptEpoch // the latest attempts' epoch, in slab
+	span   time.Duration // how far apart clock readings may be for attempts to share an epoch
 	// Fixed when the clock is made, so that the contexts read them from any goroutine:
 	base time.Time     // what clock readings are offsets from (the run's start, with its monotonic reading)
 	d    time.Duration // the timeout of every attempt
@@ -102,7 +111,7 @@ type Clock struct {
 // items take about span (the root package's runBudget): attempts begun at clock
 // readings less than span apart share an epoch.
 func NewClock(span time.Duration, base time.Time, d time.Duration) *Clock {
-	return &Clock{span: span, base: base, d: d}
+	return &Clock{span: span, base: base, d: d, Now: -1} // no reading is -1: the fast path declines until Begin
 }
 
 // attemptEpoch is what the attempts of a slab begun at one clock reading with one
@@ -133,21 +142,26 @@ type armedCtx struct {
 // clock read until the function looks).
 //
 // Attempts share an epoch while the worker's clock readings are within span (a run's
-// budget) of each other: each then starts at most that much earlier than it did. The
-// common case, an attempt of the latest epoch with room in the slab, calls nothing; a
-// new epoch or slab is begin's. (In one function, the registers were spilled around
-// begin's calls on every attempt: about 17 instructions.)
+// budget) of each other: each then starts at most that much earlier than it did. Most
+// attempts do not come here: one with the latest Begin's reading and parent is the
+// worker's inline fast path (see Now). Of the rest, an attempt of the latest epoch with
+// room in the slab calls nothing; a new epoch or slab is begin's. (In one function, the
+// registers were spilled around begin's calls on every attempt: about 17
+// instructions.)
 func (k *Clock) Begin(parent context.Context, now time.Duration) *Ctx {
-	if ep := k.ep; ep == nil || now-(ep.due-k.d) > k.span || !sameContext(&ep.parent, parent) || k.i == len(k.slab.slots) {
+	if ep := k.ep; ep == nil || now-(ep.due-k.d) > k.span || !SameContext(&ep.parent, parent) || k.I == len(k.slab.slots) {
 		k.begin(parent, now)
 	}
 	s := k.slab
-	c := &s.slots[k.i]
-	c.i, c.ep = uint8(k.i), uint8(s.neps-1)
-	k.i++
-	k.n++
-	if asked := k.ask.Load(); !k.said || asked { // the first attempt of a run, or the watcher asks: an ordinary load
+	c := &s.slots[k.I]
+	c.ep = uint8(s.neps - 1)
+	k.I++
+	if asked := k.Ask.Load(); !k.said || asked { // the first attempt of a run, or the watcher asks: an ordinary load
 		k.tell(asked)
+	}
+	k.Now, k.Slots = now, &s.slots
+	if !SameContext(&k.Parent, parent) {
+		k.Parent = parent
 	}
 	return c
 }
@@ -159,11 +173,14 @@ func (k *Clock) begin(parent context.Context, now time.Duration) {
 	// was S5 3x4's middleware 0.075 allocations per item), and its parent compared by
 	// its words (an interface comparison is a call).
 	ep, s, d := k.ep, k.slab, k.d
-	fresh := ep == nil || now-(ep.due-d) > k.span || !sameContext(&ep.parent, parent)
-	if s == nil || k.i == len(s.slots) || fresh && s.neps == len(s.eps) {
+	fresh := ep == nil || now-(ep.due-d) > k.span || !SameContext(&ep.parent, parent)
+	if s == nil || k.I == len(s.slots) || fresh && s.neps == len(s.eps) {
 		k.Publish() // what publish looks through stays in one slab
-		s = &attemptSlab{clk: k, n0: k.n}
-		k.slab, k.i, k.fi = s, 0, 0
+		s = &attemptSlab{clk: k, n0: k.begun()}
+		for j := range s.slots {
+			s.slots[j].i = uint8(j)
+		}
+		k.slab, k.I, k.fi = s, 0, 0
 		if !fresh {
 			s.eps[0], s.neps = *ep, 1
 			k.ep = &s.eps[0]
@@ -173,28 +190,39 @@ func (k *Clock) begin(parent context.Context, now time.Duration) {
 		s.eps[s.neps] = attemptEpoch{parent: parent, due: now + d, guess: true}
 		k.ep = &s.eps[s.neps]
 		s.neps++
+		for j := k.I; j < len(s.slots); j++ { // the fast path's attempts are of this epoch
+			s.slots[j].ep = uint8(s.neps - 1)
+		}
 	}
+}
+
+// begun returns the attempts begun: those of the slabs before, and the current one's.
+func (k *Clock) begun() uint64 {
+	if k.slab == nil {
+		return 0
+	}
+	return k.slab.n0 + uint64(k.I)
 }
 
 // tell stores the attempts begun for the stuck-attempt watcher.
 //
 //go:noinline
 func (k *Clock) tell(asked bool) {
-	k.told.Store(k.n)
+	k.told.Store(k.begun())
 	k.said = true
 	if asked {
-		k.ask.Store(false)
+		k.Ask.Store(false)
 	}
 }
 
-// sameContext reports whether a and b are the same context value by the two words of
+// SameContext reports whether a and b are the same context value by the two words of
 // each interface: exact for the pointers every context of a run is, and at worst false
 // for two equal values boxed apart, which only makes begin start a new epoch.
 //
 // The words are compared one by one: compared as one [2]unsafe.Pointer, the arrays went
 // through runtime.memequal, a call of about 40 instructions (S5 3x4's middleware: 78
 // per item by callgrind).
-func sameContext(a *context.Context, b context.Context) bool {
+func SameContext(a *context.Context, b context.Context) bool {
 	wa, wb := (*[2]unsafe.Pointer)(unsafe.Pointer(a)), (*[2]unsafe.Pointer)(unsafe.Pointer(&b))
 	return wa[0] == wb[0] && wa[1] == wb[1]
 }
@@ -203,24 +231,24 @@ func sameContext(a *context.Context, b context.Context) bool {
 // (the worker calls it between attempts): a context first looked at after its attempt
 // returned is canceled now.
 func (k *Clock) Publish() {
-	if k == nil || k.fi == k.i {
+	if k == nil || k.fi == k.I {
 		return
 	}
 	// An arm stores Looks before it reads ended; publish stores ended before it reads
 	// Looks: one of them sees the other, and cancels the context (endArmed is
 	// idempotent).
-	k.ended.Store(k.n)
-	k.said = false
+	k.ended.Store(k.begun())
+	k.said, k.Now = false, -1
 	if k.Looks.Load() && k.Looks.Swap(false) {
 		if t := k.slab.armed.Load(); t != nil {
-			for j := k.fi; j < k.i; j++ {
+			for j := k.fi; j < k.I; j++ {
 				if a := t[j].Load(); a != nil {
 					k.slab.slots[j].endArmed(a)
 				}
 			}
 		}
 	}
-	k.fi = k.i
+	k.fi = k.I
 }
 
 // New returns a context of its own for one attempt of at most d from now
@@ -485,7 +513,7 @@ func (a *Watch) tick(now time.Duration, report func(age time.Duration)) {
 	_, after := stuckAfter(a.d)
 	for i := range a.ws {
 		w := &a.ws[i]
-		if !w.k.ask.Swap(true) { // answered (an attempt was begun since the last ask): ask again
+		if !w.k.Ask.Swap(true) { // answered (an attempt was begun since the last ask): ask again
 			w.told = w.k.told.Load()
 			w.asked = now
 			w.since.Store(0)
