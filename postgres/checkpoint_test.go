@@ -187,8 +187,8 @@ func TestCheckpointResolveSeesAReusedTransactionID(t *testing.T) {
 	require.NoError(t, holder.QueryRow(t.Context(), "SELECT pg_current_xact_id()::text").Scan(&xid))
 	err = ck.Resolve(t.Context(), xid, 42, pid)
 	require.Error(t, err)
-	assert.NotErrorIs(t, err, pgpipe.ErrCommitUnknown)
-	assert.ErrorContains(t, err, "was not committed")
+	require.NotErrorIs(t, err, pgpipe.ErrCommitUnknown)
+	require.ErrorContains(t, err, "was not committed")
 	class, _ := pipeline.ClassOf(err)
 	assert.Equal(t, pipeline.ClassTransient, class, "the batch is written again")
 }
