@@ -140,8 +140,8 @@ func (w *worker[In, Out]) timeoutCall(ctx context.Context, v In) (out Out, err e
 // Begin's epoch, or nil when Begin must run (see the fields it reads). It is here, not
 // in package attempt, and not generic, so that it inlines in the worker: a function of
 // another package called only from generic code is not inlined where that code is
-// instantiated (the user's package). Begin's call per attempt was most of what a
-// timeout cost an attempt that succeeds (S5 3x4's middleware).
+// instantiated (the user's package). Begin's call per attempt was most of the
+// timeout's instructions (S5 3x4's middleware: Begin 172 of 284 per item).
 func nextAttempt(k *attempt.Clock, parent context.Context, now time.Duration) *attempt.Ctx {
 	i := k.I
 	if now != k.Now || uint(i) >= uint(len(k.Slots)) || k.Ask.Load() || !attempt.SameContext(&k.Parent, parent) {

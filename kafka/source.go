@@ -551,8 +551,8 @@ func (s *Source[T]) run(ctx context.Context, emit emitFunc[T]) error {
 	var cl *kgo.Client
 	if s.cfg.txnID != "" {
 		opts = append(opts, kgo.TransactionalID(s.cfg.txnID), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
-		opts, err := ss.watchSyncs(opts)
-		if err != nil {
+		var err error
+		if opts, err = ss.watchSyncs(opts); err != nil {
 			return err
 		}
 		tx, err := kgo.NewGroupTransactSession(opts...)
@@ -1509,11 +1509,17 @@ func (ss *session[T]) dropPartsLocked(m map[string][]int32, ended *atomic.Int64)
 	for topic, partitions := range m {
 		for _, n := range partitions {
 			if p := ss.parts[TopicPartition{topic, n}]; p != nil && p.live {
-				ss.s.uncommitted.Add(p.uncommitted() + ss.endPartLocked(p))
-				ended.Add(1)
+				ss.dropPartLocked(p, ended)
 			}
 		}
 	}
+}
+
+// dropPartLocked ends live part p's assignment (endPartLocked), counts what it held
+// as uncommitted and the part in ended. ss.mu must be held.
+func (ss *session[T]) dropPartLocked(p *part, ended *atomic.Int64) {
+	ss.s.uncommitted.Add(p.uncommitted() + ss.endPartLocked(p))
+	ended.Add(1)
 }
 
 // endPartLocked ends p's assignment: its unsettled records no longer count, and what

@@ -312,8 +312,9 @@ func (ss *session[T]) rewind() {
 	// the offsets this run committed: setting a partition there again would only
 	// restart the client's consumer session, while a rebalance may be under way (kgo
 	// asks for SetOffsets while no revoke can run), and members whose SetOffsets met a
-	// rejoin were seen to fetch nothing more. So only partitions with no commit
-	// (their first record polled) are set.
+	// rejoin were seen to fetch nothing more. So only partitions whose committed
+	// offset is not where the rewind goes are set: those with none (the rewind goes
+	// to their first record polled).
 	committed := ss.cl.CommittedOffsets()
 	for topic, ps := range to {
 		for p, eo := range ps {
@@ -409,8 +410,7 @@ func (ss *session[T]) dropUnownedLocked() {
 	}
 	for tp, p := range ss.parts {
 		if p.live && !(*owned)[tp] {
-			ss.s.uncommitted.Add(p.uncommitted() + ss.endPartLocked(p))
-			ss.s.revoked.Add(1)
+			ss.dropPartLocked(p, &ss.s.revoked)
 		}
 	}
 }

@@ -114,6 +114,20 @@ func readCommitted(ctx context.Context, t *testing.T, c *kfake.Cluster, topic st
 	}
 }
 
+// txnCluster returns a cluster holding n records of ids (clusterWithIDs), the test's
+// context, and the members' run context, canceled after 2 minutes or when the test
+// ends; stable keeps its offset fetches stable (stablePerPartition).
+func txnCluster(t *testing.T, n int, stable bool) (ctx, rctx context.Context, c *kfake.Cluster) {
+	t.Helper()
+	ctx, c = clusterWithIDs(t, n)
+	if stable {
+		stablePerPartition(c)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx, rctx, c
+}
+
 // settleTxnMembers waits until the group's committed offsets reach the input's end,
 // stops the members (each run must end without an error) and returns the output read
 // committed (at least n records).
@@ -141,10 +155,7 @@ func settleTxnMembers(ctx context.Context, t *testing.T, c *kfake.Cluster, group
 func TestTransactSinkOutputsEachRecordOnceAcrossCrashAndRebalances(t *testing.T) {
 	t.Parallel()
 	const n = 6000
-	ctx, c := clusterWithIDs(t, n)
-	stablePerPartition(c)
-	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
+	ctx, rctx, c := txnCluster(t, n, true)
 
 	short := kgo.SessionTimeout(time.Second) // a crashed member's session expires soon
 	a := startTxnMember(rctx, c, "eos", "member-a", short)
@@ -180,10 +191,7 @@ func TestTransactSinkOutputsEachRecordOnceAcrossCrashAndRebalances(t *testing.T)
 func TestTransactionalMemberGivesUpEveryRevokedPartition(t *testing.T) {
 	t.Parallel()
 	const n = 3000
-	ctx, c := clusterWithIDs(t, n)
-	stablePerPartition(c)
-	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
+	ctx, rctx, c := txnCluster(t, n, true)
 	gate := make(chan struct{})
 	a := startGatedTxnMember(rctx, c, "revokes", "member-a", gate)
 	eventually(t, 30*time.Second, "items of a at its gate", func() bool { return a.src.Stats().Fetched > 0 })
@@ -228,9 +236,7 @@ func TestTransactionalMemberGivesUpEveryRevokedPartition(t *testing.T) {
 func TestRestartedMemberFencesItsOpenTransactionAtStart(t *testing.T) {
 	t.Parallel()
 	const n = 2000
-	ctx, c := clusterWithIDs(t, n)
-	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
+	ctx, rctx, c := txnCluster(t, n, false)
 	var dying, dropped atomic.Bool
 	deadEpoch := int16(-1)
 	c.ControlKey(int16(kmsg.EndTxn), func(req kmsg.Request) (kmsg.Response, error, bool) {
