@@ -115,7 +115,9 @@ func (w *worker[In, Out]) tick() {
 }
 
 // timeoutCall is the call of the stage function under the per-attempt timeout, which
-// the stage must have, with the attempt's context of its own.
+// the stage must have, with the attempt's context of its own: the attempts after a
+// failed one, and every attempt of a worker that is not plain (timedCall). A plain
+// worker's first attempts make the same steps inline in items.
 func (w *worker[In, Out]) timeoutCall(ctx context.Context, v In) (out Out, err error) {
 	k := w.ctxs
 	a := nextAttempt(k, ctx, w.clock)
@@ -127,13 +129,22 @@ func (w *worker[In, Out]) timeoutCall(ctx context.Context, v In) (out Out, err e
 	} else {
 		out, err = w.call(a, v)
 	}
-	if err != nil && a.TimedOut() {
-		err = &timeoutError{after: w.st.cfg.timeout, err: err}
+	if err != nil {
+		err = w.timedOut(a, err)
 	}
 	if k.Looks.Load() {
 		a.Finish()
 	}
 	return out, err
+}
+
+// timedOut returns err, the error of attempt a, as a *timeoutError when a ran past its
+// deadline.
+func (w *worker[In, Out]) timedOut(a *attempt.Ctx, err error) error {
+	if a.TimedOut() {
+		return &timeoutError{after: w.st.cfg.timeout, err: err}
+	}
+	return err
 }
 
 // nextAttempt is [attempt.Clock.Begin]'s common case, the next slot of the latest
