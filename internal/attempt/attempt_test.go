@@ -249,3 +249,28 @@ func TestAttemptCtxDeadlineErrOnlyOnceDoneIsClosed(t *testing.T) {
 	}
 	c.End()
 }
+
+// TestSlabFill checks fill, which sets the epoch of a slab's slots word by word: from
+// every first slot, the slots before it keep their epoch, those from it on get the new
+// one, and every slot keeps its index.
+func TestSlabFill(t *testing.T) {
+	for j := 0; j <= 64; j++ {
+		for _, ep := range []uint8{1, 2, 3, 255} {
+			s := &attemptSlab{slots: freshSlots}
+			s.fill(0, 7)
+			s.fill(j, ep)
+			for i, c := range s.slots {
+				want := uint8(7)
+				if i >= j {
+					want = ep
+				}
+				if c.i != uint8(i) || c.ep != want {
+					t.Fatalf("fill(%d, %d): slot %d is {i: %d, ep: %d}, want {i: %d, ep: %d}", j, ep, i, c.i, c.ep, i, want)
+				}
+				if s.slots[i].slab() != s {
+					t.Fatalf("fill(%d, %d): slot %d does not find its slab", j, ep, i)
+				}
+			}
+		}
+	}
+}
