@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"iter"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -238,4 +239,45 @@ func TestRoomDuringRun(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestHandledItemsAreCollectable sends one item through a stage and a sink, then holds
+// the source open: once every goroutine waits, nothing of the pipeline may keep the
+// item, so that an idle pipeline keeps no handled item alive (a worker's run, a queue's
+// ring, a sender's buffer).
+func TestHandledItemsAreCollectable(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var freed atomic.Bool
+		release := make(chan struct{})
+		p := pipeline.New()
+		src := pipeline.Generate(p, func(ctx context.Context, emit func(*[64]byte) error) error {
+			v := new([64]byte)
+			runtime.AddCleanup(v, func(f *atomic.Bool) { f.Store(true) }, &freed)
+			if err := emit(v); err != nil {
+				return err
+			}
+			select { // the pipeline stays open, idle
+			case <-release:
+			case <-ctx.Done():
+			}
+			return nil
+		})
+		s := pipeline.Then(src, pipeline.NewStage("pass", 2, func(_ context.Context, v *[64]byte) (*[64]byte, error) { return v, nil }))
+		var sunk atomic.Int64
+		pipeline.To(s, pipeline.NewSink("sink", 1, func(context.Context, *[64]byte) error { sunk.Add(1); return nil }))
+		done := make(chan error)
+		go func() { done <- p.Run(t.Context()) }()
+		synctest.Wait()
+		require.Equal(t, int64(1), sunk.Load())
+		for range 20 { // the cleanup runs on a goroutine of the runtime's, outside the bubble
+			runtime.GC()
+			if freed.Load() {
+				break
+			}
+			runtime.Gosched()
+		}
+		assert.True(t, freed.Load(), "the handled item is still reachable while the pipeline waits")
+		close(release)
+		require.NoError(t, <-done)
+	})
 }
