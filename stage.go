@@ -638,11 +638,23 @@ func (w *worker[In, Out]) end(o outcome, out *Out, n int, err error) error {
 		w.inHand = false
 		return perr
 	}
+	if o == succeeded && w.pending { // an ordered one-to-one worker's one outcome of nearly every item
+		// Its output waits in its slot, to enter the window with the rest of the run
+		// (settle); refused if the run stops before.
+		w.ord.fill(w.si, w.pos, out)
+		w.pendRun(slotReady)
+		w.t.succeeded++
+		w.inHand = false
+		if w.budget == nil {
+			return nil
+		}
+		return w.record(false)
+	}
 	return w.endMore(o, out, n, err)
 }
 
-// endMore is end for every outcome but a succeeded one of a fast worker: apart, so
-// that end's own frame stays small for nearly every item. Only end calls it.
+// endMore is end for every outcome but a succeeded one of a fast or pending worker:
+// apart, so that end's own frame stays small for nearly every item. Only end calls it.
 func (w *worker[In, Out]) endMore(o outcome, out *Out, n int, err error) error {
 	if o == succeeded {
 		switch {
@@ -651,13 +663,6 @@ func (w *worker[In, Out]) endMore(o outcome, out *Out, n int, err error) error {
 				err = w.out.put(*out, w.pos) // counted after, as in end
 			}
 			w.t.emitted++
-			w.t.succeeded++
-			w.inHand = false
-		case w.pending:
-			// Its output waits in its slot, to enter the window with the rest of the
-			// run (settle); refused if the run stops before.
-			w.ord.fill(w.si, w.pos, out)
-			w.pendRun(slotReady)
 			w.t.succeeded++
 			w.inHand = false
 		default:
