@@ -2,12 +2,14 @@ package pipeline_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"iter"
 	"runtime"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -241,43 +243,67 @@ func TestRoomDuringRun(t *testing.T) {
 	}
 }
 
-// TestHandledItemsAreCollectable sends one item through a stage and a sink, then holds
-// the source open: once every goroutine waits, nothing of the pipeline may keep the
-// item, so that an idle pipeline keeps no handled item alive (a worker's run, a queue's
-// ring, a sender's buffer).
+// TestHandledItemsAreCollectable checks that the pipeline keeps no item it has handled
+// while it waits: once idle (the source held open), and while a worker sleeps in a
+// retry's backoff for a later item of the same run (a worker's run, a queue's ring and
+// a sender's buffer must all have let it go). Item a carries a cleanup; item b fails
+// once, with an hour's backoff.
 func TestHandledItemsAreCollectable(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		var freed atomic.Bool
-		release := make(chan struct{})
-		p := pipeline.New()
-		src := pipeline.Generate(p, func(ctx context.Context, emit func(*[64]byte) error) error {
-			v := new([64]byte)
-			runtime.AddCleanup(v, func(f *atomic.Bool) { f.Store(true) }, &freed)
-			if err := emit(v); err != nil {
-				return err
-			}
-			select { // the pipeline stays open, idle
-			case <-release:
-			case <-ctx.Done():
-			}
-			return nil
+	for _, backoff := range []bool{false, true} {
+		t.Run(fmt.Sprintf("backoff=%v", backoff), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var freed, failed atomic.Bool
+				release, next := make(chan struct{}), make(chan struct{})
+				p := pipeline.New()
+				src := pipeline.Generate(p, func(ctx context.Context, emit func(*[64]byte) error) error {
+					if err := emit(new([64]byte)); err != nil { // the first run is of one item; the next may be longer
+						return err
+					}
+					<-next
+					a := new([64]byte)
+					runtime.AddCleanup(a, func(f *atomic.Bool) { f.Store(true) }, &freed)
+					if err := emit(a); err != nil {
+						return err
+					}
+					if backoff {
+						b := new([64]byte)
+						b[0] = 1
+						if err := emit(b); err != nil {
+							return err
+						}
+					}
+					select { // the pipeline stays open
+					case <-release:
+					case <-ctx.Done():
+					}
+					return nil
+				})
+				s := pipeline.Then(src, pipeline.NewStage("pass", 1, func(_ context.Context, v *[64]byte) (*[64]byte, error) {
+					if v[0] == 1 && !failed.Swap(true) {
+						return nil, pipeline.Transient(errors.New("once"))
+					}
+					return v, nil
+				}, pipeline.WithRetry(2, pipeline.ConstantBackoff(time.Hour))))
+				var sunk atomic.Int64
+				pipeline.To(s, pipeline.NewSink("sink", 1, func(context.Context, *[64]byte) error { sunk.Add(1); return nil }))
+				done := make(chan error)
+				go func() { done <- p.Run(t.Context()) }()
+				synctest.Wait()
+				close(next)
+				synctest.Wait()
+				require.Equal(t, int64(2), sunk.Load(), "a went through")
+				require.Equal(t, backoff, failed.Load(), "b is in its backoff")
+				for range 20 { // the cleanup runs on a goroutine of the runtime's, outside the bubble
+					runtime.GC()
+					if freed.Load() {
+						break
+					}
+					runtime.Gosched()
+				}
+				assert.True(t, freed.Load(), "the handled item is still reachable while the pipeline waits")
+				close(release)
+				require.NoError(t, <-done)
+			})
 		})
-		s := pipeline.Then(src, pipeline.NewStage("pass", 2, func(_ context.Context, v *[64]byte) (*[64]byte, error) { return v, nil }))
-		var sunk atomic.Int64
-		pipeline.To(s, pipeline.NewSink("sink", 1, func(context.Context, *[64]byte) error { sunk.Add(1); return nil }))
-		done := make(chan error)
-		go func() { done <- p.Run(t.Context()) }()
-		synctest.Wait()
-		require.Equal(t, int64(1), sunk.Load())
-		for range 20 { // the cleanup runs on a goroutine of the runtime's, outside the bubble
-			runtime.GC()
-			if freed.Load() {
-				break
-			}
-			runtime.Gosched()
-		}
-		assert.True(t, freed.Load(), "the handled item is still reachable while the pipeline waits")
-		close(release)
-		require.NoError(t, <-done)
-	})
+	}
 }

@@ -455,8 +455,7 @@ func (w *worker[In, Out]) take(ctx context.Context) error {
 		}
 		w.stats.busy.v.Store(1)
 		err = w.items(ctx, seq)
-		clear(w.run[:w.k]) // the run's items, for the collector: one clear, not a store per item (with its write barrier test)
-		w.publish()        // the run's attempts returned: tell their contexts
+		w.publish() // the run's attempts returned: tell their contexts
 		w.stats.busy.v.Store(0)
 		if err != nil {
 			if w.out.drop != nil {
@@ -489,9 +488,10 @@ func (w *worker[In, Out]) items(ctx context.Context, seq uint64) error {
 		// consumer.next, inline (a call per item costs 1xP several percent): its room
 		// in the queue is free before its function is called, which may wait for its
 		// producers; the first item's since take.
-		e := &w.run[j] // cleared with the whole run when it ends (take), not one by one
+		e := &w.run[j]
 		v := e.v
 		w.pos = e.pos
+		*e = item[In]{} // now, not when the run ends: the worker may wait in mid-run (a backoff, room downstream)
 		w.j = j + 1
 		if j > 0 && w.starts.add(1, &w.q.pwait) { // queue.started, without its call (3x4: 3 % of the library's instructions)
 			w.q.wakeProducers()
