@@ -59,31 +59,36 @@ var freshSlots = func() (s [64]Ctx) {
 // The masks of fill, for four slots (a word) at a time: the bytes of their indexes, and
 // of their epochs' index 1 (byte order does not matter: both are laid out as slots).
 var (
-	slotIndexes = func() uint64 {
-		w := [4]Ctx{{i: 0xff}, {i: 0xff}, {i: 0xff}, {i: 0xff}}
-		return *(*uint64)(unsafe.Pointer(&w))
-	}()
-	slotEpochs = func() uint64 {
-		w := [4]Ctx{{ep: 1}, {ep: 1}, {ep: 1}, {ep: 1}}
-		return *(*uint64)(unsafe.Pointer(&w))
-	}()
+	slotIndexes = fourSlots(Ctx{i: 0xff})
+	slotEpochs  = fourSlots(Ctx{ep: 1})
 )
 
-// fill's words of slots are aligned (a build error otherwise).
-var _ = [1]struct{}{}[unsafe.Offsetof(attemptSlab{}.slots)%8]
+// fourSlots returns the word of four slots c.
+func fourSlots(c Ctx) uint64 {
+	var w struct {
+		_ [0]uint64 // aligned as the word it is read as
+		s [4]Ctx
+	}
+	w.s = [4]Ctx{c, c, c, c}
+	return *(*uint64)(unsafe.Pointer(&w.s))
+}
+
+// wordSlots tells that a slab's slots are 8-byte aligned, as on 64-bit targets: fill
+// then sets them a word at a time.
+const wordSlots = unsafe.Offsetof(attemptSlab{}.slots)%8 == 0
 
 // fill sets the epoch of the slots from j on to ep, four at a time past the first
 // multiple of four: a new epoch's fill was a loop over up to 64 slots per run of items.
 // The slots from j on are not begun, and so not read; the words it writes hold only
 // such slots.
 func (s *attemptSlab) fill(j int, ep uint8) {
-	for ; j < len(s.slots) && j%4 != 0; j++ {
+	for ; j < len(s.slots) && (j%4 != 0 || !wordSlots); j++ {
 		s.slots[j].ep = ep
 	}
 	if j == len(s.slots) {
 		return
 	}
-	words := (*[len(s.slots) / 4]uint64)(unsafe.Pointer(&s.slots))[j/4:] // slots is at an offset of 8 bytes' alignment (after armed)
+	words := (*[len(s.slots) / 4]uint64)(unsafe.Pointer(&s.slots))[j/4:]
 	set := uint64(ep) * slotEpochs
 	for k := range words {
 		words[k] = words[k]&slotIndexes | set
