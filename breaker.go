@@ -825,9 +825,10 @@ func newKeyBreakers[In any, K comparable](env policyEnv, key func(In) K, b Break
 	return kb
 }
 
-// heldBound is the most items a breaker per key holds: (Keys + 1) × Held, at most 2^40.
+// heldBound is the most items a breaker per key holds: (Keys + 1) × Held, at most 2^40
+// (the largest int on 32-bit targets).
 func heldBound(b KeyBounds) int {
-	const most = 1 << 40
+	const most = min(1<<40, math.MaxInt)
 	if b.Held > most/(b.Keys+1) {
 		return most
 	}

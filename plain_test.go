@@ -27,7 +27,7 @@ func TestPlainPathAgrees(t *testing.T) {
 	// outcome of attempt a (1, 2, ...) of item v: by a fixed hash of both.
 	fn := func(_ context.Context, v int) (int, error) { return v * 3, nil }
 	outcome := func(v, a int) error {
-		switch h := (v*2654435761 + a*40503) % 97; {
+		switch h := (uint64(v)*2654435761 + uint64(a)*40503) % 97; {
 		case h < 8:
 			return pipeline.Transient(fmt.Errorf("item %d attempt %d: %w", v, a, errBoom))
 		case h < 12:
