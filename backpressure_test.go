@@ -286,7 +286,7 @@ func TestHandledItemsAreCollectable(t *testing.T) {
 				}, pipeline.WithRetry(2, pipeline.ConstantBackoff(time.Hour))))
 				var sunk atomic.Int64
 				pipeline.To(s, pipeline.NewSink("sink", 1, func(context.Context, *[64]byte) error { sunk.Add(1); return nil }))
-				done := make(chan error)
+				done := make(chan error, 1) // a failed assertion leaves the run no one to send to
 				go func() { done <- p.Run(t.Context()) }()
 				synctest.Wait()
 				close(next)
