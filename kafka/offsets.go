@@ -1,12 +1,17 @@
 package kafka
 
-import "github.com/twmb/franz-go/pkg/kgo"
+import (
+	"cmp"
+	"slices"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
 
 // The offsets of one assignment of a partition.
 //
 // A partition's committed offset is the offset of its first record that is not settled:
 // the records a run took from the client are kept in offset order (they come in that
-// order), each marked when it settles, in any order; the settled prefix is dropped and
+// order, or are put in their place: see addIn), each marked when it settles, in any order; the settled prefix is dropped and
 // the watermark moves to one past its last record. Records fetched and not yet taken
 // (the client's buffer, a poll the source holds) are not in the list, and come after
 // every record that is, so the watermark never passes them.
@@ -111,17 +116,45 @@ func (p *part) lag(group int64) (lag int64, ok bool) {
 	return max(p.hwm-committed, 0), true
 }
 
-// add appends rec, the next record of the partition, in the pipeline.
+// add puts rec, a record of the partition, in the pipeline, and returns its entry; nil
+// for a record this assignment already has (see addIn).
 func (p *part) add(rec *kgo.Record) *entry { return p.addIn(new(entry), rec) }
 
 // addIn is add with e, zero, for rec's entry (one of a slab: see session.take).
+//
+// Records come in offset order, and are appended. One that does not (at or below the
+// last pending one, or behind the watermark) is put in its place instead, or refused
+// (nil) if its offset is pending or settled already: the client can hand a plain
+// source, after a partition was lost and assigned back, records it fetched for the
+// earlier assignment before those it fetches again from the committed offset, and
+// then the same records again. Appended out of order, a record would sit behind later
+// ones, and the watermark would pass it while it was unsettled.
 func (p *part) addIn(e *entry, rec *kgo.Record) *entry {
 	*e = entry{p: p, rec: rec, offset: rec.Offset, epoch: rec.LeaderEpoch, state: inPipeline}
+	if n := len(p.pending); n > 0 && rec.Offset <= p.pending[n-1].offset || p.hasMark && rec.Offset < p.mark.Offset {
+		return p.insert(e)
+	}
 	if p.start < 0 {
 		p.start = rec.Offset
 	}
 	p.pending = append(p.pending, e)
 	p.busy++
+	return e
+}
+
+// insert puts e, whose record came out of offset order, in its place among the pending
+// entries, or returns nil if its offset is pending or behind the watermark.
+func (p *part) insert(e *entry) *entry {
+	if p.hasMark && e.offset < p.mark.Offset {
+		return nil
+	}
+	i, found := p.search(e.offset)
+	if found {
+		return nil
+	}
+	p.pending = slices.Insert(p.pending, i, e)
+	p.busy++
+	p.start = min(p.start, e.offset) // pending is not empty: start is known
 	return e
 }
 
@@ -164,6 +197,12 @@ func (p *part) settle(e *entry) bool {
 		p.pending = nil // let the array go
 	}
 	return true
+}
+
+// search returns where offset is, or would be, in pending (in offset order), and
+// whether it is there.
+func (p *part) search(offset int64) (int, bool) {
+	return slices.BinarySearchFunc(p.pending, offset, func(e *entry, off int64) int { return cmp.Compare(e.offset, off) })
 }
 
 // toRetry marks e as waiting to be emitted again.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -308,4 +309,62 @@ func (ss *session[T]) settle(e *entry, st pipeline.Settlement) {
 		return
 	}
 	ss.settleRest(e, st)
+}
+
+// TestRecordsOutOfOrderKeepTheWatermarkBehindUnsettled adds a partition's records out
+// of offset order, as a client can hand them over after a partition was lost and
+// assigned back (records fetched for the earlier assignment, then the same range
+// fetched again from the committed offset): each record takes its place by offset, a
+// repeat of one pending or settled is refused, and the watermark never passes a record
+// that has not settled.
+func TestRecordsOutOfOrderKeepTheWatermarkBehindUnsettled(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		adds    []int64 // offsets in the order the client hands them over
+		refused []int64 // the repeats add refuses
+		settle  []int64 // the order they settle in
+		marks   []int64 // the watermark after each settle, -1 for none
+	}{
+		{
+			name: "stale records before the refetch", adds: []int64{111, 112, 100, 101, 111, 112},
+			refused: []int64{111, 112}, settle: []int64{111, 112, 100, 101}, marks: []int64{-1, -1, 101, 113},
+		},
+		{
+			name: "a repeat behind the watermark", adds: []int64{5, 6, 7},
+			settle: []int64{5}, marks: []int64{6},
+		},
+		{
+			name: "a record between pending ones", adds: []int64{10, 14, 12, 12},
+			refused: []int64{12}, settle: []int64{14, 10, 12}, marks: []int64{-1, 11, 15},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			p := newPart(TopicPartition{"t", 0})
+			es := map[int64]*entry{}
+			var refused []int64
+			for _, o := range tc.adds {
+				if e := p.add(&kgo.Record{Offset: o}); e != nil {
+					es[o] = e
+				} else {
+					refused = append(refused, o)
+				}
+			}
+			assert.Equal(t, tc.refused, refused)
+			assert.Equal(t, len(es), p.busy)
+			assert.Equal(t, slices.Min(tc.adds), p.start)
+			for k, o := range tc.settle {
+				p.settle(es[o])
+				if tc.marks[k] < 0 {
+					assert.False(t, p.due(), "settle %d: a watermark with %d unsettled", o, tc.adds[0])
+					continue
+				}
+				require.True(t, p.due(), "settle %d", o)
+				assert.Equal(t, tc.marks[k], p.mark.Offset, "settle %d", o)
+			}
+			// A repeat of a settled record, once the watermark is past it, is refused too.
+			assert.Nil(t, p.add(&kgo.Record{Offset: tc.settle[0]}))
+		})
+	}
 }

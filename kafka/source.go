@@ -235,7 +235,7 @@ type Stats struct {
 	NotProcessed int64 // the run stopped first: left for the next owner
 	Stale        int64 // settled after their partition was revoked or lost: left for the next owner
 	Uncommitted  int64 // settled before their partition was revoked or lost, but not committed: left for the next owner
-	Dropped      int64 // polled, then not emitted: their partition was revoked, or the run stopped
+	Dropped      int64 // polled, then not emitted: their partition was revoked, the run stopped, or the assignment had them already (polled twice)
 	Assigned     int64 // partitions assigned
 	Revoked      int64 // partitions revoked
 	RevokeWaited int64 // items of revoked partitions in the pipeline when their revoke began
@@ -888,7 +888,11 @@ func (ss *session[T]) take(emit emitFunc[T], recs []polledRec) error {
 			gone++
 			continue
 		}
-		ents = append(ents, r.p.addIn(&slab[i], r.rec))
+		if e := r.p.addIn(&slab[i], r.rec); e != nil {
+			ents = append(ents, e)
+		} else {
+			gone++ // a record its assignment has already (part.addIn)
+		}
 	}
 	if gone > 0 {
 		ss.held -= gone

@@ -257,7 +257,7 @@ func (p *part) index(offset int64) int {
 	if g := offset - p.pending[0].offset; g >= 0 && g < int64(n) && p.pending[g].offset == offset {
 		return int(g)
 	}
-	j, ok := slices.BinarySearchFunc(p.pending, offset, func(e *entry, off int64) int { return cmp.Compare(e.offset, off) })
+	j, ok := p.search(offset)
 	if !ok {
 		return -1
 	}
