@@ -191,11 +191,17 @@ func WithMaxWindows(n int) WindowOption {
 }
 
 // WithWindowWorkers spreads a [Window] stage over n goroutines, each with the keys
-// that a hash gives it, its own windows (its share of [WithMaxWindows]) and its own
-// watermark, over the items of its keys: a window fires when its worker's watermark
-// reaches its end, and results come out in order of end per worker. A worker's
-// watermark is never ahead of the stage's single one, so no item is late that would
-// not be with one worker; windows may fire later. It panics if n < 1. The default is 1.
+// that a hash gives it, its own windows (its share of [WithMaxWindows]: the shares add
+// up to the bound) and its own watermark, over the items of its keys: a window fires
+// when its worker's watermark reaches its end, and results come out in order of end
+// per worker. The items of its keys move a worker's watermark, so it is never ahead of
+// the stage's single one, and no item is late that would not be with one worker;
+// windows may fire later. Two things of a worker's are its own, though, and with
+// either an item may be late that would not be with one worker: its share of the
+// bound, at which it fires a window early that one worker would still hold, and the
+// idle clock of [WithIdleTimeout], which runs from the worker's own last item (the
+// watermark of a worker whose keys went quiet moves on while other keys still come).
+// It panics if n < 1, and [Window] panics if the bound is less than n. The default is 1.
 func WithWindowWorkers(n int) WindowOption {
 	if n < 1 {
 		panic(fmt.Sprintf("pipeline: WithWindowWorkers(%d): need at least 1", n))
@@ -258,15 +264,25 @@ func WithLateItems[T any](fn func(ctx context.Context, dl DeadLetter[T]) error) 
 	return windowOpt(func(c *windowConfig) { c.late = fn })
 }
 
+// windowShare is worker i's share of a bound of windows over n workers: the shares
+// add up to max, and differ by one at most.
+func windowShare(bound, n, i int) int {
+	share := bound / n
+	if i < bound%n {
+		share++
+	}
+	return share
+}
+
 // WindowReport is the state of a [Window] stage, in its [StageReport].Windows.
 type WindowReport struct {
 	Open         int64         // windows held now: open, or fired and kept for late items
-	Watermark    time.Time     // the event time up to which the input is taken as complete; zero before the first item
+	Watermark    time.Time     // the event time up to which the input is taken as complete; zero while there is none (before the first item; with WithWindowWorkers, until every worker has one; with WithWatermarkPer, until every input sent)
 	MaxEventTime time.Time     // the greatest event time seen; zero before the first item
-	Lag          time.Duration // MaxEventTime - Watermark: the delay, or less once the idle clock moved the watermark
+	Lag          time.Duration // MaxEventTime - Watermark: the delay, or less once the idle clock moved the watermark; 0 while there is no watermark
 	Late         int64         // items behind the watermark, set aside (also in DeadLettered)
 	Updates      int64         // results emitted with Update set
-	Forced       int64         // windows fired or forgotten before their time: at the bound, or for a checkpointed source's save
+	Forced       int64         // windows fired or forgotten before their time (each once, however many one act moved): at the bound, or for a checkpointed source's save
 }
 
 // line is the report's line for a window stage that emitted out results.
@@ -288,8 +304,10 @@ type windowStats struct {
 // windowRow is a window stage's figures, one windowStats per worker.
 type windowRow []*windowStats
 
-// load sums the workers' counts; the stage's watermark is the least of those of the
-// workers that have seen an item, its greatest event time the greatest.
+// load sums the workers' counts; the stage's greatest event time is the greatest of
+// theirs, its watermark the least of theirs: none while a worker has none, since that
+// worker takes an item of any time as on time (a watermark of the workers that had seen
+// an item went back when another saw its first).
 func (ws windowRow) load() *WindowReport {
 	r := &WindowReport{}
 	wm, mx := int64(math.MaxInt64), int64(math.MinInt64)
@@ -298,13 +316,13 @@ func (ws windowRow) load() *WindowReport {
 		r.Late += s.late.Load()
 		r.Updates += s.updates.Load()
 		r.Forced += s.forced.Load()
-		if m := s.maxEvent.Load(); m != math.MinInt64 {
-			mx = max(mx, m)
-			wm = min(wm, s.wm.Load())
-		}
+		mx = max(mx, s.maxEvent.Load())
+		wm = min(wm, s.wm.Load())
 	}
 	if mx != math.MinInt64 {
 		r.MaxEventTime = time.Unix(0, mx).UTC()
+	}
+	if wm != math.MinInt64 {
 		r.Watermark = time.Unix(0, wm).UTC()
 		r.Lag = time.Duration(max(0, mx-wm))
 	}
@@ -402,9 +420,12 @@ func Window[T any, K comparable, V any](s *Stream[T], kind WindowKind, key func(
 	if cfg.maxWindows == 0 {
 		cfg.maxWindows = DefaultMaxWindows
 	}
+	if workers := max(cfg.workers, 1); cfg.maxWindows < workers {
+		panic(fmt.Sprintf("pipeline: Window: WithMaxWindows(%d) over %d workers (WithWindowWorkers): each worker needs room for a window", cfg.maxWindows, workers))
+	}
 	if kind.slide > 0 { // an item falls into up to ceil(size/slide) windows, all open at once
 		per, workers := int((kind.size+kind.slide-1)/kind.slide), max(cfg.workers, 1)
-		if share := (cfg.maxWindows + workers - 1) / workers; per > share {
+		if share := cfg.maxWindows / workers; per > share { // the least share (windowShare)
 			panic(fmt.Sprintf("pipeline: Window: an item falls into up to %d windows of %v every %v, more than the %d open windows a worker may hold (WithMaxWindows(%d) over %d workers)",
 				per, kind.size, kind.slide, share, cfg.maxWindows, workers))
 		}
@@ -436,7 +457,7 @@ func Window[T any, K comparable, V any](s *Stream[T], kind WindowKind, key func(
 				down: c.out, row: rw, ws: ws, held: &helds[i], track: windowTrack[WindowResult[K, V]]{on: r.tracked()},
 				wins: map[int64]*bucket[K, V]{}, sessions: map[K][]*win[K, V]{}, freeBuckets: make([]*bucket[K, V], 0, 2), seed: maphash.MakeSeed(),
 				wm: math.MinInt64, maxEvent: math.MinInt64, floor: math.MinInt64,
-				max: (cfg.maxWindows + n - 1) / n,
+				max: windowShare(cfg.maxWindows, n, i),
 			}
 			if input != nil {
 				w.inputs = newInputTimes(cfg.inputs, input, name)

@@ -281,6 +281,23 @@ func (h *winHeap[K, V]) remove(i int) {
 	wn.idx = -1
 }
 
+// countDue returns how many windows are due at or before t: a walk of the subtrees
+// whose roots are (a heap's children are never due before their parent).
+func (h winHeap[K, V]) countDue(t int64) int {
+	n := 0
+	var buf [64]int // on the stack: a force at the bound may come with every new window
+	for stack := append(buf[:0], 0); len(stack) > 0; {
+		i := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		if i >= len(h) || h[i].due > t {
+			continue
+		}
+		n++
+		stack = append(stack, 2*i+1, 2*i+2)
+	}
+	return n
+}
+
 // fix restores the order after the due of the window at i changed.
 func (h winHeap[K, V]) fix(i int) {
 	if !h.down(i, len(h)) {
@@ -925,15 +942,18 @@ func (w *windower[T, K, V]) makeRoom() error {
 	return w.force()
 }
 
+// force acts on the window due first before its time, and on every other window its
+// due moves the watermark past: each counts in Forced.
 func (w *windower[T, K, V]) force() error {
 	wn := w.due[0]
-	w.ws.forced.Add(1)
 	if wn.fired {
+		w.ws.forced.Add(1)
 		w.floor = max(w.floor, wn.end)
 		w.forget(wn, true)
 		return nil
 	}
 	w.wm = max(w.wm, wn.due)
+	w.ws.forced.Add(int64(w.due.countDue(w.wm)))
 	return w.fireDue()
 }
 

@@ -770,6 +770,9 @@ func TestWindowMisuse(t *testing.T) {
 			pipeline.Window(src(), pipeline.Tumbling(time.Second), evKey, evTime, sumAgg(), pipeline.WithLateItems(pipeline.NewDeadLetterBuffer[int](1).Add))
 		},
 		func() { pipeline.WithMaxWindows(0) },
+		func() {
+			pipeline.Window(src(), pipeline.Tumbling(time.Second), evKey, evTime, sumAgg(), pipeline.WithMaxWindows(2), pipeline.WithWindowWorkers(3))
+		},
 		func() { pipeline.WithWindowWorkers(0) },
 		func() { pipeline.WithIdleTimeout(0) },
 		func() { pipeline.WithMaxDelay(-1) },
@@ -1060,6 +1063,111 @@ func TestWindowWorkers(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestWindowWorkersShareTheBound holds windows of many keys over two workers with a
+// bound of three: the workers' shares add up to the bound, so the stage never holds
+// more (shares rounded up held four).
+func TestWindowWorkersShareTheBound(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		p := pipeline.New()
+		release := make(chan struct{})
+		src := pipeline.Generate(p, func(ctx context.Context, emit func(ev) error) error {
+			for k := range 20 {
+				if err := emit(ev{k, tsec(float64(60*k + 1)), 1}); err != nil {
+					return err
+				}
+			}
+			select { // hold the input open: the windows stay held
+			case <-release:
+			case <-ctx.Done():
+			}
+			return nil
+		})
+		pipeline.To(pipeline.Window(src, pipeline.Tumbling(time.Minute), evKey, evTime, sumAgg(),
+			pipeline.WithMaxDelay(time.Hour), pipeline.WithMaxWindows(3), pipeline.WithWindowWorkers(2)),
+			pipeline.NewSink("sink", 1, func(context.Context, pipeline.WindowResult[int, int]) error { return nil }))
+		done := make(chan error, 1)
+		go func() { done <- p.Run(t.Context()) }()
+		synctest.Wait()
+		s, _ := p.Snapshot().Stage("Window")
+		assert.Equal(t, int64(3), s.Windows.Open, "windows held at once")
+		close(release)
+		require.NoError(t, <-done)
+		checkAccounting(t, p.Report())
+	})
+}
+
+// TestWindowReportWatermarkIsEveryWorkers reads the report's watermark while a worker,
+// or an input, has none: the stage has none either (that worker takes an item of any
+// time as on time), and once it has one it never goes back. The least over the workers
+// that had seen an item went back when another saw its first, and with a watermark per
+// input the report read a date in 1677.
+func TestWindowReportWatermarkIsEveryWorkers(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		opts  []pipeline.WindowOption
+		first []ev // then, after a look at the report, keys 1 to 8 at 10 s
+	}{
+		{name: "workers", opts: []pipeline.WindowOption{pipeline.WithWindowWorkers(2)}, first: []ev{{0, tsec(100), 1}}},
+		{name: "inputs", opts: []pipeline.WindowOption{pipeline.WithWatermarkPer(2, func(e ev) int { return min(e.Key, 1) })}, first: []ev{{0, tsec(100), 1}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				p := pipeline.New()
+				phase := make(chan struct{})
+				src := pipeline.Generate(p, func(ctx context.Context, emit func(ev) error) error {
+					for _, e := range tc.first {
+						if err := emit(e); err != nil {
+							return err
+						}
+					}
+					<-phase
+					for k := 1; k <= 8; k++ {
+						if err := emit(ev{k, tsec(10), 1}); err != nil {
+							return err
+						}
+					}
+					<-phase
+					return nil
+				})
+				opts := append([]pipeline.WindowOption{pipeline.WithLateItems(pipeline.DiscardDeadLetter[ev])}, tc.opts...)
+				pipeline.To(pipeline.Window(src, pipeline.Tumbling(time.Minute), evKey, evTime, sumAgg(), opts...),
+					pipeline.NewSink("sink", 1, func(context.Context, pipeline.WindowResult[int, int]) error { return nil }))
+				done := make(chan error, 1)
+				go func() { done <- p.Run(t.Context()) }()
+				synctest.Wait()
+				s, _ := p.Snapshot().Stage("Window")
+				assert.True(t, s.Windows.Watermark.IsZero(), "a watermark %v while a worker or input has none", s.Windows.Watermark)
+				assert.Zero(t, s.Windows.Lag)
+				assert.Equal(t, tsec(100), s.Windows.MaxEventTime)
+				phase <- struct{}{}
+				synctest.Wait()
+				s, _ = p.Snapshot().Stage("Window")
+				assert.Equal(t, tsec(10), s.Windows.Watermark, "the least of every worker's or input's")
+				if tc.name == "inputs" { // the second input had no watermark: none was late (with workers, key 0's worker's are)
+					assert.Zero(t, s.Windows.Late)
+				}
+				close(phase)
+				require.NoError(t, <-done)
+			})
+		})
+	}
+}
+
+// TestWindowForcedCountsEachWindow reaches the bound with three windows of one end (one
+// per key): the watermark moves to that end and fires all three before their time, and
+// Forced counts three windows, not one act.
+func TestWindowForcedCountsEachWindow(t *testing.T) {
+	t.Parallel()
+	evs := []ev{{0, tsec(1), 1}, {1, tsec(1), 1}, {2, tsec(1), 1}, {0, tsec(70), 1}}
+	res, s, err := collectWindows(t, evs, pipeline.Tumbling(time.Minute), pipeline.WithMaxDelay(time.Hour), pipeline.WithMaxWindows(3))
+	require.NoError(t, err)
+	assert.Len(t, res, 4)
+	assert.Equal(t, int64(3), s.Windows.Forced)
 }
 
 // TestWindowStopsWhileAtTheBound cancels a run while the stage waits at its bound
