@@ -49,6 +49,7 @@ type feed struct {
 	stream, name string
 	h            *hand
 	pull, batch  int
+	expires      time.Duration // each request's expiry: the client's default (30 s), or the consumer's MaxRequestExpires if less
 	check        time.Duration
 	timeout      time.Duration                               // of a check
 	delivery     func(meta *natsjs.MsgMetadata, newest bool) // newest: no delivery before it had a later consumer sequence
@@ -193,7 +194,11 @@ func (f *feed) open() {
 		room := f.pull - len(f.waiting) - f.owed
 		f.owed += room
 		f.mu.Unlock()
-		it, err := f.cons.Messages(natsjs.PullMaxMessages(f.batch), natsjs.StopAfter(room))
+		opts := []natsjs.PullMessagesOpt{natsjs.PullMaxMessages(f.batch), natsjs.StopAfter(room)}
+		if f.expires > 0 && f.expires < 30*time.Second {
+			opts = append(opts, natsjs.PullExpiry(f.expires))
+		}
+		it, err := f.cons.Messages(opts...)
 		if err != nil {
 			f.mu.Lock()
 			f.owed -= room

@@ -68,6 +68,11 @@ type sourceConfig struct {
 	check      time.Duration
 	ackTimeout time.Duration
 	backoff    pipeline.Backoff
+	// The consumer's limits on a pull request (0: none), which the client's requests
+	// must keep to: the server answers one past them with a status the client does not
+	// pass on, and no message comes.
+	maxBatch   int
+	maxExpires time.Duration
 }
 
 // WithName names the source's row in the pipeline's report ("JetStream" by default).
@@ -81,7 +86,7 @@ func WithName(name string) SourceOption {
 
 // WithPullSize bounds the messages a run has taken from the consumer and the pipeline
 // has not taken yet: the client asks the server for half of n at a time
-// ([natsjs.PullMaxMessages], at least 1), and the source asks for more only while the
+// ([natsjs.PullMaxMessages], at least 1, at most the consumer's MaxRequestBatch; each request expires within its MaxRequestExpires), and the source asks for more only while the
 // messages waiting for the pipeline and those asked for and still to come leave room
 // for a whole request (so that the next request is under way before the last one's
 // messages are all taken); the default is 256, or the consumer's max ack pending when
@@ -119,9 +124,11 @@ func WithDoubleAck() SourceOption {
 // subject of a stream, so that the publish is acknowledged), with the original data
 // and the Header* headers, and terminates the original ([natsjs.Msg.Term]) only after
 // the stream acknowledged the copy. The copy's Nats-Msg-Id is derived from the
-// original's stream and sequence, so that a redelivered message set aside again is not
-// stored twice. If the publish fails, the original is handed back (Nak) instead, to be
-// set aside on a later delivery. Without this option, a dead-lettered message is
+// original's stream, consumer and sequence, so that a message this consumer sets aside
+// again after a redelivery is not stored twice (and one that two consumers of a stream
+// set aside is stored for each). If the publish fails, the original is handed back
+// instead (NakWithDelay: [WithRedeliveryBackoff]'s delay, or else [WithAckTimeout]'s),
+// to be set aside on a later delivery; that counts in Stats.AckErrors. Without this option, a dead-lettered message is
 // terminated once the stage's own dead-letter destination ([pipeline.WithDeadLetter])
 // took the item. It panics if js is nil or subject empty.
 func WithDeadLetterSubject(js natsjs.JetStream, subject string) SourceOption {
@@ -132,7 +139,8 @@ func WithDeadLetterSubject(js natsjs.JetStream, subject string) SourceOption {
 }
 
 // WithProgressEvery sets how often a message the pipeline holds gets an InProgress
-// signal, which restarts the server's AckWait timer; the default is a third of the
+// signal, which restarts the server's AckWait timer: at most d after its delivery or its
+// last signal (and at least three quarters of d); the default is a third of the
 // consumer's AckWait. It panics if d <= 0.
 func WithProgressEvery(d time.Duration) SourceOption {
 	if d <= 0 {
@@ -311,6 +319,7 @@ func NewSource[T any](cons natsjs.Consumer, codec pipeline.Codec[T], opts ...Sou
 	maxAck := 0
 	if info != nil {
 		ackWait, maxAck = info.Config.AckWait, info.Config.MaxAckPending
+		cfg.maxBatch, cfg.maxExpires = info.Config.MaxRequestBatch, info.Config.MaxRequestExpires
 	}
 	if ackWait <= 0 {
 		ackWait = 30 * time.Second // the server's default
@@ -383,8 +392,16 @@ func (s *Source[T]) run(ctx context.Context, emit func(T, func(pipeline.Settleme
 	}
 	f.start()
 	unwatch := context.AfterFunc(ctx, f.stop) // stop pulling; hand back what waits
+	// decoding is the message taken from the feed while the codec decodes it (neither
+	// released nor given to emit): a codec that panics leaves it here, to hand back.
+	var decoding waitingMsg
+	var inCodec bool
 	defer func() {
 		unwatch()
+		if inCodec {
+			h.release(decoding.held)
+			s.nak(decoding.msg)
+		}
 		f.stop()
 		f.wait() // the readers have handed back what came after, the watcher returned
 		for _, m := range f.rest() {
@@ -407,7 +424,10 @@ func (s *Source[T]) run(ctx context.Context, emit func(T, func(pipeline.Settleme
 			continue
 		}
 		var v T
-		if err := s.codec.Unmarshal(m.msg.Data(), &v); err != nil {
+		decoding, inCodec = m, true
+		err = s.codec.Unmarshal(m.msg.Data(), &v)
+		decoding, inCodec = waitingMsg{}, false
+		if err != nil {
 			h.release(m.held)
 			s.undecodable.Add(1)
 			s.deadLetter(m.msg, m.meta, pipeline.DeadLetter[struct{}]{
@@ -428,7 +448,7 @@ func (s *Source[T]) run(ctx context.Context, emit func(T, func(pipeline.Settleme
 // newFeed returns the feed of one run, not started.
 func (s *Source[T]) newFeed(h *hand) *feed {
 	f := &feed{
-		cons: s.cons, h: h, pull: s.cfg.pull, batch: (s.cfg.pull + 1) / 2,
+		cons: s.cons, h: h, pull: s.cfg.pull, batch: (s.cfg.pull + 1) / 2, expires: s.cfg.maxExpires,
 		check: s.cfg.check, timeout: s.cfg.ackTimeout,
 		delivery: func(meta *natsjs.MsgMetadata, newest bool) {
 			s.delivered.Add(1)
@@ -443,6 +463,9 @@ func (s *Source[T]) newFeed(h *hand) *feed {
 		pullError: func() { s.pullErrors.Add(1) },
 		poke:      make(chan struct{}, 1),
 		quit:      make(chan struct{}),
+	}
+	if s.cfg.maxBatch > 0 {
+		f.batch = min(f.batch, s.cfg.maxBatch)
 	}
 	f.cond.L = &f.mu
 	f.ctx, f.cancel = context.WithCancel(context.Background())
@@ -519,15 +542,23 @@ func (s *Source[T]) deadLetter(msg natsjs.Msg, meta *natsjs.MsgMetadata, rec pip
 		h.Set(HeaderSequence, strconv.FormatUint(meta.Sequence.Stream, 10))
 		h.Set(HeaderDeliveries, strconv.FormatUint(meta.NumDelivered, 10))
 		h.Set(HeaderTime, rec.Time.UTC().Format(time.RFC3339Nano))
-		// The same message set aside twice (redelivered after a crash between the
-		// PubAck and the Term) is stored once.
-		h.Set(nats.MsgIdHdr, "dl:"+meta.Stream+":"+strconv.FormatUint(meta.Sequence.Stream, 10))
+		// The same message set aside twice by this consumer (redelivered after a crash
+		// between the PubAck and the Term) is stored once; another consumer's copy of it
+		// (another pipeline over the stream) is a record of its own.
+		h.Set(nats.MsgIdHdr, "dl:"+meta.Stream+":"+meta.Consumer+":"+strconv.FormatUint(meta.Sequence.Stream, 10))
 		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ackTimeout)
 		_, err := s.cfg.dlJS.PublishMsg(ctx, dl)
 		cancel()
 		if err != nil {
+			// Handed back, to be set aside on a later delivery: after a delay, or a
+			// stream that refuses it (full, say) would see the message again at once,
+			// and every stage do it again. Counted in AckErrors only.
 			s.ackErrors.Add(1)
-			s.nak(msg)
+			d := s.cfg.ackTimeout
+			if s.cfg.backoff != nil {
+				d = s.cfg.backoff(int(min(meta.NumDelivered, 1<<31)))
+			}
+			_ = msg.NakWithDelay(d)
 			return
 		}
 	}
@@ -565,8 +596,14 @@ func newHand(every time.Duration, count *atomic.Int64) *hand {
 }
 
 func (h *hand) loop() {
-	tick := time.NewTicker(max(h.every/2, time.Millisecond))
+	// A message is due at the first tick after it has been held a tick less than every,
+	// so that its signals are at most every apart (between every - period and every).
+	// Sent once every had passed, they came up to every + period apart: a WithProgressEvery
+	// near AckWait let the server redeliver.
+	period := max(h.every/4, time.Millisecond)
+	tick := time.NewTicker(period)
 	defer tick.Stop()
+	soon := h.every - period
 	var due []*heldMsg
 	for {
 		select {
@@ -576,7 +613,7 @@ func (h *hand) loop() {
 			due = due[:0]
 			h.mu.Lock()
 			for m := range h.held {
-				if now.Sub(m.last) >= h.every {
+				if now.Sub(m.last) >= soon {
 					m.last = now
 					due = append(due, m)
 				}

@@ -275,3 +275,192 @@ func TestConsumerLostWhileIdleFailsRun(t *testing.T) {
 	require.ErrorAs(t, err, &ce)
 	assert.Equal(t, "work", ce.Consumer)
 }
+
+// panicCodec decodes items as itemCodec does, and panics on the item with id 1.
+type panicCodec struct{ itemCodec }
+
+func (c panicCodec) Unmarshal(data []byte, v *item) error {
+	if err := c.itemCodec.Unmarshal(data, v); err != nil {
+		return err
+	}
+	if v.ID == 1 {
+		panic("codec: bad input")
+	}
+	return nil
+}
+
+// TestSourceCodecPanicHandsBackItsMessage runs a codec that panics: the run fails, and
+// the message it was decoding is handed back (Nak), not held: it used to stay held, its
+// InProgress signals going on from a goroutine left behind after Run returned.
+func TestSourceCodecPanicHandsBackItsMessage(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	js, cons := newConsumer(t, 30*time.Second, 100)
+	publish(ctx, t, js, 3)
+	p := pipeline.New()
+	src := jetstream.NewSource(cons, panicCodec{}, jetstream.WithPullSize(1))
+	var done atomic.Int64
+	pipeline.To(src.Stream(p), countItems(&done))
+	err := p.Run(ctx)
+	require.ErrorContains(t, err, "codec: bad input")
+	st := src.Stats()
+	assert.Equal(t, st.Delivered, st.Acked+st.NotProcessed, "every message delivered is settled: %+v", st)
+	assert.Positive(t, st.NotProcessed, "the panicked message handed back")
+	// The next run gets it at once, not after the 30 s AckWait of a message left held.
+	q := pipeline.New()
+	again := jetstream.NewSource(cons, itemCodec{})
+	var got atomic.Int64
+	pipeline.To(again.Stream(q), pipeline.NewSink("count", 1, func(context.Context, item) error {
+		if got.Add(1) == 3-st.Acked {
+			again.Stop()
+		}
+		return nil
+	}))
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, q.Run(rctx))
+	assert.Positive(t, again.Stats().Redelivered, "the panicked message came back: %+v", again.Stats())
+}
+
+// TestSourceKeepsToConsumerRequestLimits runs a source over consumers that limit a pull
+// request's batch (below the source's half of its pull size) or its expiry (below the
+// client's 30 s): the server answered every request past them with a status the client
+// does not pass on, and the run waited for ever with nothing delivered.
+func TestSourceKeepsToConsumerRequestLimits(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		cfg  natsjs.ConsumerConfig
+	}{
+		{"MaxRequestBatch", natsjs.ConsumerConfig{MaxRequestBatch: 4}},
+		{"MaxRequestExpires", natsjs.ConsumerConfig{MaxRequestExpires: 5 * time.Second}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := t.Context()
+			_, js := connect(t, startServer(t).url())
+			setup(ctx, t, js, 30*time.Second, 1000)
+			cfg := tc.cfg
+			cfg.Durable, cfg.AckPolicy, cfg.MaxDeliver = "work", natsjs.AckExplicitPolicy, -1
+			cons, err := js.CreateOrUpdateConsumer(ctx, "IN", cfg)
+			require.NoError(t, err)
+			const n = 20
+			publish(ctx, t, js, n)
+			p := pipeline.New()
+			src := jetstream.NewSource(cons, itemCodec{})
+			var done atomic.Int64
+			pipeline.To(src.Stream(p), pipeline.NewSink("count", 1, func(context.Context, item) error {
+				if done.Add(1) == n {
+					src.Stop()
+				}
+				return nil
+			}))
+			rctx, cancel := context.WithTimeout(ctx, time.Minute)
+			defer cancel()
+			require.NoError(t, p.Run(rctx))
+			assert.Equal(t, int64(n), src.Stats().Acked)
+		})
+	}
+}
+
+// TestSourceDeadLetterIsPerConsumer sets aside one message of a stream from two
+// consumers (two pipelines over the stream) to one dead-letter subject: each copy is
+// stored. The copy's message id named the stream and sequence only, so the second was
+// taken for a repeat, acknowledged, and lost.
+func TestSourceDeadLetterIsPerConsumer(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	js, cons := newConsumer(t, 30*time.Second, 100)
+	other, err := js.CreateOrUpdateConsumer(ctx, "IN", natsjs.ConsumerConfig{
+		Durable: "audit", AckPolicy: natsjs.AckExplicitPolicy, MaxDeliver: -1,
+	})
+	require.NoError(t, err)
+	publish(ctx, t, js, 1)
+	for _, c := range []natsjs.Consumer{cons, other} {
+		p := pipeline.New()
+		src := jetstream.NewSource(c, itemCodec{}, jetstream.WithDeadLetterSubject(js, "dead"))
+		work := pipeline.Then(src.Stream(p), pipeline.NewStage("reject", 1, func(_ context.Context, v item) (item, error) {
+			return v, pipeline.Permanent(errShort)
+		}, pipeline.WithDeadLetter(pipeline.DiscardDeadLetter[item])))
+		pipeline.To(work, pipeline.NewSink("sink", 1, func(context.Context, item) error { return nil }))
+		errc := make(chan error, 1)
+		go func() { errc <- p.Run(ctx) }()
+		eventually(t, 10*time.Second, "set aside", func() bool { return src.Stats().DeadLettered == 1 })
+		src.Stop()
+		require.NoError(t, <-errc)
+	}
+	assert.Equal(t, uint64(2), msgs(ctx, t, js, "DEAD"), "each consumer's dead letter stored")
+}
+
+// TestSourceDeadLetterRefusedIsHandedBackLater sets aside a message to a stream that
+// refuses it (full, discarding new messages): the message is handed back with a delay
+// (WithRedeliveryBackoff's), counted once in AckErrors, and neither terminated nor
+// counted as not processed. It was handed back at once, so every stage took it again
+// in a busy loop, and it counted in both.
+func TestSourceDeadLetterRefusedIsHandedBackLater(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	js, cons := newConsumer(t, 30*time.Second, 100)
+	_, err := js.CreateStream(ctx, natsjs.StreamConfig{Name: "FULL", Subjects: []string{"full"}, MaxMsgs: 1, Discard: natsjs.DiscardNew})
+	require.NoError(t, err)
+	_, err = js.Publish(ctx, "full", []byte("x"))
+	require.NoError(t, err)
+	publish(ctx, t, js, 1)
+	p := pipeline.New()
+	src := jetstream.NewSource(cons, itemCodec{}, jetstream.WithDeadLetterSubject(js, "full"),
+		jetstream.WithRedeliveryBackoff(func(int) time.Duration { return time.Hour }))
+	var tries atomic.Int64
+	work := pipeline.Then(src.Stream(p), pipeline.NewStage("reject", 1, func(_ context.Context, v item) (item, error) {
+		tries.Add(1)
+		return v, pipeline.Permanent(errShort)
+	}, pipeline.WithDeadLetter(pipeline.DiscardDeadLetter[item])))
+	pipeline.To(work, pipeline.NewSink("sink", 1, func(context.Context, item) error { return nil }))
+	errc := make(chan error, 1)
+	go func() { errc <- p.Run(ctx) }()
+	eventually(t, 10*time.Second, "the publish refused", func() bool { return src.Stats().AckErrors == 1 })
+	src.Stop()
+	require.NoError(t, <-errc)
+	st := src.Stats()
+	assert.Equal(t, int64(1), tries.Load(), "not redelivered within the hour's delay")
+	assert.Zero(t, st.DeadLettered)
+	assert.Zero(t, st.NotProcessed, "counted in AckErrors only")
+	_, unacked := consumerState(ctx, t, js)
+	assert.Equal(t, 1, unacked, "waiting for its redelivery, not terminated")
+}
+
+// TestSourceProgressNearAckWaitPreventsRedelivery holds messages for three AckWaits
+// with WithProgressEvery at 0.8 AckWait: their InProgress signals come at most that far
+// apart, so none is redelivered. Sent only once the interval had passed, at ticks of
+// half of it, they came up to 1.5 times it apart, past AckWait.
+func TestSourceProgressNearAckWaitPreventsRedelivery(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	const (
+		n       = 8
+		ackWait = time.Second
+	)
+	js, cons := newConsumer(t, ackWait, 100)
+	publish(ctx, t, js, n)
+	p := pipeline.New()
+	src := jetstream.NewSource(cons, itemCodec{}, jetstream.WithProgressEvery(8*ackWait/10))
+	var done atomic.Int64
+	work := pipeline.Then(src.Stream(p), pipeline.NewStage("slow", n, func(ctx context.Context, v item) (item, error) {
+		t := time.NewTimer(3 * ackWait) // a slow call the message waits for, as I/O would
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return v, ctx.Err()
+		}
+		return v, nil
+	}))
+	pipeline.To(work, countItems(&done))
+	errc := make(chan error, 1)
+	go func() { errc <- p.Run(ctx) }()
+	eventually(t, time.Minute, "every item done", func() bool { return done.Load() >= n })
+	src.Stop()
+	require.NoError(t, <-errc)
+	st := src.Stats()
+	assert.Zero(t, st.Redelivered, "%+v", st)
+	assert.Equal(t, int64(n), st.Acked)
+}
