@@ -221,8 +221,7 @@ func (p *breakerHook) after(t ticket, err error, class Class) bool {
 		p.b.cancelProbe(t.probe)
 		return false
 	}
-	failure := err != nil && p.b.counts(err, class)
-	held := p.b.record(t.probe, failure, err, &p.env)
+	held := p.b.record(t.probe, p.b.failing(t.probe, err, class), err, &p.env)
 	if held {
 		p.held.Add(1)
 	}
@@ -353,12 +352,27 @@ func newBreakerState(b Breaker) *breakerState {
 	return s
 }
 
-// counts reports whether a failed attempt's error counts toward opening.
-func (b *breakerState) counts(err error, class Class) bool {
-	if b.cfg.Counts != nil {
-		return b.cfg.Counts(err, class)
+// failing reports whether an attempt's error (nil: it succeeded) counts toward opening,
+// for the attempt that probe says. If the user's Counts panics (or exits the
+// goroutine), it first gives back the attempt's probe: the worker has already counted
+// the attempt's ticket as settled, and a probe left taken would keep a shared breaker
+// half-open for good, every later run's attempt waiting for it.
+func (b *breakerState) failing(probe bool, err error, class Class) bool {
+	if err == nil {
+		return false
 	}
-	return counts(err, class)
+	if b.cfg.Counts == nil {
+		return counts(err, class)
+	}
+	returned := false
+	defer func() {
+		if !returned {
+			b.cancelProbe(probe)
+		}
+	}()
+	f := b.cfg.Counts(err, class)
+	returned = true
+	return f
 }
 
 // allow waits until the breaker lets an attempt of env's stage start, and reports
@@ -957,7 +971,7 @@ func (kb *keyBreakers[In, K]) after(t ticket, err error, class Class) bool {
 		ks.b.cancelProbe(t.probe)
 		return false
 	}
-	held := ks.b.record(t.probe, err != nil && ks.b.counts(err, class), err, &kb.env)
+	held := ks.b.record(t.probe, ks.b.failing(t.probe, err, class), err, &kb.env)
 	if held {
 		kb.failed.Add(1)
 	}

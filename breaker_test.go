@@ -633,27 +633,35 @@ func TestBreakerShared(t *testing.T) {
 // TestBreakerProbeGivenBack checks that a shared breaker's half-open probe is given
 // back when its attempt ends without an outcome: the run stopping under it, its
 // function panicking, or a later policy's key function panicking after the breaker let
-// the probe through. The next pipeline's attempt is then the probe that closes it. A
-// probe left taken kept the breaker half-open for good, and the next run waited forever.
+// the probe through, or the breaker's Counts panicking on the probe's failure. The next
+// pipeline's attempt is then the probe that closes it. A probe left taken kept the
+// breaker half-open for good, and the next run waited forever.
 func TestBreakerProbeGivenBack(t *testing.T) {
 	t.Parallel()
-	for _, how := range []string{"canceled", "panic", "key panic"} {
+	for _, how := range []string{"canceled", "panic", "key panic", "counts panic"} {
 		t.Run(how, func(t *testing.T) {
 			t.Parallel()
 			synctest.Test(t, func(t *testing.T) {
-				cb := pipeline.NewCircuitBreaker(pipeline.Breaker{Failures: 1, OpenFor: time.Second})
+				var calls, keys atomic.Int64
+				cb := pipeline.NewCircuitBreaker(pipeline.Breaker{Failures: 1, OpenFor: time.Second, Counts: func(_ error, c pipeline.Class) bool {
+					if how == "counts panic" && calls.Load() == 2 { // the probe's failure
+						panic("the breaker's Counts panics")
+					}
+					return c == pipeline.ClassTransient
+				}})
 				ctx, cancel := context.WithCancel(t.Context())
 				defer cancel()
-				var calls, keys atomic.Int64
 				first := pipeline.NewStage("first", 1, func(context.Context, int) (int, error) {
 					if calls.Add(1) == 1 {
 						return 0, pipeline.Transient(errDown) // opens the breaker: the item is held
 					}
 					// the probe, after OpenFor
-					if how == "panic" {
+					switch how {
+					case "panic":
 						panic("the probe's function panics")
+					case "canceled":
+						cancel()
 					}
-					cancel()
 					return 0, pipeline.Transient(errDown)
 				}, pipeline.WithSharedBreaker(cb), pipeline.WithRateLimitPerKey(func(v int) int {
 					if keys.Add(1) == 2 && how == "key panic" { // the probe's, after the breaker let it through

@@ -70,6 +70,28 @@ func SetAside(ctx context.Context, cause error) {
 // setAsideKey is the context key of a sink worker's row, for SetAside.
 type setAsideKey struct{}
 
+// sinkCtx is a sink worker's context: the run's, with the row for SetAside as a value.
+// A wait of the client's (a rate limit's token) recognizes it as the run's, and waits
+// with wait, which has no deadline, as with the run's own (policyEnv.waitCtx).
+type sinkCtx struct {
+	context.Context // the run's
+	row             *row
+	wait            context.Context // noDeadline{this}
+}
+
+func newSinkCtx(run context.Context, rw *row) *sinkCtx {
+	c := &sinkCtx{Context: run, row: rw}
+	c.wait = noDeadline{c}
+	return c
+}
+
+func (c *sinkCtx) Value(key any) any {
+	if key == (setAsideKey{}) {
+		return c.row
+	}
+	return c.Context.Value(key)
+}
+
 // DeadLetterBuffer keeps dead letters in memory, up to a fixed number; the ones past it
 // are counted and dropped. It is safe for concurrent use.
 type DeadLetterBuffer[T any] struct {

@@ -101,6 +101,9 @@ func (w *worker[In, Out]) attempts(ctx context.Context, v In, out *Out, made err
 		err := made
 		made = nil
 		if err == nil {
+			if attempt > 1 && ctx.Err() != nil { // a retry, not begun once the run stops: the wait before it may have ended as the run stopped, or had no delay
+				return interrupted, context.Cause(ctx)
+			}
 			if cl != nil {
 				if cl.mayHold(v) { // it may hold the attempt: what the run finished goes on first
 					if err := w.hold(ctx); err != nil {

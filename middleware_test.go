@@ -593,6 +593,33 @@ func TestRetryBackoffPublishesCounts(t *testing.T) {
 	})
 }
 
+// TestRetryNotBegunAfterCancel cancels the run as an item's attempt fails (from an
+// observer of its EventRetry), with no backoff before the retry: the retry is not
+// made (the worker went on to it at once, its context canceled). The same check
+// covers a backoff whose timer and the run's end are ready together. The item counts
+// as failed, and its one attempt was the only call.
+func TestRetryNotBegunAfterCancel(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		var calls atomic.Int64
+		st := pipeline.NewStage("call", 1, func(context.Context, int) (int, error) {
+			calls.Add(1)
+			return 0, pipeline.Transient(errors.New("down"))
+		}, pipeline.WithRetry(5, nil))
+		p := pipeline.New(pipeline.WithObserver(func(e pipeline.Event) {
+			if e.Kind == pipeline.EventRetry {
+				cancel()
+			}
+		}))
+		pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(1)), st), pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+		require.ErrorIs(t, p.Run(ctx), context.Canceled)
+		assert.Equal(t, int64(1), calls.Load(), "a retry begun after the run was canceled")
+		checkReport(t, p.Report())
+	})
+}
+
 // TestTimeoutReportsStuckAttempt checks, in virtual time, that an attempt whose function
 // ignores its context is reported once, by an EventStuck and a log line, within twice
 // the timeout of its start, also after the run is canceled; that Snapshot shows its age;

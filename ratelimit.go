@@ -144,8 +144,12 @@ func (p *keyLimitPolicy[In]) fill(s *StageReport)             { s.Throttled += t
 // WithMaxTokenWait is a *ThrottledError.
 func waitToken(ctx context.Context, env *policyEnv, l Limiter, throttled *atomic.Int64) error {
 	wctx := env.waitCtx
-	if ctx != env.r.ctx { // not the run's: keep it as it is
-		wctx = ctx
+	if ctx != env.r.ctx { // not the run's: a sink's (the run's with a value), or else kept as it is
+		if sc, ok := ctx.(*sinkCtx); ok && sc.Context == env.r.ctx {
+			wctx = sc.wait
+		} else {
+			wctx = ctx
+		}
 	}
 	t0 := time.Now()
 	var err error

@@ -202,21 +202,38 @@ func TestRateLimitCancel(t *testing.T) {
 
 // TestRateLimitDeadline checks that a run whose context has a deadline waits for a
 // token until the deadline, and then returns the deadline's error (a rate.Limiter
-// alone would refuse at once a wait that ends past its context's deadline).
+// alone would refuse at once a wait that ends past its context's deadline), in a stage
+// and in a sink, whose context adds a value to the run's (a sink's wait had the
+// deadline, and the run failed at once with the limiter's error).
 func TestRateLimitDeadline(t *testing.T) {
 	t.Parallel()
-	synctest.Test(t, func(t *testing.T) {
-		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
-		defer cancel()
-		st := pipeline.NewStage("call", 1, func(_ context.Context, v int) (int, error) { return v, nil },
-			pipeline.WithRateLimit(rate.NewLimiter(rate.Every(time.Hour), 1)))
-		p := pipeline.New()
-		pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(3)), st), nopSink())
-		t0 := time.Now()
-		require.ErrorIs(t, p.Run(ctx), context.DeadlineExceeded)
-		assert.Equal(t, 5*time.Second, time.Since(t0))
-		checkReport(t, p.Report())
-	})
+	limit := func() pipeline.StageOption { return pipeline.WithRateLimit(rate.NewLimiter(rate.Every(time.Hour), 1)) }
+	for _, tc := range []struct {
+		name string
+		wire func(p *pipeline.Pipeline)
+	}{
+		{"stage", func(p *pipeline.Pipeline) {
+			st := pipeline.NewStage("call", 1, func(_ context.Context, v int) (int, error) { return v, nil }, limit())
+			pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(3)), st), nopSink())
+		}},
+		{"sink", func(p *pipeline.Pipeline) {
+			pipeline.To(pipeline.FromSlice(p, ints(3)), pipeline.NewSink("call", 1, func(context.Context, int) error { return nil }, limit()))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+				defer cancel()
+				p := pipeline.New()
+				tc.wire(p)
+				t0 := time.Now()
+				require.ErrorIs(t, p.Run(ctx), context.DeadlineExceeded)
+				assert.Equal(t, 5*time.Second, time.Since(t0))
+				checkReport(t, p.Report())
+			})
+		})
+	}
 }
 
 // failingLimiter is a Limiter that cannot give a token.

@@ -12,7 +12,10 @@ import (
 // (with [WithRetry] and no backoff, just d). Use it for the delay a server asked for:
 // an HTTP 429 or 503 response's Retry-After header ([ParseRetryAfter] reads one). A
 // delay past the stage's cap (10 minutes, or [WithRetryAfterCap]) is not waited for:
-// the item is set aside with a [*RetryAfterError]. It returns nil for a nil err; a
+// the item is set aside with a [*RetryAfterError]. An item that the stage's circuit
+// breaker holds instead (the attempt failed while the breaker was not closed: see
+// [WithCircuitBreaker]) is tried again when the breaker lets it, which may be sooner:
+// the breaker's OpenFor is the service's delay then. It returns nil for a nil err; a
 // negative d counts as 0.
 //
 // Any error in the chain with a method RetryAfter() time.Duration (an HTTP client's

@@ -397,7 +397,7 @@ func (w *worker[In, Out]) loop() (err error) {
 	})
 	ctx := w.r.ctx
 	if w.sink {
-		ctx = context.WithValue(ctx, setAsideKey{}, w.row) // for SetAside (deadletter.go)
+		ctx = newSinkCtx(ctx, w.row) // for SetAside (deadletter.go)
 	}
 	w.ctx = ctx
 	err = w.take(ctx)
