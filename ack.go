@@ -97,8 +97,9 @@ func WithMaxPending(n int) AckOption {
 // as dead-lettered in the stage's row (it was set aside: to its source), with its error
 // among the causes, so that In = Succeeded + DeadLettered + Failed + NotStarted still
 // holds; the row's [StageReport].HandedBack and the source's [Settlement] tell the two
-// apart. Items of other sources, which
-// cannot be handed back, are dead-lettered as without the option.
+// apart. Items of other sources, which cannot be handed back, are dead-lettered as
+// without the option, and so is a batch ([Batch]) that holds any of them: its items of
+// the acknowledged source then settle as [DeadLettered].
 func WithHandBack() StageOption {
 	return stageOpt(func(c *config) { c.handBack = true })
 }
@@ -698,8 +699,17 @@ func (*ackTracker) skipped(uint64) bool { return false }
 // scope implements [tracker]: there is no progress to commit.
 func (*ackTracker) scope(ctx context.Context, _ *uint64) context.Context { return ctx }
 
-// handsBack implements [tracker]: a broker delivers an item handed back again.
-func (*ackTracker) handsBack() bool { return true }
+// handsBack implements [tracker]: a broker delivers an item handed back again, unless
+// it derives from an item of another source too (a batch that holds one): that one
+// could not be handed back, so the batch is set aside whole.
+func (t *ackTracker) handsBack(pos uint64) bool {
+	if pos&groupBit == 0 {
+		return pos != noPos
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.trackedLocked(pos)
+}
 
 // finish implements [tracker]: it settles every position still unsettled as
 // NotProcessed, in emit order. A panic in a callback is returned as a [*StageError]

@@ -416,6 +416,64 @@ func TestAckHandBackBatchSettlesEveryItem(t *testing.T) {
 	})
 }
 
+// TestHandBackBatchWithItemsOfAnotherSource batches items of a source merged with an
+// acknowledged one, into a WithHandBack sink that fails every batch: a batch that holds
+// an item of the other source cannot be handed back, so it goes to the dead-letter
+// destination whole, and its acknowledged items settle as DeadLettered. Such a batch
+// was handed back to no one: its items of the other source were neither processed nor
+// set aside, and the run succeeded.
+func TestHandBackBatchWithItemsOfAnotherSource(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		acked []int // the acknowledged source's items; the other source's are 100 and 101
+	}{
+		{"only the other source", nil},
+		{"mixed", []int{1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				var mu sync.Mutex
+				got := map[int]pipeline.Outcome{}
+				p := pipeline.New()
+				acked := pipeline.FromAcked(p, func(_ context.Context, emit func(int, func(pipeline.Settlement)) error) error {
+					for _, v := range tc.acked {
+						if err := emit(v, func(s pipeline.Settlement) {
+							mu.Lock()
+							got[v] = s.Outcome
+							mu.Unlock()
+						}); err != nil {
+							return err
+						}
+					}
+					return nil
+				})
+				n := len(tc.acked) + 2
+				var dead [][]int
+				pipeline.ToBatches(pipeline.Merge(acked, pipeline.FromSlice(p, []int{100, 101})), n, pipeline.NewSink("sink", 1, func(context.Context, []int) error {
+					return pipeline.Transient(errBoom)
+				}, pipeline.WithHandBack(), pipeline.WithDeadLetter(func(_ context.Context, dl pipeline.DeadLetter[[]int]) error {
+					dead = append(dead, dl.Item)
+					return nil
+				})))
+				require.NoError(t, p.Run(t.Context()))
+				require.Len(t, dead, 1, "the batch set aside")
+				assert.ElementsMatch(t, append([]int{100, 101}, tc.acked...), dead[0])
+				sink := row(t, p.Report(), "sink")
+				assert.Zero(t, sink.HandedBack)
+				assert.Equal(t, int64(1), sink.DeadLettered)
+				mu.Lock()
+				defer mu.Unlock()
+				for _, v := range tc.acked {
+					assert.Equal(t, pipeline.DeadLettered, got[v], "acknowledged item %d", v)
+				}
+				checkAccounting(t, p.Report())
+			})
+		})
+	}
+}
+
 // A panic in one settle callback of a batch's items does not lose the callbacks of the
 // batch's other items (it did).
 func TestAckSettlePanicInBatchSettlesOthers(t *testing.T) {

@@ -375,7 +375,7 @@ func (t *checkpointTracker) holdsHead(positions []uint64) (holds bool, moved <-c
 }
 
 // handsBack implements [tracker]: a checkpointed source cannot take an item back.
-func (*checkpointTracker) handsBack() bool { return false }
+func (*checkpointTracker) handsBack(uint64) bool { return false }
 
 func (t *checkpointTracker) pokeSaver() {
 	select {

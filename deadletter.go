@@ -406,7 +406,7 @@ func Replay[T any](p *Pipeline, path, stage string, opts ...ReplayOption) *Strea
 // It returns the item's ending for end: without a destination the item fails, and a
 // destination's error fails the run.
 func (w *worker[In, Out]) setAside(ctx context.Context, v In, attempts int, class Class, first, last error) (outcome, error) {
-	if class == ClassTransient && w.st.cfg.handBack && w.pos != noPos && w.out.handsBack() {
+	if class == ClassTransient && w.st.cfg.handBack && w.out.handsBack(w.pos) {
 		w.f = fate{attempts: attempts, mark: w.handBackMark(attempts, first, last)} // ack.go
 		return handedBack, last
 	}

@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"slices"
 	"sync"
 )
 
@@ -49,8 +50,9 @@ type tracker interface {
 	// scope returns ctx carrying *pos, the position of a sink's item in hand, for
 	// [Commit] (commit.go); ctx itself when there is no progress to commit.
 	scope(ctx context.Context, pos *uint64) context.Context
-	// handsBack reports whether a stage can give an item back to its source.
-	handsBack() bool
+	// handsBack reports whether a stage can give the item at pos back to its source:
+	// every source position it derives from is the tracked source's.
+	handsBack(pos uint64) bool
 	// finish ends the tracking once every goroutine of the run has ended: the final
 	// save of a checkpoint, the NotProcessed settlements of an acknowledged source.
 	finish(r *run) error
@@ -70,7 +72,7 @@ func (noTrack) skipped(uint64) bool                                             
 func (noTrack) hungry() <-chan struct{}                                         { return nil }
 func (noTrack) holdsHead([]uint64) (bool, <-chan struct{})                      { return false, nil }
 func (noTrack) scope(ctx context.Context, _ *uint64) context.Context            { return ctx }
-func (noTrack) handsBack() bool                                                 { return false }
+func (noTrack) handsBack(uint64) bool                                           { return false }
 func (noTrack) finish(*run) error                                               { return nil }
 
 // groupBit marks a tracker position that stands for a group (a batch) of positions.
@@ -115,8 +117,13 @@ func (l *lineage) refer(pos uint64, k int) (now bool) {
 	return false
 }
 
-// group implements [tracker].
+// group implements [tracker]. A batch of items of untracked sources only (every
+// position noPos: a source merged with the tracked one) is noPos itself, as its items
+// are: it holds no position back, and cannot be handed back.
 func (l *lineage) group(positions []uint64) uint64 {
+	if !slices.ContainsFunc(positions, func(p uint64) bool { return p != noPos }) {
+		return noPos
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.gid++
@@ -139,6 +146,24 @@ func (l *lineage) members(pos uint64, n int) (m []uint64, now bool) {
 	}
 	l.mu.Unlock()
 	return nil, l.refer(pos, n)
+}
+
+// trackedLocked reports whether every source position that pos derives from is a
+// tracked one: pos itself, or each member of the group it is (a batch), at any depth.
+// l.mu must be held.
+func (l *lineage) trackedLocked(pos uint64) bool {
+	if pos == noPos {
+		return false
+	}
+	if pos&groupBit == 0 {
+		return true
+	}
+	for _, m := range l.groups[pos] {
+		if !l.trackedLocked(m) {
+			return false
+		}
+	}
+	return true
 }
 
 // unwindLocked settles one item derived from pos: a position with a ref left gives up
@@ -356,5 +381,5 @@ func (s *sender[T]) scope(ctx context.Context, pos *uint64) context.Context {
 	return s.track.scope(ctx, pos)
 }
 
-// handsBack reports whether an item can be handed back to the tracked source.
-func (s *sender[T]) handsBack() bool { return s.track.handsBack() }
+// handsBack reports whether the item at pos can be handed back to the tracked source.
+func (s *sender[T]) handsBack(pos uint64) bool { return pos != noPos && s.track.handsBack(pos) }

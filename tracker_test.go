@@ -135,7 +135,7 @@ func TestNoTrackTracksNothing(t *testing.T) {
 	assert.Nil(t, moved)
 	pos := uint64(0)
 	assert.Equal(t, ctx, tr.scope(ctx, &pos))
-	assert.False(t, tr.handsBack())
+	assert.False(t, tr.handsBack(0))
 	assert.NoError(t, tr.finish(nil))
 }
 
