@@ -116,6 +116,9 @@ func WithMaxPending(n int) SourceOption {
 // WithDoubleAck acknowledges a committed message with DoubleAck, which waits for the
 // server to confirm the acknowledgement (in the goroutine where the item settled: a
 // sink worker), instead of Ack, which only sends it. It costs a round trip per message.
+// Once the run is stopping (canceled, or failed), a committed message is acknowledged
+// with Ack: with the server unreachable, a wait of [WithAckTimeout] per message, one
+// after the other in each sink worker, kept Run from returning for minutes.
 func WithDoubleAck() SourceOption {
 	return sourceOpt(func(c *sourceConfig) { c.doubleAck = true })
 }
@@ -438,7 +441,7 @@ func (s *Source[T]) run(ctx context.Context, emit func(T, func(pipeline.Settleme
 		}
 		if err := emit(v, func(st pipeline.Settlement) {
 			h.release(m.held)
-			s.settle(m.msg, m.meta, st)
+			s.settle(m.msg, m.meta, st, ctx.Err() != nil) // the run stopping: no DoubleAck waits
 		}); err != nil {
 			f.stop() // emit settled v as not processed; hand back what waits
 		}
@@ -475,15 +478,16 @@ func (s *Source[T]) newFeed(h *hand) *feed {
 	return f
 }
 
-// settle acknowledges msg according to st.
-func (s *Source[T]) settle(msg natsjs.Msg, meta *natsjs.MsgMetadata, st pipeline.Settlement) {
+// settle acknowledges msg according to st; stopping tells that the run's context is
+// done, when a DoubleAck is not waited for.
+func (s *Source[T]) settle(msg natsjs.Msg, meta *natsjs.MsgMetadata, st pipeline.Settlement, stopping bool) {
 	var (
 		err   error
 		count *atomic.Int64
 	)
 	switch st.Outcome {
 	case pipeline.Committed:
-		if s.cfg.doubleAck {
+		if s.cfg.doubleAck && !stopping {
 			ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ackTimeout)
 			err = msg.DoubleAck(ctx)
 			cancel()

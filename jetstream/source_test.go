@@ -464,3 +464,41 @@ func TestSourceProgressNearAckWaitPreventsRedelivery(t *testing.T) {
 	assert.Zero(t, st.Redelivered, "%+v", st)
 	assert.Equal(t, int64(n), st.Acked)
 }
+
+// TestSourceStopsWithoutWaitingForDoubleAcks commits items with WithDoubleAck while the
+// server is down, and cancels the run: the acknowledgements made once the run is
+// stopping do not wait for a confirmation (an hour each here: Run used to wait for
+// every one of them, one after the other), and each settlement is counted.
+func TestSourceStopsWithoutWaitingForDoubleAcks(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	srv := startServer(t)
+	_, js := connect(t, srv.url())
+	cons := setup(ctx, t, js, 30*time.Second, 100)
+	const n = 4
+	publish(ctx, t, js, n)
+	p := pipeline.New()
+	src := jetstream.NewSource(cons, itemCodec{}, jetstream.WithDoubleAck(), jetstream.WithAckTimeout(time.Hour))
+	gate := make(chan struct{})
+	var entered atomic.Int64
+	pipeline.To(src.Stream(p), pipeline.NewSink("gated", n, func(context.Context, item) error {
+		entered.Add(1)
+		<-gate // commits once the run is canceled
+		return nil
+	}))
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- p.Run(rctx) }()
+	eventually(t, 30*time.Second, "every item in the sink", func() bool { return entered.Load() == n })
+	srv.stop()
+	cancel()
+	close(gate)
+	select {
+	case <-errc:
+	case <-time.After(time.Minute): // a guard against the hang, not a measure
+		t.Fatal("Run waits for the DoubleAcks of a canceled run")
+	}
+	st := src.Stats()
+	assert.Equal(t, int64(n), st.Acked+st.AckErrors+st.NotProcessed, "every settlement counted: %+v", st)
+}
