@@ -72,8 +72,14 @@ func (f *FileCheckpoint) load() (int64, []PositionRange, error) {
 	}
 	var ranges []PositionRange
 	for _, l := range lines[1:] {
-		var r PositionRange
-		if _, err := fmt.Sscanf(l, "%d %d", &r.From, &r.To); err != nil || r.From < 0 || r.To <= r.From {
+		// Two numbers and nothing else: Sscanf took "5 10junk" for the range [5, 10).
+		from, to, ok := strings.Cut(strings.TrimSpace(l), " ")
+		r := PositionRange{}
+		r.From, err = strconv.ParseInt(from, 10, 64)
+		if !ok || err != nil {
+			return bad()
+		}
+		if r.To, err = strconv.ParseInt(to, 10, 64); err != nil || r.From < 0 || r.To <= r.From {
 			return bad()
 		}
 		ranges = append(ranges, r)

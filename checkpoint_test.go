@@ -130,9 +130,16 @@ func TestFileCheckpointRoundTrip(t *testing.T) {
 	require.NoError(t, err)
 	assert.Len(t, entries, 1, "no temporary file is left behind")
 
-	require.NoError(t, os.WriteFile(path, []byte("not a number"), 0o644))
-	_, err = fc.Load(t.Context())
-	require.Error(t, err)
+	for _, bad := range []string{"not a number", "-1", "5\n10 7", "5\n10", "5\n10 20junk", "5\n10 20 30", "5\nx 20"} {
+		require.NoError(t, os.WriteFile(path, []byte(bad), 0o644))
+		_, err = fc.Load(t.Context())
+		require.Error(t, err, "%q", bad)
+	}
+	require.NoError(t, os.WriteFile(path, []byte("5\n10 20\n30 31\n"), 0o644))
+	got, ranges, err := fc.LoadCommitted(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, int64(5), got)
+	assert.Equal(t, []pipeline.PositionRange{{From: 10, To: 20}, {From: 30, To: 31}}, ranges)
 }
 
 // TestCheckpointCompleteRun checks that a run through every kind of derivation (flat
