@@ -71,18 +71,21 @@ type part struct {
 	stored  int64 // the next offset known to be in the store, -1 none
 }
 
-// admit reports whether a polled record at offset goes on: records come in offset
-// order, so one at or below the last polled is a repeat; after a rewind (replayTo),
-// one above what was polled before it comes from a fetch made before the rewind and is
-// dropped, until the replay gets back there.
+// admit reports whether a polled record at offset goes on (a transactional source's):
+// after a rewind (replayTo), one above what was polled before it comes from a fetch
+// made before the rewind and is dropped, until the replay gets back there. A record at
+// or below the last polled goes on: addIn refuses it if the assignment has it already,
+// and puts it in its place if not. Dropped as a repeat, such a record was lost when a
+// stale fetch's records came after the replay had passed replayTo but before the
+// replay's own records of the stale ones dropped earlier (the gap between them).
 func (p *part) admit(offset int64) bool {
-	if p.replayTo >= 0 && offset > p.replayTo || offset <= p.maxPolled {
+	if p.replayTo >= 0 && offset > p.replayTo {
 		return false
 	}
 	if offset == p.replayTo {
 		p.replayTo = -1
 	}
-	p.maxPolled = offset
+	p.maxPolled = max(p.maxPolled, offset)
 	if p.start < 0 {
 		p.start = offset
 	}

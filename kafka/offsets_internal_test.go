@@ -368,3 +368,48 @@ func TestRecordsOutOfOrderKeepTheWatermarkBehindUnsettled(t *testing.T) {
 		})
 	}
 }
+
+// TestRewoundPartitionTakesEveryOffsetOnce replays a partition after a rewind (a
+// transactional source's, after an aborted transaction) while the client still hands
+// over records of a fetch made before it, in the worst order: some while the replay is
+// below where the fetch was (dropped), then more once the replay got there, before the
+// replay's own copies of the dropped ones. Every offset from the rewind on is taken
+// exactly once, and the watermark passes none untaken: the replay's copies of the
+// dropped records were refused as repeats, and lost.
+func TestRewoundPartitionTakesEveryOffsetOnce(t *testing.T) {
+	t.Parallel()
+	np := newPart(TopicPartition{"t", 0})
+	np.replayTo = 120 // polled up to 120 before the rewind to 100
+	var polled []int64
+	seq := func(from, to int64) {
+		for o := from; o <= to; o++ {
+			polled = append(polled, o)
+		}
+	}
+	seq(100, 110) // the replay
+	seq(121, 125) // the earlier fetch, going on: dropped, the replay being below 120
+	seq(111, 120) // the replay reaches 120
+	seq(126, 130) // the earlier fetch's next records
+	seq(121, 130) // the replay's copies
+	var taken []int64
+	var es []*entry
+	for _, o := range polled {
+		if !np.admit(o) {
+			continue
+		}
+		if e := np.add(&kgo.Record{Offset: o}); e != nil {
+			taken = append(taken, o)
+			es = append(es, e)
+		}
+	}
+	slices.Sort(taken)
+	want := make([]int64, 0, 31)
+	for o := int64(100); o <= 130; o++ {
+		want = append(want, o)
+	}
+	assert.Equal(t, want, taken, "every offset from the rewind on, once")
+	for _, e := range es {
+		np.settle(e)
+	}
+	assert.Equal(t, int64(131), np.mark.Offset)
+}
