@@ -374,7 +374,7 @@ func (h *Handler) take(maxAge time.Duration) *frame {
 	for i, e := range pipes {
 		rep := e.snap()
 		e.hist.add(rep)
-		f.Views[i] = newPipelineView(e.name, rep, e.hist.view(), e.counters())
+		f.Views[i] = newPipelineView(e.name, rep, e.hist.view(rep), e.counters())
 	}
 	h.mu.Lock()
 	h.latest = f

@@ -85,9 +85,15 @@ func (h *history) add(rep pipeline.Report) {
 	h.lastAt = at
 }
 
-// view returns the history as it is now, for a frame: slice headers that later points
-// do not change.
-func (h *history) view() historyJSON {
+// view returns the history as it is now, for a frame of rep: slice headers that later
+// points do not change. A history of another run, or of other stages, is not rep's
+// (add keeps only reports of a run in progress: a run that started and ended between two
+// refreshes, or failed before it began, has none), and the view is empty: its stages
+// would not be rep's, which the page looks up by index.
+func (h *history) view(rep pipeline.Report) historyJSON {
+	if h.run != rep.Run || !sameStages(h.names, rep.Stages) {
+		return historyJSON{Seconds: []float64{}, Stages: []stageHistoryJSON{}}
+	}
 	v := historyJSON{Seconds: h.times, Stages: make([]stageHistoryJSON, len(h.stages))}
 	if v.Seconds == nil {
 		v.Seconds = []float64{}

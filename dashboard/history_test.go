@@ -3,7 +3,10 @@ package dashboard
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"iter"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -122,6 +125,76 @@ func TestHistory(t *testing.T) {
 }
 
 // TestHistoryOff: WithHistory(0) keeps no history and starts no refresher.
+// failingLoads is a checkpoint store whose Load succeeds once (position 0), then fails.
+type failingLoads struct{ loads atomic.Int32 }
+
+func (s *failingLoads) Load(context.Context) (int64, error) {
+	if s.loads.Add(1) > 1 {
+		return 0, errors.New("store down")
+	}
+	return 0, nil
+}
+
+func (*failingLoads) Save(context.Context, int64) error { return nil }
+
+// TestHistoryIsOfTheRunShown takes a frame during a run (a point of its history), then
+// one after a later run that was never seen running: one that ran to its end, or one
+// whose checkpoint failed to load (a report with no rows). The frame shows no history:
+// the earlier run's was shown with the later run's report, and with no rows the page
+// looked up its stages by index and panicked in the refresher, killing the process.
+func TestHistoryIsOfTheRunShown(t *testing.T) {
+	t.Parallel()
+	for _, loadFails := range []bool{false, true} {
+		t.Run(map[bool]string{false: "a run never seen", true: "a run that failed to start"}[loadFails], func(t *testing.T) {
+			t.Parallel()
+			p := pipeline.New(pipeline.WithBuffer(4))
+			started, release := make(chan struct{}), make(chan struct{})
+			var first atomic.Bool
+			var src *pipeline.Stream[int]
+			if !loadFails {
+				src = pipeline.FromSlice(p, []int{1, 2, 3})
+			} else {
+				src = pipeline.FromCheckpoint(p, &failingLoads{}, func(context.Context, int64) iter.Seq2[int, error] {
+					return func(yield func(int, error) bool) {
+						for i := range 3 {
+							if !yield(i, nil) {
+								return
+							}
+						}
+					}
+				})
+			}
+			pipeline.To(src, pipeline.NewSink("save", 1, func(context.Context, int) error {
+				if first.CompareAndSwap(false, true) {
+					close(started)
+					<-release
+				}
+				return nil
+			}))
+			h := newHandler(t, WithInterval(time.Hour))
+			h.Add("p", p)
+			done := make(chan error, 1)
+			go func() { done <- p.Run(t.Context()) }()
+			<-started
+			require.NotEmpty(t, h.take(0).Views[0].Data.History.Seconds, "a point of run 1")
+			close(release)
+			require.NoError(t, <-done)
+			if loadFails {
+				require.Error(t, p.Run(t.Context()))
+				require.Empty(t, p.Report().Stages)
+			} else {
+				require.NoError(t, p.Run(t.Context()))
+			}
+			var f *frame
+			require.NotPanics(t, func() { f = h.take(0) })
+			d := f.Views[0].Data
+			assert.Equal(t, uint64(2), d.Run)
+			assert.Empty(t, d.History.Seconds, "run 2's frame with run 1's history")
+			assert.Empty(t, d.History.Stages)
+		})
+	}
+}
+
 func TestHistoryOff(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := newCounter()
