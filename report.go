@@ -141,6 +141,14 @@ func (r *run) inflight() int {
 	return n
 }
 
+// maxCauses bounds the cause groups of a row: a message that names its item with
+// letters (a key, a hex id) makes a group per item, which every Snapshot copies and sorts.
+const maxCauses = 100
+
+// otherCauses is the Message of the group of a type that counts the dead letters whose
+// cause came once a row held maxCauses groups.
+const otherCauses = "(other messages)"
+
 // addCause counts a dead letter by its type and cause message (see causeMessage).
 func (rw *row) addCause(typ, msg string) {
 	rw.mu.Lock()
@@ -148,7 +156,11 @@ func (rw *row) addCause(typ, msg string) {
 	if rw.causes == nil {
 		rw.causes = make(map[causeKey]int64)
 	}
-	rw.causes[causeKey{typ, msg}]++
+	k := causeKey{typ, msg}
+	if _, ok := rw.causes[k]; !ok && len(rw.causes) >= maxCauses {
+		k.msg = otherCauses
+	}
+	rw.causes[k]++
 }
 
 // causeMessage names an error's cause for grouping: the message of the innermost error
@@ -306,7 +318,7 @@ type StageReport struct {
 
 	Errors []ErrorCount // errors by type and outcome
 
-	Causes []Cause // dead letters grouped by cause, most common first
+	Causes []Cause // dead letters grouped by cause, most common first; at most about 100 groups (see Cause)
 
 	// Clients of a service (client.go).
 	Breaker      *BreakerReport // the circuit breaker; nil without WithCircuitBreaker
@@ -324,7 +336,10 @@ type StageReport struct {
 }
 
 // Cause is a group of dead letters with the same error type and cause: the message of
-// the innermost error of the chain, with digits replaced by "#".
+// the innermost error of the chain, with digits replaced by "#". A stage keeps 100
+// groups; the dead letters of a cause that comes after that are counted in their type's
+// group whose Message is "(other messages)" (a message that names its item with letters,
+// a key or a hex id, makes a group per item).
 type Cause struct {
 	Type    string
 	Message string

@@ -121,7 +121,11 @@ func (p *Pipeline) recentLatency(r *run, rep *Report, now time.Time) {
 				l.Count += n
 			}
 		}
-		// The window's largest value is in its highest bucket, not above the run's Max.
+		// The window's largest value is in its highest bucket, not above the run's Max;
+		// with no attempt in the window, there is none (not the run's).
+		if l.Count == 0 {
+			l.Max = 0
+		}
 		for j := len(sum) - 1; j >= 0; j-- {
 			if sum[j] > 0 {
 				l.Max = min(l.Max, time.Duration(hist.BucketUpper(j)))

@@ -105,6 +105,64 @@ func TestSnapshotRecentLatency(t *testing.T) {
 	})
 }
 
+// TestSnapshotRecentWithNoAttempts: when no attempt ended in the last 10 s (the worker
+// waits in its item), Recent has no count and no maximum either; it showed the whole
+// run's maximum with a count of 0.
+func TestSnapshotRecentWithNoAttempts(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := pipeline.New(pipeline.WithBuffer(8))
+		release := make(chan struct{})
+		slow := pipeline.Then(pipeline.FromSlice(p, ints(6)), pipeline.NewStage("call", 1,
+			func(_ context.Context, v int) (int, error) {
+				if v == 5 {
+					<-release
+				}
+				time.Sleep(5 * time.Millisecond)
+				return v, nil
+			}))
+		pipeline.To(slow, pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+		done := make(chan error)
+		go func() { done <- p.Run(context.Background()) }()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		first := row(t, p.Snapshot(), "call") // the baseline of the next one
+		require.Equal(t, int64(5), first.Latency.Count)
+		time.Sleep(11 * time.Second)
+		synctest.Wait()
+		c := row(t, p.Snapshot(), "call")
+		assert.Zero(t, c.Recent.Count, "no attempt ended in the last 10 s")
+		assert.Zero(t, c.Recent.Max, "%+v", c.Recent)
+		assert.Positive(t, c.Latency.Max, "the run's")
+		close(release)
+		require.NoError(t, <-done)
+	})
+}
+
+// TestCausesAreBounded dead-letters items whose messages name them with letters (a
+// hex id): the stage keeps 100 cause groups, and counts the rest in their type's
+// "(other messages)" group; every dead letter is counted once. It kept a group per item.
+func TestCausesAreBounded(t *testing.T) {
+	t.Parallel()
+	p := pipeline.New()
+	s := pipeline.Then(pipeline.FromSlice(p, ints(2000)), pipeline.NewStage("lookup", 2,
+		func(_ context.Context, v int) (int, error) {
+			return 0, pipeline.Permanent(fmt.Errorf("user %x not found", v*0xabcdef))
+		}, pipeline.WithDeadLetter(pipeline.DiscardDeadLetter[int])))
+	pipeline.To(s, pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+	require.NoError(t, p.Run(t.Context()))
+	c := row(t, p.Report(), "lookup")
+	assert.LessOrEqual(t, len(c.Causes), 101, "groups kept")
+	var n int64
+	var other bool
+	for _, g := range c.Causes {
+		n += g.Count
+		other = other || g.Message == "(other messages)"
+	}
+	assert.Equal(t, int64(2000), n, "each dead letter counted once")
+	assert.True(t, other)
+	assert.Equal(t, "(other messages)", c.Causes[0].Message, "the largest group")
+}
+
 // TestS1RetryCounts runs scenario S1 with the retry policy in virtual time (instant and
 // exact) and checks that the seed's counts, 9,895 processed, 105 dead-lettered and 200
 // retried, appear in the snapshot, in the report, in the errors by type and in the

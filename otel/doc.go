@@ -46,7 +46,7 @@
 //	pipeline.stage.attempt.timeout   Gauge (float)  s          pipeline.stage (its WithTimeout, when it has one)
 //	pipeline.stage.attempt.oldest    Gauge (float)  s          pipeline.stage (with WithTimeout: the oldest running attempt's
 //	                                                           age, once it ran a quarter of the timeout)
-//	pipeline.batch.flushes           UpDownCounter  {batch}    pipeline.stage, pipeline.flush.reason (size, bytes, linger, end)
+//	pipeline.batch.flushes           UpDownCounter  {batch}    pipeline.stage, pipeline.flush.reason (size, bytes, linger, checkpoint, end)
 //	pipeline.checkpoint.position     Gauge          {item}     (checkpointed runs: the position saved last)
 //	pipeline.checkpoint.age          Gauge (float)  s          (checkpointed runs: time since it was saved)
 //	pipeline.stage.worker.limit      UpDownCounter  {worker}   pipeline.stage (adaptive stages: workers allowed now)
@@ -91,7 +91,7 @@
 // quantiles within 12.5 % (see [pipeline.Latency]). The report has neither the buckets
 // nor the sum, and the metric API has no observable histogram, so the quantiles are a
 // gauge with a pipeline.quantile attribute ("1" is the maximum), observed once the stage
-// has timed an attempt. The pipeline times one attempt in 16 on fast stages, so
+// has timed an attempt. The pipeline times one attempt in 64 on fast stages, so
 // pipeline.stage.attempt.timed is not the number of attempts.
 //
 // # Cost

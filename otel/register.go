@@ -116,7 +116,7 @@ func Register(p *pipeline.Pipeline, meter metric.Meter, opts ...Option) (metric.
 	in.retries = upDown("pipeline.stage.retries", "{retry}", "Extra attempts the stage made in the current or last run.")
 	in.errs = upDown("pipeline.stage.errors", "{error}",
 		"Errors of the stage function in the current or last run, by type and by what they did: retried, dead_lettered or failed.")
-	in.flushes = upDown("pipeline.batch.flushes", "{batch}", "Batches flushed in the current or last run, by reason: size, bytes, linger or end.")
+	in.flushes = upDown("pipeline.batch.flushes", "{batch}", "Batches flushed in the current or last run, by reason: size, bytes, linger, checkpoint (a checkpointed source waited for its items) or end.")
 	in.queueLen = upDown("pipeline.stage.queue.length", "{item}", "Items waiting in the stage's input queue.")
 	in.queueCap = upDown("pipeline.stage.queue.capacity", "{item}", "Capacity of the stage's input queue.")
 	in.queuePeak = gauge("pipeline.stage.queue.peak", "{item}", "The longest the stage's input queue was in the current or last run.")
@@ -124,7 +124,7 @@ func Register(p *pipeline.Pipeline, meter metric.Meter, opts ...Option) (metric.
 	in.held = upDown("pipeline.stage.reorder.held", "{item}", "Finished items an ordered stage holds until earlier ones finish.")
 	in.duration = fgauge("pipeline.stage.attempt.duration", "s",
 		"Duration of the stage function's attempts in the current or last run, at quantiles 0.5, 0.9, 0.99 (within 12.5 %) and 1 (the max).")
-	in.timed = upDown("pipeline.stage.attempt.timed", "{attempt}", "Attempts behind pipeline.stage.attempt.duration (fast stages time one in 16).")
+	in.timed = upDown("pipeline.stage.attempt.timed", "{attempt}", "Attempts behind pipeline.stage.attempt.duration (fast stages time one in 64).")
 	in.timeout = fgauge("pipeline.stage.attempt.timeout", "s", "The stage's per-attempt timeout (WithTimeout).")
 	in.oldestAttempt = fgauge("pipeline.stage.attempt.oldest", "s",
 		"Age of the oldest running attempt of a stage with WithTimeout, once it has run a quarter of the timeout (0 otherwise); past the timeout, its function does not return after its context is done.")
@@ -234,6 +234,7 @@ func observe(o metric.Observer, in *instruments, r pipeline.Report, base []attri
 			count(in.flushes, s.Flushes.Size, stage, keyReason.String("size"))
 			count(in.flushes, s.Flushes.Bytes, stage, keyReason.String("bytes"))
 			count(in.flushes, s.Flushes.Linger, stage, keyReason.String("linger"))
+			count(in.flushes, s.Flushes.Checkpoint, stage, keyReason.String("checkpoint"))
 			count(in.flushes, s.Flushes.End, stage, keyReason.String("end"))
 			continue
 		}

@@ -166,14 +166,15 @@ func TestFilterAndBatch(t *testing.T) {
 	got := collect(t, reader)
 	filter, batch := scenario.RowName(t, p, pipeline.KindFilter), scenario.RowName(t, p, pipeline.KindBatch)
 	checkValues(t, got, map[string]float64{
-		`pipeline.stage.items{pipeline.outcome=filtered,pipeline.stage=` + filter + `}`:     3,
-		`pipeline.batch.flushes{pipeline.flush.reason=size,pipeline.stage=` + batch + `}`:   1,
-		`pipeline.batch.flushes{pipeline.flush.reason=end,pipeline.stage=` + batch + `}`:    1,
-		`pipeline.batch.flushes{pipeline.flush.reason=bytes,pipeline.stage=` + batch + `}`:  0,
-		`pipeline.batch.flushes{pipeline.flush.reason=linger,pipeline.stage=` + batch + `}`: 0,
-		`pipeline.stage.input{pipeline.stage=` + batch + `}`:                                3,
-		`pipeline.stage.output{pipeline.stage=` + batch + `}`:                               2,
-		`pipeline.stage.items{pipeline.outcome=succeeded,pipeline.stage=save}`:              2,
+		`pipeline.stage.items{pipeline.outcome=filtered,pipeline.stage=` + filter + `}`:         3,
+		`pipeline.batch.flushes{pipeline.flush.reason=size,pipeline.stage=` + batch + `}`:       1,
+		`pipeline.batch.flushes{pipeline.flush.reason=end,pipeline.stage=` + batch + `}`:        1,
+		`pipeline.batch.flushes{pipeline.flush.reason=bytes,pipeline.stage=` + batch + `}`:      0,
+		`pipeline.batch.flushes{pipeline.flush.reason=linger,pipeline.stage=` + batch + `}`:     0,
+		`pipeline.batch.flushes{pipeline.flush.reason=checkpoint,pipeline.stage=` + batch + `}`: 0,
+		`pipeline.stage.input{pipeline.stage=` + batch + `}`:                                    3,
+		`pipeline.stage.output{pipeline.stage=` + batch + `}`:                                   2,
+		`pipeline.stage.items{pipeline.outcome=succeeded,pipeline.stage=save}`:                  2,
 	})
 	assert.NotContains(t, got, `pipeline.stage.attempt.timed{pipeline.stage=`+batch+`}`, "a batch calls no function")
 	assert.NotContains(t, got, `pipeline.stage.input{pipeline.stage=`+filter+`}`, "a filter counts what it drops only")

@@ -97,7 +97,7 @@ func NewCollector(p *pipeline.Pipeline, opts ...Option) *Collector {
 		err:     err,
 		running: desc("pipeline_running", "1 while a run of the pipeline is in progress, else 0."),
 		elapsed: desc("pipeline_run_elapsed_seconds", "Time since the current run started; between runs, the duration of the last run."),
-		info:    desc("pipeline_stage_info", "Always 1: the kind of each stage (source, stage, sink, filter or batch).", "stage", "kind"),
+		info:    desc("pipeline_stage_info", "Always 1: the kind of each stage (source, stage, sink, filter, batch or window).", "stage", "kind"),
 		items: desc("pipeline_stage_items_total",
 			"Items the stage settled in the current or last run, by outcome: succeeded, dead_lettered, failed or filtered.",
 			"stage", "outcome"),
@@ -117,7 +117,7 @@ func NewCollector(p *pipeline.Pipeline, opts ...Option) *Collector {
 			"Errors of the stage function in the current or last run, by Go type and by what they did: retried, dead_lettered or failed.",
 			"stage", "type", "outcome"),
 		flushes: desc("pipeline_batch_flushes_total",
-			"Batches flushed in the current or last run, by reason: size, bytes, linger or end.", "stage", "reason"),
+			"Batches flushed in the current or last run, by reason: size, bytes, linger, checkpoint (a checkpointed source waited for its items) or end.", "stage", "reason"),
 		latency: desc("pipeline_stage_attempt_duration_seconds",
 			"Duration of the stage function's attempts in the current or last run, at quantiles 0.5, 0.9, 0.99 (within 12.5 %) and 1 (the max); _count and _sum cover the timed attempts.",
 			"stage"),
@@ -251,6 +251,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			counter(c.flushes, s.Flushes.Size, name, "size")
 			counter(c.flushes, s.Flushes.Bytes, name, "bytes")
 			counter(c.flushes, s.Flushes.Linger, name, "linger")
+			counter(c.flushes, s.Flushes.Checkpoint, name, "checkpoint")
 			counter(c.flushes, s.Flushes.End, name, "end")
 			continue
 		}
@@ -264,10 +265,15 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// settled returns a stage's succeeded, failed and in-flight counts. A live snapshot
-// counts the items still moving (an ordered stage's reorder window, a source's item in
-// hand) as succeeded or in flight, so these only grow during a run.
-func settled(_ pipeline.Report, s *pipeline.StageReport) (succeeded, failed, inFlight int64) {
+// settled returns a stage's succeeded, failed and in-flight counts, so that the
+// counters only grow during a run. The items an ordered stage holds in its reorder
+// window (a window stage: in its open windows, s.Window) count as succeeded in a live
+// snapshot, and as failed in the final report of a run that stopped before they went
+// on: here they are in flight until they do go on, never succeeded and then not.
+func settled(rep pipeline.Report, s *pipeline.StageReport) (succeeded, failed, inFlight int64) {
+	if rep.Running {
+		return s.Succeeded - s.Window, s.Failed, s.InFlight + s.Window
+	}
 	return s.Succeeded, s.Failed, s.InFlight
 }
 

@@ -176,33 +176,50 @@ func TestOldestAttemptGauge(t *testing.T) {
 }
 
 // TestScrapeOrderedDuringRun: the finished items an ordered stage holds for an earlier
-// one count as succeeded during a run (the report counts them as failed, which they only
-// are once the run has stopped).
+// one are in flight during a run, not succeeded: the final report counts them as failed
+// if the run stops before they go on, and a succeeded counter that counted them would
+// then go down within the run (a counter reset to Prometheus, whose increase() would
+// count the whole value again). Once they go on, they are succeeded; if the run is
+// canceled first, failed, and the succeeded counter never went down.
 func TestScrapeOrderedDuringRun(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		release := make(chan struct{})
-		p := scenario.OrderedHeadHeld(release) // the head item is slow: the others wait in the window
-		reg := registry(p)
+	for _, cancelFirst := range []bool{false, true} {
+		t.Run(map[bool]string{false: "released", true: "canceled"}[cancelFirst], func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				release := make(chan struct{})
+				p := scenario.OrderedHeadHeld(release) // the head item is slow: the others wait in the window
+				reg := registry(p)
 
-		done := scenario.Start(t.Context(), p)
-		synctest.Wait()
+				ctx, cancel := context.WithCancel(t.Context())
+				defer cancel()
+				done := scenario.Start(ctx, p)
+				synctest.Wait()
 
-		text := gather(t, reg)
-		got, _ := samples(t, text)
-		checkSamples(t, got, map[string]float64{
-			`pipeline_stage_reorder_held{stage="ordered"}`:                    3,
-			`pipeline_stage_items_total{outcome="succeeded",stage="ordered"}`: 3,
-			`pipeline_stage_items_total{outcome="failed",stage="ordered"}`:    0,
-			`pipeline_stage_in_flight{stage="ordered"}`:                       1,
-			`pipeline_stage_out_total{stage="ordered"}`:                       0,
-		}, text)
+				text := gather(t, reg)
+				got, _ := samples(t, text)
+				checkSamples(t, got, map[string]float64{
+					`pipeline_stage_reorder_held{stage="ordered"}`:                    3,
+					`pipeline_stage_items_total{outcome="succeeded",stage="ordered"}`: 0,
+					`pipeline_stage_items_total{outcome="failed",stage="ordered"}`:    0,
+					`pipeline_stage_in_flight{stage="ordered"}`:                       4,
+					`pipeline_stage_out_total{stage="ordered"}`:                       0,
+				}, text)
 
-		close(release)
-		require.NoError(t, <-done)
-		got, _ = samples(t, gather(t, reg))
-		assert.Equal(t, 4.0, got[`pipeline_stage_items_total{outcome="succeeded",stage="ordered"}`])
-		assert.Equal(t, 4.0, got[`pipeline_stage_out_total{stage="ordered"}`])
-	})
+				if cancelFirst {
+					cancel()
+					require.Error(t, <-done)
+					got, _ = samples(t, gather(t, reg))
+					assert.Zero(t, got[`pipeline_stage_items_total{outcome="succeeded",stage="ordered"}`])
+					assert.Equal(t, 4.0, got[`pipeline_stage_items_total{outcome="failed",stage="ordered"}`], "the held ones and the one in hand")
+					return
+				}
+				close(release)
+				require.NoError(t, <-done)
+				got, _ = samples(t, gather(t, reg))
+				assert.Equal(t, 4.0, got[`pipeline_stage_items_total{outcome="succeeded",stage="ordered"}`])
+				assert.Equal(t, 4.0, got[`pipeline_stage_out_total{stage="ordered"}`])
+			})
+		})
+	}
 }
 
 // TestScrapeHTTP scrapes a small pipeline with a filter and a batch over HTTP, outside
@@ -215,9 +232,10 @@ func TestScrapeHTTP(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(pipelineprom.NewCollector(p, pipelineprom.WithConstLabels(prometheus.Labels{"pipeline": "squares"})))
 	const want = `
-# HELP pipeline_batch_flushes_total Batches flushed in the current or last run, by reason: size, bytes, linger or end.
+# HELP pipeline_batch_flushes_total Batches flushed in the current or last run, by reason: size, bytes, linger, checkpoint (a checkpointed source waited for its items) or end.
 # TYPE pipeline_batch_flushes_total counter
 pipeline_batch_flushes_total{pipeline="squares",reason="bytes",stage="$batch"} 0
+pipeline_batch_flushes_total{pipeline="squares",reason="checkpoint",stage="$batch"} 0
 pipeline_batch_flushes_total{pipeline="squares",reason="end",stage="$batch"} 1
 pipeline_batch_flushes_total{pipeline="squares",reason="linger",stage="$batch"} 0
 pipeline_batch_flushes_total{pipeline="squares",reason="size",stage="$batch"} 1
@@ -230,7 +248,7 @@ pipeline_stage_in_items{pipeline="squares",stage="$batch"} 3
 pipeline_stage_in_items{pipeline="squares",stage="save"} 2
 pipeline_stage_in_items{pipeline="squares",stage="$source"} 6
 pipeline_stage_in_items{pipeline="squares",stage="square"} 3
-# HELP pipeline_stage_info Always 1: the kind of each stage (source, stage, sink, filter or batch).
+# HELP pipeline_stage_info Always 1: the kind of each stage (source, stage, sink, filter, batch or window).
 # TYPE pipeline_stage_info gauge
 pipeline_stage_info{kind="batch",pipeline="squares",stage="$batch"} 1
 pipeline_stage_info{kind="filter",pipeline="squares",stage="$filter"} 1

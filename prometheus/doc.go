@@ -17,7 +17,7 @@
 //	name                                     type     labels               what
 //	pipeline_running                         gauge                         1 while a run is in progress, else 0
 //	pipeline_run_elapsed_seconds             gauge                         time since the run started (after a run: its duration)
-//	pipeline_stage_info                      gauge    stage, kind          always 1; kind is source, stage, sink, filter or batch
+//	pipeline_stage_info                      gauge    stage, kind          always 1; kind is source, stage, sink, filter, batch or window
 //	pipeline_stage_items_total               counter  stage, outcome       items settled, by outcome: succeeded, dead_lettered
 //	                                                                       or failed (sources, stages, sinks, batches), or
 //	                                                                       filtered (filters)
@@ -27,7 +27,7 @@
 //	pipeline_stage_retries_total             counter  stage                extra attempts made (attempts, not items)
 //	pipeline_stage_errors_total              counter  stage, type, outcome errors by Go type ("timeout" for a timeout) and by
 //	                                                                       what they did: retried, dead_lettered or failed
-//	pipeline_batch_flushes_total             counter  stage, reason        batches flushed by reason: size, bytes, linger, end
+//	pipeline_batch_flushes_total             counter  stage, reason        batches flushed by reason: size, bytes, linger, checkpoint, end
 //	pipeline_stage_attempt_duration_seconds  summary  stage, quantile      attempt durations: quantiles 0.5, 0.9, 0.99 and 1
 //	                                                                       (the max); _count, _sum: attempts timed
 //	pipeline_stage_in_items                  gauge    stage                items that reached the stage (a source: items it holds)
@@ -99,7 +99,7 @@
 // A stage's attempt durations come from the pipeline's own fixed-memory histogram, as
 // quantiles within 12.5 % (see [pipeline.Latency]); the report does not give the
 // histogram's buckets, which rules out a Prometheus histogram, so they are a summary
-// whose _count and _sum cover the attempts timed. The pipeline times one attempt in 16 on fast stages, so that count is
+// whose _count and _sum cover the attempts timed. The pipeline times one attempt in 64 on fast stages, so that count is
 // not the number of attempts: count attempts with pipeline_stage_items_total and
 // pipeline_stage_retries_total. The quantiles are NaN until the stage has timed an
 // attempt. Aggregate quantiles across pipelines with max(), never avg() or sum().
