@@ -3,6 +3,7 @@ package pgpipe
 import (
 	"bytes"
 	"cmp"
+	"database/sql/driver"
 	"fmt"
 	"reflect"
 	"strings"
@@ -45,8 +46,10 @@ func Func[T any](columns []string, values func(v T) []any) Mapping[T] {
 // are not flattened. It reads T's fields once, with reflection. Fields of the common
 // types (int64, int32, int16, int, string, float64, float32, bool, []byte) going into
 // columns of the matching PostgreSQL type are encoded straight from the row, with no
-// allocation; others are handed to pgx's encoders. It panics if T is not a struct or
-// maps no field.
+// allocation; others are handed to pgx's encoders. It panics if T is not a struct, maps
+// no field, or maps a field that no PostgreSQL type can take (a channel, a function, a
+// complex number, an unsafe pointer): pgx refused every row of it at write time, and
+// each was set aside as a row error.
 func Struct[T any]() Mapping[T] {
 	t := reflect.TypeFor[T]()
 	ptr := t.Kind() == reflect.Pointer
@@ -70,6 +73,9 @@ func Struct[T any]() Mapping[T] {
 		if name == "" {
 			name = snake(f.Name)
 		}
+		if unwritable(f.Type) {
+			panic(fmt.Sprintf("pgpipe: Struct[%s]: field %s (column %q) is a %s, which no PostgreSQL type takes; leave it out with `db:\"-\"`", t, f.Name, name, f.Type))
+		}
 		cols = append(cols, name)
 		idx = append(idx, i)
 	}
@@ -88,6 +94,22 @@ func Struct[T any]() Mapping[T] {
 		}
 		return buf
 	}}
+}
+
+// unwritable reports whether a field of type t can never be encoded: a channel, a
+// function, a complex number or an unsafe pointer (or a pointer to one).
+func unwritable(t reflect.Type) bool {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if valuer := reflect.TypeFor[driver.Valuer](); t.Implements(valuer) || reflect.PointerTo(t).Implements(valuer) {
+		return false // it says what it is
+	}
+	switch t.Kind() {
+	case reflect.Chan, reflect.Func, reflect.Complex64, reflect.Complex128, reflect.UnsafePointer:
+		return true
+	}
+	return false
 }
 
 func checkColumns(ctor string, cols []string) {
@@ -201,7 +223,10 @@ func elem[E any](p *E) any {
 	return *p
 }
 
-// valueSize estimates the bytes a value takes in a COPY.
+// valueSize estimates the bytes a value takes in a COPY: a string's or a byte
+// slice's length (of a named type too: json.RawMessage), the sum of an array's or a
+// map's elements, what a driver.Valuer gives, and 12 for anything else (a number, a
+// time, a struct encoded as JSON, which it does not measure).
 func valueSize(v any) int {
 	switch x := deref(v).(type) {
 	case string:
@@ -210,6 +235,34 @@ func valueSize(v any) int {
 		return len(x) + 4
 	case nil:
 		return 4
+	case int64, int, int32, float64, bool, time.Time:
+		return 12
+	case driver.Valuer:
+		if dv, err := x.Value(); err == nil {
+			if _, again := dv.(driver.Valuer); !again {
+				return valueSize(dv)
+			}
+		}
+		return 12
+	}
+	switch rv := reflect.ValueOf(deref(v)); rv.Kind() {
+	case reflect.String:
+		return rv.Len() + 4
+	case reflect.Slice, reflect.Array:
+		if rv.Type().Elem().Kind() == reflect.Uint8 {
+			return rv.Len() + 4
+		}
+		n := 4
+		for i := range rv.Len() {
+			n += valueSize(rv.Index(i).Interface())
+		}
+		return n
+	case reflect.Map:
+		n := 4
+		for it := rv.MapRange(); it.Next(); {
+			n += valueSize(it.Key().Interface()) + valueSize(it.Value().Interface())
+		}
+		return n
 	}
 	return 12
 }

@@ -57,20 +57,26 @@ func TestMisuse(t *testing.T) {
 	defer pool.Close()
 	m := pgpipe.Struct[event]()
 	cases := map[string]func(){
-		"nil pool":           func() { pgpipe.NewWriter(nil, "t", m) },
-		"no table":           func() { pgpipe.NewWriter(pool, "", m) },
-		"no mapping":         func() { pgpipe.NewWriter(pool, "t", pgpipe.Mapping[event]{}) },
-		"key not mapped":     func() { pgpipe.NewWriter(pool, "t", m, pgpipe.WithUpsert("nope")) },
-		"no key":             func() { pgpipe.WithUpsert() },
-		"no skip key":        func() { pgpipe.WithSkipExisting() },
-		"chunk":              func() { pgpipe.WithChunk(0, 0) },
-		"retry":              func() { pgpipe.WithRetry(0, nil) },
-		"nil checkpoint":     func() { pgpipe.WithCheckpoint(nil) },
-		"dead letter type":   func() { pgpipe.NewWriter(pool, "t", m, pgpipe.WithDeadLetter(pipeline.DiscardDeadLetter[int])) },
-		"dead letter table":  func() { pgpipe.NewWriter(pool, "t", m, pgpipe.WithDeadLetterTable(&pgpipe.DeadLetterTable[int]{})) },
-		"nil option":         func() { pgpipe.NewWriter(pool, "t", m, nil) },
-		"not a struct":       func() { pgpipe.Struct[int]() },
-		"no fields":          func() { pgpipe.Struct[struct{ x int }]() },
+		"nil pool":          func() { pgpipe.NewWriter(nil, "t", m) },
+		"no table":          func() { pgpipe.NewWriter(pool, "", m) },
+		"no mapping":        func() { pgpipe.NewWriter(pool, "t", pgpipe.Mapping[event]{}) },
+		"key not mapped":    func() { pgpipe.NewWriter(pool, "t", m, pgpipe.WithUpsert("nope")) },
+		"no key":            func() { pgpipe.WithUpsert() },
+		"no skip key":       func() { pgpipe.WithSkipExisting() },
+		"chunk":             func() { pgpipe.WithChunk(0, 0) },
+		"retry":             func() { pgpipe.WithRetry(0, nil) },
+		"nil checkpoint":    func() { pgpipe.WithCheckpoint(nil) },
+		"dead letter type":  func() { pgpipe.NewWriter(pool, "t", m, pgpipe.WithDeadLetter(pipeline.DiscardDeadLetter[int])) },
+		"dead letter table": func() { pgpipe.NewWriter(pool, "t", m, pgpipe.WithDeadLetterTable(&pgpipe.DeadLetterTable[int]{})) },
+		"nil option":        func() { pgpipe.NewWriter(pool, "t", m, nil) },
+		"not a struct":      func() { pgpipe.Struct[int]() },
+		"no fields":         func() { pgpipe.Struct[struct{ x int }]() },
+		"unwritable field": func() {
+			pgpipe.Struct[struct {
+				ID   int64
+				Done chan int
+			}]()
+		},
 		"duplicate column":   func() { pgpipe.Func([]string{"a", "a"}, func(int) []any { return nil }) },
 		"nil values":         func() { pgpipe.Func[int]([]string{"a"}, nil) },
 		"checkpoint without": func() { pgpipe.NewCheckpoint(pool, "") },

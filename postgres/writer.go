@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"reflect"
 	"slices"
 	"strings"
@@ -254,7 +255,18 @@ func NewWriter[T any](pool *pgxpool.Pool, table string, m Mapping[T], opts ...Op
 func (w *writerCore) prepareUpsert() {
 	cols := quoteAll(w.columns)
 	keys := quoteAll(w.cfg.key)
-	w.tmp = pgx.Identifier{"pgpipe_stage_" + strings.ReplaceAll(w.table, ".", "_")}
+	// A temporary table of the connection, named by a hash of the table and the columns:
+	// writers of other tables ("s.t" and "s_t"), or of other columns of one table, that
+	// meet on a connection each have theirs (named after the table alone, the second
+	// found the first's, without its columns); names long enough to be cut at 63 bytes
+	// no longer meet either.
+	h := fnv.New64a()
+	h.Write([]byte(w.table))
+	for _, c := range w.columns {
+		h.Write([]byte{0})
+		h.Write([]byte(c))
+	}
+	w.tmp = pgx.Identifier{fmt.Sprintf("pgpipe_stage_%016x", h.Sum64())}
 	w.createTmp = fmt.Sprintf("CREATE TEMP TABLE IF NOT EXISTS %s ON COMMIT DELETE ROWS AS SELECT %s FROM %s WITH NO DATA",
 		w.tmp.Sanitize(), cols, w.ident.Sanitize())
 	var set []string
