@@ -2,10 +2,12 @@ package pgpipe
 
 import (
 	"cmp"
+	"database/sql/driver"
 	"math"
 	"reflect"
 	"slices"
 	"strings"
+	"time"
 )
 
 // The upsert modes find a row's key twice: to choose its lane (lanes.of) and to
@@ -56,15 +58,39 @@ func (m *Mapping[T]) key(v *T, cols []int, dst, scratch []any) (keys, buf []any)
 	if m.fields != nil {
 		rv := m.value(v)
 		for _, c := range cols {
-			dst = append(dst, deref(rv.Field(m.fields[c]).Interface()))
+			dst = append(dst, keyValue(rv.Field(m.fields[c]).Interface()))
 		}
 		return dst, scratch
 	}
 	scratch = m.fill(v, scratch[:0])
 	for _, c := range cols {
-		dst = append(dst, deref(scratch[c]))
+		dst = append(dst, keyValue(scratch[c]))
 	}
 	return dst, scratch
+}
+
+// keyValue is a key column's value as PostgreSQL gets it, for comparing keys:
+// dereferenced (deref), a driver.Valuer's value (sql.NullInt64{} is NULL, and a valid
+// one its int64), nil for a nil byte slice, which pgx writes as NULL too, and a time to
+// the microsecond, as PostgreSQL keeps it. A key NULL through a value type was compared
+// by its printed form, so that rows PostgreSQL inserts each (NULLs are distinct) were
+// taken for one key, and all but the last lost; two times within a microsecond were two
+// keys, which PostgreSQL met as one twice in a statement, and refused.
+func keyValue(v any) any {
+	v = deref(v)
+	switch x := v.(type) {
+	case []byte:
+		if x == nil {
+			return nil
+		}
+	case time.Time:
+		return x.Truncate(time.Microsecond)
+	case driver.Valuer:
+		if dv, err := x.Value(); err == nil {
+			return dv
+		}
+	}
+	return v
 }
 
 // cell is a key column's value of one row, read by its kind (keyKinds): s for a

@@ -59,14 +59,17 @@ func defaultConfig() config {
 // de-duplicated by key (the last row wins), so that PostgreSQL never meets a key twice
 // in one statement, and sorted by key, so that writers running at once take their row
 // locks in the same order and cannot deadlock each other. Rows whose key has a NULL (a
-// nil pointer field) are all kept: ON CONFLICT never matches a NULL, and inserts each.
+// nil pointer field, a nil []byte, a driver.Valuer whose value is nil, such as an invalid
+// sql.NullString) are all kept: ON CONFLICT never matches a NULL, and inserts each.
 // The key must be a unique index or constraint of the table. It panics if key is
 // empty.
 //
 // Each key then holds the value of its last row in source order. With several workers,
 // [Writer.To] keeps that order by giving each key to one worker (a lane chosen by a
 // hash of the key's values; keys are equal when their Go values are, as in the
-// de-duplication): a lane's parts of batches are written one after the other, retries
+// de-duplication, a time taken to the microsecond and a driver.Valuer by its value, as
+// PostgreSQL gets them; a time key of a timestamp column without time zone is taken by
+// its instant, while PostgreSQL keeps its wall clock): a lane's parts of batches are written one after the other, retries
 // included, and a checkpointed run records a batch only once every earlier batch is
 // written, so a resumed run never writes an older row over a newer one (it may write a
 // part's rows again, as they were: see the package's Exactly once). A batch part

@@ -2,6 +2,7 @@ package pgpipe_test
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -141,6 +142,77 @@ func TestUpsertKeepsEveryRowWithANullKey(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestUpsertKeepsEveryRowWithANullValuedKey is the same with keys NULL through a value
+// type: a sql.NullString that is not valid, and a nil []byte, which pgx writes as NULL.
+// They were compared by their printed form, so the NULL-key rows but the last were lost.
+func TestUpsertKeepsEveryRowWithANullValuedKey(t *testing.T) {
+	t.Parallel()
+	type nullString struct {
+		Code  sql.NullString `db:"code"`
+		Value int            `db:"value"`
+	}
+	type nullBytes struct {
+		Code  []byte `db:"code"`
+		Value int    `db:"value"`
+	}
+	a := sql.NullString{String: "a", Valid: true}
+	for _, tc := range []struct {
+		name  string
+		write func(p *pipeline.Pipeline, pool *pgxpool.Pool, table string)
+	}{
+		{"sql.NullString", func(p *pipeline.Pipeline, pool *pgxpool.Pool, table string) {
+			in := []nullString{{Value: 1}, {a, 2}, {Value: 3}, {a, 4}}
+			pgpipe.NewWriter(pool, table, pgpipe.Struct[nullString](), pgpipe.WithUpsert("code")).To(pipeline.FromSlice(p, in), "load", 1)
+		}},
+		{"[]byte", func(p *pipeline.Pipeline, pool *pgxpool.Pool, table string) {
+			in := []nullBytes{{nil, 1}, {[]byte("a"), 2}, {nil, 3}, {[]byte("a"), 4}}
+			pgpipe.NewWriter(pool, table, pgpipe.Struct[nullBytes](), pgpipe.WithUpsert("code")).To(pipeline.FromSlice(p, in), "load", 1)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			pool := newPool(t, 2)
+			typ := "text"
+			if tc.name == "[]byte" {
+				typ = "bytea"
+			}
+			table := createTable(t, pool, "nullvalued", "(code "+typ+" UNIQUE, value int NOT NULL)")
+			p := pipeline.New()
+			tc.write(p, pool, table)
+			require.NoError(t, p.Run(t.Context()))
+			var nulls, rows int
+			require.NoError(t, pool.QueryRow(t.Context(), "SELECT count(*) FILTER (WHERE code IS NULL), count(*) FROM "+table).Scan(&nulls, &rows))
+			assert.Equal(t, 2, nulls, "both NULL-key rows")
+			assert.Equal(t, 3, rows)
+		})
+	}
+}
+
+// TestUpsertTimeKeysInOneMicrosecond upserts rows whose timestamptz keys differ by less
+// than a microsecond, which PostgreSQL keeps: one key to it, so the last row wins. They
+// were two keys to the de-duplication, and PostgreSQL refused the batch (a row affected
+// twice by ON CONFLICT DO UPDATE).
+func TestUpsertTimeKeysInOneMicrosecond(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t, 2)
+	table := createTable(t, pool, "tzkey", "(at timestamptz PRIMARY KEY, v int NOT NULL)")
+	type row struct {
+		At time.Time `db:"at"`
+		V  int32     `db:"v"`
+	}
+	t0 := time.Date(2026, 1, 1, 12, 0, 0, 1000, time.UTC)
+	in := []row{{t0, 1}, {t0.Add(1), 2}, {t0.Add(time.Microsecond), 3}}
+	p := pipeline.New()
+	pgpipe.NewWriter(pool, table, pgpipe.Struct[row](), pgpipe.WithUpsert("at")).To(pipeline.FromSlice(p, in), "load", 1)
+	require.NoError(t, p.Run(t.Context()))
+	var vs []int32
+	rows, err := pool.Query(t.Context(), "SELECT v FROM "+table+" ORDER BY at")
+	require.NoError(t, err)
+	vs, err = pgx.CollectRows(rows, pgx.RowTo[int32])
+	require.NoError(t, err)
+	assert.Equal(t, []int32{2, 3}, vs, "the last row of the first microsecond, then the next")
 }
 
 // badRow is a row of a table with constraints a row can break.
