@@ -40,7 +40,7 @@
 //	pipeline.stage.queue.capacity    UpDownCounter  {item}     pipeline.stage
 //	pipeline.stage.queue.peak        Gauge          {item}     pipeline.stage (the longest the queue was in the run)
 //	pipeline.stage.workers           UpDownCounter  {worker}   pipeline.stage, pipeline.worker.state (busy, idle)
-//	pipeline.stage.reorder.held      UpDownCounter  {item}     pipeline.stage (ordered stages: finished items held)
+//	pipeline.stage.reorder.held      UpDownCounter  {item}     pipeline.stage (ordered stages: finished items held; window stages: items in open windows)
 //	pipeline.stage.attempt.duration  Gauge (float)  s          pipeline.stage, pipeline.quantile (0.5, 0.9, 0.99, 1)
 //	pipeline.stage.attempt.timed     UpDownCounter  {attempt}  pipeline.stage (attempts behind those quantiles)
 //	pipeline.stage.attempt.timeout   Gauge (float)  s          pipeline.stage (its WithTimeout, when it has one)

@@ -121,7 +121,7 @@ func Register(p *pipeline.Pipeline, meter metric.Meter, opts ...Option) (metric.
 	in.queueCap = upDown("pipeline.stage.queue.capacity", "{item}", "Capacity of the stage's input queue.")
 	in.queuePeak = gauge("pipeline.stage.queue.peak", "{item}", "The longest the stage's input queue was in the current or last run.")
 	in.workers = upDown("pipeline.stage.workers", "{worker}", "Workers of the stage, by state: busy (handling an item) or idle.")
-	in.held = upDown("pipeline.stage.reorder.held", "{item}", "Finished items an ordered stage holds until earlier ones finish.")
+	in.held = upDown("pipeline.stage.reorder.held", "{item}", "Finished items an ordered stage holds until earlier ones finish; for a window stage, the items in its open windows.")
 	in.duration = fgauge("pipeline.stage.attempt.duration", "s",
 		"Duration of the stage function's attempts in the current or last run, at quantiles 0.5, 0.9, 0.99 (within 12.5 %) and 1 (the max).")
 	in.timed = upDown("pipeline.stage.attempt.timed", "{attempt}", "Attempts behind pipeline.stage.attempt.duration (fast stages time one in 64).")
@@ -136,8 +136,8 @@ func Register(p *pipeline.Pipeline, meter metric.Meter, opts ...Option) (metric.
 	in.breakerState = upDown("pipeline.stage.breaker.state", "{breaker}",
 		"The stage's circuit breaker (WithCircuitBreaker): 1 for its state (closed, open or half_open), 0 for the others.")
 	in.breakerOpen = fgauge("pipeline.stage.breaker.open_time", "s",
-		"Time the stage's circuit breaker spent open or half-open in the current or last run.")
-	in.breakerOpened = upDown("pipeline.stage.breaker.openings", "{opening}", "Times the stage's circuit breaker opened in the current or last run.")
+		"Time the stage's circuit breaker spent open or half-open in the current or last run (a WithSharedBreaker: since it was made).")
+	in.breakerOpened = upDown("pipeline.stage.breaker.openings", "{opening}", "Times the stage's circuit breaker opened in the current or last run (a WithSharedBreaker: since it was made).")
 	in.breakerHeld = upDown("pipeline.stage.breaker.held", "{attempt}",
 		"Failed attempts the stage's circuit breaker held (not counted against their items) in the current or last run.")
 	in.breakerHolding = upDown("pipeline.stage.breaker.holding", "{item}",

@@ -38,7 +38,7 @@
 //	pipeline_stage_queue_peak_length         gauge    stage                the longest it was in the run
 //	pipeline_stage_workers                   gauge    stage                the stage's workers
 //	pipeline_stage_busy_workers              gauge    stage                workers handling an item
-//	pipeline_stage_reorder_held              gauge    stage                ordered stages: finished items held for earlier ones
+//	pipeline_stage_reorder_held              gauge    stage                ordered stages: finished items held for earlier ones; window stages: items in open windows
 //	pipeline_stage_attempt_timeout_seconds   gauge    stage                the stage's WithTimeout, when it has one
 //	pipeline_stage_oldest_attempt_seconds    gauge    stage                with WithTimeout: the oldest running attempt's age, once
 //	                                                                       it ran a quarter of the timeout (StageReport.OldestAttempt)
