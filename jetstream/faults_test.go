@@ -85,8 +85,10 @@ func TestServerRestart(t *testing.T) {
 }
 
 // TestInProgress runs a stage slower than the consumer's AckWait: the source's
-// InProgress signals keep the server from redelivering. Without them (a progress
-// interval longer than the test), the server redelivers: the test can tell.
+// InProgress signals keep the server from redelivering, with the default interval and
+// with one near AckWait (0.8 of it: the signals used to come up to 1.5 intervals apart,
+// past AckWait). Without them (a progress interval longer than the test), the server
+// redelivers: the test can tell.
 func TestInProgress(t *testing.T) {
 	t.Parallel()
 	const (
@@ -99,6 +101,7 @@ func TestInProgress(t *testing.T) {
 		redelive bool
 	}{
 		{name: "progress", redelive: false},
+		{name: "progress near AckWait", opts: []jetstream.SourceOption{jetstream.WithProgressEvery(8 * ackWait / 10)}, redelive: false},
 		{name: "no progress", opts: []jetstream.SourceOption{jetstream.WithProgressEvery(time.Hour)}, redelive: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -243,12 +246,7 @@ func TestShutdown(t *testing.T) {
 			// at once, without waiting for an AckWait (an hour).
 			q := pipeline.New()
 			again := jetstream.NewSource(cons, itemCodec{})
-			pipeline.To(again.Stream(q), pipeline.NewSink("count", 2, func(context.Context, item) error {
-				if committed.Add(1) == n {
-					again.Stop()
-				}
-				return nil
-			}))
+			pipeline.To(again.Stream(q), countThenStop(again, 2, &committed, n))
 			qctx, qcancel := context.WithTimeout(ctx, time.Minute)
 			defer qcancel()
 			require.NoError(t, q.Run(qctx))

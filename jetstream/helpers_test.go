@@ -16,6 +16,7 @@ import (
 
 	"github.com/gopipeline/pipeline"
 	"github.com/gopipeline/pipeline/internal/scenario"
+	"github.com/gopipeline/pipeline/jetstream"
 )
 
 // embedded is a JetStream server in this process, on loopback, with its store in a
@@ -172,6 +173,17 @@ func msgs(ctx context.Context, t *testing.T, js natsjs.JetStream, stream string)
 func countItems(n *atomic.Int64) *pipeline.Stage[item, struct{}] {
 	return pipeline.NewSink("count", 1, func(context.Context, item) error {
 		n.Add(1)
+		return nil
+	})
+}
+
+// countThenStop is a sink of workers that counts items in n and stops src once it has
+// counted want: a run that ends when every message it should get has come.
+func countThenStop(src *jetstream.Source[item], workers int, n *atomic.Int64, want int64) *pipeline.Stage[item, struct{}] {
+	return pipeline.NewSink("count", workers, func(context.Context, item) error {
+		if n.Add(1) == want {
+			src.Stop()
+		}
 		return nil
 	})
 }

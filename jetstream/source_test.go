@@ -310,12 +310,7 @@ func TestSourceCodecPanicHandsBackItsMessage(t *testing.T) {
 	q := pipeline.New()
 	again := jetstream.NewSource(cons, itemCodec{})
 	var got atomic.Int64
-	pipeline.To(again.Stream(q), pipeline.NewSink("count", 1, func(context.Context, item) error {
-		if got.Add(1) == 3-st.Acked {
-			again.Stop()
-		}
-		return nil
-	}))
+	pipeline.To(again.Stream(q), countThenStop(again, 1, &got, 3-st.Acked))
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	require.NoError(t, q.Run(rctx))
@@ -349,12 +344,7 @@ func TestSourceKeepsToConsumerRequestLimits(t *testing.T) {
 			p := pipeline.New()
 			src := jetstream.NewSource(cons, itemCodec{})
 			var done atomic.Int64
-			pipeline.To(src.Stream(p), pipeline.NewSink("count", 1, func(context.Context, item) error {
-				if done.Add(1) == n {
-					src.Stop()
-				}
-				return nil
-			}))
+			pipeline.To(src.Stream(p), countThenStop(src, 1, &done, n))
 			rctx, cancel := context.WithTimeout(ctx, time.Minute)
 			defer cancel()
 			require.NoError(t, p.Run(rctx))
@@ -426,43 +416,6 @@ func TestSourceDeadLetterRefusedIsHandedBackLater(t *testing.T) {
 	assert.Zero(t, st.NotProcessed, "counted in AckErrors only")
 	_, unacked := consumerState(ctx, t, js)
 	assert.Equal(t, 1, unacked, "waiting for its redelivery, not terminated")
-}
-
-// TestSourceProgressNearAckWaitPreventsRedelivery holds messages for three AckWaits
-// with WithProgressEvery at 0.8 AckWait: their InProgress signals come at most that far
-// apart, so none is redelivered. Sent only once the interval had passed, at ticks of
-// half of it, they came up to 1.5 times it apart, past AckWait.
-func TestSourceProgressNearAckWaitPreventsRedelivery(t *testing.T) {
-	t.Parallel()
-	ctx := t.Context()
-	const (
-		n       = 8
-		ackWait = time.Second
-	)
-	js, cons := newConsumer(t, ackWait, 100)
-	publish(ctx, t, js, n)
-	p := pipeline.New()
-	src := jetstream.NewSource(cons, itemCodec{}, jetstream.WithProgressEvery(8*ackWait/10))
-	var done atomic.Int64
-	work := pipeline.Then(src.Stream(p), pipeline.NewStage("slow", n, func(ctx context.Context, v item) (item, error) {
-		t := time.NewTimer(3 * ackWait) // a slow call the message waits for, as I/O would
-		defer t.Stop()
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			return v, ctx.Err()
-		}
-		return v, nil
-	}))
-	pipeline.To(work, countItems(&done))
-	errc := make(chan error, 1)
-	go func() { errc <- p.Run(ctx) }()
-	eventually(t, time.Minute, "every item done", func() bool { return done.Load() >= n })
-	src.Stop()
-	require.NoError(t, <-errc)
-	st := src.Stats()
-	assert.Zero(t, st.Redelivered, "%+v", st)
-	assert.Equal(t, int64(n), st.Acked)
 }
 
 // TestSourceStopsWithoutWaitingForDoubleAcks commits items with WithDoubleAck while the
