@@ -448,7 +448,8 @@ func TestSourceStopsWithoutWaitingForDoubleAcks(t *testing.T) {
 	cancel()
 	close(gate)
 	select {
-	case <-errc:
+	case err := <-errc:
+		require.ErrorIs(t, err, context.Canceled)
 	case <-time.After(time.Minute): // a guard against the hang, not a measure
 		t.Fatal("Run waits for the DoubleAcks of a canceled run")
 	}
