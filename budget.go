@@ -3,6 +3,7 @@ package pipeline
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 )
 
@@ -13,8 +14,10 @@ import (
 // The budget trips at the first settled item after which at least MinSample items have
 // been seen (over the last Window items, when Window > 0) and more than MaxRatio of them
 // failed. Then, with Drain false, the run aborts: every stage is canceled and Run returns
-// a [*BudgetError]. With Drain true, the run stops taking new items, lets the items in
-// flight finish, counts the rest as not started and then returns the [*BudgetError].
+// a [*BudgetError]. With Drain true, the run stops taking new items (every source and
+// stage stops starting items, but those downstream of the stage that tripped, which
+// finish what reached them), lets the items in flight finish, counts the rest as not
+// started and then returns the [*BudgetError].
 type Budget struct {
 	MaxRatio  float64 // in [0, 1): 0.2 tolerates up to 20 % failures
 	MinSample int     // at least 1: no verdict before this many items
@@ -102,13 +105,16 @@ func (w *worker[In, Out]) record(failed bool) error {
 	}
 	serr := &StageError{Stage: w.st.name, Err: be}
 	if be.Drained {
-		// Stop taking new items here and upstream, before anything else (an observer
-		// may be slow): what already passed this stage finishes downstream. A tracked
-		// source waiting for room is woken to stop.
+		// Stop taking new items everywhere but downstream of this stage, before
+		// anything else (an observer may be slow): what already passed this stage
+		// finishes downstream. Not only upstream: another input of a Merge downstream,
+		// or another chain of the pipeline, went on taking items, and an endless one
+		// never let the run end. A tracked source waiting for room is woken to stop.
 		first := w.r.drained.CompareAndSwap(nil, serr)
-		w.row.drain.Store(true)
-		for _, up := range w.row.ups {
-			up.drain.Store(true)
+		for _, rw := range w.r.rows {
+			if !slices.Contains(rw.ups, w.row) {
+				rw.drain.Store(true)
+			}
 		}
 		if first {
 			close(w.r.drainCh)

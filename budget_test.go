@@ -239,6 +239,49 @@ func TestBudgetDrainBehindTeeStopsSource(t *testing.T) {
 	})
 }
 
+// TestBudgetDrainStopsEveryInput drains a budget in one input of a Merge whose other
+// input never ends, and in one of two chains of a pipeline whose other never ends: the
+// run stops taking new items there too, lets what it holds finish, and returns the
+// budget's error, and the report adds up. The drain reached only the tripping stage and
+// its upstream, and the run went on for ever.
+func TestBudgetDrainStopsEveryInput(t *testing.T) {
+	t.Parallel()
+	for _, shape := range []string{"merge", "two chains"} {
+		t.Run(shape, func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				p := pipeline.New(pipeline.WithBuffer(4))
+				tripping := pipeline.Then(pipeline.FromSlice(p, ints(1000)), pipeline.NewStage("s0", 1, func(_ context.Context, v int) (int, error) {
+					if v > 50 {
+						return 0, pipeline.Permanent(errBoom)
+					}
+					return v, nil
+				}, discardDead[int](), pipeline.WithErrorBudget(pipeline.Budget{MaxRatio: 0.1, MinSample: 10, Drain: true})))
+				endless := pipeline.Generate(p, func(_ context.Context, emit func(int) error) error {
+					for i := 0; ; i++ {
+						if err := emit(i); err != nil {
+							return err
+						}
+						time.Sleep(10 * time.Millisecond) // a ticker's pace, in the bubble's time
+					}
+				}, pipeline.WithName("ticker"))
+				sink := func(name string) *pipeline.Stage[int, struct{}] {
+					return pipeline.NewSink(name, 1, func(context.Context, int) error { return nil })
+				}
+				if shape == "merge" {
+					pipeline.To(pipeline.Merge(tripping, endless), sink("sink"))
+				} else {
+					pipeline.To(tripping, sink("sink"))
+					pipeline.To(endless, sink("other"))
+				}
+				err := runWithin(t, p, time.Hour)
+				require.ErrorIs(t, err, pipeline.ErrBudgetExceeded)
+				checkAccounting(t, p.Report())
+			})
+		})
+	}
+}
+
 // The same graph with the drained stage first in line stops promptly: the control for
 // TestBudgetDrainBehindTeeStopsSource.
 func TestBudgetDrainStopsSource(t *testing.T) {

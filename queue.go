@@ -54,8 +54,14 @@ func (c *counter) max(n int64) { // single writer, so no CAS loop is needed
 }
 
 // recv takes the next item from ch, blocking while ch is empty. ok is false when ch is
-// closed and drained; err is the run's cause when ctx is done first.
+// closed and drained; err is the run's cause when ctx is done first. It takes nothing
+// once ctx is done: a select with a value ready takes it even then, and the value,
+// emitted into a stopped run, was lost to the caller's channel (FromChan leaves what it
+// has not taken in ch).
 func recv[T any](ctx context.Context, ch <-chan T) (v T, ok bool, err error) {
+	if ctx.Err() != nil {
+		return v, false, context.Cause(ctx)
+	}
 	select {
 	case v, ok = <-ch:
 		return v, ok, nil
