@@ -169,15 +169,15 @@ func TestAdaptiveFloorShift(t *testing.T) {
 		p := pipeline.New()
 		st := pipeline.NewStage("call", 32, svc.call, pipeline.WithAdaptiveWorkers(1))
 		pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(12000)), st), nopSink())
-		var at5, at15 int
-		time.AfterFunc(5*time.Second, func() { at5 = row(t, p.Snapshot(), "call").Limit })
-		time.AfterFunc(15*time.Second, func() { at15 = row(t, p.Snapshot(), "call").Limit })
+		var at5, at15 atomic.Int64 // written by the timers' goroutines, read after Run
+		time.AfterFunc(5*time.Second, func() { at5.Store(int64(row(t, p.Snapshot(), "call").Limit)) })
+		time.AfterFunc(15*time.Second, func() { at15.Store(int64(row(t, p.Snapshot(), "call").Limit)) })
 		require.NoError(t, p.Run(t.Context()))
 		call := row(t, p.Report(), "call")
 		t.Logf("limit %d before the slowdown, %d 10 s after it, %d at the end (%v); p99 of the last 4,000 calls %v",
-			at5, at15, call.Limit, p.Report().Elapsed, svc.quantile(0.99, 8000))
-		assert.InDelta(t, 8, at5, 1)
-		assert.InDelta(t, 8, at15, 2)
+			at5.Load(), at15.Load(), call.Limit, p.Report().Elapsed, svc.quantile(0.99, 8000))
+		assert.InDelta(t, 8, at5.Load(), 1)
+		assert.InDelta(t, 8, at15.Load(), 2)
 		assert.InDelta(t, 8, call.Limit, 2)
 		assert.LessOrEqual(t, svc.quantile(0.99, 8000), 30*time.Millisecond, "p99 within 1.5× the new flat 20 ms")
 	})
@@ -209,12 +209,12 @@ func TestAdaptiveErrors(t *testing.T) {
 		p := pipeline.New()
 		st := pipeline.NewStage("call", 16, svc.call, pipeline.WithAdaptiveWorkers(2), discardDead[int]())
 		pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(6000)), st), nopSink())
-		var before int
-		time.AfterFunc(2*time.Second, func() { before = row(t, p.Snapshot(), "call").Limit })
+		var before atomic.Int64 // written by the timer's goroutine, read after Run
+		time.AfterFunc(2*time.Second, func() { before.Store(int64(row(t, p.Snapshot(), "call").Limit)) })
 		require.NoError(t, p.Run(t.Context()))
 		call := row(t, p.Report(), "call")
-		t.Logf("limit %d before the errors, %d at the end; history %v", before, call.Limit, call.LimitHistory)
-		assert.Equal(t, 16, before, "no knee below 64 slots: it grew to its maximum")
+		t.Logf("limit %d before the errors, %d at the end; history %v", before.Load(), call.Limit, call.LimitHistory)
+		assert.Equal(t, int64(16), before.Load(), "no knee below 64 slots: it grew to its maximum")
 		assert.Equal(t, 2, call.Limit, "errors shrank it to its minimum")
 		assert.Equal(t, "errors", call.LimitHistory[len(call.LimitHistory)-1].Reason)
 	})
