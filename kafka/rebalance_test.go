@@ -87,12 +87,22 @@ func TestGroupSharesPartitionsThroughRebalances(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			testGroupShares(t, tc.revoke)
+			// A run in which no revoke found items in flight (seen once in a CI run under
+			// load) checked everything else but says nothing of that path: run again.
+			var waited int64
+			for attempt := 1; attempt <= 3 && waited == 0; attempt++ {
+				if waited = testGroupShares(t, tc.revoke); waited == 0 {
+					t.Logf("run %d: no revoke found items in flight", attempt)
+				}
+			}
+			assert.Positive(t, waited, "no revoke found items in flight, in three runs")
 		})
 	}
 }
 
-func testGroupShares(t *testing.T, revokeWait time.Duration) {
+// testGroupShares runs the test's group once and checks it; it returns the items in
+// flight at a revoke, over the members.
+func testGroupShares(t *testing.T, revokeWait time.Duration) int64 {
 	t.Helper()
 	const n = 12000
 	ctx, c := clusterWithIDs(t, n)
@@ -195,10 +205,10 @@ func testGroupShares(t *testing.T, revokeWait time.Duration) {
 	t.Logf("duplicates %d, stale %d, uncommitted %d, in flight at a revoke %d, partitions assigned %d, commit errors %d", dups, stale, uncommitted, waited, assigned, commitErrors)
 	assert.LessOrEqual(t, dups, stale+uncommitted, "a duplicate is a record that settled after its partition was revoked, or was not committed at the revoke")
 	assert.LessOrEqual(t, stale, waited, "a stale settlement is of an item in flight at a revoke")
-	assert.Positive(t, waited, "no revoke found items in flight")
 	assert.Empty(t, out.overtook, "records that overtook an earlier one of their partition")
 	assert.Greater(t, assigned, int64(2*partitions), "the members rebalanced")
 	assert.Equal(t, endOffsets(ctx, t, c, inTopic), committedOffsets(ctx, t, c, "share", inTopic))
+	return waited
 }
 
 // TestLostPartitionsAreRedone makes the broker answer one heartbeat with
