@@ -228,7 +228,8 @@ func elem[E any](p *E) any {
 // map's elements, what a driver.Valuer gives, and 12 for anything else (a number, a
 // time, a struct encoded as JSON, which it does not measure).
 func valueSize(v any) int {
-	switch x := deref(v).(type) {
+	v = deref(v) // once: for the switch below and for reflection
+	switch x := v.(type) {
 	case string:
 		return len(x) + 4
 	case []byte:
@@ -245,7 +246,7 @@ func valueSize(v any) int {
 		}
 		return 12
 	}
-	switch rv := reflect.ValueOf(deref(v)); rv.Kind() {
+	switch rv := reflect.ValueOf(v); rv.Kind() {
 	case reflect.String:
 		return rv.Len() + 4
 	case reflect.Slice, reflect.Array:
