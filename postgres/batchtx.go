@@ -63,7 +63,7 @@ func (w *Writer[T]) commitWith(ctx context.Context, tx pgx.Tx, hook *BatchTx) er
 	}
 	pe, isPg := errors.AsType[*pgconn.PgError](err)
 	if isPg && !endsSession(pe) || errors.Is(err, pgx.ErrTxCommitRollback) || !isPg && !isConnError(err) {
-		return err // refused: not committed
+		return &commitRefused{err} // not committed
 	}
 	if hook.Resolve == nil {
 		return pipeline.Transient(fmt.Errorf("%w: %w", ErrCommitUnknown, err))

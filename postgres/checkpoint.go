@@ -371,7 +371,7 @@ func (c *Checkpoint) commit(ctx context.Context, tx pgx.Tx, p pipeline.Progress,
 	pe, isPg := errors.AsType[*pgconn.PgError](err)
 	switch {
 	case isPg && !endsSession(pe), errors.Is(err, pgx.ErrTxCommitRollback), !isPg && !isConnError(err):
-		return err // refused: not committed
+		return &commitRefused{err} // not committed
 	}
 	// The outcome is unknown: the connection was lost, or the session ended while the
 	// COMMIT ran (a FATAL: the backend was terminated, or the server shut down), which
@@ -430,7 +430,7 @@ func (c *Checkpoint) resolve(ctx context.Context, xid string, mark int64, pid ui
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
 	unknown := func(err error) error {
-		return pipeline.Fatal(fmt.Errorf("%w (the transaction of backend %d may still be running); reading its outcome failed: %w", ErrCommitUnknown, pid, err))
+		return pipeline.Fatal(fmt.Errorf("%w: %w (the transaction of backend %d may still be running); reading its outcome failed: %w", ErrCommitUnknown, cause, pid, err))
 	}
 	failures, waits := 0, 0
 	for {

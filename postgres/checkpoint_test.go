@@ -185,12 +185,42 @@ func TestCheckpointResolveSeesAReusedTransactionID(t *testing.T) {
 	holder := beginTx(t, pool) // holds the id the lost transaction had
 	var xid string
 	require.NoError(t, holder.QueryRow(t.Context(), "SELECT pg_current_xact_id()::text").Scan(&xid))
-	err = ck.Resolve(t.Context(), xid, 42, pid)
+	err = ck.Resolve(t.Context(), xid, 42, pid, errors.New("the connection was lost"))
 	require.Error(t, err)
 	require.NotErrorIs(t, err, pgpipe.ErrCommitUnknown)
 	require.ErrorContains(t, err, "was not committed")
 	class, _ := pipeline.ClassOf(err)
 	assert.Equal(t, pipeline.ClassTransient, class, "the batch is written again")
+}
+
+// TestCheckpointResolveKeepsTheCommitError resolves a COMMIT whose outcome cannot be
+// read back (here, the read-back's connection does not see the marks table): the fatal
+// error says why the COMMIT failed, as well as why the read-back did (it used to keep
+// only the read-back's).
+func TestCheckpointResolveKeepsTheCommitError(t *testing.T) {
+	cfg, err := pgxpool.ParseConfig(dbURL(t))
+	require.NoError(t, err)
+	var lost atomic.Bool // from then on, new connections look for tables in pg_catalog only
+	cfg.ConnConfig.AfterConnect = func(ctx context.Context, pc *pgconn.PgConn) error {
+		if !lost.Load() {
+			return nil
+		}
+		return pc.Exec(ctx, "SET search_path TO pg_catalog").Close()
+	}
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	ck := pgpipe.NewCheckpoint(pool, tableName("job"))
+	_, err = ck.Load(t.Context())
+	require.NoError(t, err)
+	lost.Store(true)
+	cause := &pgconn.PgError{Severity: "FATAL", Code: pgerrcode.AdminShutdown, Message: "terminating connection due to administrator command"}
+	err = ck.Resolve(t.Context(), "12345", 42, 1, cause)
+	require.ErrorIs(t, err, pgpipe.ErrCommitUnknown)
+	require.ErrorIs(t, err, cause, "the COMMIT's error")
+	require.ErrorContains(t, err, "SQLSTATE "+pgerrcode.UndefinedTable, "the read-back's error")
+	class, _ := pipeline.ClassOf(err)
+	assert.Equal(t, pipeline.ClassFatal, class)
 }
 
 // TestCheckpointMarksSurviveEarlierReleaseSave has an instance of the previous release,

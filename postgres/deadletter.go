@@ -145,7 +145,11 @@ func (d *DeadLetterTable[T]) insert(ctx context.Context, db copier, recs []pipel
 	}
 	_, err := db.CopyFrom(ctx, d.ident, deadLetterColumns, pgx.CopyFromRows(rows))
 	if err != nil {
-		return fmt.Errorf("pgpipe: write dead letters to %s: %w", d.table, err)
+		err = fmt.Errorf("pgpipe: write dead letters to %s: %w", d.table, err)
+		if rowError(err) != nil { // the table refused a record: not a row of the batch, and no retry helps
+			return pipeline.Fatal(err)
+		}
+		return err
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package pgpipe_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"iter"
 	"sync"
@@ -142,4 +143,29 @@ func TestDeadLetterTableWithCheckpoint(t *testing.T) {
 			assert.Empty(t, above)
 		})
 	}
+}
+
+// TestDeadLetterTableRefusalFailsRun checks that a dead-letter table that refuses a
+// letter (a constraint of its own) stops the run with a fatal error that names the
+// table: the refusal used to be taken for the batch's own row rejection.
+func TestDeadLetterTableRefusalFailsRun(t *testing.T) {
+	ctx := t.Context()
+	pool := newPool(t, 4)
+	table, dead := createEvents(t, pool, true), tableName("dead")
+	dlt, err := pgpipe.OpenDeadLetterTable[event](ctx, pool, dead, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { mustExec(t, pool, "DROP TABLE IF EXISTS "+dead) })
+	mustExec(t, pool, "ALTER TABLE "+dead+" ADD CONSTRAINT no_letters CHECK (stage <> 'load')")
+	mustExec(t, pool, "INSERT INTO "+table+" VALUES (3, 'there before', 0)") // event 3 breaks the primary key
+
+	evs := events(10)
+	p := pipeline.New()
+	pgpipe.NewWriter(pool, table, pgpipe.Struct[event](), pgpipe.WithDeadLetterTable(dlt)).To(pipeline.FromSlice(p, evs), "load", 1)
+	err = p.Run(ctx)
+	require.Error(t, err)
+	class, ok := pipeline.ClassOf(err)
+	assert.True(t, ok && class == pipeline.ClassFatal, "fatal, not %v: %v", class, err)
+	_, isRow := errors.AsType[*pgpipe.RowError](err)
+	assert.False(t, isRow, "not a row of the batch: %v", err)
+	assert.ErrorContains(t, err, "dead letters to "+dead)
 }

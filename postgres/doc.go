@@ -28,9 +28,14 @@
 // belong to rows: the writer bisects the batch inside its transaction with savepoints,
 // commits the good rows and dead-letters only the rejected ones ([WithDeadLetterTable],
 // [WithDeadLetter]) with PostgreSQL's message, code and constraint, in O(k·log n) round
-// trips for k bad rows of n. A missing table or column, a missing privilege, a failed
-// login or an unknown database are fatal, with a message that names the table, the
-// role or the database.
+// trips for k bad rows of n. A constraint checked at COMMIT (DEFERRABLE INITIALLY
+// DEFERRED) makes the writer write the batch again with every constraint checked at its
+// statement (SET CONSTRAINTS ALL IMMEDIATE), so that the bisection finds the row; a
+// row rejected for a foreign key is tried again once the others are in, so that one
+// that refers to a later row of its batch is not rejected for the order. A missing
+// table or column, a missing privilege, a failed login or an unknown database are
+// fatal, with a message that names the table, the role or the database; so is a letter
+// that the [DeadLetterTable] itself refuses (a constraint of its own).
 //
 // # Exactly once
 //

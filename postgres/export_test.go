@@ -2,7 +2,6 @@ package pgpipe
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"hash/maphash"
 	"slices"
@@ -19,9 +18,9 @@ func (c *Checkpoint) CommitTx(ctx context.Context, tx pgx.Tx, p pipeline.Progres
 }
 
 // Resolve is resolve, for a COMMIT of transaction xid (of backend pid, with mark)
-// whose connection was lost.
-func (c *Checkpoint) Resolve(ctx context.Context, xid string, mark int64, pid uint32) error {
-	return c.resolve(ctx, xid, mark, pid, errors.New("the connection was lost"), defaultConfig())
+// that failed with cause.
+func (c *Checkpoint) Resolve(ctx context.Context, xid string, mark int64, pid uint32, cause error) error {
+	return c.resolve(ctx, xid, mark, pid, cause, defaultConfig())
 }
 
 // KeyPaths de-duplicates batch by the key columns key and gives each row's lane of

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -394,12 +395,28 @@ func (w *Writer[T]) writeWith(ctx context.Context, stage string, batch []T, hook
 		return w.classify(ctx, err)
 	}
 	defer conn.Release()
-	return w.classify(ctx, w.writeOn(ctx, conn.Conn(), stage, rows, hook))
+	err = w.writeOn(ctx, conn.Conn(), stage, rows, hook, false)
+	if _, refused := errors.AsType[*commitRefused](err); refused && rowError(err) != nil {
+		// A deferred constraint (DEFERRABLE INITIALLY DEFERRED) is checked at COMMIT,
+		// after every savepoint of a bisection passed: write the batch again with every
+		// constraint checked at its statement, so that the bisection finds the row.
+		err = w.writeOn(ctx, conn.Conn(), stage, rows, hook, true)
+	}
+	return w.classify(ctx, err)
 }
 
-func (w *Writer[T]) writeOn(ctx context.Context, conn *pgx.Conn, stage string, rows []T, hook *BatchTx) error {
+// commitRefused is the error of a COMMIT that the server refused (a deferred
+// constraint failed, say): the transaction rolled back. Its message is err's.
+type commitRefused struct{ err error }
+
+func (e *commitRefused) Error() string { return e.err.Error() }
+func (e *commitRefused) Unwrap() error { return e.err }
+
+// writeOn writes rows in one transaction on conn (or one COPY). immediate checks every
+// deferrable constraint at its statement (SET CONSTRAINTS ALL IMMEDIATE).
+func (w *Writer[T]) writeOn(ctx context.Context, conn *pgx.Conn, stage string, rows []T, hook *BatchTx, immediate bool) error {
 	var rejected error // the whole batch's row error, when it had one
-	if w.cfg.mode == modeInsert && w.cfg.ck == nil && hook == nil {
+	if w.cfg.mode == modeInsert && w.cfg.ck == nil && hook == nil && !immediate {
 		// One COPY is atomic: no transaction needed unless rows must be isolated.
 		err := w.copyRows(ctx, conn, w.ident, rows)
 		if err == nil {
@@ -412,7 +429,7 @@ func (w *Writer[T]) writeOn(ctx context.Context, conn *pgx.Conn, stage string, r
 		}
 		rejected = err
 	}
-	tx, err := w.begin(ctx, conn)
+	tx, err := w.begin(ctx, conn, immediate)
 	if err != nil {
 		return err
 	}
@@ -433,7 +450,7 @@ func (w *Writer[T]) writeOn(ctx context.Context, conn *pgx.Conn, stage string, r
 				return err
 			}
 			w.stats.roundTrips.Add(1)
-			if tx, err = w.begin(ctx, conn); err != nil {
+			if tx, err = w.begin(ctx, conn, immediate); err != nil {
 				return err
 			}
 		}
@@ -441,6 +458,9 @@ func (w *Writer[T]) writeOn(ctx context.Context, conn *pgx.Conn, stage string, r
 	if rejected != nil {
 		w.stats.bisected.Add(1)
 		if err := w.bisect(ctx, tx, rows, false, rejected, b); err != nil {
+			return err
+		}
+		if err := w.retake(ctx, tx, b); err != nil {
 			return err
 		}
 		if err := w.deadLetter(ctx, tx, stage, b.bad); err != nil {
@@ -464,14 +484,22 @@ func (w *Writer[T]) writeOn(ctx context.Context, conn *pgx.Conn, stage string, r
 }
 
 // begin starts a batch's transaction; in the upsert modes it also makes sure the
-// connection has the temporary table.
-func (w *Writer[T]) begin(ctx context.Context, conn *pgx.Conn) (pgx.Tx, error) {
+// connection has the temporary table. immediate checks every deferrable constraint at
+// its statement.
+func (w *Writer[T]) begin(ctx context.Context, conn *pgx.Conn, immediate bool) (pgx.Tx, error) {
 	tx, err := conn.Begin(ctx)
 	w.stats.roundTrips.Add(1)
-	if err != nil || w.cfg.mode == modeInsert {
+	var sql []string
+	if immediate {
+		sql = append(sql, "SET CONSTRAINTS ALL IMMEDIATE")
+	}
+	if w.cfg.mode != modeInsert {
+		sql = append(sql, w.createTmp)
+	}
+	if err != nil || len(sql) == 0 {
 		return tx, err
 	}
-	if err := w.exec(ctx, tx, w.createTmp); err != nil {
+	if err := w.exec(ctx, tx, strings.Join(sql, "; ")); err != nil {
 		_ = tx.Rollback(ctx)
 		return nil, err
 	}
@@ -550,6 +578,32 @@ func (w *Writer[T]) bisect(ctx context.Context, tx pgx.Tx, rows []T, failed bool
 	return w.bisect(ctx, tx, rows[mid:], len(b.bad) == n, nil, b)
 }
 
+// retake tries each row that the bisection rejected for a foreign key (23503) again,
+// alone: one that refers to a row of its own batch (a foreign key to its own table, or
+// to a table that a trigger fills) is rejected when the bisection tries it before that
+// row went in. Passes repeat while one lets a row in.
+func (w *Writer[T]) retake(ctx context.Context, tx pgx.Tx, b *bisection[T]) error {
+	for {
+		kept, took := b.bad[:0:0], false
+		for _, r := range b.bad {
+			if r.err.Code != pgerrcode.ForeignKeyViolation {
+				kept = append(kept, r)
+				continue
+			}
+			one := &bisection[T]{}
+			if err := w.bisect(ctx, tx, []T{r.v}, false, nil, one); err != nil {
+				return err
+			}
+			took = took || len(one.bad) == 0
+			kept = append(kept, one.bad...) // with its latest error
+		}
+		b.bad = kept
+		if !took {
+			return nil
+		}
+	}
+}
+
 // rowHint returns the index of the row err names, or -1.
 func rowHint(err error) int {
 	if err == nil {
@@ -609,7 +663,7 @@ func (w *Writer[T]) commit(ctx context.Context, tx pgx.Tx) error {
 			if pe, ok := errors.AsType[*pgconn.PgError](err); ok && endsSession(pe) || !ok && isConnError(err) {
 				return pipeline.Transient(fmt.Errorf("%w: %w", ErrCommitUnknown, err))
 			}
-			return err
+			return &commitRefused{err}
 		}
 		return nil
 	}

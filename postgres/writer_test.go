@@ -324,6 +324,99 @@ func testBadRows(t *testing.T, mode string) {
 	assert.Contains(t, rep.String(), fmt.Sprintf("sink load: %d parts of its items set aside", len(want)))
 }
 
+// refRow is a row of a table with deferred foreign keys: to a parent table, and to a
+// row of its own table.
+type refRow struct {
+	ID     int64  `db:"id"`
+	Parent int32  `db:"parent"`
+	Ref    *int64 `db:"ref"`
+}
+
+// TestDeferredConstraintRejectsOnlyItsRow writes a batch into a table whose foreign keys
+// are checked at COMMIT (DEFERRABLE INITIALLY DEFERRED), with two rows that break them,
+// and checks that exactly those are dead-lettered, whichever way the batch commits: the
+// COMMIT used to fail the whole batch, after every savepoint of the bisection had passed.
+// A row that refers to a row after it in the batch goes in, though the search splits
+// the two.
+func TestDeferredConstraintRejectsOnlyItsRow(t *testing.T) {
+	for _, tc := range []struct {
+		name, mode string // how the batch is written: a sink, a checkpointed sink, Writer.Write
+		upsert     bool
+	}{
+		{"insert", "sink", false},
+		{"upsert", "sink", true},
+		{"checkpointed insert", "checkpoint", false},
+		{"Write with a BatchTx", "write", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := t.Context()
+			pool := newPool(t, 4)
+			parent, table, dead := tableName("parent"), tableName("deferred"), tableName("dead")
+			mustExec(t, pool, "CREATE TABLE "+parent+" (id int PRIMARY KEY)")
+			mustExec(t, pool, "INSERT INTO "+parent+" SELECT generate_series(0, 9)")
+			mustExec(t, pool, fmt.Sprintf(`CREATE TABLE %[1]s (id bigint PRIMARY KEY,
+				parent int NOT NULL CONSTRAINT %[1]s_parent REFERENCES %[2]s (id) DEFERRABLE INITIALLY DEFERRED,
+				ref bigint CONSTRAINT %[1]s_ref REFERENCES %[1]s (id) DEFERRABLE INITIALLY DEFERRED)`, table, parent))
+			t.Cleanup(func() { mustExec(t, pool, "DROP TABLE IF EXISTS "+table+", "+parent+", "+dead) })
+
+			const n = 100
+			in := make([]refRow, n)
+			for i := range in {
+				in[i] = refRow{ID: int64(i), Parent: int32(i % 10)}
+			}
+			forward, missing := int64(60), int64(999)
+			in[3].Ref = &forward  // refers to a row later in the batch: goes in
+			in[37].Parent = 99    // no such parent
+			in[80].Ref = &missing // no such row
+			dlt, err := pgpipe.OpenDeadLetterTable[refRow](ctx, pool, dead, nil)
+			require.NoError(t, err)
+			opts := []pgpipe.Option{pgpipe.WithDeadLetterTable(dlt), pgpipe.WithChunk(n, 0)}
+			if tc.upsert {
+				opts = append(opts, pgpipe.WithUpsert("id"))
+			}
+			switch tc.mode {
+			case "sink":
+				p := pipeline.New()
+				pgpipe.NewWriter(pool, table, pgpipe.Struct[refRow](), opts...).To(pipeline.FromSlice(p, in), "load", 1)
+				require.NoError(t, p.Run(ctx))
+			case "checkpoint":
+				ck := pgpipe.NewCheckpoint(pool, tableName("job"))
+				p := pipeline.New()
+				src := pipeline.FromCheckpoint(p, ck, func(_ context.Context, pos int64) iter.Seq2[refRow, error] {
+					return func(yield func(refRow, error) bool) {
+						for _, r := range in[pos:] {
+							if !yield(r, nil) {
+								return
+							}
+						}
+					}
+				})
+				opts = append(opts, pgpipe.WithCheckpoint(ck))
+				pgpipe.NewWriter(pool, table, pgpipe.Struct[refRow](), opts...).To(src, "load", 1)
+				require.NoError(t, p.Run(ctx))
+				pos, err := ck.Load(ctx)
+				require.NoError(t, err)
+				assert.Equal(t, int64(n), pos, "every position settled")
+			case "write":
+				w := pgpipe.NewWriter(pool, table, pgpipe.Struct[refRow](), opts...)
+				require.NoError(t, w.Write(ctx, "load", in, pgpipe.BatchTx{}))
+			}
+
+			dls, err := dlt.Read(ctx, "load")
+			require.NoError(t, err)
+			got := map[int64]string{}
+			for _, d := range dls {
+				got[d.Item.ID] = d.LastError
+			}
+			require.Len(t, got, 2, "only the rows that break a key are dead-lettered: %v", got)
+			assert.Contains(t, got[37], table+"_parent")
+			assert.Contains(t, got[80], table+"_ref")
+			rows, _ := count(t, pool, table)
+			assert.Equal(t, int64(n-2), rows, "every other row is written")
+		})
+	}
+}
+
 // TestFatalErrors checks that what no retry can fix stops the run at once, with a
 // message naming the table, the column, the role or the database.
 func TestFatalErrors(t *testing.T) {
