@@ -3,6 +3,7 @@ package pipeline_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -55,5 +56,43 @@ func TestAllLoopBodyPanicKeepsAccounting(t *testing.T) {
 			panic(fmt.Sprint("body ", err))
 		}
 	}()
+	checkAccounting(t, p.Report())
+}
+
+// TestAllBreakLeavesItsItemUnsettled checks what breaking out of a loop over All does
+// to the item the body broke on: the body may have broken before it handled the item,
+// so it is not settled as done. An acknowledged source is told NotProcessed for it (a
+// checkpointed run would redo it), and the items before it Committed.
+func TestAllBreakLeavesItsItemUnsettled(t *testing.T) {
+	var mu sync.Mutex
+	got := map[string]pipeline.Outcome{}
+	p := pipeline.New()
+	src := pipeline.FromAcked(p, func(_ context.Context, emit func(string, func(pipeline.Settlement)) error) error {
+		for _, m := range []string{"a", "b", "c"} {
+			if err := emit(m, func(s pipeline.Settlement) {
+				mu.Lock()
+				defer mu.Unlock()
+				_, twice := got[m]
+				require.False(t, twice, "%s settled twice", m)
+				got[m] = s.Outcome
+			}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	for v, err := range pipeline.All(t.Context(), src, pipeline.WithBuffer(1)) {
+		require.NoError(t, err)
+		if v == "b" {
+			break
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, pipeline.Committed, got["a"])
+	require.Equal(t, pipeline.NotProcessed, got["b"], "broken on: not done")
+	if o, ok := got["c"]; ok {
+		require.Equal(t, pipeline.NotProcessed, o)
+	}
 	checkAccounting(t, p.Report())
 }

@@ -484,7 +484,10 @@ func Collect[T any](ctx context.Context, s *Stream[T], opts ...CollectOption) ([
 // The loop body runs in the caller's goroutine while the stages run in their own; a
 // slow body applies backpressure through the whole pipeline. Breaking out of the loop
 // cancels the run, and the loop statement returns only after every goroutine of the run
-// has exited. Each range over the sequence is a new run, and so is a later All or
+// has exited. An item settles when the body is done with it, that is when the loop
+// asks for the next one: the item the body broke out on (which it may not have
+// handled) does not settle, so an acknowledged source ([FromAcked]) is told
+// NotProcessed for it, and a checkpointed run ([FromCheckpoint]) redoes it. Each range over the sequence is a new run, and so is a later All or
 // [Collect] of the same stream: it takes the options of the first call, or none (the
 // first call's stay); other options panic.
 //
