@@ -198,7 +198,12 @@ func (rw *row) inFlight() (inFlight, taken int64) {
 // Retried, DeadLettered, Failed, Filtered) only grow; NotStarted, the queue lengths,
 // Busy, InFlight and Window are of the moment and go up and down.
 func (p *Pipeline) Snapshot() Report {
-	r := p.cur.Load()
+	return p.snapshot(p.cur.Load())
+}
+
+// snapshot is Snapshot of run r, the run in progress when Snapshot began (nil if
+// none).
+func (p *Pipeline) snapshot(r *run) Report {
 	if r == nil {
 		return p.Report()
 	}
@@ -207,6 +212,15 @@ func (p *Pipeline) Snapshot() Report {
 	now := time.Now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.cur.Load() != r {
+		// r ended, and a later run may have begun and sampled: its samples stay. The
+		// rates are r's since its start, the latencies its whole run's.
+		p.rates(&rep, rateSample{run: r, at: r.started}, now)
+		for i := range rep.Stages {
+			rep.Stages[i].Recent = rep.Stages[i].Latency
+		}
+		return rep
+	}
 	if len(p.samples) > 0 && p.samples[0].run != r {
 		p.samples = p.samples[:0]
 	}
@@ -216,12 +230,7 @@ func (p *Pipeline) Snapshot() Report {
 			base = smp // samples are in time order: the last one old enough wins
 		}
 	}
-	if dt := now.Sub(base.at).Seconds(); dt > 0 {
-		for i := range rep.Stages {
-			s := &rep.Stages[i]
-			s.Rate = float64(s.Out-base.out[s.Name]) / dt
-		}
-	}
+	p.rates(&rep, base, now)
 	out := make(map[string]int64, len(rep.Stages))
 	for _, s := range rep.Stages {
 		out[s.Name] = s.Out
@@ -236,6 +245,16 @@ func (p *Pipeline) Snapshot() Report {
 	p.samples = append(keep[max(0, len(keep)-63):], rateSample{run: r, at: now, out: out})
 	p.recentLatency(r, &rep, now)
 	return rep
+}
+
+// rates sets each stage's Rate in rep: its output since sample base, per second.
+func (p *Pipeline) rates(rep *Report, base rateSample, now time.Time) {
+	if dt := now.Sub(base.at).Seconds(); dt > 0 {
+		for i := range rep.Stages {
+			s := &rep.Stages[i]
+			s.Rate = float64(s.Out-base.out[s.Name]) / dt
+		}
+	}
 }
 
 // rateSample is one Snapshot's output counts, for the rates of later ones.
