@@ -62,8 +62,12 @@ func defaultConfig() config {
 // locks in the same order and cannot deadlock each other. Rows whose key has a NULL (a
 // nil pointer field, a nil []byte, a driver.Valuer whose value is nil, such as an invalid
 // sql.NullString) are all kept: ON CONFLICT never matches a NULL, and inserts each.
-// The key must be a unique index or constraint of the table. It panics if key is
-// empty.
+// A batch with two rows that are one key to PostgreSQL but two to Go (a char(n) or
+// citext column, a timestamp without time zone, a float4; two NULLs under a unique
+// index with NULLS NOT DISTINCT) fails the move ("cannot affect row a second time"):
+// the writer then writes the batch again, as it came, and lets PostgreSQL keep the
+// last row of each of its keys. The key must be a unique index or constraint of the
+// table. It panics if key is empty.
 //
 // Each key then holds the value of its last row in source order. With several workers,
 // [Writer.To] keeps that order by giving each key to one worker (a lane chosen by a
@@ -172,18 +176,20 @@ type Writer[T any] struct {
 
 // writerCore is the part of a Writer that does not depend on T.
 type writerCore struct {
-	pool       *pgxpool.Pool
-	table      string // as given
-	ident      pgx.Identifier
-	columns    []string
-	keyIdx     []int
-	cfg        config
-	tmp        pgx.Identifier // upsert: the temporary table
-	createTmp  string
-	moveSQL    string
-	quotedCols string
-	oidc       oidCache
-	stats      stats
+	pool      *pgxpool.Pool
+	table     string // as given
+	ident     pgx.Identifier
+	columns   []string
+	keyIdx    []int
+	cfg       config
+	tmp       pgx.Identifier // upsert: the temporary table
+	createTmp string
+	moveSQL   string
+	// moveDistinct moves as writeHow.distinct says (distinctKeys, distinctAll).
+	moveDistinct [2]string
+	quotedCols   string
+	oidc         oidCache
+	stats        stats
 }
 
 type stats struct{ batches, rows, dead, bisected, roundTrips atomic.Int64 }
@@ -286,6 +292,23 @@ func (w *writerCore) prepareUpsert() {
 	}
 	w.moveSQL = fmt.Sprintf("INSERT INTO %s (%s) SELECT %s FROM %s ORDER BY %s ON CONFLICT (%s) %s",
 		w.ident.Sanitize(), cols, cols, w.tmp.Sanitize(), keys, keys, action)
+	// The last row of each key (the rows are copied in source order, and a COPY into
+	// the emptied temporary table places them in that order): of each key with no NULL,
+	// with every row whose key has one (ON CONFLICT never matches a NULL), or, for a
+	// unique index with NULLS NOT DISTINCT, of every key (DISTINCT ON takes NULLs as
+	// equal).
+	nulls := make([]string, len(w.cfg.key))
+	for i, k := range w.cfg.key {
+		nulls[i] = pgx.Identifier{k}.Sanitize() + " IS NULL"
+	}
+	anyNull := strings.Join(nulls, " OR ")
+	w.moveDistinct[0] = fmt.Sprintf("INSERT INTO %[1]s (%[2]s) SELECT %[2]s FROM ("+
+		"SELECT DISTINCT ON (%[4]s) %[2]s FROM %[3]s WHERE NOT (%[5]s) ORDER BY %[4]s, ctid DESC) AS last "+
+		"UNION ALL SELECT %[2]s FROM %[3]s WHERE %[5]s ORDER BY %[4]s ON CONFLICT (%[4]s) %[6]s",
+		w.ident.Sanitize(), cols, w.tmp.Sanitize(), keys, anyNull, action)
+	w.moveDistinct[1] = fmt.Sprintf("INSERT INTO %[1]s (%[2]s) SELECT %[2]s FROM ("+
+		"SELECT DISTINCT ON (%[4]s) %[2]s FROM %[3]s ORDER BY %[4]s, ctid DESC) AS last ORDER BY %[4]s ON CONFLICT (%[4]s) %[5]s",
+		w.ident.Sanitize(), cols, w.tmp.Sanitize(), keys, action)
 }
 
 func quoteAll(names []string) string {
@@ -395,15 +418,46 @@ func (w *Writer[T]) writeWith(ctx context.Context, stage string, batch []T, hook
 		return w.classify(ctx, err)
 	}
 	defer conn.Release()
-	err = w.writeOn(ctx, conn.Conn(), stage, rows, hook, false)
-	if _, refused := errors.AsType[*commitRefused](err); refused && rowError(err) != nil {
-		// A deferred constraint (DEFERRABLE INITIALLY DEFERRED) is checked at COMMIT,
-		// after every savepoint of a bisection passed: write the batch again with every
-		// constraint checked at its statement, so that the bisection finds the row.
-		err = w.writeOn(ctx, conn.Conn(), stage, rows, hook, true)
+	var how writeHow
+	for {
+		err = w.writeOn(ctx, conn.Conn(), stage, rows, hook, how)
+		_, refused := errors.AsType[*commitRefused](err)
+		pe, isPg := errors.AsType[*pgconn.PgError](err)
+		switch {
+		case refused && rowError(err) != nil && !how.immediate:
+			// A deferred constraint (DEFERRABLE INITIALLY DEFERRED) is checked at COMMIT,
+			// after every savepoint of a bisection passed: write the batch again with
+			// every constraint checked at its statement, so that the bisection finds the
+			// row.
+			how.immediate = true
+		case isPg && pe.Code == pgerrcode.CardinalityViolation && w.cfg.mode == modeUpsert && how.distinct < distinctAll:
+			// Two rows whose keys differ in Go are one key to PostgreSQL (a citext or
+			// char(n) column, a timestamp without time zone, a float4; then, a unique
+			// index with NULLS NOT DISTINCT), and ON CONFLICT DO UPDATE cannot take both
+			// in one statement: let PostgreSQL keep the last of each of its keys.
+			how.distinct, rows = how.distinct+1, batch
+		default:
+			return w.classify(ctx, err)
+		}
 	}
-	return w.classify(ctx, err)
 }
+
+// writeHow is how writeOn writes a batch, after a first attempt failed.
+type writeHow struct {
+	// immediate checks every deferrable constraint at its statement (SET CONSTRAINTS
+	// ALL IMMEDIATE).
+	immediate bool
+	// distinct, if not 0, moves the rows of the temporary table, copied in source
+	// order (the batch as it came, not de-duplicated in Go), with the last row of
+	// each key as PostgreSQL compares them: of the keys with no NULL (distinctKeys),
+	// or of every key (distinctAll).
+	distinct int
+}
+
+const (
+	distinctKeys = 1 // moveDistinct[0]
+	distinctAll  = 2 // moveDistinct[1]
+)
 
 // commitRefused is the error of a COMMIT that the server refused (a deferred
 // constraint failed, say): the transaction rolled back. Its message is err's.
@@ -412,11 +466,10 @@ type commitRefused struct{ err error }
 func (e *commitRefused) Error() string { return e.err.Error() }
 func (e *commitRefused) Unwrap() error { return e.err }
 
-// writeOn writes rows in one transaction on conn (or one COPY). immediate checks every
-// deferrable constraint at its statement (SET CONSTRAINTS ALL IMMEDIATE).
-func (w *Writer[T]) writeOn(ctx context.Context, conn *pgx.Conn, stage string, rows []T, hook *BatchTx, immediate bool) error {
+// writeOn writes rows in one transaction on conn (or one COPY), as how says.
+func (w *Writer[T]) writeOn(ctx context.Context, conn *pgx.Conn, stage string, rows []T, hook *BatchTx, how writeHow) error {
 	var rejected error // the whole batch's row error, when it had one
-	if w.cfg.mode == modeInsert && w.cfg.ck == nil && hook == nil && !immediate {
+	if w.cfg.mode == modeInsert && w.cfg.ck == nil && hook == nil && !how.immediate {
 		// One COPY is atomic: no transaction needed unless rows must be isolated.
 		err := w.copyRows(ctx, conn, w.ident, rows)
 		if err == nil {
@@ -429,7 +482,7 @@ func (w *Writer[T]) writeOn(ctx context.Context, conn *pgx.Conn, stage string, r
 		}
 		rejected = err
 	}
-	tx, err := w.begin(ctx, conn, immediate)
+	tx, err := w.begin(ctx, conn, how.immediate)
 	if err != nil {
 		return err
 	}
@@ -438,9 +491,11 @@ func (w *Writer[T]) writeOn(ctx context.Context, conn *pgx.Conn, stage string, r
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 		}
 	}()
-	b := &bisection[T]{hints: true}
+	// Hints try a row before the rows ahead of it: in source order, as distinct
+	// writes, a row of a key would then be written over by an earlier one.
+	b := &bisection[T]{hints: how.distinct == 0, distinct: how.distinct}
 	if rejected == nil && len(rows) > 0 {
-		err = w.load(ctx, tx, rows)
+		err = w.load(ctx, tx, rows, b.distinct)
 		if err != nil && rowError(err) == nil {
 			return err
 		}
@@ -450,7 +505,7 @@ func (w *Writer[T]) writeOn(ctx context.Context, conn *pgx.Conn, stage string, r
 				return err
 			}
 			w.stats.roundTrips.Add(1)
-			if tx, err = w.begin(ctx, conn, immediate); err != nil {
+			if tx, err = w.begin(ctx, conn, how.immediate); err != nil {
 				return err
 			}
 		}
@@ -506,21 +561,26 @@ func (w *Writer[T]) begin(ctx context.Context, conn *pgx.Conn, immediate bool) (
 	return tx, nil
 }
 
-// load writes rows in tx: a COPY into the table, or into the temporary table and on.
-func (w *Writer[T]) load(ctx context.Context, tx pgx.Tx, rows []T) error {
+// load writes rows in tx: a COPY into the table, or into the temporary table and on
+// (as writeHow.distinct says).
+func (w *Writer[T]) load(ctx context.Context, tx pgx.Tx, rows []T, distinct int) error {
 	if w.cfg.mode == modeInsert {
 		return w.copyRows(ctx, tx.Conn(), w.ident, rows)
 	}
 	if err := w.copyRows(ctx, tx.Conn(), w.tmp, rows); err != nil {
 		return err
 	}
+	if distinct > 0 {
+		return w.exec(ctx, tx, w.moveDistinct[distinct-1])
+	}
 	return w.exec(ctx, tx, w.moveSQL)
 }
 
 // bisection is the state of one batch's search for its rejected rows.
 type bisection[T any] struct {
-	bad   []badRow[T]
-	hints bool // the errors' row hints have not misled yet
+	bad      []badRow[T]
+	hints    bool // the errors' row hints have not misled yet
+	distinct int  // writeHow.distinct
 }
 
 // bisect writes rows in savepoints and isolates the rows PostgreSQL rejects, in
@@ -537,7 +597,7 @@ func (w *Writer[T]) bisect(ctx context.Context, tx pgx.Tx, rows []T, failed bool
 		if err := w.exec(ctx, tx, "SAVEPOINT pgpipe"); err != nil {
 			return err
 		}
-		err := w.load(ctx, tx, rows)
+		err := w.load(ctx, tx, rows, b.distinct)
 		if err == nil {
 			done := "RELEASE SAVEPOINT pgpipe"
 			if w.cfg.mode != modeInsert {
@@ -590,7 +650,7 @@ func (w *Writer[T]) retake(ctx context.Context, tx pgx.Tx, b *bisection[T]) erro
 				kept = append(kept, r)
 				continue
 			}
-			one := &bisection[T]{}
+			one := &bisection[T]{distinct: b.distinct}
 			if err := w.bisect(ctx, tx, []T{r.v}, false, nil, one); err != nil {
 				return err
 			}

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -99,6 +100,71 @@ func TestUpsertLastRowWins(t *testing.T) {
 				assert.Equal(t, 4999, last)
 				assert.Equal(t, 2, old, "existing rows are kept")
 			}
+		})
+	}
+}
+
+// TestUpsertKeysThatPostgreSQLTakesAsOne upserts batches with two rows whose keys
+// differ in Go but are one key to PostgreSQL: char(n) pads its values, and a unique
+// index with NULLS NOT DISTINCT takes two NULLs as equal. The run used to fail ("ON
+// CONFLICT DO UPDATE command cannot affect row a second time", fatal); now the last
+// row of each key wins, and rows with a NULL key are all kept where the index lets them.
+func TestUpsertKeysThatPostgreSQLTakesAsOne(t *testing.T) {
+	str := func(s string) *string { return &s }
+	for _, tc := range []struct {
+		name, column string
+		in           []nullKeyRow
+		want         []string // code=value, sorted
+		dead         []string // code=value of the rows set aside
+	}{
+		{
+			name: "char(n)", column: "code char(4) UNIQUE",
+			in:   []nullKeyRow{{str("ab"), 1}, {str("cd"), 2}, {nil, 3}, {str("ab  "), 4}, {nil, 5}, {str("ab"), 6}, {str("cd "), 7}},
+			want: []string{"<nil>=3", "<nil>=5", "ab  =6", "cd  =7"},
+		},
+		{
+			name: "NULLS NOT DISTINCT", column: "code text UNIQUE NULLS NOT DISTINCT",
+			in:   []nullKeyRow{{nil, 1}, {str("x"), 2}, {nil, 3}, {str("y"), 4}},
+			want: []string{"<nil>=3", "x=2", "y=4"},
+		},
+		{
+			name: "char(n) with a rejected row", column: "code char(4) UNIQUE CHECK (code <> 'bad')",
+			in:   []nullKeyRow{{str("ab"), 1}, {str("bad"), 2}, {str("cd"), 3}, {str("ab "), 4}, {str("cd  "), 5}, {str("ab"), 6}},
+			want: []string{"ab  =6", "cd  =5"},
+			dead: []string{"bad=2"},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pool := newPool(t, 4)
+			table := createTable(t, pool, "pgkeys", "("+tc.column+", value int NOT NULL)")
+			var mu sync.Mutex
+			var dead []string
+			w := pgpipe.NewWriter(pool, table, pgpipe.Struct[nullKeyRow](), pgpipe.WithUpsert("code"), pgpipe.WithChunk(len(tc.in), 0),
+				pgpipe.WithDeadLetter(func(_ context.Context, dl pipeline.DeadLetter[nullKeyRow]) error {
+					mu.Lock()
+					defer mu.Unlock()
+					dead = append(dead, fmt.Sprintf("%s=%d", *dl.Item.Code, dl.Item.Value))
+					return nil
+				}))
+			p := pipeline.New()
+			w.To(pipeline.FromSlice(p, tc.in), "load", 1)
+			require.NoError(t, p.Run(t.Context()))
+			assert.Equal(t, tc.dead, dead)
+			var got []string
+			rows, err := pool.Query(t.Context(), "SELECT code, value FROM "+table)
+			require.NoError(t, err)
+			for rows.Next() {
+				var r nullKeyRow
+				require.NoError(t, rows.Scan(&r.Code, &r.Value))
+				code := "<nil>"
+				if r.Code != nil {
+					code = *r.Code
+				}
+				got = append(got, fmt.Sprintf("%s=%d", code, r.Value))
+			}
+			require.NoError(t, rows.Err())
+			slices.Sort(got)
+			assert.Equal(t, tc.want, got)
 		})
 	}
 }
