@@ -193,6 +193,69 @@ func TestHandBack(t *testing.T) {
 	})
 }
 
+// TestHandBackKeepsItsDelayUnderProgress hands back every item with a delay of an hour
+// while InProgress signals go out every millisecond: a signal taken for a message just
+// before its release, and written to the connection after its NakWithDelay (the
+// client's check that a message is settled came first), reset the delay to AckWait,
+// and the server delivered the message again after AckWait (a few of the n, run after
+// run). A message fetched once every signal reached the server times AckWait: the
+// consumer must deliver it again before any message handed back.
+func TestHandBackKeepsItsDelayUnderProgress(t *testing.T) {
+	t.Parallel()
+	const (
+		n       = 4000
+		ackWait = 2 * time.Second
+	)
+	ctx := t.Context()
+	js, cons := newConsumer(t, ackWait, n+1) // every message stays unacknowledged
+	publish(ctx, t, js, n)
+	p := pipeline.New()
+	src := jetstream.NewSource(cons, itemCodec{}, jetstream.WithProgressEvery(time.Millisecond),
+		jetstream.WithRedeliveryBackoff(func(int) time.Duration { return time.Hour }))
+	work := pipeline.Then(src.Stream(p), pipeline.NewStage("busy", 8, func(_ context.Context, v item) (item, error) {
+		return v, pipeline.Transient(errors.New("busy"))
+	}, pipeline.WithHandBack()))
+	var done atomic.Int64
+	pipeline.To(work, countItems(&done))
+	errc := make(chan error, 1)
+	go func() { errc <- p.Run(ctx) }()
+	eventually(t, time.Minute, "every item handed back", func() bool { return src.Stats().HandedBack == n })
+	src.Stop()
+	require.NoError(t, <-errc)            // the source's signals have all been sent
+	require.NoError(t, js.Conn().Flush()) // and the server has them
+	t.Logf("%+v", src.Stats())
+	_, err := js.Publish(ctx, "in.items", payload(n))
+	require.NoError(t, err)
+	next := func(wait time.Duration) (int, uint64) {
+		t.Helper()
+		batch, err := cons.Fetch(1, natsjs.FetchMaxWait(wait))
+		require.NoError(t, err)
+		var got []natsjs.Msg
+		for m := range batch.Messages() {
+			got = append(got, m)
+		}
+		require.NoError(t, batch.Error())
+		require.Len(t, got, 1, "a message within %v", wait)
+		var v item
+		require.NoError(t, itemCodec{}.Unmarshal(got[0].Data(), &v))
+		meta, err := got[0].Metadata()
+		require.NoError(t, err)
+		return v.ID, meta.NumDelivered
+	}
+	id, deliveries := next(10 * time.Second) // the clock starts: not acknowledged
+	require.Equal(t, n, id, "the new message first, not a handed-back one (delivered %d times)", deliveries)
+	var early []int // handed back for an hour, and delivered again after AckWait
+	for {
+		id, deliveries = next(time.Minute)
+		if id == n {
+			break
+		}
+		early = append(early, id)
+	}
+	assert.Empty(t, early, "messages handed back for an hour came again after AckWait")
+	assert.Equal(t, uint64(2), deliveries)
+}
+
 // TestShutdown stops the source while items are in the stage: the source stops
 // pulling and hands back what it buffered, the items in flight finish and are acked,
 // and Run returns nil; a canceled run naks its items at once instead of letting them

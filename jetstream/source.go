@@ -591,6 +591,12 @@ type hand struct {
 type heldMsg struct {
 	msg  natsjs.Msg
 	last time.Time // the delivery, or the last InProgress
+
+	// mu is held while an InProgress is sent, so that release waits for it: a signal
+	// taken before the release and sent after the settlement reached the server after
+	// it, and reset a NakWithDelay's delay to AckWait.
+	mu       sync.Mutex
+	released bool // no InProgress any more
 }
 
 func newHand(every time.Duration, count *atomic.Int64) *hand {
@@ -624,9 +630,11 @@ func (h *hand) loop() {
 			}
 			h.mu.Unlock()
 			for _, m := range due {
-				if m.msg.InProgress() == nil {
+				m.mu.Lock()
+				if !m.released && m.msg.InProgress() == nil {
 					h.count.Add(1)
 				}
+				m.mu.Unlock()
 			}
 			clear(due)
 		}
@@ -641,7 +649,11 @@ func (h *hand) hold(msg natsjs.Msg) *heldMsg {
 	return m
 }
 
+// release ends m's InProgress signals; once it returns, none is under way.
 func (h *hand) release(m *heldMsg) {
+	m.mu.Lock()
+	m.released = true
+	m.mu.Unlock()
 	h.mu.Lock()
 	delete(h.held, m)
 	last := h.done && len(h.held) == 0
