@@ -242,7 +242,8 @@ func (st Stats) Counters() map[string]int64 {
 //
 // A message the codec cannot decode is dead-lettered at once (stage: the source's name,
 // class: item). Every message a run has taken from the consumer and not settled, in
-// the pipeline or waiting for it, gets an InProgress signal every [WithProgressEvery],
+// the pipeline or waiting for it, or with its dead-letter copy being published, gets
+// an InProgress signal every [WithProgressEvery] (none once its acknowledgement is sent),
 // so the server does not redeliver it however slow the pipeline is: only a message
 // the client received and the source has not yet taken (some microseconds, or while the
 // source drains the client to stop) goes without, and a process that stops sending
@@ -431,17 +432,15 @@ func (s *Source[T]) run(ctx context.Context, emit func(T, func(pipeline.Settleme
 		err = s.codec.Unmarshal(m.msg.Data(), &v)
 		decoding, inCodec = waitingMsg{}, false
 		if err != nil {
-			h.release(m.held)
 			s.undecodable.Add(1)
-			s.deadLetter(m.msg, m.meta, pipeline.DeadLetter[struct{}]{
+			s.deadLetter(h, m, pipeline.DeadLetter[struct{}]{
 				Stage: s.cfg.name, Attempts: 1, Class: pipeline.ClassItem, ErrType: fmt.Sprintf("%T", err),
 				FirstError: err.Error(), LastError: err.Error(), Time: time.Now(),
 			})
 			continue
 		}
 		if err := emit(v, func(st pipeline.Settlement) {
-			h.release(m.held)
-			s.settle(m.msg, m.meta, st, ctx.Err() != nil) // the run stopping: no DoubleAck waits
+			s.settle(h, m, st, ctx.Err() != nil) // the run stopping: no DoubleAck waits
 		}); err != nil {
 			f.stop() // emit settled v as not processed; hand back what waits
 		}
@@ -478,9 +477,18 @@ func (s *Source[T]) newFeed(h *hand) *feed {
 	return f
 }
 
-// settle acknowledges msg according to st; stopping tells that the run's context is
-// done, when a DoubleAck is not waited for.
-func (s *Source[T]) settle(msg natsjs.Msg, meta *natsjs.MsgMetadata, st pipeline.Settlement, stopping bool) {
+// settle acknowledges m according to st, and releases it from h; stopping tells that
+// the run's context is done, when a DoubleAck is not waited for.
+func (s *Source[T]) settle(h *hand, m waitingMsg, st pipeline.Settlement, stopping bool) {
+	if st.Outcome == pipeline.DeadLettered {
+		s.deadLetter(h, m, st.DeadLetter) // held while its copy is published
+		return
+	}
+	// Released before the acknowledgement is sent: no InProgress comes after it (one
+	// after a NakWithDelay resets its delay to AckWait). A DoubleAck that waits is no
+	// reason to hold on: a signal sent after the Ack reaches the server after it.
+	h.release(m.held)
+	msg, meta := m.msg, m.meta
 	var (
 		err   error
 		count *atomic.Int64
@@ -506,9 +514,6 @@ func (s *Source[T]) settle(msg natsjs.Msg, meta *natsjs.MsgMetadata, st pipeline
 			err = msg.Nak()
 		}
 		count = &s.handedBack
-	case pipeline.DeadLettered:
-		s.deadLetter(msg, meta, st.DeadLetter)
-		return
 	default:
 		s.nak(msg)
 		return
@@ -528,31 +533,36 @@ func (s *Source[T]) nak(msg natsjs.Msg) {
 	s.notProcessed.Add(1)
 }
 
-// deadLetter publishes a copy of msg with rec's headers, if a subject is set, and then
-// terminates msg; if the publish fails, it hands msg back instead.
-func (s *Source[T]) deadLetter(msg natsjs.Msg, meta *natsjs.MsgMetadata, rec pipeline.DeadLetter[struct{}]) {
+// deadLetter publishes a copy of m's message with rec's headers, if a subject is set,
+// and then terminates the message; if the publish fails, it hands it back instead. The
+// message stays held by h, with its InProgress signals, until the publish is done: a
+// publish slower than AckWait (up to WithAckTimeout) let the server deliver it again
+// while it was being set aside.
+func (s *Source[T]) deadLetter(h *hand, m waitingMsg, rec pipeline.DeadLetter[struct{}]) {
+	msg, meta := m.msg, m.meta
 	if s.cfg.dlJS != nil {
 		dl := nats.NewMsg(s.cfg.dlSubject)
 		dl.Data = msg.Data()
-		h := dl.Header
-		h.Set(HeaderStage, rec.Stage)
-		h.Set(HeaderClass, rec.Class.String())
-		h.Set(HeaderErrType, rec.ErrType)
-		h.Set(HeaderError, rec.LastError)
-		h.Set(HeaderFirstError, rec.FirstError)
-		h.Set(HeaderAttempts, strconv.Itoa(rec.Attempts))
-		h.Set(HeaderSubject, msg.Subject())
-		h.Set(HeaderStream, meta.Stream)
-		h.Set(HeaderSequence, strconv.FormatUint(meta.Sequence.Stream, 10))
-		h.Set(HeaderDeliveries, strconv.FormatUint(meta.NumDelivered, 10))
-		h.Set(HeaderTime, rec.Time.UTC().Format(time.RFC3339Nano))
+		hd := dl.Header
+		hd.Set(HeaderStage, rec.Stage)
+		hd.Set(HeaderClass, rec.Class.String())
+		hd.Set(HeaderErrType, rec.ErrType)
+		hd.Set(HeaderError, rec.LastError)
+		hd.Set(HeaderFirstError, rec.FirstError)
+		hd.Set(HeaderAttempts, strconv.Itoa(rec.Attempts))
+		hd.Set(HeaderSubject, msg.Subject())
+		hd.Set(HeaderStream, meta.Stream)
+		hd.Set(HeaderSequence, strconv.FormatUint(meta.Sequence.Stream, 10))
+		hd.Set(HeaderDeliveries, strconv.FormatUint(meta.NumDelivered, 10))
+		hd.Set(HeaderTime, rec.Time.UTC().Format(time.RFC3339Nano))
 		// The same message set aside twice by this consumer (redelivered after a crash
 		// between the PubAck and the Term) is stored once; another consumer's copy of it
 		// (another pipeline over the stream) is a record of its own.
-		h.Set(nats.MsgIdHdr, "dl:"+meta.Stream+":"+meta.Consumer+":"+strconv.FormatUint(meta.Sequence.Stream, 10))
+		hd.Set(nats.MsgIdHdr, "dl:"+meta.Stream+":"+meta.Consumer+":"+strconv.FormatUint(meta.Sequence.Stream, 10))
 		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ackTimeout)
 		_, err := s.cfg.dlJS.PublishMsg(ctx, dl)
 		cancel()
+		h.release(m.held)
 		if err != nil {
 			// Handed back, to be set aside on a later delivery: after a delay, or a
 			// stream that refuses it (full, say) would see the message again at once,
@@ -565,6 +575,8 @@ func (s *Source[T]) deadLetter(msg natsjs.Msg, meta *natsjs.MsgMetadata, rec pip
 			_ = msg.NakWithDelay(d)
 			return
 		}
+	} else {
+		h.release(m.held)
 	}
 	if err := msg.Term(); err != nil {
 		s.ackErrors.Add(1) // redelivered, and set aside again: the copy's Nats-Msg-Id keeps one

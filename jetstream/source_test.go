@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -455,4 +456,61 @@ func TestSourceStopsWithoutWaitingForDoubleAcks(t *testing.T) {
 	}
 	st := src.Stats()
 	assert.Equal(t, int64(n), st.Acked+st.AckErrors+st.NotProcessed, "every settlement counted: %+v", st)
+}
+
+// TestSourceDeadLetterKeepsProgressWhilePublishing sets a message aside to a subject
+// whose PubAck comes only after some AckWaits (a responder holds it, as a slow stream
+// would): the message was released before the publish and got no InProgress meanwhile,
+// and the server delivered it again while it was being set aside (a duplicate); now
+// its signals go on until the copy is stored, and it is delivered once and terminated.
+func TestSourceDeadLetterKeepsProgressWhilePublishing(t *testing.T) {
+	t.Parallel()
+	const ackWait = 500 * time.Millisecond
+	ctx := t.Context()
+	srv := startServer(t)
+	_, js := connect(t, srv.url())
+	cons := setup(ctx, t, js, ackWait, 100)
+	publish(ctx, t, js, 1)
+	rc, _ := connect(t, srv.url())
+	asked := make(chan struct{}, 10)
+	hold := make(chan struct{})
+	answer := sync.OnceFunc(func() { close(hold) })
+	t.Cleanup(answer) // before the connection closes: the responder does not stay blocked
+	_, err := rc.Subscribe("late", func(m *nats.Msg) {
+		asked <- struct{}{}
+		<-hold
+		_ = m.Respond([]byte(`{"stream":"LATE","seq":1}`))
+	})
+	require.NoError(t, err)
+	p := pipeline.New()
+	src := jetstream.NewSource(cons, itemCodec{}, jetstream.WithDeadLetterSubject(js, "late"),
+		jetstream.WithAckTimeout(time.Minute), jetstream.WithProgressEvery(ackWait/10))
+	work := pipeline.Then(src.Stream(p), pipeline.NewStage("reject", 1, func(_ context.Context, v item) (item, error) {
+		return v, pipeline.Permanent(errShort)
+	}, pipeline.WithDeadLetter(pipeline.DiscardDeadLetter[item])))
+	pipeline.To(work, pipeline.NewSink("sink", 1, func(context.Context, item) error { return nil }))
+	errc := make(chan error, 1)
+	go func() { errc <- p.Run(ctx) }()
+	select {
+	case <-asked:
+	case <-time.After(time.Minute): // a guard against the hang, not a measure
+		t.Fatal("no dead letter published")
+	}
+	// Twenty signals, at least three quarters of a tenth of AckWait apart, span more
+	// than AckWait; without them, the server delivers the message again.
+	base := src.Stats().InProgress
+	eventually(t, time.Minute, "signals past AckWait, or a redelivery", func() bool {
+		st := src.Stats()
+		return st.Delivered > 1 || st.InProgress >= base+20
+	})
+	require.Equal(t, int64(1), src.Stats().Delivered, "delivered again while it was being set aside: %+v", src.Stats())
+	answer()
+	eventually(t, 10*time.Second, "set aside", func() bool { return src.Stats().DeadLettered == 1 })
+	src.Stop()
+	require.NoError(t, <-errc)
+	st := src.Stats()
+	assert.Equal(t, int64(1), st.Delivered)
+	assert.Zero(t, st.AckErrors)
+	_, unacked := consumerState(ctx, t, js)
+	assert.Zero(t, unacked, "terminated")
 }
