@@ -84,6 +84,43 @@ func TestServerRestart(t *testing.T) {
 	}
 }
 
+// TestPullErrorsCountChecksThatFail stops the server under an idle run for some
+// check intervals and starts it again: the checks that get no answer count in
+// PullErrors (which counted only the errors the client's pull returned, and the client
+// returned none: it deals with a reconnect by itself, and the missed heartbeat it
+// would report never fires while the source's kicks restart its wait), and the run
+// goes on after the restart.
+func TestPullErrorsCountChecksThatFail(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	srv := startServer(t)
+	_, js := connect(t, srv.url())
+	cons := setup(ctx, t, js, 30*time.Second, 100)
+	publish(ctx, t, js, 1)
+	p := pipeline.New()
+	src := jetstream.NewSource(cons, itemCodec{}, jetstream.WithConsumerCheck(50*time.Millisecond),
+		jetstream.WithAckTimeout(100*time.Millisecond))
+	var done atomic.Int64
+	pipeline.To(src.Stream(p), countItems(&done))
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute) // the failure guard
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- p.Run(rctx) }()
+	eventually(t, 30*time.Second, "the first item", func() bool { return src.Stats().Acked == 1 })
+	require.Zero(t, src.Stats().PullErrors, "no error while the server is up")
+	srv.stop()
+	eventually(t, 30*time.Second, "pull errors while the server is down", func() bool { return src.Stats().PullErrors > 0 })
+	srv.start()
+	eventually(t, time.Minute, "a message published after the restart", func() bool {
+		_, err := js.Publish(ctx, "in.items", payload(1), natsjs.WithMsgID("after"))
+		return err == nil
+	})
+	eventually(t, time.Minute, "the run goes on", func() bool { return src.Stats().Acked == 2 })
+	src.Stop()
+	require.NoError(t, <-errc)
+	t.Logf("%+v", src.Stats())
+}
+
 // TestInProgress runs a stage slower than the consumer's AckWait: the source's
 // InProgress signals keep the server from redelivering, with the default interval and
 // with one near AckWait (0.8 of it: the signals used to come up to 1.5 intervals apart,

@@ -54,7 +54,13 @@ type feed struct {
 	timeout      time.Duration                               // of a check
 	delivery     func(meta *natsjs.MsgMetadata, newest bool) // newest: no delivery before it had a later consumer sequence
 	nak          func(natsjs.Msg)
-	pullError    func()
+	// pullError counts an error the feed goes on after: a check that failed, or an
+	// error the client's Next returned. Next returns few: a reconnect, its own pull
+	// request's failure and a non-terminal status (409 Leadership Change, ...) never
+	// come out of it, and a missed heartbeat only when no message or heartbeat came
+	// for two heartbeats (a request's expiry) in one call, which the kicks cut short
+	// unless the check interval is longer.
+	pullError func()
 
 	mu       sync.Mutex
 	cond     sync.Cond // on mu: a message waits or was taken, a client ended, the feed stopped, the readers returned
@@ -327,6 +333,10 @@ func (f *feed) watch() {
 		cctx, ccancel := context.WithTimeout(f.ctx, f.timeout)
 		_, err := f.cons.Info(cctx)
 		ccancel()
+		if err != nil && f.ctx.Err() == nil { // not cut short by the run's end
+			// The errors a run sees: the client's pull reports few (see pullError).
+			f.pullError()
+		}
 		switch {
 		case err == nil:
 			misses = 0

@@ -158,7 +158,8 @@ func WithProgressEvery(d time.Duration) SourceOption {
 // waiting, and a server restarted with another store (the consumer lost) tells no one.
 // Two answers in a row that the consumer or its stream is not found fail the run with
 // a [*ConsumerError]; an answer that does not come in time ([WithAckTimeout]) or
-// another error (a server restarting) counts as neither. A run also checks at once
+// another error (a server restarting) counts as neither. Every check that fails (the
+// first not found included) counts in [Stats].PullErrors. A run also checks at once
 // when the client reports an error it goes on after. The interval also bounds how long
 // a run waits for a pull request the client owes (one it skipped while sending the one
 // before). It panics if d <= 0.
@@ -201,7 +202,7 @@ type Stats struct {
 	Undecodable  int64 // of DeadLettered, messages the codec could not decode (never emitted)
 	InProgress   int64 // InProgress signals sent
 	AckErrors    int64 // settlements that could not be sent, counted here only (the server redelivers the message)
-	PullErrors   int64 // errors the consumer reported and the source went on after (missed heartbeats, ...)
+	PullErrors   int64 // errors the source went on after: failed consumer checks (no answer in time while the server restarts, ...) and the client's pull errors; see [Source]
 }
 
 // Counters returns the counts as a map named in the server's terms, for a view that
@@ -269,9 +270,15 @@ func (st Stats) Counters() map[string]int64 {
 // control: at once if it waits for messages, or when the pipeline next takes an item
 // from it; a pipeline whose first stage stays full (every worker stuck) holds the
 // source until then, as it would hold a cancellation of the run (the run's context
-// ends that wait). Other errors of the consumer (a missed heartbeat while the server
-// restarts, ...) are counted in [Stats].PullErrors and the run goes on; a closed
-// connection fails it.
+// ends that wait). Other errors are counted in [Stats].PullErrors and the run goes on:
+// a consumer check that fails (no answer within [WithAckTimeout] while the server
+// restarts or is unreachable, ...), and an error the client's pull reports. The client
+// reports few: it deals with a reconnect, a failed pull request and a non-terminal
+// status of the server (a leadership change, ...) by itself, and reports a missed
+// heartbeat only when nothing came for a pull request's expiry (30 s, or the
+// consumer's MaxRequestExpires if less) in one wait, which the source cuts short every
+// [WithConsumerCheck] interval: so only with an interval longer than that expiry. A
+// closed connection fails the run.
 //
 // Shutdown: when the run stops or [Source.Stop] is called, the source stops pulling,
 // hands back (Nak) the messages waiting for the pipeline and those the client still
