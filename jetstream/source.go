@@ -273,8 +273,8 @@ func (st Stats) Counters() map[string]int64 {
 // ends that wait). Other errors are counted in [Stats].PullErrors and the run goes on:
 // a consumer check that fails (no answer within [WithAckTimeout] while the server
 // restarts or is unreachable, ...), and an error the client's pull reports. The client
-// reports few: it deals with a reconnect, a failed pull request and a non-terminal
-// status of the server (a leadership change, ...) by itself, and reports a missed
+// reports few: a reconnect, a pull request it could not send and a non-terminal status
+// of the server (a leadership change, ...) never come out of it, and a missed
 // heartbeat only when nothing came for a pull request's expiry (30 s, or the
 // consumer's MaxRequestExpires if less) in one wait, which the source cuts short every
 // [WithConsumerCheck] interval: so only with an interval longer than that expiry. A
