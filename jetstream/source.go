@@ -95,7 +95,9 @@ func WithName(name string) SourceOption {
 // is not offered to other processes that share the consumer meanwhile. After a
 // reconnect or a missed heartbeat each open client (at most two) asks again without
 // knowing whether its last request still stands, so one more request per client (half
-// of n each) may come. It panics if n < 1.
+// of n each) may come; what comes past the client's bound is dropped by the client,
+// unseen by the source, and those messages are redelivered after AckWait (counted in
+// Stats.Redelivered), not at once. It panics if n < 1.
 func WithPullSize(n int) SourceOption {
 	if n < 1 {
 		panic(fmt.Sprintf("jetstream: WithPullSize(%d): need at least 1", n))
