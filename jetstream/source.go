@@ -204,7 +204,7 @@ type Stats struct {
 	Undecodable  int64 // of DeadLettered, messages the codec could not decode (never emitted)
 	InProgress   int64 // InProgress signals sent
 	AckErrors    int64 // settlements that could not be sent, counted here only (the server redelivers the message)
-	PullErrors   int64 // errors the source went on after: failed consumer checks (no answer in time while the server restarts, ...) and the client's pull errors; see [Source]
+	PullErrors   int64 // errors the source went on after: failed consumer checks, and the few pull errors the client reports ([Source])
 }
 
 // Counters returns the counts as a map named in the server's terms, for a view that
