@@ -406,9 +406,14 @@ func (b *breakerState) try(env *policyEnv) (ok, probe bool, wake time.Duration, 
 		b.mu.Unlock()
 		env.emit(events)
 	}()
-	now := time.Now()
+	return b.tryLocked(time.Now(), env, &events)
+}
+
+// tryLocked is try under b.mu, at now. The events of its transitions are added to
+// *events, for the caller to send once it holds no lock.
+func (b *breakerState) tryLocked(now time.Time, env *policyEnv, events *[]Event) (ok, probe bool, wake time.Duration, changed <-chan struct{}, err error) {
 	if b.state == BreakerOpen && now.Sub(b.openedAt) >= b.openFor {
-		events = append(events, b.moveLocked(BreakerHalfOpen, now, nil, env))
+		*events = append(*events, b.moveLocked(BreakerHalfOpen, now, nil, env))
 	}
 	switch b.state {
 	case BreakerClosed:
@@ -419,10 +424,18 @@ func (b *breakerState) try(env *policyEnv) (ok, probe bool, wake time.Duration, 
 			return true, true, 0, nil, nil
 		}
 	}
+	wake, changed, err = b.refusedLocked(now, env)
+	return false, false, wake, changed, err
+}
+
+// refusedLocked is what try tells of an attempt that the breaker (not closed) does
+// not let through at now: how long until it may and the channel of the next
+// transition, or a *BreakerError once it has not been closed for MaxOpen.
+func (b *breakerState) refusedLocked(now time.Time, env *policyEnv) (wake time.Duration, changed <-chan struct{}, err error) {
 	var open time.Duration
 	if b.cfg.MaxOpen > 0 {
 		if open = b.openWithinLocked(now); open >= b.cfg.MaxOpen {
-			return false, false, 0, nil, &BreakerError{Stage: env.stage, Open: open, MaxOpen: b.cfg.MaxOpen, Window: b.cfg.MaxOpenWindow}
+			return 0, nil, &BreakerError{Stage: env.stage, Open: open, MaxOpen: b.cfg.MaxOpen, Window: b.cfg.MaxOpenWindow}
 		}
 	}
 	wake = time.Duration(math.MaxInt64)
@@ -432,7 +445,7 @@ func (b *breakerState) try(env *policyEnv) (ok, probe bool, wake time.Duration, 
 	if b.cfg.MaxOpen > 0 {
 		wake = min(wake, b.cfg.MaxOpen-open) // the time not closed grows at most as fast as the clock
 	}
-	return false, false, wake, b.changed, nil
+	return wake, b.changed, nil
 }
 
 // waitChange waits until changed is closed, d has passed or ctx is done (its cause).
