@@ -779,8 +779,10 @@ type heldItems[In any] interface {
 	// held before (again), first; or returns a *BreakerFullError when its key holds as
 	// many items as it may.
 	park(v In, pos uint64, again bool) error
-	// next returns a held item whose key's breaker lets an attempt through now.
-	next() (v In, pos uint64, ok bool)
+	// next returns a held item whose key's breaker lets an attempt through now, and
+	// the ticket of that attempt, let through already: the item's first attempt
+	// goes on from it (client.acquire), and a stop releases it (worker.release).
+	next() (v In, pos uint64, t ticket, ok bool)
 	// wait waits, parked, for wake (input), for a held item that may be taken back
 	// (errResume) or for the run to stop (its cause); see consumer.take's idle.
 	wait(ctx context.Context, wake <-chan struct{}) (woken bool, err error)
@@ -926,38 +928,54 @@ func (kb *keyBreakers[In, K]) signal() {
 }
 
 func (kb *keyBreakers[In, K]) before(_ context.Context, v In, t ticket) (ticket, error) {
-	k := kb.key(v)
-	kb.mu.RLock()
-	id, ok := kb.ids[k]
-	var ks *keyState[In, K]
-	if ok {
-		ks = kb.slots[id]
-		ks.inflight.Add(1) // under the lock: an eviction (write-locked) sees it
+	if t.key != 0 { // a held item's first attempt: next let it through as it took the item back
+		return t, nil
 	}
-	kb.mu.RUnlock()
-	if !ok {
+	k := kb.key(v)
+	var events []Event
+	var err error
+	kb.mu.RLock()
+	if id, ok := kb.ids[k]; ok {
+		t, err = kb.admitLocked(kb.slots[id], t, &events)
+		kb.mu.RUnlock()
+	} else {
+		kb.mu.RUnlock()
 		kb.mu.Lock()
-		ks = kb.stateLocked(k)
-		ks.inflight.Add(1)
+		t, err = kb.admitLocked(kb.stateLocked(k), t, &events)
 		kb.mu.Unlock()
 	}
+	kb.env.emit(events)
+	return t, err
+}
+
+// admitLocked lets an attempt of an item of ks's key begin (its ticket), or returns
+// errHeld (or a *BreakerError, MaxOpen past). An item that was not held (t.back
+// false) is held while its key holds items: they go back first, the oldest as the
+// probe, and it waits behind them. Under mu, read-locked at least: park and next
+// (write-locked) come between no look at the held items and the breaker's answer.
+func (kb *keyBreakers[In, K]) admitLocked(ks *keyState[In, K], t ticket, events *[]Event) (ticket, error) {
+	if !t.back && len(ks.held) > ks.first {
+		if ks.b.closed.Load() {
+			return t, errHeld
+		}
+		ks.b.mu.Lock()
+		_, _, err := ks.b.refusedLocked(time.Now(), &kb.env) // MaxOpen
+		ks.b.mu.Unlock()
+		return t, cmp.Or(err, errHeld)
+	}
 	if !ks.b.closed.Load() {
-		ok, probe, _, _, err := ks.b.try(&kb.env)
-		if !ok || err != nil {
-			kb.release(ks)
-			if err == nil {
-				err = errHeld
-			}
-			return t, err
+		ks.b.mu.Lock()
+		ok, probe, _, _, err := ks.b.tryLocked(time.Now(), &kb.env, events)
+		ks.b.mu.Unlock()
+		if !ok {
+			return t, cmp.Or(err, errHeld)
 		}
 		t.probe = probe
 	}
+	ks.inflight.Add(1) // under mu: an eviction (write-locked) sees it
 	t.key = ks.id + 1
 	return t, nil
 }
-
-// release ends an attempt of ks's key (or one that never began).
-func (kb *keyBreakers[In, K]) release(ks *keyState[In, K]) { ks.inflight.Add(-1) }
 
 // end ends the attempt of ticket t and returns its key's state. The state may be
 // evicted from then on; what the caller still tells it is forgotten with it.
@@ -1044,13 +1062,14 @@ func (kb *keyBreakers[In, K]) drop() {
 	kb.signal()
 }
 
-func (kb *keyBreakers[In, K]) next() (v In, pos uint64, ok bool) {
+func (kb *keyBreakers[In, K]) next() (v In, pos uint64, t ticket, ok bool) {
 	if kb.heldN.Load() == 0 {
-		return v, 0, false
+		return v, 0, t, false
 	}
+	var events []Event
 	kb.mu.Lock()
-	defer kb.mu.Unlock()
-	if ks := kb.readyLocked(time.Now()); ks != nil {
+	ks, t := kb.takeLocked(time.Now(), &events)
+	if ks != nil {
 		h := ks.held[ks.first]
 		ks.held[ks.first] = heldItem[In]{}
 		ks.first++
@@ -1062,28 +1081,36 @@ func (kb *keyBreakers[In, K]) next() (v In, pos uint64, ok bool) {
 			kb.holders = slices.DeleteFunc(kb.holders, func(o *keyState[In, K]) bool { return o == ks })
 		}
 		if kb.heldN.Add(-1) == 0 {
-			defer kb.signal() // the workers waiting for held items may end (it runs before the unlock: sigMu nests inside mu, as under a breaker's mu)
+			kb.signal() // the workers waiting for held items may end (under mu: sigMu nests inside it, as under a breaker's mu)
 		}
-		return h.v, h.pos, true
+		v, pos, ok = h.v, h.pos, true
 	}
-	return v, 0, false
+	kb.mu.Unlock()
+	kb.env.emit(events)
+	return v, pos, t, ok
 }
 
-// readyLocked returns a state with held items whose breaker lets an attempt through
-// now, taking the keys in turn, or nil.
-func (kb *keyBreakers[In, K]) readyLocked(now time.Time) *keyState[In, K] {
+// takeLocked returns a state with held items whose breaker lets an attempt through
+// now, taking the keys in turn, and the ticket of that attempt, let through as the
+// item is taken (so that no item of the key that was not held comes between); or nil.
+func (kb *keyBreakers[In, K]) takeLocked(now time.Time, events *[]Event) (*keyState[In, K], ticket) {
 	n := len(kb.holders)
 	for i := range n {
 		ks := kb.holders[(kb.turn+i)%n]
 		ks.b.mu.Lock()
 		ok, _ := ks.b.readyLocked(now)
+		var probe bool
+		if ok { // so try lets it through: at now, under the same lock
+			_, probe, _, _, _ = ks.b.tryLocked(now, &kb.env, events)
+		}
 		ks.b.mu.Unlock()
 		if ok {
 			kb.turn = (kb.turn + i + 1) % n
-			return ks
+			ks.inflight.Add(1)
+			return ks, ticket{probe: probe, back: true, key: ks.id + 1}
 		}
 	}
-	return nil
+	return nil, ticket{}
 }
 
 // untilReady returns how long until a held item's key may let it through (0: now;
@@ -1217,10 +1244,11 @@ func (w *worker[In, Out]) resume(ctx context.Context) error {
 			hs.drop()
 			break
 		}
-		v, pos, ok := hs.next()
+		v, pos, tk, ok := hs.next()
 		if !ok {
 			break
 		}
+		w.tk, w.ticketed = tk, true // its attempt is let through: attempts goes on from it
 		if n == 0 {
 			w.stats.busy.v.Store(1)
 			w.tick()

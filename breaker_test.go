@@ -1691,3 +1691,254 @@ func (d *downOnce) call(ctx context.Context) error {
 	close(d.done)
 	return nil
 }
+
+// orderedCalls records the items whose calls succeeded, in the order they did.
+type orderedCalls struct {
+	mu   sync.Mutex
+	done []string
+}
+
+func (o *orderedCalls) add(v string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.done = append(o.done, v)
+}
+
+func (o *orderedCalls) of(key string) []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var out []string
+	for _, v := range o.done {
+		if v[:1] == key {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// awaitClose waits for ch to be closed or for ctx to be done (its error).
+func awaitClose(ctx context.Context, ch <-chan struct{}) error {
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// spend takes d of the bubble's time, or ends with ctx's error.
+func spend(ctx context.Context, d time.Duration) error {
+	select {
+	case <-time.After(d):
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// TestBreakerPerKeyHeldItemsGoBeforeNewOnes checks that while a key holds items, an
+// item of that key that was not held (a new one, or the retry of one in a worker's
+// hands) never begins ahead of them: it is held behind them, and the key's held items
+// are taken back first, its first held item as the probe. An item's key is its first
+// letter. (An item not held took the probe of a half-open key, or the first attempt of
+// a key closed again, while the key's held items waited.)
+func TestBreakerPerKeyHeldItemsGoBeforeNewOnes(t *testing.T) {
+	t.Parallel()
+	const openFor = 100 * time.Millisecond
+	key := func(v string) string { return v[:1] }
+	t.Run("half-open, a new item later in a worker's run", func(t *testing.T) {
+		t.Parallel()
+		synctest.Test(t, func(t *testing.T) {
+			// One worker. w takes no time, so that the worker's next run is of
+			// the three items queued meanwhile: a1 fails and opens a; b1 lasts
+			// past a's OpenFor; then a2, new, finds a ready for its probe.
+			started, emitted := make(chan struct{}), make(chan struct{})
+			var calls orderedCalls
+			var a1Failed atomic.Bool
+			call := func(ctx context.Context, v string) (string, error) {
+				switch v {
+				case "w":
+					close(started)
+					if err := awaitClose(ctx, emitted); err != nil {
+						return "", err
+					}
+				case "a1":
+					if a1Failed.CompareAndSwap(false, true) {
+						return "", pipeline.Transient(errDown)
+					}
+				case "b1":
+					if err := spend(ctx, openFor+50*time.Millisecond); err != nil {
+						return "", err
+					}
+				}
+				calls.add(v)
+				return v, nil
+			}
+			p := pipeline.New()
+			src := pipeline.Generate(p, func(ctx context.Context, emit func(string) error) error {
+				if err := emit("w"); err != nil {
+					return err
+				}
+				if err := awaitClose(ctx, started); err != nil {
+					return err
+				}
+				for _, v := range []string{"a1", "b1", "a2"} {
+					if err := emit(v); err != nil {
+						return err
+					}
+				}
+				close(emitted)
+				return nil
+			})
+			st := pipeline.NewStage("call", 1, call,
+				pipeline.WithBreakerPerKey(key, pipeline.Breaker{Failures: 1, OpenFor: openFor}, pipeline.KeyBounds{}))
+			pipeline.To(pipeline.Then(src, st), pipeline.NewSink("sink", 1, func(context.Context, string) error { return nil }))
+			require.NoError(t, p.Run(t.Context()))
+			rep := p.Report()
+			checkReport(t, rep)
+			assert.Equal(t, []string{"a1", "a2"}, calls.of("a"), "a1, held, is a's probe; a2 follows")
+			assert.Equal(t, []string{"w", "b1", "a1", "a2"}, calls.done)
+			call1 := row(t, rep, "call")
+			assert.Equal(t, int64(4), call1.Succeeded)
+			assert.Equal(t, int64(1), call1.Breaker.Opened)
+			assert.Equal(t, int64(1), call1.Breaker.Held, "a1's failed attempt")
+		})
+	})
+	t.Run("closed again, a held item left", func(t *testing.T) {
+		t.Parallel()
+		synctest.Test(t, func(t *testing.T) {
+			// One worker, each call 10 ms: runs of one item, and one held item
+			// taken back at a time. a1 fails and opens a; a2 is held behind it;
+			// b1 lasts past a's OpenFor; a1's probe closes a, a2 still held; a3,
+			// new, comes next from the input.
+			var calls orderedCalls
+			var a1Failed atomic.Bool
+			call := func(ctx context.Context, v string) (string, error) {
+				d := 10 * time.Millisecond
+				if v == "b1" {
+					d = openFor + 50*time.Millisecond
+				}
+				if err := spend(ctx, d); err != nil {
+					return "", err
+				}
+				if v == "a1" && a1Failed.CompareAndSwap(false, true) {
+					return "", pipeline.Transient(errDown)
+				}
+				calls.add(v)
+				return v, nil
+			}
+			p := pipeline.New()
+			st := pipeline.NewStage("call", 1, call,
+				pipeline.WithBreakerPerKey(key, pipeline.Breaker{Failures: 1, OpenFor: openFor}, pipeline.KeyBounds{}))
+			pipeline.To(pipeline.Then(pipeline.FromSlice(p, []string{"a1", "a2", "b1", "a3"}), st),
+				pipeline.NewSink("sink", 1, func(context.Context, string) error { return nil }))
+			require.NoError(t, p.Run(t.Context()))
+			rep := p.Report()
+			checkReport(t, rep)
+			assert.Equal(t, []string{"a1", "a2", "a3"}, calls.of("a"), "a2, held, before a3, new")
+			call1 := row(t, rep, "call")
+			assert.Equal(t, int64(4), call1.Succeeded)
+			assert.Equal(t, int64(1), call1.Breaker.Opened)
+		})
+	})
+	t.Run("half-open, the retry of an item not held, two workers", func(t *testing.T) {
+		t.Parallel()
+		synctest.Test(t, func(t *testing.T) {
+			// Two workers; a opens at its second failure. a2's first call
+			// fails at 5 ms (a stays closed) and its retry waits 140 ms in its
+			// worker's hands; a1 fails at 10 ms, opens a and is held; its
+			// worker then takes b1, which lasts past a's OpenFor. a2's retry
+			// comes as a half-opens, and neither worker has taken a1 back.
+			var calls orderedCalls
+			var a1Calls, a2Calls atomic.Int64
+			call := func(ctx context.Context, v string) (string, error) {
+				var err error
+				switch v {
+				case "a1":
+					err = spend(ctx, 10*time.Millisecond)
+					if err == nil && a1Calls.Add(1) == 1 {
+						return "", pipeline.Transient(errDown)
+					}
+				case "a2":
+					err = spend(ctx, 5*time.Millisecond)
+					if err == nil && a2Calls.Add(1) == 1 {
+						return "", pipeline.Transient(errDown)
+					}
+				case "b1":
+					err = spend(ctx, 2*openFor)
+				}
+				if err != nil {
+					return "", err
+				}
+				calls.add(v)
+				return v, nil
+			}
+			p := pipeline.New()
+			st := pipeline.NewStage("call", 2, call,
+				pipeline.WithRetry(2, pipeline.ConstantBackoff(140*time.Millisecond)),
+				pipeline.WithBreakerPerKey(key, pipeline.Breaker{Failures: 2, OpenFor: openFor}, pipeline.KeyBounds{}))
+			pipeline.To(pipeline.Then(pipeline.FromSlice(p, []string{"a1", "a2", "b1"}), st),
+				pipeline.NewSink("sink", 1, func(context.Context, string) error { return nil }))
+			require.NoError(t, p.Run(t.Context()))
+			rep := p.Report()
+			checkReport(t, rep)
+			assert.Equal(t, []string{"a1", "a2"}, calls.of("a"), "a1, held, is a's probe; a2 follows")
+			call1 := row(t, rep, "call")
+			assert.Equal(t, int64(3), call1.Succeeded)
+			assert.Zero(t, call1.DeadLettered)
+			assert.Equal(t, int64(2), a1Calls.Load())
+			assert.Equal(t, int64(2), a2Calls.Load())
+		})
+	})
+}
+
+// TestBreakerPerKeyCancelWithNewItemHeldBehindHeldOnes checks the accounting of a run
+// stopped while a new item is held behind a key's held item: as in
+// TestBreakerPerKeyHeldItemsGoBeforeNewOnes, a closes again with a2 held and a3 new;
+// a2's call, taken back, lasts until the run stops. a2 is failed (in flight), a3 not
+// started (held), and every item settled once.
+func TestBreakerPerKeyCancelWithNewItemHeldBehindHeldOnes(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	synctest.Test(t, func(t *testing.T) {
+		const openFor = 100 * time.Millisecond
+		key := func(v string) string { return v[:1] }
+		var calls orderedCalls
+		var a1Failed atomic.Bool
+		call := func(ctx context.Context, v string) (string, error) {
+			d := 10 * time.Millisecond
+			switch v {
+			case "b1":
+				d = openFor + 50*time.Millisecond
+			case "a2":
+				d = time.Hour // until the run stops
+			}
+			if err := spend(ctx, d); err != nil {
+				return "", err
+			}
+			if v == "a1" && a1Failed.CompareAndSwap(false, true) {
+				return "", pipeline.Transient(errDown)
+			}
+			calls.add(v)
+			return v, nil
+		}
+		p := pipeline.New()
+		st := pipeline.NewStage("call", 1, call,
+			pipeline.WithBreakerPerKey(key, pipeline.Breaker{Failures: 1, OpenFor: openFor}, pipeline.KeyBounds{}))
+		pipeline.To(pipeline.Then(pipeline.FromSlice(p, []string{"a1", "a2", "b1", "a3"}), st),
+			pipeline.NewSink("sink", 1, func(context.Context, string) error { return nil }))
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		defer cancel()
+		require.ErrorIs(t, p.Run(ctx), context.DeadlineExceeded)
+		rep := p.Report()
+		checkAccounting(t, rep)
+		checkConservation(t, rep)
+		assert.Equal(t, []string{"b1", "a1"}, calls.done)
+		call1 := row(t, rep, "call")
+		assert.Equal(t, int64(4), call1.In)
+		assert.Equal(t, int64(2), call1.Succeeded)
+		assert.Equal(t, int64(1), call1.Failed, "a2, stopped in its call")
+		assert.Equal(t, int64(1), call1.NotStarted, "a3, held")
+		assert.Equal(t, int64(1), call1.Breaker.Holding)
+		assert.Equal(t, []pipeline.KeyBreakerReport{{Key: "a", State: pipeline.BreakerClosed, Holding: 1, Opened: 1}}, call1.Breaker.Keys)
+	})
+}

@@ -76,6 +76,7 @@ type ticket struct {
 	inflight bool          // adaptive.go: it is counted in flight
 	measured bool          // adaptive.go: its latency is measured
 	probe    bool          // breaker.go: it is a half-open breaker's probe
+	back     bool          // breaker.go: a breaker per key: the item was held and taken back, and its key's other held items do not hold it
 	key      uint32        // breaker.go: a breaker per key: 1 + the index of the attempt's key state (0: none)
 }
 
@@ -234,14 +235,15 @@ func (cl *client[In]) fill(s *StageReport) {
 }
 
 // acquire is called before each attempt: it runs the policies' before hooks in order
-// (a breaker's wait, then the rate limiters' tokens, then the adaptive count). It sets
-// *into to the attempt's ticket after each policy (so that what they took can be
-// released if a later one's key function panics), or returns why the attempt cannot
-// begin: the run's cause, or a fatal error (a breaker open too long, a limiter that
-// failed). What the policies before the one that refused took is given back.
-func (cl *client[In]) acquire(ctx context.Context, v In, into *ticket) (err error) {
-	var t ticket
-	*into = ticket{}
+// (a breaker's wait, then the rate limiters' tokens, then the adaptive count), from
+// ticket t: what the attempt has already (a held item's admission by its key's
+// breaker, the first policy, whose before lets it through: breaker.go). It sets *into
+// to the attempt's ticket after each policy (so that what they took can be released
+// if a later one's key function panics), or returns why the attempt cannot begin: the
+// run's cause, or a fatal error (a breaker open too long, a limiter that failed). What
+// the policies before the one that refused took is given back.
+func (cl *client[In]) acquire(ctx context.Context, v In, t ticket, into *ticket) (err error) {
+	*into = t
 	if cl.hooks != nil {
 		for i, h := range cl.hooks {
 			if t, err = h.before(ctx, t); err != nil {
