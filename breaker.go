@@ -700,10 +700,14 @@ type KeyBounds struct {
 // list. Once the key's breaker lets attempts through again (half-open, after b.OpenFor
 // or the Retry-After of the failure that opened it), the workers take its held items
 // back, before new ones, oldest first: the first is the probe (and stays first if it
-// fails); when the probes succeed the breaker closes and the rest follow. A held item starts its [WithRetry] attempts
-// afresh when it is taken back. While the stage's input flows, a worker takes held
-// items back between its runs of items; idle, it waits for the breakers too; once the
-// input has ended, the workers stay until every held item is settled.
+// fails); when the probes succeed the breaker closes and the rest follow. An item of
+// a key that holds items is held too, last in its key's list, whatever the key's state
+// (closed again, its held items not all taken back yet): no item of the key begins
+// ahead of them, be it new or the retry of one that was not held. A held item starts
+// its [WithRetry] attempts afresh when it is taken back. While the stage's input
+// flows, a worker takes held items back between its runs of items; idle, it waits for
+// the breakers too; once the input has ended, the workers stay until every held item
+// is settled.
 //
 // Memory is bounded by bounds, and the choice at each bound is to keep the workers
 // going:
