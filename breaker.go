@@ -1140,6 +1140,9 @@ func (kb *keyBreakers[In, K]) untilReady() (time.Duration, bool) {
 // be taken back (errResume). With nothing held and no input to wait for it returns
 // errResume at once, for the caller to look again (and end).
 func (kb *keyBreakers[In, K]) wait(ctx context.Context, wake <-chan struct{}) (bool, error) {
+	if ctx.Err() != nil { // resume takes nothing back once the run stops: a key ready now would have the worker look again for ever
+		return false, context.Cause(ctx)
+	}
 	// Publish before wait (see signal): sig first, then the look. A worker that finds
 	// nothing held waits on sig too, for an item held after its look.
 	kb.sigMu.Lock()

@@ -1942,3 +1942,38 @@ func TestBreakerPerKeyCancelWithNewItemHeldBehindHeldOnes(t *testing.T) {
 		assert.Equal(t, []pipeline.KeyBreakerReport{{Key: "a", State: pipeline.BreakerClosed, Holding: 1, Opened: 1}}, call1.Breaker.Keys)
 	})
 }
+
+// TestBreakerPerKeyStopWithAHeldItemReadyEnds checks that a run stopped while an item
+// is held, its key ready to let it through and the input ended, ends: a1 fails and is
+// held, and b1's call, which does not heed its context, returns after the run has
+// stopped and a's OpenFor has passed. The worker, with nothing to take and a1 held,
+// looks again for held items to take back; it must see the stop. (It found a ready
+// and looked again at once, for ever, taking nothing back once the run had stopped:
+// the run never ended.)
+func TestBreakerPerKeyStopWithAHeldItemReadyEnds(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	synctest.Test(t, func(t *testing.T) {
+		key := func(v string) string { return v[:1] }
+		call := func(_ context.Context, v string) (string, error) {
+			if v == "a1" {
+				return "", pipeline.Transient(errDown)
+			}
+			<-time.After(100 * time.Millisecond) // past the stop, and past a's OpenFor
+			return v, nil
+		}
+		p := pipeline.New()
+		st := pipeline.NewStage("call", 1, call,
+			pipeline.WithBreakerPerKey(key, pipeline.Breaker{Failures: 1, OpenFor: 10 * time.Millisecond}, pipeline.KeyBounds{}))
+		pipeline.To(pipeline.Then(pipeline.FromSlice(p, []string{"a1", "b1"}), st),
+			pipeline.NewSink("sink", 1, func(context.Context, string) error { return nil }))
+		ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+		defer cancel()
+		require.ErrorIs(t, p.Run(ctx), context.DeadlineExceeded)
+		rep := p.Report()
+		checkAccounting(t, rep)
+		call1 := row(t, rep, "call")
+		assert.Equal(t, int64(2), call1.In)
+		assert.Equal(t, int64(1), call1.Breaker.Holding, "a1, held")
+		assert.Equal(t, int64(1), call1.NotStarted-int64(call1.QueueLen), "a1, not started")
+	})
+}
