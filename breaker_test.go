@@ -1943,6 +1943,85 @@ func TestBreakerPerKeyCancelWithNewItemHeldBehindHeldOnes(t *testing.T) {
 	})
 }
 
+// FuzzBreakerPerKey checks that, whatever the items' keys, the failures of their calls,
+// the workers and the moment the run stops, every item of a stage with a breaker per
+// key settles exactly once: processed once or dead-lettered once (shed at its key's
+// bound, or out of attempts), or, when the run stopped, failed or not started; the
+// report's counts add up; nothing is held at the end of a run that ended by itself.
+// plan[i] is item i: its key is plan[i]%3 (three keys, two with a breaker of their
+// own), and bit j of plan[i]>>2 makes its call j fail with a transient error.
+func FuzzBreakerPerKey(f *testing.F) {
+	f.Add([]byte{0x04, 0x00, 0x0c, 0x01, 0x04, 0x02, 0x00, 0x00}, uint8(0), uint16(0))
+	f.Add([]byte{0xfc, 0x04, 0x08, 0xfd, 0x00, 0x01, 0x04, 0x04, 0x04, 0x02}, uint8(1), uint16(0))
+	f.Add([]byte{0x04, 0x04, 0x04, 0x04, 0x00, 0x00, 0x01, 0x05, 0x09}, uint8(3), uint16(45))
+	f.Add([]byte{0x0c, 0x0c, 0x0c, 0x0c, 0x0c, 0x0c, 0x0c, 0x0c, 0x0c, 0x0c, 0x0c, 0x0c}, uint8(0), uint16(0))
+	f.Fuzz(func(t *testing.T, plan []byte, workers uint8, stopAt uint16) {
+		plan = plan[:min(len(plan), 48)]
+		synctest.Test(t, func(t *testing.T) {
+			n := len(plan)
+			key := func(i int) int { return int(plan[i] % 3) }
+			var mu sync.Mutex
+			calls := make([]int, n)
+			done := make([]int, n)
+			call := func(ctx context.Context, i int) (int, error) {
+				mu.Lock()
+				c := calls[i]
+				calls[i]++
+				mu.Unlock()
+				if err := spend(ctx, time.Millisecond); err != nil {
+					return 0, err
+				}
+				if c < 6 && plan[i]>>(2+c)&1 == 1 {
+					return 0, pipeline.Transient(errDown)
+				}
+				mu.Lock()
+				done[i]++
+				mu.Unlock()
+				return i, nil
+			}
+			dead := pipeline.NewDeadLetterBuffer[int](n + 1)
+			p := pipeline.New()
+			st := pipeline.NewStage("call", 1+int(workers%4), call,
+				pipeline.WithRetry(3, pipeline.ConstantBackoff(5*time.Millisecond)),
+				pipeline.WithDeadLetter(dead.Add),
+				pipeline.WithBreakerPerKey(key, pipeline.Breaker{Failures: 2, OpenFor: 20 * time.Millisecond}, pipeline.KeyBounds{Held: 4, Keys: 2}))
+			pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(n)), st), pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
+			ctx := t.Context()
+			if stopAt > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, time.Duration(stopAt)*time.Millisecond)
+				defer cancel()
+			}
+			err := p.Run(ctx)
+			if stopAt == 0 {
+				require.NoError(t, err)
+			}
+			rep := p.Report()
+			checkReport(t, rep)
+			cr := row(t, rep, "call")
+			settled := make([]int, n)
+			for i, d := range done {
+				settled[i] += d
+			}
+			for _, d := range dead.Items() {
+				settled[d.Item]++
+			}
+			for i, s := range settled {
+				assert.LessOrEqualf(t, s, 1, "item %d processed or dead-lettered more than once", i)
+				if err == nil {
+					assert.Equalf(t, 1, s, "item %d: processed or dead-lettered once", i)
+				}
+			}
+			assert.Equal(t, int64(n), cr.In)
+			assert.Equal(t, int64(len(dead.Items())), cr.DeadLettered)
+			if err == nil {
+				assert.Zero(t, cr.Breaker.Holding, "nothing held at the end")
+				assert.Zero(t, cr.NotStarted+cr.Failed)
+			}
+		})
+	})
+}
+
 // TestBreakerPerKeyStopWithAHeldItemReadyEnds checks that a run stopped while an item
 // is held, its key ready to let it through and the input ended, ends: a1 fails and is
 // held, and b1's call, which does not heed its context, returns after the run has
