@@ -180,7 +180,8 @@ func WithRevokeTimeout(d time.Duration) SourceOption {
 }
 
 // WithRequestTimeout bounds an offset commit and the produce of a dead letter; the
-// default is 10 s. It panics if d <= 0.
+// default is 10 s. It does not bound the check of the topics at the start of a run
+// (see [Source], Failures). It panics if d <= 0.
 func WithRequestTimeout(d time.Duration) SourceOption {
 	if d <= 0 {
 		panic(fmt.Sprintf("kafka: WithRequestTimeout(%v): need a positive timeout", d))
@@ -356,8 +357,11 @@ func (st Stats) Counters() map[string]int64 {
 //
 // Failures: a topic that does not exist or may not be read, or a group that may not be
 // joined, fails the run with a [*GroupError] that names it: at the start of the run
-// for a missing topic, when the client reports it otherwise. Other errors of the
-// client are counted in [Stats].FetchErrors, and the client retries.
+// for a missing topic, when the client reports it otherwise. That check at the start
+// waits for the broker's answer as long as the client's options let a request retry
+// (kgo.RetryTimeout, 30 s by default); a run whose brokers give none by then fails.
+// Other errors of the client are counted in [Stats].FetchErrors, and the client
+// retries.
 //
 // Shutdown: when [Source.Stop] is called, the source stops polling, the items in
 // flight finish (with the record the source was handing over, if it waited for room), and the source commits every settled record and leaves the group
@@ -491,10 +495,12 @@ func (s *Source[T]) lag() map[TopicPartition]int64 {
 }
 
 // checkTopics fails with a [*GroupError] when a topic of the source does not exist or
-// may not be described.
+// may not be described. Its metadata request is bounded by ctx and the client's own
+// retries (kgo.RetryTimeout, 30 s by default), not by WithRequestTimeout: cl is a new
+// client, whose request also dials the broker, and a check cut short fails the run.
+// (Bounded by WithRequestTimeout, a check that took more than a 200 ms request timeout
+// on a loaded machine failed the run at its start.)
 func (s *Source[T]) checkTopics(ctx context.Context, cl *kgo.Client) error {
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.timeout)
-	defer cancel()
 	details, err := kadm.NewClient(cl).ListTopics(ctx, s.topics...)
 	if err != nil {
 		return fmt.Errorf("kafka: group %q: metadata of %q: %w", s.group, s.topics, err)
