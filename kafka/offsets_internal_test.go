@@ -193,6 +193,46 @@ func TestRetryDueSkipsPartitionRevokedMeanwhile(t *testing.T) {
 	assert.Zero(t, b.p.busy)
 }
 
+// TestEndedPartitionKeepsNoRetryOrTxnEntry runs 50 assignments of a partition, each
+// ended (revoked, lost, or assigned again with no revoke) while one record waits to be
+// emitted again after an hour and another, which a transaction produced (txnDone),
+// was handed back too: the session keeps neither once the assignment ended. (Both
+// stayed: the retries until due, the txnDone entries for the run, each holding its
+// ended part and the part's records, 50 assignments' worth here.)
+func TestEndedPartitionKeepsNoRetryOrTxnEntry(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	tp := TopicPartition{"in", 0}
+	ss, _ := pendingSession(tp, 0, 0)
+	ss.txnDone = map[*entry]bool{}
+	ends := []func(){
+		func() { ss.revoked(ctx, nil, map[string][]int32{tp.Topic: {tp.Partition}}) },
+		func() { ss.lost(ctx, nil, map[string][]int32{tp.Topic: {tp.Partition}}) },
+		func() { ss.assigned(ctx, nil, map[string][]int32{tp.Topic: {tp.Partition}}) },
+	}
+	for i := range 50 {
+		ss.mu.Lock()
+		p := ss.parts[tp]
+		base := int64(10 * i)
+		back := p.add(&kgo.Record{Topic: tp.Topic, Partition: tp.Partition, Offset: base})
+		produced := p.add(&kgo.Record{Topic: tp.Topic, Partition: tp.Partition, Offset: base + 1})
+		ss.held += 2
+		ss.txnDone[produced] = true
+		ss.mu.Unlock()
+		ss.retryLater(back, time.Hour)
+		ss.retryLater(produced, time.Hour)
+		require.Equal(t, waitingRetry, produced.state)
+		ends[i%len(ends)]()
+		if ss.parts[tp] == nil {
+			ss.assigned(ctx, nil, map[string][]int32{tp.Topic: {tp.Partition}})
+		}
+		require.NotSame(t, p, ss.parts[tp], "a new assignment")
+	}
+	assert.Empty(t, ss.retries, "retries of ended assignments: %d", len(ss.retries))
+	assert.Empty(t, ss.txnDone, "txnDone entries of ended assignments: %d", len(ss.txnDone))
+	assert.Zero(t, ss.held)
+}
+
 // TestSettledBehindHeldRecordIsBounded hands one record back again and again: the
 // records after it settle behind it, but keep only their offsets, and once
 // WithMaxPending of them did, the partition's fetches pause. (Each settled record

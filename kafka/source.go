@@ -1535,11 +1535,24 @@ func (ss *session[T]) dropPartLocked(p *part, ended *atomic.Int64) {
 // endPartLocked ends p's assignment: its unsettled records no longer count, and what
 // settles of them later is stale. It returns how many records settled past its
 // watermark (behind an unsettled one): the next owner redoes them.
+//
+// Its records waiting to be emitted again leave ss.retries, and those a transaction
+// produced leave ss.txnDone: neither is read for an ended part, and each would keep
+// the part, with its records, for as long as it stayed (a retry until it was due,
+// with a hand-back's delay of the user's choosing; a txnDone entry whose item never
+// settled through done, such as one handed back, for the rest of the run), a leak
+// that grew with the rebalances.
 func (ss *session[T]) endPartLocked(p *part) int64 {
 	if !p.live {
 		return 0
 	}
 	p.live = false
+	ss.retries = slices.DeleteFunc(ss.retries, func(r retryAt) bool { return r.e.p == p })
+	if len(ss.txnDone) > 0 {
+		for _, e := range p.pending { // an entry leaves pending only settled, and done deletes it first
+			delete(ss.txnDone, e)
+		}
+	}
 	if p.paused { // paused partitions stay paused across rebalances
 		p.paused = false
 		ss.cl.ResumeFetchPartitions(map[string][]int32{p.tp.Topic: {p.tp.Partition}})
