@@ -357,11 +357,11 @@ func (st Stats) Counters() map[string]int64 {
 //
 // Failures: a topic that does not exist or may not be read, or a group that may not be
 // joined, fails the run with a [*GroupError] that names it: at the start of the run
-// for a missing topic, when the client reports it otherwise. That check at the start
-// waits for the broker's answer as long as the client's options let a request retry
-// (kgo.RetryTimeout, 30 s by default); a run whose brokers give none by then fails.
-// Other errors of the client are counted in [Stats].FetchErrors, and the client
-// retries.
+// for a missing topic, when the client reports it otherwise. That check at the start is
+// bounded by the client's own options (kgo.DialTimeout, kgo.RetryTimeout) and the run's
+// context, not by [WithRequestTimeout]: a broker that cannot be reached fails the run,
+// a slow one is waited for. Other errors of the client are counted in
+// [Stats].FetchErrors, and the client retries.
 //
 // Shutdown: when [Source.Stop] is called, the source stops polling, the items in
 // flight finish (with the record the source was handing over, if it waited for room), and the source commits every settled record and leaves the group
@@ -496,7 +496,7 @@ func (s *Source[T]) lag() map[TopicPartition]int64 {
 
 // checkTopics fails with a [*GroupError] when a topic of the source does not exist or
 // may not be described. Its metadata request is bounded by ctx and the client's own
-// retries (kgo.RetryTimeout, 30 s by default), not by WithRequestTimeout: cl is a new
+// options (kgo.DialTimeout, kgo.RetryTimeout), not by WithRequestTimeout: cl is a new
 // client, whose request also dials the broker, and a check cut short fails the run.
 // (Bounded by WithRequestTimeout, a check that took more than a 200 ms request timeout
 // on a loaded machine failed the run at its start.)
