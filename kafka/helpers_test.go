@@ -52,12 +52,15 @@ func clusterWithIDs(t *testing.T, n int) (context.Context, *kfake.Cluster) {
 // runAsync runs p in a goroutine; the channel gives its error.
 var runAsync = scenario.Start
 
-// consumerOpts are the client options of a test's consumer: short sessions and
-// heartbeats, so that rebalances take a fraction of a second.
+// consumerOpts are the client options of a test's consumer: frequent heartbeats, so
+// that rebalances take a fraction of a second. The session outlasts a stalled process:
+// only a member that stops heartbeating without leaving waits for it, and none of the
+// tests using these options has one. (With 3 s, loaded runs saw members lose their
+// partitions, the broker and clients in one process stalled for longer than that.)
 func consumerOpts(c *kfake.Cluster) []kgo.Opt {
 	return []kgo.Opt{
 		kgo.SeedBrokers(c.ListenAddrs()...),
-		kgo.SessionTimeout(3 * time.Second),
+		kgo.SessionTimeout(10 * time.Second),
 		kgo.HeartbeatInterval(100 * time.Millisecond),
 		kgo.RebalanceTimeout(10 * time.Second),
 		kgo.FetchMaxWait(100 * time.Millisecond),

@@ -195,7 +195,7 @@ func testGroupShares(t *testing.T, revokeWait time.Duration) {
 		}
 	}
 
-	var stale, uncommitted, dups, assigned, waited, commitErrors int64
+	var stale, uncommitted, dups, assigned, waited, commitErrors, lost int64
 	for _, m := range all {
 		st := m.src.Stats()
 		t.Logf("%s: %+v", m.name, st)
@@ -205,6 +205,7 @@ func testGroupShares(t *testing.T, revokeWait time.Duration) {
 		assigned += st.Assigned
 		waited += st.RevokeWaited
 		commitErrors += st.CommitErrors
+		lost += st.Lost
 	}
 	require.Len(t, out.seen, n, "every record reached a sink")
 	for _, k := range out.seen {
@@ -212,7 +213,9 @@ func testGroupShares(t *testing.T, revokeWait time.Duration) {
 	}
 	t.Logf("duplicates %d, stale %d, uncommitted %d, in flight at a revoke %d, partitions assigned %d, commit errors %d", dups, stale, uncommitted, waited, assigned, commitErrors)
 	assert.LessOrEqual(t, dups, stale+uncommitted, "a duplicate is a record that settled after its partition was revoked, or was not committed at the revoke")
-	assert.LessOrEqual(t, stale, waited, "a stale settlement is of an item in flight at a revoke")
+	// An item in flight when its partition was lost (a session that timed out) settles
+	// stale too, but no count has it: this holds only with no partition lost.
+	assert.LessOrEqual(t, stale, waited, "a stale settlement is of an item in flight at a revoke (partitions lost: %d)", lost)
 	assert.Empty(t, out.overtook, "records that overtook an earlier one of their partition")
 	assert.Greater(t, assigned, int64(2*partitions), "the members rebalanced")
 	assert.Positive(t, waited, "no revoke found items in flight")
