@@ -227,6 +227,12 @@ func (ss *session[T]) transact(ctx context.Context, recs []txnRecord) error {
 // whoever redoes the partition from the committed offset. After a rewind, such a
 // message is most often a stale one (its replay comes later, in order); if it is the
 // record's own, the record is emitted again when it settles (settle).
+//
+// An entry in txnDone counts as done whatever its state, even waiting for a retry (a
+// stale message produced it, then its own was handed back or its dead letter
+// failed): it is produced only once every earlier record of its part is done
+// (inOrder.past), so the transaction that produced it committed the offset past it,
+// with its output.
 func (ss *session[T]) prospect(recs []txnRecord) (offs map[string]map[int32]kgo.EpochOffset, marks map[*part]int64, live []*kgo.Record, inTxn map[*entry]bool) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()

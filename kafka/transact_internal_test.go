@@ -1,9 +1,11 @@
 package kafka
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -42,4 +44,52 @@ func TestTransactionHoldsBackRecordsPastAnUnproducedOne(t *testing.T) {
 	assert.Equal(t, map[string]map[int32]kgo.EpochOffset{"in": {0: {Offset: 13}}}, offs)
 	assert.Equal(t, map[*part]int64{ss.parts[tp]: 13}, marks)
 	assert.Zero(t, ss.s.outOfOrder.Load())
+}
+
+// TestTransactionCommitsPastEveryRecordItProduces runs a transaction's prospect over
+// every mix of settled, in-pipeline and waiting (handed back, dead letter failed)
+// records 10 ... 14 and every batch of them, in offset order and reversed: the
+// offset it commits passes each record it produces. So a produced record (txnDone)
+// that then waits for a retry is already behind the committed offset of its own
+// transaction, its output committed with it: a later one that counts it done commits
+// nothing its own did not.
+func TestTransactionCommitsPastEveryRecordItProduces(t *testing.T) {
+	t.Parallel()
+	tp := TopicPartition{"in", 0}
+	states := [...]uint8{settled, inPipeline, waitingRetry}
+	const n = 5
+	mixes := 1
+	for range n {
+		mixes *= len(states)
+	}
+	for mix := range mixes {
+		for set := range 1 << n {
+			for _, reversed := range []bool{false, true} {
+				ss, es := pendingSession(tp, 10, 10+n)
+				p := ss.parts[tp]
+				for i, m := 0, mix; i < n; i, m = i+1, m/len(states) {
+					switch states[m%len(states)] {
+					case settled:
+						p.settle(es[i])
+					case waitingRetry:
+						p.toRetry(es[i])
+					}
+				}
+				var batch []txnRecord
+				for i := range n {
+					if set&(1<<i) != 0 {
+						batch = append(batch, txnRecord{from: tp, offset: es[i].offset, rec: &kgo.Record{}})
+					}
+				}
+				if reversed {
+					slices.Reverse(batch)
+				}
+				_, marks, live, inTxn := ss.prospect(batch)
+				require.Len(t, inTxn, len(live), "mix %d, batch %05b", mix, set)
+				for e := range inTxn {
+					require.Greater(t, marks[p], e.offset, "mix %d, batch %05b, reversed %v: record %d produced, committed offset %d", mix, set, reversed, e.offset, marks[p])
+				}
+			}
+		}
+	}
 }
