@@ -641,8 +641,13 @@ func (w *Writer[T]) bisect(ctx context.Context, tx pgx.Tx, rows []T, failed bool
 // retake tries each row that the bisection rejected for a foreign key (23503) again,
 // alone: one that refers to a row of its own batch (a foreign key to its own table, or
 // to a table that a trigger fills) is rejected when the bisection tries it before that
-// row went in. Passes repeat while one lets a row in.
+// row went in. Passes repeat while one lets a row in. Not in a distinct write, whose
+// batch may hold a later row of the same key: the row taken again would be written
+// over it (an older row over a newer one), where a dead letter loses nothing.
 func (w *Writer[T]) retake(ctx context.Context, tx pgx.Tx, b *bisection[T]) error {
+	if b.distinct > 0 {
+		return nil
+	}
 	for {
 		kept, took := b.bad[:0:0], false
 		for _, r := range b.bad {
