@@ -1807,31 +1807,7 @@ func TestBreakerPerKeyHeldItemsGoBeforeNewOnes(t *testing.T) {
 	t.Run("closed again, a held item left", func(t *testing.T) {
 		t.Parallel()
 		synctest.Test(t, func(t *testing.T) {
-			// One worker, each call 10 ms: runs of one item, and one held item
-			// taken back at a time. a1 fails and opens a; a2 is held behind it;
-			// b1 lasts past a's OpenFor; a1's probe closes a, a2 still held; a3,
-			// new, comes next from the input.
-			var calls orderedCalls
-			var a1Failed atomic.Bool
-			call := func(ctx context.Context, v string) (string, error) {
-				d := 10 * time.Millisecond
-				if v == "b1" {
-					d = openFor + 50*time.Millisecond
-				}
-				if err := spend(ctx, d); err != nil {
-					return "", err
-				}
-				if v == "a1" && a1Failed.CompareAndSwap(false, true) {
-					return "", pipeline.Transient(errDown)
-				}
-				calls.add(v)
-				return v, nil
-			}
-			p := pipeline.New()
-			st := pipeline.NewStage("call", 1, call,
-				pipeline.WithBreakerPerKey(key, pipeline.Breaker{Failures: 1, OpenFor: openFor}, pipeline.KeyBounds{}))
-			pipeline.To(pipeline.Then(pipeline.FromSlice(p, []string{"a1", "a2", "b1", "a3"}), st),
-				pipeline.NewSink("sink", 1, func(context.Context, string) error { return nil }))
+			p, calls := closedAgainWithAHeldItem(10 * time.Millisecond)
 			require.NoError(t, p.Run(t.Context()))
 			rep := p.Report()
 			checkReport(t, rep)
@@ -1892,6 +1868,40 @@ func TestBreakerPerKeyHeldItemsGoBeforeNewOnes(t *testing.T) {
 	})
 }
 
+// closedAgainWithAHeldItem returns a pipeline of one worker whose key a closes again
+// with an item held: each call takes 10 ms (a2's takes a2), so runs are of one item and
+// one held item is taken back at a time. a1 fails and opens a (OpenFor 100 ms); a2 is
+// held behind it; b1 lasts past a's OpenFor; a1's probe closes a, a2 still held; a3,
+// new, comes next from the input. calls records the calls that succeeded.
+func closedAgainWithAHeldItem(a2 time.Duration) (*pipeline.Pipeline, *orderedCalls) {
+	const openFor = 100 * time.Millisecond
+	calls := &orderedCalls{}
+	var a1Failed atomic.Bool
+	call := func(ctx context.Context, v string) (string, error) {
+		d := 10 * time.Millisecond
+		switch v {
+		case "b1":
+			d = openFor + 50*time.Millisecond
+		case "a2":
+			d = a2
+		}
+		if err := spend(ctx, d); err != nil {
+			return "", err
+		}
+		if v == "a1" && a1Failed.CompareAndSwap(false, true) {
+			return "", pipeline.Transient(errDown)
+		}
+		calls.add(v)
+		return v, nil
+	}
+	p := pipeline.New()
+	st := pipeline.NewStage("call", 1, call,
+		pipeline.WithBreakerPerKey(func(v string) string { return v[:1] }, pipeline.Breaker{Failures: 1, OpenFor: openFor}, pipeline.KeyBounds{}))
+	pipeline.To(pipeline.Then(pipeline.FromSlice(p, []string{"a1", "a2", "b1", "a3"}), st),
+		pipeline.NewSink("sink", 1, func(context.Context, string) error { return nil }))
+	return p, calls
+}
+
 // TestBreakerPerKeyCancelWithNewItemHeldBehindHeldOnes checks the accounting of a run
 // stopped while a new item is held behind a key's held item: as in
 // TestBreakerPerKeyHeldItemsGoBeforeNewOnes, a closes again with a2 held and a3 new;
@@ -1900,32 +1910,7 @@ func TestBreakerPerKeyHeldItemsGoBeforeNewOnes(t *testing.T) {
 func TestBreakerPerKeyCancelWithNewItemHeldBehindHeldOnes(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	synctest.Test(t, func(t *testing.T) {
-		const openFor = 100 * time.Millisecond
-		key := func(v string) string { return v[:1] }
-		var calls orderedCalls
-		var a1Failed atomic.Bool
-		call := func(ctx context.Context, v string) (string, error) {
-			d := 10 * time.Millisecond
-			switch v {
-			case "b1":
-				d = openFor + 50*time.Millisecond
-			case "a2":
-				d = time.Hour // until the run stops
-			}
-			if err := spend(ctx, d); err != nil {
-				return "", err
-			}
-			if v == "a1" && a1Failed.CompareAndSwap(false, true) {
-				return "", pipeline.Transient(errDown)
-			}
-			calls.add(v)
-			return v, nil
-		}
-		p := pipeline.New()
-		st := pipeline.NewStage("call", 1, call,
-			pipeline.WithBreakerPerKey(key, pipeline.Breaker{Failures: 1, OpenFor: openFor}, pipeline.KeyBounds{}))
-		pipeline.To(pipeline.Then(pipeline.FromSlice(p, []string{"a1", "a2", "b1", "a3"}), st),
-			pipeline.NewSink("sink", 1, func(context.Context, string) error { return nil }))
+		p, calls := closedAgainWithAHeldItem(time.Hour) // a2's call lasts until the run stops
 		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
 		defer cancel()
 		require.ErrorIs(t, p.Run(ctx), context.DeadlineExceeded)

@@ -549,6 +549,7 @@ func (s *Source[T]) nak(msg natsjs.Msg) {
 // while it was being set aside.
 func (s *Source[T]) deadLetter(h *hand, m waitingMsg, rec pipeline.DeadLetter[struct{}]) {
 	msg, meta := m.msg, m.meta
+	var err error // the copy's publish
 	if s.cfg.dlJS != nil {
 		dl := nats.NewMsg(s.cfg.dlSubject)
 		dl.Data = msg.Data()
@@ -569,23 +570,21 @@ func (s *Source[T]) deadLetter(h *hand, m waitingMsg, rec pipeline.DeadLetter[st
 		// (another pipeline over the stream) is a record of its own.
 		hd.Set(nats.MsgIdHdr, "dl:"+meta.Stream+":"+meta.Consumer+":"+strconv.FormatUint(meta.Sequence.Stream, 10))
 		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ackTimeout)
-		_, err := s.cfg.dlJS.PublishMsg(ctx, dl)
+		_, err = s.cfg.dlJS.PublishMsg(ctx, dl)
 		cancel()
-		h.release(m.held)
-		if err != nil {
-			// Handed back, to be set aside on a later delivery: after a delay, or a
-			// stream that refuses it (full, say) would see the message again at once,
-			// and every stage do it again. Counted in AckErrors only.
-			s.ackErrors.Add(1)
-			d := s.cfg.ackTimeout
-			if s.cfg.backoff != nil {
-				d = s.cfg.backoff(int(min(meta.NumDelivered, 1<<31)))
-			}
-			_ = msg.NakWithDelay(d)
-			return
+	}
+	h.release(m.held)
+	if err != nil {
+		// Handed back, to be set aside on a later delivery: after a delay, or a stream
+		// that refuses it (full, say) would see the message again at once, and every
+		// stage do it again. Counted in AckErrors only.
+		s.ackErrors.Add(1)
+		d := s.cfg.ackTimeout
+		if s.cfg.backoff != nil {
+			d = s.cfg.backoff(int(min(meta.NumDelivered, 1<<31)))
 		}
-	} else {
-		h.release(m.held)
+		_ = msg.NakWithDelay(d)
+		return
 	}
 	if err := msg.Term(); err != nil {
 		s.ackErrors.Add(1) // redelivered, and set aside again: the copy's Nats-Msg-Id keeps one

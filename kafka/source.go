@@ -498,8 +498,6 @@ func (s *Source[T]) lag() map[TopicPartition]int64 {
 // may not be described. Its metadata request is bounded by ctx and the client's own
 // options (kgo.DialTimeout, kgo.RetryTimeout), not by WithRequestTimeout: cl is a new
 // client, whose request also dials the broker, and a check cut short fails the run.
-// (Bounded by WithRequestTimeout, a check that took more than a 200 ms request timeout
-// on a loaded machine failed the run at its start.)
 func (s *Source[T]) checkTopics(ctx context.Context, cl *kgo.Client) error {
 	details, err := kadm.NewClient(cl).ListTopics(ctx, s.topics...)
 	if err != nil {
