@@ -588,9 +588,10 @@ func (w *worker[In, Out]) items(ctx context.Context, seq uint64) error {
 
 // outcome is what became of an item of a stage, or of one of its attempts. Every item
 // a worker takes ends in exactly one of succeeded, deadLettered, handedBack, failed,
-// interrupted, abandoned and drained; retried marks a failed attempt on the way, and
-// refused corrects items of an ordered stage that never entered the reorder window.
-// worker.end is the one place that counts them.
+// interrupted, abandoned and drained (held is one until resumed takes the item back);
+// retried marks a failed attempt on the way, and refused corrects items of an ordered
+// stage that never entered the reorder window. worker.end is the one place that counts
+// them.
 type outcome uint8
 
 const (
