@@ -91,16 +91,16 @@
 // # Options
 //
 // Everything optional is an option value, and each scope has its own option type:
-// [PipelineOption] for [New], [StageOption] for a stage, [BatchOption], [SourceOption],
-// [CheckpointOption], [AckOption], [FilterOption], [CollectOption], [ReplayOption],
-// [DeadLetterFileOption] and [ReadOption]. An option given where it means nothing does
-// not compile. An option that fits several scopes returns a concrete type implementing
-// each of them: [WithBuffer] (a pipeline's default, a stage's, a batch's, the end read by
-// [Collect]), [WithName] (the rows that have no name argument: sources, [Batch],
-// [Filter], [Collect] and [All]), [WithTotal] (a source's and [FromCheckpoint]'s),
-// [WithLag] ([FromAcked]'s and [FromCheckpoint]'s),
-// [WithClassifier] and [WithErrorBudget] (a pipeline's
-// default, or a stage's own), and [WithCodec]. A nil option panics.
+// [PipelineOption] for [New], [StageOption] for a stage, [BatchOption], [WindowOption],
+// [SourceOption], [CheckpointOption], [AckOption], [FilterOption], [CollectOption],
+// [ReplayOption], [DeadLetterFileOption] and [ReadOption]. An option given where it
+// means nothing does not compile. An option that fits several scopes returns a concrete
+// type implementing each of them: [WithBuffer] (a pipeline's default, a stage's, a
+// batch's, a window stage's, the end read by [Collect]), [WithName] (the rows that have
+// no name argument: sources, [Batch], [Window], [Filter], [Collect] and [All]),
+// [WithTotal] (a source's and [FromCheckpoint]'s), [WithLag] ([FromAcked]'s and
+// [FromCheckpoint]'s), [WithClassifier] and [WithErrorBudget] (a pipeline's default, or
+// a stage's own), and [WithCodec]. A nil option panics.
 //
 // # Middleware
 //
@@ -201,11 +201,12 @@
 // item derived from it reached a sink that returned nil or was filtered out,
 // dead-lettered once a destination took a derived item, handed back by a stage with
 // [WithHandBack], or not processed when the run stopped first (told before Run
-// returns). It follows derived items with the checkpoint's tracker; [WithMaxPending]
-// bounds the unsettled items. It is how a broker's acknowledgements follow each message:
-// the jetstream module maps the outcomes onto NATS JetStream's. [FromAckedBatches] is
-// the same source for a consumer that fetches messages in batches (the kafka module's):
-// its emit hands over a whole batch at once, each item still settled on its own.
+// returns). It follows derived items (split, batched, copied by a [Tee]) as a checkpoint
+// does; [WithMaxPending] bounds the unsettled items. It is how a broker's
+// acknowledgements follow each message: the jetstream module maps the outcomes onto
+// NATS JetStream's. [FromAckedBatches] is the same source for a consumer that fetches
+// messages in batches (the kafka module's): its emit hands over a whole batch at once,
+// each item still settled on its own.
 //
 // # Accounting
 //
