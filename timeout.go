@@ -16,9 +16,11 @@ import (
 // d. It panics if d <= 0.
 //
 // An attempt's start is read from the clock once per run of items a worker takes (and
-// after each wait); when the function first looks at its context (Done, Err, Deadline)
-// and that reading is over a millisecond old, the deadline counts from that moment
-// instead (readings less than about 16 µs apart may count as one). An error of a
+// after a retry's backoff or a wait for a rate limit's token or a breaker); when the
+// function first looks at its context (Done, Err, Deadline) and that reading is over a
+// millisecond old (the worker waited meanwhile for room downstream, say), the deadline
+// counts from that moment instead (readings less than about 16 µs apart may count as
+// one). An error of a
 // function that never looked at its context is its own, not a timeout.
 //
 // The context is canceled once its attempt returns: at once if the function looked at it
