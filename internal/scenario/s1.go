@@ -1,6 +1,7 @@
 // Package scenario builds the seed scenarios that the tests of several packages run
 // (the root package's, and the prometheus and otel adapters'), so that each checks the
-// same pipeline against the same figures. It is for tests only.
+// same pipeline against the same figures, and holds the test helpers the modules share
+// (a child process, TestMain, Eventually, a database's URL). It is for tests only.
 package scenario
 
 import (
