@@ -86,7 +86,7 @@ type adaptivePolicy struct {
 	a   *adaptive.Limit // internal/adaptive: the limit and its revision
 }
 
-func (p *adaptivePolicy) before(_ context.Context, t ticket) (ticket, error) {
+func (p *adaptivePolicy) before(_ context.Context, t ticket, _ func() error) (ticket, error) {
 	t.began, t.measured = p.a.Begin()
 	t.inflight = true
 	return t, nil
@@ -104,8 +104,6 @@ func (p *adaptivePolicy) after(t ticket, err error, class Class) bool {
 	}
 	return false
 }
-
-func (p *adaptivePolicy) holds() bool { return false }
 
 func (p *adaptivePolicy) fill(s *StageReport) {
 	var h []adaptive.Change

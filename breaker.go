@@ -120,7 +120,7 @@ func (s BreakerState) String() string {
 func WithCircuitBreaker(b Breaker) StageOption {
 	b = b.normalized("WithCircuitBreaker")
 	return stageOpt(func(c *config) {
-		c.client.add(policyMaker{name: "WithCircuitBreaker", order: orderBreaker, holds: true, make: func(env policyEnv) hook {
+		c.client.add(policyMaker{name: "WithCircuitBreaker", order: orderBreaker, make: func(env policyEnv) hook {
 			return &breakerHook{env: env, b: newBreakerState(b)}
 		}})
 	})
@@ -162,7 +162,7 @@ func WithSharedBreaker(cb *CircuitBreaker) StageOption {
 		panic("pipeline: WithSharedBreaker(nil)")
 	}
 	return stageOpt(func(c *config) {
-		c.client.add(policyMaker{name: "WithCircuitBreaker", order: orderBreaker, holds: true, make: func(env policyEnv) hook {
+		c.client.add(policyMaker{name: "WithCircuitBreaker", order: orderBreaker, make: func(env policyEnv) hook {
 			return &breakerHook{env: env, b: cb.s}
 		}})
 	})
@@ -209,8 +209,15 @@ type breakerHook struct {
 	held atomic.Int64  // failed attempts of this stage held rather than counted against their items
 }
 
-func (p *breakerHook) before(ctx context.Context, t ticket) (_ ticket, err error) {
-	t.probe, err = p.b.allow(ctx, &p.env)
+// testBeforeAllow, set by a test, runs in before ahead of allow: a breaker that
+// another stage opens at that moment (breaker_internal_test.go).
+var testBeforeAllow func(p *breakerHook)
+
+func (p *breakerHook) before(ctx context.Context, t ticket, hold func() error) (_ ticket, err error) {
+	if testBeforeAllow != nil {
+		testBeforeAllow(p)
+	}
+	t.probe, err = p.b.allow(ctx, &p.env, hold)
 	return t, err
 }
 
@@ -227,8 +234,6 @@ func (p *breakerHook) after(t ticket, err error, class Class) bool {
 	}
 	return held
 }
-
-func (p *breakerHook) holds() bool { return !p.b.closed.Load() }
 
 func (p *breakerHook) fill(s *StageReport) {
 	s.Breaker = p.b.report(p.env.r.started)
@@ -376,10 +381,12 @@ func (b *breakerState) failing(probe bool, err error, class Class) bool {
 }
 
 // allow waits until the breaker lets an attempt of env's stage start, and reports
-// whether that attempt is a probe. It returns the run's cause if the run stops first,
-// or a *BreakerError once the breaker has not been closed for MaxOpen over the last
+// whether that attempt is a probe. Before it first waits it calls hold (the worker
+// hands on what its run finished), and asks again: the breaker may have moved
+// meanwhile. It returns the run's cause if the run stops first, hold's error, or a
+// *BreakerError once the breaker has not been closed for MaxOpen over the last
 // MaxOpenWindow.
-func (b *breakerState) allow(ctx context.Context, env *policyEnv) (probe bool, err error) {
+func (b *breakerState) allow(ctx context.Context, env *policyEnv, hold func() error) (probe bool, err error) {
 	if b.closed.Load() { // an attempt that began as it opened is held when it fails
 		return false, nil
 	}
@@ -387,6 +394,13 @@ func (b *breakerState) allow(ctx context.Context, env *policyEnv) (probe bool, e
 		ok, probe, wake, changed, err := b.try(env)
 		if ok || err != nil {
 			return probe, err
+		}
+		if hold != nil { // decided here, not before acquire: another stage may open a shared breaker in between
+			if err := hold(); err != nil {
+				return false, err
+			}
+			hold = nil
+			continue
 		}
 		if err := waitChange(ctx, changed, wake); err != nil {
 			return false, err
@@ -931,7 +945,7 @@ func (kb *keyBreakers[In, K]) signal() {
 	kb.sigMu.Unlock()
 }
 
-func (kb *keyBreakers[In, K]) before(_ context.Context, v In, t ticket) (ticket, error) {
+func (kb *keyBreakers[In, K]) before(_ context.Context, v In, t ticket, _ func() error) (ticket, error) { // it never keeps a worker waiting: hold is not needed
 	if t.key != 0 { // a held item's first attempt: next let it through as it took the item back
 		return t, nil
 	}
@@ -1012,8 +1026,6 @@ func (kb *keyBreakers[In, K]) after(t ticket, err error, class Class) bool {
 	}
 	return held
 }
-
-func (kb *keyBreakers[In, K]) holds(In) bool { return false } // it never keeps a worker waiting
 
 func (kb *keyBreakers[In, K]) park(v In, pos uint64, again bool) error {
 	k := kb.key(v)

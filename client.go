@@ -33,8 +33,11 @@ import (
 type policy[In any] interface {
 	// before is called before an attempt of v. It may wait (for a token, for a
 	// breaker to let the attempt through); it returns nil when the attempt may begin,
-	// or why it may not: the run's cause, or a fatal error.
-	before(ctx context.Context, v In, t ticket) (ticket, error)
+	// or why it may not: the run's cause, or a fatal error. A policy that may keep
+	// the attempt waiting for long (a breaker not closed) calls hold first, once:
+	// the worker hands on what its run finished and publishes its counts
+	// (worker.hold), and hold's error, if any, is before's.
+	before(ctx context.Context, v In, t ticket, hold func() error) (ticket, error)
 	// cancel gives back what before took for an attempt that will not begin (a later
 	// policy refused it), or whose outcome will not be settled (the run stopped under
 	// it, or its function panicked).
@@ -43,31 +46,26 @@ type policy[In any] interface {
 	// error and its class. It reports whether the item is held: the attempt does not
 	// count as one of the item's, and the item is tried again.
 	after(t ticket, err error, class Class) (held bool)
-	// holds reports whether before may now keep v's attempt waiting for long (a
-	// breaker not closed): the worker first hands on what its run finished.
-	holds(v In) bool
 	// fill sets the policy's figures in a report of the stage.
 	fill(s *StageReport)
 }
 
 // hook is a policy that does not look at the item.
 type hook interface {
-	before(ctx context.Context, t ticket) (ticket, error)
+	before(ctx context.Context, t ticket, hold func() error) (ticket, error)
 	cancel(t ticket)
 	after(t ticket, err error, class Class) (held bool)
-	holds() bool
 	fill(s *StageReport)
 }
 
 // itemless adapts a hook to policy[In].
 type itemless[In any] struct{ h hook }
 
-func (p itemless[In]) before(ctx context.Context, _ In, t ticket) (ticket, error) {
-	return p.h.before(ctx, t)
+func (p itemless[In]) before(ctx context.Context, _ In, t ticket, hold func() error) (ticket, error) {
+	return p.h.before(ctx, t, hold)
 }
 func (p itemless[In]) cancel(t ticket)                             { p.h.cancel(t) }
 func (p itemless[In]) after(t ticket, err error, class Class) bool { return p.h.after(t, err, class) }
-func (p itemless[In]) holds(In) bool                               { return p.h.holds() }
 func (p itemless[In]) fill(s *StageReport)                         { p.h.fill(s) }
 
 // ticket is what the policies gave an attempt before it began, for their after hooks.
@@ -105,8 +103,6 @@ type policyMaker struct {
 	// serial: before may keep one item waiting while others of the stage could go
 	// (a token of its key): a worker takes one item at a time, leaving the rest queued.
 	serial bool
-	// holds: the policy's holds may report true; the client asks only those.
-	holds bool
 	// unordered: the policy cannot serve a stage with WithOrdered (the message of the
 	// panic, or "").
 	unordered string
@@ -144,11 +140,10 @@ type client[In any] struct {
 	// hooks are the policies when none looks at the item (the usual case): called
 	// directly, not through itemless (callgrind: about 50 instructions fewer per
 	// attempt of a breaker's stage); nil otherwise.
-	hooks   []hook
-	holders []policy[In]    // the policies that may hold an attempt for long (policyMaker.holds)
-	adapt   *adaptive.Limit // adaptive.go: the workers above its limit wait between runs; nil without
-	keyed   heldItems[In]   // breaker.go: a breaker per key, which holds items out of the workers' hands; nil without
-	serial  bool            // a worker takes one item at a time (policyMaker.serial)
+	hooks  []hook
+	adapt  *adaptive.Limit // adaptive.go: the workers above its limit wait between runs; nil without
+	keyed  heldItems[In]   // breaker.go: a breaker per key, which holds items out of the workers' hands; nil without
+	serial bool            // a worker takes one item at a time (policyMaker.serial)
 }
 
 // noDeadline is a context without a deadline, canceled with its parent (at the
@@ -211,9 +206,6 @@ func newClient[In, Out any](r *run, rw *row, st *Stage[In, Out]) *client[In] {
 		}
 		cl.policies = append(cl.policies, p)
 		cl.serial = cl.serial || m.serial
-		if m.holds {
-			cl.holders = append(cl.holders, p)
-		}
 	}
 	if keyed {
 		cl.hooks = nil
@@ -242,11 +234,11 @@ func (cl *client[In]) fill(s *StageReport) {
 // if a later one's key function panics), or returns why the attempt cannot begin: the
 // run's cause, or a fatal error (a breaker open too long, a limiter that failed). What
 // the policies before the one that refused took is given back.
-func (cl *client[In]) acquire(ctx context.Context, v In, t ticket, into *ticket) (err error) {
+func (cl *client[In]) acquire(ctx context.Context, v In, t ticket, into *ticket, hold func() error) (err error) {
 	*into = t
 	if cl.hooks != nil {
 		for i, h := range cl.hooks {
-			if t, err = h.before(ctx, t); err != nil {
+			if t, err = h.before(ctx, t, hold); err != nil {
 				for j := i - 1; j >= 0; j-- {
 					cl.hooks[j].cancel(t)
 				}
@@ -257,7 +249,7 @@ func (cl *client[In]) acquire(ctx context.Context, v In, t ticket, into *ticket)
 		return nil
 	}
 	for i, p := range cl.policies {
-		if t, err = p.before(ctx, v, t); err != nil {
+		if t, err = p.before(ctx, v, t, hold); err != nil {
 			for j := i - 1; j >= 0; j-- {
 				cl.policies[j].cancel(t)
 			}
@@ -280,16 +272,6 @@ func (cl *client[In]) release(t ticket) {
 	for _, p := range cl.policies {
 		p.cancel(t)
 	}
-}
-
-// mayHold reports whether a policy may now keep v's next attempt waiting for long.
-func (cl *client[In]) mayHold(v In) bool {
-	for _, p := range cl.holders {
-		if p.holds(v) {
-			return true
-		}
-	}
-	return false
 }
 
 // settle is called after each attempt with its error (nil on success) and class. It

@@ -105,19 +105,17 @@ func (w *worker[In, Out]) attempts(ctx context.Context, v In, out *Out, made err
 				return interrupted, context.Cause(ctx)
 			}
 			if cl != nil {
-				if cl.mayHold(v) { // it may hold the attempt: what the run finished goes on first
-					if err := w.hold(ctx); err != nil {
-						w.release() // a held item's admission (worker.resume)
-						return interrupted, err
-					}
-				}
 				from := ticket{back: w.again} // a held item taken back: its key's other held items do not hold it (breaker.go)
 				if w.ticketed {
 					from = w.tk // its first attempt, let through by its key's breaker as it was taken back (worker.resume)
 				}
 				w.ticketed = true // a policy's key function may panic: what the ones before it took is released
-				if err = cl.acquire(ctx, v, from, &w.tk); err != nil {
-					w.ticketed = false // given back by acquire
+				if err = cl.acquire(ctx, v, from, &w.tk, w.holdFn); err != nil {
+					w.ticketed = false                // given back by acquire
+					if err := w.holdErr; err != nil { // a policy that would wait had the worker hold first (holdFn)
+						w.holdErr = nil
+						return interrupted, err
+					}
 					if ctx.Err() != nil {
 						return interrupted, context.Cause(ctx)
 					}

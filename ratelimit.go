@@ -115,12 +115,11 @@ type limitHook struct {
 	throttled atomic.Int64 // nanoseconds spent waiting for tokens, by all workers
 }
 
-func (p *limitHook) before(ctx context.Context, t ticket) (ticket, error) {
+func (p *limitHook) before(ctx context.Context, t ticket, _ func() error) (ticket, error) {
 	return t, waitToken(ctx, &p.env, p.l, &p.throttled)
 }
 func (p *limitHook) cancel(ticket)                   {}
 func (p *limitHook) after(ticket, error, Class) bool { return false }
-func (p *limitHook) holds() bool                     { return false }
 func (p *limitHook) fill(s *StageReport)             { s.Throttled += time.Duration(p.throttled.Load()) }
 
 // keyLimitPolicy is one run's WithRateLimitPerKey policy of a stage: before each
@@ -131,12 +130,11 @@ type keyLimitPolicy[In any] struct {
 	throttled atomic.Int64 // nanoseconds spent waiting for tokens, by all workers
 }
 
-func (p *keyLimitPolicy[In]) before(ctx context.Context, v In, t ticket) (ticket, error) {
+func (p *keyLimitPolicy[In]) before(ctx context.Context, v In, t ticket, _ func() error) (ticket, error) {
 	return t, waitToken(ctx, &p.env, p.lim(v), &p.throttled)
 }
 func (p *keyLimitPolicy[In]) cancel(ticket)                   {}
 func (p *keyLimitPolicy[In]) after(ticket, error, Class) bool { return false }
-func (p *keyLimitPolicy[In]) holds(In) bool                   { return false }
 func (p *keyLimitPolicy[In]) fill(s *StageReport)             { s.Throttled += time.Duration(p.throttled.Load()) }
 
 // waitToken takes a token of l, adding the time it waited to throttled. An error of

@@ -354,9 +354,11 @@ type worker[In, Out any] struct {
 	ctx          context.Context // the run's, as the worker's items see it (a sink's carries SetAside's row): end's, for this run only
 	ctxs         *attempt.Clock  // WithTimeout: the attempts' contexts (nil without; a clock of its own, so that a context kept after its attempt keeps only it alive)
 	cl           *client[In]     // rate limits, breaker, adaptive workers (client.go); nil without
-	tk           ticket          // the current attempt's, from w.cl (client.go)
-	ticketed     bool            // tk is taken and its attempt not settled yet: a stop or a panic releases it
-	again        bool            // the item in hand was held by its key's breaker (breaker.go): held again, it stays first
+	holdFn       func() error    // with cl: hold, for a policy about to keep an attempt waiting (client.go's before), which sets holdErr
+	holdErr      error
+	tk           ticket // the current attempt's, from w.cl (client.go)
+	ticketed     bool   // tk is taken and its attempt not settled yet: a stop or a panic releases it
+	again        bool   // the item in hand was held by its key's breaker (breaker.go): held again, it stays first
 }
 
 // runBudget is about how long a worker's run of items may take: a worker takes as many
@@ -400,6 +402,12 @@ func (w *worker[In, Out]) loop() (err error) {
 		ctx = newSinkCtx(ctx, w.row) // for SetAside (deadletter.go)
 	}
 	w.ctx = ctx
+	if w.cl != nil {
+		w.holdFn = func() error {
+			w.holdErr = w.hold(ctx)
+			return w.holdErr
+		}
+	}
 	err = w.take(ctx)
 	returned = true
 	w.publish() // no attempt context of the worker stays live after it
