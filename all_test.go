@@ -6,6 +6,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/gopipeline/pipeline"
@@ -95,4 +96,63 @@ func TestAllBreakLeavesItsItemUnsettled(t *testing.T) {
 		require.Equal(t, pipeline.NotProcessed, o)
 	}
 	checkAccounting(t, p.Report())
+}
+
+// TestAllBreakCountsItsItemAsTheSourceIsTold checks that the report of a run whose loop
+// over All broke out agrees with what an acknowledged source was told: the end's row
+// counts as succeeded exactly the items the source was told Committed, and the item the
+// body broke out on (told NotProcessed) as failed, in flight when the run stopped, as a
+// panic in the body counts it. It once counted that item succeeded. The break comes at
+// the first, a middle and the last item, behind a stage with and without WithOrdered.
+func TestAllBreakCountsItsItemAsTheSourceIsTold(t *testing.T) {
+	const n = 10
+	for _, ordered := range []bool{false, true} {
+		for _, at := range []int{0, n / 2, n - 1} {
+			t.Run(fmt.Sprintf("ordered=%v/break=%d", ordered, at), func(t *testing.T) {
+				c := newAckCounter()
+				var made sync.Map
+				p := pipeline.New(pipeline.WithBuffer(2))
+				src := pipeline.FromAcked(p, ackBody(n, func(i int) func(pipeline.Settlement) {
+					made.Store(i, true)
+					return c.settle(i)
+				}))
+				var opts []pipeline.StageOption
+				if ordered {
+					opts = append(opts, pipeline.WithOrdered(4))
+				}
+				s := pipeline.Then(src, pipeline.NewStage("x", 3, identity, opts...))
+				seen := 0
+				for v, err := range pipeline.All(t.Context(), s) {
+					require.NoError(t, err)
+					if seen++; seen == at+1 {
+						if ordered {
+							require.Equal(t, at, v, "an ordered stage keeps the order")
+						}
+						break
+					}
+				}
+				c.checkMade(t, &made)
+				rep := p.Report()
+				require.NoError(t, rep.Err)
+				checkAccounting(t, rep)
+				c.mu.Lock()
+				committed, notProcessed := 0, 0
+				for _, o := range c.out {
+					switch o {
+					case pipeline.Committed:
+						committed++
+					case pipeline.NotProcessed:
+						notProcessed++
+					}
+				}
+				c.mu.Unlock()
+				require.Equal(t, at, committed, "the items before the one broken on are committed")
+				end := row(t, rep, "All")
+				assert.Equalf(t, int64(committed), end.Succeeded, "the end counts as succeeded the items the source was told Committed\n%v", rep)
+				assert.Equalf(t, int64(1), end.Failed, "the item broken on: in flight when the run stopped\n%v", rep)
+				assert.Equalf(t, end.In-end.Succeeded, end.Failed+end.NotStarted, "%v", rep)
+				assert.GreaterOrEqualf(t, int64(notProcessed), end.In-end.Succeeded, "every item the end took and did not finish is NotProcessed\n%v", rep)
+			})
+		}
+	}
 }

@@ -487,7 +487,9 @@ func Collect[T any](ctx context.Context, s *Stream[T], opts ...CollectOption) ([
 // has exited. An item settles when the body is done with it, that is when the loop
 // asks for the next one: the item the body broke out on (which it may not have
 // handled) does not settle, so an acknowledged source ([FromAcked]) is told
-// NotProcessed for it, and a checkpointed run ([FromCheckpoint]) redoes it. Each range over the sequence is a new run, and so is a later All or
+// NotProcessed for it, a checkpointed run ([FromCheckpoint]) redoes it, and the end's
+// row of the report counts it as Failed (in flight when the run stopped, as when the
+// body panics), not as Succeeded. Each range over the sequence is a new run, and so is a later All or
 // [Collect] of the same stream: it takes the options of the first call, or none (the
 // first call's stay); other options panic.
 //
@@ -591,9 +593,8 @@ func collect[T any](ctx context.Context, s *Stream[T], ctor string, opts []Colle
 		rest := func() { c.t.discarded += int64(c.rest()) } // taken, never yielded: not started
 		defer func() {
 			if !finished { // the loop body panicked: stop the run and wait for it
-				if inHand {
+				if inHand { // in flight when the run stopped
 					c.t.failed++
-					c.t.succeeded--
 				}
 				rest()
 				c.commit()
@@ -635,15 +636,19 @@ func collect[T any](ctx context.Context, s *Stream[T], ctor string, opts []Colle
 			}
 			e := c.next()
 			inHand = true
-			c.t.succeeded++
 			more := yield(e.v, nil)
 			inHand = false
 			if !more {
+				// The item broken on does not settle (the body may not have handled
+				// it): in flight when the run stopped, it counts as failed, as when
+				// the body panics, not as succeeded.
 				stopped = true
+				c.t.failed++
 				rest()
 				cancel(errStopped)
 				break
 			}
+			c.t.succeeded++
 			end.settle(e.pos) // the loop body is done with it: committed
 		}
 		c.commit()

@@ -363,7 +363,9 @@ func TestAllBreakStopsRun(t *testing.T) {
 			rep := p.Report()
 			require.NoError(t, rep.Err)
 			checkReport(t, rep)
-			assert.Equal(t, int64(5), rep.Stages[len(rep.Stages)-1].Succeeded)
+			end := rep.Stages[len(rep.Stages)-1]
+			assert.Equal(t, int64(4), end.Succeeded, "the item broken on does not settle")
+			assert.Equal(t, int64(1), end.Failed, "the item broken on: in flight when the run stopped")
 		})
 	}
 }
