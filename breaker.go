@@ -695,7 +695,10 @@ type KeyBounds struct {
 	// it takes the state of a key whose breaker is closed, holds nothing and has no
 	// attempt in flight (that key's counts are forgotten); when there is none, it
 	// shares one more breaker with every other such key, as the items of a stage-wide
-	// breaker do. While the bound is reached, each attempt of a key without a state
+	// breaker do, and keeps it while that breaker holds any of its items (or one taken
+	// back from it is being tried), so that its items go on in order under the breaker
+	// that held them: its later items are held behind them there, within that
+	// breaker's Held. While the bound is reached, each attempt of a key without a state
 	// of its own scans the keys for one: keep Keys above the keys active at once.
 	Keys int
 }
@@ -800,7 +803,11 @@ type heldItems[In any] interface {
 	// next returns a held item whose key's breaker lets an attempt through now, and
 	// the ticket of that attempt, let through already: the item's first attempt
 	// goes on from it (client.acquire), and a stop releases it (worker.release).
-	next() (v In, pos uint64, t ticket, ok bool)
+	// worker is the taker's index; it calls done when the item's attempts end.
+	next(worker int) (v In, pos uint64, t ticket, ok bool)
+	// done tells that the attempts of the item worker took back (next) have ended:
+	// it is held again, or has an outcome.
+	done(worker int)
 	// wait waits, parked, for wake (input), for a held item that may be taken back
 	// (errResume) or for the run to stop (its cause); see consumer.take's idle.
 	wait(ctx context.Context, wake <-chan struct{}) (woken bool, err error)
@@ -832,6 +839,8 @@ type keyBreakers[In any, K comparable] struct {
 	mu      sync.RWMutex       // read-locked for an attempt's lookups
 	ids     map[K]uint32       // a key's index in slots
 	slots   []*keyState[In, K] // slots[0] is shared by the keys past bounds.Keys; an evicted key's slot goes to the next key
+	shared  map[K]int          // each key's items held by slots[0], or taken back from it and in a worker's hands: while it has any, it gets no state of its own
+	taken   []takenBack[K]     // per worker: the key of the item it took back from slots[0] (counted in shared until done)
 	holders []*keyState[In, K] // the states with held items
 	turn    int                // where next looks first in holders, so that every key gets its turn
 	gone    struct {           // the figures of evicted states
@@ -852,6 +861,14 @@ type keyState[In any, K comparable] struct {
 	inflight atomic.Int32 // attempts begun and not ended (added to under keyBreakers.mu, read or write): no eviction while any
 	held     []heldItem[In]
 	first    int // held[first:] are the items held, oldest first
+	keys     []K // the shared state's (slots[0]): keys[i] is held[i]'s key, for keyBreakers.shared
+}
+
+// takenBack is the key of the item a worker took back from the shared state, which
+// keeps the key under the shared state's breaker until the item's attempts end.
+type takenBack[K comparable] struct {
+	k      K
+	shared bool // the worker has such an item
 }
 
 // heldItem is an item held by its key's breaker.
@@ -862,8 +879,8 @@ type heldItem[In any] struct {
 
 func newKeyBreakers[In any, K comparable](env policyEnv, key func(In) K, b Breaker, bounds KeyBounds) *keyBreakers[In, K] {
 	kb := &keyBreakers[In, K]{
-		env: env, key: key, cfg: b, bounds: bounds, ids: make(map[K]uint32),
-		slots: make([]*keyState[In, K], 1, 8), sig: make(chan struct{}),
+		env: env, key: key, cfg: b, bounds: bounds, ids: make(map[K]uint32), shared: make(map[K]int),
+		slots: make([]*keyState[In, K], 1, 8), sig: make(chan struct{}), taken: make([]takenBack[K], env.workers),
 	}
 	kb.slots[0] = kb.newState(*new(K), "(other keys)", 0)
 	// The held items are in flight: they count in the run's capacity, so that a
@@ -888,10 +905,16 @@ func (kb *keyBreakers[In, K]) newState(k K, name string, id uint32) *keyState[In
 	return ks
 }
 
-// stateLocked returns the state of key k, making one if it has none.
+// stateLocked returns the state of key k, making one if it has none. A key with items
+// held by the shared state, or taken back from it and not done, keeps that state: with
+// one of its own, its new items would begin ahead of them (or of a probe that fails),
+// under a breaker that never refused them.
 func (kb *keyBreakers[In, K]) stateLocked(k K) *keyState[In, K] {
 	if id, ok := kb.ids[k]; ok {
 		return kb.slots[id]
+	}
+	if kb.shared[k] > 0 {
+		return kb.slots[0]
 	}
 	var id uint32
 	if len(kb.ids) < kb.bounds.Keys {
@@ -1039,20 +1062,9 @@ func (kb *keyBreakers[In, K]) park(v In, pos uint64, again bool) error {
 	if newHolder {
 		kb.holders = append(kb.holders, ks)
 	}
-	h := heldItem[In]{v: v, pos: pos}
-	switch {
-	case again && ks.first > 0: // a failed probe's item stays the oldest
-		ks.first--
-		ks.held[ks.first] = h
-	case again:
-		ks.held = slices.Insert(ks.held, 0, h)
-	default:
-		if ks.first > 0 && len(ks.held) == cap(ks.held) { // slide down rather than grow
-			n := copy(ks.held, ks.held[ks.first:])
-			clear(ks.held[n:])
-			ks.held, ks.first = ks.held[:n], 0
-		}
-		ks.held = append(ks.held, h)
+	ks.put(heldItem[In]{v: v, pos: pos}, k, again)
+	if ks.id == 0 {
+		kb.shared[k]++
 	}
 	kb.heldN.Add(1)
 	kb.mu.Unlock()
@@ -1071,14 +1083,74 @@ func (kb *keyBreakers[In, K]) drop() {
 	defer kb.mu.Unlock()
 	for _, ks := range kb.holders {
 		clear(ks.held)
-		ks.held, ks.first = nil, 0
+		ks.held, ks.keys, ks.first = nil, nil, 0
 	}
 	kb.holders = nil
+	clear(kb.shared)
+	for _, tb := range kb.taken { // the items in the workers' hands are still the shared state's
+		if tb.shared {
+			kb.shared[tb.k]++
+		}
+	}
 	kb.heldN.Store(0)
 	kb.signal()
 }
 
-func (kb *keyBreakers[In, K]) next() (v In, pos uint64, t ticket, ok bool) {
+// put adds h, an item of key k, to ks's held items: last or, held again, first.
+func (ks *keyState[In, K]) put(h heldItem[In], k K, again bool) {
+	keyed := ks.id == 0 // the shared state keeps each item's key
+	switch {
+	case again && ks.first > 0: // a failed probe's item stays the oldest
+		ks.first--
+		ks.held[ks.first] = h
+		if keyed {
+			ks.keys[ks.first] = k
+		}
+	case again:
+		ks.held = slices.Insert(ks.held, 0, h)
+		if keyed {
+			ks.keys = slices.Insert(ks.keys, 0, k)
+		}
+	default:
+		if ks.first > 0 && len(ks.held) == cap(ks.held) { // slide down rather than grow
+			n := copy(ks.held, ks.held[ks.first:])
+			clear(ks.held[n:])
+			ks.held = ks.held[:n]
+			if keyed {
+				copy(ks.keys, ks.keys[ks.first:])
+				clear(ks.keys[n:])
+				ks.keys = ks.keys[:n]
+			}
+			ks.first = 0
+		}
+		ks.held = append(ks.held, h)
+		if keyed {
+			ks.keys = append(ks.keys, k)
+		}
+	}
+}
+
+// take removes and returns ks's oldest held item, and its key when ks is the shared
+// state; it reports whether ks holds no more.
+func (ks *keyState[In, K]) take() (h heldItem[In], k K, empty bool) {
+	h = ks.held[ks.first]
+	ks.held[ks.first] = heldItem[In]{}
+	if ks.id == 0 {
+		k = ks.keys[ks.first]
+		ks.keys[ks.first] = *new(K)
+	}
+	ks.first++
+	if ks.first == len(ks.held) { // none left: forget the list (its memory too, when it grew big)
+		ks.first, ks.held, ks.keys = 0, ks.held[:0], ks.keys[:0]
+		if cap(ks.held) > 64 {
+			ks.held, ks.keys = nil, nil
+		}
+		return h, k, true
+	}
+	return h, k, false
+}
+
+func (kb *keyBreakers[In, K]) next(worker int) (v In, pos uint64, t ticket, ok bool) {
 	if kb.heldN.Load() == 0 {
 		return v, 0, t, false
 	}
@@ -1086,14 +1158,11 @@ func (kb *keyBreakers[In, K]) next() (v In, pos uint64, t ticket, ok bool) {
 	kb.mu.Lock()
 	ks, t := kb.takeLocked(time.Now(), &events)
 	if ks != nil {
-		h := ks.held[ks.first]
-		ks.held[ks.first] = heldItem[In]{}
-		ks.first++
-		if ks.first == len(ks.held) { // none left: forget the list (its memory too, when it grew big)
-			ks.first, ks.held = 0, ks.held[:0]
-			if cap(ks.held) > 64 {
-				ks.held = nil
-			}
+		h, k, empty := ks.take()
+		if ks.id == 0 { // still the key's in shared until done
+			kb.taken[worker] = takenBack[K]{k: k, shared: true}
+		}
+		if empty {
 			kb.holders = slices.DeleteFunc(kb.holders, func(o *keyState[In, K]) bool { return o == ks })
 		}
 		if kb.heldN.Add(-1) == 0 {
@@ -1104,6 +1173,19 @@ func (kb *keyBreakers[In, K]) next() (v In, pos uint64, t ticket, ok bool) {
 	kb.mu.Unlock()
 	kb.env.emit(events)
 	return v, pos, t, ok
+}
+
+func (kb *keyBreakers[In, K]) done(worker int) {
+	tb := &kb.taken[worker]
+	if !tb.shared { // only this worker writes its entry (under mu): it reads it without
+		return
+	}
+	kb.mu.Lock()
+	defer kb.mu.Unlock()
+	if kb.shared[tb.k]--; kb.shared[tb.k] == 0 {
+		delete(kb.shared, tb.k) // its next item may get a state of its own
+	}
+	*tb = takenBack[K]{}
 }
 
 // takeLocked returns a state with held items whose breaker lets an attempt through
@@ -1263,7 +1345,7 @@ func (w *worker[In, Out]) resume(ctx context.Context) error {
 			hs.drop()
 			break
 		}
-		v, pos, tk, ok := hs.next()
+		v, pos, tk, ok := hs.next(w.id)
 		if !ok {
 			break
 		}
@@ -1282,6 +1364,7 @@ func (w *worker[In, Out]) resume(ctx context.Context) error {
 		w.again = true
 		o, err := w.attempts(ctx, v, &out, nil)
 		w.again = false
+		hs.done(w.id) // held again, or an outcome
 		if err = w.end(o, &out, 1, err); err != nil {
 			w.publish()
 			w.stats.busy.v.Store(0)

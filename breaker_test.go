@@ -1933,13 +1933,20 @@ func TestBreakerPerKeyCancelWithNewItemHeldBehindHeldOnes(t *testing.T) {
 // key settles exactly once: processed once or dead-lettered once (shed at its key's
 // bound, or out of attempts), or, when the run stopped, failed or not started; the
 // report's counts add up; nothing is held at the end of a run that ended by itself.
+// With one worker, each key's items end (processed, or dead-lettered out of attempts)
+// in the order they came: the items of a key that holds items are held behind them,
+// also across a key's move from the shared breaker to one of its own.
 // plan[i] is item i: its key is plan[i]%3 (three keys, two with a breaker of their
-// own), and bit j of plan[i]>>2 makes its call j fail with a transient error.
+// own, or one when bit 2 of workers is set), and bit j of plan[i]>>2 makes its call j
+// fail with a transient error.
 func FuzzBreakerPerKey(f *testing.F) {
 	f.Add([]byte{0x04, 0x00, 0x0c, 0x01, 0x04, 0x02, 0x00, 0x00}, uint8(0), uint16(0))
 	f.Add([]byte{0xfc, 0x04, 0x08, 0xfd, 0x00, 0x01, 0x04, 0x04, 0x04, 0x02}, uint8(1), uint16(0))
 	f.Add([]byte{0x04, 0x04, 0x04, 0x04, 0x00, 0x00, 0x01, 0x05, 0x09}, uint8(3), uint16(45))
 	f.Add([]byte{0x0c, 0x0c, 0x0c, 0x0c, 0x0c, 0x0c, 0x0c, 0x0c, 0x0c, 0x0c, 0x0c, 0x0c}, uint8(0), uint16(0))
+	// One worker, one key state: a opens and holds a0; c's items (retried once each) and
+	// b3 go to the shared breaker, which b3 opens; a0's probe closes a; b4 comes.
+	f.Add([]byte{0x0c, 0x05, 0x05, 0x0d, 0x01}, uint8(4), uint16(0))
 	f.Fuzz(func(t *testing.T, plan []byte, workers uint8, stopAt uint16) {
 		plan = plan[:min(len(plan), 48)]
 		synctest.Test(t, func(t *testing.T) {
@@ -1948,6 +1955,7 @@ func FuzzBreakerPerKey(f *testing.F) {
 			var mu sync.Mutex
 			calls := make([]int, n)
 			done := make([]int, n)
+			var ended []int // items processed, or dead-lettered out of attempts, in the order they were
 			call := func(ctx context.Context, i int) (int, error) {
 				mu.Lock()
 				c := calls[i]
@@ -1961,6 +1969,7 @@ func FuzzBreakerPerKey(f *testing.F) {
 				}
 				mu.Lock()
 				done[i]++
+				ended = append(ended, i)
 				mu.Unlock()
 				return i, nil
 			}
@@ -1968,8 +1977,15 @@ func FuzzBreakerPerKey(f *testing.F) {
 			p := pipeline.New()
 			st := pipeline.NewStage("call", 1+int(workers%4), call,
 				pipeline.WithRetry(3, pipeline.ConstantBackoff(5*time.Millisecond)),
-				pipeline.WithDeadLetter(dead.Add),
-				pipeline.WithBreakerPerKey(key, pipeline.Breaker{Failures: 2, OpenFor: 20 * time.Millisecond}, pipeline.KeyBounds{Held: 4, Keys: 2}))
+				pipeline.WithDeadLetter(func(ctx context.Context, dl pipeline.DeadLetter[int]) error {
+					if dl.ErrType != "*pipeline.BreakerFullError" { // shed at the bound: not in order
+						mu.Lock()
+						ended = append(ended, dl.Item)
+						mu.Unlock()
+					}
+					return dead.Add(ctx, dl)
+				}),
+				pipeline.WithBreakerPerKey(key, pipeline.Breaker{Failures: 2, OpenFor: 20 * time.Millisecond}, pipeline.KeyBounds{Held: 4, Keys: 2 - int(workers>>2&1)}))
 			pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(n)), st), pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
 			ctx := t.Context()
 			if stopAt > 0 {
@@ -2002,6 +2018,15 @@ func FuzzBreakerPerKey(f *testing.F) {
 			if err == nil {
 				assert.Zero(t, cr.Breaker.Holding, "nothing held at the end")
 				assert.Zero(t, cr.NotStarted+cr.Failed)
+			}
+			if workers%4 == 0 { // one worker
+				last := map[int]int{}
+				for _, i := range ended {
+					if j, ok := last[key(i)]; ok {
+						assert.Lessf(t, j, i, "key %d: item %d ended after item %d (ended: %v)", key(i), i, j, ended)
+					}
+					last[key(i)] = i
+				}
 			}
 		})
 	})
@@ -2040,4 +2065,120 @@ func TestBreakerPerKeyStopWithAHeldItemReadyEnds(t *testing.T) {
 		assert.Equal(t, int64(1), call1.Breaker.Holding, "a1, held")
 		assert.Equal(t, int64(1), call1.NotStarted-int64(call1.QueueLen), "a1, not started")
 	})
+}
+
+// TestBreakerPerKeySharedBreakerKeepsItsKeysHeldItems checks a key whose items are held
+// by the breaker that the keys past KeyBounds.Keys share, "(other keys)", when a state
+// of its own becomes free: its items held there, or taken back from there, still go
+// first, once the shared breaker lets them through (not before its OpenFor), and its
+// new items wait behind them. Keys: 1, two workers; a1's call lasts 500 ms, so a has
+// the one state; k1's first call fails and opens the shared breaker (OpenFor 1 s), k1
+// (and k2) are held there; a1 ends, so a's state may go to another key; k3 comes
+// later. (k got a state of its own and k3 began at once under it, ahead of k1 and k2,
+// which waited for the shared breaker; or, k1 taken back as the shared breaker's probe,
+// k3 began under it during the probe, and k1, whose probe failed, after k3.)
+func TestBreakerPerKeySharedBreakerKeepsItsKeysHeldItems(t *testing.T) {
+	t.Parallel()
+	const openFor = time.Second
+	for _, tc := range []struct {
+		name    string
+		held    []string      // k's items held by the shared breaker, k1 first
+		probe   time.Duration // how long k1's second call (the shared breaker's probe) lasts
+		k3      time.Duration // when k3 comes
+		begun   []string      // k's calls, in the order they begin
+		k1After time.Duration // k1's call that succeeds begins no earlier
+		holding int64         // items held 50 ms after k3 came
+	}{
+		// k3 comes while k1 and k2 are held: it is held behind them.
+		{
+			name: "held", held: []string{"k1", "k2"}, probe: 10 * time.Millisecond, k3: 600 * time.Millisecond,
+			begun: []string{"k1", "k1", "k2", "k3"}, k1After: openFor, holding: 3,
+		},
+		// k3 comes during k1's probe, which fails: k1 is held again, first.
+		{
+			name: "probe", held: []string{"k1"}, probe: 300 * time.Millisecond, k3: 1100 * time.Millisecond,
+			begun: []string{"k1", "k1", "k1", "k3"}, k1After: 2*openFor + 300*time.Millisecond, holding: 1,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				start := time.Now()
+				a1Began, a1Done := make(chan struct{}), make(chan struct{})
+				var (
+					mu      sync.Mutex
+					begun   []string                     // k's calls, in the order they began
+					at      = map[string]time.Duration{} // when each k item's call that succeeded began
+					k1Calls int
+				)
+				call := func(ctx context.Context, v string) (string, error) {
+					if v == "a1" {
+						close(a1Began)
+						defer close(a1Done)
+						return v, spend(ctx, 500*time.Millisecond)
+					}
+					mu.Lock()
+					begun = append(begun, v)
+					began := time.Since(start)
+					d, fail := 10*time.Millisecond, false
+					if v == "k1" {
+						k1Calls++
+						fail = k1Calls == 1 || k1Calls == 2 && len(tc.held) == 1
+						if k1Calls == 2 {
+							d = tc.probe
+						}
+					}
+					mu.Unlock()
+					if err := spend(ctx, d); err != nil {
+						return "", err
+					}
+					if fail {
+						return "", pipeline.Transient(errDown)
+					}
+					mu.Lock()
+					at[v] = began
+					mu.Unlock()
+					return v, nil
+				}
+				p := pipeline.New()
+				src := pipeline.Generate(p, func(ctx context.Context, emit func(string) error) error {
+					if err := emit("a1"); err != nil {
+						return err
+					}
+					if err := awaitClose(ctx, a1Began); err != nil { // a has the state
+						return err
+					}
+					for _, v := range tc.held {
+						if err := emit(v); err != nil {
+							return err
+						}
+					}
+					if err := awaitClose(ctx, a1Done); err != nil {
+						return err
+					}
+					if err := spend(ctx, tc.k3-time.Since(start)); err != nil {
+						return err
+					}
+					return emit("k3")
+				})
+				st := pipeline.NewStage("call", 2, call,
+					pipeline.WithBreakerPerKey(func(v string) string { return v[:1] }, pipeline.Breaker{Failures: 1, OpenFor: openFor}, pipeline.KeyBounds{Keys: 1}))
+				midRun := snapshotAfter(p, tc.k3+50*time.Millisecond)
+				pipeline.To(pipeline.Then(src, st), pipeline.NewSink("sink", 1, func(context.Context, string) error { return nil }))
+				require.NoError(t, p.Run(t.Context()))
+				rep := p.Report()
+				checkReport(t, rep)
+				call1 := row(t, rep, "call")
+				assert.Equal(t, int64(len(tc.held)+2), call1.Succeeded)
+				assert.Equal(t, tc.begun, begun, "k's held items first, k1 as the probe")
+				assert.GreaterOrEqual(t, at["k1"], tc.k1After, "k1 waits for the shared breaker")
+				assert.GreaterOrEqual(t, at["k3"], at[tc.held[len(tc.held)-1]], "k3 after k's held items")
+				mid := row(t, midRun(), "call")
+				require.NotNil(t, mid.Breaker)
+				assert.Equal(t, []pipeline.KeyBreakerReport{{Key: "(other keys)", State: mid.Breaker.State, Holding: int(mid.Breaker.Holding), Opened: mid.Breaker.Opened}}, mid.Breaker.Keys,
+					"k has no state of its own while its items are under the shared breaker")
+				assert.Equal(t, tc.holding, mid.Breaker.Holding, "held 50 ms after k3 came")
+			})
+		})
+	}
 }
