@@ -489,9 +489,9 @@ func Collect[T any](ctx context.Context, s *Stream[T], opts ...CollectOption) ([
 // handled) does not settle, so an acknowledged source ([FromAcked]) is told
 // NotProcessed for it, a checkpointed run ([FromCheckpoint]) redoes it, and the end's
 // row of the report counts it as Failed (in flight when the run stopped, as when the
-// body panics), not as Succeeded. Each range over the sequence is a new run, and so is a later All or
-// [Collect] of the same stream: it takes the options of the first call, or none (the
-// first call's stay); other options panic.
+// body panics), not as Succeeded. Each range over the sequence is a new run, and so
+// is a later All or [Collect] of the same stream: it takes the options of the first
+// call, or none (the first call's stay); other options panic.
 //
 // A pipeline has at most one stream read by All or Collect, and is run by them, not by
 // [Pipeline.Run]; its other ends ([To]) run with it. Options: [WithName] (the end's row
