@@ -31,9 +31,11 @@
 // or a failed produce aborts the open transaction, and the source takes its
 // partitions back to their committed offsets (a message from before that rewind and
 // its replay name the same record: the first to reach the sink in its partition's
-// order is produced). It needs each partition's records to reach the sink in
-// offset order (a stage keyed by partition) and every output of a record in one batch;
-// dead letters stay at least once.
+// order is produced, and that output is the record's one outcome: the other message
+// is not produced, emitted again or dead-lettered to [WithDeadLetterTopic]). It needs
+// each partition's records to reach the sink in offset order (a stage keyed by
+// partition) and every output of a record in one batch; dead letters stay at least
+// once.
 //
 // # Exactly once into PostgreSQL
 //

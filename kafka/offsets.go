@@ -37,11 +37,15 @@ type entry struct {
 	offset int64
 	epoch  int32
 	state  uint8
-	inTxn  bool // with WithOffsetStore: kept by the store transaction in progress
+	inTxn  bool // produced (NewTransactSink) or kept (WithOffsetStore) by the transaction in progress
 	// heldBack: a transactional batch (NewTransactSink) or a store transaction
 	// (WithOffsetStore) held its record back (past an earlier one neither settled nor
 	// produced or written): if its own message settles it so, it is emitted again.
 	heldBack bool
+	// settling: its message settled otherwise than committed (being dead-lettered, or
+	// to wait for a retry), so no transaction takes a stale message of its record
+	// until it is emitted again: see session.outputCommitted.
+	settling bool
 	// dlSince is when its dead letter first failed (Unix ns), 0 if none did.
 	dlSince int64
 }
@@ -65,6 +69,10 @@ type part struct {
 	logStart  int64 // the partition's log start offset, if listed (for lag before start is known), -1 unknown
 	maxPolled int64 // the last offset polled for this assignment, -1 before one
 	replayTo  int64 // after a rewind: the last offset polled before it, until polled again; -1 none
+	// staleTo (with NewTransactSink or WithOffsetStore): the last offset of a record
+	// that may still have a message of an earlier assignment in the pipeline (one in
+	// flight when that assignment ended: see session.outputCommitted); -1 none.
+	staleTo int64
 	// With WithOffsetStore: the assignment's claim of the partition in the store.
 	claimed bool
 	epoch   int64 // the claim's epoch
@@ -93,7 +101,7 @@ func (p *part) admit(offset int64) bool {
 }
 
 func newPart(tp TopicPartition) *part {
-	return &part{tp: tp, live: true, committed: -1, hwm: -1, start: -1, logStart: -1, maxPolled: -1, replayTo: -1, stored: -1}
+	return &part{tp: tp, live: true, committed: -1, hwm: -1, start: -1, logStart: -1, maxPolled: -1, replayTo: -1, staleTo: -1, stored: -1}
 }
 
 // lag returns the records of p between its committed offset and its high watermark:
@@ -220,6 +228,7 @@ func (p *part) toRetry(e *entry) {
 func (p *part) retried(e *entry) {
 	if e.state == waitingRetry {
 		e.state = inPipeline
+		e.settling = false
 		p.busy++
 	}
 }

@@ -229,7 +229,7 @@ func WithDeadLetterTimeout(d time.Duration) SourceOption {
 // Stats counts what a [Source] did, over all its runs.
 type Stats struct {
 	Fetched      int64 // records taken from the client
-	Committed    int64 // settled as committed (those whose partition was revoked or lost first count in Stale too)
+	Committed    int64 // settled as committed (those whose partition was revoked or lost first count in Stale too), or as done: a stale message's output committed in a transaction
 	DeadLettered int64 // set aside (produced to the dead-letter topic, if any)
 	Undecodable  int64 // of DeadLettered, records the codec could not decode (never emitted)
 	HandedBack   int64 // handed back by a stage: emitted again after the delay
@@ -675,7 +675,8 @@ type session[T any] struct {
 	waiting     bool
 	outstanding int // emitted items whose settle was not called yet
 	retries     []retryAt
-	txnDone     map[*entry]bool // entries whose outputs a transaction committed, until they settle
+	txnDone     map[*entry]bool          // entries whose outputs a transaction committed, until they settle
+	staleTo     map[TopicPartition]int64 // of ended assignments, for the next: see part.staleTo
 	bodyDone    bool
 	finished    bool
 
@@ -982,12 +983,14 @@ func (ss *session[T]) settleBy(h *settler[T], st pipeline.Settlement) {
 // settleRest follows the outcome of an emitted item that committedDone did not settle:
 // held back by a transaction, or not committed.
 func (ss *session[T]) settleRest(e *entry, st pipeline.Settlement) {
-	switch st.Outcome {
-	case pipeline.Committed: // held back by a transaction (see unproduced)
+	switch {
+	case st.Outcome != pipeline.Committed && ss.outputCommitted(e):
+		ss.s.committed.Add(1) // a stale message's output is the record's
+	case st.Outcome == pipeline.Committed: // held back by a transaction (see unproduced)
 		ss.retryLater(e, txnPollWait) // its batch held it back: produce it in order
-	case pipeline.DeadLettered:
+	case st.Outcome == pipeline.DeadLettered:
 		ss.deadLetter(e, st.DeadLetter)
-	case pipeline.HandedBack:
+	case st.Outcome == pipeline.HandedBack:
 		ss.s.handedBack.Add(1)
 		ss.retryLater(e, st.Delay)
 	default:
@@ -1000,6 +1003,51 @@ func (ss *session[T]) settleRest(e *entry, st pipeline.Settlement) {
 	if last {
 		ss.finish()
 	}
+}
+
+// outputCommitted reports whether a transaction (NewTransactSink's, or a store's with
+// WithOffsetStore) committed the output of e's record from a stale message of it,
+// while e's own message settled otherwise (handed back, dead-lettered, not
+// processed), and then settles e as done. A message names its record by partition
+// and offset (see prospect): after a rewind or a reassignment, one from before it
+// (stale) and the record's replay name the same record, and whichever reaches the
+// sink first is its output, its one outcome. The transaction committed the offset
+// past the record with it, so e emitted again could only be dead-lettered as well
+// (an output and a dead letter), or handed back again. A transaction in progress
+// that holds e is waited for (its outcome decides). If it reports false, e is marked
+// settling: no transaction takes a stale message of e's record until e is emitted
+// again, so that its own message's outcome (a dead letter under way) stays the only
+// one.
+//
+// Only a record that may have a stale message (at or below its part's staleTo) is
+// settled so. Another's output committed is its own message's, through another branch
+// of a Tee (or another piece of a flat-map) than the one that settled it otherwise:
+// that record is emitted again (the transaction does not produce it twice) or
+// dead-lettered, as before (see NewTransactSink on Tee).
+func (ss *session[T]) outputCommitted(e *entry) bool {
+	if ss.s.cfg.txnID == "" && ss.s.cfg.store == nil { // no transaction takes a record
+		return false
+	}
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if e.offset > e.p.staleTo {
+		return false // no stale message of its record: none can be in a transaction
+	}
+	for e.p.live && e.inTxn {
+		ch := ss.waitLocked()
+		ss.mu.Unlock()
+		<-ch
+		ss.mu.Lock()
+	}
+	if !e.p.live {
+		return false
+	}
+	if ss.txnDone[e] {
+		ss.doneLocked(e)
+		return true
+	}
+	e.settling = true
+	return false
 }
 
 // committedDone settles a committed item that no transaction held back (nearly
@@ -1103,6 +1151,7 @@ func (ss *session[T]) unproducedLocked(e *entry) bool {
 		return false
 	}
 	e.heldBack = false
+	e.settling = true // to wait for a retry: no transaction takes a stale message of its record meanwhile
 	return true
 }
 
@@ -1422,7 +1471,7 @@ func (ss *session[T]) assigned(_ context.Context, _ *kgo.Client, assigned map[st
 			if old := ss.parts[tp]; old != nil { // never revoked: as if lost
 				ss.s.uncommitted.Add(old.uncommitted() + ss.endPartLocked(old))
 			}
-			ss.parts[tp] = newPart(tp)
+			ss.parts[tp] = ss.newPartLocked(tp)
 			ss.s.assigned.Add(1)
 		}
 	}
@@ -1530,6 +1579,17 @@ func (ss *session[T]) dropPartLocked(p *part, ended *atomic.Int64) {
 	ended.Add(1)
 }
 
+// newPartLocked returns a new assignment of tp, with the stale messages the ended ones
+// may have left in the pipeline (part.staleTo). ss.mu must be held.
+func (ss *session[T]) newPartLocked(tp TopicPartition) *part {
+	p := newPart(tp)
+	if to, ok := ss.staleTo[tp]; ok {
+		p.staleTo = to
+		delete(ss.staleTo, tp)
+	}
+	return p
+}
+
 // endPartLocked ends p's assignment: its unsettled records no longer count, and what
 // settles of them later is stale. It returns how many records settled past its
 // watermark (behind an unsettled one): the next owner redoes them.
@@ -1546,6 +1606,20 @@ func (ss *session[T]) endPartLocked(p *part) int64 {
 	}
 	p.live = false
 	ss.retries = slices.DeleteFunc(ss.retries, func(r retryAt) bool { return r.e.p == p })
+	if ss.s.cfg.txnID != "" || ss.s.cfg.store != nil { // the records whose messages stay in the pipeline, stale
+		to := p.staleTo
+		for _, e := range p.pending {
+			if e.state == inPipeline {
+				to = max(to, e.offset)
+			}
+		}
+		if to >= 0 {
+			if ss.staleTo == nil {
+				ss.staleTo = map[TopicPartition]int64{}
+			}
+			ss.staleTo[p.tp] = max(ss.staleTo[p.tp], to)
+		}
+	}
 	if len(ss.txnDone) > 0 {
 		for _, e := range p.pending { // an entry leaves pending only settled, and done deletes it first
 			delete(ss.txnDone, e)

@@ -154,6 +154,7 @@ func (s *Source[T]) BeginStoreTxn(from []Origin) (*StoreTxn, error) {
 				ss.txnDone[e] = true
 			}
 		}
+		ss.signalLocked() // a settle may wait for the transaction (outputCommitted)
 		ss.fenceLocked(parts, fenced)
 	}}, nil
 }
@@ -187,8 +188,8 @@ func (ss *session[T]) storeProspect(from []Origin) (offs []StoreOffset, keep []b
 			continue
 		}
 		e := p.pending[j]
-		if e.state != inPipeline || e.inTxn || ss.txnDone[e] {
-			continue
+		if e.state != inPipeline || e.settling || e.inTxn || ss.txnDone[e] {
+			continue // settling: its own message's outcome is under way (outputCommitted)
 		}
 		if ord.past(p, j, done) { // past a record neither settled nor written: its offset could not be stored
 			ss.holdBack(e)
@@ -314,7 +315,7 @@ func (ss *session[T]) adjust(ctx context.Context, offs map[string]map[int32]kgo.
 		}
 		p := ss.parts[c.TopicPartition]
 		if p == nil || !p.live {
-			p = newPart(c.TopicPartition)
+			p = ss.newPartLocked(c.TopicPartition)
 			ss.parts[c.TopicPartition] = p
 		}
 		p.claimed, p.epoch, p.stored = true, c.Epoch, c.Next

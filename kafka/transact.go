@@ -68,7 +68,12 @@ func WithTransactionalID(id string) SourceOption {
 // ([Stats].Aborted counts the aborts; their items settle as Stale). A message still in
 // the pipeline from before the rewind names the same record as its replay: whichever
 // reaches the sink first, in its partition's order, is that record's output, the other
-// is not produced. A failure that
+// is not produced. That output, once committed, is the record's one outcome: the
+// other message settles as done ([Stats].Committed) whatever becomes of it, handed
+// back or set aside too, and is neither emitted again nor produced to
+// [WithDeadLetterTopic] (a stage's own [pipeline.WithDeadLetter] destination has
+// taken it before the source hears of it); a stale message that reaches the sink
+// while its replay's dead letter is under way is not produced. A failure that
 // leaves the transactional producer unusable (kgo: no error of an End is retriable), a
 // missing permission or a record too large fails the run. Dead letters are produced
 // outside the transactions, through [WithDeadLetterTopic]'s client: at least once. It
@@ -144,6 +149,7 @@ func (ss *session[T]) transact(ctx context.Context, recs []txnRecord) error {
 	}
 
 	offs, marks, live, inTxn := ss.prospect(recs)
+	defer ss.leaveTxn(inTxn)
 	if len(offs) == 0 && len(live) == 0 {
 		return nil // nothing to produce or commit
 	}
@@ -228,11 +234,13 @@ func (ss *session[T]) transact(ctx context.Context, recs []txnRecord) error {
 // message is most often a stale one (its replay comes later, in order); if it is the
 // record's own, the record is emitted again when it settles (settle).
 //
-// An entry in txnDone counts as done whatever its state, even waiting for a retry (a
-// stale message produced it, then its own was handed back or its dead letter
-// failed): it is produced only once every earlier record of its part is done
-// (inOrder.past), so the transaction that produced it committed the offset past it,
-// with its output.
+// An entry in txnDone counts as done: it is produced only once every earlier record
+// of its part is done (inOrder.past), so the transaction that produced it committed
+// the offset past it, with its output. If a stale message produced it, the replay's
+// own message settles it as done whatever its outcome (outputCommitted): emitted
+// again, it could only be dead-lettered too, or handed back again. An entry whose
+// message settled otherwise (a dead letter under way, a retry to wait for: settling)
+// is not taken, so that each record has one outcome.
 func (ss *session[T]) prospect(recs []txnRecord) (offs map[string]map[int32]kgo.EpochOffset, marks map[*part]int64, live []*kgo.Record, inTxn map[*entry]bool) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
@@ -249,14 +257,15 @@ func (ss *session[T]) prospect(recs []txnRecord) (offs map[string]map[int32]kgo.
 		// A message names its record by partition and offset only: after a rewind, a
 		// stale one (of the assignment before) names the same record as its replay,
 		// and whichever comes first is that record's output; the other is not produced.
-		if i < 0 || p.pending[i].state != inPipeline || inTxn[p.pending[i]] || ss.txnDone[p.pending[i]] {
-			continue
+		if i < 0 || p.pending[i].state != inPipeline || p.pending[i].settling || inTxn[p.pending[i]] || ss.txnDone[p.pending[i]] {
+			continue // settling: its own message's outcome is under way (outputCommitted)
 		}
 		if ord.past(p, i, done) { // past a record neither settled nor produced
 			ss.holdBack(p.pending[i])
 			continue
 		}
 		inTxn[p.pending[i]] = true
+		p.pending[i].inTxn = true // until the transaction ends (leaveTxn)
 		live = append(live, r.rec)
 	}
 	offs = map[string]map[int32]kgo.EpochOffset{}
@@ -275,6 +284,20 @@ func (ss *session[T]) prospect(recs []txnRecord) (offs map[string]map[int32]kgo.
 		}
 	}
 	return offs, marks, live, inTxn
+}
+
+// leaveTxn ends the transaction of the entries in inTxn (committed: they are in
+// txnDone now; or not), and wakes a settle that waits for it (outputCommitted).
+func (ss *session[T]) leaveTxn(inTxn map[*entry]bool) {
+	if len(inTxn) == 0 {
+		return
+	}
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	for e := range inTxn {
+		e.inTxn = false
+	}
+	ss.signalLocked()
 }
 
 func addOffsetAt(offs map[string]map[int32]kgo.EpochOffset, tp TopicPartition, eo kgo.EpochOffset) {
@@ -306,7 +329,7 @@ func (ss *session[T]) rewind() {
 			addOffsetAt(to, tp, kgo.EpochOffset{Epoch: -1, Offset: at})
 		}
 		ss.s.uncommitted.Add(p.uncommitted() + ss.endPartLocked(p))
-		np := newPart(tp)
+		np := ss.newPartLocked(tp)
 		np.committed = p.committed
 		if at >= 0 && at <= p.maxPolled {
 			np.replayTo = p.maxPolled // the client may still hand over records fetched before the rewind

@@ -2,6 +2,7 @@ package kafka_test
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -343,4 +344,163 @@ func TestTransactSinkOutputsEachRecordOnceAcrossRepeatedCrashes(t *testing.T) {
 	}
 	require.Len(t, seen, n, "every record's output")
 	require.Zero(t, dups, "duplicates read committed")
+}
+
+// failFirstTxnOffsetCommit makes c refuse the first TxnOffsetCommit of a transaction
+// (every partition of it ConcurrentTransactions, an error kgo aborts on): that
+// transaction aborts, and its source takes every partition back to its committed
+// offset. fired reports whether it did.
+func failFirstTxnOffsetCommit(c *kfake.Cluster) (fired *atomic.Bool) {
+	fired = new(atomic.Bool)
+	c.ControlKey(int16(kmsg.TxnOffsetCommit), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		r := req.(*kmsg.TxnOffsetCommitRequest)
+		resp := r.ResponseKind().(*kmsg.TxnOffsetCommitResponse)
+		for _, rt := range r.Topics {
+			st := kmsg.NewTxnOffsetCommitResponseTopic()
+			st.Topic, st.TopicID = rt.Topic, rt.TopicID
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewTxnOffsetCommitResponseTopicPartition()
+				sp.Partition, sp.ErrorCode = rp.Partition, kerr.ConcurrentTransactions.Code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		fired.Store(true)
+		return resp, nil, true
+	})
+	return fired
+}
+
+// TestReplayOfARecordAStaleMessageProducedSettlesOnce: after a rewind, a message from
+// before it (stale) and its record's replay are both in the pipeline; the stale one
+// reaches the sink first and its transaction commits the record's output. The replay
+// is then dead-lettered (or handed back, and dead-lettered when emitted again): the
+// record must keep its one outcome, the output, and settle as done. (The replay was
+// dead-lettered: the record had an output and a dead letter.)
+func TestReplayOfARecordAStaleMessageProducedSettlesOnce(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		replay error // the stage's error for the replay of record 0
+	}{
+		{name: "dead-lettered", replay: pipeline.Permanent(errors.New("refused"))},
+		{name: "handed back", replay: pipeline.Transient(errors.New("busy"))},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx, c := clusterWithIDs(t, 2) // record 0 in partition 0, record 1 in partition 1
+			aborted := failFirstTxnOffsetCommit(c)
+			prod := newClient(t, c)
+			src := kafka.NewSource(consumerOpts(c), "stale", []string{inTopic}, idCodec{},
+				kafka.WithTransactionalID("member"), kafka.WithCommitInterval(50*time.Millisecond),
+				kafka.WithDeadLetterTopic(prod, deadTopic))
+			gate, outCommitted := make(chan struct{}), make(chan struct{})
+			wait := func(ctx context.Context, ch <-chan struct{}) error {
+				select {
+				case <-ch:
+					return nil
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			var calls atomic.Int64 // of record 0
+			p := pipeline.New()
+			// Not keyed by partition (each partition has one record): a keyed stage could
+			// give both partitions one worker, and record 1 would wait behind record 0.
+			mapped := pipeline.Then(src.Stream(p), pipeline.NewStage("map", 4, func(ctx context.Context, m kafka.Message[int]) (kafka.Message[int], error) {
+				if m.Value != 0 {
+					return m, nil
+				}
+				switch calls.Add(1) {
+				case 1: // its first message: held until its replay is in the pipeline
+					return m, wait(ctx, gate)
+				case 2: // its replay: once the first one's output is committed
+					if err := wait(ctx, outCommitted); err != nil {
+						return m, err
+					}
+					return m, tc.replay
+				default: // emitted again
+					return m, pipeline.Permanent(errors.New("refused again"))
+				}
+			}, pipeline.WithHandBack(), pipeline.WithRetry(1, pipeline.ConstantBackoff(20*time.Millisecond)),
+				pipeline.WithDeadLetter(pipeline.DiscardDeadLetter[kafka.Message[int]])))
+			pipeline.ToBatches(mapped, 40, kafka.NewTransactSink("out", src, outTopic, idCodec{}, nil), pipeline.WithLinger(10*time.Millisecond))
+			rctx, cancel := context.WithTimeout(ctx, time.Minute)
+			defer cancel()
+			errc := runAsync(rctx, p)
+			t.Cleanup(func() {
+				if t.Failed() {
+					t.Logf("source stats: %+v", src.Stats())
+				}
+			})
+			// Record 1's transaction aborts: both partitions go back to offset 0, and
+			// record 0's first message, at the gate, is stale once its replay is taken.
+			eventually(t, 30*time.Second, "an aborted transaction, and both records taken again", func() bool {
+				st := src.Stats()
+				return aborted.Load() && st.Aborted == 1 && st.Fetched == 4
+			})
+			close(gate)
+			eventually(t, 30*time.Second, "record 0's output committed (its stale message's)", func() bool {
+				return committedOffsets(ctx, t, c, "stale", inTopic)[0] == 1
+			})
+			close(outCommitted)
+			eventually(t, 30*time.Second, "every message settled", func() bool {
+				st := src.Stats()
+				return st.Committed+st.DeadLettered == 4 // both stale messages, record 1's replay, record 0's replay
+			})
+			src.Stop()
+			require.NoError(t, <-errc)
+			st := src.Stats()
+			assert.Zero(t, st.DeadLettered, "dead letters")
+			assert.Empty(t, readTopic(ctx, t, c, deadTopic), "dead letters produced")
+			assert.Equal(t, int64(2), calls.Load(), "record 0's messages: its replay is not emitted again")
+			assert.Equal(t, map[int]int{0: 1, 1: 1}, countIDs(t, readCommitted(ctx, t, c, outTopic, 2)), "outputs read committed")
+			assert.Equal(t, map[int32]int64{0: 1, 1: 1}, committedOffsets(ctx, t, c, "stale", inTopic))
+		})
+	}
+}
+
+// TestTeeBranchHandingBackAfterTheTransactionIsRedone tees a transactional source's
+// messages to NewTransactSink and to a branch that hands record 0 back once the
+// transaction has committed its output and offset: the record is emitted again, the
+// branch does its work again, and the sink does not produce the record twice. (No
+// message of an earlier assignment is in play: the output is the record's own, and
+// the hand-back is not taken for a stale message's replay.)
+func TestTeeBranchHandingBackAfterTheTransactionIsRedone(t *testing.T) {
+	t.Parallel()
+	ctx, c := clusterWithIDs(t, 1)
+	src := kafka.NewSource(consumerOpts(c), "tee", []string{inTopic}, idCodec{},
+		kafka.WithTransactionalID("member"), kafka.WithCommitInterval(50*time.Millisecond))
+	p := pipeline.New()
+	branches := pipeline.Tee(src.Stream(p), 2)
+	pipeline.ToBatches(branches[0], 40, kafka.NewTransactSink("out", src, outTopic, idCodec{}, nil), pipeline.WithLinger(10*time.Millisecond))
+	committed := make(chan struct{})
+	var calls atomic.Int64
+	pipeline.To(branches[1], pipeline.NewSink("other", 1, func(ctx context.Context, _ kafka.Message[int]) error {
+		if calls.Add(1) > 1 {
+			return nil
+		}
+		select { // the first time: once the transaction committed the record's output
+		case <-committed:
+			return pipeline.Transient(errors.New("busy"))
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}, pipeline.WithHandBack(), pipeline.WithRetry(1, pipeline.ConstantBackoff(20*time.Millisecond))))
+	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	errc := runAsync(rctx, p)
+	eventually(t, 30*time.Second, "the record taken", func() bool { return src.Stats().Fetched == 1 })
+	eventually(t, 30*time.Second, "the record's output committed", func() bool {
+		return committedOffsets(ctx, t, c, "tee", inTopic)[0] == 1
+	})
+	close(committed)
+	eventually(t, 30*time.Second, "the other branch's work redone", func() bool { return calls.Load() == 2 })
+	eventually(t, 30*time.Second, "the record settled", func() bool { return src.Stats().Committed == 1 })
+	src.Stop()
+	require.NoError(t, <-errc)
+	st := src.Stats()
+	assert.Equal(t, int64(1), st.HandedBack)
+	assert.Equal(t, int64(2), calls.Load(), "the other branch's calls")
+	assert.Equal(t, map[int]int{0: 1}, countIDs(t, readCommitted(ctx, t, c, outTopic, 1)), "outputs read committed")
 }

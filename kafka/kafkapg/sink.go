@@ -36,7 +36,9 @@ var errFenced = errors.New("kafkapg: a partition has another owner")
 // settles, and written, in order, by a later transaction. Rows whose records are not this member's any more (their
 // partition was revoked or claimed by another owner), and a message from before a
 // partition was claimed again when its replay was written first (or the other way
-// round), are not written.
+// round), are not written; a row written is its record's one outcome (the other
+// message settles as done, even handed back or set aside: see
+// [kafka.NewTransactSink]).
 //
 // A transaction that finds a partition claimed by another owner (its epoch moved)
 // rolls back, the source ends that partition's assignment, and the batch is written
