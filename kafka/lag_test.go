@@ -3,12 +3,15 @@ package kafka_test
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/gopipeline/pipeline"
 	"github.com/gopipeline/pipeline/kafka"
@@ -105,4 +108,68 @@ func sourceRow(t *testing.T, rep pipeline.Report) pipeline.StageReport {
 	}
 	require.FailNow(t, "no source row", "%v", rep)
 	return pipeline.StageReport{}
+}
+
+// TestEndOffsetsListedOnlyWhileLagIsRead counts the source's listings of end offsets
+// (ListOffsets requests for the latest offsets, which keep Stats.Lag's high watermarks
+// current while backpressure holds fetches back) with a commit interval of 20 ms. The
+// test produces one record at a time and waits for its offset commit, so that each
+// commit marks an interval gone by. While nobody reads the lag (no Stats, no report)
+// the source lists nothing; while it is read, it lists at most once a second, not at
+// every interval. (It listed at every interval: 50 requests a second at 20 ms.)
+func TestEndOffsetsListedOnlyWhileLagIsRead(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	c := newCluster(t)
+	var commits, listings atomic.Int64
+	c.ControlKey(int16(kmsg.OffsetCommit), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if req.(*kmsg.OffsetCommitRequest).Group == "ends" {
+			commits.Add(1)
+		}
+		return nil, nil, false
+	})
+	c.ControlKey(int16(kmsg.ListOffsets), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		for _, t := range req.(*kmsg.ListOffsetsRequest).Topics {
+			for _, p := range t.Partitions {
+				if p.Timestamp == -1 { // the latest offset (a listing of the start asks -2)
+					listings.Add(1)
+					return nil, nil, false
+				}
+			}
+		}
+		return nil, nil, false
+	})
+	src := kafka.NewSource(consumerOpts(c), "ends", []string{inTopic}, idCodec{}, kafka.WithCommitInterval(20*time.Millisecond))
+	p := pipeline.New()
+	pipeline.To(src.Stream(p), pipeline.NewSink("done", 1, func(context.Context, kafka.Message[int]) error { return nil }))
+	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	errc := runAsync(rctx, p)
+	producer := newIDProducer(t, c)
+	// rounds produces k records, one at a time, each once the one before is committed,
+	// with read called while it waits.
+	produced := 0
+	rounds := func(k int, read func()) {
+		for range k {
+			want := commits.Load() + 1
+			produceIDsWith(ctx, t, producer, inTopic, produced, 1)
+			produced++
+			eventually(t, 30*time.Second, "the commit of record "+strconv.Itoa(produced), func() bool {
+				read()
+				return commits.Load() >= want
+			})
+		}
+	}
+	rounds(30, func() {})
+	unread := listings.Load()
+	rounds(60, func() { _ = src.Stats() }) // Stats reads Lag
+	read := listings.Load() - unread
+	src.Stop()
+	require.NoError(t, <-errc)
+	t.Logf("end offset listings: %d over 30 commits with the lag not read, %d over 60 commits with the lag read", unread, read)
+	assert.Zero(t, unread, "listings while the lag is not read")
+	assert.Positive(t, read, "listings while the lag is read")
+	assert.Less(t, read, int64(30), "listings while the lag is read: at most one a second, not one per commit")
 }

@@ -259,10 +259,13 @@ type Stats struct {
 	// the group's when the partition was assigned (with none, the first record the
 	// run took of it, or before that the log's start, as a group with no commit
 	// consumes from there unless kgo.ConsumeResetOffset says the end). The high watermark is the last one seen, in a fetch
-	// response or in a listing of the topics' end offsets the source makes every
-	// [WithCommitInterval], so that lag grows while backpressure holds fetches back.
-	// A partition is missing while either end is unknown (just assigned, nothing
-	// fetched yet), and Lag is nil between runs.
+	// response or in a listing of the topics' end offsets, so that lag grows while
+	// backpressure holds fetches back: the source lists them every
+	// [WithCommitInterval], at most once a second, while Lag is read (by Stats or a
+	// report of the pipeline) within the last minute. So a first read, or one after
+	// a minute without any, can show the high watermark of the last fetch until the
+	// next interval lists them. A partition is missing while either end is unknown
+	// (just assigned, nothing fetched or listed yet), and Lag is nil between runs.
 	Lag map[TopicPartition]int64
 }
 
@@ -475,6 +478,8 @@ func (s *Source[T]) lag() map[TopicPartition]int64 {
 	if ss == nil {
 		return nil
 	}
+	// The commit loop lists the end offsets while lag is read (endsWanted).
+	ss.lagRead.Store(time.Now().UnixNano())
 	group := ss.cl.CommittedOffsets() // before ss.mu: the client's callbacks take ss.mu under its own locks
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
@@ -679,6 +684,8 @@ type session[T any] struct {
 	staleTo     map[TopicPartition]int64 // of ended assignments, for the next: see part.staleTo
 	bodyDone    bool
 	finished    bool
+
+	lagRead atomic.Int64 // when the lag was last read (Unix ns; 0: never): see endsWanted
 
 	kick     chan struct{} // a retry was scheduled
 	stopped  chan struct{}
@@ -1323,10 +1330,12 @@ func (ss *session[T]) finish() {
 	ss.cl.CloseAllowingRebalance()
 }
 
-// commitLoop commits the watermarks that moved, every interval.
+// commitLoop commits the watermarks that moved, every interval, and lists the end
+// offsets when they are wanted (endsWanted).
 func (ss *session[T]) commitLoop(ctx context.Context) {
 	tick := time.NewTicker(ss.s.cfg.commitEvery)
 	defer tick.Stop()
+	var listed time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -1334,9 +1343,29 @@ func (ss *session[T]) commitLoop(ctx context.Context) {
 		case <-tick.C:
 			ss.commitDue(ctx, true)
 			ss.saveStore(ctx, nil)
-			ss.listEnds(ctx)
+			if now := time.Now(); ss.endsWanted(now, listed) {
+				listed = now
+				ss.listEnds(ctx)
+			}
 		}
 	}
+}
+
+// The end offsets (listEnds) are listed at most every listEvery (or every commit
+// interval, if longer), and only while the lag is read (Stats, a report of the
+// pipeline: Source.lag) within lagInterest: they serve Stats.Lag alone, and a
+// request per interval (50 a second at 20 ms) was spent whether anyone looked or not.
+const (
+	listEvery   = time.Second
+	lagInterest = time.Minute
+)
+
+// endsWanted reports whether the commit loop's tick at now lists the end offsets,
+// last listed at listed.
+func (ss *session[T]) endsWanted(now, listed time.Time) bool {
+	read := ss.lagRead.Load()
+	// Half an interval of slack: a tick that comes a little early still lists.
+	return read != 0 && now.Sub(time.Unix(0, read)) < lagInterest && now.Sub(listed) >= listEvery-ss.s.cfg.commitEvery/2
 }
 
 // listEnds updates the high watermarks of the live partitions from a listing of the
