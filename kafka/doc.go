@@ -35,7 +35,10 @@
 // is not produced, emitted again or dead-lettered to [WithDeadLetterTopic]). It needs
 // each partition's records to reach the sink in offset order (a stage keyed by
 // partition) and every output of a record in one batch; dead letters stay at least
-// once.
+// once. What other branches of a [pipeline.Tee] do is not in the transaction: one
+// that hands an item back after the transaction committed its record's offset is
+// redone by that run only, and lost if the run stops first ([NewTransactSink] says
+// more).
 //
 // # Exactly once into PostgreSQL
 //
@@ -48,7 +51,8 @@
 // writes each batch with a pgpipe writer in one transaction with the offsets, so each
 // record's row is written once, across crashes, rebalances and an owner paused past
 // its session (its transaction finds the epoch moved and rolls back). As with
-// [NewTransactSink], each partition's records must reach the sink in offset order.
+// [NewTransactSink], each partition's records must reach the sink in offset order,
+// and the work of other branches of a [pipeline.Tee] is not in the transaction.
 //
 // # Rebalances
 //

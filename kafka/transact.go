@@ -62,6 +62,16 @@ func WithTransactionalID(id string) SourceOption {
 // rewind (see below), whose replay comes later in order; a record's own message held
 // back is emitted again once it settles, and produced in a later batch.
 //
+// Work beside the sink ([pipeline.Tee], a flat-map's pieces that go elsewhere) is not
+// part of the transaction, which commits the record's offset with its output alone.
+// A branch that hands a record's item back, or sets it aside, after that commit is
+// redone (the record is emitted again; the sink does not produce it twice), or its
+// dead letter produced, by this run only: if the run stops first (a crash, a
+// rebalance, a Stop), that work is lost, since the group's offset is past the record
+// and no owner reads it again. After a rewind (below) it is not redone at all when
+// the record's output came from a message from before the rewind. So hand back
+// before the Tee, or give each branch's work a store that records it with the output.
+//
 // A transaction aborts when the group rebalances while it is open (kgo's
 // GroupTransactSession) or a produce fails: the source then takes every partition
 // back to its last committed offset, and what was in the pipeline is done again
