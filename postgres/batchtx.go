@@ -19,7 +19,8 @@ import (
 type BatchTx struct {
 	// BeforeCommit runs in the batch's transaction once its rows are written (and its
 	// rejected rows dead-lettered into a [DeadLetterTable]), as its last statements
-	// before COMMIT. An error rolls the transaction back and is Write's error, classified
+	// before COMMIT (when rows were rejected and go to a [WithDeadLetter] function, the
+	// writer then checks the deferred constraints and sends them). An error rolls the transaction back and is Write's error, classified
 	// like the writer's own (an error that has a class keeps it).
 	BeforeCommit func(ctx context.Context, tx pgx.Tx) error
 	// Resolve learns the outcome of a COMMIT whose outcome is unknown: the connection
@@ -47,14 +48,9 @@ func (w *Writer[T]) Write(ctx context.Context, stage string, rows []T, tx BatchT
 	return w.writeWith(ctx, stage, rows, &tx)
 }
 
-// commitWith runs hook's BeforeCommit in tx and commits it; a COMMIT whose outcome is
-// unknown is resolved by hook's Resolve, if any.
+// commitWith commits tx, whose hook's BeforeCommit ran (writeOn); a COMMIT whose
+// outcome is unknown is resolved by hook's Resolve, if any.
 func (w *Writer[T]) commitWith(ctx context.Context, tx pgx.Tx, hook *BatchTx) error {
-	if hook.BeforeCommit != nil {
-		if err := hook.BeforeCommit(ctx, tx); err != nil {
-			return err
-		}
-	}
 	pc := tx.Conn().PgConn()
 	w.stats.roundTrips.Add(1)
 	err := tx.Commit(ctx)

@@ -112,10 +112,13 @@ func WithCheckpoint(store *Checkpoint) Option {
 	return optionFunc(func(c *config) { c.ck = store })
 }
 
-// WithDeadLetter sends each row PostgreSQL rejects (see [RowError]) to fn, after the
-// batch's good rows are written and before they commit, so a crash may send a row
-// twice (at least once): the batch's transaction, not fn, records the rows' progress,
-// so fn must not call [pipeline.Commit] (a [DeadLetterTable.WithCheckpoint]'s Add
+// WithDeadLetter sends each row PostgreSQL rejects (see [RowError]) to fn once the
+// batch's good rows are written and its deferred constraints checked, just before they
+// commit. A batch written again because a deferred constraint refused a row (see the
+// package's Errors) sends the letters of the write that commits alone; but a crash, or
+// a COMMIT whose connection is lost, may send a row twice (at least once). The batch's
+// transaction, not fn, records the rows' progress, so fn must not call
+// [pipeline.Commit] (a [DeadLetterTable.WithCheckpoint]'s Add
 // writes the letter alone here). T must be the writer's row type; [NewWriter] panics
 // otherwise.
 // Without a dead-letter destination, a rejected row fails its whole batch with an item
@@ -522,6 +525,14 @@ func (w *Writer[T]) writeOn(ctx context.Context, conn *pgx.Conn, stage string, r
 			return err
 		}
 	}
+	if hook != nil && hook.BeforeCommit != nil {
+		if err := hook.BeforeCommit(ctx, tx); err != nil {
+			return err
+		}
+	}
+	if err := w.sendDeadLetters(ctx, tx, stage, b.bad); err != nil {
+		return err
+	}
 	if hook != nil {
 		if err := w.commitWith(ctx, tx, hook); err != nil {
 			return err
@@ -683,9 +694,9 @@ func rowHint(err error) int {
 	return -1
 }
 
-// deadLetter sends the rejected rows to the writer's destination: in tx for a
-// DeadLetterTable, else before the commit. Without one, the first rejection fails the
-// batch.
+// deadLetter writes the rejected rows into the writer's DeadLetterTable, in tx. Without
+// a dead-letter destination, the first rejection fails the batch. A WithDeadLetter
+// function gets them from sendDeadLetters.
 func (w *Writer[T]) deadLetter(ctx context.Context, tx pgx.Tx, stage string, bad []badRow[T]) error {
 	if len(bad) == 0 {
 		return nil
@@ -693,6 +704,47 @@ func (w *Writer[T]) deadLetter(ctx context.Context, tx pgx.Tx, stage string, bad
 	if w.dlt == nil && w.dl == nil {
 		return pipeline.Permanent(bad[0].err)
 	}
+	if w.dlt == nil {
+		return nil
+	}
+	errs := make([]*RowError, len(bad))
+	for i, b := range bad {
+		errs[i] = b.err
+	}
+	w.stats.roundTrips.Add(1)
+	return w.dlt.insert(ctx, tx, letters(stage, bad), errs)
+}
+
+// sendDeadLetters sends the rejected rows to the writer's WithDeadLetter function (when
+// it has no DeadLetterTable), as the last step before tx's COMMIT. The letters leave the
+// transaction, so they go only once it can commit: first every deferred constraint is
+// checked, as COMMIT would check it (SET CONSTRAINTS ALL IMMEDIATE checks what is
+// pending). A refusal rolls the transaction back as a refused COMMIT, unsent, and
+// writeWith writes the batch again, whose write sends the letters of the rows it
+// rejects: a letter sent before a COMMIT that a deferred constraint then refused was
+// sent again by that write, and a row its transaction had rejected was dead-lettered
+// though the batch was not written that way.
+func (w *Writer[T]) sendDeadLetters(ctx context.Context, tx pgx.Tx, stage string, bad []badRow[T]) error {
+	if len(bad) == 0 || w.dl == nil || w.dlt != nil {
+		return nil
+	}
+	if err := w.exec(ctx, tx, "SET CONSTRAINTS ALL IMMEDIATE"); err != nil {
+		if rowError(err) != nil {
+			return &commitRefused{err}
+		}
+		return err
+	}
+	dctx := context.WithValue(ctx, inBatchKey{}, true) // the batch commits the progress
+	for _, r := range letters(stage, bad) {
+		if err := w.dl(dctx, r); err != nil {
+			return pipeline.Fatal(fmt.Errorf("pgpipe: dead-letter destination: %w", err))
+		}
+	}
+	return nil
+}
+
+// letters returns the dead letters of the rejected rows of a batch of stage.
+func letters[T any](stage string, bad []badRow[T]) []pipeline.DeadLetter[T] {
 	recs := make([]pipeline.DeadLetter[T], len(bad))
 	now := time.Now()
 	for i, b := range bad {
@@ -702,21 +754,7 @@ func (w *Writer[T]) deadLetter(ctx context.Context, tx pgx.Tx, stage string, bad
 			FirstError: msg, LastError: msg, Time: now,
 		}
 	}
-	if w.dlt != nil {
-		errs := make([]*RowError, len(bad))
-		for i, b := range bad {
-			errs[i] = b.err
-		}
-		w.stats.roundTrips.Add(1)
-		return w.dlt.insert(ctx, tx, recs, errs)
-	}
-	dctx := context.WithValue(ctx, inBatchKey{}, true) // the batch commits the progress
-	for _, r := range recs {
-		if err := w.dl(dctx, r); err != nil {
-			return pipeline.Fatal(fmt.Errorf("pgpipe: dead-letter destination: %w", err))
-		}
-	}
-	return nil
+	return recs
 }
 
 // commit commits tx, with the run's progress when the writer has a checkpoint.

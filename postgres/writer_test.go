@@ -483,6 +483,108 @@ func TestDeferredConstraintRejectsOnlyItsRow(t *testing.T) {
 	}
 }
 
+// TestRewrittenBatchDeadLettersEachRowOnce writes a batch with a row that a CHECK
+// rejects at its statement and one that a deferred foreign key rejects at COMMIT: the
+// writer finds the first, has its COMMIT refused, and writes the batch again with every
+// constraint immediate (and, with two rows PostgreSQL takes as one key, in distinct
+// mode). Each rejected row must reach the dead-letter destination once: a WithDeadLetter
+// function used to get the CHECK's row from the first write too, sent before a COMMIT
+// that then rolled back.
+func TestRewrittenBatchDeadLettersEachRowOnce(t *testing.T) {
+	for _, tc := range []struct {
+		name, how string // how: a sink, Writer.Write
+		upsert    bool
+		sameKey   bool // a row whose key PostgreSQL takes as an earlier row's (distinct mode)
+		table     bool // a DeadLetterTable, not a function
+	}{
+		{name: "insert", how: "sink"},
+		{name: "insert, table", how: "sink", table: true},
+		{name: "upsert", how: "sink", upsert: true},
+		{name: "upsert, table", how: "sink", upsert: true, table: true},
+		{name: "upsert, distinct", how: "sink", upsert: true, sameKey: true},
+		{name: "upsert, distinct, table", how: "sink", upsert: true, sameKey: true, table: true},
+		{name: "Write with a BatchTx", how: "write"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := t.Context()
+			pool := newPool(t, 4)
+			parent, table, dead := tableName("parent"), tableName("rewrite"), tableName("dead")
+			mustExec(t, pool, "CREATE TABLE "+parent+" (id int PRIMARY KEY)")
+			mustExec(t, pool, "INSERT INTO "+parent+" SELECT generate_series(0, 9)")
+			mustExec(t, pool, fmt.Sprintf(`CREATE TABLE %[1]s (id char(4) PRIMARY KEY,
+				parent int NOT NULL CONSTRAINT %[1]s_parent REFERENCES %[2]s (id) DEFERRABLE INITIALLY DEFERRED,
+				note text NOT NULL CONSTRAINT %[1]s_note CHECK (note <> 'bad'))`, table, parent))
+			t.Cleanup(func() { mustExec(t, pool, "DROP TABLE IF EXISTS "+table+", "+parent+", "+dead) })
+
+			const n = 20
+			in := make([]checkedRow, n)
+			for i := range in {
+				in[i] = checkedRow{ID: fmt.Sprintf("k%02d", i), Parent: int32(i % 10), Note: "ok"}
+			}
+			in[5].Note = "bad" // rejected at its statement
+			in[12].Parent = 99 // rejected at COMMIT
+			want := n - 2
+			if tc.sameKey {
+				in = append(in, checkedRow{ID: "k01 ", Parent: 1, Note: "last"}) // k01 to PostgreSQL
+			}
+			var mu sync.Mutex
+			var letters []string
+			opts := []pgpipe.Option{pgpipe.WithChunk(len(in), 0)}
+			if tc.upsert {
+				opts = append(opts, pgpipe.WithUpsert("id"))
+			}
+			var dlt *pgpipe.DeadLetterTable[checkedRow]
+			if tc.table {
+				var err error
+				dlt, err = pgpipe.OpenDeadLetterTable[checkedRow](ctx, pool, dead, nil)
+				require.NoError(t, err)
+				opts = append(opts, pgpipe.WithDeadLetterTable(dlt))
+			} else {
+				opts = append(opts, pgpipe.WithDeadLetter(func(_ context.Context, dl pipeline.DeadLetter[checkedRow]) error {
+					mu.Lock()
+					defer mu.Unlock()
+					letters = append(letters, dl.Item.ID)
+					return nil
+				}))
+			}
+			w := pgpipe.NewWriter(pool, table, pgpipe.Struct[checkedRow](), opts...)
+			switch tc.how {
+			case "sink":
+				p := pipeline.New()
+				w.To(pipeline.FromSlice(p, in), "load", 1)
+				require.NoError(t, p.Run(ctx))
+			case "write":
+				require.NoError(t, w.Write(ctx, "load", in, pgpipe.BatchTx{}))
+			}
+			if tc.table {
+				dls, err := dlt.Read(ctx, "load")
+				require.NoError(t, err)
+				for _, d := range dls {
+					letters = append(letters, d.Item.ID)
+				}
+			}
+			slices.Sort(letters)
+			assert.Equal(t, []string{"k05", "k12"}, letters, "each rejected row is dead-lettered once")
+			assert.Equal(t, int64(2), w.Stats().DeadLettered)
+			rows, _ := count(t, pool, table)
+			assert.Equal(t, int64(want), rows, "every other row is written")
+			if tc.sameKey {
+				var note string
+				require.NoError(t, pool.QueryRow(ctx, "SELECT note FROM "+table+" WHERE id = 'k01'").Scan(&note))
+				assert.Equal(t, "last", note, "the key's last row wins")
+			}
+		})
+	}
+}
+
+// checkedRow is a row of a table with a CHECK on note and a deferred foreign key on
+// parent.
+type checkedRow struct {
+	ID     string `db:"id"`
+	Parent int32  `db:"parent"`
+	Note   string `db:"note"`
+}
+
 // TestFatalErrors checks that what no retry can fix stops the run at once, with a
 // message naming the table, the column, the role or the database.
 func TestFatalErrors(t *testing.T) {
