@@ -15,7 +15,8 @@
 // with INSERT … SELECT … ON CONFLICT, after de-duplicating the batch by key (the last
 // row wins) and sorting it by key, so that concurrent writers cannot deadlock. With
 // several writers, [Writer.To] gives each key to one writer (a lane, by a hash of the
-// key) so that each key holds its last row in source order, across retries and resumes.
+// key as its columns' types take it) so that each key holds its last row in source
+// order, across retries and resumes.
 //
 // # Errors
 //

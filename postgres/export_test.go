@@ -28,11 +28,13 @@ func (c *Checkpoint) Resolve(ctx context.Context, xid string, mark int64, pid ui
 // does (fast: its key read unboxed when keyKinds allows it) and as a reference does
 // (ref: every column filled and boxed, the key's values picked, hashed by hashKey and
 // ordered by compareValues, the way the writer read keys before it read them unboxed);
-// unboxed reports whether the writer read m's key unboxed.
+// unboxed reports whether the writer read m's key unboxed. types gives the PostgreSQL
+// type (pg_type's name) of key columns, for the lanes (keyTypeOf; "nondeterministic"
+// for a text column of a nondeterministic collation); a column it leaves out is text.
 // problem, if not empty, says what is wrong with the writer's lanes: two rows whose
 // keys compareValues takes as equal in two lanes, a lane's rows out of batch order in
 // its parts (split), or a part whose lane (lane) is not its rows'.
-func KeyPaths[T any](m Mapping[T], key []string, batch []T, lanes int, id func(T) int) (fast, ref, fastLanes, refLanes []int, unboxed bool, problem string) {
+func KeyPaths[T any](m Mapping[T], key []string, types map[string]string, batch []T, lanes int, id func(T) int) (fast, ref, fastLanes, refLanes []int, unboxed bool, problem string) {
 	w := &Writer[T]{mapping: m}
 	w.columns, w.cfg = m.columns, defaultConfig()
 	for _, k := range key {
@@ -45,6 +47,12 @@ func KeyPaths[T any](m Mapping[T], key []string, batch []T, lanes int, id func(T
 	w.kinds = keyKinds(m, w.keyIdx)
 	unboxed = w.kinds != nil
 	l := newLanes(w, lanes)
+	l.types = make([]keyType, len(key))
+	for j, k := range key {
+		if typ, ok := types[k]; ok {
+			l.types[j] = keyTypeOf(typ, -1, typ != "nondeterministic")
+		}
+	}
 	var h maphash.Hash
 	h.SetSeed(l.seed)
 	fastLanes = make([]int, len(batch))
@@ -64,7 +72,7 @@ func KeyPaths[T any](m Mapping[T], key []string, batch []T, lanes int, id func(T
 			keys[i] = append(keys[i], deref(all[c]))
 		}
 		h.Reset()
-		hashKey(&h, keys[i])
+		hashKey(&h, keys[i], l.types)
 		refLanes[i] = int(h.Sum64() % uint64(lanes))
 	}
 	cmpKeys := func(a, b int) int {

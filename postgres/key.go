@@ -2,12 +2,17 @@ package pgpipe
 
 import (
 	"cmp"
+	"context"
 	"database/sql/driver"
 	"math"
 	"reflect"
 	"slices"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // The upsert modes find a row's key twice: to choose its lane (lanes.of) and to
@@ -176,4 +181,152 @@ func (w *Writer[T]) dedupe(batch []T) []T {
 		out = append(out, batch[r])
 	}
 	return out
+}
+
+// keyType is how the lanes take the values of a key column, by the column's type: two
+// values that PostgreSQL takes as one key must share a lane (else two writers write
+// the key at once, in any order), while two keys sharing a lane cost only balance, so
+// a keyType may take values as equal that PostgreSQL does not.
+type keyType struct {
+	kind keyKind
+	// round is, for a time of a timestamp(p) column (keyWall, keyInstant), the
+	// microseconds PostgreSQL rounds it to: 10^(6-p); 0 or 1 keeps them all.
+	round int64
+}
+
+type keyKind uint8
+
+const (
+	keyPlain   keyKind = iota // as the de-duplication takes them (keyValue), a time by its instant
+	keyInstant                // timestamptz: a time's instant, in the column's precision
+	keyWall                   // timestamp without time zone: a time's wall clock, whatever its location
+	keyDay                    // date: the day of a time's wall clock
+	keyPadded                 // char(n), varchar(n): trailing spaces do not count
+	keyFolded                 // citext: letter case does not count
+	keyFloat4                 // float4: a float64 as it rounds to float32
+	keyOpaque                 // a nondeterministic collation: the column is left out of the hash
+)
+
+// keyTypesSQL reads the type of each key column $2 of table $1 (a domain's base type),
+// its modifier (the n of varchar(n), the p of timestamp(p)) and whether its collation
+// is deterministic (a nondeterministic one may take strings with other bytes as equal:
+// case or accents ignored).
+const keyTypesSQL = `SELECT a.attname, bt.typname,
+		CASE t.typtype WHEN 'd' THEN t.typtypmod ELSE a.atttypmod END, coalesce(c.collisdeterministic, true)
+	FROM pg_attribute a
+	JOIN pg_type t ON t.oid = a.atttypid
+	JOIN pg_type bt ON bt.oid = CASE t.typtype WHEN 'd' THEN t.typbasetype ELSE t.oid END
+	LEFT JOIN pg_collation c ON c.oid = a.attcollation
+	WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped AND a.attname = ANY($2)`
+
+// keyTypes returns the keyType of each key column, read from the server once per writer.
+func (w *writerCore) keyTypes(ctx context.Context) ([]keyType, error) {
+	w.keyMu.Lock()
+	types := w.keyT
+	w.keyMu.Unlock()
+	if types != nil {
+		return types, nil
+	}
+	w.stats.roundTrips.Add(1)
+	rows, err := w.pool.Query(ctx, keyTypesSQL, w.ident.Sanitize(), w.cfg.key)
+	if err != nil {
+		return nil, err
+	}
+	types = make([]keyType, len(w.cfg.key))
+	var (
+		name, typ     string
+		typmod        int32
+		deterministic bool
+	)
+	_, err = pgx.ForEachRow(rows, []any{&name, &typ, &typmod, &deterministic}, func() error {
+		if i := slices.Index(w.cfg.key, name); i >= 0 {
+			types[i] = keyTypeOf(typ, typmod, deterministic)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	w.keyMu.Lock()
+	w.keyT = types
+	w.keyMu.Unlock()
+	return types, nil
+}
+
+// keyTypeOf is the keyType of a column of type typ (pg_type's name) with modifier
+// typmod (-1 for none).
+func keyTypeOf(typ string, typmod int32, deterministic bool) keyType {
+	switch {
+	case !deterministic:
+		return keyType{kind: keyOpaque}
+	case typ == "timestamp" || typ == "timestamptz":
+		t := keyType{kind: keyInstant}
+		if typ == "timestamp" {
+			t.kind = keyWall
+		}
+		if 0 <= typmod && typmod < 6 {
+			t.round = int64(math.Pow10(6 - int(typmod)))
+		}
+		return t
+	case typ == "date":
+		return keyType{kind: keyDay}
+	case typ == "bpchar", typ == "varchar" && typmod >= 0: // varchar(n) cuts trailing spaces past n
+		return keyType{kind: keyPadded}
+	case typ == "citext":
+		return keyType{kind: keyFolded}
+	case typ == "float4":
+		return keyType{kind: keyFloat4}
+	}
+	return keyType{}
+}
+
+// str is the string a key column of type t hashes for s.
+func (t keyType) str(s string) string {
+	switch t.kind {
+	case keyPadded:
+		return strings.TrimRight(s, " ")
+	case keyFolded:
+		return strings.Map(foldRune, s)
+	}
+	return s
+}
+
+// foldRune maps letters that differ only in case to one: the lower case of their upper
+// case, so that those a locale's lower() maps otherwise share one too (the Turkish I, ı,
+// İ and i; K and the Kelvin sign; σ and ς).
+func foldRune(r rune) rune {
+	if r < utf8.RuneSelf {
+		if 'A' <= r && r <= 'Z' {
+			r += 'a' - 'A'
+		}
+		return r
+	}
+	return unicode.ToLower(unicode.ToUpper(r))
+}
+
+// float is the float64 a key column of type t hashes for f.
+func (t keyType) float(f float64) float64 {
+	if t.kind == keyFloat4 {
+		return float64(float32(f))
+	}
+	return f
+}
+
+// pgEpoch is 2000-01-01 00:00:00 UTC, PostgreSQL's timestamps' zero, in Unix seconds.
+const pgEpoch = 946684800
+
+// micros returns the microseconds since pgEpoch of a time whose seconds since 1970
+// (its instant's, or its wall clock's) are sec and whose fraction is ns, rounded as
+// PostgreSQL rounds a timestamp(p) (AdjustTimestampForTypmod: half away from zero, to
+// t.round microseconds).
+func (t keyType) micros(sec int64, ns int) int64 {
+	us := (sec-pgEpoch)*1_000_000 + int64(ns/1000)
+	if r := t.round; r > 1 {
+		if us >= 0 {
+			us = (us + r/2) / r * r
+		} else {
+			us = -((-us + r/2) / r * r)
+		}
+	}
+	return us
 }

@@ -42,7 +42,7 @@ func keyRowID(r keyRow) int { return r.V }
 // "<nil>" (rows with a NULL in their key are all kept: ON CONFLICT never matches them).
 func TestKeyUnboxedAgreesWithBoxed(t *testing.T) {
 	floats := []float64{0, math.Copysign(0, -1), 1.5, -2, math.Inf(1), math.NaN()}
-	strs := []string{"", "a", "b", "ab", "é", "<nil>"}
+	strs := []string{"", "a", "b", "ab", "é", "<nil>", "A", "a  ", "É"}
 	r := rand.New(rand.NewPCG(1, 2))
 	batch := make([]keyRow, 2000)
 	for i := range batch {
@@ -71,7 +71,7 @@ func TestKeyUnboxedAgreesWithBoxed(t *testing.T) {
 	} {
 		t.Run(fmt.Sprint(tc.key), func(t *testing.T) {
 			for _, lanes := range []int{2, 4} {
-				fast, ref, fastLanes, refLanes, unboxed, problem := pgpipe.KeyPaths(pgpipe.Struct[keyRow](), tc.key, batch, lanes, keyRowID)
+				fast, ref, fastLanes, refLanes, unboxed, problem := pgpipe.KeyPaths(pgpipe.Struct[keyRow](), tc.key, nil, batch, lanes, keyRowID)
 				require.Equal(t, tc.unboxed, unboxed, "read unboxed")
 				assert.Empty(t, problem)
 				assert.Equal(t, ref, fast, "rows kept")
@@ -80,8 +80,25 @@ func TestKeyUnboxedAgreesWithBoxed(t *testing.T) {
 			}
 		})
 	}
+	// The lanes take a key column's values as its type does (char(n), citext, float4, a
+	// nondeterministic collation): unboxed as boxed.
+	for _, types := range []map[string]string{
+		{"s": "bpchar", "f": "float4"},
+		{"s": "citext"},
+		{"s": "nondeterministic"},
+	} {
+		t.Run(fmt.Sprint(types), func(t *testing.T) {
+			for _, key := range [][]string{{"s"}, {"s", "i64", "f"}} {
+				fast, ref, fastLanes, refLanes, unboxed, problem := pgpipe.KeyPaths(pgpipe.Struct[keyRow](), key, types, batch, 4, keyRowID)
+				require.True(t, unboxed, "read unboxed")
+				assert.Empty(t, problem)
+				assert.Equal(t, ref, fast, "rows kept")
+				assert.Equal(t, refLanes, fastLanes, "lanes")
+			}
+		})
+	}
 	t.Run("null", func(t *testing.T) {
-		fast, _, _, _, _, _ := pgpipe.KeyPaths(pgpipe.Struct[keyRow](), []string{"p"}, batch, 2, keyRowID)
+		fast, _, _, _, _, _ := pgpipe.KeyPaths(pgpipe.Struct[keyRow](), []string{"p"}, nil, batch, 2, keyRowID)
 		nulls, strings := 0, 0
 		for _, row := range batch {
 			if row.P == nil {
@@ -103,7 +120,7 @@ func TestKeyUnboxedAgreesWithBoxed(t *testing.T) {
 		for i := range batch {
 			ptrs[i] = &batch[i]
 		}
-		fast, ref, fastLanes, refLanes, unboxed, problem := pgpipe.KeyPaths(pgpipe.Struct[*keyRow](), []string{"s", "i64"}, ptrs, 3, func(r *keyRow) int { return r.V })
+		fast, ref, fastLanes, refLanes, unboxed, problem := pgpipe.KeyPaths(pgpipe.Struct[*keyRow](), []string{"s", "i64"}, nil, ptrs, 3, func(r *keyRow) int { return r.V })
 		require.True(t, unboxed, "read unboxed")
 		assert.Empty(t, problem)
 		assert.Equal(t, ref, fast, "rows kept")
@@ -141,7 +158,7 @@ func FuzzKeyUnboxed(f *testing.F) {
 				F: floats[b[2]%8], S: string(b[3 : 3+(b[2]>>6)%4]), V: len(batch),
 			})
 		}
-		fast, ref, fastLanes, refLanes, unboxed, problem := pgpipe.KeyPaths(pgpipe.Struct[keyRow](), key, batch, 3, keyRowID)
+		fast, ref, fastLanes, refLanes, unboxed, problem := pgpipe.KeyPaths(pgpipe.Struct[keyRow](), key, nil, batch, 3, keyRowID)
 		if !unboxed {
 			t.Fatal("not read unboxed")
 		}

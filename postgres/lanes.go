@@ -1,6 +1,7 @@
 package pgpipe
 
 import (
+	"context"
 	"fmt"
 	"hash/maphash"
 	"math"
@@ -15,7 +16,10 @@ import (
 // so that each lane's parts are written by its own worker, one after the other, in batch order
 // (a part being retried holds up the lane's later parts; a part set aside lets them
 // go). A key's rows are all in one lane, so its last row in source order is written
-// last.
+// last. A key is hashed as PostgreSQL takes it, by its columns' types (keyType): two
+// rows that are one key to PostgreSQL but two to Go (a time of a timestamp column in
+// two locations, char(n)'s trailing spaces, citext's letter case) were put into two
+// lanes, and two writers wrote the key at once, the older row last as often as not.
 //
 // Every batch has a part in every lane, empty ones included: a batch's positions settle
 // when its last part is written, so a batch can only settle after every earlier batch
@@ -30,6 +34,9 @@ type lanes[T any] struct {
 	max   int // rows in a part
 	seed  maphash.Seed
 	empty [][]T // empty[i] is lane i's empty part: its capacity, i+1, tells its lane
+	// types are the key columns' (keyTypes), read before the first split (splitOn):
+	// values that PostgreSQL takes as one key hash alike. nil takes each as keyPlain.
+	types []keyType
 }
 
 func newLanes[T any](w *Writer[T], n int) *lanes[T] {
@@ -38,6 +45,19 @@ func newLanes[T any](w *Writer[T], n int) *lanes[T] {
 		l.empty[i] = make([]T, 0, i+1)
 	}
 	return l
+}
+
+// splitOn is split for the lanes' stage ([Writer.To]): it reads the key columns' types
+// first, once.
+func (l *lanes[T]) splitOn(ctx context.Context, batch []T) ([][]T, error) {
+	if l.types == nil {
+		types, err := l.w.keyTypes(ctx)
+		if err != nil {
+			return nil, l.w.classify(ctx, err)
+		}
+		l.types = types
+	}
+	return l.split(batch), nil
 }
 
 // split returns batch's parts: each lane's rows in batch order, in parts of at most
@@ -105,42 +125,70 @@ func (l *lanes[T]) of(v *T, h *maphash.Hash, keys, buf []any) (int, []any, []any
 		rv := l.w.mapping.value(v)
 		for j, c := range l.w.keyIdx {
 			f := rv.Field(l.w.mapping.fields[c])
-			switch l.w.kinds[j] { // hashKey, on the same values
-			case reflect.String:
-				h.WriteString(f.String())
-			case reflect.Int:
+			t := l.typeOf(j)
+			switch k := l.w.kinds[j]; { // hashKey, on the same values
+			case t.kind == keyOpaque:
+			case k == reflect.String:
+				h.WriteString(t.str(f.String()))
+			case k == reflect.Int:
 				maphash.WriteComparable(h, int(f.Int()))
-			case reflect.Int64:
+			case k == reflect.Int64:
 				maphash.WriteComparable(h, f.Int())
-			case reflect.Int32:
+			case k == reflect.Int32:
 				maphash.WriteComparable(h, int32(f.Int()))
-			case reflect.Uint64:
+			case k == reflect.Uint64:
 				maphash.WriteComparable(h, f.Uint())
-			case reflect.Float64:
-				maphash.WriteComparable(h, floatBits(f.Float()))
+			case k == reflect.Float64:
+				maphash.WriteComparable(h, floatBits(t.float(f.Float())))
 			}
 			h.WriteByte(0xff)
 		}
 		return int(h.Sum64() % uint64(l.n)), keys, buf
 	}
 	keys, buf = l.w.mapping.key(v, l.w.keyIdx, keys[:0], buf)
-	hashKey(h, keys)
+	hashKey(h, keys, l.types)
 	return int(h.Sum64() % uint64(l.n)), keys, buf
 }
 
-// hashKey writes a key's boxed values to h: keys that compareValues takes as equal,
-// column by column, write alike.
-func hashKey(h *maphash.Hash, keys []any) {
-	for _, x := range keys {
+// typeOf returns the keyType of key column j.
+func (l *lanes[T]) typeOf(j int) keyType {
+	if l.types == nil {
+		return keyType{}
+	}
+	return l.types[j]
+}
+
+// hashKey writes a key's boxed values to h, each as its column's type (types, nil for
+// keyPlain) says: keys that compareValues takes as equal, column by column, write
+// alike, and so do keys that PostgreSQL takes as equal (as far as the types tell).
+func hashKey(h *maphash.Hash, keys []any, types []keyType) {
+	for j, x := range keys {
+		var t keyType
+		if types != nil {
+			t = types[j]
+		}
+		if t.kind == keyOpaque {
+			h.WriteByte(0xff)
+			continue
+		}
 		switch x := x.(type) {
 		case nil:
 			h.WriteByte(0)
 		case string:
-			h.WriteString(x)
+			h.WriteString(t.str(x))
 		case []byte:
 			h.Write(x)
 		case time.Time:
-			maphash.WriteComparable(h, x.UnixNano()) // equal instants in any location
+			switch t.kind {
+			case keyWall: // equal wall clocks in any location
+				maphash.WriteComparable(h, t.micros(wallClock(x), x.Nanosecond()))
+			case keyInstant:
+				maphash.WriteComparable(h, t.micros(x.Unix(), x.Nanosecond()))
+			case keyDay:
+				maphash.WriteComparable(h, floorDiv(wallClock(x), 24*60*60))
+			default:
+				maphash.WriteComparable(h, x.UnixNano()) // equal instants in any location
+			}
 		case int:
 			maphash.WriteComparable(h, x)
 		case int64:
@@ -150,12 +198,29 @@ func hashKey(h *maphash.Hash, keys []any) {
 		case uint64:
 			maphash.WriteComparable(h, x)
 		case float64:
-			maphash.WriteComparable(h, floatBits(x))
+			maphash.WriteComparable(h, floatBits(t.float(x)))
 		default: // what compareValues compares: the printed value (== may differ, or panic)
 			_, _ = fmt.Fprint(h, x) // a maphash.Hash never fails
 		}
 		h.WriteByte(0xff)
 	}
+}
+
+// wallClock returns the seconds of t's wall clock since 1970-01-01 00:00:00, which pgx
+// writes into a timestamp without time zone (or, by its day, a date) whatever t's
+// location.
+func wallClock(t time.Time) int64 {
+	_, offset := t.Zone()
+	return t.Unix() + int64(offset)
+}
+
+// floorDiv is a/b rounded down.
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b < 0 {
+		q--
+	}
+	return q
 }
 
 // floatBits is what a key's float64 hashes as: its bits, with -0 as 0 and every NaN as

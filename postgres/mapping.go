@@ -183,7 +183,16 @@ func compareValues(a, b any) int {
 		}
 	case time.Time:
 		if y, ok := b.(time.Time); ok {
-			return x.Compare(y)
+			// By the instant, then the wall clock: equal only when both are, as a
+			// timestamptz (the instant) and a timestamp without time zone (the wall
+			// clock) each take them as one key; times of one instant in two locations
+			// were one key here, and all but the last row lost where PostgreSQL keeps
+			// the wall clock. One instant in two locations, one key to a timestamptz,
+			// is left to the write (see WithUpsert).
+			if c := x.Compare(y); c != 0 {
+				return c
+			}
+			return cmp.Compare(wallClock(x), wallClock(y))
 		}
 	case float64:
 		if y, ok := b.(float64); ok {

@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -63,24 +64,41 @@ func defaultConfig() config {
 // nil pointer field, a nil []byte, a driver.Valuer whose value is nil, such as an invalid
 // sql.NullString) are all kept: ON CONFLICT never matches a NULL, and inserts each.
 // A batch with two rows that are one key to PostgreSQL but two to Go (a char(n) or
-// citext column, a timestamp without time zone, a float4; two NULLs under a unique
-// index with NULLS NOT DISTINCT) fails the move ("cannot affect row a second time"):
-// the writer then writes the batch again, as it came, and lets PostgreSQL keep the
-// last row of each of its keys. The key must be a unique index or constraint of the
-// table. It panics if key is empty.
+// citext column, a timestamp(p), a float4, one instant in two locations in a
+// timestamptz; two NULLs under a unique index with NULLS NOT DISTINCT) fails the move
+// ("cannot affect row a second time"): the writer then writes the batch again, as it
+// came, and lets PostgreSQL keep the last row of each of its keys. (The
+// de-duplication takes two times as one key only when both their instant and their
+// wall clock are equal: a timestamptz keeps the one, a timestamp without time zone the
+// other.) The key must be a unique index or constraint of the table. It panics if key
+// is empty.
 //
 // Each key then holds the value of its last row in source order. With several workers,
-// [Writer.To] keeps that order by giving each key to one worker (a lane chosen by a
-// hash of the key's values; keys are equal when their Go values are, as in the
-// de-duplication, a time taken to the microsecond and a driver.Valuer by its value, as
-// PostgreSQL gets them; a time key of a timestamp column without time zone is taken by
-// its instant, while PostgreSQL keeps its wall clock): a lane's parts of batches are written one after the other, retries
-// included, and a checkpointed run records a batch only once every earlier batch is
-// written, so a resumed run never writes an older row over a newer one (it may write a
-// part's rows again, as they were: see the package's Exactly once). A batch part
-// set aside by the sink's [pipeline.WithDeadLetter] does not hold its lane up: its keys
-// keep what they held. [Writer.Sink] alone, with several workers, does not order
-// batches: concurrent batches with the same key commit in any order.
+// [Writer.To] keeps that order by giving each key to one worker: a lane chosen by a
+// hash of the key's values as PostgreSQL takes them, by the key columns' types (read
+// from the server once per writer, before the first batch is split). A time, to the
+// microsecond (or rounded as a timestamp(p) rounds it), counts by its wall clock for a
+// timestamp without time zone, by its day for a date, by its instant for a
+// timestamptz; a string without its trailing spaces for a char(n) or a varchar(n)
+// (which cuts those past n), without letter case for a citext (Unicode's case
+// mappings, made coarse enough for a Turkish locale's); a float64 as it rounds to
+// float32 for a float4; a driver.Valuer by its value. A column with a nondeterministic
+// collation is left out of the hash: its rows spread over the lanes by the key's other
+// columns alone, all in one lane for a key of that column alone. Values that
+// PostgreSQL converts otherwise on the way in count as Go has them: a string for a
+// column of another type (a uuid in upper and in lower case, a number with a leading
+// zero), a number that numeric(p, s) rounds, an integer that float4 rounds. Two rows
+// that are one key to PostgreSQL this way may land in two lanes, whose writers then
+// write the key at once, in any order (the older row may win): give such key fields
+// their column's Go type.
+//
+// A lane's parts of batches are written one after the other, retries included, and a
+// checkpointed run records a batch only once every earlier batch is written, so a
+// resumed run never writes an older row over a newer one (it may write a part's rows
+// again, as they were: see the package's Exactly once). A batch part set aside by the sink's
+// [pipeline.WithDeadLetter] does not hold its lane up: its keys keep what they held.
+// [Writer.Sink] alone, with several workers, does not order batches: concurrent
+// batches with the same key commit in any order.
 func WithUpsert(key ...string) Option {
 	if len(key) == 0 {
 		panic("pgpipe: WithUpsert: no key columns")
@@ -192,6 +210,8 @@ type writerCore struct {
 	moveDistinct [2]string
 	quotedCols   string
 	oidc         oidCache
+	keyMu        sync.Mutex
+	keyT         []keyType // keyTypes', once read
 	stats        stats
 }
 
@@ -348,7 +368,10 @@ func (w *Writer[T]) Sink(name string, workers int, opts ...pipeline.StageOption)
 // not be given [pipeline.WithOrdered] or [pipeline.WithKey] with: every key's rows are
 // written by one worker, in source order (the order of s), and each lane has a worker
 // of its own. A part's bytes are about the chunk's bytes on
-// average, not at most.
+// average, not at most. The split runs in a stage of its own, named name+"/lanes" (one
+// worker, a queue of one batch, the writer's retries), which reads the key columns'
+// types from the server before it splits the first batch: a failure to read them is
+// classified as a write's (a missing table is fatal).
 func (w *Writer[T]) To(s *pipeline.Stream[T], name string, workers int, opts ...pipeline.StageOption) {
 	var bopts []pipeline.BatchOption
 	if w.cfg.bytes > 0 {
@@ -362,7 +385,11 @@ func (w *Writer[T]) To(s *pipeline.Stream[T], name string, workers int, opts ...
 	if w.cfg.bytes > 0 {
 		bopts = []pipeline.BatchOption{pipeline.WithMaxBytes(w.cfg.bytes*workers, w.size)}
 	}
-	parts := pipeline.Flatten(pipeline.Map(pipeline.Batch(s, w.cfg.rows*workers, bopts...), l.split))
+	// A stage, not a Map: the split needs the key columns' types, read from the server.
+	// Its queue holds one batch: the sink's holds the parts.
+	split := pipeline.NewStage(name+"/lanes", 1, l.splitOn,
+		pipeline.WithRetry(w.cfg.attempts, w.cfg.backoff), pipeline.WithBuffer(1))
+	parts := pipeline.Flatten(pipeline.Then(pipeline.Batch(s, w.cfg.rows*workers, bopts...), split))
 	keyed := append(slices.Clip(opts), pipeline.WithPartition(l.lane)) // lane i is worker i's: WithKey's hash put two lanes on one worker more often than not
 	pipeline.To(parts, w.Sink(name, workers, keyed...))
 }

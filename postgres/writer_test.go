@@ -169,6 +169,144 @@ func TestUpsertKeysThatPostgreSQLTakesAsOne(t *testing.T) {
 	}
 }
 
+// TestUpsertLanesGiveAKeyToOneWriter upserts, with four writers, pairs of rows whose
+// keys differ in Go but are one key to PostgreSQL (a timestamp without time zone takes
+// a time's wall clock, whatever its location; a date, its day; timestamp(p) rounds;
+// char(n) drops trailing spaces, varchar(n) those past n; citext and a nondeterministic
+// collation ignore case; float4 rounds), the
+// second row of each pair later in the source, and checks that each key is written by
+// one transaction and holds its later row. The lanes took such rows by their Go values: the two rows of a pair went
+// to two writers, whose transactions wrote the key concurrently, in any order (and
+// could deadlock each other).
+func TestUpsertLanesGiveAKeyToOneWriter(t *testing.T) {
+	wall := func(i int, loc *time.Location) time.Time { return time.Date(2026, 3, 1, i, 30, 0, 0, loc) }
+	east, west := time.FixedZone("east", 5*3600), time.FixedZone("west", -7*3600)
+	t.Run("timestamp", func(t *testing.T) {
+		testLanesGiveAKeyToOneWriter(t, "timestamp", func(i int) [2]time.Time { return [2]time.Time{wall(i, time.UTC), wall(i, east)} })
+	})
+	t.Run("timestamptz", func(t *testing.T) {
+		testLanesGiveAKeyToOneWriter(t, "timestamptz", func(i int) [2]time.Time {
+			return [2]time.Time{wall(i, time.UTC), wall(i, time.UTC).In(west)}
+		})
+	})
+	t.Run("timestamp(0)", func(t *testing.T) {
+		// Rounded to the second, half away from 2000-01-01: 0.5 s before a second
+		// goes with the 1.4 s before it, 0.5 s after with the 1.4 s after.
+		testLanesGiveAKeyToOneWriter(t, "timestamp(0)", func(i int) [2]time.Time {
+			at, half, more := time.Date(2000, 1, 1, 0, 0, i-16, 0, time.UTC), 500*time.Millisecond, 1400*time.Millisecond
+			if i < 16 {
+				half, more = -half, -more
+			}
+			second := at.Add(more)
+			return [2]time.Time{at.Add(half), time.Date(second.Year(), second.Month(), second.Day(), second.Hour(), second.Minute(), second.Second(), second.Nanosecond(), east)}
+		})
+	})
+	t.Run("timestamptz(3)", func(t *testing.T) { // rounded to the millisecond
+		testLanesGiveAKeyToOneWriter(t, "timestamptz(3)", func(i int) [2]time.Time {
+			return [2]time.Time{wall(i, time.UTC).Add(1600 * time.Microsecond), wall(i, time.UTC).Add(2400 * time.Microsecond).In(west)}
+		})
+	})
+	t.Run("date", func(t *testing.T) {
+		testLanesGiveAKeyToOneWriter(t, "date", func(i int) [2]time.Time {
+			d := time.Date(2026, 3, 1+i, 1, 0, 0, 0, west)
+			return [2]time.Time{d, d.Add(20 * time.Hour)}
+		})
+	})
+	t.Run("char(n)", func(t *testing.T) {
+		testLanesGiveAKeyToOneWriter(t, "char(8)", func(i int) [2]string { k := fmt.Sprintf("k%02d", i); return [2]string{k, k + "  "} })
+	})
+	t.Run("varchar(n)", func(t *testing.T) { // spaces past n are cut
+		testLanesGiveAKeyToOneWriter(t, "varchar(4)", func(i int) [2]string { k := fmt.Sprintf("k%03d", i); return [2]string{k, k + "  "} })
+	})
+	t.Run("citext", func(t *testing.T) {
+		mustExec(t, newPool(t, 1), "CREATE EXTENSION IF NOT EXISTS citext")
+		testLanesGiveAKeyToOneWriter(t, "citext", func(i int) [2]string {
+			return [2]string{fmt.Sprintf("Key%02d", i), fmt.Sprintf("kEY%02d", i)}
+		})
+	})
+	t.Run("nondeterministic collation", func(t *testing.T) {
+		mustExec(t, newPool(t, 1), `DO $$ BEGIN CREATE COLLATION pgpipe_ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false);
+			EXCEPTION WHEN duplicate_object THEN NULL; END $$`)
+		testLanesGiveAKeyToOneWriter(t, "text COLLATE pgpipe_ci", func(i int) [2]string {
+			return [2]string{fmt.Sprintf("Key%02d", i), fmt.Sprintf("kEY%02d", i)}
+		})
+	})
+	t.Run("float4", func(t *testing.T) {
+		testLanesGiveAKeyToOneWriter(t, "float4", func(i int) [2]float64 {
+			x := float64(i) + 0.1
+			return [2]float64{x, float64(float32(x))} // two float64s, one float4
+		})
+	})
+}
+
+// laneRow is a row of TestUpsertLanesGiveAKeyToOneWriter: a key of type K (a string or
+// a float64 is read unboxed, a time.Time boxed) and the row's place in the source.
+type laneRow[K any] struct {
+	K K   `db:"k"`
+	V int `db:"v"`
+}
+
+func testLanesGiveAKeyToOneWriter[K any](t *testing.T, column string, pair func(i int) [2]K) {
+	t.Helper()
+	const keys = 32
+	ctx := t.Context()
+	pool := newPool(t, 8)
+	table := createTable(t, pool, "lanes", "(k "+column+" PRIMARY KEY, v int NOT NULL)")
+	writes := createTable(t, pool, "writes", "(k text NOT NULL, xid bigint NOT NULL)")
+	mustExec(t, pool, fmt.Sprintf(`CREATE FUNCTION %[1]s() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+		INSERT INTO %[1]s VALUES (NEW.k::text, txid_current()); RETURN NEW; END $$`, writes))
+	t.Cleanup(func() { mustExec(t, pool, "DROP FUNCTION IF EXISTS "+writes+"() CASCADE") })
+	mustExec(t, pool, fmt.Sprintf("CREATE TRIGGER %s AFTER INSERT OR UPDATE ON %s FOR EACH ROW EXECUTE FUNCTION %s()", writes, table, writes))
+
+	in := make([]laneRow[K], 2*keys) // each key's first row, then each key's second
+	for i := range keys {
+		p := pair(i)
+		in[i], in[keys+i] = laneRow[K]{p[0], i}, laneRow[K]{p[1], keys + i}
+	}
+	w := pgpipe.NewWriter(pool, table, pgpipe.Struct[laneRow[K]](), pgpipe.WithUpsert("k"), pgpipe.WithChunk(len(in), 0))
+	p := pipeline.New()
+	w.To(pipeline.FromSlice(p, in), "load", 4)
+	require.NoError(t, p.Run(ctx))
+
+	rows, err := pool.Query(ctx, "SELECT k, count(DISTINCT xid) FROM "+writes+" GROUP BY k HAVING count(DISTINCT xid) > 1 ORDER BY k")
+	require.NoError(t, err)
+	shared, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
+		var k string
+		var n int
+		err := r.Scan(&k, &n)
+		return fmt.Sprintf("%s: %d transactions", k, n), err
+	})
+	require.NoError(t, err)
+	assert.Empty(t, shared, "keys written by more than one writer's transaction")
+	var n, stale int
+	require.NoError(t, pool.QueryRow(ctx, fmt.Sprintf("SELECT count(*), count(*) FILTER (WHERE v < %d) FROM %s", keys, table)).Scan(&n, &stale))
+	assert.Equal(t, keys, n, "one row per key")
+	assert.Zero(t, stale, "keys that hold their earlier row")
+}
+
+// TestUpsertTimestampKeyIsItsWallClock upserts rows whose time keys are one instant in
+// three locations into a timestamp column without time zone, which keeps a time's
+// wall clock: three keys to PostgreSQL, all written. The de-duplication took them by
+// their instant, as one key, and kept only the last.
+func TestUpsertTimestampKeyIsItsWallClock(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t, 4)
+	table := createTable(t, pool, "wallkey", "(k timestamp PRIMARY KEY, v int NOT NULL)")
+	at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	in := []laneRow[time.Time]{{at, 1}, {at.In(time.FixedZone("east", 5*3600)), 2}, {at.In(time.FixedZone("west", -7*3600)), 3}, {at, 4}}
+	for _, workers := range []int{1, 4} {
+		mustExec(t, pool, "TRUNCATE "+table)
+		p := pipeline.New()
+		pgpipe.NewWriter(pool, table, pgpipe.Struct[laneRow[time.Time]](), pgpipe.WithUpsert("k")).To(pipeline.FromSlice(p, in), "load", workers)
+		require.NoError(t, p.Run(t.Context()))
+		rows, err := pool.Query(t.Context(), "SELECT v FROM "+table+" ORDER BY k")
+		require.NoError(t, err)
+		vs, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+		require.NoError(t, err)
+		assert.Equal(t, []int32{3, 4, 2}, vs, "workers=%d: each wall clock's last row (05:00, 12:00, 17:00)", workers)
+	}
+}
+
 // nullKeyRow is a row whose key may be NULL (a nil Code).
 type nullKeyRow struct {
 	Code  *string `db:"code"`
