@@ -928,12 +928,6 @@ func staleKeys(t *testing.T, pool *pgxpool.Pool, table string, last map[int64]st
 	return stale
 }
 
-// TestUpsertKeepsLastValuePerKey upserts 20,000 rows, 30 % of them repeating an earlier
-// id, with 4 writers: without a checkpoint, with one, and with one while a trigger
-// fails some batches now and then with a serialization failure (retried): every id
-// holds the value of its last row in source order. Batches went to whichever writer
-// was free, so a later batch could commit before an earlier one with the same id, and
-// hundreds of ids held an older value.
 // TestUpsertWritersMeetOnAConnection runs two upsert writers one after the other on a
 // pool of one connection, where each stages its rows in a temporary table: writers of
 // other columns of one table, and writers of two tables whose names met once "." was
@@ -1013,6 +1007,12 @@ func TestChunkBytesCountsEveryKindOfValue(t *testing.T) {
 	assert.GreaterOrEqual(t, w.Stats().Batches, int64(20), "about 190 KB in batches of at most 10 KB")
 }
 
+// TestUpsertKeepsLastValuePerKey upserts 20,000 rows, 30 % of them repeating an earlier
+// id, with 4 writers: without a checkpoint, with one, and with one while a trigger
+// fails some batches now and then with a serialization failure (retried): every id
+// holds the value of its last row in source order. Batches went to whichever writer
+// was free, so a later batch could commit before an earlier one with the same id, and
+// hundreds of ids held an older value.
 func TestUpsertKeepsLastValuePerKey(t *testing.T) {
 	for _, variant := range []string{"plain", "checkpoint", "retries"} {
 		t.Run(variant, func(t *testing.T) {
