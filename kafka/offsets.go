@@ -46,6 +46,10 @@ type entry struct {
 	// to wait for a retry), so no transaction takes a stale message of its record
 	// until it is emitted again: see session.outputCommitted.
 	settling bool
+	// txnCommitted: a committed transaction (NewTransactSink's, or a store's) took its
+	// record, its output and the offset past it; unlike session.txnDone, it outlasts
+	// the assignment's end (see session.staleDeadLetter).
+	txnCommitted bool
 	// dlSince is when its dead letter first failed (Unix ns), 0 if none did.
 	dlSince int64
 }

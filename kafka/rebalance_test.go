@@ -2,6 +2,7 @@ package kafka_test
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -278,4 +279,78 @@ func TestLostPartitionsAreRedone(t *testing.T) {
 	assert.LessOrEqual(t, int64(dups), st.Stale+st.Uncommitted, "a duplicate is a record the member did not commit before the loss")
 	assert.Positive(t, st.Stale+st.Uncommitted)
 	assert.Equal(t, endOffsets(ctx, t, c, inTopic), committedOffsets(ctx, t, c, "lose", inTopic))
+}
+
+// TestRevokedRecordSetAsideProducesNoDeadLetter holds record 0's message at a gate in
+// member a while member b joins (eager balancing: a's every partition is revoked) and
+// a's revoke gives up on it at once: the record, not committed, is redone by its next
+// owner (a or b), whose message passes the gate (its output), or is set aside too (its
+// dead letter). Then a's stale message is set aside: the record has its outcome
+// already, so no dead letter of it may be produced, and it settles as Stale. (Its
+// dead letter was produced: the record had an output and a dead letter, or two dead
+// letters.)
+func TestRevokedRecordSetAsideProducesNoDeadLetter(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		replay error // the stage's error for record 0's next message
+		dead   int   // dead letters wanted
+		output int   // outputs of record 0 wanted
+	}{
+		{name: "redone", output: 1},
+		{name: "redone and set aside", replay: pipeline.Permanent(errors.New("refused")), dead: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx, c := clusterWithIDs(t, 1) // record 0, in partition 0
+			prod := newClient(t, c)
+			gate := make(chan struct{})
+			var calls, outputs atomic.Int64 // of record 0
+			start := func(name string) *member {
+				opts := append(consumerOpts(c), kgo.Balancers(kgo.RangeBalancer()))
+				src := kafka.NewSource(opts, "revoke-dl", []string{inTopic}, idCodec{}, kafka.WithName(name),
+					kafka.WithCommitInterval(50*time.Millisecond), kafka.WithRevokeTimeout(0),
+					kafka.WithDeadLetterTopic(prod, deadTopic))
+				p := pipeline.New()
+				mapped := pipeline.Then(src.Stream(p), pipeline.NewStage("map", 4, func(ctx context.Context, m kafka.Message[int]) (kafka.Message[int], error) {
+					if calls.Add(1) == 1 { // a's message: held until the record is redone, then set aside
+						select {
+						case <-gate:
+						case <-ctx.Done():
+							return m, ctx.Err()
+						}
+						return m, pipeline.Permanent(errors.New("stale, refused"))
+					}
+					return m, tc.replay
+				}, pipeline.WithDeadLetter(pipeline.DiscardDeadLetter[kafka.Message[int]])))
+				pipeline.To(mapped, pipeline.NewSink("out", 1, func(context.Context, kafka.Message[int]) error {
+					outputs.Add(1)
+					return nil
+				}))
+				return &member{name: name, src: src, errc: runAsync(ctx, p)}
+			}
+			a := start("a")
+			t.Cleanup(func() {
+				if t.Failed() {
+					t.Logf("a: %+v", a.src.Stats())
+				}
+			})
+			eventually(t, 30*time.Second, "record 0 at a's gate", func() bool { return calls.Load() == 1 })
+			b := start("b")
+			eventually(t, 30*time.Second, "record 0 redone, its offset committed", func() bool {
+				return a.src.Stats().Revoked > 0 && committedOffsets(ctx, t, c, "revoke-dl", inTopic)[0] == 1
+			})
+			close(gate)
+			eventually(t, 30*time.Second, "a's message of record 0 settled", func() bool { return a.src.Stats().Stale == 1 })
+			a.src.Stop()
+			b.src.Stop()
+			require.NoError(t, <-a.errc)
+			require.NoError(t, <-b.errc)
+			assert.Equal(t, int64(2), calls.Load(), "record 0's messages")
+			assert.Equal(t, int64(tc.output), outputs.Load(), "record 0's outputs")
+			assert.Equal(t, int64(tc.dead), a.src.Stats().DeadLettered+b.src.Stats().DeadLettered, "dead-lettered")
+			assert.Len(t, readTopic(ctx, t, c, deadTopic), tc.dead, "dead letters produced")
+			assert.Equal(t, map[int32]int64{0: 1}, committedOffsets(ctx, t, c, "revoke-dl", inTopic))
+		})
+	}
 }

@@ -201,7 +201,22 @@ func WithRequestTimeout(d time.Duration) SourceOption {
 // [WithRequestTimeout]. Without this option a dead-lettered record settles once the
 // stage's own dead-letter destination ([pipeline.WithDeadLetter]) took the item, and an
 // undecodable record is skipped: counted in [Stats].Undecodable, never emitted, and
-// committed. It panics if cl is nil or topic empty; [NewSource] panics if cl is
+// committed.
+//
+// A record set aside after its partition's assignment ended (a revoke that gave up
+// on it, a loss, an aborted transaction's rewind, a store's fence) is not produced,
+// and counts in [Stats].Stale only: its offset was not committed, and whoever holds
+// the partition now (the next owner, or this run's replay) redoes it, to its one
+// outcome; or a transaction ([NewTransactSink], [WithOffsetStore]) committed its
+// output, which a message of an earlier assignment may have given: that output is
+// its outcome, as for a live assignment. But when no such message can be in play,
+// the output came from the record's own message, through another branch of a
+// [pipeline.Tee]: no one reads the record again, and its dead letter is produced (see
+// NewTransactSink on Tee). A dead letter under way when the assignment ends is
+// produced all the same: the record may then have two dead letters, or a dead letter
+// and an output.
+//
+// It panics if cl is nil or topic empty; [NewSource] panics if cl is
 // transactional (every produce outside a transaction fails) or its producer is not
 // idempotent (kgo.DisableIdempotentWrite, which kgo.RequiredAcks other than all
 // requires: a dead letter would settle its record unacknowledged).
@@ -230,11 +245,11 @@ func WithDeadLetterTimeout(d time.Duration) SourceOption {
 type Stats struct {
 	Fetched      int64 // records taken from the client
 	Committed    int64 // settled as committed (those whose partition was revoked or lost first count in Stale too), or as done: a stale message's output committed in a transaction
-	DeadLettered int64 // set aside (produced to the dead-letter topic, if any)
+	DeadLettered int64 // set aside (produced to the dead-letter topic, if any); one set aside after its partition's assignment ended counts in Stale only, unproduced (see WithDeadLetterTopic)
 	Undecodable  int64 // of DeadLettered, records the codec could not decode (never emitted)
 	HandedBack   int64 // handed back by a stage: emitted again after the delay
 	NotProcessed int64 // the run stopped first: left for the next owner
-	Stale        int64 // settled, whatever the outcome, after their partition was revoked or lost: left for the next owner
+	Stale        int64 // settled, whatever the outcome, after their partition's assignment ended (revoked, lost, fenced, rewound after an aborted transaction): left for whoever holds the partition now; one set aside produces no dead letter (see WithDeadLetterTopic)
 	Uncommitted  int64 // settled before their partition was revoked or lost, but not committed: left for the next owner
 	Dropped      int64 // polled, then not emitted: their partition was revoked, the run stopped, or the assignment had them already (polled twice)
 	Assigned     int64 // partitions assigned
@@ -338,7 +353,7 @@ func (st Stats) Counters() map[string]int64 {
 // again by the next owner), waits at most [WithRevokeTimeout] for their items in the
 // pipeline to settle, commits their watermarks and lets the rebalance go on. Items
 // that settle after that are not committed (counted as Stale): the next owner redoes
-// them. So delivery is at least once: an item may be processed twice, by the old
+// them, and those set aside are not produced to the [WithDeadLetterTopic]. So delivery is at least once: an item may be processed twice, by the old
 // owner and the new one, when it did not settle in time or a member died. One record of
 // a revoked partition may still enter the pipeline after its revoke gave up on it: the
 // record the source was handing over, waiting for room, when the revoke began (settled,
@@ -1091,9 +1106,13 @@ func (ss *session[T]) settledLocked() bool {
 }
 
 // deadLetter produces e's record to the dead-letter topic, if any, and settles it;
-// if the produce fails, the record is emitted again later (and deadLetter returns
-// false).
+// if the produce fails, the record is emitted again later. It returns false, having
+// produced nothing, for a stale message (staleDeadLetter) too.
 func (ss *session[T]) deadLetter(e *entry, dl pipeline.DeadLetter[struct{}]) bool {
+	if ss.staleDeadLetter(e) {
+		ss.s.stale.Add(1)
+		return false
+	}
 	cfg := &ss.s.cfg
 	if cfg.dl != nil {
 		rec := e.rec
@@ -1129,6 +1148,29 @@ func (ss *session[T]) deadLetter(e *entry, dl pipeline.DeadLetter[struct{}]) boo
 	ss.s.deadLettered.Add(1)
 	ss.done(e)
 	return true
+}
+
+// staleDeadLetter reports whether e is set aside after its assignment ended (a
+// revoke that gave up on it, a loss, a rewind after an aborted transaction, a store's
+// fence): then its dead letter is not produced (it settles as stale), since the record
+// has, or will have, its one outcome otherwise. Either its offset was not committed
+// (no committed transaction took it: a plain source's watermark stops at its first
+// unsettled record), and whoever holds the partition now redoes the record from the
+// committed offset (this run's replay, or the next owner); or a committed
+// transaction took it (its output, and its offset committed past it) while the
+// record may have a stale message (at or below staleTo): that output may be the
+// stale message's, and is the record's outcome, as outputCommitted has it for a live
+// assignment. A record whose output a transaction committed and that has no stale
+// message got that output from its own message, through another branch of a Tee:
+// nobody reads it again, and its dead letter is produced, as for a live assignment
+// (see NewTransactSink on Tee).
+//
+// The check is made before the produce: a dead letter under way when its assignment
+// ends is produced, and the record may be redone too (a dead letter at least once).
+func (ss *session[T]) staleDeadLetter(e *entry) bool {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return !e.p.live && (!e.txnCommitted || e.offset <= e.p.staleTo)
 }
 
 // deadLetterFailed returns the error the run fails with when e's dead letter could

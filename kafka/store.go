@@ -152,6 +152,7 @@ func (s *Source[T]) BeginStoreTxn(from []Origin) (*StoreTxn, error) {
 			e.inTxn = false
 			if ok {
 				ss.txnDone[e] = true
+				e.txnCommitted = true
 			}
 		}
 		ss.signalLocked() // a settle may wait for the transaction (outputCommitted)

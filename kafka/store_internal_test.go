@@ -1,9 +1,13 @@
 package kafka
 
 import (
+	"context"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gopipeline/pipeline"
 )
 
 // TestStoreTxnHoldsBackRecordsPastAnUnwrittenOne gives a store transaction's prospect a
@@ -47,3 +51,52 @@ func TestStoreTxnHoldsBackRecordsPastAnUnwrittenOne(t *testing.T) {
 	assert.Equal(t, map[*part]int64{ss.parts[tp]: 13}, marks)
 	assert.Zero(t, ss.s.outOfOrder.Load())
 }
+
+// TestSetAsideAfterAFenceIsDeadLetteredOnlyIfNoOneRedoesIt ends a claimed partition's
+// assignment (a store transaction finds it fenced) while records 10 and 11 are in the
+// pipeline, 10 written by an earlier store transaction (its offset stored past it), 11
+// by none (the fenced one wrote nothing); then both are set aside. 11's dead letter is not produced (Stale): the new
+// owner redoes it from the stored offset. 10's is, if its output came from its own
+// message (another branch of a Tee: no stale message of it, staleTo below it), since
+// no one reads it again; not if a stale message may have written it (at or below
+// staleTo): that output is its outcome.
+func TestSetAsideAfterAFenceIsDeadLetteredOnlyIfNoOneRedoesIt(t *testing.T) {
+	t.Parallel()
+	tp := TopicPartition{"in", 0}
+	for _, tc := range []struct {
+		name    string
+		staleTo int64
+		dead    int64 // dead-lettered: 10's
+	}{
+		{name: "no stale message", staleTo: -1, dead: 1},
+		{name: "a stale message of 10", staleTo: 10, dead: 0},
+	} {
+		ss, es := pendingSession(tp, 10, 12)
+		ss.s.cfg.store, ss.s.cfg.maxPending = nopStore{}, 1000
+		ss.s.open = ss
+		ss.outstanding = 2
+		p := ss.parts[tp]
+		p.claimed, p.epoch, p.stored, p.staleTo = true, 3, 10, tc.staleTo
+		txn, err := ss.s.BeginStoreTxn([]Origin{{TopicPartition: tp, Offset: 10}})
+		require.NoError(t, err)
+		require.Equal(t, []bool{true}, txn.Keep, "%s: 10 written", tc.name)
+		txn.End(true, nil)
+		txn, err = ss.s.BeginStoreTxn([]Origin{{TopicPartition: tp, Offset: 11}})
+		require.NoError(t, err)
+		txn.End(true, []TopicPartition{tp}) // claimed by another owner since: 11 not written
+		require.False(t, p.live, "%s: the assignment ended", tc.name)
+
+		for _, e := range es {
+			ss.settle(e, pipeline.Settlement{Outcome: pipeline.DeadLettered})
+		}
+		assert.Equal(t, tc.dead, ss.s.deadLettered.Load(), "%s: dead-lettered", tc.name)
+		assert.Equal(t, int64(2), ss.s.stale.Load(), "%s: stale", tc.name)
+	}
+}
+
+// nopStore is an OffsetStore that stores nothing.
+type nopStore struct{}
+
+func (nopStore) Claim(context.Context, []TopicPartition) ([]Claim, error) { return nil, nil }
+
+func (nopStore) Save(context.Context, []StoreOffset) ([]TopicPartition, error) { return nil, nil }

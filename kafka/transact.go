@@ -75,10 +75,11 @@ func WithTransactionalID(id string) SourceOption {
 // A transaction aborts when the group rebalances while it is open (kgo's
 // GroupTransactSession) or a produce fails: the source then takes every partition
 // back to its last committed offset, and what was in the pipeline is done again
-// ([Stats].Aborted counts the aborts; their items settle as Stale). A message still in
-// the pipeline from before the rewind names the same record as its replay: whichever
-// reaches the sink first, in its partition's order, is that record's output, the other
-// is not produced. That output, once committed, is the record's one outcome: the
+// ([Stats].Aborted counts the aborts; their items settle as Stale, and those set
+// aside are not produced to [WithDeadLetterTopic]: their replays are the records'
+// outcomes). A message still in the pipeline from before the rewind names the same
+// record as its replay: whichever reaches the sink first, in its partition's order,
+// is that record's output, the other is not produced. That output, once committed, is the record's one outcome: the
 // other message settles as done ([Stats].Committed) whatever becomes of it, handed
 // back or set aside too, and is neither emitted again nor produced to
 // [WithDeadLetterTopic] (a stage's own [pipeline.WithDeadLetter] destination has
@@ -227,6 +228,7 @@ func (ss *session[T]) transact(ctx context.Context, recs []txnRecord) error {
 	}
 	for e := range inTxn {
 		ss.txnDone[e] = true
+		e.txnCommitted = true
 	}
 	ss.mu.Unlock()
 	return nil

@@ -371,6 +371,41 @@ func failFirstTxnOffsetCommit(c *kfake.Cluster) (fired *atomic.Bool) {
 	return fired
 }
 
+// failTxnOffsetCommitOf makes c refuse the first TxnOffsetCommit that holds an offset
+// of partition (as failFirstTxnOffsetCommit does): that transaction aborts. fired
+// reports whether it did.
+func failTxnOffsetCommitOf(c *kfake.Cluster, partition int32) (fired *atomic.Bool) {
+	fired = new(atomic.Bool)
+	c.ControlKey(int16(kmsg.TxnOffsetCommit), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		r := req.(*kmsg.TxnOffsetCommitRequest)
+		holds := false
+		for _, rt := range r.Topics {
+			for _, rp := range rt.Partitions {
+				holds = holds || rp.Partition == partition
+			}
+		}
+		if !holds {
+			c.KeepControl()
+			return nil, nil, false
+		}
+		resp := r.ResponseKind().(*kmsg.TxnOffsetCommitResponse)
+		for _, rt := range r.Topics {
+			st := kmsg.NewTxnOffsetCommitResponseTopic()
+			st.Topic, st.TopicID = rt.Topic, rt.TopicID
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewTxnOffsetCommitResponseTopicPartition()
+				sp.Partition, sp.ErrorCode = rp.Partition, kerr.ConcurrentTransactions.Code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		fired.Store(true)
+		c.DropControl() // once kept, a control stays until dropped
+		return resp, nil, true
+	})
+	return fired
+}
+
 // TestReplayOfARecordAStaleMessageProducedSettlesOnce: after a rewind, a message from
 // before it (stale) and its record's replay are both in the pipeline; the stale one
 // reaches the sink first and its transaction commits the record's output. The replay
@@ -460,6 +495,82 @@ func TestReplayOfARecordAStaleMessageProducedSettlesOnce(t *testing.T) {
 	}
 }
 
+// TestStaleMessageSetAsideProducesNoDeadLetter: after a rewind, record 0's message
+// from before it (stale, held at a gate) and its replay are both in the pipeline. The
+// replay goes first: its output is committed (or it is set aside, its dead letter
+// produced and its offset committed). Then the stale message is set aside: the
+// record already has its one outcome, so no dead letter of it may be produced, and
+// the stale message settles as Stale. (Its dead letter was produced: the record had
+// an output and a dead letter, or two dead letters.)
+func TestStaleMessageSetAsideProducesNoDeadLetter(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		replay  error // the stage's error for the replay of record 0
+		dead    int   // dead letters wanted
+		outputs map[int]int
+	}{
+		{name: "replay produced", outputs: map[int]int{0: 1, 1: 1}},
+		{name: "replay set aside", replay: pipeline.Permanent(errors.New("refused")), dead: 1, outputs: map[int]int{1: 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx, c := clusterWithIDs(t, 2) // record 0 in partition 0, record 1 in partition 1
+			aborted := failFirstTxnOffsetCommit(c)
+			prod := newClient(t, c)
+			src := kafka.NewSource(consumerOpts(c), "stale-dl", []string{inTopic}, idCodec{},
+				kafka.WithTransactionalID("member"), kafka.WithCommitInterval(50*time.Millisecond),
+				kafka.WithDeadLetterTopic(prod, deadTopic))
+			gate := make(chan struct{})
+			var calls atomic.Int64 // of record 0
+			p := pipeline.New()
+			// Not keyed by partition: the replay must pass the stale message held at the gate.
+			mapped := pipeline.Then(src.Stream(p), pipeline.NewStage("map", 4, func(ctx context.Context, m kafka.Message[int]) (kafka.Message[int], error) {
+				if m.Value != 0 {
+					return m, nil
+				}
+				if calls.Add(1) == 1 { // its first message: held until the replay has its outcome, then set aside
+					select {
+					case <-gate:
+					case <-ctx.Done():
+						return m, ctx.Err()
+					}
+					return m, pipeline.Permanent(errors.New("stale, refused"))
+				}
+				return m, tc.replay
+			}, pipeline.WithDeadLetter(pipeline.DiscardDeadLetter[kafka.Message[int]])))
+			pipeline.ToBatches(mapped, 40, kafka.NewTransactSink("out", src, outTopic, idCodec{}, nil), pipeline.WithLinger(10*time.Millisecond))
+			rctx, cancel := context.WithTimeout(ctx, time.Minute)
+			defer cancel()
+			errc := runAsync(rctx, p)
+			t.Cleanup(func() {
+				if t.Failed() {
+					t.Logf("source stats: %+v", src.Stats())
+				}
+			})
+			// Record 1's transaction aborts: both partitions go back to offset 0, and
+			// record 0's first message, at the gate, is stale once its replay is taken.
+			eventually(t, 30*time.Second, "an aborted transaction, and both records taken again", func() bool {
+				st := src.Stats()
+				return aborted.Load() && st.Aborted == 1 && st.Fetched == 4
+			})
+			eventually(t, 30*time.Second, "record 0's replay settled, its offset committed", func() bool {
+				return committedOffsets(ctx, t, c, "stale-dl", inTopic)[0] == 1
+			})
+			close(gate)
+			eventually(t, 30*time.Second, "both stale messages settled", func() bool { return src.Stats().Stale == 2 })
+			src.Stop()
+			require.NoError(t, <-errc)
+			st := src.Stats()
+			assert.Equal(t, int64(tc.dead), st.DeadLettered, "dead-lettered")
+			assert.Len(t, readTopic(ctx, t, c, deadTopic), tc.dead, "dead letters produced")
+			assert.Equal(t, int64(2), calls.Load(), "record 0's messages")
+			assert.Equal(t, tc.outputs, countIDs(t, readCommitted(ctx, t, c, outTopic, len(tc.outputs))), "outputs read committed")
+			assert.Equal(t, map[int32]int64{0: 1, 1: 1}, committedOffsets(ctx, t, c, "stale-dl", inTopic))
+		})
+	}
+}
+
 // TestTeeBranchHandingBackAfterTheTransactionIsRedone tees a transactional source's
 // messages to NewTransactSink and to a branch that hands record 0 back once the
 // transaction has committed its output and offset: the record is emitted again, the
@@ -503,4 +614,77 @@ func TestTeeBranchHandingBackAfterTheTransactionIsRedone(t *testing.T) {
 	assert.Equal(t, int64(1), st.HandedBack)
 	assert.Equal(t, int64(2), calls.Load(), "the other branch's calls")
 	assert.Equal(t, map[int]int{0: 1}, countIDs(t, readCommitted(ctx, t, c, outTopic, 1)), "outputs read committed")
+}
+
+// TestTeeBranchSettingAsideAfterARewindIsDeadLettered tees a transactional source's
+// messages to NewTransactSink and to a branch that sets record 0 aside once its
+// output and offset are committed and a later transaction (record 1's) has aborted:
+// record 0's assignment has ended, but nobody reads the record again (the group's
+// offset is past it), so its dead letter must still be produced. (A dead letter of an
+// ended assignment is not produced when the record is redone, or has a stale
+// message's output: neither is the case here.)
+func TestTeeBranchSettingAsideAfterARewindIsDeadLettered(t *testing.T) {
+	t.Parallel()
+	ctx, c := clusterWithIDs(t, 2) // record 0 in partition 0, record 1 in partition 1
+	aborted := failTxnOffsetCommitOf(c, 1)
+	prod := newClient(t, c)
+	src := kafka.NewSource(consumerOpts(c), "tee-dl", []string{inTopic}, idCodec{},
+		kafka.WithTransactionalID("member"), kafka.WithCommitInterval(50*time.Millisecond),
+		kafka.WithDeadLetterTopic(prod, deadTopic))
+	wait := func(ctx context.Context, ch <-chan struct{}) error {
+		select {
+		case <-ch:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	one, zero := make(chan struct{}), make(chan struct{})
+	p := pipeline.New()
+	branches := pipeline.Tee(src.Stream(p), 2)
+	held := pipeline.Then(branches[0], pipeline.NewStage("hold", 2, func(ctx context.Context, m kafka.Message[int]) (kafka.Message[int], error) {
+		if m.Value == 1 { // record 1's output waits until record 0's is committed
+			return m, wait(ctx, one)
+		}
+		return m, nil
+	}))
+	pipeline.ToBatches(held, 40, kafka.NewTransactSink("out", src, outTopic, idCodec{}, nil), pipeline.WithLinger(10*time.Millisecond))
+	pipeline.To(branches[1], pipeline.NewSink("other", 2, func(ctx context.Context, m kafka.Message[int]) error {
+		if m.Value != 0 {
+			return nil
+		}
+		if err := wait(ctx, zero); err != nil {
+			return err
+		}
+		return pipeline.Permanent(errors.New("refused"))
+	}, pipeline.WithDeadLetter(pipeline.DiscardDeadLetter[kafka.Message[int]])))
+	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	errc := runAsync(rctx, p)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("source stats: %+v", src.Stats())
+		}
+	})
+	eventually(t, 30*time.Second, "both records taken", func() bool { return src.Stats().Fetched == 2 })
+	eventually(t, 30*time.Second, "record 0's output committed", func() bool {
+		return committedOffsets(ctx, t, c, "tee-dl", inTopic)[0] == 1
+	})
+	close(one)
+	eventually(t, 30*time.Second, "record 1's transaction aborted", func() bool {
+		return aborted.Load() && src.Stats().Aborted == 1
+	})
+	close(zero)
+	eventually(t, 30*time.Second, "both records' first messages settled, record 1 redone", func() bool {
+		return src.Stats().Stale == 2 && committedOffsets(ctx, t, c, "tee-dl", inTopic)[1] == 1
+	})
+	src.Stop()
+	require.NoError(t, <-errc)
+	dead := readTopic(ctx, t, c, deadTopic)
+	require.Len(t, dead, 1, "dead letters produced")
+	assert.Equal(t, "0", header(dead[0], kafka.HeaderOffset))
+	assert.Equal(t, "0", header(dead[0], kafka.HeaderPartition))
+	assert.Equal(t, int64(1), src.Stats().DeadLettered)
+	assert.Equal(t, map[int]int{0: 1, 1: 1}, countIDs(t, readCommitted(ctx, t, c, outTopic, 2)), "outputs read committed")
+	assert.Equal(t, map[int32]int64{0: 1, 1: 1}, committedOffsets(ctx, t, c, "tee-dl", inTopic))
 }
