@@ -244,13 +244,13 @@ func WithDeadLetterTimeout(d time.Duration) SourceOption {
 // Stats counts what a [Source] did, over all its runs.
 type Stats struct {
 	Fetched      int64 // records taken from the client
-	Committed    int64 // settled as committed (those whose partition was revoked or lost first count in Stale too), or as done: a stale message's output committed in a transaction
+	Committed    int64 // settled as committed (those whose partition's assignment ended first count in Stale too), or as done: a stale message's output committed in a transaction
 	DeadLettered int64 // set aside (produced to the dead-letter topic, if any); one set aside after its partition's assignment ended counts in Stale only, unproduced (see WithDeadLetterTopic)
 	Undecodable  int64 // of DeadLettered, records the codec could not decode (never emitted)
 	HandedBack   int64 // handed back by a stage: emitted again after the delay
 	NotProcessed int64 // the run stopped first: left for the next owner
 	Stale        int64 // settled, whatever the outcome, after their partition's assignment ended (revoked, lost, fenced, rewound after an aborted transaction): left for whoever holds the partition now; one set aside produces no dead letter (see WithDeadLetterTopic)
-	Uncommitted  int64 // settled before their partition was revoked or lost, but not committed: left for the next owner
+	Uncommitted  int64 // settled before their partition's assignment ended (revoked, lost, fenced, rewound), but not committed: left for whoever holds it next
 	Dropped      int64 // polled, then not emitted: their partition was revoked, the run stopped, or the assignment had them already (polled twice)
 	Assigned     int64 // partitions assigned
 	Revoked      int64 // partitions revoked

@@ -66,9 +66,9 @@ func WithTransactionalID(id string) SourceOption {
 // part of the transaction, which commits the record's offset with its output alone.
 // A branch that hands a record's item back, or sets it aside, after that commit is
 // redone (the record is emitted again; the sink does not produce it twice), or its
-// dead letter produced, by this run only: if the run stops first (a crash, a
-// rebalance, a Stop), that work is lost, since the group's offset is past the record
-// and no owner reads it again. After a rewind (below) it is not redone at all when
+// dead letter produced, by this run only: if the run stops first (a crash, a Stop;
+// for a hand-back, a rebalance that takes the partition too), that work is lost,
+// since the group's offset is past the record and no owner reads it again. After a rewind (below) it is not redone at all when
 // the record's output came from a message from before the rewind. So hand back
 // before the Tee, or give each branch's work a store that records it with the output.
 //
