@@ -353,8 +353,9 @@ func (st Stats) Counters() map[string]int64 {
 // again by the next owner), waits at most [WithRevokeTimeout] for their items in the
 // pipeline to settle, commits their watermarks and lets the rebalance go on. Items
 // that settle after that are not committed (counted as Stale): the next owner redoes
-// them, and those set aside are not produced to the [WithDeadLetterTopic]. So delivery is at least once: an item may be processed twice, by the old
-// owner and the new one, when it did not settle in time or a member died. One record of
+// them, and those set aside are not produced to the [WithDeadLetterTopic]. So
+// delivery is at least once: an item may be processed twice, by the old owner and the
+// new one, when it did not settle in time or a member died. One record of
 // a revoked partition may still enter the pipeline after its revoke gave up on it: the
 // record the source was handing over, waiting for room, when the revoke began (settled,
 // it is counted as Stale). A revoke takes at most [WithRevokeTimeout] and then its
