@@ -859,9 +859,8 @@ type keyState[In any, K comparable] struct {
 	name     string // the key as %v prints it, for the report
 	id       uint32
 	inflight atomic.Int32 // attempts begun and not ended (added to under keyBreakers.mu, read or write): no eviction while any
-	held     []heldItem[In]
+	held     []heldItem[In, K]
 	first    int // held[first:] are the items held, oldest first
-	keys     []K // the shared state's (slots[0]): keys[i] is held[i]'s key, for keyBreakers.shared
 }
 
 // takenBack is the key of the item a worker took back from the shared state, which
@@ -871,10 +870,12 @@ type takenBack[K comparable] struct {
 	shared bool // the worker has such an item
 }
 
-// heldItem is an item held by its key's breaker.
-type heldItem[In any] struct {
+// heldItem is an item held by its key's breaker, with its key (for the shared
+// state's, keyBreakers.shared).
+type heldItem[In any, K comparable] struct {
 	v   In
 	pos uint64
+	k   K
 }
 
 func newKeyBreakers[In any, K comparable](env policyEnv, key func(In) K, b Breaker, bounds KeyBounds) *keyBreakers[In, K] {
@@ -1062,7 +1063,7 @@ func (kb *keyBreakers[In, K]) park(v In, pos uint64, again bool) error {
 	if newHolder {
 		kb.holders = append(kb.holders, ks)
 	}
-	ks.put(heldItem[In]{v: v, pos: pos}, k, again)
+	ks.put(heldItem[In, K]{v: v, pos: pos, k: k}, again)
 	if ks.id == 0 {
 		kb.shared[k]++
 	}
@@ -1083,7 +1084,7 @@ func (kb *keyBreakers[In, K]) drop() {
 	defer kb.mu.Unlock()
 	for _, ks := range kb.holders {
 		clear(ks.held)
-		ks.held, ks.keys, ks.first = nil, nil, 0
+		ks.held, ks.first = nil, 0
 	}
 	kb.holders = nil
 	clear(kb.shared)
@@ -1096,58 +1097,37 @@ func (kb *keyBreakers[In, K]) drop() {
 	kb.signal()
 }
 
-// put adds h, an item of key k, to ks's held items: last or, held again, first.
-func (ks *keyState[In, K]) put(h heldItem[In], k K, again bool) {
-	keyed := ks.id == 0 // the shared state keeps each item's key
+// put adds h to ks's held items: last or, held again, first.
+func (ks *keyState[In, K]) put(h heldItem[In, K], again bool) {
 	switch {
 	case again && ks.first > 0: // a failed probe's item stays the oldest
 		ks.first--
 		ks.held[ks.first] = h
-		if keyed {
-			ks.keys[ks.first] = k
-		}
 	case again:
 		ks.held = slices.Insert(ks.held, 0, h)
-		if keyed {
-			ks.keys = slices.Insert(ks.keys, 0, k)
-		}
 	default:
 		if ks.first > 0 && len(ks.held) == cap(ks.held) { // slide down rather than grow
 			n := copy(ks.held, ks.held[ks.first:])
 			clear(ks.held[n:])
-			ks.held = ks.held[:n]
-			if keyed {
-				copy(ks.keys, ks.keys[ks.first:])
-				clear(ks.keys[n:])
-				ks.keys = ks.keys[:n]
-			}
-			ks.first = 0
+			ks.held, ks.first = ks.held[:n], 0
 		}
 		ks.held = append(ks.held, h)
-		if keyed {
-			ks.keys = append(ks.keys, k)
-		}
 	}
 }
 
-// take removes and returns ks's oldest held item, and its key when ks is the shared
-// state; it reports whether ks holds no more.
-func (ks *keyState[In, K]) take() (h heldItem[In], k K, empty bool) {
+// take removes and returns ks's oldest held item; it reports whether ks holds no more.
+func (ks *keyState[In, K]) take() (h heldItem[In, K], empty bool) {
 	h = ks.held[ks.first]
-	ks.held[ks.first] = heldItem[In]{}
-	if ks.id == 0 {
-		k = ks.keys[ks.first]
-		ks.keys[ks.first] = *new(K)
-	}
+	ks.held[ks.first] = heldItem[In, K]{}
 	ks.first++
 	if ks.first == len(ks.held) { // none left: forget the list (its memory too, when it grew big)
-		ks.first, ks.held, ks.keys = 0, ks.held[:0], ks.keys[:0]
+		ks.first, ks.held = 0, ks.held[:0]
 		if cap(ks.held) > 64 {
-			ks.held, ks.keys = nil, nil
+			ks.held = nil
 		}
-		return h, k, true
+		return h, true
 	}
-	return h, k, false
+	return h, false
 }
 
 func (kb *keyBreakers[In, K]) next(worker int) (v In, pos uint64, t ticket, ok bool) {
@@ -1158,9 +1138,9 @@ func (kb *keyBreakers[In, K]) next(worker int) (v In, pos uint64, t ticket, ok b
 	kb.mu.Lock()
 	ks, t := kb.takeLocked(time.Now(), &events)
 	if ks != nil {
-		h, k, empty := ks.take()
+		h, empty := ks.take()
 		if ks.id == 0 { // still the key's in shared until done
-			kb.taken[worker] = takenBack[K]{k: k, shared: true}
+			kb.taken[worker] = takenBack[K]{k: h.k, shared: true}
 		}
 		if empty {
 			kb.holders = slices.DeleteFunc(kb.holders, func(o *keyState[In, K]) bool { return o == ks })
