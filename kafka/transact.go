@@ -68,9 +68,10 @@ func WithTransactionalID(id string) SourceOption {
 // redone (the record is emitted again; the sink does not produce it twice), or its
 // dead letter produced, by this run only: if the run stops first (a crash, a Stop;
 // for a hand-back, a rebalance that takes the partition too), that work is lost,
-// since the group's offset is past the record and no owner reads it again. After a rewind (below) it is not redone at all when
-// the record's output came from a message from before the rewind. So hand back
-// before the Tee, or give each branch's work a store that records it with the output.
+// since the group's offset is past the record and no owner reads it again. After a
+// rewind (below) it is not redone at all when the record's output came from a message
+// from before the rewind. So hand back before the Tee, or give each branch's work a
+// store that records it with the output.
 //
 // A transaction aborts when the group rebalances while it is open (kgo's
 // GroupTransactSession) or a produce fails: the source then takes every partition
@@ -79,9 +80,10 @@ func WithTransactionalID(id string) SourceOption {
 // aside are not produced to [WithDeadLetterTopic]: their replays are the records'
 // outcomes). A message still in the pipeline from before the rewind names the same
 // record as its replay: whichever reaches the sink first, in its partition's order,
-// is that record's output, the other is not produced. That output, once committed, is the record's one outcome: the
-// other message settles as done ([Stats].Committed) whatever becomes of it, handed
-// back or set aside too, and is neither emitted again nor produced to
+// is that record's output, the other is not produced. That output, once committed, is
+// the record's one outcome: the other message settles as done ([Stats].Committed)
+// whatever becomes of it, handed back or set aside too, and is neither emitted again
+// nor produced to
 // [WithDeadLetterTopic] (a stage's own [pipeline.WithDeadLetter] destination has
 // taken it before the source hears of it); a stale message that reaches the sink
 // while its replay's dead letter is under way is not produced. A failure that

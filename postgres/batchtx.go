@@ -20,8 +20,9 @@ type BatchTx struct {
 	// BeforeCommit runs in the batch's transaction once its rows are written (and its
 	// rejected rows dead-lettered into a [DeadLetterTable]), as its last statements
 	// before COMMIT (when rows were rejected and go to a [WithDeadLetter] function, the
-	// writer then checks the deferred constraints and sends them). An error rolls the transaction back and is Write's error, classified
-	// like the writer's own (an error that has a class keeps it).
+	// writer then checks the deferred constraints and sends them). An error rolls the
+	// transaction back and is Write's error, classified like the writer's own (an error
+	// that has a class keeps it).
 	BeforeCommit func(ctx context.Context, tx pgx.Tx) error
 	// Resolve learns the outcome of a COMMIT whose outcome is unknown: the connection
 	// was lost while it ran, or the session ended with it (a FATAL). The connection is

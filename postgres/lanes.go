@@ -18,8 +18,8 @@ import (
 // go). A key's rows are all in one lane, so its last row in source order is written
 // last. A key is hashed as PostgreSQL takes it, by its columns' types (keyType): two
 // rows that are one key to PostgreSQL but two to Go (a time of a timestamp column in
-// two locations, char(n)'s trailing spaces, citext's letter case) were put into two
-// lanes, and two writers wrote the key at once, the older row last as often as not.
+// two locations, char(n)'s trailing spaces, citext's letter case) must share a lane,
+// or two writers would write the key at once, in any order.
 //
 // Every batch has a part in every lane, empty ones included: a batch's positions settle
 // when its last part is written, so a batch can only settle after every earlier batch
