@@ -1546,14 +1546,7 @@ func TestBreakerPerKeyWorkerWaitingForAProbeTakesBackAnotherKeysItem(t *testing.
 		xDone := x.done
 		var probeAt time.Duration
 		start := time.Now()
-		wait := func(ctx context.Context, ch <-chan struct{}) error {
-			select {
-			case <-ch:
-				return nil
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
+		wait := awaitClose
 		call := func(ctx context.Context, v string) (string, error) {
 			switch v {
 			case "c1", "c2": // key c: down at first; its probe waits for x

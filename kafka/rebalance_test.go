@@ -303,6 +303,8 @@ func TestRevokedRecordSetAsideProducesNoDeadLetter(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			ctx, c := clusterWithIDs(t, 1) // record 0, in partition 0
+			rctx, cancel := context.WithTimeout(ctx, time.Minute) // a run that ignores Stop fails the test, not the binary
+			defer cancel()
 			prod := newClient(t, c)
 			gate := make(chan struct{})
 			var calls, outputs atomic.Int64 // of record 0
@@ -327,7 +329,7 @@ func TestRevokedRecordSetAsideProducesNoDeadLetter(t *testing.T) {
 					outputs.Add(1)
 					return nil
 				}))
-				return &member{name: name, src: src, errc: runAsync(ctx, p)}
+				return &member{name: name, src: src, errc: runAsync(rctx, p)}
 			}
 			a := start("a")
 			t.Cleanup(func() {
