@@ -302,7 +302,7 @@ func TestRevokedRecordSetAsideProducesNoDeadLetter(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			ctx, c := clusterWithIDs(t, 1) // record 0, in partition 0
+			ctx, c := clusterWithIDs(t, 1)                        // record 0, in partition 0
 			rctx, cancel := context.WithTimeout(ctx, time.Minute) // a run that ignores Stop fails the test, not the binary
 			defer cancel()
 			prod := newClient(t, c)
