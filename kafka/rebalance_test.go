@@ -302,8 +302,9 @@ func TestRevokedRecordSetAsideProducesNoDeadLetter(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			ctx, c := clusterWithIDs(t, 1)                        // record 0, in partition 0
-			rctx, cancel := context.WithTimeout(ctx, time.Minute) // a run that ignores Stop fails the test, not the binary
+			ctx, c := clusterWithIDs(t, 1) // record 0, in partition 0
+			// A run that ignores Stop fails the test, not the binary.
+			rctx, cancel := context.WithTimeout(ctx, time.Minute)
 			defer cancel()
 			prod := newClient(t, c)
 			gate := make(chan struct{})
