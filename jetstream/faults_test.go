@@ -98,8 +98,10 @@ func TestPullErrorsCountChecksThatFail(t *testing.T) {
 	cons := setup(ctx, t, js, 30*time.Second, 100)
 	publish(ctx, t, js, 1)
 	p := pipeline.New()
+	// A check's timeout well above a loaded machine's round trip: no check fails while
+	// the server is up; while it is down, they fail (a closed connection, or no answer).
 	src := jetstream.NewSource(cons, itemCodec{}, jetstream.WithConsumerCheck(50*time.Millisecond),
-		jetstream.WithAckTimeout(100*time.Millisecond))
+		jetstream.WithAckTimeout(time.Second))
 	var done atomic.Int64
 	pipeline.To(src.Stream(p), countItems(&done))
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute) // the failure guard

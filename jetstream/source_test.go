@@ -465,7 +465,7 @@ func TestSourceStopsWithoutWaitingForDoubleAcks(t *testing.T) {
 // its signals go on until the copy is stored, and it is delivered once and terminated.
 func TestSourceDeadLetterKeepsProgressWhilePublishing(t *testing.T) {
 	t.Parallel()
-	const ackWait = 500 * time.Millisecond
+	const ackWait = time.Second // as TestSlowStageNoRedelivery's: a loaded machine's pause stays well under it
 	ctx := t.Context()
 	srv := startServer(t)
 	_, js := connect(t, srv.url())
