@@ -1546,7 +1546,6 @@ func TestBreakerPerKeyWorkerWaitingForAProbeTakesBackAnotherKeysItem(t *testing.
 		xDone := x.done
 		var probeAt time.Duration
 		start := time.Now()
-		wait := awaitClose
 		call := func(ctx context.Context, v string) (string, error) {
 			switch v {
 			case "c1", "c2": // key c: down at first; its probe waits for x
@@ -1557,12 +1556,12 @@ func TestBreakerPerKeyWorkerWaitingForAProbeTakesBackAnotherKeysItem(t *testing.
 				case probing <- struct{}{}:
 				default:
 				}
-				if err := wait(ctx, xDone); err != nil {
+				if err := awaitClose(ctx, xDone); err != nil {
 					return "", err
 				}
 			case "v1", "v2": // the other two workers busy (and their runs no longer of one item)
 				busy <- struct{}{}
-				if err := wait(ctx, release); err != nil {
+				if err := awaitClose(ctx, release); err != nil {
 					return "", err
 				}
 			case "x": // key a, down for its first call
@@ -1570,7 +1569,7 @@ func TestBreakerPerKeyWorkerWaitingForAProbeTakesBackAnotherKeysItem(t *testing.
 					return "", err
 				}
 			case "y": // key b: waits for x
-				if err := wait(ctx, xDone); err != nil {
+				if err := awaitClose(ctx, xDone); err != nil {
 					return "", err
 				}
 			}
@@ -1586,14 +1585,14 @@ func TestBreakerPerKeyWorkerWaitingForAProbeTakesBackAnotherKeysItem(t *testing.
 					return err
 				}
 				if step.after != nil {
-					if err := wait(ctx, step.after); err != nil {
+					if err := awaitClose(ctx, step.after); err != nil {
 						return err
 					}
 				}
 			}
 			probeAt = time.Since(start)
 			close(release)
-			return wait(ctx, xDone) // the input stays open, with nothing more in it, until x is done
+			return awaitClose(ctx, xDone) // the input stays open, with nothing more in it, until x is done
 		})
 		var xKeys atomic.Int64
 		key := func(v string) string {
@@ -1707,16 +1706,6 @@ func (o *orderedCalls) of(key string) []string {
 		}
 	}
 	return out
-}
-
-// awaitClose waits for ch to be closed or for ctx to be done (its error).
-func awaitClose(ctx context.Context, ch <-chan struct{}) error {
-	select {
-	case <-ch:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 // spend takes d of the bubble's time, or ends with ctx's error.

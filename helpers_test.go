@@ -11,7 +11,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gopipeline/pipeline"
+	"github.com/gopipeline/pipeline/internal/scenario"
 )
+
+// awaitClose waits for ch to be closed or for ctx to be done (its error).
+var awaitClose = scenario.Await
 
 // errBoom is the error the tests inject.
 var errBoom = errors.New("boom")

@@ -52,6 +52,9 @@ func clusterWithIDs(t *testing.T, n int) (context.Context, *kfake.Cluster) {
 // runAsync runs p in a goroutine; the channel gives its error.
 var runAsync = scenario.Start
 
+// await waits until ch is closed (nil) or ctx is done (its error).
+var await = scenario.Await
+
 // consumerOpts are the client options of a test's consumer: frequent heartbeats, so
 // that rebalances take a fraction of a second. The session outlasts a stalled process:
 // only a member that stops heartbeating without leaving waits for it, and none of the

@@ -317,10 +317,8 @@ func TestRevokedRecordSetAsideProducesNoDeadLetter(t *testing.T) {
 				p := pipeline.New()
 				mapped := pipeline.Then(src.Stream(p), pipeline.NewStage("map", 4, func(ctx context.Context, m kafka.Message[int]) (kafka.Message[int], error) {
 					if calls.Add(1) == 1 { // a's message: held until the record is redone, then set aside
-						select {
-						case <-gate:
-						case <-ctx.Done():
-							return m, ctx.Err()
+						if err := await(ctx, gate); err != nil {
+							return m, err
 						}
 						return m, pipeline.Permanent(errors.New("stale, refused"))
 					}

@@ -351,37 +351,26 @@ func TestTransactSinkOutputsEachRecordOnceAcrossRepeatedCrashes(t *testing.T) {
 // transaction aborts, and its source takes every partition back to its committed
 // offset. fired reports whether it did.
 func failFirstTxnOffsetCommit(c *kfake.Cluster) (fired *atomic.Bool) {
-	fired = new(atomic.Bool)
-	c.ControlKey(int16(kmsg.TxnOffsetCommit), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		r := req.(*kmsg.TxnOffsetCommitRequest)
-		resp := r.ResponseKind().(*kmsg.TxnOffsetCommitResponse)
-		for _, rt := range r.Topics {
-			st := kmsg.NewTxnOffsetCommitResponseTopic()
-			st.Topic, st.TopicID = rt.Topic, rt.TopicID
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewTxnOffsetCommitResponseTopicPartition()
-				sp.Partition, sp.ErrorCode = rp.Partition, kerr.ConcurrentTransactions.Code
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		fired.Store(true)
-		return resp, nil, true
-	})
-	return fired
+	return failTxnOffsetCommitWhere(c, func(int32) bool { return true })
 }
 
 // failTxnOffsetCommitOf makes c refuse the first TxnOffsetCommit that holds an offset
 // of partition (as failFirstTxnOffsetCommit does): that transaction aborts. fired
 // reports whether it did.
 func failTxnOffsetCommitOf(c *kfake.Cluster, partition int32) (fired *atomic.Bool) {
+	return failTxnOffsetCommitWhere(c, func(p int32) bool { return p == partition })
+}
+
+// failTxnOffsetCommitWhere makes c refuse the first TxnOffsetCommit that holds an
+// offset of a partition that of accepts.
+func failTxnOffsetCommitWhere(c *kfake.Cluster, of func(partition int32) bool) (fired *atomic.Bool) {
 	fired = new(atomic.Bool)
 	c.ControlKey(int16(kmsg.TxnOffsetCommit), func(req kmsg.Request) (kmsg.Response, error, bool) {
 		r := req.(*kmsg.TxnOffsetCommitRequest)
 		holds := false
 		for _, rt := range r.Topics {
 			for _, rp := range rt.Partitions {
-				holds = holds || rp.Partition == partition
+				holds = holds || of(rp.Partition)
 			}
 		}
 		if !holds {
@@ -406,6 +395,52 @@ func failTxnOffsetCommitOf(c *kfake.Cluster, partition int32) (fired *atomic.Boo
 	return fired
 }
 
+// rewound is a run of a transactional source over clusterWithIDs's two records
+// (record 0 in partition 0, record 1 in partition 1), with a dead-letter topic,
+// through a stage "map" of four workers into NewTransactSink. Its first transaction
+// aborts (failFirstTxnOffsetCommit): both partitions go back to offset 0, and a
+// message of record 0 still in map is stale once its replay is taken.
+type rewound struct {
+	ctx  context.Context
+	c    *kfake.Cluster
+	src  *kafka.Source[int]
+	errc <-chan error
+}
+
+// startRewound starts a rewound run of group, whose map calls zero for record 0's
+// messages (record 1's pass), with opts; it returns once the transaction aborted and
+// both records were taken again.
+func startRewound(t *testing.T, group string, zero func(context.Context, kafka.Message[int]) (kafka.Message[int], error), opts ...pipeline.StageOption) *rewound {
+	ctx, c := clusterWithIDs(t, 2)
+	aborted := failFirstTxnOffsetCommit(c)
+	src := kafka.NewSource(consumerOpts(c), group, []string{inTopic}, idCodec{},
+		kafka.WithTransactionalID("member"), kafka.WithCommitInterval(50*time.Millisecond),
+		kafka.WithDeadLetterTopic(newClient(t, c), deadTopic))
+	p := pipeline.New()
+	// Not keyed by partition (each partition has one record): a keyed stage could give
+	// both partitions one worker, and record 1 would wait behind record 0's message.
+	mapped := pipeline.Then(src.Stream(p), pipeline.NewStage("map", 4, func(ctx context.Context, m kafka.Message[int]) (kafka.Message[int], error) {
+		if m.Value != 0 {
+			return m, nil
+		}
+		return zero(ctx, m)
+	}, opts...))
+	pipeline.ToBatches(mapped, 40, kafka.NewTransactSink("out", src, outTopic, idCodec{}, nil), pipeline.WithLinger(10*time.Millisecond))
+	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	t.Cleanup(cancel)
+	errc := runAsync(rctx, p)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("source stats: %+v", src.Stats())
+		}
+	})
+	eventually(t, 30*time.Second, "an aborted transaction, and both records taken again", func() bool {
+		st := src.Stats()
+		return aborted.Load() && st.Aborted == 1 && st.Fetched == 4
+	})
+	return &rewound{ctx: ctx, c: c, src: src, errc: errc}
+}
+
 // TestReplayOfARecordAStaleMessageProducedSettlesOnce: after a rewind, a message from
 // before it (stale) and its record's replay are both in the pipeline; the stale one
 // reaches the sink first and its transaction commits the record's output. The replay
@@ -423,34 +458,14 @@ func TestReplayOfARecordAStaleMessageProducedSettlesOnce(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			ctx, c := clusterWithIDs(t, 2) // record 0 in partition 0, record 1 in partition 1
-			aborted := failFirstTxnOffsetCommit(c)
-			prod := newClient(t, c)
-			src := kafka.NewSource(consumerOpts(c), "stale", []string{inTopic}, idCodec{},
-				kafka.WithTransactionalID("member"), kafka.WithCommitInterval(50*time.Millisecond),
-				kafka.WithDeadLetterTopic(prod, deadTopic))
 			gate, outCommitted := make(chan struct{}), make(chan struct{})
-			wait := func(ctx context.Context, ch <-chan struct{}) error {
-				select {
-				case <-ch:
-					return nil
-				case <-ctx.Done():
-					return ctx.Err()
-				}
-			}
 			var calls atomic.Int64 // of record 0
-			p := pipeline.New()
-			// Not keyed by partition (each partition has one record): a keyed stage could
-			// give both partitions one worker, and record 1 would wait behind record 0.
-			mapped := pipeline.Then(src.Stream(p), pipeline.NewStage("map", 4, func(ctx context.Context, m kafka.Message[int]) (kafka.Message[int], error) {
-				if m.Value != 0 {
-					return m, nil
-				}
+			r := startRewound(t, "stale", func(ctx context.Context, m kafka.Message[int]) (kafka.Message[int], error) {
 				switch calls.Add(1) {
 				case 1: // its first message: held until its replay is in the pipeline
-					return m, wait(ctx, gate)
+					return m, await(ctx, gate)
 				case 2: // its replay: once the first one's output is committed
-					if err := wait(ctx, outCommitted); err != nil {
+					if err := await(ctx, outCommitted); err != nil {
 						return m, err
 					}
 					return m, tc.replay
@@ -458,22 +473,8 @@ func TestReplayOfARecordAStaleMessageProducedSettlesOnce(t *testing.T) {
 					return m, pipeline.Permanent(errors.New("refused again"))
 				}
 			}, pipeline.WithHandBack(), pipeline.WithRetry(1, pipeline.ConstantBackoff(20*time.Millisecond)),
-				pipeline.WithDeadLetter(pipeline.DiscardDeadLetter[kafka.Message[int]])))
-			pipeline.ToBatches(mapped, 40, kafka.NewTransactSink("out", src, outTopic, idCodec{}, nil), pipeline.WithLinger(10*time.Millisecond))
-			rctx, cancel := context.WithTimeout(ctx, time.Minute)
-			defer cancel()
-			errc := runAsync(rctx, p)
-			t.Cleanup(func() {
-				if t.Failed() {
-					t.Logf("source stats: %+v", src.Stats())
-				}
-			})
-			// Record 1's transaction aborts: both partitions go back to offset 0, and
-			// record 0's first message, at the gate, is stale once its replay is taken.
-			eventually(t, 30*time.Second, "an aborted transaction, and both records taken again", func() bool {
-				st := src.Stats()
-				return aborted.Load() && st.Aborted == 1 && st.Fetched == 4
-			})
+				pipeline.WithDeadLetter(pipeline.DiscardDeadLetter[kafka.Message[int]]))
+			ctx, c, src := r.ctx, r.c, r.src
 			close(gate)
 			eventually(t, 30*time.Second, "record 0's output committed (its stale message's)", func() bool {
 				return committedOffsets(ctx, t, c, "stale", inTopic)[0] == 1
@@ -484,7 +485,7 @@ func TestReplayOfARecordAStaleMessageProducedSettlesOnce(t *testing.T) {
 				return st.Committed+st.DeadLettered == 4 // both stale messages, record 1's replay, record 0's replay
 			})
 			src.Stop()
-			require.NoError(t, <-errc)
+			require.NoError(t, <-r.errc)
 			st := src.Stats()
 			assert.Zero(t, st.DeadLettered, "dead letters")
 			assert.Empty(t, readTopic(ctx, t, c, deadTopic), "dead letters produced")
@@ -515,52 +516,25 @@ func TestStaleMessageSetAsideProducesNoDeadLetter(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			ctx, c := clusterWithIDs(t, 2) // record 0 in partition 0, record 1 in partition 1
-			aborted := failFirstTxnOffsetCommit(c)
-			prod := newClient(t, c)
-			src := kafka.NewSource(consumerOpts(c), "stale-dl", []string{inTopic}, idCodec{},
-				kafka.WithTransactionalID("member"), kafka.WithCommitInterval(50*time.Millisecond),
-				kafka.WithDeadLetterTopic(prod, deadTopic))
 			gate := make(chan struct{})
 			var calls atomic.Int64 // of record 0
-			p := pipeline.New()
-			// Not keyed by partition: the replay must pass the stale message held at the gate.
-			mapped := pipeline.Then(src.Stream(p), pipeline.NewStage("map", 4, func(ctx context.Context, m kafka.Message[int]) (kafka.Message[int], error) {
-				if m.Value != 0 {
-					return m, nil
-				}
+			r := startRewound(t, "stale-dl", func(ctx context.Context, m kafka.Message[int]) (kafka.Message[int], error) {
 				if calls.Add(1) == 1 { // its first message: held until the replay has its outcome, then set aside
-					select {
-					case <-gate:
-					case <-ctx.Done():
-						return m, ctx.Err()
+					if err := await(ctx, gate); err != nil {
+						return m, err
 					}
 					return m, pipeline.Permanent(errors.New("stale, refused"))
 				}
 				return m, tc.replay
-			}, pipeline.WithDeadLetter(pipeline.DiscardDeadLetter[kafka.Message[int]])))
-			pipeline.ToBatches(mapped, 40, kafka.NewTransactSink("out", src, outTopic, idCodec{}, nil), pipeline.WithLinger(10*time.Millisecond))
-			rctx, cancel := context.WithTimeout(ctx, time.Minute)
-			defer cancel()
-			errc := runAsync(rctx, p)
-			t.Cleanup(func() {
-				if t.Failed() {
-					t.Logf("source stats: %+v", src.Stats())
-				}
-			})
-			// Record 1's transaction aborts: both partitions go back to offset 0, and
-			// record 0's first message, at the gate, is stale once its replay is taken.
-			eventually(t, 30*time.Second, "an aborted transaction, and both records taken again", func() bool {
-				st := src.Stats()
-				return aborted.Load() && st.Aborted == 1 && st.Fetched == 4
-			})
+			}, pipeline.WithDeadLetter(pipeline.DiscardDeadLetter[kafka.Message[int]]))
+			ctx, c, src := r.ctx, r.c, r.src
 			eventually(t, 30*time.Second, "record 0's replay settled, its offset committed", func() bool {
 				return committedOffsets(ctx, t, c, "stale-dl", inTopic)[0] == 1
 			})
 			close(gate)
 			eventually(t, 30*time.Second, "both stale messages settled", func() bool { return src.Stats().Stale == 2 })
 			src.Stop()
-			require.NoError(t, <-errc)
+			require.NoError(t, <-r.errc)
 			st := src.Stats()
 			assert.Equal(t, int64(tc.dead), st.DeadLettered, "dead-lettered")
 			assert.Len(t, readTopic(ctx, t, c, deadTopic), tc.dead, "dead letters produced")
@@ -591,12 +565,10 @@ func TestTeeBranchHandingBackAfterTheTransactionIsRedone(t *testing.T) {
 		if calls.Add(1) > 1 {
 			return nil
 		}
-		select { // the first time: once the transaction committed the record's output
-		case <-committed:
-			return pipeline.Transient(errors.New("busy"))
-		case <-ctx.Done():
-			return ctx.Err()
+		if err := await(ctx, committed); err != nil { // the first time: once the transaction committed the record's output
+			return err
 		}
+		return pipeline.Transient(errors.New("busy"))
 	}, pipeline.WithHandBack(), pipeline.WithRetry(1, pipeline.ConstantBackoff(20*time.Millisecond))))
 	rctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
@@ -631,20 +603,12 @@ func TestTeeBranchSettingAsideAfterARewindIsDeadLettered(t *testing.T) {
 	src := kafka.NewSource(consumerOpts(c), "tee-dl", []string{inTopic}, idCodec{},
 		kafka.WithTransactionalID("member"), kafka.WithCommitInterval(50*time.Millisecond),
 		kafka.WithDeadLetterTopic(prod, deadTopic))
-	wait := func(ctx context.Context, ch <-chan struct{}) error {
-		select {
-		case <-ch:
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
 	one, zero := make(chan struct{}), make(chan struct{})
 	p := pipeline.New()
 	branches := pipeline.Tee(src.Stream(p), 2)
 	held := pipeline.Then(branches[0], pipeline.NewStage("hold", 2, func(ctx context.Context, m kafka.Message[int]) (kafka.Message[int], error) {
 		if m.Value == 1 { // record 1's output waits until record 0's is committed
-			return m, wait(ctx, one)
+			return m, await(ctx, one)
 		}
 		return m, nil
 	}))
@@ -653,7 +617,7 @@ func TestTeeBranchSettingAsideAfterARewindIsDeadLettered(t *testing.T) {
 		if m.Value != 0 {
 			return nil
 		}
-		if err := wait(ctx, zero); err != nil {
+		if err := await(ctx, zero); err != nil {
 			return err
 		}
 		return pipeline.Permanent(errors.New("refused"))

@@ -19,15 +19,24 @@ func Start(ctx context.Context, p *pipeline.Pipeline) <-chan error {
 	return errc
 }
 
+// Await waits until ch is closed (nil) or ctx is done (its error), as a stage function
+// held at a test's gate does.
+func Await(ctx context.Context, ch <-chan struct{}) error {
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // HoldHead returns a stage's function that returns its item at once, but item 0 only
 // once release is closed (or its context's error when that is done first).
 func HoldHead(release <-chan struct{}) func(context.Context, int) (int, error) {
 	return func(ctx context.Context, i int) (int, error) {
 		if i == 0 {
-			select {
-			case <-release:
-			case <-ctx.Done():
-				return 0, ctx.Err()
+			if err := Await(ctx, release); err != nil {
+				return 0, err
 			}
 		}
 		return i, nil
