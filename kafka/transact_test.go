@@ -411,6 +411,7 @@ type rewound struct {
 // messages (record 1's pass), with opts; it returns once the transaction aborted and
 // both records were taken again.
 func startRewound(t *testing.T, group string, zero func(context.Context, kafka.Message[int]) (kafka.Message[int], error), opts ...pipeline.StageOption) *rewound {
+	t.Helper()
 	ctx, c := clusterWithIDs(t, 2)
 	aborted := failFirstTxnOffsetCommit(c)
 	src := kafka.NewSource(consumerOpts(c), group, []string{inTopic}, idCodec{},
