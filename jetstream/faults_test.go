@@ -93,9 +93,7 @@ func TestServerRestart(t *testing.T) {
 func TestPullErrorsCountChecksThatFail(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	srv := startServer(t)
-	_, js := connect(t, srv.url())
-	cons := setup(ctx, t, js, 30*time.Second, 100)
+	srv, js, cons := newServerConsumer(t, 30*time.Second, 100)
 	publish(ctx, t, js, 1)
 	p := pipeline.New()
 	// A check's timeout well above a loaded machine's round trip: no check fails while

@@ -106,8 +106,17 @@ func setup(ctx context.Context, t *testing.T, js natsjs.JetStream, ackWait time.
 // consumer up (setup, with ackWait and maxAck).
 func newConsumer(t *testing.T, ackWait time.Duration, maxAck int) (natsjs.JetStream, natsjs.Consumer) {
 	t.Helper()
-	_, js := connect(t, startServer(t).url())
-	return js, setup(t.Context(), t, js, ackWait, maxAck)
+	_, js, cons := newServerConsumer(t, ackWait, maxAck)
+	return js, cons
+}
+
+// newServerConsumer is newConsumer for a test that also stops or restarts the server,
+// or connects to it again: it returns the server too.
+func newServerConsumer(t *testing.T, ackWait time.Duration, maxAck int) (*embedded, natsjs.JetStream, natsjs.Consumer) {
+	t.Helper()
+	srv := startServer(t)
+	_, js := connect(t, srv.url())
+	return srv, js, setup(t.Context(), t, js, ackWait, maxAck)
 }
 
 // publish puts n messages into IN: message i is 100 bytes starting with i in binary.
@@ -192,4 +201,18 @@ func countThenStop(src *jetstream.Source[item], workers int, n *atomic.Int64, wa
 func eventually(t *testing.T, limit time.Duration, what string, cond func() bool) {
 	t.Helper()
 	scenario.Eventually(t, 20*time.Millisecond, limit, what, cond)
+}
+
+// runRejecting runs src through a stage that sets every item aside (its destination
+// discards them: the source's own dead-letter subject, if any, is what a test looks at)
+// into a sink; tried, when not nil, is called at each try. The channel gives Run's error.
+func runRejecting(ctx context.Context, p *pipeline.Pipeline, src *jetstream.Source[item], tried func()) <-chan error {
+	work := pipeline.Then(src.Stream(p), pipeline.NewStage("reject", 1, func(_ context.Context, v item) (item, error) {
+		if tried != nil {
+			tried()
+		}
+		return v, pipeline.Permanent(errShort)
+	}, pipeline.WithDeadLetter(pipeline.DiscardDeadLetter[item])))
+	pipeline.To(work, pipeline.NewSink("sink", 1, func(context.Context, item) error { return nil }))
+	return scenario.Start(ctx, p)
 }

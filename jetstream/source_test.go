@@ -370,12 +370,7 @@ func TestSourceDeadLetterIsPerConsumer(t *testing.T) {
 	for _, c := range []natsjs.Consumer{cons, other} {
 		p := pipeline.New()
 		src := jetstream.NewSource(c, itemCodec{}, jetstream.WithDeadLetterSubject(js, "dead"))
-		work := pipeline.Then(src.Stream(p), pipeline.NewStage("reject", 1, func(_ context.Context, v item) (item, error) {
-			return v, pipeline.Permanent(errShort)
-		}, pipeline.WithDeadLetter(pipeline.DiscardDeadLetter[item])))
-		pipeline.To(work, pipeline.NewSink("sink", 1, func(context.Context, item) error { return nil }))
-		errc := make(chan error, 1)
-		go func() { errc <- p.Run(ctx) }()
+		errc := runRejecting(ctx, p, src, nil)
 		eventually(t, 10*time.Second, "set aside", func() bool { return src.Stats().DeadLettered == 1 })
 		src.Stop()
 		require.NoError(t, <-errc)
@@ -401,13 +396,7 @@ func TestSourceDeadLetterRefusedIsHandedBackLater(t *testing.T) {
 	src := jetstream.NewSource(cons, itemCodec{}, jetstream.WithDeadLetterSubject(js, "full"),
 		jetstream.WithRedeliveryBackoff(func(int) time.Duration { return time.Hour }))
 	var tries atomic.Int64
-	work := pipeline.Then(src.Stream(p), pipeline.NewStage("reject", 1, func(_ context.Context, v item) (item, error) {
-		tries.Add(1)
-		return v, pipeline.Permanent(errShort)
-	}, pipeline.WithDeadLetter(pipeline.DiscardDeadLetter[item])))
-	pipeline.To(work, pipeline.NewSink("sink", 1, func(context.Context, item) error { return nil }))
-	errc := make(chan error, 1)
-	go func() { errc <- p.Run(ctx) }()
+	errc := runRejecting(ctx, p, src, func() { tries.Add(1) })
 	eventually(t, 10*time.Second, "the publish refused", func() bool { return src.Stats().AckErrors == 1 })
 	src.Stop()
 	require.NoError(t, <-errc)
@@ -426,9 +415,7 @@ func TestSourceDeadLetterRefusedIsHandedBackLater(t *testing.T) {
 func TestSourceStopsWithoutWaitingForDoubleAcks(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	srv := startServer(t)
-	_, js := connect(t, srv.url())
-	cons := setup(ctx, t, js, 30*time.Second, 100)
+	srv, js, cons := newServerConsumer(t, 30*time.Second, 100)
 	const n = 4
 	publish(ctx, t, js, n)
 	p := pipeline.New()
@@ -467,9 +454,7 @@ func TestSourceDeadLetterKeepsProgressWhilePublishing(t *testing.T) {
 	t.Parallel()
 	const ackWait = time.Second // as TestSlowStageNoRedelivery's: a loaded machine's pause stays well under it
 	ctx := t.Context()
-	srv := startServer(t)
-	_, js := connect(t, srv.url())
-	cons := setup(ctx, t, js, ackWait, 100)
+	srv, js, cons := newServerConsumer(t, ackWait, 100)
 	publish(ctx, t, js, 1)
 	rc, _ := connect(t, srv.url())
 	asked := make(chan struct{}, 10)
@@ -485,12 +470,7 @@ func TestSourceDeadLetterKeepsProgressWhilePublishing(t *testing.T) {
 	p := pipeline.New()
 	src := jetstream.NewSource(cons, itemCodec{}, jetstream.WithDeadLetterSubject(js, "late"),
 		jetstream.WithAckTimeout(time.Minute), jetstream.WithProgressEvery(ackWait/10))
-	work := pipeline.Then(src.Stream(p), pipeline.NewStage("reject", 1, func(_ context.Context, v item) (item, error) {
-		return v, pipeline.Permanent(errShort)
-	}, pipeline.WithDeadLetter(pipeline.DiscardDeadLetter[item])))
-	pipeline.To(work, pipeline.NewSink("sink", 1, func(context.Context, item) error { return nil }))
-	errc := make(chan error, 1)
-	go func() { errc <- p.Run(ctx) }()
+	errc := runRejecting(ctx, p, src, nil)
 	select {
 	case <-asked:
 	case <-time.After(time.Minute): // a guard against the hang, not a measure
