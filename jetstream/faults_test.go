@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gopipeline/pipeline"
+	"github.com/gopipeline/pipeline/internal/scenario"
 	"github.com/gopipeline/pipeline/jetstream"
 )
 
@@ -33,9 +34,7 @@ func TestServerRestart(t *testing.T) {
 	t.Parallel()
 	const n = 10_000
 	ctx := t.Context()
-	srv := startServer(t)
-	_, admin := connect(t, srv.url())
-	setup(ctx, t, admin, 5*time.Second, 512)
+	srv, admin, _ := newServerConsumer(t, 5*time.Second, 512)
 	publish(ctx, t, admin, n)
 	var worked atomic.Int64
 	half := make(chan struct{})
@@ -104,8 +103,7 @@ func TestPullErrorsCountChecksThatFail(t *testing.T) {
 	pipeline.To(src.Stream(p), countItems(&done))
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute) // the failure guard
 	defer cancel()
-	errc := make(chan error, 1)
-	go func() { errc <- p.Run(rctx) }()
+	errc := scenario.Start(rctx, p)
 	eventually(t, 30*time.Second, "the first item", func() bool { return src.Stats().Acked == 1 })
 	require.Zero(t, src.Stats().PullErrors, "no error while the server is up")
 	srv.stop()
@@ -159,8 +157,7 @@ func TestInProgress(t *testing.T) {
 				return v, nil
 			}))
 			pipeline.To(work, countItems(&done))
-			errc := make(chan error, 1)
-			go func() { errc <- p.Run(ctx) }()
+			errc := scenario.Start(ctx, p)
 			if tc.redelive {
 				eventually(t, time.Minute, "a redelivery", func() bool { return src.Stats().Redelivered > 0 })
 			} else {
@@ -209,8 +206,7 @@ func TestHandBack(t *testing.T) {
 	}, pipeline.WithHandBack(), pipeline.WithRetry(1, pipeline.ConstantBackoff(20*time.Millisecond))))
 	pipeline.ToBatches(work, 16, jetstream.NewSink("out", 2, js, "out", itemCodec{}, func(v item) string { return strconv.Itoa(v.ID) }),
 		pipeline.WithLinger(5*time.Millisecond))
-	errc := make(chan error, 1)
-	go func() { errc <- p.Run(ctx) }()
+	errc := scenario.Start(ctx, p)
 	eventually(t, time.Minute, "every item in OUT", func() bool { return msgs(ctx, t, js, "OUT") == n && msgs(ctx, t, js, "DEAD") == 1 })
 	src.Stop()
 	require.NoError(t, <-errc)
@@ -256,8 +252,7 @@ func TestHandBackKeepsItsDelayUnderProgress(t *testing.T) {
 	}, pipeline.WithHandBack()))
 	var done atomic.Int64
 	pipeline.To(work, countItems(&done))
-	errc := make(chan error, 1)
-	go func() { errc <- p.Run(ctx) }()
+	errc := scenario.Start(ctx, p)
 	eventually(t, time.Minute, "every item handed back", func() bool { return src.Stats().HandedBack >= n })
 	src.Stop()
 	require.NoError(t, <-errc)            // the source's signals have all been sent
@@ -325,8 +320,7 @@ func TestShutdown(t *testing.T) {
 			pipeline.To(work, countItems(&committed))
 			rctx, cancel := context.WithCancel(ctx)
 			defer cancel()
-			errc := make(chan error, 1)
-			go func() { errc <- p.Run(rctx) }()
+			errc := scenario.Start(rctx, p)
 			eventually(t, time.Minute, "four items in the stage", func() bool { return entered.Load() == 4 })
 			if cancelRun {
 				cancel()

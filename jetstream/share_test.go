@@ -102,9 +102,7 @@ func TestShareWork(t *testing.T) {
 		n = 20_000
 	}
 	ctx := t.Context()
-	srv := startServer(t)
-	_, admin := connect(t, srv.url())
-	setup(ctx, t, admin, 2*time.Second, 1024)
+	srv, admin, _ := newServerConsumer(t, 2*time.Second, 1024)
 	publish(ctx, t, admin, n)
 	failures := 0
 	for i := range n {

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gopipeline/pipeline"
+	"github.com/gopipeline/pipeline/internal/scenario"
 	"github.com/gopipeline/pipeline/jetstream"
 )
 
@@ -56,8 +57,7 @@ func TestDeletedConsumerFailsRun(t *testing.T) {
 			pipeline.To(work, countItems(&done))
 			rctx, cancel := context.WithTimeout(ctx, 30*time.Second) // the failure guard
 			defer cancel()
-			errc := make(chan error, 1)
-			go func() { errc <- p.Run(rctx) }()
+			errc := scenario.Start(rctx, p)
 			if tc.busy {
 				eventually(t, time.Minute, "the pipeline busy", func() bool { return done.Load() >= 8 })
 			} else {
@@ -122,8 +122,7 @@ func TestSlowStageNoRedelivery(t *testing.T) {
 	pipeline.To(work, countItems(&done))
 	rctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	errc := make(chan error, 1)
-	go func() { errc <- p.Run(rctx) }()
+	errc := scenario.Start(rctx, p)
 	var redelivered int // the most the server counted at once
 	eventually(t, time.Minute, "every item done", func() bool {
 		c, err := js.Consumer(ctx, "IN", "work")
@@ -175,8 +174,7 @@ func TestReaderAtItsBoundNoRedelivery(t *testing.T) {
 	pipeline.To(work, countItems(&done))
 	rctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	errc := make(chan error, 1)
-	go func() { errc <- p.Run(rctx) }()
+	errc := scenario.Start(rctx, p)
 	eventually(t, time.Minute, "every item done", func() bool { return done.Load() >= n })
 	src.Stop()
 	require.NoError(t, <-errc)
@@ -222,8 +220,7 @@ func TestStreamReportsNumPendingAsLag(t *testing.T) {
 	}
 	rctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	errc := make(chan error, 1)
-	go func() { errc <- p.Run(rctx) }()
+	errc := scenario.Start(rctx, p)
 
 	var held []pipeline.PartitionLag
 	eventually(t, 30*time.Second, "the backlog behind the held items", func() bool {
@@ -252,9 +249,7 @@ func TestConsumerLostWhileIdleFailsRun(t *testing.T) {
 	t.Parallel()
 	const n = 5
 	ctx := t.Context()
-	srv := startServer(t)
-	_, admin := connect(t, srv.url())
-	setup(ctx, t, admin, 30*time.Second, 1000)
+	srv, admin, _ := newServerConsumer(t, 30*time.Second, 1000)
 	publish(ctx, t, admin, n)
 	_, js := connect(t, srv.url())
 	cons, err := js.Consumer(ctx, "IN", "work")
@@ -265,8 +260,7 @@ func TestConsumerLostWhileIdleFailsRun(t *testing.T) {
 	pipeline.To(src.Stream(p), countItems(&done))
 	rctx, cancel := context.WithTimeout(ctx, time.Minute) // the failure guard
 	defer cancel()
-	errc := make(chan error, 1)
-	go func() { errc <- p.Run(rctx) }()
+	errc := scenario.Start(rctx, p)
 	eventually(t, time.Minute, "every item done", func() bool { return src.Stats().Acked == n })
 	srv.restartEmpty()
 	err = <-errc
@@ -334,8 +328,7 @@ func TestSourceKeepsToConsumerRequestLimits(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			ctx := t.Context()
-			_, js := connect(t, startServer(t).url())
-			setup(ctx, t, js, 30*time.Second, 1000)
+			js, _ := newConsumer(t, 30*time.Second, 1000)
 			cfg := tc.cfg
 			cfg.Durable, cfg.AckPolicy, cfg.MaxDeliver = "work", natsjs.AckExplicitPolicy, -1
 			cons, err := js.CreateOrUpdateConsumer(ctx, "IN", cfg)
@@ -429,8 +422,7 @@ func TestSourceStopsWithoutWaitingForDoubleAcks(t *testing.T) {
 	}))
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	errc := make(chan error, 1)
-	go func() { errc <- p.Run(rctx) }()
+	errc := scenario.Start(rctx, p)
 	eventually(t, 30*time.Second, "every item in the sink", func() bool { return entered.Load() == n })
 	srv.stop()
 	cancel()
