@@ -141,10 +141,20 @@ func settleTxnMembers(ctx context.Context, t *testing.T, c *kfake.Cluster, group
 	for _, m := range members {
 		m.src.Stop()
 	}
-	for _, m := range members {
+	for i, m := range members {
 		require.NoError(t, <-m.errc)
+		t.Logf("member %d: %+v", i, m.src.Stats())
 	}
 	return readCommitted(ctx, t, c, outTopic, n)
+}
+
+// requireEachOutputOnce checks that recs, the output read committed, hold the output
+// of each of the n input records exactly once (reportDuplicates logs each duplicate).
+func requireEachOutputOnce(t *testing.T, recs []*kgo.Record, n int) {
+	t.Helper()
+	dups := reportDuplicates(t, recs)
+	require.Len(t, countIDs(t, recs), n, "every record's output")
+	require.Zero(t, dups, "duplicates read committed")
 }
 
 // TestTransactSinkOutputsEachRecordOnceAcrossCrashAndRebalances runs two members of a
@@ -170,15 +180,8 @@ func TestTransactSinkOutputsEachRecordOnceAcrossCrashAndRebalances(t *testing.T)
 	cm := startTxnMember(rctx, c, "eos", "member-c", short)
 	a2 := startTxnMember(rctx, c, "eos", "member-a", short) // fences a's open transaction
 	members := []*txnMember{b, cm, a2}
-	recs := settleTxnMembers(ctx, t, c, "eos", members, n)
-	dups := reportDuplicates(t, recs)
-	seen := countIDs(t, recs)
-	require.Len(t, seen, n, "every record's output")
-	require.Zero(t, dups, "duplicates read committed")
 	t.Logf("crashed a: %+v", crashed)
-	for i, m := range members {
-		t.Logf("member %d: %+v", i, m.src.Stats())
-	}
+	requireEachOutputOnce(t, settleTxnMembers(ctx, t, c, "eos", members, n), n)
 }
 
 // TestTransactionalMemberGivesUpEveryRevokedPartition holds a transactional member's
@@ -217,12 +220,7 @@ func TestTransactionalMemberGivesUpEveryRevokedPartition(t *testing.T) {
 		return len(held) == partitions && cm.src.Stats().Assigned > 0
 	})
 	close(gate)
-	recs := settleTxnMembers(ctx, t, c, "revokes", members, n)
-	require.Zero(t, reportDuplicates(t, recs), "duplicates read committed")
-	require.Len(t, countIDs(t, recs), n, "every record's output")
-	for i, m := range members {
-		t.Logf("member %d: %+v", i, m.src.Stats())
-	}
+	requireEachOutputOnce(t, settleTxnMembers(ctx, t, c, "revokes", members, n), n)
 }
 
 // TestRestartedMemberFencesItsOpenTransactionAtStart leaves a member's transaction
@@ -337,12 +335,7 @@ func TestTransactSinkOutputsEachRecordOnceAcrossRepeatedCrashes(t *testing.T) {
 		outOfOrder += s.OutOfOrder
 	}
 	t.Logf("%d records, %d rounds: %d aborted transactions, %d records held back (OutOfOrder), %d duplicates", n, rounds, aborted, outOfOrder, dups)
-	seen := map[int]bool{}
-	for _, r := range recs {
-		id := idOf(t, r)
-		seen[id] = true
-	}
-	require.Len(t, seen, n, "every record's output")
+	require.Len(t, countIDs(t, recs), n, "every record's output")
 	require.Zero(t, dups, "duplicates read committed")
 }
 
