@@ -99,26 +99,14 @@ func testAdaptiveConverges(t *testing.T, jitter bool) {
 		st := pipeline.NewStage("call", 32, svc.call, pipeline.WithAdaptiveWorkers(1))
 		pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(n)), st), nopSink())
 
-		// Sample the limit every 100 ms of virtual time.
-		var samples []int
 		done := make(chan struct{})
-		go func() {
-			for {
-				select {
-				case <-done:
-					return
-				case <-time.After(100 * time.Millisecond):
-					if s, ok := p.Snapshot().Stage("call"); ok && p.Snapshot().Running {
-						samples = append(samples, s.Limit)
-					}
-				}
-			}
-		}()
 		t0 := time.Now()
+		sampled := sampleLimit(p, "call", t0, done)
 		require.NoError(t, p.Run(t.Context()))
 		elapsed := time.Since(t0)
 		close(done)
 		synctest.Wait()
+		samples := sampled.limits()
 
 		rep := p.Report()
 		checkReport(t, rep)
@@ -448,6 +436,13 @@ func sampleLimit(p *pipeline.Pipeline, stage string, start time.Time, done <-cha
 		}
 	}()
 	return s
+}
+
+// limits returns the limits sampled.
+func (s *limitSamples) limits() []int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.l)
 }
 
 // mean returns the mean of the samples taken in [from, to), and the time of the first
