@@ -64,8 +64,7 @@ func TestBackpressure(t *testing.T) {
 					p := pipeline.New(pipeline.WithBuffer(buf))
 					s := pipeline.Then(pipeline.FromSeq(p, src), pipeline.NewStage("s1", workers, identity))
 					pipeline.To(s, pipeline.NewSink("sink", workers, countReleased(release, &delivered)))
-					errc := make(chan error, 1)
-					go func() { errc <- p.Run(t.Context()) }()
+					errc := runAsync(t.Context(), p)
 
 					synctest.Wait() // everything is blocked on the sink
 					// Two queues of buf, s1's workers each holding one item (blocked
@@ -152,8 +151,7 @@ func TestRoomAfterRun(t *testing.T) {
 					return v, nil
 				}))
 				pipeline.To(s, pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
-				errc := make(chan error, 1)
-				go func() { errc <- p.Run(t.Context()) }()
+				errc := runAsync(t.Context(), p)
 
 				synctest.Wait() // the worker blocks on first; 1 and 2 are queued
 				close(gates[first])
@@ -216,8 +214,7 @@ func TestRoomDuringRun(t *testing.T) {
 					pipeline.To(s, pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
 					ctx, cancel := context.WithCancel(t.Context())
 					defer cancel()
-					errc := make(chan error, 1)
-					go func() { errc <- p.Run(ctx) }()
+					errc := runAsync(ctx, p)
 
 					synctest.Wait() // the worker blocks on first; 1 and y are queued
 					close(gateFirst)

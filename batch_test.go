@@ -332,8 +332,7 @@ func TestBatchRunFailsMidBatch(t *testing.T) {
 						return ctx.Err()
 					}
 				}))
-				errc := make(chan error, 1)
-				go func() { errc <- p.Run(ctx) }()
+				errc := runAsync(ctx, p)
 				synctest.Wait() // the sink has the full batch, the batch stage holds 5 items
 				if how == "sink fails" {
 					close(fail)
@@ -539,8 +538,7 @@ func TestBatchByteFlushUnderCancelCountsItem(t *testing.T) {
 			<-ctx.Done()
 			return ctx.Err()
 		}, pipeline.WithBuffer(0)))
-		errc := make(chan error, 1)
-		go func() { errc <- p.Run(ctx) }()
+		errc := runAsync(ctx, p)
 		synctest.Wait() // the sink holds [0 1]; the batch pushes [2 3], made room for by 4
 		cancel(errBoom)
 		require.ErrorIs(t, <-errc, errBoom)

@@ -256,8 +256,7 @@ func TestBreakerTransitions(t *testing.T) {
 		}, pipeline.WithRetry(2, nil), discardDead[int](),
 			pipeline.WithCircuitBreaker(pipeline.Breaker{Failures: 3, OpenFor: time.Second, HalfOpenProbes: 2}))
 		pipeline.To(pipeline.Then(pipeline.FromChan(p, src), st), nopSink())
-		done := make(chan error)
-		go func() { done <- p.Run(t.Context()) }()
+		done := runAsync(t.Context(), p)
 		state := func() pipeline.BreakerState { return row(t, p.Snapshot(), "call").Breaker.State }
 
 		src <- 1

@@ -665,8 +665,7 @@ func TestCheckpointObserverGoexitInSaverDoesNotHang(t *testing.T) {
 		}))
 		src := pipeline.FromCheckpoint(p, &memStore{}, from(100), pipeline.WithSaveEvery(1), pipeline.WithMaxRedo(2))
 		pipeline.To(src, pipeline.NewSink("s", 1, func(context.Context, int) error { return nil }))
-		done := make(chan error, 1)
-		go func() { done <- p.Run(context.Background()) }()
+		done := runAsync(context.Background(), p)
 		select {
 		case err := <-done:
 			t.Log("run ended:", err)

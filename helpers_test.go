@@ -17,6 +17,9 @@ import (
 // awaitClose waits for ch to be closed or for ctx to be done (its error).
 var awaitClose = scenario.Await
 
+// runAsync runs p in a goroutine; the channel gives Run's error.
+var runAsync = scenario.Start
+
 // errBoom is the error the tests inject.
 var errBoom = errors.New("boom")
 
@@ -144,8 +147,7 @@ func runWithin(t *testing.T, p *pipeline.Pipeline, d time.Duration) error {
 	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	errc := make(chan error, 1)
-	go func() { errc <- p.Run(ctx) }()
+	errc := runAsync(ctx, p)
 	select {
 	case err := <-errc:
 		return err

@@ -113,8 +113,7 @@ func TestMergeFailingSource(t *testing.T) {
 			<-ctx.Done()
 			return ctx.Err()
 		}))
-		errc := make(chan error, 1)
-		go func() { errc <- p.Run(t.Context()) }()
+		errc := runAsync(t.Context(), p)
 
 		synctest.Wait() // the sink holds one item, its queue another: endless waits in emit
 		assert.Equal(t, int64(2), emitted.Load(), "items emitted before emit blocked")
@@ -235,8 +234,7 @@ func TestTeeSlowestSetsPace(t *testing.T) {
 					pipeline.To(br[0], pipeline.NewSink("fast0", 2, fastSink(0), pipeline.WithBuffer(8)))
 					pipeline.To(br[1], pipeline.NewSink("slow", slowWorkers, countReleased(release, &slow), pipeline.WithBuffer(slowBuffer)))
 					pipeline.To(br[2], pipeline.NewSink("fast2", 3, fastSink(1), pipeline.WithBuffer(1)))
-					errc := make(chan error, 1)
-					go func() { errc <- p.Run(t.Context()) }()
+					errc := runAsync(t.Context(), p)
 
 					synctest.Wait() // everything waits for the slow branch
 					hold := int64(slowWorkers + slowBuffer)

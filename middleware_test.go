@@ -269,8 +269,7 @@ func TestRetry(t *testing.T) {
 			p := pipeline.New()
 			st := pipeline.NewStage("work", 1, r.fn, pipeline.WithRetry(3, pipeline.ConstantBackoff(time.Hour)))
 			pipeline.To(pipeline.Then(pipeline.FromSlice(p, []int{42}), st), pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
-			errc := make(chan error, 1)
-			go func() { errc <- p.Run(ctx) }()
+			errc := runAsync(ctx, p)
 			synctest.Wait() // the worker waits out its backoff
 			start := time.Now()
 			cancel(cause)
@@ -582,8 +581,7 @@ func TestRetryBackoffPublishesCounts(t *testing.T) {
 			return v, nil
 		}, pipeline.WithRetry(2, pipeline.ConstantBackoff(time.Hour))))
 		pipeline.To(s, pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
-		errc := make(chan error, 1)
-		go func() { errc <- p.Run(t.Context()) }()
+		errc := runAsync(t.Context(), p)
 		synctest.Wait() // the worker sleeps in item 5's backoff
 		work := row(t, p.Snapshot(), "work")
 		assert.Equal(t, int64(5), work.Succeeded, "items 0 to 4, before the backoff")

@@ -173,8 +173,7 @@ func TestOrderedWindowBoundsMemory(t *testing.T) {
 						pipeline.NewStage("ord", workers, fn, pipeline.WithOrdered(window), pipeline.WithBuffer(buf)))
 					var c collector[int]
 					pipeline.To(s, pipeline.NewSink("sink", 1, c.add))
-					errc := make(chan error, 1)
-					go func() { errc <- p.Run(t.Context()) }()
+					errc := runAsync(t.Context(), p)
 
 					synctest.Wait() // every goroutine is blocked behind the head item
 					size := window
@@ -275,8 +274,7 @@ func testOrderedStop(t *testing.T, how string, conserve bool) {
 			pipeline.NewStage("ord", workers, fn, pipeline.WithOrdered(window)))
 		var c collector[int]
 		pipeline.To(s, pipeline.NewSink("sink", 2, c.add))
-		errc := make(chan error, 1)
-		go func() { errc <- p.Run(ctx) }()
+		errc := runAsync(ctx, p)
 
 		synctest.Wait()
 		switch how {
@@ -616,8 +614,7 @@ func TestOrderedStopSettlesFinishedRun(t *testing.T) {
 						return nil
 					}))
 				}
-				errc := make(chan error, 1)
-				go func() { errc <- p.Run(ctx) }()
+				errc := runAsync(ctx, p)
 				synctest.Wait() // the source waits for room: the queue is full
 				close(gate)
 				err := <-errc
@@ -670,8 +667,7 @@ func TestKeyedQueueWithinBuffer(t *testing.T) {
 					return i, nil
 				}, pipeline.WithKey(func(i int) int { return i }), pipeline.WithBuffer(buf)))
 			pipeline.To(s, pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
-			errc := make(chan error, 1)
-			go func() { errc <- p.Run(t.Context()) }()
+			errc := runAsync(t.Context(), p)
 			synctest.Wait()
 			k := row(t, p.Snapshot(), "keyed")
 			assert.Equal(t, buf, k.QueueCap)
@@ -703,8 +699,7 @@ func TestOrderedWindowBoundWithSlowConsumer(t *testing.T) {
 				}
 				return nil
 			}, pipeline.WithBuffer(0)))
-			errc := make(chan error, 1)
-			go func() { errc <- p.Run(t.Context()) }()
+			errc := runAsync(t.Context(), p)
 			synctest.Wait() // the sink holds one item; the window fills behind it
 			assert.LessOrEqual(t, started.Load()-taken.Load(), int64(window), "items started and not yet taken by the sink")
 			close(release)
@@ -763,8 +758,7 @@ func TestKeyedBufferBoundsWaitingItems(t *testing.T) {
 			return nil
 		}, pipeline.WithBuffer(2), pipeline.WithKey(func(v int) int { return v % 2 }))
 		pipeline.To(src, st)
-		done := make(chan error)
-		go func() { done <- p.Run(context.Background()) }()
+		done := runAsync(context.Background(), p)
 		for {
 			select {
 			case err := <-done:

@@ -725,8 +725,7 @@ func TestRunWhileRunningReturnsErrRunning(t *testing.T) {
 		})
 		return nil
 	}))
-	errc := make(chan error, 1)
-	go func() { errc <- p.Run(t.Context()) }()
+	errc := runAsync(t.Context(), p)
 	<-started
 	var err error
 	assert.NotPanics(t, func() { err = p.Run(t.Context()) })

@@ -40,8 +40,7 @@ func TestSnapshotNamesBottleneck(t *testing.T) {
 			time.Sleep(2 * time.Millisecond)
 			return nil
 		}))
-		done := make(chan error)
-		go func() { done <- p.Run(context.Background()) }()
+		done := runAsync(context.Background(), p)
 		time.Sleep(time.Second + time.Millisecond) // virtual: 50 rounds of fetches
 		synctest.Wait()
 		snap := p.Snapshot()
@@ -81,8 +80,7 @@ func TestSnapshotRecentLatency(t *testing.T) {
 				return v, nil
 			}))
 		pipeline.To(slow, pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
-		done := make(chan error)
-		go func() { done <- p.Run(context.Background()) }()
+		done := runAsync(context.Background(), p)
 		var snap pipeline.Report
 		for range 35 { // a Snapshot a second, as the dashboard takes them
 			time.Sleep(time.Second)
@@ -121,8 +119,7 @@ func TestSnapshotRecentWithNoAttempts(t *testing.T) {
 				return v, nil
 			}))
 		pipeline.To(slow, pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
-		done := make(chan error)
-		go func() { done <- p.Run(context.Background()) }()
+		done := runAsync(context.Background(), p)
 		time.Sleep(time.Second)
 		synctest.Wait()
 		first := row(t, p.Snapshot(), "call") // the baseline of the next one
@@ -177,8 +174,7 @@ func TestS1RetryCounts(t *testing.T) {
 		}
 		var sunk atomic.Int64
 		p := scenario.S1Retry(fx, &sunk, pipeline.WithObserver(count))
-		done := make(chan error)
-		go func() { done <- p.Run(context.Background()) }()
+		done := runAsync(context.Background(), p)
 		time.Sleep(900 * time.Millisecond) // everything but the hanging items is done; none timed out yet
 		synctest.Wait()
 		live := p.Snapshot()
@@ -361,8 +357,7 @@ func TestSnapshotInFlightCountsStartedItems(t *testing.T) {
 						return nil
 					}))
 				}
-				errc := make(chan error, 1)
-				go func() { errc <- p.Run(t.Context()) }()
+				errc := runAsync(t.Context(), p)
 				synctest.Wait() // the source waits for room
 				close(gate)
 				synctest.Wait() // the worker waits in item blockAt, its run's other items in hand
@@ -392,8 +387,7 @@ func TestSnapshotInFlightCountsStartedItems(t *testing.T) {
 				}
 				return nil
 			}, pipeline.WithBuffer(0)))
-			errc := make(chan error, 1)
-			go func() { errc <- p.Run(t.Context()) }()
+			errc := runAsync(t.Context(), p)
 			synctest.Wait()
 			bt := row(t, p.Snapshot(), "Batch")
 			assert.Equal(t, int64(size), bt.InFlight, "the batch being handed over\n%+v", bt)
@@ -497,8 +491,7 @@ func snapshotInGrows(t *testing.T) {
 	s = pipeline.Then(s, pipeline.NewStage("b", 3, identity, pipeline.WithKey(func(i int) int { return i % 5 })))
 	s = pipeline.Then(s, pipeline.NewStage("c", 2, identity, pipeline.WithOrdered(8)))
 	pipeline.To(s, pipeline.NewSink("sink", 1, func(context.Context, int) error { return nil }))
-	done := make(chan error)
-	go func() { done <- p.Run(t.Context()) }()
+	done := runAsync(t.Context(), p)
 	var wg sync.WaitGroup
 	for range 3 {
 		wg.Go(func() {

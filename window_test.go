@@ -651,8 +651,7 @@ func TestWindowIdleTimeoutAdvancesTheWatermark(t *testing.T) {
 				return nil
 			}))
 		ctx, cancel := context.WithCancel(t.Context())
-		done := make(chan error)
-		go func() { done <- p.Run(ctx) }()
+		done := runAsync(ctx, p)
 		// the watermark is 20 s: it reaches the window's end, 60 s, 40 s after the idle
 		// timeout of 5 s.
 		assert.Equal(t, 45*time.Second, <-got)
@@ -689,8 +688,7 @@ func testWindowReportWhileOpen(t *testing.T, path ...pipeline.WindowOption) {
 		pipeline.To(pipeline.Window(src, pipeline.Tumbling(time.Minute), evKey, evTime, sumAgg(), with(path, pipeline.WithMaxDelay(5*time.Second))...),
 			pipeline.NewSink("sink", 1, func(context.Context, pipeline.WindowResult[int, int]) error { return nil }))
 		ctx, cancel := context.WithCancel(t.Context())
-		done := make(chan error)
-		go func() { done <- p.Run(ctx) }()
+		done := runAsync(ctx, p)
 		synctest.Wait()
 		s, _ := p.Snapshot().Stage("Window")
 		assert.Equal(t, pipeline.KindWindow, s.Kind)
@@ -970,8 +968,7 @@ func TestWindowProcessingTime(t *testing.T) {
 			return nil
 		}))
 		ctx, cancel := context.WithCancel(t.Context())
-		done := make(chan error)
-		go func() { done <- p.Run(ctx) }()
+		done := runAsync(ctx, p)
 		// The idle clock fires [0, 60) 1 s after the item at 30 s plus the 30 s the
 		// watermark lacks; [60, 120) likewise after the item at 70 s.
 		assert.Equal(t, fired{61 * time.Second, 2}, <-got)
@@ -1088,8 +1085,7 @@ func TestWindowWorkersShareTheBound(t *testing.T) {
 		pipeline.To(pipeline.Window(src, pipeline.Tumbling(time.Minute), evKey, evTime, sumAgg(),
 			pipeline.WithMaxDelay(time.Hour), pipeline.WithMaxWindows(3), pipeline.WithWindowWorkers(2)),
 			pipeline.NewSink("sink", 1, func(context.Context, pipeline.WindowResult[int, int]) error { return nil }))
-		done := make(chan error, 1)
-		go func() { done <- p.Run(t.Context()) }()
+		done := runAsync(t.Context(), p)
 		synctest.Wait()
 		s, _ := p.Snapshot().Stage("Window")
 		assert.Equal(t, int64(3), s.Windows.Open, "windows held at once")
@@ -1137,8 +1133,7 @@ func TestWindowReportWatermarkIsEveryWorkers(t *testing.T) {
 				opts := append([]pipeline.WindowOption{pipeline.WithLateItems(pipeline.DiscardDeadLetter[ev])}, tc.opts...)
 				pipeline.To(pipeline.Window(src, pipeline.Tumbling(time.Minute), evKey, evTime, sumAgg(), opts...),
 					pipeline.NewSink("sink", 1, func(context.Context, pipeline.WindowResult[int, int]) error { return nil }))
-				done := make(chan error, 1)
-				go func() { done <- p.Run(t.Context()) }()
+				done := runAsync(t.Context(), p)
 				synctest.Wait()
 				s, _ := p.Snapshot().Stage("Window")
 				assert.True(t, s.Windows.Watermark.IsZero(), "a watermark %v while a worker or input has none", s.Windows.Watermark)
@@ -1188,8 +1183,7 @@ func TestWindowStopsWhileAtTheBound(t *testing.T) {
 			pipeline.WithMaxWindows(1), pipeline.WithWindowBackpressure(), pipeline.WithIdleTimeout(time.Hour)),
 			pipeline.NewSink("sink", 1, func(context.Context, pipeline.WindowResult[int, int]) error { return nil }))
 		ctx, cancel := context.WithCancel(t.Context())
-		done := make(chan error)
-		go func() { done <- p.Run(ctx) }()
+		done := runAsync(ctx, p)
 		synctest.Wait() // the second item waits for room
 		cancel()
 		require.ErrorIs(t, <-done, context.Canceled)
@@ -1389,8 +1383,7 @@ func TestWindowWatermarkPerInputIdle(t *testing.T) {
 						return nil
 					}))
 				ctx, cancel := context.WithCancel(t.Context())
-				done := make(chan error)
-				go func() { done <- p.Run(ctx) }()
+				done := runAsync(ctx, p)
 				time.Sleep(300 * time.Second) // the busy input's last item, at 299 s
 				synctest.Wait()
 				s, _ := p.Snapshot().Stage("Window")
