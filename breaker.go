@@ -224,11 +224,7 @@ func (p *breakerHook) before(ctx context.Context, t ticket, hold func() error) (
 func (p *breakerHook) cancel(t ticket) { p.b.cancelProbe(t.probe) }
 
 func (p *breakerHook) after(t ticket, err error, class Class) bool {
-	if err != nil && class == ClassFatal { // the run stops: nothing to hold
-		p.b.cancelProbe(t.probe)
-		return false
-	}
-	held := p.b.record(t.probe, p.b.failing(t.probe, err, class), err, &p.env)
+	held := p.b.after(t.probe, err, class, &p.env)
 	if held {
 		p.held.Add(1)
 	}
@@ -488,6 +484,17 @@ func (b *breakerState) cancelProbe(probe bool) {
 	b.probes--
 	b.wakeLocked() // wake a waiter to take the probe
 	b.mu.Unlock()
+}
+
+// after settles an attempt that allow let through, with its error and class, and
+// reports whether the item is held: a fatal error stops the run, so it gives the probe
+// back and holds nothing; any other outcome is recorded.
+func (b *breakerState) after(probe bool, err error, class Class, env *policyEnv) (held bool) {
+	if err != nil && class == ClassFatal { // the run stops: nothing to hold
+		b.cancelProbe(probe)
+		return false
+	}
+	return b.record(probe, b.failing(probe, err, class), err, env)
 }
 
 // record adds an attempt's outcome, and reports whether the item is held (the attempt
@@ -1039,12 +1046,7 @@ func (kb *keyBreakers[In, K]) after(t ticket, err error, class Class) bool {
 	if t.key == 0 {
 		return false
 	}
-	ks := kb.end(t)
-	if err != nil && class == ClassFatal { // the run stops: nothing to hold
-		ks.b.cancelProbe(t.probe)
-		return false
-	}
-	held := ks.b.record(t.probe, ks.b.failing(t.probe, err, class), err, &kb.env)
+	held := kb.end(t).b.after(t.probe, err, class, &kb.env)
 	if held {
 		kb.failed.Add(1)
 	}
