@@ -217,6 +217,17 @@ func TestAttemptCtxLateLooksAgree(t *testing.T) {
 	}
 }
 
+// requireClosedWithErr fails the test unless done, c's Done channel, is closed: the
+// caller saw c's Err non-nil.
+func requireClosedWithErr(t *testing.T, c *Ctx, done <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-done:
+	default:
+		t.Fatalf("Err() = %v but Done() is not closed", c.Err())
+	}
+}
+
 // Err() could return non-nil while Done() was still open, against the context contract
 // ("If Done is not yet closed, Err returns nil"): after the parent's cancel, Done is
 // closed by the time Err is non-nil.
@@ -228,11 +239,7 @@ func TestAttemptCtxErrOnlyOnceDoneIsClosed(t *testing.T) {
 	if c.Err() == nil {
 		t.Skip("Err still nil")
 	}
-	select {
-	case <-done:
-	default:
-		t.Fatalf("Err() = %v but Done() is not closed", c.Err())
-	}
+	requireClosedWithErr(t, c, done)
 	c.End()
 }
 
@@ -242,11 +249,7 @@ func TestAttemptCtxDeadlineErrOnlyOnceDoneIsClosed(t *testing.T) {
 	done := c.Done()
 	for c.Err() == nil {
 	}
-	select {
-	case <-done:
-	default:
-		t.Fatalf("Err() = %v but Done() is not closed", c.Err())
-	}
+	requireClosedWithErr(t, c, done)
 	c.End()
 }
 
