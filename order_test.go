@@ -408,14 +408,10 @@ func TestKeyedDifferentKeysConcurrent(t *testing.T) {
 				}
 				mu.Unlock()
 			}()
-			select {
-			case <-met:
-				return i, nil
-			case <-time.After(time.Minute): // virtual time: only when nothing else can run
-				return 0, errNoConcurrency
-			case <-ctx.Done():
-				return 0, ctx.Err()
+			if err := meet(ctx, met, errNoConcurrency); err != nil {
+				return 0, err
 			}
+			return i, nil
 		}
 		p := pipeline.New()
 		s := pipeline.Then(pipeline.FromSlice(p, ints(n)),
@@ -498,14 +494,10 @@ func TestPartitionWorkerEach(t *testing.T) {
 						inflight[k]--
 						mu.Unlock()
 					}()
-					select {
-					case <-all:
-						return i, nil
-					case <-time.After(time.Minute): // virtual time: only when nothing else can run
-						return 0, errApart
-					case <-ctx.Done():
-						return 0, ctx.Err()
+					if err := meet(ctx, all, errApart); err != nil {
+						return 0, err
 					}
+					return i, nil
 				}
 				p := pipeline.New()
 				s := pipeline.Then(pipeline.FromSlice(p, ints(n)), pipeline.NewStage("lanes", workers, fn,
@@ -518,6 +510,20 @@ func TestPartitionWorkerEach(t *testing.T) {
 				mu.Unlock()
 			})
 		})
+	}
+}
+
+// meet waits until ch is closed (nil): the items a test needs in flight together are.
+// It returns apart once a minute of virtual time has passed (only when nothing else
+// can run), or ctx's error when ctx is done first.
+func meet(ctx context.Context, ch <-chan struct{}, apart error) error {
+	select {
+	case <-ch:
+		return nil
+	case <-time.After(time.Minute):
+		return apart
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 
