@@ -34,6 +34,16 @@ func checkSamples(t *testing.T, got, want map[string]float64, text string) {
 	}
 }
 
+// checkGathered asserts that what reg gathers holds each sample of want with its
+// value (checkSamples), and returns the samples and the metric types.
+func checkGathered(t *testing.T, reg prometheus.Gatherer, want map[string]float64) (map[string]float64, map[string]dto.MetricType) {
+	t.Helper()
+	text := gather(t, reg)
+	got, types := samples(t, text)
+	checkSamples(t, got, want, text)
+	return got, types
+}
+
 // TestS1Retry runs scenario S1 with the retry policy (in virtual time) and reads its
 // figures from a real scrape over HTTP.
 func TestS1Retry(t *testing.T) {
@@ -194,27 +204,25 @@ func TestScrapeOrderedDuringRun(t *testing.T) {
 				done := scenario.Start(ctx, p)
 				synctest.Wait()
 
-				text := gather(t, reg)
-				got, _ := samples(t, text)
-				checkSamples(t, got, map[string]float64{
+				checkGathered(t, reg, map[string]float64{
 					`pipeline_stage_reorder_held{stage="ordered"}`:                    3,
 					`pipeline_stage_items_total{outcome="succeeded",stage="ordered"}`: 0,
 					`pipeline_stage_items_total{outcome="failed",stage="ordered"}`:    0,
 					`pipeline_stage_in_flight{stage="ordered"}`:                       4,
 					`pipeline_stage_out_total{stage="ordered"}`:                       0,
-				}, text)
+				})
 
 				if cancelFirst {
 					cancel()
 					require.Error(t, <-done)
-					got, _ = samples(t, gather(t, reg))
+					got, _ := samples(t, gather(t, reg))
 					assert.Zero(t, got[`pipeline_stage_items_total{outcome="succeeded",stage="ordered"}`])
 					assert.Equal(t, 4.0, got[`pipeline_stage_items_total{outcome="failed",stage="ordered"}`], "the held ones and the one in hand")
 					return
 				}
 				close(release)
 				require.NoError(t, <-done)
-				got, _ = samples(t, gather(t, reg))
+				got, _ := samples(t, gather(t, reg))
 				assert.Equal(t, 4.0, got[`pipeline_stage_items_total{outcome="succeeded",stage="ordered"}`])
 				assert.Equal(t, 4.0, got[`pipeline_stage_out_total{stage="ordered"}`])
 			})
@@ -353,15 +361,13 @@ func TestCheckpointResumed(t *testing.T) {
 		reg := registry(p)
 		require.NoError(t, p.Run(t.Context()))
 
-		text := gather(t, reg)
-		got, types := samples(t, text)
 		name := scenario.RowName(t, p, pipeline.KindSource)
-		checkSamples(t, got, map[string]float64{
+		_, types := checkGathered(t, reg, map[string]float64{
 			`pipeline_source_resumed_items{stage="` + name + `"}`: 100,
 			`pipeline_source_total_items{stage="` + name + `"}`:   250,
 			`pipeline_stage_out_total{stage="` + name + `"}`:      150,
 			`pipeline_checkpoint_position`:                        250,
-		}, text)
+		})
 		assert.Equal(t, dto.MetricType_GAUGE, types["pipeline_source_resumed_items"])
 	})
 }
@@ -449,14 +455,12 @@ func TestHandedBack(t *testing.T) {
 		reg := registry(p)
 		require.NoError(t, p.Run(t.Context()))
 
-		text := gather(t, reg)
-		got, types := samples(t, text)
-		checkSamples(t, got, map[string]float64{
+		_, types := checkGathered(t, reg, map[string]float64{
 			`pipeline_stage_items_total{outcome="dead_lettered",stage="call"}`: 2,
 			`pipeline_stage_handed_back_total{stage="call"}`:                   2,
 			`pipeline_stage_items_total{outcome="dead_lettered",stage="sink"}`: 1,
 			`pipeline_stage_handed_back_total{stage="sink"}`:                   0,
-		}, text)
+		})
 		assert.Equal(t, int64(1), kept.Load())
 		assert.Equal(t, dto.MetricType_COUNTER, types["pipeline_stage_handed_back_total"])
 	})
@@ -610,24 +614,20 @@ func TestCollectorBreakerPerKey(t *testing.T) {
 		ran := scenario.Start(t.Context(), p)
 		synctest.Wait() // key 0 done; key 1's items held until OpenFor
 
-		text := gather(t, reg)
-		got, types := samples(t, text)
-		checkSamples(t, got, map[string]float64{
+		_, types := checkGathered(t, reg, map[string]float64{
 			`pipeline_stage_breaker_holding_items{stage="call"}`: 10,
 			`pipeline_stage_breaker_keys_open{stage="call"}`:     1,
-		}, text)
+		})
 		assert.Equal(t, dto.MetricType_GAUGE, types["pipeline_stage_breaker_holding_items"])
 		assert.Equal(t, dto.MetricType_GAUGE, types["pipeline_stage_breaker_keys_open"])
 
 		down.Store(false)
 		require.NoError(t, <-ran)
-		text = gather(t, reg)
-		got, _ = samples(t, text)
-		checkSamples(t, got, map[string]float64{
+		checkGathered(t, reg, map[string]float64{
 			`pipeline_stage_breaker_holding_items{stage="call"}`:           0,
 			`pipeline_stage_breaker_keys_open{stage="call"}`:               0,
 			`pipeline_stage_items_total{outcome="succeeded",stage="call"}`: 20,
-		}, text)
+		})
 	})
 }
 
@@ -643,13 +643,11 @@ func TestCollectorClient(t *testing.T) {
 		require.NoError(t, reg.Register(pipelineprom.NewCollector(p)))
 		require.NoError(t, p.Run(t.Context()))
 
-		text := gather(t, reg)
-		got, types := samples(t, text)
-		checkSamples(t, got, map[string]float64{
+		got, types := checkGathered(t, reg, map[string]float64{
 			`pipeline_stage_breaker_state{stage="call"}`:              0,
 			`pipeline_stage_breaker_open_seconds_total{stage="call"}`: 2.001, // OpenFor, then the probe's 1 ms
 			`pipeline_stage_breaker_opened_total{stage="call"}`:       1,
-		}, text)
+		})
 		limit, ok := got[`pipeline_stage_worker_limit{stage="call"}`]
 		assert.True(t, ok)
 		assert.GreaterOrEqual(t, limit, 1.0)
