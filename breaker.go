@@ -702,10 +702,12 @@ type KeyBounds struct {
 	// it takes the state of a key whose breaker is closed, holds nothing and has no
 	// attempt in flight (that key's counts are forgotten); when there is none, it
 	// shares one more breaker with every other such key, as the items of a stage-wide
-	// breaker do, and keeps it while that breaker holds any of its items (or one taken
-	// back from it is being tried), so that its items go on in order under the breaker
-	// that held them: its later items are held behind them there, within that
-	// breaker's Held. While the bound is reached, each attempt of a key without a state
+	// breaker do, and keeps it while that breaker holds any of its items, or has let an
+	// attempt of one through that has not ended (nor, held by it, been put in its
+	// list), or one taken back from it is being tried: so that its items go on in order
+	// under the breaker that held them (its later items are held behind them there,
+	// within that breaker's Held), and every attempt's failure is held and probed by
+	// the breaker that counted it. While the bound is reached, each attempt of a key without a state
 	// of its own scans the keys for one: keep Keys above the keys active at once.
 	Keys int
 }
@@ -795,7 +797,7 @@ func WithBreakerPerKey[In any, K comparable](key func(In) K, b Breaker, bounds K
 				}
 				return ""
 			},
-			make: func(env policyEnv) policy[In] { return newKeyBreakers(env, key, b, bounds) },
+			make: func(env policyEnv) policy[In] { return keyWorker[In, K]{newKeyBreakers(env, key, b, bounds), -1} },
 		})
 	})
 }
@@ -803,10 +805,10 @@ func WithBreakerPerKey[In any, K comparable](key func(In) K, b Breaker, bounds K
 // heldItems is the client's view of a breaker per key: it holds items out of the
 // workers' hands, and gives them back once their key's breaker lets them through.
 type heldItems[In any] interface {
-	// park holds v (at source position pos), last in its key's list or, when it was
-	// held before (again), first; or returns a *BreakerFullError when its key holds as
-	// many items as it may.
-	park(v In, pos uint64, again bool) error
+	// park holds v (at source position pos), in worker's hands, last in its key's list
+	// or, when it was held before (again), first; or returns a *BreakerFullError when
+	// its key holds as many items as it may.
+	park(worker int, v In, pos uint64, again bool) error
 	// next returns a held item whose key's breaker lets an attempt through now, and
 	// the ticket of that attempt, let through already: the item's first attempt
 	// goes on from it (client.acquire), and a stop releases it (worker.release).
@@ -846,8 +848,8 @@ type keyBreakers[In any, K comparable] struct {
 	mu      sync.RWMutex       // read-locked for an attempt's lookups
 	ids     map[K]uint32       // a key's index in slots
 	slots   []*keyState[In, K] // slots[0] is shared by the keys past bounds.Keys; an evicted key's slot goes to the next key
-	shared  map[K]int          // each key's items held by slots[0], or taken back from it and in a worker's hands: while it has any, it gets no state of its own
-	taken   []takenBack[K]     // per worker: the key of the item it took back from slots[0] (counted in shared until done)
+	shared  map[K]int          // each key's items held by slots[0], or under it in a worker's hands (taken): while it has any, it gets no state of its own
+	taken   []takenBack[K]     // per worker: the key of its item under slots[0], counted once in shared (see pinLocked)
 	holders []*keyState[In, K] // the states with held items
 	turn    int                // where next looks first in holders, so that every key gets its turn
 	gone    struct {           // the figures of evicted states
@@ -870,11 +872,31 @@ type keyState[In any, K comparable] struct {
 	first    int // held[first:] are the items held, oldest first
 }
 
-// takenBack is the key of the item a worker took back from the shared state, which
-// keeps the key under the shared state's breaker until the item's attempts end.
+// takenBack is the key of a worker's item under the shared state, which keeps the key
+// under the shared state's breaker (see pinLocked).
 type takenBack[K comparable] struct {
 	k      K
 	shared bool // the worker has such an item
+}
+
+// keyWorker is worker id's view of a breaker per key: the policy its client calls
+// (perWorker), so that the breaker knows whose attempt it admits and settles. The
+// run's client, which only reports, has the one of id -1.
+type keyWorker[In any, K comparable] struct {
+	*keyBreakers[In, K]
+	id int
+}
+
+func (p keyWorker[In, K]) worker(i int) policy[In] { return keyWorker[In, K]{p.keyBreakers, i} }
+
+func (p keyWorker[In, K]) before(_ context.Context, v In, t ticket, _ func() error) (ticket, error) { // it never keeps a worker waiting: hold is not needed
+	return p.beginAttempt(p.id, v, t)
+}
+
+func (p keyWorker[In, K]) cancel(t ticket) { p.cancelAttempt(p.id, t) }
+
+func (p keyWorker[In, K]) after(t ticket, err error, class Class) bool {
+	return p.endAttempt(p.id, t, err, class)
 }
 
 // heldItem is an item held by its key's breaker, with its key (for the shared
@@ -914,9 +936,10 @@ func (kb *keyBreakers[In, K]) newState(k K, name string, id uint32) *keyState[In
 }
 
 // stateLocked returns the state of key k, making one if it has none. A key with items
-// held by the shared state, or taken back from it and not done, keeps that state: with
-// one of its own, its new items would begin ahead of them (or of a probe that fails),
-// under a breaker that never refused them.
+// held by the shared state, or under it in a worker's hands (pinLocked), keeps that
+// state: with one of its own, its new items would begin ahead of them (or of a probe
+// that fails, or of an attempt that fails and is held), under a breaker that never
+// refused them.
 func (kb *keyBreakers[In, K]) stateLocked(k K) *keyState[In, K] {
 	if id, ok := kb.ids[k]; ok {
 		return kb.slots[id]
@@ -976,7 +999,10 @@ func (kb *keyBreakers[In, K]) signal() {
 	kb.sigMu.Unlock()
 }
 
-func (kb *keyBreakers[In, K]) before(_ context.Context, v In, t ticket, _ func() error) (ticket, error) { // it never keeps a worker waiting: hold is not needed
+// beginAttempt is worker's before: it lets the attempt of v begin (its ticket) or
+// refuses it (admitLocked). An attempt that the shared state admits pins its key there
+// (pinLocked); a key with a state of its own has none pinned (a pinned key gets none).
+func (kb *keyBreakers[In, K]) beginAttempt(worker int, v In, t ticket) (ticket, error) {
 	if t.key != 0 { // a held item's first attempt: next let it through as it took the item back
 		return t, nil
 	}
@@ -990,11 +1016,61 @@ func (kb *keyBreakers[In, K]) before(_ context.Context, v In, t ticket, _ func()
 	} else {
 		kb.mu.RUnlock()
 		kb.mu.Lock()
-		t, err = kb.admitLocked(kb.stateLocked(k), t, &events)
+		ks := kb.stateLocked(k)
+		t, err = kb.admitLocked(ks, t, &events)
+		if ks.id == 0 {
+			switch {
+			case err == nil:
+				kb.pinLocked(worker, k)
+			case !t.back && !errors.Is(err, errHeld): // MaxOpen: the item fails (held, park unpins it)
+				kb.unpinLocked(worker)
+			}
+		}
 		kb.mu.Unlock()
 	}
 	kb.env.emit(events)
 	return t, err
+}
+
+// pinLocked notes that worker's item, of key k, is under the shared state, so that k
+// keeps that state (stateLocked) until unpinLocked: from the admission of its attempt
+// until the attempt ends (endAttempt, cancelAttempt), or, held by it as it fails, until
+// it is parked there (park); for an item taken back from there (next), or admitted
+// there in its attempts after it was taken back (ticket.back), until its attempts end
+// (done). A worker pins one item at most, counted once in shared. Under mu,
+// write-locked; only the worker writes its entry in taken.
+func (kb *keyBreakers[In, K]) pinLocked(worker int, k K) {
+	tb := &kb.taken[worker]
+	if tb.shared && tb.k == k { // another attempt of the same item
+		return
+	}
+	kb.unpinLocked(worker) // left by an item of another key that ended as the run stopped
+	*tb = takenBack[K]{k: k, shared: true}
+	kb.shared[k]++
+}
+
+// unpinLocked forgets worker's pinned item, if any: its key may get a state of its own
+// once nothing else of it is under the shared state. Under mu, write-locked.
+func (kb *keyBreakers[In, K]) unpinLocked(worker int) {
+	tb := &kb.taken[worker]
+	if !tb.shared {
+		return
+	}
+	if kb.shared[tb.k]--; kb.shared[tb.k] == 0 {
+		delete(kb.shared, tb.k)
+	}
+	*tb = takenBack[K]{}
+}
+
+// unpin is unpinLocked, for a worker that may have nothing pinned: only it writes its
+// entry, so it reads it without mu.
+func (kb *keyBreakers[In, K]) unpin(worker int) {
+	if !kb.taken[worker].shared {
+		return
+	}
+	kb.mu.Lock()
+	kb.unpinLocked(worker)
+	kb.mu.Unlock()
 }
 
 // admitLocked lets an attempt of an item of ks's key begin (its ticket), or returns
@@ -1036,28 +1112,51 @@ func (kb *keyBreakers[In, K]) end(t ticket) *keyState[In, K] {
 	return ks
 }
 
-func (kb *keyBreakers[In, K]) cancel(t ticket) {
-	if t.key != 0 {
-		kb.end(t).b.cancelProbe(t.probe)
+// cancelAttempt is worker's cancel: the attempt of ticket t will not begin, or will
+// not be settled; the item's attempts end with it (a taken back item's at done).
+func (kb *keyBreakers[In, K]) cancelAttempt(worker int, t ticket) {
+	if t.key == 0 {
+		return
+	}
+	ks := kb.end(t)
+	ks.b.cancelProbe(t.probe)
+	if ks.id == 0 && !t.back {
+		kb.unpin(worker)
 	}
 }
 
-func (kb *keyBreakers[In, K]) after(t ticket, err error, class Class) bool {
+// endAttempt is worker's after: the attempt's outcome goes to the state that admitted
+// it (t.key), which reports whether the item is held. An item held by the shared
+// state stays pinned there until it is parked (its next before finds its key there);
+// otherwise its next attempt, if any, goes to its key's state then.
+func (kb *keyBreakers[In, K]) endAttempt(worker int, t ticket, err error, class Class) bool {
 	if t.key == 0 {
 		return false
 	}
-	held := kb.end(t).b.after(t.probe, err, class, &kb.env)
+	ks := kb.end(t)
+	held := ks.b.after(t.probe, err, class, &kb.env)
 	if held {
 		kb.failed.Add(1)
+	}
+	if ks.id == 0 && !held && !t.back {
+		kb.unpin(worker)
 	}
 	return held
 }
 
-func (kb *keyBreakers[In, K]) park(v In, pos uint64, again bool) error {
+func (kb *keyBreakers[In, K]) park(worker int, v In, pos uint64, again bool) error {
 	k := kb.key(v)
 	kb.mu.Lock()
+	// The key's state now. It is the one that refused the item (before, or as its
+	// attempt failed), unless that was a state of the key's own, evicted since (closed
+	// by another attempt, holding nothing, none in flight: nothing of the key is left
+	// in it), or the shared one, and a state of the key's own came free since (nothing
+	// of the key under the shared one: an item the shared one held as its attempt
+	// failed keeps its key pinned there, pinLocked). Either way the item goes where
+	// the key's later items go, and no item of the key is held elsewhere.
 	ks := kb.stateLocked(k)
 	if n := len(ks.held) - ks.first; n >= kb.bounds.Held && !again { // one held again takes back its room
+		kb.unpinLocked(worker) // shed: its attempts end
 		kb.mu.Unlock()
 		return &BreakerFullError{Stage: kb.env.stage, Key: ks.name, Held: n}
 	}
@@ -1068,6 +1167,9 @@ func (kb *keyBreakers[In, K]) park(v In, pos uint64, again bool) error {
 	ks.put(heldItem[In, K]{v: v, pos: pos, k: k}, again)
 	if ks.id == 0 {
 		kb.shared[k]++
+	}
+	if !again { // held now, counted above in its stead (one taken back: at done)
+		kb.unpinLocked(worker)
 	}
 	kb.heldN.Add(1)
 	kb.mu.Unlock()
@@ -1142,6 +1244,7 @@ func (kb *keyBreakers[In, K]) next(worker int) (v In, pos uint64, t ticket, ok b
 	if ks != nil {
 		h, empty := ks.take()
 		if ks.id == 0 { // still the key's in shared until done
+			kb.unpinLocked(worker) // left by an item that ended as the run stopped
 			kb.taken[worker] = takenBack[K]{k: h.k, shared: true}
 		}
 		if empty {
@@ -1157,18 +1260,7 @@ func (kb *keyBreakers[In, K]) next(worker int) (v In, pos uint64, t ticket, ok b
 	return v, pos, t, ok
 }
 
-func (kb *keyBreakers[In, K]) done(worker int) {
-	tb := &kb.taken[worker]
-	if !tb.shared { // only this worker writes its entry (under mu): it reads it without
-		return
-	}
-	kb.mu.Lock()
-	defer kb.mu.Unlock()
-	if kb.shared[tb.k]--; kb.shared[tb.k] == 0 {
-		delete(kb.shared, tb.k) // its next item may get a state of its own
-	}
-	*tb = takenBack[K]{}
-}
+func (kb *keyBreakers[In, K]) done(worker int) { kb.unpin(worker) }
 
 // takeLocked returns a state with held items whose breaker lets an attempt through
 // now, taking the keys in turn, and the ticket of that attempt, let through as the
@@ -1297,7 +1389,7 @@ type KeyBreakerReport struct {
 // park is attempts' ending for an item whose key's breaker holds it (errHeld): held,
 // or shed at its key's bound (a *BreakerFullError, set aside as an item error).
 func (w *worker[In, Out]) park(ctx context.Context, v In, attempts int, first error) (outcome, error) {
-	if err := w.cl.keyed.park(v, w.pos, w.again); err != nil {
+	if err := w.cl.keyed.park(w.id, v, w.pos, w.again); err != nil {
 		return w.setAside(ctx, v, attempts, ClassItem, cmp.Or(first, err), err) // deadletter.go
 	}
 	return held, nil

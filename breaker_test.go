@@ -2163,3 +2163,101 @@ func TestBreakerPerKeySharedBreakerKeepsItsKeysHeldItems(t *testing.T) {
 		})
 	}
 }
+
+// TestBreakerPerKeySharedBreakerKeepsItsKeysAttemptInFlight checks a key with an attempt
+// in flight under the breaker that the keys past KeyBounds.Keys share, "(other keys)",
+// when a state of its own becomes free: the key keeps the shared breaker, so that the
+// attempt's failure, which opens it, holds the item there; the key's later items wait
+// behind it, and its probe, once OpenFor has passed, closes the shared breaker. Keys: 1,
+// two workers; a1's call lasts 500 ms, so a has the one state; k1's first call lasts
+// 1 s and fails; k2 comes at 600 ms (a's state free) and k3 at 1.1 s. (k got a state
+// of its own at k2; k1's failure opened the shared breaker, but k1 went on at once
+// under k's new state, held nowhere, and the shared breaker stayed open to the end,
+// with no probe.)
+func TestBreakerPerKeySharedBreakerKeepsItsKeysAttemptInFlight(t *testing.T) {
+	t.Parallel()
+	const openFor = time.Second
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		a1Began, a1Done := make(chan struct{}), make(chan struct{})
+		var (
+			mu      sync.Mutex
+			begun   []string                     // k's calls, in the order they began
+			at      = map[string]time.Duration{} // when each k item's call that succeeded began
+			k1Calls int
+		)
+		call := func(ctx context.Context, v string) (string, error) {
+			if v == "a1" {
+				close(a1Began)
+				defer close(a1Done)
+				return v, spend(ctx, 500*time.Millisecond)
+			}
+			mu.Lock()
+			begun = append(begun, v)
+			began := time.Since(start)
+			d, fail := 10*time.Millisecond, false
+			if v == "k1" {
+				if k1Calls++; k1Calls == 1 {
+					d, fail = openFor, true
+				}
+			}
+			mu.Unlock()
+			if err := spend(ctx, d); err != nil {
+				return "", err
+			}
+			if fail {
+				return "", pipeline.Transient(errDown)
+			}
+			mu.Lock()
+			at[v] = began
+			mu.Unlock()
+			return v, nil
+		}
+		p := pipeline.New()
+		src := pipeline.Generate(p, func(ctx context.Context, emit func(string) error) error {
+			if err := emit("a1"); err != nil {
+				return err
+			}
+			if err := awaitClose(ctx, a1Began); err != nil { // a has the state
+				return err
+			}
+			if err := emit("k1"); err != nil {
+				return err
+			}
+			if err := awaitClose(ctx, a1Done); err != nil {
+				return err
+			}
+			for _, e := range []struct {
+				v  string
+				at time.Duration
+			}{{"k2", 600 * time.Millisecond}, {"k3", 1100 * time.Millisecond}} {
+				if err := spend(ctx, e.at-time.Since(start)); err != nil {
+					return err
+				}
+				if err := emit(e.v); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		st := pipeline.NewStage("call", 2, call,
+			pipeline.WithBreakerPerKey(func(v string) string { return v[:1] }, pipeline.Breaker{Failures: 1, OpenFor: openFor}, pipeline.KeyBounds{Keys: 1}))
+		midRun := snapshotAfter(p, 1150*time.Millisecond)
+		pipeline.To(pipeline.Then(src, st), pipeline.NewSink("sink", 1, func(context.Context, string) error { return nil }))
+		require.NoError(t, p.Run(t.Context()))
+		rep := p.Report()
+		checkReport(t, rep)
+		call1 := row(t, rep, "call")
+		assert.Equal(t, int64(4), call1.Succeeded)
+		assert.Equal(t, []string{"k1", "k2", "k1", "k3"}, begun)
+		assert.GreaterOrEqual(t, at["k1"], 2*openFor, "k1, held by the shared breaker that its failure opened, waits for its OpenFor")
+		assert.GreaterOrEqual(t, at["k3"], at["k1"], "k3 after k1, held")
+		assert.Equal(t, int64(1), call1.Breaker.Held, "k1's failed attempt")
+		assert.Equal(t, pipeline.BreakerClosed, call1.Breaker.State, "k1's probe closed the shared breaker")
+		assert.Zero(t, call1.Breaker.KeysOpen)
+		mid := row(t, midRun(), "call")
+		require.NotNil(t, mid.Breaker)
+		assert.Equal(t, []pipeline.KeyBreakerReport{{Key: "(other keys)", State: pipeline.BreakerOpen, Holding: 2, Opened: 1}}, mid.Breaker.Keys,
+			"k1 and k3 held by the shared breaker; k has no state of its own")
+	})
+}

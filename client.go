@@ -50,6 +50,13 @@ type policy[In any] interface {
 	fill(s *StageReport)
 }
 
+// perWorker is a policy that tells the stage's workers apart (a breaker per key, which
+// keeps a key under the state that admitted its attempt until that attempt ends:
+// breaker.go): worker i's client calls the policy that worker(i) returns in its stead.
+type perWorker[In any] interface {
+	worker(i int) policy[In]
+}
+
 // hook is a policy that does not look at the item.
 type hook interface {
 	before(ctx context.Context, t ticket, hold func() error) (ticket, error)
@@ -144,6 +151,7 @@ type client[In any] struct {
 	adapt  *adaptive.Limit // adaptive.go: the workers above its limit wait between runs; nil without
 	keyed  heldItems[In]   // breaker.go: a breaker per key, which holds items out of the workers' hands; nil without
 	serial bool            // a worker takes one item at a time (policyMaker.serial)
+	split  bool            // a policy tells the workers apart (perWorker): each has its own client (forWorker)
 }
 
 // noDeadline is a context without a deadline, canceled with its parent (at the
@@ -203,6 +211,9 @@ func newClient[In, Out any](r *run, rw *row, st *Stage[In, Out]) *client[In] {
 			if h, ok := p.(heldItems[In]); ok {
 				cl.keyed = h
 			}
+			if _, ok := p.(perWorker[In]); ok {
+				cl.split = true
+			}
 		}
 		cl.policies = append(cl.policies, p)
 		cl.serial = cl.serial || m.serial
@@ -212,6 +223,23 @@ func newClient[In, Out any](r *run, rw *row, st *Stage[In, Out]) *client[In] {
 	}
 	rw.client = cl
 	return cl
+}
+
+// forWorker returns the client of the stage's worker i: cl itself (nil without a
+// client), or, when a policy tells the workers apart, a copy of cl with that policy's
+// view for worker i. The run's cl (the row's) reports.
+func (cl *client[In]) forWorker(i int) *client[In] {
+	if cl == nil || !cl.split {
+		return cl
+	}
+	c := *cl
+	c.policies = slices.Clone(cl.policies)
+	for j, p := range c.policies {
+		if pw, ok := p.(perWorker[In]); ok {
+			c.policies[j] = pw.worker(i)
+		}
+	}
+	return &c
 }
 
 // clientRow is what a row's report reads of its stage's client.

@@ -240,7 +240,7 @@ func then[In, Out any](s *Stream[In], st *Stage[In, Out], sink, terminal bool) *
 			}
 			w := &worker[In, Out]{
 				consumer: newConsumer(q, lane, i, &rw.workers[i], rw.capacity),
-				st:       st, r: r, row: rw, budget: b, classify: classify, ord: ord, cl: cl,
+				st:       st, r: r, row: rw, budget: b, classify: classify, ord: ord, cl: cl.forWorker(i),
 				runMax: 1, share: 1, sink: sink, quiet: terminal && !r.tracked(),
 				direct: ord == nil && st.flat == nil, pending: ord != nil && st.flat == nil,
 				fast:  ord == nil && st.flat == nil && b == nil,
