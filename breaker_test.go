@@ -1916,7 +1916,9 @@ func TestBreakerPerKeyCancelWithNewItemHeldBehindHeldOnes(t *testing.T) {
 // report's counts add up; nothing is held at the end of a run that ended by itself.
 // With one worker, each key's items end (processed, or dead-lettered out of attempts)
 // in the order they came: the items of a key that holds items are held behind them,
-// also across a key's move from the shared breaker to one of its own.
+// also across a key's move from the shared breaker to one of its own. A run that ended
+// by itself ends with every breaker closed: the item whose failure opened one was held
+// by it (not by a state its key got meanwhile), and its probe closed it.
 // plan[i] is item i: its key is plan[i]%3 (three keys, two with a breaker of their
 // own, or one when bit 2 of workers is set), and bit j of plan[i]>>2 makes its call j
 // fail with a transient error.
@@ -1999,6 +2001,7 @@ func FuzzBreakerPerKey(f *testing.F) {
 			if err == nil {
 				assert.Zero(t, cr.Breaker.Holding, "nothing held at the end")
 				assert.Zero(t, cr.NotStarted+cr.Failed)
+				assert.Zerof(t, cr.Breaker.KeysOpen, "every breaker closed at the end: the item whose failure opened one is held by it, and its probe closes it (%+v)", cr.Breaker.Keys)
 			}
 			if workers%4 == 0 { // one worker
 				last := map[int]int{}
