@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -56,6 +57,57 @@ func TestBreakerWaitSendsTheRunsOutputsFirst(t *testing.T) {
 		}
 		if rep := p.Report(); rep.Stages[1].Failed != 1 || rep.Stages[1].Succeeded != 2 {
 			t.Fatalf("call: %+v, want 2 succeeded and 1 failed (in hand at the cancel)", rep.Stages[1])
+		}
+	})
+}
+
+// TestBreakerPerKeyParksUnderTheKeysStateNow pins where an item refused by its key's
+// own state is held when that state is evicted before the item is parked: under the
+// key's state then (here the shared one), where the key's later items go and are held
+// behind it; never under the evicted state, whose slot is another key's by then. Keys:
+// 1, three workers: k's state refuses k2 (worker 0) while k1's probe is in flight
+// (worker 1); the probe closes it, j1 (worker 2) takes its slot, and then k2 parks.
+func TestBreakerPerKeyParksUnderTheKeysStateNow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		env := policyEnv{r: &run{p: New(), ctx: t.Context(), started: time.Now()}, row: &row{}, stage: "call", workers: 3}
+		kb := newKeyBreakers(env, func(v string) string { return v[:1] }, Breaker{Failures: 1, OpenFor: time.Second}.normalized("test"), KeyBounds{Held: 4, Keys: 1})
+		down := errors.New("down")
+		tk, err := kb.beginAttempt(1, "k1", ticket{})
+		if err != nil || !kb.endAttempt(1, tk, down, ClassTransient) {
+			t.Fatalf("k1: %v, want admitted, then held as its failure opens k's breaker", err)
+		}
+		if _, err := kb.beginAttempt(1, "k1", ticket{}); !errors.Is(err, errHeld) {
+			t.Fatalf("k1 again: %v, want errHeld", err)
+		}
+		if err := kb.park(1, "k1", 0, false); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Second) // k's OpenFor
+		_, _, probe, ok := kb.next(1)
+		if !ok || !probe.probe {
+			t.Fatalf("next: %v %+v, want k1 as k's probe", ok, probe)
+		}
+		if _, err := kb.beginAttempt(0, "k2", ticket{}); !errors.Is(err, errHeld) {
+			t.Fatalf("k2: %v, want errHeld (k's probe in flight)", err)
+		}
+		kb.endAttempt(1, probe, nil, ClassItem) // k closes, holding nothing, none in flight
+		kb.done(1)
+		if _, err := kb.beginAttempt(2, "j1", ticket{}); err != nil { // j takes k's slot, and keeps it (in flight)
+			t.Fatalf("j1: %v", err)
+		}
+		if err := kb.park(0, "k2", 1, false); err != nil {
+			t.Fatal(err)
+		}
+		var s StageReport
+		kb.fill(&s)
+		if want := []KeyBreakerReport{{Key: "(other keys)", State: BreakerClosed, Holding: 1}}; !slices.Equal(s.Breaker.Keys, want) {
+			t.Fatalf("keys %+v, want %+v", s.Breaker.Keys, want)
+		}
+		if _, err := kb.beginAttempt(1, "k3", ticket{}); !errors.Is(err, errHeld) {
+			t.Fatalf("k3: %v, want errHeld (behind k2)", err)
+		}
+		if v, _, _, ok := kb.next(1); !ok || v != "k2" {
+			t.Fatalf("next: %q %v, want k2", v, ok)
 		}
 	})
 }
