@@ -33,7 +33,8 @@
 // DEFERRED) makes the writer write the batch again with every constraint checked at its
 // statement (SET CONSTRAINTS ALL IMMEDIATE), so that the bisection finds the row; a
 // row rejected for a foreign key is tried again once the others are in, so that one
-// that refers to a later row of its batch is not rejected for the order. A missing
+// that refers to a later row of its batch is not rejected for the order (in an upsert,
+// unless a later row of its key went in: that row wins). A missing
 // table or column, a missing privilege, a failed login or an unknown database are
 // fatal, with a message that names the table, the role or the database; so is a letter
 // that the [DeadLetterTable] itself refuses (a constraint of its own).

@@ -206,8 +206,10 @@ type writerCore struct {
 	tmp       pgx.Identifier // upsert: the temporary table
 	createTmp string
 	moveSQL   string
-	// moveDistinct moves as writeHow.distinct says (distinctKeys, distinctAll).
+	// moveDistinct moves as writeHow.distinct says (distinctKeys, distinctAll);
+	// sameKeySQL reads the rows that share a key (see sameKey).
 	moveDistinct [2]string
+	sameKeySQL   string
 	quotedCols   string
 	oidc         oidCache
 	keyMu        sync.Mutex
@@ -332,6 +334,14 @@ func (w *writerCore) prepareUpsert() {
 	w.moveDistinct[1] = fmt.Sprintf("INSERT INTO %[1]s (%[2]s) SELECT %[2]s FROM ("+
 		"SELECT DISTINCT ON (%[4]s) %[2]s FROM %[3]s ORDER BY %[4]s, ctid DESC) AS last ORDER BY %[4]s ON CONFLICT (%[4]s) %[5]s",
 		w.ident.Sanitize(), cols, w.tmp.Sanitize(), keys, action)
+	// Each row's index in the temporary table (in the order of the COPY), the first
+	// index of its key and whether the key has a NULL, for the rows that share their key
+	// (NULLs equal) with another.
+	w.sameKeySQL = fmt.Sprintf("SELECT pgpipe_n, pgpipe_first, pgpipe_null FROM ("+
+		"SELECT pgpipe_n, min(pgpipe_n) OVER pgpipe_key AS pgpipe_first, count(*) OVER pgpipe_key AS pgpipe_rows, %[3]s AS pgpipe_null "+
+		"FROM (SELECT %[2]s, row_number() OVER (ORDER BY ctid) - 1 AS pgpipe_n FROM %[1]s) AS numbered "+
+		"WINDOW pgpipe_key AS (PARTITION BY %[2]s)) AS keyed WHERE pgpipe_rows > 1",
+		w.tmp.Sanitize(), keys, "("+anyNull+")")
 }
 
 func quoteAll(names []string) string {
@@ -424,6 +434,7 @@ func (w *Writer[T]) settleEmpty(ctx context.Context) error {
 // badRow is a row PostgreSQL rejected.
 type badRow[T any] struct {
 	v   T
+	at  int // its index in the rows written
 	err *RowError
 }
 
@@ -542,10 +553,10 @@ func (w *Writer[T]) writeOn(ctx context.Context, conn *pgx.Conn, stage string, r
 	}
 	if rejected != nil {
 		w.stats.bisected.Add(1)
-		if err := w.bisect(ctx, tx, rows, false, rejected, b); err != nil {
+		if err := w.bisect(ctx, tx, rows, 0, false, rejected, b); err != nil {
 			return err
 		}
-		if err := w.retake(ctx, tx, b); err != nil {
+		if err := w.retake(ctx, tx, rows, b); err != nil {
 			return err
 		}
 		if err := w.deadLetter(ctx, tx, stage, b.bad); err != nil {
@@ -622,7 +633,8 @@ type bisection[T any] struct {
 }
 
 // bisect writes rows in savepoints and isolates the rows PostgreSQL rejects, in
-// O(k·log n) round trips for k bad rows of n. failed tells that rows are known to hold
+// O(k·log n) round trips for k bad rows of n; at is rows[0]'s index in the rows
+// written (badRow.at). failed tells that rows are known to hold
 // a bad row (their sibling was clean and their parent failed), so trying them whole
 // would only fail again; rejected, when not nil, is the row error rows failed with
 // already (the whole batch's), which saves trying them again.
@@ -630,7 +642,7 @@ type bisection[T any] struct {
 // When the error names its row (a COPY's "line N" context, or a value the writer could
 // not encode), that row is tried alone first, which makes the search O(k); a hint that
 // proves wrong (the row goes in alone) turns hints off for the rest of the batch.
-func (w *Writer[T]) bisect(ctx context.Context, tx pgx.Tx, rows []T, failed bool, rejected error, b *bisection[T]) error {
+func (w *Writer[T]) bisect(ctx context.Context, tx pgx.Tx, rows []T, at int, failed bool, rejected error, b *bisection[T]) error {
 	if rejected == nil && (!failed || len(rows) == 1) {
 		if err := w.exec(ctx, tx, "SAVEPOINT pgpipe"); err != nil {
 			return err
@@ -652,39 +664,88 @@ func (w *Writer[T]) bisect(ctx context.Context, tx pgx.Tx, rows []T, failed bool
 		rejected = err
 	}
 	if rejected != nil && len(rows) == 1 {
-		b.bad = append(b.bad, badRow[T]{rows[0], rowError(rejected)})
+		b.bad = append(b.bad, badRow[T]{rows[0], at, rowError(rejected)})
 		return nil
 	}
 	if i := rowHint(rejected); rejected != nil && b.hints && i >= 0 && i < len(rows) {
 		n := len(b.bad)
-		if err := w.bisect(ctx, tx, rows[i:i+1], false, nil, b); err != nil {
+		if err := w.bisect(ctx, tx, rows[i:i+1], at+i, false, nil, b); err != nil {
 			return err
 		}
 		if len(b.bad) == n {
 			b.hints = false // it went in: the hint misled
 		}
-		if err := w.bisect(ctx, tx, rows[:i], false, nil, b); err != nil {
+		if err := w.bisect(ctx, tx, rows[:i], at, false, nil, b); err != nil {
 			return err
 		}
-		return w.bisect(ctx, tx, rows[i+1:], false, nil, b)
+		return w.bisect(ctx, tx, rows[i+1:], at+i+1, false, nil, b)
 	}
 	mid := len(rows) / 2
 	n := len(b.bad)
-	if err := w.bisect(ctx, tx, rows[:mid], false, nil, b); err != nil {
+	if err := w.bisect(ctx, tx, rows[:mid], at, false, nil, b); err != nil {
 		return err
 	}
-	return w.bisect(ctx, tx, rows[mid:], len(b.bad) == n, nil, b)
+	return w.bisect(ctx, tx, rows[mid:], at+mid, len(b.bad) == n, nil, b)
 }
 
 // retake tries each row that the bisection rejected for a foreign key (23503) again,
 // alone: one that refers to a row of its own batch (a foreign key to its own table, or
 // to a table that a trigger fills) is rejected when the bisection tries it before that
-// row went in. Passes repeat while one lets a row in. Not in a distinct write, whose
-// batch may hold a later row of the same key: the row taken again would be written
-// over it (an older row over a newer one), where a dead letter loses nothing.
-func (w *Writer[T]) retake(ctx context.Context, tx pgx.Tx, b *bisection[T]) error {
-	if b.distinct > 0 {
+// row went in. Passes repeat while one lets a row in.
+//
+// In a distinct write, rows (the batch as it came) may hold several rows of one key,
+// which the bisection wrote in source order, so that the key's last good row won: a row
+// taken again must not be written over a later row of its key. So the rows PostgreSQL
+// takes as one key are read first (sameKey), and a row with a later row of its key that
+// went in is not taken again but folded, as the distinct move folds it when the batch
+// goes in whole: its key's last row is the one written. Whether a key with a NULL is
+// one key depends on the unique index (NULLS NOT DISTINCT), which distinctKeys does not
+// know: such a row with a later row of its key stays rejected (a dead letter loses
+// nothing; taken again, it could be written over the later row, and folded, lost).
+func (w *Writer[T]) retake(ctx context.Context, tx pgx.Tx, rows []T, b *bisection[T]) error {
+	if !slices.ContainsFunc(b.bad, func(r badRow[T]) bool { return r.err.Code == pgerrcode.ForeignKeyViolation }) {
 		return nil
+	}
+	var keys sameKeys    // distinct: the rows that share a key
+	var bad map[int]bool // distinct: the rows rejected now, by index
+	if b.distinct > 0 {
+		slices.SortFunc(b.bad, func(x, y badRow[T]) int { return x.at - y.at }) // source order
+		bad = make(map[int]bool, len(b.bad))
+		for _, r := range b.bad {
+			bad[r.at] = true
+		}
+		// The rows that went in and those taken again: a row rejected otherwise is
+		// neither taken again nor a later row that went in (and may be one the COPY
+		// itself rejects).
+		var at []int
+		for i := range rows {
+			if !bad[i] {
+				at = append(at, i)
+			}
+		}
+		for _, r := range b.bad {
+			if r.err.Code == pgerrcode.ForeignKeyViolation {
+				at = append(at, r.at)
+			}
+		}
+		slices.Sort(at)
+		var err error
+		if keys, err = w.sameKey(ctx, tx, rows, at); err != nil {
+			return err
+		}
+	}
+	// superseded reports whether a later row of r's key went in (or was folded).
+	superseded := func(r badRow[T]) bool {
+		k, ok := keys[r.at]
+		if !ok {
+			return false
+		}
+		for j := r.at + 1; j < len(rows); j++ {
+			if l, ok := keys[j]; ok && l.first == k.first && !bad[j] {
+				return true
+			}
+		}
+		return false
 	}
 	for {
 		kept, took := b.bad[:0:0], false
@@ -693,11 +754,23 @@ func (w *Writer[T]) retake(ctx context.Context, tx pgx.Tx, b *bisection[T]) erro
 				kept = append(kept, r)
 				continue
 			}
+			if superseded(r) {
+				if b.distinct == distinctKeys && keys[r.at].null {
+					kept = append(kept, r)
+				} else {
+					delete(bad, r.at) // folded
+					took = true
+				}
+				continue
+			}
 			one := &bisection[T]{distinct: b.distinct}
-			if err := w.bisect(ctx, tx, []T{r.v}, false, nil, one); err != nil {
+			if err := w.bisect(ctx, tx, []T{r.v}, r.at, false, nil, one); err != nil {
 				return err
 			}
-			took = took || len(one.bad) == 0
+			if len(one.bad) == 0 {
+				delete(bad, r.at)
+				took = true
+			}
 			kept = append(kept, one.bad...) // with its latest error
 		}
 		b.bad = kept
@@ -705,6 +778,53 @@ func (w *Writer[T]) retake(ctx context.Context, tx pgx.Tx, b *bisection[T]) erro
 			return nil
 		}
 	}
+}
+
+// sameKeys gives the rows of a batch that share their key with another row, by index
+// in the batch.
+type sameKeys map[int]keyOf
+
+// keyOf is a row's key in sameKeys: the index of the key's first row, and whether the
+// key has a NULL.
+type keyOf struct {
+	first int
+	null  bool
+}
+
+// sameKey returns which of the rows at (indexes of rows, in order) PostgreSQL takes as
+// one key, as the distinct move with distinctAll compares them (a NULL equal to a
+// NULL). It copies them into the temporary table in a savepoint that it rolls back.
+func (w *Writer[T]) sameKey(ctx context.Context, tx pgx.Tx, rows []T, at []int) (sameKeys, error) {
+	// A truncated table takes the rows in the order of the COPY: ctid orders them.
+	if err := w.exec(ctx, tx, "SAVEPOINT pgpipe; TRUNCATE "+w.tmp.Sanitize()); err != nil {
+		return nil, err
+	}
+	some := make([]T, len(at))
+	for i, j := range at {
+		some[i] = rows[j]
+	}
+	if err := w.copyRows(ctx, tx.Conn(), w.tmp, some); err != nil {
+		return nil, err
+	}
+	w.stats.roundTrips.Add(1)
+	res, err := tx.Query(ctx, w.sameKeySQL)
+	if err != nil {
+		return nil, err
+	}
+	keys := sameKeys{}
+	var n, first int64
+	var null bool
+	_, err = pgx.ForEachRow(res, []any{&n, &first, &null}, func() error {
+		if n < 0 || n >= int64(len(at)) || first < 0 || first >= int64(len(at)) {
+			return fmt.Errorf("pgpipe: row %d (first %d) of %d in the temporary table", n, first, len(at))
+		}
+		keys[at[n]] = keyOf{at[first], null}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return keys, w.exec(ctx, tx, "ROLLBACK TO SAVEPOINT pgpipe; RELEASE SAVEPOINT pgpipe")
 }
 
 // rowHint returns the index of the row err names, or -1.

@@ -715,6 +715,151 @@ func TestRewrittenBatchDeadLettersEachRowOnce(t *testing.T) {
 	}
 }
 
+// TestDistinctUpsertTakesAForwardReferenceAgain upserts, in distinct mode (two rows
+// PostgreSQL takes as one key), a batch with a row whose foreign key refers to a row
+// later in the batch and a row that breaks a constraint: the search for the bad row
+// splits the two, and the forward-referring row, rejected alone, must be tried again
+// once the rest is in, as outside distinct mode. It used to be dead-lettered (no retake
+// in distinct mode). A later row of its key wins over it, as the key's last row: it is
+// then folded, neither written over that row nor dead-lettered. A row with a NULL key
+// comes before it (every such row is written, unless the index takes NULLs as one key).
+func TestDistinctUpsertTakesAForwardReferenceAgain(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		distinct bool // a row whose key PostgreSQL takes as an earlier row's
+		later    bool // a row of the forward-referring row's key, later in the batch
+		deferred bool // the foreign key is checked at COMMIT, and a row breaks it
+		// nulls: the unique index takes NULLs as one key (NULLS NOT DISTINCT), a second
+		// row has a NULL key, and the bad row breaks the foreign key (the CHECK's row,
+		// rejected first, would have the batch searched before the NULLs meet)
+		nulls bool
+		// nullRef: the row with a NULL key refers to a later row too, and a second row
+		// has a NULL key: whether the two are one key depends on the index, which the
+		// writer does not know, so the first stays dead-lettered
+		nullRef bool
+		nul     bool // the bad row's note has a NUL byte, which the COPY itself rejects
+	}{
+		{name: "upsert"},
+		{name: "distinct", distinct: true},
+		{name: "distinct, a later row of its key", distinct: true, later: true},
+		{name: "distinct, deferred", distinct: true, deferred: true},
+		{name: "distinct, deferred, a later row of its key", distinct: true, later: true, deferred: true},
+		{name: "distinct, NULLS NOT DISTINCT, a later row of its key", distinct: true, later: true, nulls: true},
+		{name: "distinct, a NULL key refers to a later row", distinct: true, nullRef: true},
+		{name: "distinct, a row the COPY rejects, a later row of its key", distinct: true, later: true, nul: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := t.Context()
+			pool := newPool(t, 4)
+			deferred, nulls := "", ""
+			if tc.deferred {
+				deferred = " DEFERRABLE INITIALLY DEFERRED"
+			}
+			if tc.nulls {
+				nulls = " NULLS NOT DISTINCT"
+			}
+			table := tableName("forward")
+			mustExec(t, pool, fmt.Sprintf(`CREATE TABLE %[1]s (id char(4) UNIQUE%[3]s,
+				ref char(4) CONSTRAINT %[1]s_ref REFERENCES %[1]s (id)%[2]s,
+				note text NOT NULL CONSTRAINT %[1]s_note CHECK (note <> 'bad'))`, table, deferred, nulls))
+			t.Cleanup(func() { mustExec(t, pool, "DROP TABLE IF EXISTS "+table) })
+
+			str := func(s string) *string { return &s }
+			const n = 20
+			in := make([]refNoteRow, n)
+			for i := range in {
+				in[i] = refNoteRow{ID: str(fmt.Sprintf("k%02d", i)), Note: "ok"}
+			}
+			in[2].ID = nil         // a NULL key
+			in[3].Ref = str("k15") // refers to a row later in the batch: goes in
+			var want []string      // the rows dead-lettered
+			switch {
+			case tc.nul:
+				in[8].Note = "a\x00b" // rejected by the COPY
+				want = append(want, "k08")
+			case !tc.nulls:
+				in[8].Note = "bad" // rejected by the CHECK
+				want = append(want, "k08")
+			}
+			if tc.deferred || tc.nulls {
+				in[17].Ref = str("zz") // no such row (deferred: rejected at COMMIT, the batch written again)
+				want = append(want, "k17")
+			}
+			rows := int64(n - len(want))
+			if tc.nullRef {
+				in[2].Ref = str("k16")
+				want = append([]string{"<nil>"}, want...)
+				rows-- // in[2]
+			}
+			if tc.distinct {
+				in = append(in, refNoteRow{ID: str("k01 "), Note: "last"}) // k01 to PostgreSQL
+			}
+			if tc.later {
+				in = append(in, refNoteRow{ID: str("k03 "), Note: "later"}) // k03 to PostgreSQL
+			}
+			if tc.nulls || tc.nullRef {
+				in = append(in, refNoteRow{Note: "last null"}) // the NULL key's last row
+				if tc.nullRef {
+					rows++ // a key of its own
+				}
+			}
+			var mu sync.Mutex
+			var letters []string
+			w := pgpipe.NewWriter(pool, table, pgpipe.Struct[refNoteRow](), pgpipe.WithUpsert("id"), pgpipe.WithChunk(len(in), 0),
+				pgpipe.WithDeadLetter(func(_ context.Context, dl pipeline.DeadLetter[refNoteRow]) error {
+					mu.Lock()
+					defer mu.Unlock()
+					id := "<nil>"
+					if dl.Item.ID != nil {
+						id = *dl.Item.ID
+					}
+					letters = append(letters, id)
+					return nil
+				}))
+			p := pipeline.New()
+			w.To(pipeline.FromSlice(p, in), "load", 1)
+			require.NoError(t, p.Run(ctx))
+
+			slices.Sort(letters)
+			assert.Equal(t, want, letters, "only the rows that break a constraint are dead-lettered, once")
+			assert.Equal(t, int64(len(want)), w.Stats().DeadLettered)
+			load, ok := p.Report().Stage("load")
+			require.True(t, ok)
+			assert.Equal(t, int64(len(want)), load.SetAside, "rejected rows in the sink's row")
+			var got int64
+			require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&got))
+			assert.Equal(t, rows, got, "every other row is written")
+			var ref *string
+			var note string
+			require.NoError(t, pool.QueryRow(ctx, "SELECT ref, note FROM "+table+" WHERE id = 'k03'").Scan(&ref, &note))
+			if tc.later {
+				assert.Equal(t, "later", note, "the key's last row wins")
+				assert.Nil(t, ref)
+			} else {
+				assert.Equal(t, "ok", note)
+				require.NotNil(t, ref)
+				assert.Equal(t, "k15 ", *ref, "the forward-referring row is written")
+			}
+			if tc.distinct {
+				require.NoError(t, pool.QueryRow(ctx, "SELECT note FROM "+table+" WHERE id = 'k01'").Scan(&note))
+				assert.Equal(t, "last", note, "the key's last row wins")
+			}
+			if tc.nulls || tc.nullRef {
+				require.NoError(t, pool.QueryRow(ctx, "SELECT note FROM "+table+" WHERE id IS NULL").Scan(&note))
+				assert.Equal(t, "last null", note, "the NULL key's last row")
+			}
+		})
+	}
+}
+
+// refNoteRow is a row of a table with a foreign key to its own table on ref and a CHECK
+// on note.
+type refNoteRow struct {
+	ID   *string `db:"id"`
+	Ref  *string `db:"ref"`
+	Note string  `db:"note"`
+}
+
 // checkedRow is a row of a table with a CHECK on note and a deferred foreign key on
 // parent.
 type checkedRow struct {
