@@ -381,7 +381,12 @@ func (w *Writer[T]) Sink(name string, workers int, opts ...pipeline.StageOption)
 // average, not at most. The split runs in a stage of its own, named name+"/lanes" (one
 // worker, a queue of one batch, the writer's retries), which reads the key columns'
 // types from the server before it splits the first batch: a failure to read them is
-// classified as a write's (a missing table is fatal).
+// classified as a write's (a missing table is fatal). That stage is a row of the run's
+// report, between the Batch row and the sink's: its items are the batches before the
+// split (Retried counts the types' reads tried again), and the sink's row counts the
+// parts. Its name is taken like any stage's: a pipeline with another stage (or named
+// source, filter, batch or end) of that name panics, when the second of the two is
+// attached, as for any name used twice.
 func (w *Writer[T]) To(s *pipeline.Stream[T], name string, workers int, opts ...pipeline.StageOption) {
 	var bopts []pipeline.BatchOption
 	if w.cfg.bytes > 0 {
