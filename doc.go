@@ -18,7 +18,8 @@
 // stage to a stream, [To] ends a stream in a sink; [Collect] and [All] end it in the
 // caller (a slice, or a range-over-func loop) and run the pipeline. Cheap per-item
 // transformations that need no goroutine of their own are inline operators ([Map],
-// [Filter]): they run in the producing goroutines, with no queue. Sources are
+// [Filter]): they run in the producing goroutines, with no queue; [ForEach] is the
+// inline end, for a cheap consumer (a sum, a buffered writer). Sources are
 // [FromSlice], [FromSeq], [FromSeq2], [FromChan], [Generate] and [Replay].
 //
 // A Stage is an immutable definition and may be used in several pipelines; within one
@@ -97,7 +98,7 @@
 // means nothing does not compile. An option that fits several scopes returns a concrete
 // type implementing each of them: [WithBuffer] (a pipeline's default, a stage's, a
 // batch's, a window stage's, the end read by [Collect]), [WithName] (the rows that have
-// no name argument: sources, [Batch], [Window], [Filter], [Collect] and [All]),
+// no name argument: sources, [Batch], [Window], [Filter], [ForEach], [Collect] and [All]),
 // [WithTotal] (a source's and [FromCheckpoint]'s), [WithLag] ([FromAcked]'s and
 // [FromCheckpoint]'s), [WithClassifier] and [WithErrorBudget] (a pipeline's default, or
 // a stage's own), and [WithCodec]. A nil option panics.

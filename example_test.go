@@ -220,6 +220,24 @@ func ExampleFilter() {
 	// filtered out: 3
 }
 
+// This example shows ForEach, the inline end: after an ordered stage its function sees
+// the items in input order, one call at a time, in the goroutine that restores the
+// order, so it keeps its sum without a lock.
+func ExampleForEach() {
+	p := pipeline.New()
+	squares := pipeline.Then(pipeline.FromSlice(p, []int{1, 2, 3, 4}), pipeline.NewStage("square", 4,
+		func(_ context.Context, v int) (int, error) { return v * v, nil }, pipeline.WithOrdered(0)))
+	sum := 0
+	pipeline.ForEach(squares, func(v int) error {
+		sum += v
+		fmt.Print(v, " ")
+		return nil
+	})
+	err := p.Run(context.Background())
+	fmt.Println("=", sum, err)
+	// Output: 1 4 9 16 = 30 <nil>
+}
+
 // This example shows Generate, a source that runs a function: here it reads pages
 // until the last one, and stops early when emit reports that the run is stopping.
 func ExampleGenerate() {

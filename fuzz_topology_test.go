@@ -17,8 +17,9 @@ import (
 // then up to six operators, each one of: a plain, ordered, keyed (WithKey or
 // WithPartition) or flat stage with a dead-letter destination (the first three maybe
 // with a timeout and retries), a Filter, a Map that may panic, a Tee whose first
-// branch ends in a sink at once, or a Batch (maybe with a byte limit) undone by
-// Flatten. The chain ends in a sink that may cancel the run after some items. The shapes come from the defects an outside soak
+// branch ends at once, or a Batch (maybe with a byte limit) undone by Flatten. The
+// chain ends too; each end is a sink stage or a ForEach, and may cancel the run after
+// some items. The shapes come from the defects an outside soak
 // found: Tee with inline panics, batches with byte limits under cancellation,
 // checkpoints with batches, filters and dead letters, keyed and ordered bounds read
 // from Snapshots taken while the run goes on.
@@ -50,6 +51,7 @@ func FuzzTopology(f *testing.F) {
 	f.Add([]byte{50, 6, 1, 5, 6, 7, 3, 1, 2, 4, 5, 6, 0})
 	f.Add([]byte{30, 0, 1, 2, 0, 97, 1, 98, 2, 99, 1})            // timeouts and retries: plain, ordered, keyed
 	f.Add([]byte{40, 3, 7, 2, 2, 0, 224, 6, 1, 1, 97, 0, 226, 1}) // a batch, then ordered and plain stages, both timed and retried; checkpointed, canceled
+	f.Add([]byte{30, 1, 3, 2, 1, 1, 5, 0, 129, 1, 5, 128})        // ForEach ends: a Tee's branch and an ordered stage's output; checkpointed
 	fuzzShape(f, runTopology)
 }
 
@@ -155,7 +157,15 @@ func runTopology(t *testing.T, data []byte) {
 			crossesFlatten[name] = true
 			pendingFlatten = false
 		}
-		pipeline.To(in, pipeline.NewSink(name, 1+b.next()%2, func(context.Context, int) error {
+		v := b.next()
+		if v&0x80 != 0 { // an inline end: fn runs in the goroutines that feed it
+			pipeline.ForEach(in, func(int) error {
+				observe()
+				return nil
+			}, pipeline.WithName(name))
+			return
+		}
+		pipeline.To(in, pipeline.NewSink(name, 1+v%2, func(context.Context, int) error {
 			observe()
 			return nil
 		}))

@@ -1,6 +1,10 @@
 package pipeline
 
-import "sync/atomic"
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+)
 
 // Map returns a stream of fn applied to each item of s. It is an inline operator: fn
 // runs in the goroutines that produce s (a source's, or the upstream stage's workers),
@@ -80,4 +84,149 @@ func Filter[T any](s *Stream[T], keep func(T) bool, opts ...FilterOption) *Strea
 		return []*row{rw}
 	}
 	return out
+}
+
+// ForEach ends s in fn, which runs inline, as [Map] runs: in the goroutine that
+// produces each item (a source's, the upstream stage's workers, or the reorder window's
+// flusher of an ordered stage), with no queue and no goroutine of its own. Calls of fn
+// never overlap, so fn may keep state without a lock; after an ordered stage
+// ([WithOrdered]) or a source, fn sees the items in their order. It is the end to use
+// for a cheap consumer, such as a sum or a buffered writer: a sink stage ([NewSink]
+// attached by [To]) costs a queue and a hand-off between goroutines per item, which a
+// CPU-bound stage of short items can feel.
+//
+// An item is done with when fn returns nil: its position settles (an acknowledged
+// source is told it was processed, a checkpoint passes it). An error from fn fails the
+// run with a [*StageError] naming the ForEach; the item counts as failed, and the items
+// that reach ForEach after that are not started. A panic in fn fails the run under the
+// name of the row whose goroutine ran it, as for Map. ForEach has none of a stage's
+// policies (timeouts, retries, dead letters, [Commit], [SetAside]): for work that can
+// fail, block or retry, use a sink stage.
+//
+// Its row in the [Report] is a [KindSink] named by [WithName], or else "ForEach"
+// ("ForEach#2", ... when there are several), with one worker and no queue; it counts
+// its items per run of items of the goroutine that calls it, so that an item costs
+// no atomic operation beyond fn's lock. It panics like [Filter].
+func ForEach[T any](s *Stream[T], fn func(T) error, opts ...FilterOption) {
+	s.check("ForEach")
+	if fn == nil {
+		panic("pipeline: ForEach(nil)")
+	}
+	cfg := configure("ForEach", opts, FilterOption.filterOption)
+	s.consume("ForEach")
+	p := s.p
+	name := p.rowName(cfg.name, "ForEach")
+	p.terminals = append(p.terminals, func(r *run) {
+		rw := r.newRow(name, KindSink, 1, 0, nil)
+		e := &forEach[T]{fn: fn, name: name, r: r, rw: rw, st: &rw.workers[0]}
+		rw.q = forEachLen[T]{e}
+		feeders := s.open(r, into[T]{out: e.outlet, done: func() {}, rows: []*row{rw}})
+		for _, f := range feeders {
+			f.feed(rw)
+		}
+		// One goroutine at a time produces s: a row of one worker (a source, Batch, a
+		// stage of one worker), or an ordered stage, whose flusher is one at a time
+		// (reorder.flush). Then fn's calls never overlap without a lock.
+		e.serial = len(feeders) == 1 && (len(feeders[0].workers) == 1 || feeders[0].held != nil)
+		r.addRow(rw)
+	})
+}
+
+// forEach is the end a [ForEach] puts its run's items into.
+type forEach[T any] struct {
+	fn     func(T) error
+	name   string
+	r      *run
+	rw     *row
+	st     *workerStats // the row's one worker: its counts, added to by every producer's sender
+	serial bool         // one goroutine at a time produces the stream: no lock
+	mu     sync.Mutex   // held while fn runs, unless serial: its calls never overlap
+	unsent atomic.Int64 // items offered once the run was stopping: never started
+}
+
+// forEachLen is the queueLen of a ForEach's row: it has no queue; the items offered
+// after the run began to stop count as unsent (In and NotStarted).
+type forEachLen[T any] struct{ e *forEach[T] }
+
+func (forEachLen[T]) length() int           { return 0 }
+func (forEachLen[T]) occupancy() int        { return 0 }
+func (l forEachLen[T]) unsentCount() int64  { return l.e.unsent.Load() }
+func (l forEachLen[T]) startedBy(int) int64 { return l.e.st.received.load() }
+
+// call runs fn on v, under the lock unless the stream is serial; a panic in fn
+// releases it too.
+func (e *forEach[T]) call(v T) error {
+	if e.serial {
+		return e.fn(v)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.fn(v)
+}
+
+// forEachSender is one producing goroutine's sender into a ForEach: it keeps the
+// counts of its items and the positions of those done with (a sink's runSettler)
+// until it flushes, drops, or waits.
+type forEachSender[T any] struct {
+	e                         *forEach[T]
+	done                      sender[struct{}] // settles the positions of the items fn returned nil for
+	received, succeeded, fail int64
+}
+
+// outlet makes the sender of the producer whose hand is h.
+func (e *forEach[T]) outlet(h *hand) sender[T] {
+	s := &forEachSender[T]{e: e, done: runSettler(e.r.track)}
+	if h != nil { // counts current, and positions settled, while the producer waits
+		h.placers = append(h.placers, func() { _ = s.done.flush() })
+		h.waits = append(h.waits, s.commit)
+	}
+	return sender[T]{put: s.put, flush: s.flush, drop: s.drop, track: e.r.track}
+}
+
+func (s *forEachSender[T]) put(v T, pos uint64) error {
+	e := s.e
+	if e.r.ctx.Err() != nil { // the run is stopping: start nothing new
+		e.unsent.Add(1)
+		return context.Cause(e.r.ctx)
+	}
+	err := e.call(v) // a panic: counted by the producer's row, never here
+	s.received++
+	if err != nil {
+		s.fail++
+		s.commit()
+		e.rw.addError(errTypeName(err), func(c *ErrorCount) { c.Failed++ })
+		serr := &StageError{Stage: e.name, Err: err}
+		e.r.fail(serr)
+		return serr
+	}
+	s.succeeded++
+	return s.done.put(struct{}{}, pos)
+}
+
+// commit adds the sender's counts to the row's.
+func (s *forEachSender[T]) commit() {
+	st := s.e.st
+	if s.received != 0 {
+		st.received.v.Add(s.received)
+		s.received = 0
+	}
+	if s.succeeded != 0 {
+		st.succeeded.v.Add(s.succeeded)
+		s.succeeded = 0
+	}
+	if s.fail != 0 {
+		st.failed.v.Add(s.fail)
+		s.fail = 0
+	}
+}
+
+func (s *forEachSender[T]) flush() error {
+	err := s.done.flush()
+	s.commit()
+	return err
+}
+
+func (s *forEachSender[T]) drop() {
+	s.done.drop() // the items fn returned nil for are done with all the same
+	s.commit()
 }

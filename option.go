@@ -38,7 +38,8 @@ type SourceOption interface{ sourceOption(*config) }
 // [WithName].
 type CheckpointOption interface{ checkpointOption(*config) }
 
-// FilterOption configures [Filter]. The option: [WithName].
+// FilterOption configures the inline operators [Filter] and [ForEach]. The option:
+// [WithName].
 type FilterOption interface{ filterOption(*config) }
 
 // CollectOption configures the end of a pipeline read by [Collect] or [All]. The
@@ -154,11 +155,11 @@ func (o NameOption) batchOption(c *config)      { c.name = o.name }
 func (o NameOption) filterOption(c *config)     { c.name = o.name }
 func (o NameOption) collectOption(c *config)    { c.name = o.name }
 
-// WithName names the row that a source, [FromCheckpoint], [Replay], [Batch], [Filter]
-// or the end of [Collect]/[All] adds to the [Report]; the report, errors, Snapshot and
-// metrics then use it. Like a stage's name, it must be unique in the pipeline: the
-// constructor panics otherwise. Without it, such a row is named after its constructor
-// ("FromSlice", "Batch", "Filter", "Collect", ...), numbered when the name is taken
+// WithName names the row that a source, [FromCheckpoint], [Replay], [Batch], [Filter],
+// [ForEach] or the end of [Collect]/[All] adds to the [Report]; the report, errors,
+// Snapshot and metrics then use it. Like a stage's name, it must be unique in the
+// pipeline: the constructor panics otherwise. Without it, such a row is named after
+// its constructor ("FromSlice", "Batch", "Filter", "Collect", ...), numbered when the name is taken
 // ("Batch#2"). It panics if name is empty.
 func WithName(name string) NameOption {
 	if name == "" {

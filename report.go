@@ -27,9 +27,9 @@ const (
 	// KindStage is a stage attached by [Then] (made by [NewStage] or [NewFlatStage]):
 	// workers taking items from an input queue.
 	KindStage Kind = "stage"
-	// KindSink is a sink: a stage attached by [To] or [ToBatches], or the row through
-	// which [Collect] and [All] read a stream. Its function may call [Commit] and
-	// [SetAside].
+	// KindSink is a sink: a stage attached by [To] or [ToBatches], the row through
+	// which [Collect] and [All] read a stream, or a [ForEach] (one worker, no queue:
+	// it runs inline). A sink stage's function may call [Commit] and [SetAside].
 	KindSink Kind = "sink"
 	// KindFilter is a [Filter]: it runs inline in the row before it, with no queue and no
 	// workers; Filtered counts the items it dropped.

@@ -87,6 +87,18 @@ func s5CPUPipeline(ctx context.Context, lines []string) (s5Count, error) {
 	return s5Count{items: agg.n}, err
 }
 
+// s5CPUForEach is s5CPUPipeline ending in pipeline.ForEach instead of a sink stage:
+// the sum runs where the window restores the order, as impl=chunked's runs in its
+// re-sequencer, with no queue and no goroutine of its own.
+func s5CPUForEach(ctx context.Context, lines []string) (s5Count, error) {
+	p := pipeline.New(pipeline.WithBuffer(s5Buffer))
+	s := pipeline.Then(pipeline.FromSlice(p, lines), pipeline.NewStage("parse", runtime.GOMAXPROCS(0), parse, pipeline.WithOrdered(0)))
+	var agg aggregate
+	pipeline.ForEach(s, agg.add, pipeline.WithName("sum"))
+	err := p.Run(ctx)
+	return s5Count{items: agg.n}, err
+}
+
 // s5CPUUnordered is s5CPUPipeline without the order: the sink sums what arrives.
 func s5CPUUnordered(ctx context.Context, lines []string) (s5Count, error) {
 	p := pipeline.New(pipeline.WithBuffer(s5Buffer))
@@ -172,6 +184,7 @@ func s5CPUShape(b *testing.B) {
 		run  func(context.Context, []string) (s5Count, error)
 	}{
 		{"pipeline", s5CPUPipeline},
+		{"pipeline+foreach", s5CPUForEach},
 		{"unordered", s5CPUUnordered},
 		{"handwritten", s5CPUHandwritten},
 		{"chunked", s5CPUChunked},
