@@ -200,6 +200,9 @@ func (s *forEachSender[T]) put(v T, pos uint64) error {
 		return serr
 	}
 	s.succeeded++
+	if pos == noPos { // an untracked run: nothing to settle (no call per item)
+		return nil
+	}
 	return s.done.put(struct{}{}, pos)
 }
 
