@@ -170,42 +170,40 @@ func TestForEachSettlesPositions(t *testing.T) {
 // item after fn failed is not processed, and each is told once.
 func TestForEachTellsAnAcknowledgedSource(t *testing.T) {
 	t.Parallel()
-	synctest.Test(t, func(t *testing.T) { forEachTellsAnAcknowledgedSource(t) })
-}
-
-func forEachTellsAnAcknowledgedSource(t *testing.T) {
-	const n = 50
-	var mu sync.Mutex
-	got := map[int][]pipeline.Outcome{}
-	p := pipeline.New(pipeline.WithBuffer(2))
-	src := pipeline.FromAcked(p, ackBody(n, func(i int) func(pipeline.Settlement) {
-		return func(s pipeline.Settlement) {
-			mu.Lock()
-			got[i] = append(got[i], s.Outcome)
-			mu.Unlock()
+	synctest.Test(t, func(t *testing.T) {
+		const n = 50
+		var mu sync.Mutex
+		got := map[int][]pipeline.Outcome{}
+		p := pipeline.New(pipeline.WithBuffer(2))
+		src := pipeline.FromAcked(p, ackBody(n, func(i int) func(pipeline.Settlement) {
+			return func(s pipeline.Settlement) {
+				mu.Lock()
+				got[i] = append(got[i], s.Outcome)
+				mu.Unlock()
+			}
+		}))
+		pipeline.ForEach(src, func(i int) error {
+			if i == 30 {
+				return errBoom
+			}
+			return nil
+		})
+		require.ErrorIs(t, runWithin(t, p, time.Minute), errBoom) // an item never settled: the run waits for it
+		checkAccounting(t, p.Report())
+		mu.Lock()
+		defer mu.Unlock()
+		for i := range n {
+			if _, told := got[i]; !told && i > 30 {
+				continue // never emitted: the source stopped first
+			}
+			require.Lenf(t, got[i], 1, "item %d told %v", i, got[i])
+			want := pipeline.Committed
+			if i >= 30 {
+				want = pipeline.NotProcessed
+			}
+			assert.Equalf(t, want, got[i][0], "item %d", i)
 		}
-	}))
-	pipeline.ForEach(src, func(i int) error {
-		if i == 30 {
-			return errBoom
-		}
-		return nil
 	})
-	require.ErrorIs(t, runWithin(t, p, time.Minute), errBoom) // an item never settled: the run waits for it
-	checkAccounting(t, p.Report())
-	mu.Lock()
-	defer mu.Unlock()
-	for i := range n {
-		if _, told := got[i]; !told && i > 30 {
-			continue // never emitted: the source stopped first
-		}
-		require.Lenf(t, got[i], 1, "item %d told %v", i, got[i])
-		want := pipeline.Committed
-		if i >= 30 {
-			want = pipeline.NotProcessed
-		}
-		assert.Equalf(t, want, got[i][0], "item %d", i)
-	}
 }
 
 // TestForEachMisuse: ForEach panics on a nil stream or function, a consumed stream, and
