@@ -222,7 +222,7 @@ type stats struct{ batches, rows, dead, bisected, roundTrips atomic.Int64 }
 // Stats are a [Writer]'s counts since it was made.
 type Stats struct {
 	Batches      int64 // batches committed
-	Rows         int64 // rows committed (after de-duplication, in upsert modes)
+	Rows         int64 // rows committed (in the upsert modes after the de-duplication in Go; a batch written distinct, with keys PostgreSQL took as one, counts its rows as they came)
 	DeadLettered int64 // rows rejected and dead-lettered
 	Bisected     int64 // batches that had to be bisected to find rejected rows
 	RoundTrips   int64 // statements sent to the server (COPY, BEGIN, COMMIT, savepoints, ...)
