@@ -219,10 +219,12 @@ type writerCore struct {
 
 type stats struct{ batches, rows, dead, bisected, roundTrips atomic.Int64 }
 
-// Stats are a [Writer]'s counts since it was made.
+// Stats are a [Writer]'s counts since it was made. In the upsert modes Rows counts a
+// batch's rows after the de-duplication in Go; a batch written again as it came,
+// because PostgreSQL took two of its keys as one, counts its rows as they came.
 type Stats struct {
 	Batches      int64 // batches committed
-	Rows         int64 // rows committed (in the upsert modes after the de-duplication in Go; a batch written distinct, with keys PostgreSQL took as one, counts its rows as they came)
+	Rows         int64 // rows committed (see above for the upsert modes)
 	DeadLettered int64 // rows rejected and dead-lettered
 	Bisected     int64 // batches that had to be bisected to find rejected rows
 	RoundTrips   int64 // statements sent to the server (COPY, BEGIN, COMMIT, savepoints, ...)
