@@ -118,12 +118,9 @@ func ForEach[T any](s *Stream[T], fn func(T) error, opts ...FilterOption) {
 	name := p.rowName(cfg.name, "ForEach")
 	p.terminals = append(p.terminals, func(r *run) {
 		rw := r.newRow(name, KindSink, 1, 0, nil)
-		e := &forEach[T]{fn: fn, name: name, r: r, rw: rw, st: &rw.workers[0]}
+		e := &forEach[T]{fn: fn, r: r, rw: rw}
 		rw.q = forEachLen[T]{e}
-		feeders := s.open(r, into[T]{out: e.outlet, done: func() {}, rows: []*row{rw}})
-		for _, f := range feeders {
-			f.feed(rw)
-		}
+		feeders := wireInput(r, rw, s, e.outlet, func() {})
 		// One goroutine at a time produces s: a row of one worker (a source, Batch, a
 		// stage of one worker), or an ordered stage, whose flusher is one at a time
 		// (reorder.flush). Then fn's calls never overlap without a lock.
@@ -135,10 +132,8 @@ func ForEach[T any](s *Stream[T], fn func(T) error, opts ...FilterOption) {
 // forEach is the end a [ForEach] puts its run's items into.
 type forEach[T any] struct {
 	fn     func(T) error
-	name   string
 	r      *run
-	rw     *row
-	st     *workerStats // the row's one worker: its counts, added to by every producer's sender
+	rw     *row         // its one worker's counts are added to by every producer's sender
 	serial bool         // one goroutine at a time produces the stream: no lock
 	mu     sync.Mutex   // held while fn runs, unless serial: its calls never overlap
 	unsent atomic.Int64 // items offered once the run was stopping: never started
@@ -151,7 +146,7 @@ type forEachLen[T any] struct{ e *forEach[T] }
 func (forEachLen[T]) length() int           { return 0 }
 func (forEachLen[T]) occupancy() int        { return 0 }
 func (l forEachLen[T]) unsentCount() int64  { return l.e.unsent.Load() }
-func (l forEachLen[T]) startedBy(int) int64 { return l.e.st.received.load() }
+func (l forEachLen[T]) startedBy(int) int64 { return l.e.rw.workers[0].received.load() }
 
 // call runs fn on v, under the lock unless the stream is serial; a panic in fn
 // releases it too.
@@ -180,7 +175,7 @@ func (e *forEach[T]) outlet(h *hand) sender[T] {
 		h.placers = append(h.placers, func() { _ = s.done.flush() })
 		h.waits = append(h.waits, s.commit)
 	}
-	return sender[T]{put: s.put, flush: s.flush, drop: s.drop, track: e.r.track}
+	return sender[T]{put: s.put, flush: s.flush, drop: s.drop} // wireInput adds the tracker
 }
 
 func (s *forEachSender[T]) put(v T, pos uint64) error {
@@ -195,7 +190,7 @@ func (s *forEachSender[T]) put(v T, pos uint64) error {
 		s.fail++
 		s.commit()
 		e.rw.addError(errTypeName(err), func(c *ErrorCount) { c.Failed++ })
-		serr := &StageError{Stage: e.name, Err: err}
+		serr := &StageError{Stage: e.rw.name, Err: err}
 		e.r.fail(serr)
 		return serr
 	}
@@ -208,7 +203,7 @@ func (s *forEachSender[T]) put(v T, pos uint64) error {
 
 // commit adds the sender's counts to the row's.
 func (s *forEachSender[T]) commit() {
-	st := s.e.st
+	st := &s.e.rw.workers[0]
 	if s.received != 0 {
 		st.received.v.Add(s.received)
 		s.received = 0

@@ -343,16 +343,19 @@ func (r *run) spawn(name string, fn func() error) {
 }
 
 // wireInput opens s, the input of the consumer row rw: the rows that feed s directly
-// learn that they feed rw, and the senders of rw's outlet carry the run's tracker.
-func wireInput[T any](r *run, rw *row, s *Stream[T], out outlet[T], done func()) {
+// learn that they feed rw, and the senders of rw's outlet carry the run's tracker. It
+// returns those rows (none for a Tee's branches but the last: see tee.open).
+func wireInput[T any](r *run, rw *row, s *Stream[T], out outlet[T], done func()) []*row {
 	tracked := func(h *hand) sender[T] {
 		snd := out(h)
 		snd.track = r.track
 		return snd
 	}
-	for _, f := range s.open(r, into[T]{out: tracked, done: done, rows: []*row{rw}}) {
+	feeders := s.open(r, into[T]{out: tracked, done: done, rows: []*row{rw}})
+	for _, f := range feeders {
 		f.feed(rw)
 	}
+	return feeders
 }
 
 // order sorts the rows of the wired graph upstream first (a row after every row that
