@@ -707,8 +707,9 @@ type KeyBounds struct {
 	// list), or one taken back from it is being tried: so that its items go on in order
 	// under the breaker that held them (its later items are held behind them there,
 	// within that breaker's Held), and every attempt's failure is held and probed by
-	// the breaker that counted it. While the bound is reached, each attempt of a key without a state
-	// of its own scans the keys for one: keep Keys above the keys active at once.
+	// the breaker that counted it. While the bound is reached, each attempt of a key
+	// without a state of its own scans the keys for one: keep Keys above the keys
+	// active at once.
 	Keys int
 }
 
