@@ -2272,38 +2272,40 @@ func TestBreakerPerKeySharedBreakerKeepsItsKeysAttemptInFlight(t *testing.T) {
 func TestBreakerFatalTimeoutIsNotAFailure(t *testing.T) {
 	t.Parallel()
 	for _, probe := range []bool{false, true} {
-		synctest.Test(t, func(t *testing.T) {
-			var calls atomic.Int64
-			p := pipeline.New()
-			st := pipeline.NewStage("call", 1, func(ctx context.Context, v int) (int, error) {
-				n := calls.Add(1)
-				if probe && n == 1 {
-					return 0, pipeline.Transient(errBoom) // opens it: the next attempt is the probe
-				}
-				<-ctx.Done() // times out
-				return 0, ctx.Err()
-			},
-				pipeline.WithTimeout(10*time.Millisecond),
-				pipeline.WithClassifier(func(err error) pipeline.Class {
-					if errors.Is(err, pipeline.ErrTimeout) {
-						return pipeline.ClassFatal
+		t.Run(fmt.Sprint("probe=", probe), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var calls atomic.Int64
+				p := pipeline.New()
+				st := pipeline.NewStage("call", 1, func(ctx context.Context, v int) (int, error) {
+					n := calls.Add(1)
+					if probe && n == 1 {
+						return 0, pipeline.Transient(errBoom) // opens it: the next attempt is the probe
 					}
-					return pipeline.ClassTransient
-				}),
-				pipeline.WithCircuitBreaker(pipeline.Breaker{Failures: 1, OpenFor: time.Second}))
-			pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(3)), st), nopSink())
-			err := runWithin(t, p, time.Minute) // counted, the fatal probe left the breaker waiting for it
-			require.ErrorIs(t, err, pipeline.ErrTimeout)
-			b := row(t, p.Report(), "call").Breaker
-			require.NotNil(t, b)
-			opened := int64(0)
-			if probe {
-				opened = 1 // by the transient failure, not again by the fatal probe
-			}
-			assert.Equal(t, opened, b.Opened, "times opened")
-			if !probe {
-				assert.Equal(t, pipeline.BreakerClosed, b.State)
-			}
+					<-ctx.Done() // times out
+					return 0, ctx.Err()
+				},
+					pipeline.WithTimeout(10*time.Millisecond),
+					pipeline.WithClassifier(func(err error) pipeline.Class {
+						if errors.Is(err, pipeline.ErrTimeout) {
+							return pipeline.ClassFatal
+						}
+						return pipeline.ClassTransient
+					}),
+					pipeline.WithCircuitBreaker(pipeline.Breaker{Failures: 1, OpenFor: time.Second}))
+				pipeline.To(pipeline.Then(pipeline.FromSlice(p, ints(3)), st), nopSink())
+				err := runWithin(t, p, time.Minute) // counted, the fatal probe left the breaker waiting for it
+				require.ErrorIs(t, err, pipeline.ErrTimeout)
+				b := row(t, p.Report(), "call").Breaker
+				require.NotNil(t, b)
+				opened := int64(0)
+				if probe {
+					opened = 1 // by the transient failure, not again by the fatal probe
+				}
+				assert.Equal(t, opened, b.Opened, "times opened")
+				if !probe {
+					assert.Equal(t, pipeline.BreakerClosed, b.State)
+				}
+			})
 		})
 	}
 }

@@ -157,3 +157,20 @@ func runWithin(t *testing.T, p *pipeline.Pipeline, d time.Duration) error {
 		return nil
 	}
 }
+
+// runGuarded runs p outside a synctest bubble (a goroutine waiting on a mutex is not
+// durably blocked, so a bubble would not see the hang) and fails the test if the run
+// has not ended after a minute: a bound on a hang, not a measure.
+func runGuarded(t *testing.T, p *pipeline.Pipeline) error {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	done := runAsync(ctx, p)
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(time.Minute):
+		t.Fatal("the run hung for a minute") // not waiting for it: what hangs may never return
+		return nil
+	}
+}
