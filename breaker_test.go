@@ -2273,6 +2273,7 @@ func TestBreakerFatalTimeoutIsNotAFailure(t *testing.T) {
 	t.Parallel()
 	for _, probe := range []bool{false, true} {
 		t.Run(fmt.Sprint("probe=", probe), func(t *testing.T) {
+			t.Parallel()
 			synctest.Test(t, func(t *testing.T) {
 				var calls atomic.Int64
 				p := pipeline.New()

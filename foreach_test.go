@@ -81,6 +81,7 @@ func TestForEachErrorFailsTheRun(t *testing.T) {
 	t.Parallel()
 	for _, workers := range []int{1, 3} {
 		t.Run(fmt.Sprint("workers=", workers), func(t *testing.T) {
+			t.Parallel()
 			synctest.Test(t, func(t *testing.T) {
 				p := pipeline.New(pipeline.WithBuffer(2))
 				s := pipeline.Then(pipeline.FromSlice(p, ints(100)), pipeline.NewStage("id", workers, identity))
