@@ -135,6 +135,76 @@ func TestForEachPanicFailsTheRunUnderItsProducer(t *testing.T) {
 	checkConservation(t, rep)
 }
 
+// TestForEachEndsARunHandedWholeAsItemByItem: an ordered stage's window and a slice
+// source hand ForEach whole runs of items; an error, a panic or the run stopping in
+// the middle of one ends it exactly as item by item: fn is called for no item after,
+// the item it failed or panicked on counts once, and every row adds up.
+func TestForEachEndsARunHandedWholeAsItemByItem(t *testing.T) {
+	t.Parallel()
+	const n, at = 1000, 150
+	producers := []struct {
+		name string
+		wire func(p *pipeline.Pipeline) *pipeline.Stream[int]
+	}{
+		{"ordered", func(p *pipeline.Pipeline) *pipeline.Stream[int] {
+			return pipeline.Then(pipeline.FromSlice(p, ints(n)), pipeline.NewStage("id", 3, identity, pipeline.WithOrdered(0)))
+		}},
+		{"slice", func(p *pipeline.Pipeline) *pipeline.Stream[int] {
+			return pipeline.FromSlice(p, ints(n), pipeline.WithName("id"))
+		}},
+	}
+	for _, pr := range producers {
+		for _, ending := range []string{"error", "panic", "stop"} {
+			t.Run(pr.name+"/"+ending, func(t *testing.T) {
+				t.Parallel()
+				synctest.Test(t, func(t *testing.T) {
+					ctx, cancel := context.WithCancel(t.Context())
+					defer cancel()
+					p := pipeline.New()
+					calls, nils := 0, 0
+					pipeline.ForEach(pr.wire(p), func(i int) error {
+						calls++
+						if i == at {
+							switch ending {
+							case "error":
+								return errBoom
+							case "panic":
+								panic("each")
+							default:
+								cancel()
+							}
+						}
+						nils++
+						return nil
+					}, pipeline.WithName("end"))
+					err := p.Run(ctx)
+					assert.Equal(t, at+1, calls, "fn's calls: none after the item it ended on")
+					rep := p.Report()
+					checkReport(t, rep)
+					end := row(t, rep, "end")
+					assert.Equal(t, int64(nils), end.Succeeded)
+					switch ending {
+					case "error":
+						require.ErrorIs(t, err, errBoom)
+						assert.Equal(t, int64(1), end.Failed)
+					case "panic":
+						pe, ok := errors.AsType[*pipeline.PanicError](err)
+						require.True(t, ok, "want a *PanicError, got %v", err)
+						assert.Equal(t, "each", pe.Value)
+						se, ok := errors.AsType[*pipeline.StageError](err)
+						require.True(t, ok)
+						assert.Equal(t, "id", se.Stage)
+						assert.Equal(t, int64(at), end.In, "the item fn panicked on never arrived")
+					default:
+						require.ErrorIs(t, err, context.Canceled)
+						assert.Zero(t, end.Failed)
+					}
+				})
+			})
+		}
+	}
+}
+
 // TestForEachSettlesPositions: in a checkpointed run an item's position settles when fn
 // returns nil, so the run saves the end; a failed item holds the checkpoint at or
 // before it, and a resumed run redoes it.

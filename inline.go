@@ -106,7 +106,9 @@ func Filter[T any](s *Stream[T], keep func(T) bool, opts ...FilterOption) *Strea
 // Its row in the [Report] is a [KindSink] named by [WithName], or else "ForEach"
 // ("ForEach#2", ... when there are several), with one worker and no queue; it counts
 // its items per run of items of the goroutine that calls it, so that an item costs
-// no atomic operation beyond fn's lock. It panics like [Filter].
+// no atomic operation beyond fn's lock, and a run handed on whole (an ordered stage's
+// outputs in an untracked run, a [FromSlice]'s chunk) takes the lock once. It panics
+// like [Filter].
 func ForEach[T any](s *Stream[T], fn func(T) error, opts ...FilterOption) {
 	s.check("ForEach")
 	if fn == nil {
@@ -175,7 +177,7 @@ func (e *forEach[T]) outlet(h *hand) sender[T] {
 		h.placers = append(h.placers, func() { _ = s.done.flush() })
 		h.waits = append(h.waits, s.commit)
 	}
-	return sender[T]{put: s.put, flush: s.flush, drop: s.drop} // wireInput adds the tracker
+	return sender[T]{put: s.put, putRun: s.putRun, flush: s.flush, drop: s.drop} // wireInput adds the tracker
 }
 
 func (s *forEachSender[T]) put(v T, pos uint64) error {
@@ -187,18 +189,61 @@ func (s *forEachSender[T]) put(v T, pos uint64) error {
 	err := e.call(v) // a panic: counted by the producer's row, never here
 	s.received++
 	if err != nil {
-		s.fail++
-		s.commit()
-		e.rw.addError(errTypeName(err), func(c *ErrorCount) { c.Failed++ })
-		serr := &StageError{Stage: e.rw.name, Err: err}
-		e.r.fail(serr)
-		return serr
+		return s.failed(err)
 	}
 	s.succeeded++
 	if pos == noPos { // an untracked run: nothing to settle (no call per item)
 		return nil
 	}
 	return s.done.put(struct{}{}, pos)
+}
+
+// putRun is put for a run of untracked items vs (an ordered stage's window, a slice
+// source's chunk), under one lock: fn on each in turn, with no call of put per item.
+// It returns how many it took: all, unless fn fails one (that one included) or the
+// run stops (the one it could not start included, counted unsent). A panic in fn
+// tells before how many fn returned for, as a sender that waits would, so that the
+// producer counts those sent and the rest not.
+func (s *forEachSender[T]) putRun(vs []T, before func(done int)) (n int, err error) {
+	e := s.e
+	if !e.serial {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+	}
+	returned := false
+	defer func() {
+		if !returned {
+			before(n)
+		}
+	}()
+	stop := e.r.ctx
+	for ; n < len(vs); n++ {
+		if stop.Err() != nil { // the run is stopping: start nothing new
+			e.unsent.Add(1)
+			returned = true
+			return n + 1, context.Cause(stop)
+		}
+		if err = e.fn(vs[n]); err != nil {
+			s.received++
+			returned = true
+			return n + 1, s.failed(err)
+		}
+		s.received++
+		s.succeeded++
+	}
+	returned = true
+	return n, nil
+}
+
+// failed counts the item fn returned err for, and fails the run.
+func (s *forEachSender[T]) failed(err error) error {
+	e := s.e
+	s.fail++
+	s.commit()
+	e.rw.addError(errTypeName(err), func(c *ErrorCount) { c.Failed++ })
+	serr := &StageError{Stage: e.rw.name, Err: err}
+	e.r.fail(serr)
+	return serr
 }
 
 // commit adds the sender's counts to the row's.

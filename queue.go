@@ -99,11 +99,13 @@ type sender[T any] struct {
 	put   pushFunc[T]
 	flush func() error
 	drop  func()
-	// putRun, when not nil, puts untracked items vs as put would one by one, without
-	// user code in between (a plain queue's sender): it returns how many it took, all
-	// unless the run stops (the one it could not send is counted unsent, as by put).
-	// Before it may wait for room to put vs[done], it calls before(done), so that the
-	// producer's counts show that item in flight while it waits.
+	// putRun, when not nil, puts untracked items vs as put would one by one, with no
+	// call per item (a plain queue's sender, an inline window's, a ForEach's): it
+	// returns how many it took, all unless the run stops or fn of a ForEach fails one
+	// (that one included, counted unsent or failed as by put). Before it may wait for
+	// room to put vs[done], it calls before(done), so that the producer's counts show
+	// that item in flight while it waits; a ForEach calls it too when fn panics at
+	// vs[done].
 	putRun func(vs []T, before func(done int)) (int, error)
 	// track is the run's tracker: the sender is how a producer derives and settles the
 	// positions of what it sends (split, group, ungroup, settle, setAside, in

@@ -66,8 +66,13 @@ type reorder[Out any] struct {
 	spare    []*waiter    // waiters of earlier waits, for the next: a wait allocates nothing in steady state
 	held     atomic.Int64 // items settled with outputs but not yet pushed
 	flat     bool         // outputs in flats, not outs
-	bulk     bool         // one-to-one, untracked, into a plain queue: a pass goes out in runs (out.putRun)
+	bulk     bool         // one-to-one, untracked, into a sender that takes runs: a pass goes out in runs (out.putRun)
 	out      sender[Out]  // used by the flusher only
+	// taken is how many outputs of the stretch being put the sender took before it
+	// waited, or before user code in it panicked (a ForEach): the flusher's only,
+	// told by before.
+	taken  int
+	before func(done int)
 }
 
 // newReorder returns the window of an ordered stage whose outputs go to out. tracked
@@ -84,6 +89,7 @@ func newReorder[Out any](window int, out sender[Out], flat, tracked bool) *reord
 		o.pos = make([]uint64, window)
 	}
 	o.bulk = !flat && !tracked && out.putRun != nil
+	o.before = func(done int) { o.taken = done }
 	return o
 }
 
@@ -100,9 +106,12 @@ func (o *reorder[Out]) posAt(i int) uint64 {
 
 // putRun puts the outputs vs (slots of the window) with one putRun, and then, if the
 // run stopped midway, offers the rest one by one, so that each is counted as sent or
-// unsent; first keeps the first error. It empties the slots' outputs.
+// unsent; first keeps the first error. It empties the slots' outputs. If user code in
+// the sender (a ForEach) panics, o.taken tells the flusher how many it took.
 func (o *reorder[Out]) putRun(vs []Out, first *error) {
-	n, err := o.out.putRun(vs, nothingBefore)
+	o.taken = 0
+	n, err := o.out.putRun(vs, o.before)
+	o.taken = 0 // put, and counted by the caller
 	if err != nil && *first == nil {
 		*first = err
 	}
@@ -111,9 +120,6 @@ func (o *reorder[Out]) putRun(vs []Out, first *error) {
 	}
 	clear(vs)
 }
-
-// nothingBefore is the before of a putRun with no counts to publish.
-func nothingBefore(int) {}
 
 // fill records the output of admitted item seq of a one-to-one stage in its slot. The
 // slot is the worker's alone until it settles the item (settleRun): the item that had
@@ -251,6 +257,10 @@ func (o *reorder[Out]) flush(stats *workerStats) error {
 	var out, emitted int64
 	returned := false
 	defer func() {
+		if !returned && o.bulk { // a panic in a stretch's putRun: what it took before is out
+			out += int64(o.taken)
+			emitted += int64(o.taken)
+		}
 		o.held.Add(-out)
 		stats.emitted.add(emitted)
 		if !returned {
@@ -272,7 +282,7 @@ func (o *reorder[Out]) flush(stats *workerStats) error {
 		switch {
 		case o.bulk:
 			// Each stretch of ready slots, up to a skipped one or the end of the
-			// ring, goes out with one putRun straight from the slots (no user code).
+			// ring, goes out with one putRun straight from the slots.
 			for _, p := range [2][2]int{{i0, i0 + a}, {0, b}} {
 				for i, e := p[0], p[1]; i < e; {
 					k := bytes.IndexByte(o.state[i:e], slotSkip)
