@@ -2087,81 +2087,22 @@ func TestBreakerPerKeySharedBreakerKeepsItsKeysHeldItems(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			synctest.Test(t, func(t *testing.T) {
-				start := time.Now()
-				a1Began, a1Done := make(chan struct{}), make(chan struct{})
-				var (
-					mu      sync.Mutex
-					begun   []string                     // k's calls, in the order they began
-					at      = map[string]time.Duration{} // when each k item's call that succeeded began
-					k1Calls int
-				)
-				call := func(ctx context.Context, v string) (string, error) {
-					if v == "a1" {
-						close(a1Began)
-						defer close(a1Done)
-						return v, spend(ctx, 500*time.Millisecond)
-					}
-					mu.Lock()
-					begun = append(begun, v)
-					began := time.Since(start)
-					d, fail := 10*time.Millisecond, false
-					if v == "k1" {
-						k1Calls++
-						fail = k1Calls == 1 || k1Calls == 2 && len(tc.held) == 1
-						if k1Calls == 2 {
+				r := runSharedBreakerKey(t, openFor, tc.held, []timedItem{{"k3", tc.k3}}, tc.k3+50*time.Millisecond,
+					func(n int) (time.Duration, bool) {
+						d := 10 * time.Millisecond
+						if n == 2 {
 							d = tc.probe
 						}
-					}
-					mu.Unlock()
-					if err := spend(ctx, d); err != nil {
-						return "", err
-					}
-					if fail {
-						return "", pipeline.Transient(errDown)
-					}
-					mu.Lock()
-					at[v] = began
-					mu.Unlock()
-					return v, nil
-				}
-				p := pipeline.New()
-				src := pipeline.Generate(p, func(ctx context.Context, emit func(string) error) error {
-					if err := emit("a1"); err != nil {
-						return err
-					}
-					if err := awaitClose(ctx, a1Began); err != nil { // a has the state
-						return err
-					}
-					for _, v := range tc.held {
-						if err := emit(v); err != nil {
-							return err
-						}
-					}
-					if err := awaitClose(ctx, a1Done); err != nil {
-						return err
-					}
-					if err := spend(ctx, tc.k3-time.Since(start)); err != nil {
-						return err
-					}
-					return emit("k3")
-				})
-				st := pipeline.NewStage("call", 2, call,
-					pipeline.WithBreakerPerKey(func(v string) string { return v[:1] }, pipeline.Breaker{Failures: 1, OpenFor: openFor}, pipeline.KeyBounds{Keys: 1}))
-				midRun := snapshotAfter(p, tc.k3+50*time.Millisecond)
-				pipeline.To(pipeline.Then(src, st), pipeline.NewSink("sink", 1, func(context.Context, string) error { return nil }))
-				require.NoError(t, p.Run(t.Context()))
-				rep := p.Report()
-				checkReport(t, rep)
-				call1 := row(t, rep, "call")
-				assert.Equal(t, int64(len(tc.held)+2), call1.Succeeded)
-				assert.Equal(t, tc.begun, begun, "k's held items first, k1 as the probe")
-				assert.GreaterOrEqual(t, at["k1"], tc.k1After, "k1 waits for the shared breaker")
-				assert.GreaterOrEqual(t, at["k3"], at[tc.held[len(tc.held)-1]], "k3 after k's held items")
-				mid := row(t, midRun(), "call")
-				require.NotNil(t, mid.Breaker)
-				assert.Equal(t, []pipeline.KeyBreakerReport{{Key: "(other keys)", State: mid.Breaker.State, Holding: int(mid.Breaker.Holding), Opened: mid.Breaker.Opened}}, mid.Breaker.Keys,
+						return d, n == 1 || n == 2 && len(tc.held) == 1
+					})
+				assert.Equal(t, int64(len(tc.held)+2), r.call.Succeeded)
+				assert.Equal(t, tc.begun, r.begun, "k's held items first, k1 as the probe")
+				assert.GreaterOrEqual(t, r.at["k1"], tc.k1After, "k1 waits for the shared breaker")
+				assert.GreaterOrEqual(t, r.at["k3"], r.at[tc.held[len(tc.held)-1]], "k3 after k's held items")
+				require.NotNil(t, r.mid.Breaker)
+				assert.Equal(t, []pipeline.KeyBreakerReport{{Key: "(other keys)", State: r.mid.Breaker.State, Holding: int(r.mid.Breaker.Holding), Opened: r.mid.Breaker.Opened}}, r.mid.Breaker.Keys,
 					"k has no state of its own while its items are under the shared breaker")
-				assert.Equal(t, tc.holding, mid.Breaker.Holding, "held 50 ms after k3 came")
+				assert.Equal(t, tc.holding, r.mid.Breaker.Holding, "held 50 ms after k3 came")
 			})
 		})
 	}
@@ -2181,88 +2122,118 @@ func TestBreakerPerKeySharedBreakerKeepsItsKeysAttemptInFlight(t *testing.T) {
 	t.Parallel()
 	const openFor = time.Second
 	synctest.Test(t, func(t *testing.T) {
-		start := time.Now()
-		a1Began, a1Done := make(chan struct{}), make(chan struct{})
-		var (
-			mu      sync.Mutex
-			begun   []string                     // k's calls, in the order they began
-			at      = map[string]time.Duration{} // when each k item's call that succeeded began
-			k1Calls int
-		)
-		call := func(ctx context.Context, v string) (string, error) {
-			if v == "a1" {
-				close(a1Began)
-				defer close(a1Done)
-				return v, spend(ctx, 500*time.Millisecond)
-			}
-			mu.Lock()
-			begun = append(begun, v)
-			began := time.Since(start)
-			d, fail := 10*time.Millisecond, false
-			if v == "k1" {
-				if k1Calls++; k1Calls == 1 {
-					d, fail = openFor, true
+		r := runSharedBreakerKey(t, openFor, []string{"k1"}, []timedItem{{"k2", 600 * time.Millisecond}, {"k3", 1100 * time.Millisecond}}, 1150*time.Millisecond,
+			func(n int) (time.Duration, bool) {
+				if n == 1 {
+					return openFor, true
 				}
-			}
-			mu.Unlock()
-			if err := spend(ctx, d); err != nil {
-				return "", err
-			}
-			if fail {
-				return "", pipeline.Transient(errDown)
-			}
-			mu.Lock()
-			at[v] = began
-			mu.Unlock()
-			return v, nil
-		}
-		p := pipeline.New()
-		src := pipeline.Generate(p, func(ctx context.Context, emit func(string) error) error {
-			if err := emit("a1"); err != nil {
-				return err
-			}
-			if err := awaitClose(ctx, a1Began); err != nil { // a has the state
-				return err
-			}
-			if err := emit("k1"); err != nil {
-				return err
-			}
-			if err := awaitClose(ctx, a1Done); err != nil {
-				return err
-			}
-			for _, e := range []struct {
-				v  string
-				at time.Duration
-			}{{"k2", 600 * time.Millisecond}, {"k3", 1100 * time.Millisecond}} {
-				if err := spend(ctx, e.at-time.Since(start)); err != nil {
-					return err
-				}
-				if err := emit(e.v); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-		st := pipeline.NewStage("call", 2, call,
-			pipeline.WithBreakerPerKey(func(v string) string { return v[:1] }, pipeline.Breaker{Failures: 1, OpenFor: openFor}, pipeline.KeyBounds{Keys: 1}))
-		midRun := snapshotAfter(p, 1150*time.Millisecond)
-		pipeline.To(pipeline.Then(src, st), pipeline.NewSink("sink", 1, func(context.Context, string) error { return nil }))
-		require.NoError(t, p.Run(t.Context()))
-		rep := p.Report()
-		checkReport(t, rep)
-		call1 := row(t, rep, "call")
-		assert.Equal(t, int64(4), call1.Succeeded)
-		assert.Equal(t, []string{"k1", "k2", "k1", "k3"}, begun)
-		assert.GreaterOrEqual(t, at["k1"], 2*openFor, "k1, held by the shared breaker that its failure opened, waits for its OpenFor")
-		assert.GreaterOrEqual(t, at["k3"], at["k1"], "k3 after k1, held")
-		assert.Equal(t, int64(1), call1.Breaker.Held, "k1's failed attempt")
-		assert.Equal(t, pipeline.BreakerClosed, call1.Breaker.State, "k1's probe closed the shared breaker")
-		assert.Zero(t, call1.Breaker.KeysOpen)
-		mid := row(t, midRun(), "call")
-		require.NotNil(t, mid.Breaker)
-		assert.Equal(t, []pipeline.KeyBreakerReport{{Key: "(other keys)", State: pipeline.BreakerOpen, Holding: 2, Opened: 1}}, mid.Breaker.Keys,
+				return 10 * time.Millisecond, false
+			})
+		assert.Equal(t, int64(4), r.call.Succeeded)
+		assert.Equal(t, []string{"k1", "k2", "k1", "k3"}, r.begun)
+		assert.GreaterOrEqual(t, r.at["k1"], 2*openFor, "k1, held by the shared breaker that its failure opened, waits for its OpenFor")
+		assert.GreaterOrEqual(t, r.at["k3"], r.at["k1"], "k3 after k1, held")
+		assert.Equal(t, int64(1), r.call.Breaker.Held, "k1's failed attempt")
+		assert.Equal(t, pipeline.BreakerClosed, r.call.Breaker.State, "k1's probe closed the shared breaker")
+		assert.Zero(t, r.call.Breaker.KeysOpen)
+		require.NotNil(t, r.mid.Breaker)
+		assert.Equal(t, []pipeline.KeyBreakerReport{{Key: "(other keys)", State: pipeline.BreakerOpen, Holding: 2, Opened: 1}}, r.mid.Breaker.Keys,
 			"k1 and k3 held by the shared breaker; k has no state of its own")
 	})
+}
+
+// timedItem is an item the source emits at a known time since the start.
+type timedItem struct {
+	v  string
+	at time.Duration
+}
+
+// sharedBreakerKeyRun is what runSharedBreakerKey saw.
+type sharedBreakerKeyRun struct {
+	begun     []string                 // k's calls, in the order they began
+	at        map[string]time.Duration // when each k item's call that succeeded began
+	call, mid pipeline.StageReport     // the stage's row at the end, and at midAt
+}
+
+// runSharedBreakerKey runs, in the caller's synctest bubble, the scenario of the tests
+// of a key under the breaker that the keys past KeyBounds.Keys share: Keys: 1 (the key
+// is an item's first letter), two workers, Failures: 1 and openFor. The source emits
+// a1, whose call lasts 500 ms, so a has the one state; once a1's call began, held (k's
+// items, which the shared breaker will hold); once it ended, each later item at its
+// time. k1Call(n) says how long k1's n-th call lasts and whether it fails (Transient);
+// k's other calls last 10 ms and succeed. The run must succeed and its report pass
+// checkReport.
+func runSharedBreakerKey(t *testing.T, openFor time.Duration, held []string, later []timedItem, midAt time.Duration, k1Call func(n int) (time.Duration, bool)) sharedBreakerKeyRun {
+	t.Helper()
+	start := time.Now()
+	a1Began, a1Done := make(chan struct{}), make(chan struct{})
+	var (
+		mu      sync.Mutex
+		r       = sharedBreakerKeyRun{at: map[string]time.Duration{}}
+		k1Calls int
+	)
+	call := func(ctx context.Context, v string) (string, error) {
+		if v == "a1" {
+			close(a1Began)
+			defer close(a1Done)
+			return v, spend(ctx, 500*time.Millisecond)
+		}
+		mu.Lock()
+		r.begun = append(r.begun, v)
+		began := time.Since(start)
+		d, fail := 10*time.Millisecond, false
+		if v == "k1" {
+			k1Calls++
+			d, fail = k1Call(k1Calls)
+		}
+		mu.Unlock()
+		if err := spend(ctx, d); err != nil {
+			return "", err
+		}
+		if fail {
+			return "", pipeline.Transient(errDown)
+		}
+		mu.Lock()
+		r.at[v] = began
+		mu.Unlock()
+		return v, nil
+	}
+	p := pipeline.New()
+	src := pipeline.Generate(p, func(ctx context.Context, emit func(string) error) error {
+		if err := emit("a1"); err != nil {
+			return err
+		}
+		if err := awaitClose(ctx, a1Began); err != nil { // a has the state
+			return err
+		}
+		for _, v := range held {
+			if err := emit(v); err != nil {
+				return err
+			}
+		}
+		if err := awaitClose(ctx, a1Done); err != nil {
+			return err
+		}
+		for _, e := range later {
+			if err := spend(ctx, e.at-time.Since(start)); err != nil {
+				return err
+			}
+			if err := emit(e.v); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	st := pipeline.NewStage("call", 2, call,
+		pipeline.WithBreakerPerKey(func(v string) string { return v[:1] }, pipeline.Breaker{Failures: 1, OpenFor: openFor}, pipeline.KeyBounds{Keys: 1}))
+	midRun := snapshotAfter(p, midAt)
+	pipeline.To(pipeline.Then(src, st), pipeline.NewSink("sink", 1, func(context.Context, string) error { return nil }))
+	require.NoError(t, p.Run(t.Context()))
+	rep := p.Report()
+	checkReport(t, rep)
+	r.call = row(t, rep, "call")
+	r.mid = row(t, midRun(), "call")
+	return r
 }
 
 // TestBreakerFatalTimeoutIsNotAFailure: an attempt that timed out and that the
