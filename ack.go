@@ -33,18 +33,10 @@ const (
 
 // String returns the outcome's name: "not processed", "committed", "dead-lettered" or
 // "handed back".
-func (o Outcome) String() string {
-	switch o {
-	case NotProcessed:
-		return "not processed"
-	case Committed:
-		return "committed"
-	case DeadLettered:
-		return "dead-lettered"
-	case HandedBack:
-		return "handed back"
-	}
-	return fmt.Sprintf("Outcome(%d)", uint8(o))
+func (o Outcome) String() string { return enumName("Outcome", outcomeNames[:], o) }
+
+var outcomeNames = [...]string{
+	NotProcessed: "not processed", Committed: "committed", DeadLettered: "dead-lettered", HandedBack: "handed back",
 }
 
 // Settlement is what an acknowledged source ([FromAcked]) learns about one of its items

@@ -52,17 +52,9 @@ const (
 )
 
 // String returns "closed", "open" or "half-open".
-func (s BreakerState) String() string {
-	switch s {
-	case BreakerClosed:
-		return "closed"
-	case BreakerOpen:
-		return "open"
-	case BreakerHalfOpen:
-		return "half-open"
-	}
-	return fmt.Sprintf("BreakerState(%d)", uint8(s))
-}
+func (s BreakerState) String() string { return enumName("BreakerState", breakerStateNames[:], s) }
+
+var breakerStateNames = [...]string{BreakerClosed: "closed", BreakerOpen: "open", BreakerHalfOpen: "half-open"}
 
 // WithCircuitBreaker gives a stage a circuit breaker, for a service that goes down now
 // and then: rather than let every item of an outage burn its retries and be

@@ -191,17 +191,9 @@ const (
 )
 
 // String returns "fatal", "item" or "transient".
-func (c Class) String() string {
-	switch c {
-	case ClassFatal:
-		return "fatal"
-	case ClassItem:
-		return "item"
-	case ClassTransient:
-		return "transient"
-	}
-	return fmt.Sprintf("Class(%d)", uint8(c))
-}
+func (c Class) String() string { return enumName("Class", classNames[:], c) }
+
+var classNames = [...]string{ClassFatal: "fatal", ClassItem: "item", ClassTransient: "transient"}
 
 // valid reports whether c is one of the defined classes.
 func (c Class) valid() bool { return c <= ClassTransient }

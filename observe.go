@@ -43,30 +43,22 @@ const (
 
 // String returns the kind's name: "retry", "dead-letter", "budget", "checkpoint",
 // "stage-done", "breaker-open", "breaker-half-open", "breaker-closed", "limit" or "stuck".
-func (k EventKind) String() string {
-	switch k {
-	case EventRetry:
-		return "retry"
-	case EventDeadLetter:
-		return "dead-letter"
-	case EventBudget:
-		return "budget"
-	case EventCheckpoint:
-		return "checkpoint"
-	case EventStageDone:
-		return "stage-done"
-	case EventBreakerOpen:
-		return "breaker-open"
-	case EventBreakerHalfOpen:
-		return "breaker-half-open"
-	case EventBreakerClosed:
-		return "breaker-closed"
-	case EventLimit:
-		return "limit"
-	case EventStuck:
-		return "stuck"
+func (k EventKind) String() string { return enumName("EventKind", eventKindNames[:], k) }
+
+var eventKindNames = [...]string{
+	EventRetry: "retry", EventDeadLetter: "dead-letter", EventBudget: "budget", EventCheckpoint: "checkpoint",
+	EventStageDone: "stage-done", EventBreakerOpen: "breaker-open", EventBreakerHalfOpen: "breaker-half-open",
+	EventBreakerClosed: "breaker-closed", EventLimit: "limit", EventStuck: "stuck",
+}
+
+// enumName returns the name of v, a value of the enumeration typ whose names are names
+// (indexed by value): names[v], or typ(v) for a value without one, as fmt prints an
+// undefined value.
+func enumName[E ~uint8](typ string, names []string, v E) string {
+	if int(v) < len(names) && names[v] != "" {
+		return names[v]
 	}
-	return fmt.Sprintf("EventKind(%d)", uint8(k))
+	return fmt.Sprintf("%s(%d)", typ, uint8(v))
 }
 
 // Event is something worth knowing that happened in a run. Only rare things are events

@@ -311,6 +311,33 @@ func TestObserverMisuse(t *testing.T) {
 	assertPanicsPipeline(t, func() { pipeline.WithLogger(nil) })
 }
 
+// TestEnumNames pins the names of every value of the exported enumerations, and the
+// form fmt gives a value without one (EventKind's start at 1: 0 has none).
+func TestEnumNames(t *testing.T) {
+	t.Parallel()
+	names := func(vs ...fmt.Stringer) string {
+		var b strings.Builder
+		for i, v := range vs {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			b.WriteString(v.String())
+		}
+		return b.String()
+	}
+	assert.Equal(t, "not processed, committed, dead-lettered, handed back, Outcome(4)",
+		names(pipeline.NotProcessed, pipeline.Committed, pipeline.DeadLettered, pipeline.HandedBack, pipeline.HandedBack+1))
+	assert.Equal(t, "closed, open, half-open, BreakerState(3)",
+		names(pipeline.BreakerClosed, pipeline.BreakerOpen, pipeline.BreakerHalfOpen, pipeline.BreakerHalfOpen+1))
+	assert.Equal(t, "fatal, item, transient, Class(3)",
+		names(pipeline.ClassFatal, pipeline.ClassItem, pipeline.ClassTransient, pipeline.ClassTransient+1))
+	assert.Equal(t, "EventKind(0), retry, dead-letter, budget, checkpoint, stage-done, breaker-open, "+
+		"breaker-half-open, breaker-closed, limit, stuck, EventKind(11), EventKind(255)",
+		names(pipeline.EventKind(0), pipeline.EventRetry, pipeline.EventDeadLetter, pipeline.EventBudget, pipeline.EventCheckpoint,
+			pipeline.EventStageDone, pipeline.EventBreakerOpen, pipeline.EventBreakerHalfOpen, pipeline.EventBreakerClosed,
+			pipeline.EventLimit, pipeline.EventStuck, pipeline.EventStuck+1, pipeline.EventKind(255)))
+}
+
 // TestSnapshotInFlightCountsStartedItems: a Snapshot's InFlight counted the items a
 // worker had taken in its run but not started (about 60 for one worker blocked in its
 // 6th item), and those a Batch had taken and not yet put in a batch; it counts the items
