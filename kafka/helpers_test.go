@@ -151,11 +151,10 @@ func countIDs(t *testing.T, recs []*kgo.Record) map[int]int {
 // readTopic returns every record of topic, reading until each partition's end.
 func readTopic(ctx context.Context, t *testing.T, c *kfake.Cluster, topic string) []*kgo.Record {
 	t.Helper()
-	adm := kadm.NewClient(newClient(t, c))
-	ends, err := adm.ListEndOffsets(ctx, topic)
-	require.NoError(t, err)
 	want := int64(0)
-	ends.Each(func(o kadm.ListedOffset) { want += o.Offset })
+	for _, end := range endOffsets(ctx, t, c, topic) {
+		want += end
+	}
 	cl := newClient(t, c, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
 	var recs []*kgo.Record
 	rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
