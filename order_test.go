@@ -240,8 +240,18 @@ func TestOrderedStopConservation(t *testing.T) {
 // testOrderedStop runs source → ord (4 workers, window 3, ordered) → sink and stops it
 // the way how says, once the head item blocks everything: the head, then items 1 and 2
 // (held in the window) and items 3, 4 and 5 (one per other worker, waiting for room in
-// the window; with how "later item fails", item 5 is still running and fails).
+// the window; with how "later item fails", item 5 is still running and fails). It
+// does so twice: with a source of its own goroutine (FromSeq), whose items wait in the
+// stage's queue, and with FromSlice, whose items the workers take in place.
 func testOrderedStop(t *testing.T, how string, conserve bool) {
+	for _, src := range []string{"seq", "slice"} {
+		t.Run("source="+src, func(t *testing.T) {
+			testOrderedStopFrom(t, src, how, conserve)
+		})
+	}
+}
+
+func testOrderedStopFrom(t *testing.T, src, how string, conserve bool) {
 	synctest.Test(t, func(t *testing.T) {
 		const n, workers, window = 100, 4, 3
 		headGo := make(chan struct{})
@@ -270,8 +280,13 @@ func testOrderedStop(t *testing.T, how string, conserve bool) {
 		ctx, cancel := context.WithCancelCause(t.Context())
 		defer cancel(nil)
 		p := pipeline.New(pipeline.WithBuffer(2))
-		s := pipeline.Then(pipeline.FromSlice(p, ints(n)),
-			pipeline.NewStage("ord", workers, fn, pipeline.WithOrdered(window)))
+		var in *pipeline.Stream[int]
+		if src == "seq" {
+			in = pipeline.FromSeq(p, slices.Values(ints(n)))
+		} else {
+			in = pipeline.FromSlice(p, ints(n))
+		}
+		s := pipeline.Then(in, pipeline.NewStage("ord", workers, fn, pipeline.WithOrdered(window)))
 		var c collector[int]
 		pipeline.To(s, pipeline.NewSink("sink", 2, c.add))
 		errc := runAsync(ctx, p)
@@ -300,13 +315,18 @@ func testOrderedStop(t *testing.T, how string, conserve bool) {
 		checkChain(t, rep)
 		ord := row(t, rep, "ord")
 		// Each worker holds one item (in progress, or waiting for room in the window),
-		// the window holds the finished ones, 2 are queued, and the source was sending
-		// one: not started.
+		// the window holds the finished ones, and with a source of its own goroutine 2
+		// are queued, and the source was sending one: not started. A slice's items
+		// reach the stage only as its workers take them.
 		running := 1 // the head
 		if how == "later item fails" {
 			running = 2
 		}
-		assert.Equal(t, int64(workers+window-running+2+1), ord.In, "items that reached the stage")
+		queued := 2 + 1
+		if src == "slice" {
+			queued = 0
+		}
+		assert.Equal(t, int64(workers+window-running+queued), ord.In, "items that reached the stage")
 		assert.GreaterOrEqual(t, ord.Failed, int64(window), "the head and the items held in the window failed")
 		assert.Zero(t, ord.Out)
 		if conserve {

@@ -346,12 +346,18 @@ func (r *run) spawn(name string, fn func() error) {
 // learn that they feed rw, and the senders of rw's outlet carry the run's tracker. It
 // returns those rows (none for a Tee's branches but the last: see tee.open).
 func wireInput[T any](r *run, rw *row, s *Stream[T], out outlet[T], done func()) []*row {
+	return wireFed(r, rw, s, out, done, nil)
+}
+
+// wireFed is wireInput for a consumer whose queue may take a slice source's items in
+// place (into.feed).
+func wireFed[T any](r *run, rw *row, s *Stream[T], out outlet[T], done func(), feed func([]T, *row) bool) []*row {
 	tracked := func(h *hand) sender[T] {
 		snd := out(h)
 		snd.track = r.track
 		return snd
 	}
-	feeders := s.open(r, into[T]{out: tracked, done: done, rows: []*row{rw}})
+	feeders := s.open(r, into[T]{out: tracked, done: done, rows: []*row{rw}, feed: feed})
 	for _, f := range feeders {
 		f.feed(rw)
 	}

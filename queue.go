@@ -190,6 +190,7 @@ type queue[T any] struct {
 	closed    bool
 	stopped   bool      // the run is stopping: no one sleeps any more
 	producers []*waiter // waiting for room, or for their item to be taken
+	feed      *feed[T]  // a slice source's items, taken in place (FromSlice straight into a stage)
 	unsent    atomic.Int64
 	_         [64]byte     // pwait is read by every worker for every item: a line of its own
 	pwait     atomic.Int32 // 1 while producers may wait for room: a worker that starts an item wakes them
@@ -209,6 +210,67 @@ type startCount struct {
 func (c *startCount) add(k int, pwait *atomic.Int32) bool {
 	c.v.Store(c.v.Load() + int64(k))
 	return pwait.Load() != 0
+}
+
+// feed is the items of a slice source that sends straight into a stage's plain queue:
+// no goroutine puts them in the ring; a worker that finds the ring empty takes its next
+// run of them in place (takeFedLocked), as if the source had placed them just before,
+// and counts them sent in the source's row. It is the queue's, under q.mu.
+type feed[T any] struct {
+	items []T
+	next  int          // the first not taken
+	src   *workerStats // the source's counts: received, and sent as they are taken
+	drain *atomic.Bool // the source's row's: a drained budget, take no more
+}
+
+// left returns how many of the feed's items a worker may still take.
+func (f *feed[T]) left() int {
+	if f == nil || f.drain.Load() {
+		return 0
+	}
+	return len(f.items) - f.next
+}
+
+// fedBy makes items, the items of the slice source whose row is src, the queue's feed,
+// and reports whether it did: only a plain queue with room takes one, and only one
+// (a Merge of several inputs gives its sources no feed). The source then has nothing
+// left to send: it calls done at once.
+func (q *queue[T]) fedBy(items []T, src *row) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.hash != nil || q.capacity == 0 || q.feed != nil {
+		return false
+	}
+	q.feed = &feed[T]{items: items, src: &src.workers[0], drain: &src.drain}
+	return true
+}
+
+// takeFedLocked is takeOrPark's take of a run of the feed's items into dst, at most
+// left of them, when the ring is empty: they are numbered from puts, as if placed, and
+// counted taken. The bound holds as for the ring's items: beyond the first, which it
+// starts at once, a worker takes only as many as the queue has room for (at least
+// one, never waiting). It unlocks q.mu.
+func (q *queue[T]) takeFedLocked(dst []item[T], left, first int) (k int, seq uint64, queued int) {
+	f := q.feed
+	used := q.usedLocked()
+	queued = used + min(left, q.capacity) // as the source kept the ring full
+	k = min(len(dst), left, max(q.limit()-q.reserved-used, 0)+1)
+	for j, v := range f.items[f.next : f.next+k] {
+		dst[j] = item[T]{v, noPos}
+	}
+	f.next += k
+	seq = q.puts
+	q.puts += uint64(k)
+	q.takes += uint64(k)
+	if first >= 0 {
+		q.early++
+		q.earlyBy[first]++
+	}
+	f.src.received.add(int64(k)) // one writer at a time: under q.mu
+	f.src.succeeded.add(int64(k))
+	f.src.emitted.add(int64(k))
+	q.mu.Unlock()
+	return k, seq, queued
 }
 
 // newQueue returns a queue of one lane taken by takers workers.
@@ -450,6 +512,10 @@ func (q *queue[T]) takeOrPark(ctx context.Context, i int, dst []item[T], w *wait
 	q.mu.Lock()
 	l := &q.lanes[i]
 	if l.n == 0 {
+		if left := q.feed.left(); left > 0 && !q.stopped && ctx.Err() == nil {
+			k, seq, queued = q.takeFedLocked(dst, left, first)
+			return k, seq, queued, false, false
+		}
 		if w != nil && !q.closed && !q.stopped && ctx.Err() == nil {
 			l.waiting = append(l.waiting, w)
 			parked = true
@@ -573,11 +639,13 @@ func (q *queue[T]) length() int {
 }
 
 // occupancy returns the items in the queue as its bound counts them: in the ring, and
-// taken by workers but not started.
+// taken by workers but not started. A feed's items not taken count too, as far as the
+// bound has room, as if its source had kept the ring full (after a stop as well: the
+// ring would have held them); they are the source's in the accounting (length).
 func (q *queue[T]) occupancy() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return min(q.usedLocked(), q.capacity)
+	return min(q.usedLocked()+q.feed.left(), q.capacity)
 }
 
 func (q *queue[T]) unsentCount() int64 { return q.unsent.Load() }

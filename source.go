@@ -18,7 +18,10 @@ func isDraining(err error) bool { return errors.Is(err, errDraining) }
 // FromSlice returns a source of the items of a slice, in order. The slice is read
 // during each run and must not change meanwhile. Items not sent when a run stops are
 // counted as not started in the [Report]. Since every item is at hand, the source hands
-// them on in chunks.
+// them on in chunks; and when it is the one input of a stage (no operator, [Merge] or
+// checkpoint in between; a queue of room for one or more, unkeyed), it has no
+// goroutine at all: the stage's workers take its items in place, a run at a time,
+// within the queue's bound, and the stage's queue reads as full while any are left.
 func FromSlice[T any](p *Pipeline, items []T, opts ...SourceOption) *Stream[T] {
 	n := int64(len(items))
 	return newSourceOf(p, "FromSlice", opts, &n, items, func(_ context.Context, emit func(T) error) error {
@@ -198,6 +201,12 @@ func newSourceNamed[T any](p *Pipeline, ctor, given string, n *int64, total int6
 			rw.lag = r.p.ck.lag
 		}
 		r.addRow(rw) // complete: a report may read it from now on
+		if len(items) > 0 && !tracked && c.feed != nil && c.feed(items, rw) {
+			// The stage's workers take the items in place (queue.feed): no goroutine,
+			// and nothing left to send.
+			done()
+			return []*row{rw}
+		}
 		var snd sender[T]
 		// received and sent count the items of the current chunk, added to the row's
 		// counters when the chunk is handed on (and when the goroutine ends).

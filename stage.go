@@ -149,6 +149,9 @@ type into[T any] struct {
 	out  outlet[T]
 	done func()
 	rows []*row
+	// feed, when not nil, offers a slice source's items to the consumer's queue, to be
+	// taken in place (queue.fedBy): a stage's plain queue, fed by its one input.
+	feed func(items []T, src *row) bool
 }
 
 func newStream[T any](p *Pipeline, desc string) *Stream[T] {
@@ -213,7 +216,7 @@ func then[In, Out any](s *Stream[In], st *Stage[In, Out], sink, terminal bool) *
 		}
 		r.stoppers = append(r.stoppers, q.stop)
 		rw := r.newRow(name, kind, st.workers, buf, q)
-		wireInput(r, rw, s, q.outlet(r.ctx), q.close)
+		wireFed(r, rw, s, q.outlet(r.ctx), q.close, q.fedBy)
 		r.addRow(rw)
 		b := r.shared
 		if st.cfg.budget != nil {
