@@ -520,7 +520,7 @@ func (q *queue[T]) takeOrPark(ctx context.Context, i int, dst []item[T], w *wait
 			l.waiting = append(l.waiting, w)
 			parked = true
 		}
-		closed = q.closed
+		closed = q.closed && q.feed.left() == 0 // a feed with items left: the run is stopping, its input has not ended
 		q.mu.Unlock()
 		return 0, 0, 0, closed, parked
 	}

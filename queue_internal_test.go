@@ -339,3 +339,34 @@ func TestConsumerLeavingAWakePassesItOn(t *testing.T) {
 		wg.Wait()
 	})
 }
+
+// TestQueueFeedStopIsNoEnd: a queue fed by a slice source is closed from the start
+// (the source has nothing left to send), yet while items are left a worker's take
+// reports the end of its input only once they are all taken, not when the run stops:
+// then it reports the stop, so that the stage does not close the next queue as if its
+// input had ended. A drained budget ends the feed: then it is the end.
+func TestQueueFeedStopIsNoEnd(t *testing.T) {
+	t.Parallel()
+	src := &row{workers: make([]workerStats, 1)}
+	q := newQueue[int](4, 1)
+	require.True(t, q.fedBy([]int{1, 2, 3, 4, 5, 6}, src))
+	require.False(t, q.fedBy([]int{7}, src), "a second feed")
+	q.close()
+	dst := make([]item[int], chunk)
+	k, seq, _, closed, _ := q.takeOrPark(t.Context(), 0, dst, newWaiter(), 0, 0)
+	require.Equal(t, 5, k, "the first item and the room for 4 more")
+	assert.Zero(t, seq)
+	assert.False(t, closed)
+	assert.Equal(t, int64(5), src.workers[0].emitted.load(), "sent, in the source's row")
+	q.started(0, 4)
+
+	q.stop()
+	k, _, _, closed, parked := q.takeOrPark(t.Context(), 0, dst, newWaiter(), 0, 0)
+	assert.Zero(t, k)
+	assert.False(t, closed, "the run stopped with an item left: not the end of the input")
+	assert.False(t, parked)
+
+	src.drain.Store(true)
+	_, _, _, closed, _ = q.takeOrPark(t.Context(), 0, dst, newWaiter(), 0, 0)
+	assert.True(t, closed, "a drained budget ends the feed")
+}
