@@ -308,6 +308,16 @@ func wakeSome(list *[]*waiter, n int) {
 	}
 }
 
+// wakeOne wakes the last waiter of list, which is not empty: wakeSome(list, 1) without
+// its loop.
+func wakeOne(list *[]*waiter) {
+	last := len(*list) - 1
+	w := (*list)[last]
+	(*list)[last] = nil
+	*list = (*list)[:last]
+	w.wake()
+}
+
 // usedLocked is how many items the bound counts now: in the ring, and taken by
 // workers but not started.
 func (q *queue[T]) usedLocked() int {
@@ -405,7 +415,7 @@ func (q *queue[T]) placeOne(it item[T]) bool {
 	q.n++
 	q.puts++
 	if len(l.waiting) > 0 {
-		wakeSome(&l.waiting, 1) // as placedLocked: one worker
+		wakeOne(&l.waiting) // as placedLocked: one worker
 	}
 	q.mu.Unlock()
 	return true
@@ -519,11 +529,11 @@ func (q *queue[T]) finish(ctx context.Context, w *waiter, items []item[T], lanes
 	return len(items), nil
 }
 
-// takeOrPark moves up to len(dst) items of lane i into dst without waiting: k items,
-// the first with sequence number seq (ordered stages), and queued, the items that were
-// in the queue before. closed is true when the lane is empty and no item will come.
-// The items keep their room until the consumer starts them (started). Finding lane i
-// empty and open, it puts w (if not nil) on its waiting list, under the same lock
+// takeOrPark moves up to n items of c's lane into c.run without waiting: k items, the
+// first with sequence number seq (ordered stages), and queued, the items that were in
+// the queue before. closed is true when the lane is empty and no item will come. The
+// items keep their room until the consumer starts them (started). Finding the lane
+// empty and open, it puts c.wt (if not nil) on its waiting list, under the same lock
 // (parked), unless the queue is stopped; a slice source's feed goes first, while ctx
 // is not done. Parking does not read ctx: the run stops every queue once its context
 // is done (queue.stop, from context.AfterFunc), which wakes every consumer parked
@@ -532,23 +542,26 @@ func (q *queue[T]) finish(ctx context.Context, w *waiter, items []item[T], lanes
 //
 // share, when other workers of the lane wait, is the least run worth waking one of
 // them for: the worker then takes an equal share of what waits, but at least that, and
-// leaves the rest to them (0: take all it asked for). With first >= 0, the first item
-// taken counts as started at once by worker first (who starts it next): its room is
+// leaves the rest to them (0: take all it asked for). With c.id >= 0, the first item
+// taken counts as started at once by worker c.id (who starts it next): its room is
 // free.
 //
-// It unlocks by hand, not deferred: an idle consumer calls it twice per item it takes
-// (to park, then to take), and a deferred unlock cost S5 latency about 30 instructions
-// a call. Nothing between the lock and the unlocks calls user code.
-func (q *queue[T]) takeOrPark(ctx context.Context, i int, dst []item[T], w *waiter, share int, first int) (k int, seq uint64, queued int, closed, parked bool) {
+// It is the consumer's method, reading its lane, run, waiter and id from it, rather
+// than the queue's with them as arguments: an idle consumer calls it twice per item it
+// takes (to park, then to take), and the arguments' set-up and spills cost S5 latency
+// about 20 instructions a call. It unlocks by hand, not deferred (a deferred unlock
+// cost about 30 a call). Nothing between the lock and the unlocks calls user code.
+func (c *consumer[T]) takeOrPark(ctx context.Context, n, share int) (k int, seq uint64, queued int, closed, parked bool) {
+	q := c.q
 	q.mu.Lock()
-	l := &q.lanes[i]
+	l := &q.lanes[c.lane]
 	if l.n == 0 {
 		if left := q.feed.left(); left > 0 && !q.stopped && ctx.Err() == nil {
-			k, seq, queued = q.takeFedLocked(dst, left, first)
+			k, seq, queued = q.takeFedLocked(c.run[:n], left, c.id)
 			return k, seq, queued, false, false
 		}
-		if w != nil && !q.closed && !q.stopped {
-			l.waiting = append(l.waiting, w)
+		if c.wt != nil && !q.closed && !q.stopped {
+			l.waiting = append(l.waiting, c.wt)
 			parked = true
 		}
 		closed = q.closed && q.feed.left() == 0 // a feed with items left: the run is stopping, its input has not ended
@@ -559,22 +572,26 @@ func (q *queue[T]) takeOrPark(ctx context.Context, i int, dst []item[T], w *wait
 	seq = q.puts - uint64(q.n) // one lane when ordered: its head is the oldest item
 	// As much as the worker asked for: waking another worker costs more than a run of
 	// fast items, and a slow function asks for few (the rest goes to the next worker).
-	k = min(len(dst), l.n)
+	k = min(n, l.n)
 	if share > 0 && len(l.waiting) > 0 {
 		k = min(k, max(share, (l.n+len(l.waiting))/(len(l.waiting)+1)))
 	}
-	l.pop(dst[:k])
+	if k == 1 { // a trickle's item: without pop's call
+		l.popOne(&c.run[0])
+	} else {
+		l.pop(c.run[:k])
+	}
 	q.n -= k
 	q.takes += uint64(k)
-	if first >= 0 {
+	if c.id >= 0 {
 		q.early++
-		q.earlyBy[first]++
+		q.earlyBy[c.id]++
 		if len(q.producers) > 0 {
 			q.wakeProducersLocked()
 		}
 	}
 	if l.n > 0 && len(l.waiting) > 0 {
-		wakeSome(&l.waiting, 1) // items are left: the next worker, who wakes the next
+		wakeOne(&l.waiting) // items are left: the next worker, who wakes the next
 	}
 	if q.capacity == 0 && len(q.producers) > 0 {
 		q.wakeProducersLocked() // a rendezvous: the item is taken
@@ -636,8 +653,9 @@ func (q *queue[T]) unpark(i int, w *waiter, leaving bool) {
 // ok is false when the lane is closed and drained, or (with ctx's cause) when the
 // queue is stopped first. Consumers take through a consumer; tests of the queue alone use this.
 func (q *queue[T]) takeWait(ctx context.Context, i int, w *waiter, dst []item[T], share int) (k int, seq uint64, queued int, ok bool, err error) {
+	c := consumer[T]{q: q, lane: i, id: -1, wt: w, run: dst} // no worker counts its first item started
 	for {
-		k, seq, queued, closed, parked := q.takeOrPark(ctx, i, dst, w, share, -1)
+		k, seq, queued, closed, parked := c.takeOrPark(ctx, len(dst), share)
 		if k > 0 {
 			return k, seq, queued, true, nil
 		}
@@ -698,7 +716,13 @@ func (q *queue[T]) outlet(ctx context.Context) outlet[T] {
 		if h != nil {
 			h.placers = append(h.placers, s.place)
 		}
-		snd := sender[T]{put: s.putMore, flush: s.flush, drop: s.drop}
+		snd := sender[T]{put: s.putMore, drop: s.drop}
+		snd.flush = func() error {
+			if len(s.buf) == 0 && s.avail == 0 {
+				return nil // nothing held (a trickle's every run): one call, not the method value's two
+			}
+			return s.flush()
+		}
 		if q.hash == nil && q.capacity > 0 { // one lane, room for more than one item
 			// An item for which room is reserved joins the buffer in the function the
 			// producer calls (the method value alone would add a call per item).
@@ -917,16 +941,21 @@ func (l *lane[T]) pushValues(vs []T) {
 	l.n += len(vs)
 }
 
+// popOne moves the oldest item of the ring into dst and clears its place.
+func (l *lane[T]) popOne(dst *item[T]) {
+	*dst = l.buf[l.head]
+	l.buf[l.head] = item[T]{}
+	if l.head++; l.head == len(l.buf) {
+		l.head = 0
+	}
+	l.n--
+}
+
 // pop moves the oldest len(dst) items of the ring into dst and clears their places.
 func (l *lane[T]) pop(dst []item[T]) {
 	k := len(dst)
 	if k == 1 { // as push: no copy's or clear's runtime call
-		dst[0] = l.buf[l.head]
-		l.buf[l.head] = item[T]{}
-		if l.head++; l.head == len(l.buf) {
-			l.head = 0
-		}
-		l.n--
+		l.popOne(&dst[0])
 		return
 	}
 	n := copy(dst, l.buf[l.head:min(l.head+k, len(l.buf))])
@@ -985,7 +1014,7 @@ func newConsumer[T any](q *queue[T], lane, id int, stats *workerStats, capacity 
 func (c *consumer[T]) take(ctx context.Context, n, share int, idle func(wake <-chan struct{}) (woken bool, err error)) (seq uint64, ok bool, err error) {
 	c.commit()
 	for {
-		k, seq, queued, closed, parked := c.q.takeOrPark(ctx, c.lane, c.run[:n], c.wt, share, c.id)
+		k, seq, queued, closed, parked := c.takeOrPark(ctx, n, share)
 		if k > 0 {
 			c.k, c.j = k, 0
 			c.stats.received.add(int64(k))
