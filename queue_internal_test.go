@@ -8,6 +8,7 @@ import (
 	"sync"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -352,8 +353,8 @@ func TestQueueFeedStopIsNoEnd(t *testing.T) {
 	require.True(t, q.fedBy([]int{1, 2, 3, 4, 5, 6}, src))
 	require.False(t, q.fedBy([]int{7}, src), "a second feed")
 	q.close()
-	dst := make([]item[int], chunk)
-	k, seq, _, closed, _ := q.takeOrPark(t.Context(), 0, dst, newWaiter(), 0, 0)
+	c := consumer[int]{q: q, id: 0, wt: newWaiter(), run: make([]item[int], chunk)}
+	k, seq, _, closed, _ := c.takeOrPark(t.Context(), chunk, 0)
 	require.Equal(t, 5, k, "the first item and the room for 4 more")
 	assert.Zero(t, seq)
 	assert.False(t, closed)
@@ -361,12 +362,118 @@ func TestQueueFeedStopIsNoEnd(t *testing.T) {
 	q.started(0, 4)
 
 	q.stop()
-	k, _, _, closed, parked := q.takeOrPark(t.Context(), 0, dst, newWaiter(), 0, 0)
+	k, _, _, closed, parked := c.takeOrPark(t.Context(), chunk, 0)
 	assert.Zero(t, k)
 	assert.False(t, closed, "the run stopped with an item left: not the end of the input")
 	assert.False(t, parked)
 
 	src.drain.Store(true)
-	_, _, _, closed, _ = q.takeOrPark(t.Context(), 0, dst, newWaiter(), 0, 0)
+	_, _, _, closed, _ = c.takeOrPark(t.Context(), chunk, 0)
 	assert.True(t, closed, "a drained budget ends the feed")
+}
+
+// TestQueueItemsHandedOverAtOnce drives a plain queue with producers that hand each
+// item over at once (their hand's last set, as a trickle's every item: placeOne, or
+// reservePlace when the queue is full) and workers that take runs of one item through
+// their consumer and start them later. Every item arrives exactly once, the room in use
+// never exceeds the capacity, and no item waits in the ring while its worker sleeps
+// (synctest fails a run whose goroutines all block).
+func TestQueueItemsHandedOverAtOnce(t *testing.T) {
+	for _, capacity := range []int{1, 2, 64} {
+		t.Run(fmt.Sprintf("capacity=%d", capacity), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				const producers, workers, perProducer = 3, 2, 500
+				q := newQueue[int](capacity, workers)
+				out := q.outlet(t.Context())
+				var mu sync.Mutex
+				over := false
+				check := func() {
+					q.mu.Lock()
+					if q.usedLocked()+q.reserved > q.limit() {
+						over = true
+					}
+					q.mu.Unlock()
+				}
+				var pwg, wwg sync.WaitGroup
+				for p := range producers {
+					pwg.Go(func() {
+						snd := out(&hand{last: true})
+						for i := range perProducer {
+							if err := snd.put(p*perProducer+i, noPos); err != nil {
+								t.Errorf("put: %v", err)
+								return
+							}
+							check()
+							if i%7 == 0 {
+								time.Sleep(time.Microsecond) // some items find the workers parked
+							}
+						}
+						if err := snd.flush(); err != nil {
+							t.Errorf("flush: %v", err)
+						}
+					})
+				}
+				seen := make([]int, producers*perProducer)
+				stats := make([]workerStats, workers)
+				for i := range workers {
+					c := newConsumer(q, 0, i, &stats[i], capacity)
+					wwg.Go(func() {
+						for {
+							if _, ok, err := c.take(t.Context(), 1, 0, nil); !ok {
+								if err != nil {
+									t.Errorf("take: %v", err)
+								}
+								return
+							}
+							check()
+							v := c.next().v
+							mu.Lock()
+							seen[v]++
+							mu.Unlock()
+						}
+					})
+				}
+				pwg.Wait()
+				q.close()
+				wwg.Wait()
+				assert.False(t, over, "more room in use than the capacity")
+				for v, n := range seen {
+					if n != 1 {
+						t.Fatalf("item %d arrived %d times", v, n)
+					}
+				}
+				assert.Zero(t, q.unsentCount(), "unsent")
+				assert.Zero(t, q.length(), "left in the ring")
+			})
+		})
+	}
+}
+
+// TestConsumerParkedAfterCancelIsWokenByStop: a consumer does not read its run's
+// context when it parks on an empty lane; one that parks after the context is done is
+// woken by the queue's stop, which the run calls once its context is done, and its take
+// returns the run's cause.
+func TestConsumerParkedAfterCancelIsWokenByStop(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithCancelCause(t.Context())
+		cause := errors.New("stop")
+		cancel(cause)
+		q := newQueue[int](4, 1)
+		var stats workerStats
+		c := newConsumer(q, 0, 0, &stats, 4)
+		errc := make(chan error, 1)
+		go func() {
+			_, ok, err := c.take(ctx, 1, 0, nil)
+			if ok {
+				err = errors.New("took an item from an empty queue")
+			}
+			errc <- err
+		}()
+		synctest.Wait() // parked, or returned
+		q.stop()
+		require.ErrorIs(t, <-errc, cause)
+		_, ok, err := c.take(ctx, 1, 0, nil) // a stopped queue parks no one
+		assert.False(t, ok)
+		require.ErrorIs(t, err, cause)
+	})
 }
