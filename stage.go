@@ -540,8 +540,11 @@ func (w *worker[In, Out]) items(ctx context.Context, seq uint64) error {
 		if plain {
 			if timeout { // timeoutCall, inline (its call cost S5 3x4's middleware about 20 instructions per attempt), ending apart (below)
 				k := w.ctxs
-				a := nextAttempt(k, ctx, w.clock)
-				if a == nil {
+				var a *attempt.Ctx
+				if i := uint(k.I); i < uint(len(k.Slots)) && w.clock == k.Now && !k.Ask.Load() { // nextAttempt, written out (testing its nil cost 4 instructions): ctx is the latest Begin's
+					k.I = int(i + 1)
+					a = &k.Slots[i]
+				} else {
 					a = k.Begin(ctx, w.clock)
 				}
 				if w.untimed > 0 {
@@ -560,6 +563,7 @@ func (w *worker[In, Out]) items(ctx context.Context, seq uint64) error {
 				}
 				if err != nil {
 					o, err = w.attempts(ctx, v, &out, err)
+					keepInline(k, ctx) // its Begins may have had another parent
 				}
 				if err = w.end(o, &out, 1, err); err != nil { // apart: joined with the untimed worker's, it cost that one 3 instructions per item and stage in register moves
 					return w.abandon(ctx, 0, err)

@@ -109,10 +109,14 @@ func (w *worker[In, Out]) publish() {
 	}
 }
 
-// tick reads the clock for the attempts that follow, under WithTimeout (see attempt.Ctx).
+// tick reads the clock for the attempts that follow, under WithTimeout (see attempt.Ctx),
+// and makes the next attempt call Begin (attempt.Clock.Now): the inline fast path in
+// items, which does not compare parents, then starts each run from an epoch of its own
+// ctx.
 func (w *worker[In, Out]) tick() {
-	if w.ctxs != nil {
+	if k := w.ctxs; k != nil {
 		w.clock = time.Since(w.r.started)
+		k.Now = -1
 	}
 }
 
@@ -122,10 +126,7 @@ func (w *worker[In, Out]) tick() {
 // worker's first attempts make the same steps inline in items.
 func (w *worker[In, Out]) timeoutCall(ctx context.Context, v In) (out Out, err error) {
 	k := w.ctxs
-	a := nextAttempt(k, ctx, w.clock)
-	if a == nil {
-		a = k.Begin(ctx, w.clock)
-	}
+	a := parentAttempt(k, ctx, w.clock)
 	if w.st.flat == nil {
 		out, err = w.st.fn(a, v)
 	} else {
@@ -150,16 +151,40 @@ func (w *worker[In, Out]) timedOut(a *attempt.Ctx, err error) error {
 }
 
 // nextAttempt is [attempt.Clock.Begin]'s common case, the next slot of the latest
-// Begin's epoch, or nil when Begin must run (see the fields it reads). It is here, not
-// in package attempt, and not generic, so that it inlines in the worker: a function of
-// another package called only from generic code is not inlined where that code is
-// instantiated (the user's package). Begin's call per attempt was most of the
-// timeout's instructions (S5 3x4's middleware: Begin 172 of 284 per item).
-func nextAttempt(k *attempt.Clock, parent context.Context, now time.Duration) *attempt.Ctx {
-	i := k.I
-	if now != k.Now || uint(i) >= uint(len(k.Slots)) || k.Ask.Load() || !attempt.SameContext(&k.Parent, parent) {
-		return nil
+// Begin's epoch, or nil when Begin must run (see the fields it reads). It does not
+// compare parents: its caller knows that its parent is the latest Begin's (items' inline
+// path: every Begin of its run is its own or one inside attempts, after which it checks;
+// tick makes each run's first attempt call Begin), or compares them first
+// (parentAttempt). It is here, not in package attempt, and not generic, so that it
+// inlines in the worker: a function of another package called only from generic code
+// is not inlined where that code is instantiated (the user's package). Begin's call per
+// attempt was most of the timeout's instructions (S5 3x4's middleware: Begin 172 of 284
+// per item); comparing the parent's two words per attempt cost about 9 more, as did
+// the checks in another order (a second bounds check).
+func nextAttempt(k *attempt.Clock, now time.Duration) *attempt.Ctx {
+	if i := uint(k.I); i < uint(len(k.Slots)) && now == k.Now && !k.Ask.Load() {
+		k.I = int(i + 1)
+		return &k.Slots[i]
 	}
-	k.I = i + 1
-	return &k.Slots[i]
+	return nil
+}
+
+// keepInline is called by items' inline path after other paths may have begun attempts
+// on k (attempts): its fast path (nextAttempt, no parent compared) goes on only if the
+// latest Begin's parent is its own, parent.
+func keepInline(k *attempt.Clock, parent context.Context) {
+	if !attempt.SameContext(&k.Parent, parent) {
+		k.Now = -1
+	}
+}
+
+// parentAttempt returns the context of the worker's next attempt, with parent parent:
+// nextAttempt's when the latest Begin's parent is parent, else Begin's.
+func parentAttempt(k *attempt.Clock, parent context.Context, now time.Duration) *attempt.Ctx {
+	if attempt.SameContext(&k.Parent, parent) {
+		if a := nextAttempt(k, now); a != nil {
+			return a
+		}
+	}
+	return k.Begin(parent, now)
 }

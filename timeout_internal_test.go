@@ -12,11 +12,14 @@ import (
 )
 
 // TestNextAttemptAgreesWithBegin drives two attempt clocks through the same attempts:
-// one begins every attempt with Begin, the other as a worker does (nextAttempt, inline,
-// and Begin when it declines), through new clock readings (new epochs and slabs),
-// other parents, publishes and the watcher's asks. Every attempt's context must show
-// the same deadline and parent on both, be live until its attempt is published and
-// canceled after, and the watcher must be told as often on both.
+// one begins every attempt with Begin, the other as a worker does, through new clock
+// readings (new epochs and slabs), publishes and the watcher's asks. The worker's
+// attempts are items' inline ones (nextAttempt, which compares no parent, and Begin
+// when it declines; the run's ctx, parents[0]) and now and then a run of attempts'
+// (parentAttempt, with either parent), after which items calls keepInline. Every
+// attempt's context must show the same deadline and parent on both, be live until its
+// attempt is published and canceled after, and the watcher must be told as often on
+// both.
 func TestNextAttemptAgreesWithBegin(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		type key struct{}
@@ -30,7 +33,8 @@ func TestNextAttemptAgreesWithBegin(t *testing.T) {
 		rng := rand.New(rand.NewPCG(20, 12))
 		var now time.Duration
 		var refs, got []*attempt.Ctx
-		fast, slow, published := 0, 0, 0
+		fast, slow, published, others := 0, 0, 0, 0
+		retries := 0 // attempts left in a run of attempts' (a retried item's)
 		for i := range 5000 {
 			switch rng.IntN(16) {
 			case 0, 1: // a new clock reading: within the epoch's span, or past it
@@ -42,36 +46,49 @@ func TestNextAttemptAgreesWithBegin(t *testing.T) {
 			case 4:
 				ref.Ask.Store(true)
 				k.Ask.Store(true)
+			case 5:
+				if retries == 0 {
+					retries = 1 + rng.IntN(3)
+				}
 			}
 			parent := parents[0]
-			if rng.IntN(10) == 0 {
-				parent = parents[1]
-			}
-			r := ref.Begin(parent, now)
-			c := nextAttempt(k, parent, now)
-			if c != nil {
+			var c *attempt.Ctx
+			if retries > 0 { // attempts' (timeoutCall): any parent
+				if rng.IntN(2) == 0 {
+					parent = parents[1]
+					others++
+				}
+				c = parentAttempt(k, parent, now)
+				if retries--; retries == 0 {
+					keepInline(k, parents[0]) // items, after attempts returns
+				}
+			} else if c = nextAttempt(k, now); c != nil { // items' inline path
 				fast++
 			} else {
 				slow++
 				c = k.Begin(parent, now)
 			}
+			r := ref.Begin(parent, now)
 			if ref.Ask.Load() != k.Ask.Load() {
 				t.Fatalf("attempt %d: the watcher's ask answered on one clock only", i)
 			}
 			refs, got = append(refs, r), append(got, c)
+			if c.Value(key{}) != parent.Value(key{}) {
+				t.Fatalf("attempt %d: parent value %v, want %v", i, c.Value(key{}), parent.Value(key{}))
+			}
 			if i%13 == 0 { // looked at during its attempt on both
 				rd, _ := r.Deadline()
 				cd, _ := c.Deadline()
-				if rd != cd || c.Value(key{}) != parent.Value(key{}) || r.Err() != nil || c.Err() != nil {
-					t.Fatalf("attempt %d (after the publish at %d): deadline %v and %v, value %v, Err %v and %v",
-						i, published, rd.Sub(base), cd.Sub(base), c.Value(key{}), r.Err(), c.Err())
+				if rd != cd || r.Err() != nil || c.Err() != nil {
+					t.Fatalf("attempt %d (after the publish at %d): deadline %v and %v, Err %v and %v",
+						i, published, rd.Sub(base), cd.Sub(base), r.Err(), c.Err())
 				}
 				r.Finish()
 				c.Finish()
 			}
 		}
-		if fast == 0 || slow == 0 {
-			t.Fatalf("%d attempts on the fast path, %d through Begin: want both", fast, slow)
+		if fast == 0 || slow == 0 || others == 0 {
+			t.Fatalf("%d attempts on the fast path, %d through Begin, %d of another parent: want all", fast, slow, others)
 		}
 		ref.Publish()
 		k.Publish()
