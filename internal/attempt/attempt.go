@@ -15,8 +15,8 @@ import (
 
 // Ctx is the context of one attempt under the root package's WithTimeout. context.WithTimeout costs
 // a timer, a channel and several allocations per call, whether or not the function ever
-// looks at its context; this one costs two bytes of a slab of 64 (288 bytes per 64
-// attempts, with room for the epochs of up to four runs of them, and no pointer per
+// looks at its context; this one costs one byte of a slab of 256 (576 bytes per 256
+// attempts, with room for the epochs of up to eight runs of them, and no pointer per
 // attempt for the collector to follow) and no locked instruction when the function
 // does not look at it. Its start is the worker's last
 // clock reading (taken once per run of items, and after each timed attempt), checked
@@ -32,68 +32,42 @@ import (
 // of items and before the worker waits), and never later than its deadline.
 //
 // An Ctx lives in the slots of an attemptSlab, which holds what its attempts
-// share; a context finds its slab from its own address and index (slab).
+// share; a context finds its slab from its own address and index (slab), and its epoch
+// from its index (epoch).
 type Ctx struct {
-	i  uint8 // its index in the slab's slots
-	ep uint8 // its epoch's index in the slab's eps
+	i uint8 // its index in the slab's slots
 }
 
-// attemptSlab holds the contexts of up to 64 consecutive attempts of one worker.
+// The slots and epochs of a slab. A slab of 64 slots of two bytes (the index and the
+// epoch's, which each new epoch set in the slots past the latest) and four epochs was
+// 288 bytes per 64 attempts: its allocation was about 3 % of S5 3x4's middleware's CPU
+// time, 150 ns a slab. One of 256 is 576 bytes, allocated a quarter as often.
+const (
+	slabSlots  = 256 // at most 256: a slot's index is a byte
+	slabEpochs = 8
+)
+
+// attemptSlab holds the contexts of up to 256 consecutive attempts of one worker.
 type attemptSlab struct {
 	clk   *Clock
-	n0    uint64          // the number of slots[0]'s attempt in the worker
-	eps   [4]attemptEpoch // the epochs of its attempts, in place (a new slab when they run out)
-	neps  int
-	armed atomic.Pointer[[64]atomic.Pointer[armedCtx]] // per slot, made at the first look at one
-	slots [64]Ctx
+	n0    uint64                     // the number of slots[0]'s attempt in the worker
+	eps   [slabEpochs]attemptEpoch   // the epochs of its attempts, in place (a new slab when they run out)
+	neps  int                        // the worker's alone: a context finds its epoch by eps' start
+	armed atomic.Pointer[armedTable] // per slot, made at the first look at one
+	slots [slabSlots]Ctx
 }
 
-// freshSlots are a new slab's slots: each with its index, all of epoch 0.
-var freshSlots = func() (s [64]Ctx) {
+// armedTable is a slab's armed parts, one per slot.
+type armedTable [slabSlots]atomic.Pointer[armedCtx]
+
+// freshSlots are a new slab's slots: each with its index. A new slab's are a copy, not
+// a loop over them (S5 3x4's middleware: 18 instructions per item).
+var freshSlots = func() (s [slabSlots]Ctx) {
 	for j := range s {
 		s[j].i = uint8(j)
 	}
 	return s
 }()
-
-// The masks of fill, for four slots (a word) at a time: the bytes of their indexes, and
-// of their epochs' index 1 (byte order does not matter: both are laid out as slots).
-var (
-	slotIndexes = fourSlots(Ctx{i: 0xff})
-	slotEpochs  = fourSlots(Ctx{ep: 1})
-)
-
-// fourSlots returns the word of four slots c.
-func fourSlots(c Ctx) uint64 {
-	var w struct {
-		_ [0]uint64 // aligned as the word it is read as
-		s [4]Ctx
-	}
-	w.s = [4]Ctx{c, c, c, c}
-	return *(*uint64)(unsafe.Pointer(&w.s))
-}
-
-// wordSlots tells that a slab's slots are 8-byte aligned, as on 64-bit targets: fill
-// then sets them a word at a time.
-const wordSlots = unsafe.Offsetof(attemptSlab{}.slots)%8 == 0
-
-// fill sets the epoch of the slots from j on to ep, four at a time past the first
-// multiple of four: a new epoch's fill was a loop over up to 64 slots per run of items.
-// The slots from j on are not begun, and so not read; the words it writes hold only
-// such slots.
-func (s *attemptSlab) fill(j int, ep uint8) {
-	for ; j < len(s.slots) && (j%4 != 0 || !wordSlots); j++ {
-		s.slots[j].ep = ep
-	}
-	if j == len(s.slots) {
-		return
-	}
-	words := (*[len(s.slots) / 4]uint64)(unsafe.Pointer(&s.slots))[j/4:]
-	set := uint64(ep) * slotEpochs
-	for k := range words {
-		words[k] = words[k]&slotIndexes | set
-	}
-}
 
 // slab returns the slab c is a slot of.
 func (c *Ctx) slab() *attemptSlab {
@@ -101,8 +75,21 @@ func (c *Ctx) slab() *attemptSlab {
 	return (*attemptSlab)(unsafe.Add(unsafe.Pointer(c), -int(off)))
 }
 
-// epoch returns what c's attempt shares with the attempts begun at the same clock reading.
-func (c *Ctx) epoch() *attemptEpoch { return &c.slab().eps[c.ep] }
+// epoch returns what c's attempt shares with the attempts begun at the same clock
+// reading: the latest of its slab's epochs begun by its slot. Those begun after its
+// slot was handed out start past it; their start is read atomically, the rest of an
+// epoch only once its start (or, for the first, the slot) was.
+func (c *Ctx) epoch() *attemptEpoch {
+	s := c.slab()
+	e := 0
+	for e+1 < len(s.eps) {
+		if st := s.eps[e+1].start.Load(); st == 0 || st-1 > uint32(c.i) {
+			break
+		}
+		e++
+	}
+	return &s.eps[e]
+}
 
 // slot returns where c's armed part is kept, making the slab's table of them if asked.
 func (c *Ctx) slot(create bool) *atomic.Pointer[armedCtx] {
@@ -112,7 +99,7 @@ func (c *Ctx) slot(create bool) *atomic.Pointer[armedCtx] {
 		if !create {
 			return nil
 		}
-		s.armed.CompareAndSwap(nil, new([64]atomic.Pointer[armedCtx]))
+		s.armed.CompareAndSwap(nil, new(armedTable))
 		t = s.armed.Load()
 	}
 	return &t[c.i]
@@ -134,16 +121,16 @@ type Clock struct {
 	Ask  atomic.Bool
 	told atomic.Uint64
 	// The common case of Begin, an attempt with the latest Begin's clock reading (Now,
-	// -1 after a publish, so that a run's first attempt tells the watcher) and parent
-	// (Parent), with room in the slab (I < len(Slots)), while the watcher does not ask:
-	// the worker takes Slots[I] and counts it in I, inline (the root package's
-	// nextAttempt, for the reason Looks is a field). The slots past I have the latest
-	// epoch already (begin fills them).
+	// -1 after a publish, so that a run's first attempt tells the watcher; the worker
+	// sets it to -1 too) and parent (Parent), with room in the slab (I < len(Slots)),
+	// while the watcher does not ask: the worker takes Slots[I] and counts it in I,
+	// inline (the root package's nextAttempt, for the reason Looks is a field). A slot
+	// past I is of the latest epoch once taken: nothing is written in it.
 	Now    time.Duration
-	Parent context.Context
-	I      int      // the next slot of slab
-	Slots  *[64]Ctx // slab's slots
-	said   bool     // told is current since the last publish (the worker's alone, as are the fields below)
+	Parent context.Context // the latest epoch's parent
+	I      int             // the next slot of slab
+	Slots  *[slabSlots]Ctx // slab's slots
+	said   bool            // told is current since the last publish (the worker's alone, as are the fields below)
 	slab   *attemptSlab
 	fi     int           // the first slot begun since the last publish
 	ep     *attemptEpoch // the latest attempts' epoch, in slab
@@ -166,7 +153,11 @@ func NewClock(span time.Duration, base time.Time, d time.Duration) *Clock {
 type attemptEpoch struct {
 	parent context.Context
 	due    time.Duration // the deadline, as an offset from the clock's base (estimated: from a clock reading)
-	guess  bool          // due is estimated: fix it when the function first looks (armedCtx.due)
+	// start is 1 + the index of the epoch's first slot, stored after the fields above
+	// and before that slot is handed out; 0 until then, and for a slab's first epoch,
+	// which starts at slot 0 (epoch).
+	start atomic.Uint32
+	guess bool // due is estimated: fix it when the function first looks (armedCtx.due)
 }
 
 // staleStart is how old the worker's clock reading may be for an attempt to take it
@@ -194,22 +185,18 @@ type armedCtx struct {
 // worker's inline fast path (see Now). Of the rest, an attempt of the latest epoch with
 // room in the slab calls nothing; a new epoch or slab is begin's. (In one function, the
 // registers were spilled around begin's calls on every attempt: about 17
-// instructions.)
+// instructions.) Parent and Slots change only with the epoch and the slab: begin sets
+// them.
 func (k *Clock) Begin(parent context.Context, now time.Duration) *Ctx {
 	if ep := k.ep; ep == nil || now-(ep.due-k.d) > k.span || !SameContext(&ep.parent, parent) || k.I == len(k.slab.slots) {
 		k.begin(parent, now)
 	}
-	s := k.slab
-	c := &s.slots[k.I]
-	c.ep = uint8(s.neps - 1)
+	c := &k.Slots[k.I]
 	k.I++
 	if asked := k.Ask.Load(); !k.said || asked { // the first attempt of a run, or the watcher asks: an ordinary load
 		k.tell(asked)
 	}
-	k.Now, k.Slots = now, &s.slots
-	if !SameContext(&k.Parent, parent) {
-		k.Parent = parent
-	}
+	k.Now = now
 	return c
 }
 
@@ -223,20 +210,23 @@ func (k *Clock) begin(parent context.Context, now time.Duration) {
 	fresh := ep == nil || now-(ep.due-d) > k.span || !SameContext(&ep.parent, parent)
 	if s == nil || k.I == len(s.slots) || fresh && s.neps == len(s.eps) {
 		k.Publish() // what publish looks through stays in one slab
-		// The slots are a copy, not a loop over them (S5 3x4's middleware: 18
-		// instructions per item).
 		s = &attemptSlab{clk: k, n0: k.begun(), slots: freshSlots}
-		k.slab, k.I, k.fi = s, 0, 0
-		if !fresh {
-			s.eps[0], s.neps = *ep, 1
-			k.ep = &s.eps[0]
+		k.slab, k.Slots, k.I, k.fi = s, &s.slots, 0, 0
+		if !fresh { // the latest epoch goes on in the new slab
+			e := &s.eps[0]
+			e.parent, e.due, e.guess = ep.parent, ep.due, ep.guess
+			s.neps = 1
+			k.ep = e
 		}
 	}
 	if fresh {
-		s.eps[s.neps] = attemptEpoch{parent: parent, due: now + d, guess: true}
-		k.ep = &s.eps[s.neps]
+		e := &s.eps[s.neps]
+		e.parent, e.due, e.guess = parent, now+d, true
+		if s.neps > 0 { // not the slab's first: k.I < 255 (the slab has room), and its slots are the ones from k.I on
+			e.start.Store(uint32(k.I) + 1)
+		}
 		s.neps++
-		s.fill(k.I, uint8(s.neps-1)) // the fast path's attempts are of this epoch
+		k.ep, k.Parent = e, parent
 	}
 }
 
@@ -300,7 +290,7 @@ func (k *Clock) Publish() {
 func New(parent context.Context, base time.Time, d time.Duration) *Ctx {
 	k := NewClock(0, base, d)
 	c := k.Begin(parent, time.Since(base))
-	k.slab.eps[c.ep].guess = false // read from the clock just now
+	c.epoch().guess = false // read from the clock just now
 	return c
 }
 
@@ -315,7 +305,7 @@ func (c *Ctx) over() bool {
 // stale, then now.
 func (c *Ctx) fixDue() time.Duration {
 	s := c.slab()
-	ep := &s.eps[c.ep]
+	ep := c.epoch()
 	if !ep.guess {
 		return ep.due
 	}

@@ -3,6 +3,7 @@ package attempt
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -253,27 +254,66 @@ func TestAttemptCtxDeadlineErrOnlyOnceDoneIsClosed(t *testing.T) {
 	c.End()
 }
 
-// TestSlabFill checks fill, which sets the epoch of a slab's slots word by word: from
-// every first slot, the slots before it keep their epoch, those from it on get the new
-// one, and every slot keeps its index.
-func TestSlabFill(t *testing.T) {
-	for j := 0; j <= 64; j++ {
-		for _, ep := range []uint8{1, 2, 3, 255} {
-			s := &attemptSlab{slots: freshSlots}
-			s.fill(0, 7)
-			s.fill(j, ep)
-			for i, c := range s.slots {
-				want := uint8(7)
-				if i >= j {
-					want = ep
-				}
-				if c.i != uint8(i) || c.ep != want {
-					t.Fatalf("fill(%d, %d): slot %d is {i: %d, ep: %d}, want {i: %d, ep: %d}", j, ep, i, c.i, c.ep, i, want)
-				}
-				if s.slots[i].slab() != s {
-					t.Fatalf("fill(%d, %d): slot %d does not find its slab", j, ep, i)
-				}
+// TestSlabEpochs checks that a context finds its slab and the epoch its attempt was
+// begun in (epoch, from the epochs' starts; no slot holds its epoch), through slabs
+// that fill up and slabs whose epochs run out, new epochs at every slot and none for
+// a whole slab, while a goroutine looks at each context as soon as it is handed out
+// (under -race: the worker's later epochs race with nothing the look reads).
+func TestSlabEpochs(t *testing.T) {
+	base := time.Now()
+	k := NewClock(span, base, time.Hour)
+	type key struct{}
+	parents := []context.Context{
+		context.WithValue(context.Background(), key{}, 0),
+		context.WithValue(context.Background(), key{}, 1),
+	}
+	type begun struct {
+		c      *Ctx
+		parent int
+		due    time.Duration
+	}
+	looks := make(chan begun, 64)
+	done := make(chan error)
+	go func() {
+		var err error
+		for b := range looks {
+			if v := b.c.Value(key{}); err == nil && v != b.parent {
+				err = fmt.Errorf("a context handed out with parent %d shows %v", b.parent, v)
 			}
+			if d := b.c.epoch().due; err == nil && d != b.due {
+				err = fmt.Errorf("a context handed out with the deadline %v shows %v", b.due, d)
+			}
+		}
+		done <- err
+	}()
+	var all []begun
+	var now time.Duration
+	parent := 0
+	for i := range 5 * slabSlots {
+		switch {
+		case i < slabSlots: // one epoch for a whole slab
+		case i < 2*slabSlots: // an epoch per slot: a new slab every slabEpochs slots
+			now += 2 * span
+		case i%7 == 0:
+			now += 2 * span
+		case i%11 == 0:
+			parent = 1 - parent
+		}
+		c := k.Begin(parents[parent], now)
+		if s := c.slab(); s != k.slab || &s.slots[c.i] != c {
+			t.Fatalf("attempt %d: slab() does not find its slab", i)
+		}
+		b := begun{c, parent, now + time.Hour}
+		looks <- b
+		all = append(all, b)
+	}
+	close(looks)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	for i, b := range all {
+		if got := b.c.epoch(); got.due != b.due || got.parent != parents[b.parent] {
+			t.Fatalf("attempt %d: epoch with deadline %v and parent %v, want %v and %d", i, got.due, got.parent.Value(key{}), b.due, b.parent)
 		}
 	}
 }
