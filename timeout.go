@@ -29,8 +29,8 @@ import (
 // It never shows anything of a later attempt. An attempt whose function never looks
 // costs no clock read, no locked instruction (the worker's first attempt after each
 // publish of its attempt clock makes one store, for the stuck-attempt watcher: one per
-// run of items) and two bytes of a shared allocation; one that calls Done costs a
-// timer, as [context.WithTimeout] does.
+// run of items) and about two bytes of an allocation shared by up to 256 attempts; one
+// that calls Done costs a timer, as [context.WithTimeout] does.
 //
 // An attempt whose function does not return after its context is done is reported: an
 // [EventStuck] when it has run a quarter of d past d (1 ms at least), and its age in
