@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -31,14 +32,7 @@ func TestQueueExactlyOnceWithinBound(t *testing.T) {
 			}
 			ctx := t.Context()
 			out := q.outlet(ctx)
-			var over bool
-			check := func() {
-				q.mu.Lock()
-				if q.usedLocked()+q.reserved > q.limit() {
-					over = true
-				}
-				q.mu.Unlock()
-			}
+			check, exceeded := roomWatch(q)
 			var pwg, wwg sync.WaitGroup
 			for p := range producers {
 				pwg.Go(func() {
@@ -93,7 +87,7 @@ func TestQueueExactlyOnceWithinBound(t *testing.T) {
 			pwg.Wait()
 			q.close()
 			wwg.Wait()
-			if over {
+			if exceeded() {
 				t.Errorf("capacity %d, keyed %v: more room in use than the capacity", capacity, keyed)
 			}
 			for v, n := range seen {
@@ -386,14 +380,7 @@ func TestQueueItemsHandedOverAtOnce(t *testing.T) {
 				q := newQueue[int](capacity, workers)
 				out := q.outlet(t.Context())
 				var mu sync.Mutex
-				over := false
-				check := func() {
-					q.mu.Lock()
-					if q.usedLocked()+q.reserved > q.limit() {
-						over = true
-					}
-					q.mu.Unlock()
-				}
+				check, exceeded := roomWatch(q)
 				var pwg, wwg sync.WaitGroup
 				for p := range producers {
 					pwg.Go(func() {
@@ -436,7 +423,7 @@ func TestQueueItemsHandedOverAtOnce(t *testing.T) {
 				pwg.Wait()
 				q.close()
 				wwg.Wait()
-				assert.False(t, over, "more room in use than the capacity")
+				assert.False(t, exceeded(), "more room in use than the capacity")
 				for v, n := range seen {
 					if n != 1 {
 						t.Fatalf("item %d arrived %d times", v, n)
@@ -476,4 +463,18 @@ func TestConsumerParkedAfterCancelIsWokenByStop(t *testing.T) {
 		assert.False(t, ok)
 		require.ErrorIs(t, err, cause)
 	})
+}
+
+// roomWatch returns check, which notes whether the room in use in q (in the ring,
+// reserved, taken and not started) exceeds its bound now, and exceeded, which reports
+// whether it ever did.
+func roomWatch[T any](q *queue[T]) (check func(), exceeded func() bool) {
+	var over atomic.Bool
+	return func() {
+		q.mu.Lock()
+		if q.usedLocked()+q.reserved > q.limit() {
+			over.Store(true)
+		}
+		q.mu.Unlock()
+	}, over.Load
 }
