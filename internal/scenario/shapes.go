@@ -58,10 +58,13 @@ func OrderedHeadHeld(release <-chan struct{}) *pipeline.Pipeline {
 // StoreBlocked builds a pipeline (WithBuffer(4)) of 100 items through a stage "double"
 // of 2 workers into a sink "store" of 1 worker that holds each item until release is
 // closed (or its context is done). Until then the run fills up and blocks: store's
-// worker is busy, and the queues in front of it are full.
+// worker is busy, the queues in front of it are full, and the source waits with an
+// item in hand. (The Map, inline, keeps the source a goroutine that hands its items
+// on: a FromSlice straight into a stage has its items taken in place, none in hand.)
 func StoreBlocked(release <-chan struct{}) *pipeline.Pipeline {
 	p := pipeline.New(pipeline.WithBuffer(4))
-	doubled := pipeline.Then(pipeline.FromSlice(p, make([]int, 100)), pipeline.NewStage("double", 2,
+	ids := pipeline.Map(pipeline.FromSlice(p, make([]int, 100)), func(i int) int { return i + 1 })
+	doubled := pipeline.Then(ids, pipeline.NewStage("double", 2,
 		func(_ context.Context, i int) (int, error) { return 2 * i, nil }))
 	pipeline.To(doubled, pipeline.NewSink("store", 1, func(ctx context.Context, _ int) error {
 		select {
