@@ -172,16 +172,22 @@ func (rw *row) addError(typ string, f func(*ErrorCount)) {
 // finished since the worker last published its counts. A stage's worker handles one
 // item at a time, so it has one in flight at most; a batch, the items of its batch.
 // Both are 0 once the run has ended.
+//
+// The received count is read before the started one: a worker may start its run and
+// take the next between the two reads, and read the other way round the taken count
+// would hold both runs, more than the queue's bound lets a worker hold. Read this way
+// it is at most what the worker held when received was read.
 func (rw *row) inFlight() (inFlight, taken int64) {
 	for i := range rw.workers {
 		w := &rw.workers[i]
+		received := w.received.load()
 		started := rw.q.startedBy(i)
 		v := started - w.discarded.load() - w.succeeded.load() - w.deadLettered.load() - w.failed.load()
 		if rw.kind != KindBatch {
 			v = min(v, 1)
 		}
 		inFlight += max(v, 0)
-		taken += max(w.received.load()-started, 0) // an instant below 0 while a run is taken
+		taken += max(received-started, 0) // an instant below 0 while a run is taken
 	}
 	return inFlight, taken
 }
