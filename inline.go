@@ -124,9 +124,12 @@ func ForEach[T any](s *Stream[T], fn func(T) error, opts ...FilterOption) {
 		rw.q = forEachLen[T]{e}
 		feeders := wireInput(r, rw, s, e.outlet, func() {})
 		// One goroutine at a time produces s: a row of one worker (a source, Batch, a
-		// stage of one worker), or an ordered stage, whose flusher is one at a time
-		// (reorder.flush). Then fn's calls never overlap without a lock.
-		e.serial = len(feeders) == 1 && (len(feeders[0].workers) == 1 || feeders[0].held != nil)
+		// stage or a Window of one worker), or an ordered stage, whose flusher is one at a
+		// time (reorder.flush). Then fn's calls never overlap without a lock. A Window
+		// of several workers also has a held count, but each worker sends its own
+		// results.
+		f := feeders
+		e.serial = len(f) == 1 && (len(f[0].workers) == 1 || f[0].kind == KindStage && f[0].held != nil)
 		r.addRow(rw)
 	})
 }

@@ -79,7 +79,7 @@ type row struct {
 	resumed  *atomic.Int64         // the checkpointed source: positions before its start, and those it skipped as committed
 	lag      func() []PartitionLag // a tracked source's WithLag (lag.go), nil without
 	workers  []workerStats
-	held     func() int64   // ordered stages: items finished but still in the window
+	held     func() int64   // ordered stages: items finished but still in the window; windows: items in open windows
 	flushes  *flushCounters // batches: flush reasons
 	windows  windowRow      // window stages (window.go)
 	timeout  time.Duration  // the stage's WithTimeout
