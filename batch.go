@@ -76,7 +76,7 @@ func Batch[T any](s *Stream[T], size int, opts ...BatchOption) *Stream[[]T] {
 		r.stoppers = append(r.stoppers, q.stop)
 		rw := r.newRow(name, KindBatch, 1, buf, q)
 		rw.flushes, rw.extra, rw.unit = new(flushCounters), size, size
-		wireInput(r, rw, s, q.outlet(r.ctx), q.close)
+		wireFed(r, rw, s, q.outlet(r.ctx), q.close, q.fedBy) // a FromSlice straight into a batch: taken in place
 		r.addRow(rw)
 		b := &batcher[T]{
 			consumer: newConsumer(q, 0, 0, &rw.workers[0], buf),

@@ -585,3 +585,64 @@ func TestBatchSizerGoexitCountsItem(t *testing.T) {
 	bt := row(t, rep, "Batch")
 	assert.Equal(t, bt.In, bt.Succeeded+bt.Failed+bt.NotStarted, "batch row")
 }
+
+// TestBatchTakesAFromSliceInPlace: a FromSlice straight into a Batch has its items
+// taken by the batcher in place, as a stage's workers do: no goroutine of the source
+// holds an item while the batcher waits. While the sink blocks, the
+// batch's queue reads as full, and its row counts as not started only the items the
+// batcher took and has not batched, no more than its queue's room (the source's
+// goroutine would have left its ring full besides); when the run is canceled there,
+// the items never taken are the source's, not started. Whether it completes or
+// stops, the batch takes exactly what the source sent and every row adds up.
+func TestBatchTakesAFromSliceInPlace(t *testing.T) {
+	t.Parallel()
+	const n, size, buf = 100, 4, 8
+	for _, ending := range []string{"complete", "cancel"} {
+		t.Run(ending, func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				ctx, cancel := context.WithCancel(t.Context())
+				defer cancel()
+				p := pipeline.New(pipeline.WithBuffer(buf))
+				release := make(chan struct{})
+				var c collector[[]int]
+				pipeline.To(pipeline.Batch(pipeline.FromSlice(p, ints(n)), size), pipeline.NewSink("sink", 1, func(ctx context.Context, b []int) error {
+					if ending == "cancel" {
+						select {
+						case <-release:
+						case <-ctx.Done():
+							return ctx.Err()
+						}
+					}
+					return c.add(ctx, b)
+				}))
+				errc := make(chan error, 1)
+				go func() { errc <- p.Run(ctx) }()
+				if ending == "cancel" {
+					synctest.Wait() // the sink holds the first batch; the batcher waits for room
+					full := p.Snapshot()
+					assert.Zero(t, row(t, full, "FromSlice").InFlight, "no item in the source's hands: it has no goroutine\n%v", full)
+					snap := row(t, full, "Batch")
+					assert.Equal(t, buf, snap.QueueLen, "the batch's queue while the sink blocks")
+					assert.LessOrEqual(t, snap.NotStarted, int64(buf), "taken and not batched, no more than the queue's room, and none queued")
+					cancel()
+				}
+				err := <-errc
+				rep := p.Report()
+				checkAccounting(t, rep)
+				src, b := row(t, rep, "FromSlice"), checkBatchRow(t, rep, "Batch")
+				assert.Equal(t, src.Out, b.In, "the batch took what the source sent\n%v", rep)
+				assert.Equal(t, int64(n), src.Out+src.NotStarted, "the source's items: sent or not started\n%v", rep)
+				if ending == "complete" {
+					require.NoError(t, err)
+					assert.Equal(t, ints(n), slices.Concat(c.got()...))
+					return
+				}
+				require.ErrorIs(t, err, context.Canceled)
+				assert.LessOrEqual(t, b.NotStarted, int64(buf+1), "taken and not batched: a run, the queue's room and one\n%v", rep)
+				assert.Positive(t, src.NotStarted, "never taken: the source's\n%v", rep)
+				assert.LessOrEqual(t, src.Out, int64((buf+2)*size+buf+1), "taken: the batches in the sink's hands and queue, one in hand, and the queue's room\n%v", rep)
+			})
+		})
+	}
+}
