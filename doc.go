@@ -41,8 +41,10 @@
 // wait in a queue of n, a busy worker holds one beyond it, and a blocked producer one.
 // An idle pipeline hands each item on at once. A source whose next item may be long in
 // coming ([Generate], [FromSeq], [FromChan], [FromAcked]) hands on each item as it
-// emits it; [FromSlice] hands them on in chunks, and the one input of a stage has no
-// goroutine at all: the stage's workers take its items in place, within the bound.
+// emits it; [FromSlice] hands them on in chunks, and when it is the one input of a
+// stage or a [Batch] (no operator or [Merge] in between, an unkeyed queue with room for
+// one item or more) it has no goroutine at all: the workers take its items in place,
+// within the bound.
 //
 // # Cancellation and errors
 //

@@ -18,10 +18,11 @@ func isDraining(err error) bool { return errors.Is(err, errDraining) }
 // FromSlice returns a source of the items of a slice, in order. The slice is read
 // during each run and must not change meanwhile. Items not sent when a run stops are
 // counted as not started in the [Report]. Since every item is at hand, the source hands
-// them on in chunks; and when it is the one input of a stage (no operator, [Merge] or
-// checkpoint in between; a queue of room for one or more, unkeyed), it has no
-// goroutine at all: the stage's workers take its items in place, a run at a time,
-// within the queue's bound, and the stage's queue reads as full while any are left.
+// them on in chunks; and when it is the one input of a stage or a [Batch] (no
+// operator, [Merge] or checkpoint in between; a queue of room for one or more,
+// unkeyed), it has no goroutine at all: the stage's workers (or the batcher) take its
+// items in place, a run at a time, within the queue's bound, and the queue reads as
+// full while any are left.
 func FromSlice[T any](p *Pipeline, items []T, opts ...SourceOption) *Stream[T] {
 	n := int64(len(items))
 	return newSourceOf(p, "FromSlice", opts, &n, items, func(_ context.Context, emit func(T) error) error {
