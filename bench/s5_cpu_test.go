@@ -232,18 +232,44 @@ func s5LatencyPipeline(ctx context.Context, lat []time.Duration) error {
 	return err
 }
 
+// s5LatencyHandwritten is the hand-written pipeline. Its source waits on in with a
+// plain receive: a stage's failure leaves it there until the caller closes in.
 func s5LatencyHandwritten(ctx context.Context, lat []time.Duration) error {
+	return s5LatencyHand(ctx, lat, false)
+}
+
+// s5LatencyHandwrittenCancel is the hand-written pipeline whose source, like the
+// library's FromChan, also stops when the run's context is done while it waits on in:
+// a select on both, which parks on two channels per item.
+func s5LatencyHandwrittenCancel(ctx context.Context, lat []time.Duration) error {
+	return s5LatencyHand(ctx, lat, true)
+}
+
+func s5LatencyHand(ctx context.Context, lat []time.Duration, cancel bool) error {
 	in, out := make(chan int), make(chan int)
 	g, ctx := errgroup.WithContext(ctx)
 	src := make(chan int, s5Buffer)
 	g.Go(func() error {
 		defer close(src)
-		for v := range in {
+		for {
+			var v int
+			var ok bool
+			if cancel {
+				select {
+				case v, ok = <-in:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			} else {
+				v, ok = <-in
+			}
+			if !ok {
+				return nil
+			}
 			if err := send(ctx, src, v); err != nil {
 				return err
 			}
 		}
-		return nil
 	})
 	var c <-chan int = src
 	for range 3 {
@@ -272,6 +298,7 @@ func s5LatencyShape(b *testing.B) {
 	}{
 		{"pipeline", s5LatencyPipeline},
 		{"handwritten", s5LatencyHandwritten},
+		{"handwritten+cancel", s5LatencyHandwrittenCancel},
 	} {
 		b.Run("shape=latency/impl="+impl.name, func(b *testing.B) {
 			b.ReportAllocs()
