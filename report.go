@@ -287,7 +287,7 @@ type StageReport struct {
 	QueueLen int           // items waiting in the input queue
 	Busy     int           // workers handling an item
 	InFlight int64         // items started and not yet settled
-	Window   int64         // ordered stages: finished items held for earlier ones
+	Window   int64         // ordered stages: finished items held for earlier ones; windows: items in windows not yet closed
 	Rate     float64       // items sent on per second, recently
 	Latency  Latency       // the stage function's attempt durations
 	Timeout  time.Duration // the stage's WithTimeout, 0 if none
