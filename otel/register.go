@@ -3,6 +3,7 @@ package pipelineotel
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"time"
 
@@ -82,68 +83,67 @@ func Register(p *pipeline.Pipeline, meter metric.Meter, opts ...Option) (metric.
 	}
 
 	var in instruments
+	var all []metric.Observable
 	var errs []error
-	upDown := func(name, unit, desc string) metric.Int64ObservableUpDownCounter {
-		c, err := meter.Int64ObservableUpDownCounter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+	// One row an instrument: the loop makes it and adds it to the callback's list, so
+	// that none is made and left unobserved. dst is the field of in to set: its type
+	// says the kind of instrument.
+	for _, d := range []struct {
+		dst              any
+		name, unit, desc string
+	}{
+		{&in.active, "pipeline.run.active", "{run}", "1 while a run of the pipeline is in progress, else 0."},
+		{&in.elapsed, "pipeline.run.elapsed", "s", "Time since the current run started; between runs, the duration of the last run."},
+		{&in.items, "pipeline.stage.items", "{item}", "Items of the current or last run, by outcome: succeeded, dead_lettered, failed, not_started or filtered."},
+		{&in.input, "pipeline.stage.input", "{item}", "Items that reached the stage in the current or last run (a source: the items it holds, when known)."},
+		{&in.output, "pipeline.stage.output", "{item}", "Items the stage sent on in the current or last run."},
+		{&in.handedBack, "pipeline.stage.handed_back", "{item}", "Of the items the stage dead-lettered in the current or last run, those it handed back to their acknowledged source (WithHandBack) for a later delivery."},
+		{&in.total, "pipeline.source.total", "{item}", "Items the source holds (FromSlice) or declared (WithTotal), earlier runs' included for a checkpointed one; not observed when unknown."},
+		{&in.resumed, "pipeline.source.resumed", "{item}", "Positions of a checkpointed source (FromCheckpoint) that earlier runs settled and this run does not read again; progress is (resumed + output) / total."},
+		{&in.lag, "pipeline.source.lag", "{item}", "Items a source with WithLag has behind on a partition (for Kafka: the high watermark minus the committed offset), when it was observed."},
+		{&in.inFlight, "pipeline.stage.in_flight", "{item}", "Items the stage started and has not settled yet."},
+		{&in.retries, "pipeline.stage.retries", "{retry}", "Extra attempts the stage made in the current or last run."},
+		{&in.errs, "pipeline.stage.errors", "{error}", "Errors of the stage function in the current or last run, by type and by what they did: retried, dead_lettered or failed."},
+		{&in.flushes, "pipeline.batch.flushes", "{batch}", "Batches flushed in the current or last run, by reason: size, bytes, linger, checkpoint (a checkpointed source waited for its items) or end."},
+		{&in.queueLen, "pipeline.stage.queue.length", "{item}", "Items waiting in the stage's input queue."},
+		{&in.queueCap, "pipeline.stage.queue.capacity", "{item}", "Capacity of the stage's input queue."},
+		{&in.queuePeak, "pipeline.stage.queue.peak", "{item}", "The longest the stage's input queue was in the current or last run."},
+		{&in.workers, "pipeline.stage.workers", "{worker}", "Workers of the stage, by state: busy (handling an item) or idle."},
+		{&in.held, "pipeline.stage.reorder.held", "{item}", "Finished items an ordered stage holds until earlier ones finish; for a window stage, the items in its open windows."},
+		{&in.duration, "pipeline.stage.attempt.duration", "s", "Duration of the stage function's attempts in the current or last run, at quantiles 0.5, 0.9, 0.99 (within 12.5 %) and 1 (the max)."},
+		{&in.timed, "pipeline.stage.attempt.timed", "{attempt}", "Attempts behind pipeline.stage.attempt.duration (fast stages time one in 64)."},
+		{&in.timeout, "pipeline.stage.attempt.timeout", "s", "The stage's per-attempt timeout (WithTimeout)."},
+		{&in.oldestAttempt, "pipeline.stage.attempt.oldest", "s", "Age of the oldest running attempt of a stage with WithTimeout, once it has run a quarter of the timeout (0 otherwise); past the timeout, its function does not return after its context is done."},
+		{&in.checkpointPosition, "pipeline.checkpoint.position", "{item}", "The position a checkpointed run saved last."},
+		{&in.checkpointAge, "pipeline.checkpoint.age", "s", "Time since a checkpointed run last saved its position."},
+		{&in.workerLimit, "pipeline.stage.worker.limit", "{worker}", "Workers an adaptive stage (WithAdaptiveWorkers) lets take items now."},
+		{&in.throttled, "pipeline.stage.throttled", "s", "Time the stage's workers spent waiting for rate-limit tokens (WithRateLimit), together, in the current or last run."},
+		{&in.breakerState, "pipeline.stage.breaker.state", "{breaker}", "The stage's circuit breaker (WithCircuitBreaker): 1 for its state (closed, open or half_open), 0 for the others."},
+		{&in.breakerOpen, "pipeline.stage.breaker.open_time", "s", "Time the stage's circuit breaker spent open or half-open in the current or last run (a WithSharedBreaker: since it was made)."},
+		{&in.breakerOpened, "pipeline.stage.breaker.openings", "{opening}", "Times the stage's circuit breaker opened in the current or last run (a WithSharedBreaker: since it was made)."},
+		{&in.breakerHeld, "pipeline.stage.breaker.held", "{attempt}", "Failed attempts the stage's circuit breaker held (not counted against their items) in the current or last run."},
+		{&in.breakerHolding, "pipeline.stage.breaker.holding", "{item}", "Items a breaker per key (WithBreakerPerKey) holds now out of the workers' hands, for keys whose breaker is not closed."},
+		{&in.breakerKeysOpen, "pipeline.stage.breaker.keys_open", "{key}", "Keys whose breaker is not closed now, of a breaker per key (WithBreakerPerKey)."},
+	} {
+		unit, desc := metric.WithUnit(d.unit), metric.WithDescription(d.desc)
+		var inst metric.Observable
+		var err error
+		switch dst := d.dst.(type) {
+		case *metric.Int64ObservableUpDownCounter:
+			*dst, err = meter.Int64ObservableUpDownCounter(d.name, unit, desc)
+			inst = *dst
+		case *metric.Int64ObservableGauge:
+			*dst, err = meter.Int64ObservableGauge(d.name, unit, desc)
+			inst = *dst
+		case *metric.Float64ObservableGauge:
+			*dst, err = meter.Float64ObservableGauge(d.name, unit, desc)
+			inst = *dst
+		default: // a field of a kind the switch does not make
+			panic(fmt.Sprintf("pipelineotel: instrument %s of type %T", d.name, d.dst))
+		}
 		errs = append(errs, err)
-		return c
+		all = append(all, inst)
 	}
-	gauge := func(name, unit, desc string) metric.Int64ObservableGauge {
-		g, err := meter.Int64ObservableGauge(name, metric.WithUnit(unit), metric.WithDescription(desc))
-		errs = append(errs, err)
-		return g
-	}
-	fgauge := func(name, unit, desc string) metric.Float64ObservableGauge {
-		g, err := meter.Float64ObservableGauge(name, metric.WithUnit(unit), metric.WithDescription(desc))
-		errs = append(errs, err)
-		return g
-	}
-	in.active = upDown("pipeline.run.active", "{run}", "1 while a run of the pipeline is in progress, else 0.")
-	in.elapsed = fgauge("pipeline.run.elapsed", "s", "Time since the current run started; between runs, the duration of the last run.")
-	in.items = upDown("pipeline.stage.items", "{item}",
-		"Items of the current or last run, by outcome: succeeded, dead_lettered, failed, not_started or filtered.")
-	in.input = upDown("pipeline.stage.input", "{item}", "Items that reached the stage in the current or last run (a source: the items it holds, when known).")
-	in.output = upDown("pipeline.stage.output", "{item}", "Items the stage sent on in the current or last run.")
-	in.handedBack = upDown("pipeline.stage.handed_back", "{item}",
-		"Of the items the stage dead-lettered in the current or last run, those it handed back to their acknowledged source (WithHandBack) for a later delivery.")
-	in.total = gauge("pipeline.source.total", "{item}",
-		"Items the source holds (FromSlice) or declared (WithTotal), earlier runs' included for a checkpointed one; not observed when unknown.")
-	in.resumed = gauge("pipeline.source.resumed", "{item}",
-		"Positions of a checkpointed source (FromCheckpoint) that earlier runs settled and this run does not read again; progress is (resumed + output) / total.")
-	in.lag = gauge("pipeline.source.lag", "{item}",
-		"Items a source with WithLag has behind on a partition (for Kafka: the high watermark minus the committed offset), when it was observed.")
-	in.inFlight = upDown("pipeline.stage.in_flight", "{item}", "Items the stage started and has not settled yet.")
-	in.retries = upDown("pipeline.stage.retries", "{retry}", "Extra attempts the stage made in the current or last run.")
-	in.errs = upDown("pipeline.stage.errors", "{error}",
-		"Errors of the stage function in the current or last run, by type and by what they did: retried, dead_lettered or failed.")
-	in.flushes = upDown("pipeline.batch.flushes", "{batch}", "Batches flushed in the current or last run, by reason: size, bytes, linger, checkpoint (a checkpointed source waited for its items) or end.")
-	in.queueLen = upDown("pipeline.stage.queue.length", "{item}", "Items waiting in the stage's input queue.")
-	in.queueCap = upDown("pipeline.stage.queue.capacity", "{item}", "Capacity of the stage's input queue.")
-	in.queuePeak = gauge("pipeline.stage.queue.peak", "{item}", "The longest the stage's input queue was in the current or last run.")
-	in.workers = upDown("pipeline.stage.workers", "{worker}", "Workers of the stage, by state: busy (handling an item) or idle.")
-	in.held = upDown("pipeline.stage.reorder.held", "{item}", "Finished items an ordered stage holds until earlier ones finish; for a window stage, the items in its open windows.")
-	in.duration = fgauge("pipeline.stage.attempt.duration", "s",
-		"Duration of the stage function's attempts in the current or last run, at quantiles 0.5, 0.9, 0.99 (within 12.5 %) and 1 (the max).")
-	in.timed = upDown("pipeline.stage.attempt.timed", "{attempt}", "Attempts behind pipeline.stage.attempt.duration (fast stages time one in 64).")
-	in.timeout = fgauge("pipeline.stage.attempt.timeout", "s", "The stage's per-attempt timeout (WithTimeout).")
-	in.oldestAttempt = fgauge("pipeline.stage.attempt.oldest", "s",
-		"Age of the oldest running attempt of a stage with WithTimeout, once it has run a quarter of the timeout (0 otherwise); past the timeout, its function does not return after its context is done.")
-	in.checkpointPosition = gauge("pipeline.checkpoint.position", "{item}", "The position a checkpointed run saved last.")
-	in.checkpointAge = fgauge("pipeline.checkpoint.age", "s", "Time since a checkpointed run last saved its position.")
-	in.workerLimit = upDown("pipeline.stage.worker.limit", "{worker}", "Workers an adaptive stage (WithAdaptiveWorkers) lets take items now.")
-	in.throttled = fgauge("pipeline.stage.throttled", "s",
-		"Time the stage's workers spent waiting for rate-limit tokens (WithRateLimit), together, in the current or last run.")
-	in.breakerState = upDown("pipeline.stage.breaker.state", "{breaker}",
-		"The stage's circuit breaker (WithCircuitBreaker): 1 for its state (closed, open or half_open), 0 for the others.")
-	in.breakerOpen = fgauge("pipeline.stage.breaker.open_time", "s",
-		"Time the stage's circuit breaker spent open or half-open in the current or last run (a WithSharedBreaker: since it was made).")
-	in.breakerOpened = upDown("pipeline.stage.breaker.openings", "{opening}", "Times the stage's circuit breaker opened in the current or last run (a WithSharedBreaker: since it was made).")
-	in.breakerHeld = upDown("pipeline.stage.breaker.held", "{attempt}",
-		"Failed attempts the stage's circuit breaker held (not counted against their items) in the current or last run.")
-	in.breakerHolding = upDown("pipeline.stage.breaker.holding", "{item}",
-		"Items a breaker per key (WithBreakerPerKey) holds now out of the workers' hands, for keys whose breaker is not closed.")
-	in.breakerKeysOpen = upDown("pipeline.stage.breaker.keys_open", "{key}",
-		"Keys whose breaker is not closed now, of a breaker per key (WithBreakerPerKey).")
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
@@ -151,11 +151,7 @@ func Register(p *pipeline.Pipeline, meter metric.Meter, opts ...Option) (metric.
 	return meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		observe(o, &in, p.Snapshot(), cfg.attrs)
 		return nil
-	}, in.active, in.elapsed, in.items, in.input, in.output, in.inFlight, in.retries, in.errs, in.flushes,
-		in.queueLen, in.queueCap, in.queuePeak, in.workers, in.held, in.duration, in.timed, in.timeout, in.oldestAttempt,
-		in.checkpointPosition, in.checkpointAge, in.handedBack, in.total, in.resumed, in.lag,
-		in.workerLimit, in.throttled, in.breakerState, in.breakerOpen, in.breakerOpened, in.breakerHeld,
-		in.breakerHolding, in.breakerKeysOpen)
+	}, all...)
 }
 
 // observe records the figures of one snapshot.
