@@ -171,30 +171,37 @@ func readTopic(ctx context.Context, t *testing.T, c *kfake.Cluster, topic string
 // (missing: none committed).
 func committedOffsets(ctx context.Context, t *testing.T, c *kfake.Cluster, group, topic string) map[int32]int64 {
 	t.Helper()
-	cl := openClient(t, c)
-	defer cl.Close()
-	adm := kadm.NewClient(cl)
-	offs, err := adm.FetchOffsets(ctx, group)
-	require.NoError(t, err)
-	got := map[int32]int64{}
-	offs.Each(func(o kadm.OffsetResponse) {
-		if o.Topic == topic && o.Err == nil && o.At >= 0 {
-			got[o.Partition] = o.At
-		}
+	return adminOffsets(t, c, func(adm *kadm.Client) (map[int32]int64, error) {
+		offs, err := adm.FetchOffsets(ctx, group)
+		got := map[int32]int64{}
+		offs.Each(func(o kadm.OffsetResponse) {
+			if o.Topic == topic && o.Err == nil && o.At >= 0 {
+				got[o.Partition] = o.At
+			}
+		})
+		return got, err
 	})
-	return got
 }
 
 // endOffsets returns the end offset of each partition of topic.
 func endOffsets(ctx context.Context, t *testing.T, c *kfake.Cluster, topic string) map[int32]int64 {
 	t.Helper()
+	return adminOffsets(t, c, func(adm *kadm.Client) (map[int32]int64, error) {
+		ends, err := adm.ListEndOffsets(ctx, topic)
+		got := map[int32]int64{}
+		ends.Each(func(o kadm.ListedOffset) { got[o.Partition] = o.Offset })
+		return got, err
+	})
+}
+
+// adminOffsets returns the offsets by partition that read gets through an admin client
+// of c, which it closes before it returns (see openClient: tests poll these).
+func adminOffsets(t *testing.T, c *kfake.Cluster, read func(*kadm.Client) (map[int32]int64, error)) map[int32]int64 {
+	t.Helper()
 	cl := openClient(t, c)
 	defer cl.Close()
-	adm := kadm.NewClient(cl)
-	ends, err := adm.ListEndOffsets(ctx, topic)
+	got, err := read(kadm.NewClient(cl))
 	require.NoError(t, err)
-	got := map[int32]int64{}
-	ends.Each(func(o kadm.ListedOffset) { got[o.Partition] = o.Offset })
 	return got
 }
 
