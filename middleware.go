@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/gopipeline/pipeline/internal/pause"
 	"github.com/gopipeline/pipeline/internal/retryafter"
 )
 
@@ -78,14 +79,7 @@ func sleep(ctx context.Context, backoff Backoff, attempt int, err error) error {
 	if d <= 0 {
 		return nil
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	}
+	return pause.For(ctx, d)
 }
 
 // attempts makes the attempts of the item in hand, v, until its fate is known, and

@@ -14,19 +14,6 @@ import (
 	"github.com/gopipeline/pipeline"
 )
 
-// pause stands for an item's I/O: it waits d, or until ctx is done, as a stage function
-// that honours its context does.
-func pause(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
 // figures accumulates a benchmark's custom metrics over its iterations; report divides
 // each by b.N, so that a figure is the mean of one run.
 type figures struct {

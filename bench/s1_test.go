@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gopipeline/pipeline"
+	"github.com/gopipeline/pipeline/internal/pause"
 )
 
 // S1: per-item errors (seed 000). source → enrich (20 workers) → sink, buffers of 100;
@@ -79,7 +80,7 @@ func runS1(ctx context.Context, policy string, roles []s1Role) s1Result {
 			hangStarts = append(hangStarts, began)
 			mu.Unlock()
 		}
-		if err := pause(ctx, time.Millisecond); err != nil {
+		if err := pause.For(ctx, time.Millisecond); err != nil {
 			return 0, err
 		}
 		if policy == "budget" {

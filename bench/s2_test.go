@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gopipeline/pipeline"
+	"github.com/gopipeline/pipeline/internal/pause"
 )
 
 // S2: error collection (seed 001). 2,000 items, one stage of 20 workers, 5 ms per item;
@@ -57,7 +58,7 @@ func runS2(b *testing.B, policy string, failing []bool) s2Result {
 		mark = func(err error) error { return err }
 	}
 	work := func(ctx context.Context, id int) (int, error) {
-		if err := pause(ctx, s2Latency); err != nil {
+		if err := pause.For(ctx, s2Latency); err != nil {
 			return 0, err
 		}
 		if !failing[id] {

@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/gopipeline/pipeline"
+	"github.com/gopipeline/pipeline/internal/pause"
 )
 
 // S3: a staged pipeline (seed 002). 2,000 items; fetch: 16 workers waiting 20 ms each;
@@ -40,7 +41,7 @@ func s3Ceiling(ctx context.Context) float64 {
 	for range s3FetchWorkers {
 		wg.Go(func() {
 			for range s3Items / s3FetchWorkers {
-				_ = pause(ctx, s3FetchLatency)
+				_ = pause.For(ctx, s3FetchLatency)
 			}
 		})
 	}
@@ -63,7 +64,7 @@ func s3Handwritten(ctx context.Context, ids []int, buf int) float64 {
 		g.Go(func() error {
 			defer fetchers.Done()
 			for id := range in {
-				if err := pause(ctx, s3FetchLatency); err != nil {
+				if err := pause.For(ctx, s3FetchLatency); err != nil {
 					return err
 				}
 				select {
@@ -83,7 +84,7 @@ func s3Handwritten(ctx context.Context, ids []int, buf int) float64 {
 	for range s3WriteWorkers {
 		g.Go(func() error {
 			for range mid {
-				if err := pause(ctx, s3WriteLatency); err != nil {
+				if err := pause.For(ctx, s3WriteLatency); err != nil {
 					return err
 				}
 			}
@@ -119,13 +120,13 @@ func BenchmarkS3Staged(b *testing.B) {
 				p := pipeline.New(pipeline.WithBuffer(c.buf))
 				pages := pipeline.Then(pipeline.FromSlice(p, ids), pipeline.NewStage("fetch", s3FetchWorkers,
 					func(ctx context.Context, id int) (page, error) {
-						if err := pause(ctx, s3FetchLatency); err != nil {
+						if err := pause.For(ctx, s3FetchLatency); err != nil {
 							return page{}, err
 						}
 						return page{ID: id, Status: 200, Title: "page"}, nil
 					}))
 				pipeline.To(pages, pipeline.NewSink("write", s3WriteWorkers, func(ctx context.Context, pg page) error {
-					if err := pause(ctx, s3WriteLatency); err != nil {
+					if err := pause.For(ctx, s3WriteLatency); err != nil {
 						return err
 					}
 					written.Add(1)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gopipeline/pipeline"
+	"github.com/gopipeline/pipeline/internal/pause"
 )
 
 // S4: a slow consumer (seed 004). The source makes 1,000 records of 10,000 bytes as
@@ -48,7 +49,7 @@ func BenchmarkS4SlowConsumer(b *testing.B) {
 					return nil
 				})
 				pipeline.To(records, pipeline.NewSink("consume", 1, func(ctx context.Context, r record) error {
-					if err := pause(ctx, s4Latency); err != nil {
+					if err := pause.For(ctx, s4Latency); err != nil {
 						return err
 					}
 					consumed.Add(1)
