@@ -158,12 +158,7 @@ func TestForEachPanicFailsTheRunUnderItsProducer(t *testing.T) {
 		return nil
 	})
 	err := runGuarded(t, p) // a producer left waiting for fn's lock hangs the run
-	pe, ok := errors.AsType[*pipeline.PanicError](err)
-	require.True(t, ok, "want a *PanicError, got %v", err)
-	assert.Equal(t, "each", pe.Value)
-	se, ok := errors.AsType[*pipeline.StageError](err)
-	require.True(t, ok)
-	assert.Equal(t, "work", se.Stage)
+	requirePanicIn(t, err, "work", "each")
 	rep := p.Report()
 	checkAccounting(t, rep)
 	checkConservation(t, rep)
@@ -222,12 +217,7 @@ func TestForEachEndsARunHandedWholeAsItemByItem(t *testing.T) {
 						require.ErrorIs(t, err, errBoom)
 						assert.Equal(t, int64(1), end.Failed)
 					case "panic":
-						pe, ok := errors.AsType[*pipeline.PanicError](err)
-						require.True(t, ok, "want a *PanicError, got %v", err)
-						assert.Equal(t, "each", pe.Value)
-						se, ok := errors.AsType[*pipeline.StageError](err)
-						require.True(t, ok)
-						assert.Equal(t, "id", se.Stage)
+						requirePanicIn(t, err, "id", "each")
 						assert.Equal(t, int64(at), end.In, "the item fn panicked on never arrived")
 					default:
 						require.ErrorIs(t, err, context.Canceled)

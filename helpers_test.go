@@ -145,6 +145,25 @@ func discardDead[T any]() pipeline.StageOption {
 // checkpoint saver's) fails at once instead of at the test binary's timeout.
 func runWithin(t *testing.T, p *pipeline.Pipeline, d time.Duration) error {
 	t.Helper()
+	return runBounded(t, p, d, func(errc <-chan error) {
+		t.Fatalf("the run hung for %v (then returned %v)", d, <-errc)
+	})
+}
+
+// runGuarded runs p outside a synctest bubble (a goroutine waiting on a mutex is not
+// durably blocked, so a bubble would not see the hang) and fails the test if the run
+// has not ended after a minute: a bound on a hang, not a measure.
+func runGuarded(t *testing.T, p *pipeline.Pipeline) error {
+	t.Helper()
+	return runBounded(t, p, time.Minute, func(<-chan error) {
+		t.Fatal("the run hung for a minute") // not waiting for it: what hangs may never return
+	})
+}
+
+// runBounded runs p and returns its error; if the run has not ended after d, it
+// cancels it and calls hung (which fails the test) with the channel of Run's error.
+func runBounded(t *testing.T, p *pipeline.Pipeline, d time.Duration, hung func(errc <-chan error)) error {
+	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	errc := runAsync(ctx, p)
@@ -153,24 +172,19 @@ func runWithin(t *testing.T, p *pipeline.Pipeline, d time.Duration) error {
 		return err
 	case <-time.After(d):
 		cancel()
-		t.Fatalf("the run hung for %v (then returned %v)", d, <-errc)
+		hung(errc)
 		return nil
 	}
 }
 
-// runGuarded runs p outside a synctest bubble (a goroutine waiting on a mutex is not
-// durably blocked, so a bubble would not see the hang) and fails the test if the run
-// has not ended after a minute: a bound on a hang, not a measure.
-func runGuarded(t *testing.T, p *pipeline.Pipeline) error {
+// requirePanicIn requires err to be a panic with value (a *PanicError) that failed
+// stage (a *StageError).
+func requirePanicIn(t *testing.T, err error, stage string, value any) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	done := runAsync(ctx, p)
-	select {
-	case err := <-done:
-		return err
-	case <-time.After(time.Minute):
-		t.Fatal("the run hung for a minute") // not waiting for it: what hangs may never return
-		return nil
-	}
+	pe, ok := errors.AsType[*pipeline.PanicError](err)
+	require.True(t, ok, "want a *PanicError, got %v", err)
+	assert.Equal(t, value, pe.Value)
+	se, ok := errors.AsType[*pipeline.StageError](err)
+	require.True(t, ok, "want a *StageError, got %v", err)
+	assert.Equal(t, stage, se.Stage)
 }

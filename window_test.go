@@ -1549,12 +1549,7 @@ func testWindowPanicInFoldFailsTheRun(t *testing.T, path ...pipeline.WindowOptio
 		return s + e.V
 	})
 	_, err := pipeline.Collect(t.Context(), pipeline.Window(pipeline.FromSlice(p, evs), pipeline.Tumbling(time.Minute), evKey, evTime, boom, path...))
-	se, ok := errors.AsType[*pipeline.StageError](err)
-	require.True(t, ok, "%v", err)
-	assert.Equal(t, "Window", se.Stage)
-	pe, ok := errors.AsType[*pipeline.PanicError](err)
-	require.True(t, ok, "%v", err)
-	assert.Equal(t, "boom", pe.Value)
+	requirePanicIn(t, err, "Window", "boom")
 	rep := p.Report()
 	checkAccounting(t, rep)
 	s, _ := rep.Stage("Window")
