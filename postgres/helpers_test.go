@@ -2,12 +2,10 @@ package pgpipe_test
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -41,12 +39,8 @@ func newPool(tb testing.TB, maxConns int32) *pgxpool.Pool {
 	return pool
 }
 
-var tableSeq atomic.Int64
-
 // tableName returns a table name of its own for this test and process.
-func tableName(prefix string) string {
-	return fmt.Sprintf("%s_%d_%d", prefix, os.Getpid(), tableSeq.Add(1))
-}
+var tableName = scenario.UniqueName
 
 // createTable creates a table of its own (tableName(prefix)) with the given columns,
 // "(name type, ...)", dropped when the test ends, and returns its name.

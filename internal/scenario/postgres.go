@@ -1,7 +1,9 @@
 package scenario
 
 import (
+	"fmt"
 	"os"
+	"sync/atomic"
 	"testing"
 )
 
@@ -18,4 +20,13 @@ func DatabaseURL(tb testing.TB) string {
 		tb.Skip("no PostgreSQL: run  export DATABASE_URL=$(scripts/postgres.sh start)  first")
 	}
 	return u
+}
+
+var nameSeq atomic.Int64
+
+// UniqueName returns a name of its own for this test process (a table, a checkpoint, an
+// offset store): prefix, the process ID and a count, so that the test binaries sharing
+// the server do not collide.
+func UniqueName(prefix string) string {
+	return fmt.Sprintf("%s_%d_%d", prefix, os.Getpid(), nameSeq.Add(1))
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"os"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -36,12 +34,8 @@ func newPool(tb testing.TB) *pgxpool.Pool {
 	return pool
 }
 
-var seq atomic.Int64
-
 // uniqueName returns a name of its own for this test and process (a table, a store).
-func uniqueName(prefix string) string {
-	return fmt.Sprintf("%s_%d_%d", prefix, os.Getpid(), seq.Add(1))
-}
+var uniqueName = scenario.UniqueName
 
 // row is what the tests write: a record's id, partition and offset.
 type row struct {
