@@ -75,21 +75,20 @@ module_path() {
 }
 
 # requirements DIR prints the path of every module that DIR/go.mod requires.
-requirements() {
-	go mod edit -print "$1/go.mod" | awk '
-		/^require[ \t]*\($/ { block = 1; next }
-		block && /^\)/ { block = 0; next }
-		block && NF >= 2 { gsub(/"/, "", $1); print $1; next }
-		$1 == "require" && $2 != "(" { gsub(/"/, "", $2); print $2 }'
-}
+requirements() { directive_paths "$1" require 2; }
 
 # replaced DIR prints the path of every module that DIR/go.mod replaces.
-replaced() {
-	go mod edit -print "$1/go.mod" | awk '
-		/^replace[ \t]*\($/ { block = 1; next }
+replaced() { directive_paths "$1" replace 3; }
+
+# directive_paths DIR WORD FIELDS prints the module path of every WORD directive in
+# DIR/go.mod: on a line of its own, or in a WORD ( ... ) block, where a directive has at
+# least FIELDS fields (a require: path version; a replace: path [version] => ...).
+directive_paths() {
+	go mod edit -print "$1/go.mod" | awk -v word="$2" -v fields="$3" '
+		$0 ~ "^" word "[ \t]*[(]$" { block = 1; next }
 		block && /^\)/ { block = 0; next }
-		block && NF >= 3 { gsub(/"/, "", $1); print $1; next }
-		$1 == "replace" && $2 != "(" { gsub(/"/, "", $2); print $2 }'
+		block && NF >= fields { gsub(/"/, "", $1); print $1; next }
+		$1 == word && $2 != "(" { gsub(/"/, "", $2); print $2 }'
 }
 
 case ${1:-} in
