@@ -44,69 +44,61 @@ func TestForEachSeesAnOrderedStageInOrder(t *testing.T) {
 	})
 }
 
-// TestForEachCallsNeverOverlap: the workers of an unordered stage call ForEach
-// concurrently, and its calls still never overlap.
+// TestForEachCallsNeverOverlap: several goroutines send into ForEach at once (the
+// workers of an unordered stage; the workers of a Window, one row though it is), and
+// its calls still never overlap.
 func TestForEachCallsNeverOverlap(t *testing.T) {
 	t.Parallel()
 	const n = 2000
-	p := pipeline.New()
-	s := pipeline.Then(pipeline.FromSlice(p, ints(n)), pipeline.NewStage("work", 4, func(_ context.Context, i int) (int, error) {
-		runtime.Gosched()
-		return i, nil
-	}))
-	var inside, overlaps atomic.Int32
-	sum, calls := 0, 0 // no lock: -race sees an overlap
-	pipeline.ForEach(s, func(i int) error {
-		if inside.Add(1) != 1 {
-			overlaps.Add(1)
-		}
-		runtime.Gosched() // another producer's call would come in now
-		sum += i
-		calls++
-		inside.Add(-1)
-		return nil
-	}, pipeline.WithName("sum"))
-	require.NoError(t, runGuarded(t, p))
-	assert.Zero(t, overlaps.Load(), "calls of fn at once")
-	assert.Equal(t, n, calls)
-	assert.Equal(t, n*(n-1)/2, sum)
-	rep := p.Report()
-	checkReport(t, rep)
-	assert.Equal(t, int64(n), row(t, rep, "sum").Succeeded)
-}
-
-// TestForEachCallsNeverOverlapAfterWindowWorkers: the workers of a Window
-// (WithWindowWorkers) send their results on concurrently, and ForEach's calls still
-// never overlap: one row feeds it, but not one goroutine.
-func TestForEachCallsNeverOverlapAfterWindowWorkers(t *testing.T) {
-	t.Parallel()
-	const n = 2000
 	base := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
-	p := pipeline.New()
-	w := pipeline.Window(pipeline.FromSlice(p, ints(n)), pipeline.Tumbling(time.Hour),
-		func(i int) int { return i }, // a window per item: every worker has results to send
-		func(i int) time.Time { return base.Add(time.Duration(i) * time.Millisecond) },
-		pipeline.Fold(0, func(acc, i int) int { return acc + i }),
-		pipeline.WithWindowWorkers(3))
-	var inside, overlaps atomic.Int32
-	sum, calls := 0, 0 // no lock: -race sees an overlap
-	pipeline.ForEach(w, func(r pipeline.WindowResult[int, int]) error {
-		if inside.Add(1) != 1 {
-			overlaps.Add(1)
-		}
-		runtime.Gosched() // another worker's call would come in now
-		sum += r.Value
-		calls++
-		inside.Add(-1)
-		return nil
-	}, pipeline.WithName("sum"))
-	require.NoError(t, runGuarded(t, p))
-	assert.Zero(t, overlaps.Load(), "calls of fn at once")
-	assert.Equal(t, n, calls)
-	assert.Equal(t, n*(n-1)/2, sum)
-	rep := p.Report()
-	checkAccounting(t, rep)
-	assert.Equal(t, int64(n), row(t, rep, "sum").Succeeded)
+	for _, tc := range []struct {
+		name  string
+		wire  func(p *pipeline.Pipeline) *pipeline.Stream[int]
+		chain bool // the report is a chain of stages (checkReport)
+	}{
+		{"stage workers", func(p *pipeline.Pipeline) *pipeline.Stream[int] {
+			return pipeline.Then(pipeline.FromSlice(p, ints(n)), pipeline.NewStage("work", 4, func(_ context.Context, i int) (int, error) {
+				runtime.Gosched()
+				return i, nil
+			}))
+		}, true},
+		{"window workers", func(p *pipeline.Pipeline) *pipeline.Stream[int] {
+			w := pipeline.Window(pipeline.FromSlice(p, ints(n)), pipeline.Tumbling(time.Hour),
+				func(i int) int { return i }, // a window per item: every worker has results to send
+				func(i int) time.Time { return base.Add(time.Duration(i) * time.Millisecond) },
+				pipeline.Fold(0, func(acc, i int) int { return acc + i }),
+				pipeline.WithWindowWorkers(3))
+			return pipeline.Map(w, func(r pipeline.WindowResult[int, int]) int { return r.Value })
+		}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			p := pipeline.New()
+			var inside, overlaps atomic.Int32
+			sum, calls := 0, 0 // no lock: -race sees an overlap
+			pipeline.ForEach(tc.wire(p), func(i int) error {
+				if inside.Add(1) != 1 {
+					overlaps.Add(1)
+				}
+				runtime.Gosched() // another producer's call would come in now
+				sum += i
+				calls++
+				inside.Add(-1)
+				return nil
+			}, pipeline.WithName("sum"))
+			require.NoError(t, runGuarded(t, p))
+			assert.Zero(t, overlaps.Load(), "calls of fn at once")
+			assert.Equal(t, n, calls)
+			assert.Equal(t, n*(n-1)/2, sum)
+			rep := p.Report()
+			if tc.chain {
+				checkReport(t, rep)
+			} else {
+				checkAccounting(t, rep)
+			}
+			assert.Equal(t, int64(n), row(t, rep, "sum").Succeeded)
+		})
+	}
 }
 
 // TestForEachErrorFailsTheRun: an error from fn fails the run with a *StageError
