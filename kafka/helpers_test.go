@@ -211,6 +211,15 @@ func eventually(t *testing.T, limit time.Duration, what string, cond func() bool
 	scenario.Eventually(t, 10*time.Millisecond, limit, what, cond)
 }
 
+// eventuallyReaches polls count every 10 ms, for at most limit, until it reaches want,
+// and then requires it to be want: a count that goes past want fails at once with its
+// value, not at the limit as a wait for equality would.
+func eventuallyReaches(t *testing.T, limit time.Duration, what string, want int64, count func() int64) {
+	t.Helper()
+	eventually(t, limit, what, func() bool { return count() >= want })
+	require.Equal(t, want, count(), what)
+}
+
 func itoa32(i int32) string { return strconv.FormatInt(int64(i), 10) }
 
 func itoa64(i int64) string { return strconv.FormatInt(i, 10) }

@@ -336,13 +336,13 @@ func TestRevokedRecordSetAsideProducesNoDeadLetter(t *testing.T) {
 					t.Logf("a: %+v", a.src.Stats())
 				}
 			})
-			eventually(t, 30*time.Second, "record 0 at a's gate", func() bool { return calls.Load() == 1 })
+			eventuallyReaches(t, 30*time.Second, "record 0 at a's gate", 1, func() int64 { return calls.Load() })
 			b := start("b")
 			eventually(t, 30*time.Second, "record 0 redone, its offset committed", func() bool {
 				return a.src.Stats().Revoked > 0 && committedOffsets(ctx, t, c, "revoke-dl", inTopic)[0] == 1
 			})
 			close(gate)
-			eventually(t, 30*time.Second, "a's message of record 0 settled", func() bool { return a.src.Stats().Stale == 1 })
+			eventuallyReaches(t, 30*time.Second, "a's message of record 0 settled", 1, func() int64 { return a.src.Stats().Stale })
 			a.src.Stop()
 			b.src.Stop()
 			require.NoError(t, <-a.errc)

@@ -369,7 +369,7 @@ func TestDeadLetterSettlesOnlyOnceProduced(t *testing.T) {
 	assert.Equal(t, map[int32]int64{0: 2}, committedOffsets(ctx, t, c, "later", inTopic), "the offset waits at the unsettled record")
 	_, err := kadm.NewClient(newClient(t, c)).CreateTopic(ctx, 1, 1, nil, "dead-later")
 	require.NoError(t, err)
-	eventually(t, 30*time.Second, "the dead letter produced", func() bool { return src.Stats().DeadLettered == 1 })
+	eventuallyReaches(t, 30*time.Second, "the dead letter produced", 1, func() int64 { return src.Stats().DeadLettered })
 	src.Stop()
 	require.NoError(t, <-errc)
 	assert.Equal(t, map[int32]int64{0: 6}, committedOffsets(ctx, t, c, "later", inTopic))

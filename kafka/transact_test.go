@@ -526,7 +526,7 @@ func TestStaleMessageSetAsideProducesNoDeadLetter(t *testing.T) {
 				return committedOffsets(ctx, t, c, "stale-dl", inTopic)[0] == 1
 			})
 			close(gate)
-			eventually(t, 30*time.Second, "both stale messages settled", func() bool { return src.Stats().Stale == 2 })
+			eventuallyReaches(t, 30*time.Second, "both stale messages settled", 2, func() int64 { return src.Stats().Stale })
 			src.Stop()
 			require.NoError(t, <-r.errc)
 			st := src.Stats()
@@ -567,13 +567,13 @@ func TestTeeBranchHandingBackAfterTheTransactionIsRedone(t *testing.T) {
 	rctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	errc := runAsync(rctx, p)
-	eventually(t, 30*time.Second, "the record taken", func() bool { return src.Stats().Fetched == 1 })
-	eventually(t, 30*time.Second, "the record's output committed", func() bool {
-		return committedOffsets(ctx, t, c, "tee", inTopic)[0] == 1
+	eventuallyReaches(t, 30*time.Second, "the record taken", 1, func() int64 { return src.Stats().Fetched })
+	eventuallyReaches(t, 30*time.Second, "the record's output committed", 1, func() int64 {
+		return committedOffsets(ctx, t, c, "tee", inTopic)[0]
 	})
 	close(committed)
-	eventually(t, 30*time.Second, "the other branch's work redone", func() bool { return calls.Load() == 2 })
-	eventually(t, 30*time.Second, "the record settled", func() bool { return src.Stats().Committed == 1 })
+	eventuallyReaches(t, 30*time.Second, "the other branch's work redone", 2, func() int64 { return calls.Load() })
+	eventuallyReaches(t, 30*time.Second, "the record settled", 1, func() int64 { return src.Stats().Committed })
 	src.Stop()
 	require.NoError(t, <-errc)
 	st := src.Stats()
@@ -624,9 +624,9 @@ func TestTeeBranchSettingAsideAfterARewindIsDeadLettered(t *testing.T) {
 			t.Logf("source stats: %+v", src.Stats())
 		}
 	})
-	eventually(t, 30*time.Second, "both records taken", func() bool { return src.Stats().Fetched == 2 })
-	eventually(t, 30*time.Second, "record 0's output committed", func() bool {
-		return committedOffsets(ctx, t, c, "tee-dl", inTopic)[0] == 1
+	eventuallyReaches(t, 30*time.Second, "both records taken", 2, func() int64 { return src.Stats().Fetched })
+	eventuallyReaches(t, 30*time.Second, "record 0's output committed", 1, func() int64 {
+		return committedOffsets(ctx, t, c, "tee-dl", inTopic)[0]
 	})
 	close(one)
 	eventually(t, 30*time.Second, "record 1's transaction aborted", func() bool {
